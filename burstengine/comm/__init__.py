@@ -1,0 +1,4 @@
+from .ring import Pending, Ring
+from .stats import CommStats, comm_stats
+
+__all__ = ["Ring", "Pending", "CommStats", "comm_stats"]

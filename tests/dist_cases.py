@@ -1,0 +1,118 @@
+"""Functions run inside the gloo worker processes (they must be importable by module name)."""
+import itertools
+
+import torch
+import torch.distributed as dist
+
+import burstengine as be
+from burstengine.attention import backward_bytes, forward_bytes
+from burstengine.testing import dense_attention, rel_err
+
+
+def _world(group):
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def attention_matrix(group, seed, causal, layout, backward, n=12, dtype=torch.float32, kernel=None):
+    """Every GQA ratio x head dim x batch for one (causal, layout, backward); returns worst errors
+    and the byte counts seen vs predicted."""
+    rank, world = _world(group)
+    rows = []
+    for i, (hkv, D, B) in enumerate(itertools.product((4, 2, 1), (32, 64), (1, 2))):
+        H = 4
+        g = torch.Generator().manual_seed(seed * 1000 + i)
+        S = n * world
+        q = torch.randn(B, S, H, D, generator=g, dtype=torch.float64)
+        k = torch.randn(B, S, hkv, D, generator=g, dtype=torch.float64)
+        v = torch.randn(B, S, hkv, D, generator=g, dtype=torch.float64)
+        do = torch.randn(B, S, H, D, generator=g, dtype=torch.float64)
+        dlse = torch.randn(B, H, S, generator=g, dtype=torch.float64)
+        qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
+        ref, ref_lse = dense_attention(qr, kr, vr, causal)
+        # the loss also reaches lse, so the lse gradient path is checked too
+        ((ref * do).sum() + (ref_lse * dlse).sum()).backward()
+
+        def loc(t, dim=1):
+            return be.shard(t, layout, rank, world, dim=dim).to(dtype)
+
+        ql, kl, vl = (loc(t).detach().requires_grad_() for t in (q, k, v))
+        with be.comm_stats() as st:
+            out, lse = be.burst_attn_func(ql, kl, vl, group=group, causal=causal, layout=layout, backward=backward,
+                                          return_lse=True, kernel=kernel)
+            ((out * loc(do)).sum() + (lse * loc(dlse, dim=2)).sum()).backward()
+        scheme = backward if backward != "auto" else be.attention.choose_backward(B, n, H, hkv, D, ql.element_size(),
+                                                                                 world)
+        rows.append(dict(
+            hkv=hkv, D=D, B=B,
+            out=rel_err(out, loc(ref.detach(), 1)), lse=rel_err(lse, loc(ref_lse.detach(), 2)),
+            dq=rel_err(ql.grad, loc(qr.grad)), dk=rel_err(kl.grad, loc(kr.grad)), dv=rel_err(vl.grad, loc(vr.grad)),
+            fwd_bytes=st.forward_bytes, bwd_bytes=st.backward_bytes,
+            want_fwd=forward_bytes(B, n, hkv, D, ql.element_size(), world),
+            want_bwd=backward_bytes(scheme, B, n, H, hkv, D, ql.element_size(), world),
+            scheme=scheme,
+        ))
+    return rows
+
+
+def bad_call(group, case):
+    """Make one bad call; return the ValueError message (or a description of what went wrong)."""
+    rank, world = _world(group)
+    q = torch.randn(1, 8, 4, 16)
+    k = torch.randn(1, 8, 2, 16)
+    v = torch.randn(1, 8, 2, 16)
+    kw = dict(group=group)
+    if case == "shape_mismatch":
+        k = torch.randn(1, 6, 2, 16)
+        v = torch.randn(1, 6, 2, 16)
+    elif case == "kv_mismatch":
+        v = torch.randn(1, 8, 1, 16)
+    elif case == "dtype_mismatch":
+        k = k.double()
+    elif case == "heads_not_divisible":
+        k = torch.randn(1, 8, 3, 16)
+        v = torch.randn(1, 8, 3, 16)
+    elif case == "zigzag_odd":
+        q, k, v = (t[:, :7] for t in (q, k, v))
+        kw["layout"] = "zigzag"
+    elif case == "int_dtype":
+        q, k, v = (torch.ones(t.shape, dtype=torch.int32) for t in (q, k, v))
+    elif case == "not_4d":
+        q = q[0]
+    elif case == "head_dim":
+        k = torch.randn(1, 8, 2, 8)
+        v = torch.randn(1, 8, 2, 8)
+    elif case == "bad_layout":
+        kw["layout"] = "diagonal"
+    elif case == "bad_backward":
+        kw["backward"] = "sideways"
+    elif case == "bad_scale":
+        kw["softmax_scale"] = -1.0
+    elif case == "device_meta":
+        k = torch.randn(1, 8, 2, 16, device="meta")
+    elif case == "gloo_with_meta":
+        q, k, v = (torch.randn(t.shape, device="meta") for t in (q, k, v))
+    elif case == "bad_group":
+        kw["group"] = "not a group"
+    elif case == "bad_kernel":
+        kw["kernel"] = "magic"
+    elif case == "cuda_kernel_on_cpu":
+        kw["kernel"] = "cudnn"
+    else:
+        raise AssertionError(case)
+    try:
+        be.burst_attn_func(q, k, v, **kw)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def layout_roundtrip(group, S):
+    rank, world = _world(group)
+    x = torch.randn(2, S, 3, generator=torch.Generator().manual_seed(S))
+    out = {}
+    for layout in be.LAYOUTS:
+        mine = be.shard(x, layout, rank, world, dim=1)
+        parts = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(parts, mine, group=group)
+        out[layout] = bool(torch.equal(be.unshard(parts, layout, dim=1), x))
+    return out
