@@ -1,0 +1,96 @@
+"""The correctness matrix on GPUs: bf16 BurstAttention over NCCL against a float64 reference.
+
+    torchrun --nproc_per_node 4 benchmarks/gpu_correctness.py --seq-local 8192
+
+For worlds 2 and 4 (sub-groups of the launch), causal/full x 3 layouts x 2 backward schemes
+x SDPA flash/cuDNN x GQA 1/2/4 x head dim 64/128 x batch 1/2: forward output, lse and the
+three gradients of every rank's shard vs the float64 reference on the full sequence.  Writes
+benchmarks/results/gpu_correctness_<world>gpu.json (or $BURST_RESULTS).
+"""
+import argparse
+import itertools
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+import burstengine as be
+from burstengine.attention.schedule import CAUSAL, FULL
+from burstengine.bench.record import write_record
+from burstengine.kernels.reference import ReferenceKernel
+from burstengine.testing import rel_err
+
+
+def reference(q, k, v, do, causal):
+    """float64 out, lse and gradients on the full sequence (chunked, so it fits)."""
+    ref = ReferenceKernel()
+    mask = CAUSAL if causal else FULL
+    scale = q.shape[-1] ** -0.5
+    out, lse = ref.forward(q, k, v, scale, mask)
+    delta = (do * out).sum(-1).transpose(1, 2)
+    dq, dk, dv = ref.backward(do, q, k, v, lse, delta, scale, mask)
+    return out, lse, dq, dk, dv
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seq-local", type=int, default=8192)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--tol", type=float, default=1e-2)
+    args = ap.parse_args()
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    dev = torch.device("cuda")
+    worlds = [w for w in (2, 4, 8) if w <= world]
+    groups = {w: (None if w == world else dist.new_group(list(range(w)))) for w in worlds}
+    rows, t0 = [], time.time()
+    H, n = args.heads, args.seq_local
+    for w in worlds:
+        g, active = groups[w], rank < w
+        S = n * w
+        for causal, hkv, D, B in itertools.product((False, True), (H, H // 2, H // 4), (64, 128), (1, 2)):
+            gen = torch.Generator(device=dev).manual_seed(hash((w, causal, hkv, D, B)) % (1 << 31))
+            q = torch.randn(B, S, H, D, generator=gen, device=dev, dtype=torch.float64)
+            k = torch.randn(B, S, hkv, D, generator=gen, device=dev, dtype=torch.float64)
+            v = torch.randn(B, S, hkv, D, generator=gen, device=dev, dtype=torch.float64)
+            do = torch.randn(B, S, H, D, generator=gen, device=dev, dtype=torch.float64)
+            if not active:
+                continue
+            r_out, r_lse, r_dq, r_dk, r_dv = reference(q, k, v, do, causal)
+            for layout, backward, kernel in itertools.product(be.LAYOUTS, ("burst", "ring"), ("flash", "cudnn")):
+                def loc(t, dim=1):
+                    return be.shard(t, layout, rank, w, dim=dim)
+                ql, kl, vl = (loc(t).to(torch.bfloat16).requires_grad_() for t in (q, k, v))
+                out, lse = be.burst_attn_func(ql, kl, vl, group=g, causal=causal, layout=layout, backward=backward,
+                                              kernel=kernel, return_lse=True)
+                out.backward(loc(do).to(torch.bfloat16))
+                errs = torch.tensor([rel_err(out, loc(r_out)), rel_err(lse, loc(r_lse, 2)),
+                                     rel_err(ql.grad, loc(r_dq)), rel_err(kl.grad, loc(r_dk)),
+                                     rel_err(vl.grad, loc(r_dv))], device=dev, dtype=torch.float64)
+                dist.all_reduce(errs, op=dist.ReduceOp.MAX, group=g)
+                row = dict(world=w, causal=causal, layout=layout, backward=backward, kernel=kernel, B=B, H=H, hkv=hkv,
+                           D=D, seq_local=n, **dict(zip(("out", "lse", "dq", "dk", "dv"), errs.tolist())))
+                row["ok"] = all(row[x] <= args.tol for x in ("out", "lse", "dq", "dk", "dv"))
+                rows.append(row)
+                if rank == 0 and not row["ok"]:
+                    print("FAIL", row, flush=True)
+            if rank == 0:
+                print(f"[{time.time() - t0:6.1f}s] world {w} causal={causal} hkv={hkv} D={D} B={B}: "
+                      f"worst {max(max(r[x] for x in ('out', 'lse', 'dq', 'dk', 'dv')) for r in rows[-12:]):.2e}",
+                      flush=True)
+            del q, k, v, do, r_out, r_lse, r_dq, r_dk, r_dv
+            torch.cuda.empty_cache()
+    if rank == 0:
+        worst = {x: max(r[x] for r in rows) for x in ("out", "lse", "dq", "dk", "dv")}
+        n_ok = sum(r["ok"] for r in rows)
+        path = write_record(f"gpu_correctness_{world}gpu", dict(tolerance=args.tol, cases=len(rows), passed=n_ok,
+                                                                worst=worst, rows=rows))
+        print(f"{n_ok}/{len(rows)} cases within {args.tol}; worst rel err {worst}; wrote {path}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
