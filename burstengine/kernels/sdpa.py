@@ -65,9 +65,10 @@ class FlashKernel(_SDPABase):
         k, v, g = _expand_kv(k, v, H)
         if out is None:
             out = out_from_delta(dout, delta)
+        # cum_seq_* must be undefined (None), not empty: defined ones switch the op to varlen
         empty = torch.empty(0, device=q.device, dtype=torch.int64)
         dq, dk, dv = aten._scaled_dot_product_flash_attention_backward(
-            _bhsd(dout), _bhsd(q), _bhsd(k), _bhsd(v), _bhsd(out), lse.contiguous(), empty, empty,
+            _bhsd(dout), _bhsd(q), _bhsd(k), _bhsd(v), _bhsd(out), lse.contiguous(), None, None,
             Sq, k.shape[1], 0.0, causal, empty, empty, scale=scale)
         dk, dv = _reduce_kv(_bhsd(dk), _bhsd(dv), g)
         return _bhsd(dq), dk, dv
@@ -88,9 +89,10 @@ class CudnnKernel(_SDPABase):
         k, v, g = _expand_kv(k, v, H)
         if out is None:
             out = out_from_delta(dout, delta)
+        # cuDNN keeps lse as (B, H, S, 1); cum_seq_* undefined (defined ones mean nested input)
         empty = torch.empty(0, device=q.device, dtype=torch.int64)
         dq, dk, dv = aten._scaled_dot_product_cudnn_attention_backward(
             _bhsd(dout), _bhsd(q), _bhsd(k), _bhsd(v), _bhsd(out), lse.unsqueeze(-1).contiguous(), empty, empty,
-            None, empty, empty, Sq, k.shape[1], 0.0, causal, scale=scale)
+            None, None, None, Sq, k.shape[1], 0.0, causal, scale=scale)
         dk, dv = _reduce_kv(_bhsd(dk), _bhsd(dv), g)
         return _bhsd(dq), dk, dv
