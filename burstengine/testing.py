@@ -39,6 +39,14 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
 
 
+def fro_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """||x - ref||_F / ||ref||_F: the normwise error METHOD-style GPU checks use."""
+    x, ref = x.double(), ref.double()
+    if not torch.isfinite(x).all():
+        return float("inf")
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

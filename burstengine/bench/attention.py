@@ -1,0 +1,309 @@
+"""`burstengine bench attention`: BurstAttention beside its peers, same GPUs, same launch.
+
+    torchrun --nproc_per_node 4 -m burstengine.bench.attention --seqs 131072,524288 --mask both
+
+Times forward (no grad) and forward+backward of one attention call, bf16, B=1, for every
+method in --methods, at every total sequence in --seqs, prints a table (TFLOP/s per GPU,
+ratio to torch-native CP with cuDNN, peak memory per GPU) and writes a JSON record with the
+raw times.  --profile S also traces one fwd+bwd of BurstAttention at S with torch.profiler
+and reports how much NCCL time no compute kernel covers (the exposed communication).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import burstengine as be
+
+from .record import write_record
+
+METHODS = ("burst-zigzag", "burst-striped", "burst-contiguous", "ringbwd-zigzag", "torch-cp-cudnn", "torch-cp-flash",
+           "ulysses-cudnn", "megatron-tp-cudnn", "single-gpu-cudnn")
+BASELINE = "torch-cp-cudnn"
+
+
+def attn_flops(S, H, D, causal, B=1):
+    return 4 * B * S * S * H * D * (0.5 if causal else 1.0)
+
+
+def make_method(name, group, causal, kernel):
+    """-> (fn(q, k, v) -> out, context manager factory or None)."""
+    from . import peers
+
+    if name.startswith("burst-") or name.startswith("ringbwd-"):
+        scheme, layout = name.split("-", 1)
+        bwd = "burst" if scheme == "burst" else "ring"
+        return (lambda q, k, v: be.burst_attn_func(q, k, v, group=group, causal=causal, layout=layout, backward=bwd,
+                                                   kernel=kernel)), None
+    if name.startswith("torch-cp-"):
+        fn = peers.torch_cp(name.rsplit("-", 1)[1])
+        return (lambda q, k, v: fn(q, k, v, causal)), peers.torch_cp_context
+    if name.startswith("ulysses-"):
+        fn = peers.ulysses(group, name.rsplit("-", 1)[1])
+        return (lambda q, k, v: fn(q, k, v, causal)), None
+    if name.startswith("megatron-tp-"):
+        fn = peers.megatron_tp(group, name.rsplit("-", 1)[1])
+        return (lambda q, k, v: fn(q, k, v, causal)), None
+    if name.startswith("single-gpu-"):
+        backend = name.rsplit("-", 1)[1]
+        return (lambda q, k, v: peers._sdpa(q, k, v, causal, backend)), None
+    raise ValueError(f"unknown method {name!r}; known: {METHODS}")
+
+
+def timed(fn, warmup, iters, group):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        dist.barrier(group=group)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    # the slowest rank sets the pace of a step
+    t = torch.tensor(times, device="cuda", dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t.tolist()
+
+
+def run_case(method, S, H, Hkv, D, causal, args, group):
+    world = dist.get_world_size(group)
+    fn, ctx_factory = make_method(method, group, causal, args.kernel)
+    single = method.startswith("single-gpu")
+    if single:
+        # one GPU doing the per-GPU work of the distributed call: S' = S / sqrt(G)
+        S_run = max(1024, int(round(S / math.sqrt(world) / 1024)) * 1024)
+        n = S_run
+    else:
+        S_run, n = S, S // world
+    dev = torch.device("cuda")
+    q = torch.randn(1, n, H, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1, n, Hkv, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(1, n, Hkv, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    do = torch.randn(1, n, H, D, device=dev, dtype=torch.bfloat16)
+    ctx = ctx_factory(group, S, dev) if ctx_factory else None
+    rec = dict(method=method, S=S, S_run=S_run, H=H, Hkv=Hkv, D=D, causal=causal, world=world)
+    try:
+        if ctx:
+            ctx.__enter__()
+
+        def fwd():
+            with torch.no_grad():
+                fn(q, k, v)
+
+        def fwdbwd():
+            fn(q, k, v).backward(do)
+
+        rec["fwd_s"] = timed(fwd, args.warmup, args.iters, group)
+        torch.cuda.reset_peak_memory_stats()
+        rec["fwdbwd_s"] = timed(fwdbwd, args.warmup, args.iters, group)
+        peak = torch.tensor([torch.cuda.max_memory_allocated()], device=dev, dtype=torch.float64)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
+        rec["peak_bytes"] = int(peak.item())
+    finally:
+        if ctx:
+            ctx.__exit__(None, None, None)
+    flops = attn_flops(S_run, H, D, causal) / (1 if single else world)
+    rec["fwd_tflops"] = flops / _median(rec["fwd_s"]) / 1e12
+    rec["fwdbwd_tflops"] = 3.5 * flops / _median(rec["fwdbwd_s"]) / 1e12
+    del q, k, v, do
+    torch.cuda.empty_cache()
+    return rec
+
+
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def exposed_comm(trace_path):
+    """Per rank trace: total NCCL kernel time, and the part of it no compute kernel overlaps."""
+    with open(trace_path) as f:
+        events = json.load(f)["traceEvents"]
+    kern = [e for e in events if e.get("cat") == "kernel" and "dur" in e]
+    nccl = sorted((e["ts"], e["ts"] + e["dur"]) for e in kern if "nccl" in e["name"].lower())
+    comp = _union(sorted((e["ts"], e["ts"] + e["dur"]) for e in kern if "nccl" not in e["name"].lower()))
+    nccl_u = _union(nccl)
+    total = sum(b - a for a, b in nccl_u)
+    covered = 0.0
+    j = 0
+    for a, b in nccl_u:
+        for c, d in comp:
+            lo, hi = max(a, c), min(b, d)
+            if hi > lo:
+                covered += hi - lo
+    span = (max(b for _, b in comp + nccl_u) - min(a for a, _ in comp + nccl_u)) if kern else 0.0
+    busy = sum(b - a for a, b in _union(sorted(comp + nccl_u)))
+    return dict(nccl_us=total, exposed_us=total - covered, compute_us=sum(b - a for a, b in comp), span_us=span,
+                idle_us=span - busy)
+
+
+def _union(iv):
+    out = []
+    for a, b in iv:
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def profile_step(S, H, Hkv, D, causal, layout, backward, kernel, group, out_dir):
+    from torch.profiler import ProfilerActivity, profile
+
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    n = S // world
+    q, k, v, do = (torch.randn(1, n, h, D, device="cuda", dtype=torch.bfloat16, requires_grad=i < 3)
+                   for i, h in enumerate((H, Hkv, Hkv, H)))
+    step = lambda: be.burst_attn_func(q, k, v, group=group, causal=causal, layout=layout, backward=backward,
+                                      kernel=kernel).backward(do)
+    step()
+    torch.cuda.synchronize()
+    dist.barrier(group=group)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    path = os.path.join(out_dir, f"trace_{backward}_{S // 1024}k_rank{rank}.json")
+    prof.export_chrome_trace(path)
+    stats = exposed_comm(path)
+    t = torch.tensor([stats["exposed_us"], stats["nccl_us"], stats["span_us"]], device="cuda", dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    if rank != 0:
+        os.remove(path)  # one trace is enough to look at; all ranks' figures are reduced above
+    return dict(S=S, causal=causal, layout=layout, backward=backward, exposed_ms=t[0].item() / 1e3,
+                nccl_ms=t[1].item() / 1e3, step_ms=t[2].item() / 1e3, rank0=stats)
+
+
+def print_table(rows, file=sys.stdout):
+    base = {(r["S"], r["causal"], r["Hkv"]): r for r in rows if r["method"] == BASELINE and "fwdbwd_tflops" in r}
+    hdr = f"{'method':20s} {'S':>8s} {'mask':6s} {'kvH':>4s} {'fwd TF/s':>9s} {'f+b TF/s':>9s} {'f+b ms':>9s} " \
+          f"{'vs CP':>6s} {'peak GiB':>8s}"
+    print(hdr, file=file)
+    print("-" * len(hdr), file=file)
+    for r in rows:
+        if "error" in r:
+            print(f"{r['method']:20s} {r['S']:>8d} {'causal' if r['causal'] else 'full':6s} {r['Hkv']:>4d} "
+                  f"{r['error'][:60]}", file=file)
+            continue
+        b = base.get((r["S"], r["causal"], r["Hkv"]))
+        ratio = f"{r['fwdbwd_tflops'] / b['fwdbwd_tflops']:6.3f}" if b else "   -  "
+        print(f"{r['method']:20s} {r['S']:>8d} {'causal' if r['causal'] else 'full':6s} {r['Hkv']:>4d} "
+              f"{r['fwd_tflops']:9.1f} {r['fwdbwd_tflops']:9.1f} {_median(r['fwdbwd_s']) * 1e3:9.1f} {ratio} "
+              f"{r['peak_bytes'] / 2**30:8.1f}", file=file)
+
+
+def plot(json_path, out_png):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = json.load(open(json_path))
+    recs = recs if isinstance(recs, list) else [recs]
+    rows = [r for rec in recs for r in rec["rows"] if "fwdbwd_tflops" in r]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for (m, causal), grp in sorted(_group(rows, lambda r: (r["method"], r["causal"])).items()):
+        grp = sorted(grp, key=lambda r: (r["world"], r["S"]))
+        xs = [f"{r['world']}x{r['S'] // 1024}K" for r in grp]
+        ax.plot(xs, [r["fwdbwd_tflops"] for r in grp], marker="o", label=f"{m} {'causal' if causal else 'full'}")
+    ax.set_ylabel("fwd+bwd TFLOP/s per GPU")
+    ax.set_xlabel("GPUs x total sequence")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=120)
+    return out_png
+
+
+def _group(rows, key):
+    out = {}
+    for r in rows:
+        out.setdefault(key(r), []).append(r)
+    return out
+
+
+def build_parser(p=None):
+    p = p or argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seqs", default="131072,524288", help="total sequence lengths, comma-separated")
+    p.add_argument("--mask", choices=("causal", "full", "both"), default="both")
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", default="32", help="comma-separated kv head counts (e.g. 32,8 for a GQA case)")
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--kernel", default="cudnn", help="local kernel for BurstAttention")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--profile", type=int, default=0, help="also trace one fwd+bwd at this total sequence")
+    p.add_argument("--name", default=None, help="record name (default attention_<world>gpu)")
+    p.add_argument("--out-dir", default=None)
+    p.add_argument("--plot", default=None, help="draw the scaling plot from this JSON record and exit")
+    p.add_argument("--skip", default="", help="method@S pairs to skip, e.g. torch-cp-flash@524288")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.plot:
+        print(plot(args.plot, os.path.splitext(args.plot)[0] + ".png"))
+        return 0
+    if not torch.cuda.is_available():
+        raise SystemExit("burstengine bench attention needs CUDA GPUs (run it under torchrun on a GPU node)")
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    group = None
+    out_dir = args.out_dir or os.environ.get("BURST_RESULTS", "benchmarks/results")
+    methods = [m for m in args.methods.split(",") if m]
+    for m in methods:
+        make_method(m, group, True, args.kernel)  # unknown names fail here, before any timing
+    skip = set(args.skip.split(",")) if args.skip else set()
+    masks = {"causal": [True], "full": [False], "both": [True, False]}[args.mask]
+    rows, t0 = [], time.time()
+    cases = [(S, c, hkv) for S in map(int, args.seqs.split(",")) for c in masks for hkv in map(int, args.kv_heads.split(","))]
+    for i, (S, causal, hkv) in enumerate(cases):
+        for m in methods:
+            if f"{m}@{S}" in skip:
+                continue
+            try:
+                r = run_case(m, S, args.heads, hkv, args.head_dim, causal, args, group)
+            except torch.cuda.OutOfMemoryError as e:
+                # an OOM is reported, not fatal: every rank allocates the same, so all ranks land here
+                torch.cuda.empty_cache()
+                r = dict(method=m, S=S, H=args.heads, Hkv=hkv, D=args.head_dim, causal=causal, world=world,
+                         error=f"OOM: {str(e).splitlines()[0]}")
+            rows.append(r)
+            if rank == 0:
+                msg = r.get("error") or (f"fwd {r['fwd_tflops']:.1f} TF/s, fwd+bwd {r['fwdbwd_tflops']:.1f} TF/s, "
+                                         f"peak {r['peak_bytes'] / 2**30:.1f} GiB")
+                print(f"[{time.time() - t0:6.0f}s] case {i + 1}/{len(cases)} S={S} "
+                      f"{'causal' if causal else 'full'} kvH={hkv} {m}: {msg}", flush=True)
+    prof = []
+    if args.profile:
+        for backward in ("burst", "ring"):
+            prof.append(profile_step(args.profile, args.heads, args.heads, args.head_dim, True, "zigzag", backward,
+                                     args.kernel, group, out_dir))
+            if rank == 0:
+                p = prof[-1]
+                print(f"profile S={p['S']} causal zigzag {backward}: step {p['step_ms']:.1f} ms, NCCL {p['nccl_ms']:.1f} ms, "
+                      f"exposed {p['exposed_ms']:.2f} ms", flush=True)
+    if rank == 0:
+        print_table(rows)
+        path = write_record(args.name or f"attention_{world}gpu", dict(world=world, args=vars(args), rows=rows,
+                                                                        profile=prof), out_dir)
+        print(f"wrote {path}")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
