@@ -91,7 +91,7 @@ def run_case(method, S, H, Hkv, D, causal, args, group):
     k = torch.randn(1, n, Hkv, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn(1, n, Hkv, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
     do = torch.randn(1, n, H, D, device=dev, dtype=torch.bfloat16)
-    ctx = ctx_factory(group, S, dev) if ctx_factory else None
+    ctx = ctx_factory(group, S, dev, causal) if ctx_factory else None
     rec = dict(method=method, S=S, S_run=S_run, H=H, Hkv=Hkv, D=D, causal=causal, world=world)
     try:
         if ctx:

@@ -34,10 +34,13 @@ def _sdpa(q, k, v, causal, backend):
 # --- torch-native context parallel -------------------------------------------------------------
 
 @contextlib.contextmanager
-def torch_cp_context(group, seq_len: int, device):
-    """Enter torch's CP for a global sequence of seq_len; SDPA calls inside run the CP ring."""
+def torch_cp_context(group, seq_len: int, device, causal: bool):
+    """Enter torch's CP for a global sequence of seq_len; SDPA calls inside run the CP ring.
+    Its head-tail load balancer is on for causal (as users run it) and must be off for full
+    attention, which it refuses to balance."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.experimental._attention import _cp_options
 
     world = dist.get_world_size(group)
     mesh = DeviceMesh.from_group(group or dist.group.WORLD, device.type)
@@ -46,7 +49,12 @@ def torch_cp_context(group, seq_len: int, device):
     dummy = torch.empty(1, 1, seq_len, 1, device=device)
     with context_parallel(mesh, buffers=[dummy], buffer_seq_dims=[2], no_restore_buffers={dummy}):
         assert dummy.shape[2] == seq_len // world
-        yield
+        balance = _cp_options.enable_load_balance
+        _cp_options.enable_load_balance = causal
+        try:
+            yield
+        finally:
+            _cp_options.enable_load_balance = balance
 
 
 def torch_cp(backend):
