@@ -116,3 +116,58 @@ def layout_roundtrip(group, S):
         dist.all_gather(parts, mine, group=group)
         out[layout] = bool(torch.equal(be.unshard(parts, layout, dim=1), x))
     return out
+
+
+def bad_call_more(group, case):
+    """bad_call plus a few more bad inputs; returns the ValueError message or None."""
+    q = torch.randn(1, 8, 4, 16)
+    k = torch.randn(1, 8, 2, 16)
+    v = torch.randn(1, 8, 2, 16)
+    kw = dict(group=group)
+    if case == "causal_not_bool":
+        kw["causal"] = "yes"
+    elif case == "batch_mismatch":
+        k = torch.randn(2, 8, 2, 16)
+        v = torch.randn(2, 8, 2, 16)
+    elif case == "empty":
+        q, k, v = (t[:, :0] for t in (q, k, v))
+    elif case == "not_tensor":
+        q = q.tolist()
+    elif case == "nan_scale":
+        kw["softmax_scale"] = float("nan")
+    else:
+        return bad_call(group, case)
+    try:
+        be.burst_attn_func(q, k, v, **kw)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def good_call(group, seed, causal=True, layout="zigzag", backward="burst", n=8):
+    """One small correct call (GQA 4:2) against the float64 oracle, plus a collective that would
+    hang or mismatch if any rank were out of step: returns errors, bytes and the collective's sum."""
+    rank, world = _world(group)
+    g = torch.Generator().manual_seed(seed)
+    B, H, Hkv, D, S = 1, 4, 2, 16, n * world
+    q = torch.randn(B, S, H, D, generator=g, dtype=torch.float64)
+    k = torch.randn(B, S, Hkv, D, generator=g, dtype=torch.float64)
+    v = torch.randn(B, S, Hkv, D, generator=g, dtype=torch.float64)
+    do = torch.randn(B, S, H, D, generator=g, dtype=torch.float64)
+    qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
+    ref, _ = dense_attention(qr, kr, vr, causal)
+    (ref * do).sum().backward()
+    loc = lambda t: be.shard(t, layout, rank, world).float()
+    ql, kl, vl = (loc(t).requires_grad_() for t in (q, k, v))
+    with be.comm_stats() as st:
+        out = be.burst_attn_func(ql, kl, vl, group=group, causal=causal, layout=layout, backward=backward)
+        (out * loc(do)).sum().backward()
+    tag = torch.tensor([float(rank)])
+    dist.all_reduce(tag, group=group)
+    return dict(
+        err=max(rel_err(out, loc(ref.detach())), rel_err(ql.grad, loc(qr.grad)), rel_err(kl.grad, loc(kr.grad)),
+                rel_err(vl.grad, loc(vr.grad))),
+        fwd_bytes=st.forward_bytes, bwd_bytes=st.backward_bytes,
+        want_fwd=forward_bytes(B, n, Hkv, D, 4, world), want_bwd=backward_bytes(backward, B, n, H, Hkv, D, 4, world),
+        rank_sum=tag.item(),
+    )
