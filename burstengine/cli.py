@@ -1,0 +1,38 @@
+"""The `burstengine` command: one subcommand per module.
+
+Each module in COMMANDS provides ``HELP`` (one line), ``add_arguments(parser)`` and
+``run(args) -> int`` (the exit code); adding a subcommand is one more entry here.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+
+COMMANDS = {
+    "demo": "burstengine.demo",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    p = argparse.ArgumentParser(prog="burstengine",
+                                description="BurstEngine: exact sequence-parallel attention (BurstAttention).")
+    p.add_argument("--version", action="version", version=f"burstengine {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, modname in COMMANDS.items():
+        mod = importlib.import_module(modname)
+        sp = sub.add_parser(name, help=mod.HELP, description=mod.__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        mod.add_arguments(sp)
+        sp.set_defaults(_run=mod.run)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args._run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
