@@ -98,6 +98,7 @@ def _reference(q, k, v, do, causal, scale, rank, world, log):
     when not causal), forward merged by log-sum-exp, then backward with the chunk's global lse
     and delta = rowsum(dO * O).  The partial results are summed over the ranks."""
     from .attention.schedule import CAUSAL, FULL
+    from .kernels.base import merge_
     from .kernels.reference import ReferenceKernel
 
     kern = ReferenceKernel()
@@ -124,9 +125,7 @@ def _reference(q, k, v, do, causal, scale, rank, world, log):
             if o is None:
                 o, lse = o2, l2
                 continue
-            new = torch.logaddexp(lse, l2)
-            o = o * torch.exp(lse - new).transpose(1, 2).unsqueeze(-1) + o2 * torch.exp(l2 - new).transpose(1, 2).unsqueeze(-1)
-            lse = new
+            merge_(o, lse, o2, l2)
         delta = (doc * o).sum(-1).transpose(1, 2)
         out[:, a:b] = o
         for k0, k1, mask in blocks:

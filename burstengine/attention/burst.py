@@ -39,17 +39,6 @@ class _Config:
     backward: str
 
 
-def _merge(out, lse, o, l):
-    """out, lse (float32 views) <- online-softmax merge with a block result (o, l), in place."""
-    new = torch.logaddexp(lse, l)
-    # both sides empty: new = -inf; subtract 0 so the factors are exp(-inf) = 0, not NaN
-    safe = torch.where(torch.isinf(new), 0.0, new)
-    a = torch.exp(lse - safe).transpose(1, 2).unsqueeze(-1)
-    b = torch.exp(l - safe).transpose(1, 2).unsqueeze(-1)
-    out.mul_(a).add_(o.to(out.dtype) * b)
-    lse.copy_(new)
-
-
 def _forward(q, k, v, cfg: _Config):
     ring, G = cfg.ring, cfg.ring.world
     B, n, H, _ = q.shape
@@ -60,8 +49,8 @@ def _forward(q, k, v, cfg: _Config):
         pending = ring.shift(kv, "forward", ("k", "v")) if step < G - 1 else None
         src = ring_source(ring.rank, step, G)
         for t in block_tasks(cfg.layout, cfg.causal, ring.rank, src, G, n):
-            o, l = cfg.kernel.forward(q[:, t.q0:t.q1], kv[0][:, t.k0:t.k1], kv[1][:, t.k0:t.k1], cfg.scale, t.mask)
-            _merge(out[:, t.q0:t.q1], lse[:, :, t.q0:t.q1], o, l)
+            cfg.kernel.forward_into(q[:, t.q0:t.q1], kv[0][:, t.k0:t.k1], kv[1][:, t.k0:t.k1], cfg.scale, t.mask,
+                                    out[:, t.q0:t.q1], lse[:, :, t.q0:t.q1])
         if pending is not None:
             kv = pending.wait()
     return out, lse
@@ -104,11 +93,8 @@ def _backward_burst(dout, q, k, v, lse, delta, cfg: _Config):
         dq = torch.zeros(mq.shape, dtype=_acc(mq), device=mq.device)
         for t in block_tasks(cfg.layout, cfg.causal, src, ring.rank, G, n):
             qs, ks = slice(t.q0, t.q1), slice(t.k0, t.k1)
-            a, b, c = cfg.kernel.backward(mdo[:, qs], mq[:, qs], k[:, ks], v[:, ks], mlse[:, :, qs],
-                                          mdelta[:, :, qs], cfg.scale, t.mask)
-            dq[:, qs] += a
-            dk[:, ks] += b
-            dv[:, ks] += c
+            cfg.kernel.backward_into(mdo[:, qs], mq[:, qs], k[:, ks], v[:, ks], mlse[:, :, qs], mdelta[:, :, qs],
+                                     cfg.scale, t.mask, dq[:, qs], dk[:, ks], dv[:, ks])
         return (dq,)
 
     (dq,) = _travel(ring, (q, dout, lse, delta), ("q", "dout", "lse", "delta"), ("dq",), compute)
@@ -126,12 +112,9 @@ def _backward_ring(dout, q, k, v, out, lse, delta, cfg: _Config):
         dv = torch.zeros(mv.shape, dtype=_acc(mv), device=mv.device)
         for t in block_tasks(cfg.layout, cfg.causal, ring.rank, src, G, n):
             qs, ks = slice(t.q0, t.q1), slice(t.k0, t.k1)
-            a, b, c = cfg.kernel.backward(dout[:, qs], q[:, qs], mk[:, ks], mv[:, ks], lse[:, :, qs],
-                                          delta[:, :, qs], cfg.scale, t.mask,
-                                          out=None if out is None else out[:, qs])
-            dq[:, qs] += a
-            dk[:, ks] += b
-            dv[:, ks] += c
+            cfg.kernel.backward_into(dout[:, qs], q[:, qs], mk[:, ks], mv[:, ks], lse[:, :, qs], delta[:, :, qs],
+                                     cfg.scale, t.mask, dq[:, qs], dk[:, ks], dv[:, ks],
+                                     out=None if out is None else out[:, qs])
         return dk, dv
 
     dk, dv = _travel(ring, (k, v), ("k", "v"), ("dk", "dv"), compute)

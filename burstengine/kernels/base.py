@@ -2,14 +2,104 @@
 
 Tensors follow the flash-attn convention: q (B, Sq, H, D), k/v (B, Sk, Hkv, D) with H a
 multiple of Hkv (query head h uses kv head h // (H // Hkv)).  ``lse`` and ``delta`` are
-float32 (B, H, Sq).  ``mask`` is one of ``schedule.MASKS``; CAUSAL and STRICT blocks are
-square.  Kernels know nothing about rings: they see one (q block, kv block) pair.
+float32 (B, H, Sq).  ``mask`` is one of ``schedule.MASKS`` (CAUSAL and STRICT blocks are
+square) or a :class:`MaskSpec` for anything else (windows, documents, block sparsity).
+Kernels know nothing about rings: they see one (q block, kv block) pair.
+
+Two entry points per direction: ``forward``/``backward`` return fresh block results, and
+``forward_into``/``backward_into`` accumulate into the caller's running buffers (LAO: a
+kernel that can fuse the online-softmax merge or the gradient sum overrides them; the
+defaults here call the plain ones and merge in torch).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from ..attention.schedule import CAUSAL, FULL, STRICT
+
+
+@dataclass(frozen=True, eq=False)
+class MaskSpec:
+    """Visibility of (query row i, key row j) in one block, from global positions.
+
+    Row i of the q block is global position ``q_start + i * q_step``; row j of the k block is
+    ``k_start + j * k_step`` (every layout's block pairs are affine in this way, striped
+    included).  A pair is visible when all of these hold:
+
+    * ``causal``: q_pos >= k_pos
+    * ``window`` W: q_pos - k_pos < W (with causal: the W most recent keys, itself included)
+    * ``q_doc``/``k_doc`` (int tensors, one document id per row, non-decreasing): same document
+    * ``block_mask`` (bool (ceil(Sq/bs), ceil(Sk/bs)), bs = ``block_size`` local rows): the
+      block of (i // bs, j // bs) is on
+
+    FULL is ``MaskSpec()``, CAUSAL ``MaskSpec(causal=True)``, STRICT ``MaskSpec(causal=True,
+    k_start=1)``.
+    """
+
+    causal: bool = False
+    q_start: int = 0
+    q_step: int = 1
+    k_start: int = 0
+    k_step: int = 1
+    window: int | None = None
+    q_doc: torch.Tensor | None = None
+    k_doc: torch.Tensor | None = None
+    block_mask: torch.Tensor | None = None
+    block_size: int = 0
+
+    def dense(self, sq: int, sk: int, device) -> torch.Tensor | None:
+        """Boolean (sq, sk) visibility, None when everything is visible."""
+        vis = None
+
+        def both(m):
+            return m if vis is None else vis & m
+
+        if self.causal or self.window is not None:
+            qp = self.q_start + self.q_step * torch.arange(sq, device=device)
+            kp = self.k_start + self.k_step * torch.arange(sk, device=device)
+            diff = qp[:, None] - kp[None, :]
+            if self.causal:
+                vis = both(diff >= 0)
+            if self.window is not None:
+                vis = both(diff < self.window)
+        if self.q_doc is not None:
+            vis = both(self.q_doc.to(device)[:, None] == self.k_doc.to(device)[None, :])
+        if self.block_mask is not None:
+            bs = self.block_size
+            bm = self.block_mask.to(device)
+            rows = torch.arange(sq, device=device) // bs
+            cols = torch.arange(sk, device=device) // bs
+            vis = both(bm[rows[:, None], cols[None, :]])
+        return vis
+
+
+def as_spec(mask) -> MaskSpec:
+    """The MaskSpec of a mask kind (FULL / CAUSAL / STRICT) or a MaskSpec itself."""
+    if isinstance(mask, MaskSpec):
+        return mask
+    if mask == FULL:
+        return MaskSpec()
+    if mask == CAUSAL:
+        return MaskSpec(causal=True)
+    if mask == STRICT:
+        return MaskSpec(causal=True, k_start=1)
+    raise ValueError(f"unknown mask {mask!r}")
+
+
+def merge_(out: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, l: torch.Tensor) -> None:
+    """Online-softmax merge of a block result (o, l) into the running (out, lse), in place.
+
+    out: (B, S, H, D) in the accumulation dtype, lse: (B, H, S); views are fine.  A row empty
+    on both sides stays (0, -inf) rather than becoming NaN."""
+    new = torch.logaddexp(lse, l)
+    # both sides empty: new = -inf; subtract 0 so the factors are exp(-inf) = 0, not NaN
+    safe = torch.where(torch.isinf(new), 0.0, new)
+    a = torch.exp(lse - safe).transpose(1, 2).unsqueeze(-1)
+    b = torch.exp(l - safe).transpose(1, 2).unsqueeze(-1)
+    out.mul_(a).add_(o.to(out.dtype) * b)
+    lse.copy_(new)
 
 
 class Kernel:
@@ -30,6 +120,20 @@ class Kernel:
         Hkv heads.
         """
         raise NotImplementedError
+
+    def forward_into(self, q, k, v, scale: float, mask, out, lse) -> None:
+        """Merge this block's attention into the running ``out`` (B, Sq, H, D) and ``lse``
+        (B, H, Sq), both in the accumulation dtype, in place."""
+        o, l = self.forward(q, k, v, scale, mask)
+        merge_(out, lse, o, l)
+
+    def backward_into(self, dout, q, k, v, lse, delta, scale: float, mask, dq, dk, dv, out=None) -> None:
+        """Add this block's gradients into the accumulators ``dq`` (B, Sq, H, D), ``dk`` and
+        ``dv`` (B, Sk, Hkv, D), in place (same arguments as :meth:`backward`)."""
+        a, b, c = self.backward(dout, q, k, v, lse, delta, scale, mask, out=out)
+        dq += a
+        dk += b
+        dv += c
 
 
 class ShiftStrict(Kernel):
@@ -70,8 +174,10 @@ class ShiftStrict(Kernel):
         return dq, dk, dv
 
 
-def visible_mask(mask: str, sq: int, sk: int, device) -> torch.Tensor | None:
-    """Boolean (sq, sk) visibility for a mask kind, None when everything is visible."""
+def visible_mask(mask, sq: int, sk: int, device) -> torch.Tensor | None:
+    """Boolean (sq, sk) visibility for a mask kind or MaskSpec, None when everything is visible."""
+    if isinstance(mask, MaskSpec):
+        return mask.dense(sq, sk, device)
     if mask == FULL:
         return None
     if sq != sk:
