@@ -1,6 +1,6 @@
 """`burstengine bench attention`: BurstAttention beside its peers, same GPUs, same launch.
 
-    torchrun --nproc_per_node 4 -m burstengine.bench.attention --seqs 131072,524288 --mask both
+    torchrun --nproc_per_node 4 -m burstengine bench attention --seqs 131072,524288 --mask both
 
 Times forward (no grad) and forward+backward of one attention call, bf16, B=1, for every
 method in --methods, at every total sequence in --seqs, prints a table (TFLOP/s per GPU,
@@ -27,6 +27,8 @@ from .record import write_record
 METHODS = ("burst-zigzag", "burst-striped", "burst-contiguous", "ringbwd-zigzag", "torch-cp-cudnn", "torch-cp-flash",
            "ulysses-cudnn", "megatron-tp-cudnn", "single-gpu-cudnn")
 BASELINE = "torch-cp-cudnn"
+_FAMILIES = tuple(f"{p}-{x}" for p in ("burst", "ringbwd") for x in be.LAYOUTS) + tuple(
+    f"{p}-{b}" for p in ("torch-cp", "ulysses", "megatron-tp", "single-gpu") for b in ("cudnn", "flash", "math"))
 
 
 def attn_flops(S, H, D, causal, B=1):
@@ -57,23 +59,43 @@ def make_method(name, group, causal, kernel):
     raise ValueError(f"unknown method {name!r}; known: {METHODS}")
 
 
-def timed(fn, warmup, iters, group):
+def _sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, warmup, iters, group, dev=torch.device("cuda")):
+    """Seconds per call on every timed iteration, max over ranks (the slowest rank sets the
+    pace of a step): CUDA events on GPUs, the host clock after a barrier on CPU."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(iters):
-        torch.cuda.synchronize()
+        _sync(dev)
         dist.barrier(group=group)
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    # the slowest rank sets the pace of a step
-    t = torch.tensor(times, device="cuda", dtype=torch.float64)
+        if dev.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    t = torch.tensor(times, device=dev, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return t.tolist()
+
+
+def _peak_reset(dev):
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak(dev):
+    return torch.cuda.max_memory_allocated() if dev.type == "cuda" else 0
 
 
 def run_case(method, S, H, Hkv, D, causal, args, group):
@@ -86,11 +108,12 @@ def run_case(method, S, H, Hkv, D, causal, args, group):
         n = S_run
     else:
         S_run, n = S, S // world
-    dev = torch.device("cuda")
-    q = torch.randn(1, n, H, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
-    k = torch.randn(1, n, Hkv, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
-    v = torch.randn(1, n, Hkv, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
-    do = torch.randn(1, n, H, D, device=dev, dtype=torch.bfloat16)
+    dev = torch.device(args.device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    q = torch.randn(1, n, H, D, device=dev, dtype=dtype, requires_grad=True)
+    k = torch.randn(1, n, Hkv, D, device=dev, dtype=dtype, requires_grad=True)
+    v = torch.randn(1, n, Hkv, D, device=dev, dtype=dtype, requires_grad=True)
+    do = torch.randn(1, n, H, D, device=dev, dtype=dtype)
     ctx = ctx_factory(group, S, dev, causal) if ctx_factory else None
     rec = dict(method=method, S=S, S_run=S_run, H=H, Hkv=Hkv, D=D, causal=causal, world=world)
     try:
@@ -104,10 +127,10 @@ def run_case(method, S, H, Hkv, D, causal, args, group):
         def fwdbwd():
             fn(q, k, v).backward(do)
 
-        rec["fwd_s"] = timed(fwd, args.warmup, args.iters, group)
-        torch.cuda.reset_peak_memory_stats()
-        rec["fwdbwd_s"] = timed(fwdbwd, args.warmup, args.iters, group)
-        peak = torch.tensor([torch.cuda.max_memory_allocated()], device=dev, dtype=torch.float64)
+        rec["fwd_s"] = timed(fwd, args.warmup, args.iters, group, dev)
+        _peak_reset(dev)
+        rec["fwdbwd_s"] = timed(fwdbwd, args.warmup, args.iters, group, dev)
+        peak = torch.tensor([_peak(dev)], device=dev, dtype=torch.float64)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
         rec["peak_bytes"] = int(peak.item())
     finally:
@@ -117,7 +140,8 @@ def run_case(method, S, H, Hkv, D, causal, args, group):
     rec["fwd_tflops"] = flops / _median(rec["fwd_s"]) / 1e12
     rec["fwdbwd_tflops"] = 3.5 * flops / _median(rec["fwdbwd_s"]) / 1e12
     del q, k, v, do
-    torch.cuda.empty_cache()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
     return rec
 
 
@@ -233,14 +257,15 @@ def _group(rows, key):
 
 
 def build_parser(p=None):
-    p = p or argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = p or argparse.ArgumentParser(prog="burstengine bench attention", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seqs", default="131072,524288", help="total sequence lengths, comma-separated")
     p.add_argument("--mask", choices=("causal", "full", "both"), default="both")
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv-heads", default="32", help="comma-separated kv head counts (e.g. 32,8 for a GQA case)")
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--methods", default=",".join(METHODS))
-    p.add_argument("--kernel", default="cudnn", help="local kernel for BurstAttention")
+    p.add_argument("--kernel", default=None, help="local kernel for BurstAttention (default: auto, i.e. cuDNN on GPUs)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--profile", type=int, default=0, help="also trace one fwd+bwd at this total sequence")
@@ -248,6 +273,9 @@ def build_parser(p=None):
     p.add_argument("--out-dir", default=None)
     p.add_argument("--plot", default=None, help="draw the scaling plot from this JSON record and exit")
     p.add_argument("--skip", default="", help="method@S pairs to skip, e.g. torch-cp-flash@524288")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cpu: a smoke run of the harness on gloo ranks (float32, tiny sizes, methods that run on "
+                        "CPU: burst-*, ringbwd-*, *-math peers); figures from it mean nothing")
     return p
 
 
@@ -256,16 +284,21 @@ def main(argv=None):
     if args.plot:
         print(plot(args.plot, os.path.splitext(args.plot)[0] + ".png"))
         return 0
-    if not torch.cuda.is_available():
-        raise SystemExit("burstengine bench attention needs CUDA GPUs (run it under torchrun on a GPU node)")
-    dist.init_process_group("nccl")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("burstengine bench attention needs CUDA GPUs (run it under torchrun on a GPU node; "
+                         "--device cpu only smoke-tests the harness)")
+    methods = [m for m in args.methods.split(",") if m]
+    bad = [m for m in methods if m not in METHODS and not any(m.startswith(p) for p in _FAMILIES)]
+    if bad:
+        raise SystemExit(f"unknown method(s) {bad}; known: {', '.join(METHODS)} (and -math/-flash variants of the peers)")
+    own = not dist.is_initialized()
+    if own:
+        dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     group = None
     out_dir = args.out_dir or os.environ.get("BURST_RESULTS", "benchmarks/results")
-    methods = [m for m in args.methods.split(",") if m]
-    for m in methods:
-        make_method(m, group, True, args.kernel)  # unknown names fail here, before any timing
     skip = set(args.skip.split(",")) if args.skip else set()
     masks = {"causal": [True], "full": [False], "both": [True, False]}[args.mask]
     rows, t0 = [], time.time()
@@ -276,9 +309,10 @@ def main(argv=None):
                 continue
             try:
                 r = run_case(m, S, args.heads, hkv, args.head_dim, causal, args, group)
-            except torch.cuda.OutOfMemoryError as e:
+            except torch.OutOfMemoryError as e:
                 # an OOM is reported, not fatal: every rank allocates the same, so all ranks land here
-                torch.cuda.empty_cache()
+                if args.device == "cuda":
+                    torch.cuda.empty_cache()
                 r = dict(method=m, S=S, H=args.heads, Hkv=hkv, D=args.head_dim, causal=causal, world=world,
                          error=f"OOM: {str(e).splitlines()[0]}")
             rows.append(r)
@@ -301,7 +335,8 @@ def main(argv=None):
         path = write_record(args.name or f"attention_{world}gpu", dict(world=world, args=vars(args), rows=rows,
                                                                         profile=prof), out_dir)
         print(f"wrote {path}")
-    dist.destroy_process_group()
+    if own:
+        dist.destroy_process_group()
     return 0
 
 

@@ -98,7 +98,8 @@ def merge_(out: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, l: torch.Tenso
     safe = torch.where(torch.isinf(new), 0.0, new)
     a = torch.exp(lse - safe).transpose(1, 2).unsqueeze(-1)
     b = torch.exp(l - safe).transpose(1, 2).unsqueeze(-1)
-    out.mul_(a).add_(o.to(out.dtype) * b)
+    # addcmul_ promotes o inside the kernel: no fp32 copy of the block result is made
+    out.mul_(a).addcmul_(o, b)
     lse.copy_(new)
 
 

@@ -1,0 +1,34 @@
+"""`burstengine bench attention` end to end on CPU ranks (the harness, not the figures)."""
+import json
+import os
+import subprocess
+import sys
+
+
+def test_bench_attention_smoke_on_cpu(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    methods = "burst-zigzag,ringbwd-striped,ulysses-math,megatron-tp-math,single-gpu-math"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "burstengine", "bench", "attention", "--device", "cpu", "--seqs", "256", "--mask", "both",
+           "--heads", "4", "--kv-heads", "4,2", "--head-dim", "16", "--methods", methods, "--warmup", "1",
+           "--iters", "2", "--out-dir", str(tmp_path), "--name", "smoke"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rec = json.load(open(tmp_path / "smoke.json"))
+    assert rec["world"] == 2 and rec["command"] and rec["commit"] and rec["env"]["device"] == "cpu"
+    rows = rec["rows"]
+    # every method x mask x kv-heads case ran, with the raw times of every timed iteration
+    assert len(rows) == 5 * 2 * 2, rows
+    for r in rows:
+        assert "error" not in r, r
+        assert len(r["fwd_s"]) == 2 and len(r["fwdbwd_s"]) == 2 and min(r["fwdbwd_s"]) > 0
+    assert "burst-zigzag" in p.stdout and "f+b TF/s" in p.stdout
+
+
+def test_bench_rejects_unknown_method():
+    p = subprocess.run([sys.executable, "-m", "burstengine", "bench", "attention", "--device", "cpu",
+                        "--methods", "nope"], capture_output=True, text=True, timeout=120,
+                       env={k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")})
+    assert p.returncode != 0 and "unknown method" in (p.stdout + p.stderr)
