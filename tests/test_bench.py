@@ -13,14 +13,16 @@ def test_bench_attention_smoke_on_cpu(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "burstengine", "bench", "attention", "--device", "cpu", "--seqs", "256", "--mask", "both",
            "--heads", "4", "--kv-heads", "4,2", "--head-dim", "16", "--methods", methods, "--warmup", "1",
-           "--iters", "2", "--out-dir", str(tmp_path), "--name", "smoke"]
+           "--iters", "2", "--worlds", "1,2", "--out-dir", str(tmp_path), "--name", "smoke"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     rec = json.load(open(tmp_path / "smoke.json"))
     assert rec["world"] == 2 and rec["command"] and rec["commit"] and rec["env"]["device"] == "cpu"
     rows = rec["rows"]
     # every method x mask x kv-heads case ran, with the raw times of every timed iteration
-    assert len(rows) == 5 * 2 * 2, rows
+    # world 1 runs no single-gpu peer (it would be the same run)
+    assert len(rows) == 5 * 2 * 2 + 4 * 2 * 2, rows
+    assert {r["world"] for r in rows} == {1, 2}
     for r in rows:
         assert "error" not in r, r
         assert len(r["fwd_s"]) == 2 and len(r["fwdbwd_s"]) == 2 and min(r["fwdbwd_s"]) > 0

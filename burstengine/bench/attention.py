@@ -209,20 +209,21 @@ def profile_step(S, H, Hkv, D, causal, layout, backward, kernel, group, out_dir)
 
 
 def print_table(rows, file=sys.stdout):
-    base = {(r["S"], r["causal"], r["Hkv"]): r for r in rows if r["method"] == BASELINE and "fwdbwd_tflops" in r}
-    hdr = f"{'method':20s} {'S':>8s} {'mask':6s} {'kvH':>4s} {'fwd TF/s':>9s} {'f+b TF/s':>9s} {'f+b ms':>9s} " \
-          f"{'vs CP':>6s} {'peak GiB':>8s}"
+    key = lambda r: (r["world"], r["S"], r["causal"], r["Hkv"])
+    base = {key(r): r for r in rows if r["method"] == BASELINE and "fwdbwd_tflops" in r}
+    hdr = f"{'method':20s} {'G':>2s} {'S':>8s} {'mask':6s} {'kvH':>4s} {'fwd TF/s':>9s} {'f+b TF/s':>9s} " \
+          f"{'f+b ms':>9s} {'vs CP':>6s} {'peak GiB':>8s}"
     print(hdr, file=file)
     print("-" * len(hdr), file=file)
     for r in rows:
         if "error" in r:
-            print(f"{r['method']:20s} {r['S']:>8d} {'causal' if r['causal'] else 'full':6s} {r['Hkv']:>4d} "
-                  f"{r['error'][:60]}", file=file)
+            print(f"{r['method']:20s} {r['world']:>2d} {r['S']:>8d} {'causal' if r['causal'] else 'full':6s} "
+                  f"{r['Hkv']:>4d} {r['error'][:60]}", file=file)
             continue
-        b = base.get((r["S"], r["causal"], r["Hkv"]))
+        b = base.get(key(r))
         ratio = f"{r['fwdbwd_tflops'] / b['fwdbwd_tflops']:6.3f}" if b else "   -  "
-        print(f"{r['method']:20s} {r['S']:>8d} {'causal' if r['causal'] else 'full':6s} {r['Hkv']:>4d} "
-              f"{r['fwd_tflops']:9.1f} {r['fwdbwd_tflops']:9.1f} {_median(r['fwdbwd_s']) * 1e3:9.1f} {ratio} "
+        print(f"{r['method']:20s} {r['world']:>2d} {r['S']:>8d} {'causal' if r['causal'] else 'full':6s} "
+              f"{r['Hkv']:>4d} {r['fwd_tflops']:9.1f} {r['fwdbwd_tflops']:9.1f} {_median(r['fwdbwd_s']) * 1e3:9.1f} {ratio} "
               f"{r['peak_bytes'] / 2**30:8.1f}", file=file)
 
 
@@ -272,6 +273,8 @@ def build_parser(p=None):
     p.add_argument("--name", default=None, help="record name (default attention_<world>gpu)")
     p.add_argument("--out-dir", default=None)
     p.add_argument("--plot", default=None, help="draw the scaling plot from this JSON record and exit")
+    p.add_argument("--worlds", default="", help="comma-separated world sizes to run on sub-groups of the launch "
+                                                  "(default: the launch's world only)")
     p.add_argument("--skip", default="", help="method@S pairs to skip, e.g. torch-cp-flash@524288")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: a smoke run of the harness on gloo ranks (float32, tiny sizes, methods that run on "
@@ -297,15 +300,23 @@ def main(argv=None):
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-    group = None
+    worlds = sorted({int(w) for w in args.worlds.split(",")}) if args.worlds else [world]
+    if any(w < 1 or w > world for w in worlds):
+        raise SystemExit(f"--worlds {args.worlds}: each must be between 1 and the launch's {world} ranks")
+    # sub-groups over the lowest ranks, made by every rank in the same order
+    groups = {w: (None if w == world else dist.new_group(list(range(w)))) for w in worlds}
     out_dir = args.out_dir or os.environ.get("BURST_RESULTS", "benchmarks/results")
     skip = set(args.skip.split(",")) if args.skip else set()
     masks = {"causal": [True], "full": [False], "both": [True, False]}[args.mask]
     rows, t0 = [], time.time()
-    cases = [(S, c, hkv) for S in map(int, args.seqs.split(",")) for c in masks for hkv in map(int, args.kv_heads.split(","))]
-    for i, (S, causal, hkv) in enumerate(cases):
+    cases = [(w, S, c, hkv) for w in worlds for S in map(int, args.seqs.split(",")) for c in masks
+             for hkv in map(int, args.kv_heads.split(","))]
+    for i, (w, S, causal, hkv) in enumerate(cases):
+        group = groups[w]
+        if rank >= w:
+            continue
         for m in methods:
-            if f"{m}@{S}" in skip:
+            if f"{m}@{S}" in skip or (w == 1 and m.startswith("single-gpu")):
                 continue
             try:
                 r = run_case(m, S, args.heads, hkv, args.head_dim, causal, args, group)
@@ -313,14 +324,16 @@ def main(argv=None):
                 # an OOM is reported, not fatal: every rank allocates the same, so all ranks land here
                 if args.device == "cuda":
                     torch.cuda.empty_cache()
-                r = dict(method=m, S=S, H=args.heads, Hkv=hkv, D=args.head_dim, causal=causal, world=world,
+                r = dict(method=m, S=S, H=args.heads, Hkv=hkv, D=args.head_dim, causal=causal, world=w,
                          error=f"OOM: {str(e).splitlines()[0]}")
             rows.append(r)
             if rank == 0:
                 msg = r.get("error") or (f"fwd {r['fwd_tflops']:.1f} TF/s, fwd+bwd {r['fwdbwd_tflops']:.1f} TF/s, "
                                          f"peak {r['peak_bytes'] / 2**30:.1f} GiB")
-                print(f"[{time.time() - t0:6.0f}s] case {i + 1}/{len(cases)} S={S} "
+                print(f"[{time.time() - t0:6.0f}s] case {i + 1}/{len(cases)} world={w} S={S} "
                       f"{'causal' if causal else 'full'} kvH={hkv} {m}: {msg}", flush=True)
+    dist.barrier()
+    group = None
     prof = []
     if args.profile:
         for backward in ("burst", "ring"):
