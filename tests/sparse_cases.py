@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 import burstengine as be
-from burstengine.attention import Pattern, backward_bytes, choose_backward, forward_bytes, last_step
+from burstengine.attention import Pattern, backward_bytes, choose_backward, forward_bytes, ring_steps
 from burstengine.testing import dense_attention, rel_err, sparse_mask
 
 
@@ -81,7 +81,8 @@ def run_case(group, case):
     bs = 0 if bm is None else S // bm.shape[0]
     pattern = Pattern(causal=causal, window=window, cu_seqlens=None if cu is None else tuple(cu), block_mask=bm,
                       block_size=bs)
-    hops = last_step(layout, pattern, world, n)
+    steps = ring_steps(layout, pattern, world, n)
+    hops = len(steps) - 1
     elem = ql.element_size()
     scheme = backward if backward != "auto" else choose_backward(B, n, H, Hkv, D, elem, world, hops)
     empty = ~loc(seen, 0)
@@ -98,7 +99,7 @@ def run_case(group, case):
         fwd_bytes=st.forward_bytes, bwd_bytes=st.backward_bytes,
         want_fwd=forward_bytes(B, n, Hkv, D, elem, world, hops),
         want_bwd=backward_bytes(scheme, B, n, H, Hkv, D, elem, world, hops),
-        hops=hops,
+        hops=hops, steps=steps,
     )
 
 

@@ -89,12 +89,21 @@ def test_contiguous_window_skips_steps_and_bytes(pool):
                                                 world=world)[0][0]["fwd_bytes"]
 
 
+def test_zigzag_window_jumps_idle_steps(pool):
+    """zigzag + a short window runs steps 0, 1 and G-1: the kv shard jumps two ranks on at once,
+    the burst backward's Q side and dQ likewise the other way, and the results stay exact."""
+    cases = [dict(layout="zigzag", n=N, backward=b, window=3, seed=9, hkv=h) for b in ("burst", "ring") for h in (4, 1)]
+    for rows in pool.run(sparse_cases.run_cases, cases, world=4):
+        _check(cases, [rows])
+        assert all(tuple(r["steps"]) == (0, 1, 3) and r["hops"] == 2 for r in rows)
+
+
 def test_documents_inside_shards_send_nothing(pool):
     cases = [dict(layout="contiguous", n=N, backward=b, cu_seqlens=list(range(0, 4 * N + 1, N // 2)), seed=1)
              for b in ("burst", "ring")]
     for rows in pool.run(sparse_cases.run_cases, cases, world=4):
         _check(cases, [rows])
-        assert all(r["hops"] == 0 and r["fwd_bytes"] == 0 and r["bwd_bytes"] == 0 for r in rows)
+        assert all(r["steps"] == (0,) and r["fwd_bytes"] == 0 and r["bwd_bytes"] == 0 for r in rows)
 
 
 BAD = {

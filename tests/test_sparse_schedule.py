@@ -3,7 +3,7 @@
 A coverage map built from the tasks of every rank at every step that runs, mapped to global
 positions, must hit every visible pair of the dense mask (testing.sparse_mask, written from
 the definitions) exactly once and no other pair, in the forward / ring backward (kv travels
-r -> r+1) and the burst backward (q travels r -> r-1).  Steps after last_step must have no
+r -> r+1) and the burst backward (q travels r -> r-1).  Steps not in ring_steps must have no
 work anywhere; the counts, FLOPs and the skipped steps are checked against closed forms, and
 the striped block-sparse layout against the balance of BurstEngine Fig. 11.
 """
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import burstengine as be
-from burstengine.attention.schedule import (Pattern, attention_flops, block_tasks, last_step, ring_source, segments,
+from burstengine.attention.schedule import (Pattern, attention_flops, block_tasks, ring_source, ring_steps, segments,
                                             step_work, visible_pairs)
 from burstengine.kernels.base import MaskSpec, visible_mask
 from burstengine.testing import sparse_mask
@@ -33,13 +33,14 @@ def _coverage(layout, p, world, n, direction):
     S = n * world
     pos = [be.position_ids(S, layout, r, world) for r in range(world)]
     cov = torch.zeros(S, S, dtype=torch.int64)
-    last = last_step(layout, p, world, n)
+    run = ring_steps(layout, p, world, n)
+    assert run[0] == 0 and list(run) == sorted(set(run))
     for s, r in itertools.product(range(world), range(world)):
         src = ring_source(r, s, world, direction)
         qr, kr = (r, src) if direction == 1 else (src, r)
         tasks = block_tasks(layout, p, qr, kr, world, n)
-        if s > last:
-            assert not tasks, f"step {s} > last step {last} has work on rank {r}"
+        if s not in run:
+            assert not tasks, f"step {s} does not run ({run}) but has work on rank {r}"
             continue
         for t in tasks:
             assert 0 <= t.q0 < t.q1 <= n and 0 <= t.k0 < t.k1 <= n, t
@@ -108,7 +109,7 @@ def test_contiguous_window_runs_only_the_steps_it_needs(world):
         # the query at the start of a shard looks back W - 1 positions
         want = min(world - 1, (W - 2) // n + 1) if W >= 2 else 0
         p = Pattern(causal=True, window=W)
-        assert last_step("contiguous", p, world, n) == want, W
+        assert ring_steps("contiguous", p, world, n) == tuple(range(want + 1)), W
         assert want + 1 <= min(world, math.ceil(W / n) + 1)  # the bound the issue states
     # the first shard has no earlier one: its later steps are idle, the others' are not
     work = step_work("contiguous", Pattern(causal=True, window=n), world, n)
@@ -121,11 +122,11 @@ def test_documents_within_shards_need_no_ring(world):
     n = 8
     S = n * world
     inside = tuple(range(0, S + 1, n // 2))
-    assert last_step("contiguous", Pattern(causal=True, cu_seqlens=inside), world, n) == 0
+    assert ring_steps("contiguous", Pattern(causal=True, cu_seqlens=inside), world, n) == (0,)
     one_crossing = (0, n - 1, n + 1) + tuple(range(2 * n, S + 1, n))
-    assert last_step("contiguous", Pattern(causal=True, cu_seqlens=one_crossing), world, n) == 1
+    assert ring_steps("contiguous", Pattern(causal=True, cu_seqlens=one_crossing), world, n) == (0, 1)
     # the same documents striped over the ranks do need the whole ring (balanced, but no skipping)
-    assert last_step("striped", Pattern(causal=True, cu_seqlens=inside), world, n) == world - 1
+    assert ring_steps("striped", Pattern(causal=True, cu_seqlens=inside), world, n) == tuple(range(world))
 
 
 @pytest.mark.parametrize("world", (2, 3, 4, 8))
@@ -170,3 +171,12 @@ def test_pattern_equality_is_by_content():
     c = Pattern(causal=True, block_mask=~bm, block_size=2)
     assert a == b and hash(a) == hash(b) and a != c
     assert Pattern(causal=True, cu_seqlens=(0, 4, 8)) == Pattern(causal=True, cu_seqlens=(0, 4, 8))
+
+
+@pytest.mark.parametrize("world", (3, 4, 5))
+def test_zigzag_window_jumps_over_idle_steps(world):
+    """Under zigzag a short window needs the previous chunk (step 1) and, for the late chunk, the
+    next rank's late chunk (step G-1): the steps between run nothing and are jumped over."""
+    n = 8
+    assert ring_steps("zigzag", Pattern(causal=True, window=3), world, n) == (0, 1, world - 1)
+    assert ring_steps("zigzag", Pattern(causal=True), world, n) == tuple(range(world))

@@ -13,9 +13,11 @@ finishes at step s travels during step s+1's compute, so it never waits on the c
 produced it.  The gradient accumulators travel in float32.
 
 K/V (forward, ring backward) travel r -> r+1 and the Q side (burst backward) r -> r-1, so that
-step s pairs the same blocks in all three loops.  With a sparse mask the loops run only steps
-0..last_step (schedule.py): later steps, their compute and their transfers are skipped by every
-rank alike, and a travelling accumulator goes home in one message from wherever it stopped.
+step s pairs the same blocks in all three loops.  With a sparse mask the loops run only the
+steps schedule.ring_steps lists (those where some rank has work): a skipped step costs neither
+compute nor transfer, since the travelling shards jump straight to where the next step that
+runs needs them (a send ``gap`` ranks on), and a travelling accumulator goes home in one
+message from wherever it stopped.  Every rank derives the same steps from shared arguments.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import torch
 from ..comm.ring import Ring
 from ..kernels import Kernel, get_kernel
 from .checks import check_args, check_sparse
-from .schedule import Pattern, block_tasks, last_step, ring_source
+from .schedule import Pattern, block_tasks, ring_source, ring_steps
 
 def _acc(x):
     # float32 accumulation for everything but float64 inputs (which the tests use as an oracle)
@@ -42,7 +44,7 @@ class _Config:
     layout: str
     scale: float
     backward: str
-    last: int  # the last ring step any rank has work at
+    steps: tuple[int, ...]  # the ring steps that run (schedule.ring_steps)
 
 
 def _forward(q, k, v, cfg: _Config):
@@ -51,8 +53,10 @@ def _forward(q, k, v, cfg: _Config):
     out = torch.zeros(B, n, H, v.shape[-1], dtype=_acc(q), device=q.device)
     lse = torch.full((B, H, n), float("-inf"), dtype=_acc(q), device=q.device)
     kv = (k, v)
-    for step in range(cfg.last + 1):
-        pending = ring.shift(kv, "forward", ("k", "v")) if step < cfg.last else None
+    steps = cfg.steps
+    for i, step in enumerate(steps):
+        # send ahead to the rank that needs this kv at the next step that runs
+        pending = ring.shift(kv, "forward", ("k", "v"), steps[i + 1] - step) if i + 1 < len(steps) else None
         src = ring_source(ring.rank, step, G)
         for t in block_tasks(cfg.layout, cfg.pattern, ring.rank, src, G, n):
             cfg.kernel.forward_into(q[:, t.q0:t.q1], kv[0][:, t.k0:t.k1], kv[1][:, t.k0:t.k1], cfg.scale, t.mask,
@@ -62,10 +66,11 @@ def _forward(q, k, v, cfg: _Config):
     return out, lse
 
 
-def _travel(ring: Ring, moving, moving_names, acc_names, compute, zeros, last: int, direction: int):
+def _travel(ring: Ring, moving, moving_names, acc_names, compute, zeros, steps, direction: int):
     """The backward ring loop shared by both schemes.
 
-    ``moving`` travels r -> r + ``direction`` for steps 0..``last``.  ``compute(src, moving)``
+    ``moving`` travels r -> r + ``direction`` per ring step, over the ``steps`` that run (a gap
+    of g steps is one send g ranks on).  ``compute(src, moving)``
     does this rank's work on the block whose travelling side belongs to rank ``src`` and returns
     fresh float32 contributions to that side's gradients, or None when it has no work there.
     Those contributions are summed along the ring one step behind the data and finally sent
@@ -73,10 +78,15 @@ def _travel(ring: Ring, moving, moving_names, acc_names, compute, zeros, last: i
     """
     G = ring.world
     acc = None
-    for step in range(last + 1):
+    for i, step in enumerate(steps):
         src = ring_source(ring.rank, step, G, direction)
-        pend_move = ring.shift(moving, "backward", moving_names, direction) if step < last else None
-        pend_acc = ring.shift(acc, "backward", acc_names, direction) if acc is not None else None
+        pend_move = None
+        if i + 1 < len(steps):
+            pend_move = ring.shift(moving, "backward", moving_names, direction * (steps[i + 1] - step))
+        # the partial sum made at the previous step that ran follows its data by the same hop
+        pend_acc = None
+        if acc is not None:
+            pend_acc = ring.shift(acc, "backward", acc_names, direction * (step - steps[i - 1]))
         contrib = compute(src, moving)
         if pend_acc is not None:
             recv = pend_acc.wait()
@@ -91,10 +101,10 @@ def _travel(ring: Ring, moving, moving_names, acc_names, compute, zeros, last: i
         acc = contrib
         if pend_move is not None:
             moving = pend_move.wait()
-    if last == 0:
+    if len(steps) == 1:
         return acc
-    # the accumulator now belongs to the rank ``last`` places back along the travel: one hop home
-    return ring.shift(acc, "backward", acc_names, -direction * last).wait()
+    # the accumulator now belongs to the rank steps[-1] places back along the travel: one hop home
+    return ring.shift(acc, "backward", acc_names, -direction * steps[-1]).wait()
 
 
 def _backward_burst(dout, q, k, v, lse, delta, cfg: _Config):
@@ -120,7 +130,7 @@ def _backward_burst(dout, q, k, v, lse, delta, cfg: _Config):
 
     # the Q side travels r -> r-1, so step s pairs the same blocks as the forward's step s
     (dq,) = _travel(ring, (q, dout, lse, delta), ("q", "dout", "lse", "delta"), ("dq",), compute, zeros,
-                    cfg.last, -1)
+                    cfg.steps, -1)
     return dq, dk, dv
 
 
@@ -145,7 +155,7 @@ def _backward_ring(dout, q, k, v, out, lse, delta, cfg: _Config):
                                      out=None if out is None else out[:, qs])
         return dk, dv
 
-    dk, dv = _travel(ring, (k, v), ("k", "v"), ("dk", "dv"), compute, zeros, cfg.last, 1)
+    dk, dv = _travel(ring, (k, v), ("k", "v"), ("dk", "dv"), compute, zeros, cfg.steps, 1)
     return dq, dk, dv
 
 
@@ -153,8 +163,8 @@ def backward_bytes(scheme: str, B: int, n: int, H: int, Hkv: int, D: int, elem: 
                    hops: int | None = None) -> int:
     """Bytes one rank sends in the backward of one call (what comm_stats will report).
 
-    ``hops``: the last ring step run (schedule.last_step; world - 1 unless a sparse mask lets
-    the ring stop early)."""
+    ``hops``: sends of the travelling shards, len(schedule.ring_steps) - 1 (world - 1 unless a
+    sparse mask lets the ring skip steps)."""
     h = world - 1 if hops is None else hops
     if world == 1 or h == 0:
         return 0
@@ -166,7 +176,8 @@ def backward_bytes(scheme: str, B: int, n: int, H: int, Hkv: int, D: int, elem: 
 
 
 def forward_bytes(B: int, n: int, Hkv: int, D: int, elem: int, world: int, hops: int | None = None) -> int:
-    """Bytes one rank sends in the forward: K and V, one message per ring step after the first."""
+    """Bytes one rank sends in the forward: K and V, once per ring step that runs after the first
+    (``hops`` of them, see backward_bytes)."""
     h = world - 1 if hops is None else hops
     return B * n * Hkv * D * 2 * elem * h
 
@@ -202,7 +213,8 @@ class _BurstAttn(torch.autograd.Function):
         scheme = cfg.backward
         if scheme == "auto":
             B, n, H, D = q.shape
-            scheme = choose_backward(B, n, H, k.shape[2], D, q.element_size(), cfg.ring.world, cfg.last)
+            scheme = choose_backward(B, n, H, k.shape[2], D, q.element_size(), cfg.ring.world,
+                                    len(cfg.steps) - 1)
         if scheme == "burst":
             dq, dk, dv = _backward_burst(dout, q, k, v, lse, delta, cfg)
         else:
@@ -236,8 +248,9 @@ def burst_attn_func(q, k, v, *, group=None, causal=False, layout="contiguous", s
       Fig. 11) bs must be a multiple of the world size; under "contiguous" bs must divide the
       local length, under "zigzag" half of it.
 
-    Block pairs with nothing visible are not computed, and ring steps no rank needs are not run
-    (e.g. "contiguous" with a window of W <= local length runs 2 of the G steps).  Rows with no
+    Block pairs with nothing visible are not computed, and ring steps no rank needs are not run,
+    neither compute nor transfer (e.g. "contiguous" with a window of W <= local length runs 2 of
+    the G steps; see schedule.ring_steps).  Rows with no
     visible key get a zero output, lse = -inf and zero gradients.
     """
     check_args(q, k, v, group, causal, layout, softmax_scale, backward)
@@ -246,6 +259,6 @@ def burst_attn_func(q, k, v, *, group=None, causal=False, layout="contiguous", s
     D = q.shape[-1]
     cfg = _Config(ring=ring, kernel=get_kernel(kernel, q.device), pattern=pattern, layout=layout,
                   scale=float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D),
-                  backward=backward, last=last_step(layout, pattern, ring.world, q.shape[1]))
+                  backward=backward, steps=ring_steps(layout, pattern, ring.world, q.shape[1]))
     out, lse = _BurstAttn.apply(q, k.contiguous(), v.contiguous(), cfg)
     return (out, lse) if return_lse else out

@@ -13,8 +13,8 @@ Sparse patterns (sliding window, packed documents, block-sparse) go through one 
 rank's shard is a few affine *segments* of global positions (one for contiguous and striped,
 two for zigzag); for each (q segment, kv segment) pair the visible pairs are counted exactly,
 the task is trimmed to the bounding box of its visible rows and keys, and a pair with nothing
-visible gives no task.  Steps after the last one that any rank needs are not run at all
-(:func:`last_step`): no compute and no transfer.  Everything here is a function of arguments
+visible gives no task.  Steps at which no rank has work are not run at all
+(:func:`ring_steps`): no compute and no transfer.  Everything here is a function of arguments
 every rank shares (layout, pattern, world, local length), never of local data, so all ranks
 agree on which steps run.
 """
@@ -162,24 +162,27 @@ def block_tasks(layout: str, mask, q_rank: int, kv_rank: int, world: int, n: int
 
 
 def forward_schedule(layout: str, mask, rank: int, world: int, n: int) -> list[list[Task]]:
-    """Per step, the tasks rank ``rank`` computes in the forward (its q vs travelling kv)."""
-    return [block_tasks(layout, mask, rank, ring_source(rank, s, world), world, n)
-            for s in range(last_step(layout, mask, world, n) + 1)]
+    """Per step, the tasks rank ``rank`` computes in the forward (its q vs travelling kv); the
+    steps that do not run (see :func:`ring_steps`) have none."""
+    return [block_tasks(layout, mask, rank, ring_source(rank, s, world), world, n) for s in range(world)]
 
 
 def step_work(layout: str, mask, world: int, n: int) -> list[list[int]]:
-    """Visible (query, key) pairs computed by each rank at each step: work[step][rank], all G steps
-    (the steps after :func:`last_step` are all zero)."""
+    """Visible (query, key) pairs computed by each rank at each step: work[step][rank], all G
+    steps (those that do not run are all zero)."""
     return [list(row) for row in _step_work(layout, as_pattern(mask), world, n)]
 
 
-def last_step(layout: str, mask, world: int, n: int) -> int:
-    """The last ring step any rank has work at; the loops run steps 0..last_step only."""
+def ring_steps(layout: str, mask, world: int, n: int) -> tuple[int, ...]:
+    """The ring steps the loops run: step 0 and every step at which some rank has work.
+
+    A skipped step costs nothing: the travelling shards jump straight from one step that runs
+    to the next (a send ``gap`` ranks on), so a call sends ``len(ring_steps) - 1`` hops."""
     pattern = as_pattern(mask)
     if not pattern.sparse:
-        return world - 1
+        return tuple(range(world))
     work = _step_work(layout, pattern, world, n)
-    return max([s for s in range(world) if any(work[s])], default=0)
+    return (0,) + tuple(s for s in range(1, world) if any(work[s]))
 
 
 def attention_flops(layout: str, mask, world: int, n: int, batch: int, heads: int, head_dim: int,

@@ -40,10 +40,11 @@ import torch.distributed as dist
 
 import burstengine as be
 from burstengine.attention.checks import check_sparse
-from burstengine.attention.schedule import attention_flops, block_tasks, last_step, ring_source, visible_pairs
+from burstengine.attention.schedule import attention_flops, block_tasks, ring_source, ring_steps, visible_pairs
 from burstengine.kernels import get_kernel
 from burstengine.testing import fro_err
 
+from .attention import local_times
 from .record import write_record
 
 
@@ -75,32 +76,6 @@ def cases(args) -> list[dict]:
     return out
 
 
-class _Timer:
-    def __init__(self, device):
-        self.cuda = device.type == "cuda"
-
-    def __call__(self, fn, warmup, iters, group):
-        for _ in range(warmup):
-            fn()
-        times = []
-        for _ in range(iters):
-            if self.cuda:
-                torch.cuda.synchronize()
-            dist.barrier(group=group)
-            if self.cuda:
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn()
-                b.record()
-                torch.cuda.synchronize()
-                times.append(a.elapsed_time(b) / 1e3)
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
-        return times
-
-
 def _gather(x, group, device):
     """Every rank's list of floats (same length on all ranks), rank-major."""
     t = torch.tensor(x, dtype=torch.float64, device=device)
@@ -118,7 +93,7 @@ def compute_only(q, k, v, do, layout, pattern, kernel, scale, group):
     that runs, on its own tensors (the shapes and tasks of the real call, no communication)."""
     G, r = dist.get_world_size(group), dist.get_rank(group)
     n = q.shape[1]
-    last = last_step(layout, pattern, G, n)
+    steps = ring_steps(layout, pattern, G, n)
     B, _, H, D = q.shape
     lse = torch.full((B, H, n), float("-inf"), device=q.device)
     delta = torch.randn(B, H, n, device=q.device)
@@ -126,7 +101,7 @@ def compute_only(q, k, v, do, layout, pattern, kernel, scale, group):
     def fwd():
         out = torch.zeros(B, n, H, D, device=q.device)
         lse.fill_(float("-inf"))
-        for s in range(last + 1):
+        for s in steps:
             for t in block_tasks(layout, pattern, r, ring_source(r, s, G), G, n):
                 kernel.forward_into(q[:, t.q0:t.q1], k[:, t.k0:t.k1], v[:, t.k0:t.k1], scale, t.mask,
                                     out[:, t.q0:t.q1], lse[:, :, t.q0:t.q1])
@@ -136,7 +111,7 @@ def compute_only(q, k, v, do, layout, pattern, kernel, scale, group):
         dk = torch.zeros(k.shape, device=q.device)
         dv = torch.zeros(v.shape, device=q.device)
         lse_ = torch.where(torch.isinf(lse), 0.0, lse)
-        for s in range(last + 1):
+        for s in steps:
             for t in block_tasks(layout, pattern, ring_source(r, s, G, -1), r, G, n):
                 qs, ks = slice(t.q0, t.q1), slice(t.k0, t.k1)
                 kernel.backward_into(do[:, qs], q[:, qs], k[:, ks], v[:, ks], lse_[:, :, qs], delta[:, :, qs], scale,
@@ -156,7 +131,10 @@ def run_case(case, args, group, device, dtype):
     q, k, v = (torch.randn(B, n, h, D, device=device, dtype=dtype, generator=g).requires_grad_()
                for h in (H, Hkv, Hkv))
     do = torch.randn(B, n, H, D, device=device, dtype=dtype, generator=g)
-    timer = _Timer(device)
+    cuda = device.type == "cuda"
+
+    def timer(fn, warmup, iters, group):
+        return local_times(fn, warmup, iters, group, cuda)
 
     def fwd():
         with torch.no_grad():
@@ -186,7 +164,7 @@ def run_case(case, args, group, device, dtype):
     rec = dict(
         name=case["name"], group=case["group"], S=S, layout=layout, world=G, B=B, H=H, Hkv=Hkv, D=D,
         window=mask.get("window"), documents=len(mask["cu_seqlens"]) - 1 if "cu_seqlens" in mask else 1,
-        steps=last_step(layout, pattern, G, n) + 1, visible_pairs=visible_pairs(S, pattern),
+        steps=len(ring_steps(layout, pattern, G, n)), visible_pairs=visible_pairs(S, pattern),
         fwd_s=_median(step_fwd), fwdbwd_s=_median(step_fb),
         fwdbwd_tflops=sum(flops) / G / _median(step_fb) / 1e12,
         balance=max(comp) / (sum(comp) / G), ideal_balance=max(flops) / (sum(flops) / G),

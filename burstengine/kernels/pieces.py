@@ -31,6 +31,11 @@ from ..attention.schedule import CAUSAL, FULL
 from .base import Kernel, MaskSpec, merge_
 
 
+# tallest piece: every piece costs one merge pass over its output rows, so pieces are as tall
+# as the mask allows (a window's band tiles are at most W rows whatever this is)
+MAX_ROWS = 65536
+
+
 @dataclass(frozen=True)
 class Piece:
     """Query rows [q0, q1) against the concatenation of key rows ``kr`` = ((k0, k1), ...).
@@ -130,7 +135,7 @@ def _runs(ids: torch.Tensor):
     return {v: (a, b) for v, a, b in zip(vals.tolist(), starts, ends)}
 
 
-def decompose(spec: MaskSpec, sq: int, sk: int, max_rows: int = 16384) -> list[Piece] | None:
+def decompose(spec: MaskSpec, sq: int, sk: int, max_rows: int = MAX_ROWS) -> list[Piece] | None:
     """Pieces covering exactly the visible pairs of an ``sq`` x ``sk`` block, or None if this
     MaskSpec has no such decomposition here (the caller then uses a dense-mask kernel)."""
     positional = spec.causal or spec.window is not None
@@ -192,7 +197,7 @@ def _block_pieces(spec: MaskSpec, sq: int, sk: int, max_rows: int) -> list[Piece
 _CACHE: "weakref.WeakKeyDictionary[MaskSpec, dict]" = weakref.WeakKeyDictionary()
 
 
-def cached_pieces(spec: MaskSpec, sq: int, sk: int, max_rows: int = 16384):
+def cached_pieces(spec: MaskSpec, sq: int, sk: int, max_rows: int = MAX_ROWS):
     """decompose(), remembered per MaskSpec object (the schedule caches its tasks, so a spec is
     reused by every layer and step that meets the same block pair)."""
     per = _CACHE.setdefault(spec, {})
@@ -223,7 +228,7 @@ class PiecewiseMasks(Kernel):
     """Mixin: MaskSpec blocks are run as FULL / CAUSAL pieces on the next kernel in the MRO;
     specs with no decomposition go to the reference kernel (dense mask, float32 on any device)."""
 
-    max_rows = 16384
+    max_rows = MAX_ROWS
 
     def _pieces(self, mask, sq, sk):
         return cached_pieces(mask, sq, sk, self.max_rows)
