@@ -157,7 +157,7 @@ def decompose(spec: MaskSpec, sq: int, sk: int, max_rows: int = MAX_ROWS) -> lis
     return out
 
 
-def _block_pieces(spec: MaskSpec, sq: int, sk: int, max_rows: int) -> list[Piece] | None:
+def _block_pieces(spec: MaskSpec, sq: int, sk: int, max_rows: int) -> list[Piece]:
     L = spec.block_size
     bm = spec.block_mask.cpu().tolist()
     chi = _offsets(spec)[1] if spec.causal else None
