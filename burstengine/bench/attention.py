@@ -57,32 +57,19 @@ def make_method(name, group, causal, kernel):
     raise ValueError(f"unknown method {name!r}; known: {METHODS}")
 
 
-def local_times(fn, warmup, iters, group, cuda=True):
-    """This rank's seconds per call of ``fn`` (ranks start each call together): CUDA events on
-    GPUs, the wall clock on CPUs."""
+def timed(fn, warmup, iters, group):
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(iters):
-        if cuda:
-            torch.cuda.synchronize()
+        torch.cuda.synchronize()
         dist.barrier(group=group)
-        if not cuda:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-            continue
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()
         b.record()
         torch.cuda.synchronize()
         times.append(a.elapsed_time(b) / 1e3)
-    return times
-
-
-def timed(fn, warmup, iters, group):
-    times = local_times(fn, warmup, iters, group)
     # the slowest rank sets the pace of a step
     t = torch.tensor(times, device="cuda", dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)

@@ -44,7 +44,6 @@ from burstengine.attention.schedule import attention_flops, block_tasks, ring_so
 from burstengine.kernels import get_kernel
 from burstengine.testing import fro_err
 
-from .attention import local_times
 from .record import write_record
 
 
@@ -74,6 +73,47 @@ def cases(args) -> list[dict]:
             out.append(dict(name=f"docs-{len(cu) - 1}", group="docs", S=args.doc_seq, layout=layout,
                             mask=dict(cu_seqlens=cu)))
     return out
+
+
+class _Clock:
+    """Seconds of one call on this rank: CUDA events on GPUs, the host clock on CPUs."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def start(self):
+        if self.cuda:
+            self._a, self._b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self._a.record()
+        else:
+            self._t0 = time.perf_counter()
+
+    def stop(self) -> float:
+        if not self.cuda:
+            return time.perf_counter() - self._t0
+        self._b.record()
+        torch.cuda.synchronize()
+        return self._a.elapsed_time(self._b) / 1e3
+
+
+def local_times(fn, warmup, iters, group, device):
+    """This rank's own time of every timed call (not reduced over ranks: the balance needs them);
+    all ranks start each call together."""
+    clock = _Clock(device)
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        clock.sync()
+        dist.barrier(group=group)
+        clock.start()
+        fn()
+        times.append(clock.stop())
+    return times
 
 
 def _gather(x, group, device):
@@ -131,10 +171,8 @@ def run_case(case, args, group, device, dtype):
     q, k, v = (torch.randn(B, n, h, D, device=device, dtype=dtype, generator=g).requires_grad_()
                for h in (H, Hkv, Hkv))
     do = torch.randn(B, n, H, D, device=device, dtype=dtype, generator=g)
-    cuda = device.type == "cuda"
-
     def timer(fn, warmup, iters, group):
-        return local_times(fn, warmup, iters, group, cuda)
+        return local_times(fn, warmup, iters, group, device)
 
     def fwd():
         with torch.no_grad():
