@@ -13,9 +13,11 @@ import torch
 import torch.distributed as dist
 
 
-def dense_attention(q, k, v, causal=False, scale=None):
+def dense_attention(q, k, v, causal=False, scale=None, mask=None):
     """Plain softmax attention on full (B, S, H, D) tensors, differentiable; returns (out, lse).
 
+    ``mask``: optional bool (S, S), True where query i may see key j (and-ed with ``causal``).
+    Rows that see nothing give out = 0 and lse = -inf with zero gradients, not NaN.
     Written independently of the kernels so it can serve as the oracle."""
     H, Hkv = q.shape[2], k.shape[2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -23,12 +25,41 @@ def dense_attention(q, k, v, causal=False, scale=None):
     kh = k.transpose(1, 2).repeat_interleave(H // Hkv, dim=1)
     vh = v.transpose(1, 2).repeat_interleave(H // Hkv, dim=1)
     s = qh @ kh.transpose(-1, -2) * scale
+    Sq, Sk = q.shape[1], k.shape[1]
+    vis = torch.ones(Sq, Sk, dtype=torch.bool, device=q.device)
     if causal:
-        S = q.shape[1]
-        s = s.masked_fill(~torch.ones(S, S, dtype=torch.bool, device=q.device).tril(), float("-inf"))
-    lse = torch.logsumexp(s, -1)
-    out = torch.softmax(s, -1) @ vh
+        vis = vis.tril()
+    if mask is not None:
+        vis = vis & mask.to(q.device)
+    if bool(vis.all()):
+        return (torch.softmax(s, -1) @ vh).transpose(1, 2), torch.logsumexp(s, -1)
+    seen = vis.any(-1)
+    # empty rows: softmax over zeros (finite, so no NaN reaches the gradient), then zeroed
+    s = torch.where(vis, s, float("-inf")).masked_fill(~seen[:, None], 0.0)
+    lse = torch.logsumexp(s, -1).masked_fill(~seen, float("-inf"))
+    out = (torch.softmax(s, -1) * seen[:, None]) @ vh
     return out.transpose(1, 2), lse
+
+
+def sparse_mask(seq_len, causal=False, window=None, cu_seqlens=None, block_mask=None):
+    """The dense bool (S, S) mask of burst_attn_func's sparse arguments, straight from their
+    definitions (for the oracle; deliberately not the schedule's or the kernels' code)."""
+    i = torch.arange(seq_len)[:, None]
+    j = torch.arange(seq_len)[None, :]
+    vis = torch.ones(seq_len, seq_len, dtype=torch.bool)
+    if causal:
+        vis &= j <= i
+    if window is not None:
+        vis &= i - j < window
+    if cu_seqlens is not None:
+        doc = torch.zeros(seq_len, dtype=torch.int64)
+        for d, (a, b) in enumerate(zip(cu_seqlens[:-1], cu_seqlens[1:])):
+            doc[a:b] = d
+        vis &= doc[:, None] == doc[None, :]
+    if block_mask is not None:
+        bs = seq_len // block_mask.shape[0]
+        vis &= block_mask.cpu()[i // bs, j // bs]
+    return vis
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:

@@ -11,6 +11,13 @@ with online softmax.  Backward, two schemes over one loop:
 Travelling accumulators are sent one step late (BurstEngine Fig. 5): the partial sum a rank
 finishes at step s travels during step s+1's compute, so it never waits on the compute that
 produced it.  The gradient accumulators travel in float32.
+
+K/V (forward, ring backward) travel r -> r+1 and the Q side (burst backward) r -> r-1, so that
+step s pairs the same blocks in all three loops.  With a sparse mask the loops run only the
+steps schedule.ring_steps lists (those where some rank has work): a skipped step costs neither
+compute nor transfer, since the travelling shards jump straight to where the next step that
+runs needs them (a send ``gap`` ranks on), and a travelling accumulator goes home in one
+message from wherever it stopped.  Every rank derives the same steps from shared arguments.
 """
 from __future__ import annotations
 
@@ -21,8 +28,8 @@ import torch
 
 from ..comm.ring import Ring
 from ..kernels import Kernel, get_kernel
-from .checks import check_args
-from .schedule import block_tasks, ring_source
+from .checks import check_args, check_sparse
+from .schedule import Pattern, block_tasks, ring_source, ring_steps
 
 def _acc(x):
     # float32 accumulation for everything but float64 inputs (which the tests use as an oracle)
@@ -33,10 +40,11 @@ def _acc(x):
 class _Config:
     ring: Ring
     kernel: Kernel
-    causal: bool
+    pattern: Pattern
     layout: str
     scale: float
     backward: str
+    steps: tuple[int, ...]  # the ring steps that run (schedule.ring_steps)
 
 
 def _forward(q, k, v, cfg: _Config):
@@ -45,10 +53,12 @@ def _forward(q, k, v, cfg: _Config):
     out = torch.zeros(B, n, H, v.shape[-1], dtype=_acc(q), device=q.device)
     lse = torch.full((B, H, n), float("-inf"), dtype=_acc(q), device=q.device)
     kv = (k, v)
-    for step in range(G):
-        pending = ring.shift(kv, "forward", ("k", "v")) if step < G - 1 else None
+    steps = cfg.steps
+    for i, step in enumerate(steps):
+        # send ahead to the rank that needs this kv at the next step that runs
+        pending = ring.shift(kv, "forward", ("k", "v"), steps[i + 1] - step) if i + 1 < len(steps) else None
         src = ring_source(ring.rank, step, G)
-        for t in block_tasks(cfg.layout, cfg.causal, ring.rank, src, G, n):
+        for t in block_tasks(cfg.layout, cfg.pattern, ring.rank, src, G, n):
             cfg.kernel.forward_into(q[:, t.q0:t.q1], kv[0][:, t.k0:t.k1], kv[1][:, t.k0:t.k1], cfg.scale, t.mask,
                                     out[:, t.q0:t.q1], lse[:, :, t.q0:t.q1])
         if pending is not None:
@@ -56,30 +66,45 @@ def _forward(q, k, v, cfg: _Config):
     return out, lse
 
 
-def _travel(ring: Ring, moving, moving_names, acc_names, compute):
+def _travel(ring: Ring, moving, moving_names, acc_names, compute, zeros, steps, direction: int):
     """The backward ring loop shared by both schemes.
 
-    ``compute(src, moving)`` does this rank's work on the block whose travelling side belongs
-    to rank ``src`` and returns fresh float32 contributions to that side's gradients.  Those
-    contributions are summed along the ring one step behind the data and finally sent home;
-    the return value is this rank's own fully summed gradients of its travelling side.
+    ``moving`` travels r -> r + ``direction`` per ring step, over the ``steps`` that run (a gap
+    of g steps is one send g ranks on).  ``compute(src, moving)``
+    does this rank's work on the block whose travelling side belongs to rank ``src`` and returns
+    fresh float32 contributions to that side's gradients, or None when it has no work there.
+    Those contributions are summed along the ring one step behind the data and finally sent
+    home; the return value is this rank's own fully summed gradients of its travelling side.
     """
     G = ring.world
     acc = None
-    for step in range(G):
-        src = ring_source(ring.rank, step, G)
-        pend_move = ring.shift(moving, "backward", moving_names) if step < G - 1 else None
-        pend_acc = ring.shift(acc, "backward", acc_names) if acc is not None else None
+    for i, step in enumerate(steps):
+        src = ring_source(ring.rank, step, G, direction)
+        pend_move = None
+        if i + 1 < len(steps):
+            pend_move = ring.shift(moving, "backward", moving_names, direction * (steps[i + 1] - step))
+        # the partial sum made at the previous step that ran follows its data by the same hop
+        pend_acc = None
+        if acc is not None:
+            pend_acc = ring.shift(acc, "backward", acc_names, direction * (step - steps[i - 1]))
         contrib = compute(src, moving)
         if pend_acc is not None:
-            for c, r in zip(contrib, pend_acc.wait()):
-                c.add_(r)
+            recv = pend_acc.wait()
+            if contrib is None:
+                contrib = recv
+            else:
+                for c, r in zip(contrib, recv):
+                    c.add_(r)
+        elif contrib is None:
+            # every rank sends an accumulator at the next step, work or not
+            contrib = zeros(moving)
         acc = contrib
         if pend_move is not None:
             moving = pend_move.wait()
-    if G == 1:
+    if len(steps) == 1:
         return acc
-    return ring.shift(acc, "backward", acc_names).wait()
+    # the accumulator now belongs to the rank steps[-1] places back along the travel: one hop home
+    return ring.shift(acc, "backward", acc_names, -direction * steps[-1]).wait()
 
 
 def _backward_burst(dout, q, k, v, lse, delta, cfg: _Config):
@@ -88,16 +113,24 @@ def _backward_burst(dout, q, k, v, lse, delta, cfg: _Config):
     dk = torch.zeros(k.shape, dtype=_acc(k), device=k.device)
     dv = torch.zeros(v.shape, dtype=_acc(v), device=v.device)
 
+    def zeros(moving):
+        return (torch.zeros(moving[0].shape, dtype=_acc(moving[0]), device=moving[0].device),)
+
     def compute(src, moving):
+        tasks = block_tasks(cfg.layout, cfg.pattern, src, ring.rank, G, n)
+        if not tasks:
+            return None
         mq, mdo, mlse, mdelta = moving
-        dq = torch.zeros(mq.shape, dtype=_acc(mq), device=mq.device)
-        for t in block_tasks(cfg.layout, cfg.causal, src, ring.rank, G, n):
+        (dq,) = zeros(moving)
+        for t in tasks:
             qs, ks = slice(t.q0, t.q1), slice(t.k0, t.k1)
             cfg.kernel.backward_into(mdo[:, qs], mq[:, qs], k[:, ks], v[:, ks], mlse[:, :, qs], mdelta[:, :, qs],
                                      cfg.scale, t.mask, dq[:, qs], dk[:, ks], dv[:, ks])
         return (dq,)
 
-    (dq,) = _travel(ring, (q, dout, lse, delta), ("q", "dout", "lse", "delta"), ("dq",), compute)
+    # the Q side travels r -> r-1, so step s pairs the same blocks as the forward's step s
+    (dq,) = _travel(ring, (q, dout, lse, delta), ("q", "dout", "lse", "delta"), ("dq",), compute, zeros,
+                    cfg.steps, -1)
     return dq, dk, dv
 
 
@@ -106,39 +139,52 @@ def _backward_ring(dout, q, k, v, out, lse, delta, cfg: _Config):
     n = q.shape[1]
     dq = torch.zeros(q.shape, dtype=_acc(q), device=q.device)
 
+    def zeros(moving):
+        return tuple(torch.zeros(m.shape, dtype=_acc(m), device=m.device) for m in moving)
+
     def compute(src, moving):
+        tasks = block_tasks(cfg.layout, cfg.pattern, ring.rank, src, G, n)
+        if not tasks:
+            return None
         mk, mv = moving
-        dk = torch.zeros(mk.shape, dtype=_acc(mk), device=mk.device)
-        dv = torch.zeros(mv.shape, dtype=_acc(mv), device=mv.device)
-        for t in block_tasks(cfg.layout, cfg.causal, ring.rank, src, G, n):
+        dk, dv = zeros(moving)
+        for t in tasks:
             qs, ks = slice(t.q0, t.q1), slice(t.k0, t.k1)
             cfg.kernel.backward_into(dout[:, qs], q[:, qs], mk[:, ks], mv[:, ks], lse[:, :, qs], delta[:, :, qs],
                                      cfg.scale, t.mask, dq[:, qs], dk[:, ks], dv[:, ks],
                                      out=None if out is None else out[:, qs])
         return dk, dv
 
-    dk, dv = _travel(ring, (k, v), ("k", "v"), ("dk", "dv"), compute)
+    dk, dv = _travel(ring, (k, v), ("k", "v"), ("dk", "dv"), compute, zeros, cfg.steps, 1)
     return dq, dk, dv
 
 
-def backward_bytes(scheme: str, B: int, n: int, H: int, Hkv: int, D: int, elem: int, world: int) -> int:
-    """Bytes one rank sends in the backward of one call (what comm_stats will report)."""
-    if world == 1:
+def backward_bytes(scheme: str, B: int, n: int, H: int, Hkv: int, D: int, elem: int, world: int,
+                   hops: int | None = None) -> int:
+    """Bytes one rank sends in the backward of one call (what comm_stats will report).
+
+    ``hops``: sends of the travelling shards, len(schedule.ring_steps) - 1 (world - 1 unless a
+    sparse mask lets the ring skip steps)."""
+    h = world - 1 if hops is None else hops
+    if world == 1 or h == 0:
         return 0
     if scheme == "burst":
-        # q, dout in the input dtype + lse, delta in fp32, G-1 hops; dq in fp32, G hops
-        return B * n * H * ((world - 1) * (2 * D * elem + 8) + world * D * 4)
-    # k, v in the input dtype, G-1 hops; dk, dv in fp32, G hops
-    return B * n * Hkv * D * ((world - 1) * 2 * elem + world * 2 * 4)
+        # q, dout in the input dtype + lse, delta in fp32, h hops; dq in fp32, h hops + one home
+        return B * n * H * (h * (2 * D * elem + 8) + (h + 1) * D * 4)
+    # k, v in the input dtype, h hops; dk, dv in fp32, h hops + one home
+    return B * n * Hkv * D * (h * 2 * elem + (h + 1) * 2 * 4)
 
 
-def forward_bytes(B: int, n: int, Hkv: int, D: int, elem: int, world: int) -> int:
-    return B * n * Hkv * D * 2 * elem * (world - 1)
+def forward_bytes(B: int, n: int, Hkv: int, D: int, elem: int, world: int, hops: int | None = None) -> int:
+    """Bytes one rank sends in the forward: K and V, once per ring step that runs after the first
+    (``hops`` of them, see backward_bytes)."""
+    h = world - 1 if hops is None else hops
+    return B * n * Hkv * D * 2 * elem * h
 
 
-def choose_backward(B, n, H, Hkv, D, elem, world) -> str:
-    burst = backward_bytes("burst", B, n, H, Hkv, D, elem, world)
-    ring = backward_bytes("ring", B, n, H, Hkv, D, elem, world)
+def choose_backward(B, n, H, Hkv, D, elem, world, hops=None) -> str:
+    burst = backward_bytes("burst", B, n, H, Hkv, D, elem, world, hops)
+    ring = backward_bytes("ring", B, n, H, Hkv, D, elem, world, hops)
     return "burst" if burst <= ring else "ring"
 
 
@@ -167,7 +213,8 @@ class _BurstAttn(torch.autograd.Function):
         scheme = cfg.backward
         if scheme == "auto":
             B, n, H, D = q.shape
-            scheme = choose_backward(B, n, H, k.shape[2], D, q.element_size(), cfg.ring.world)
+            scheme = choose_backward(B, n, H, k.shape[2], D, q.element_size(), cfg.ring.world,
+                                    len(cfg.steps) - 1)
         if scheme == "burst":
             dq, dk, dv = _backward_burst(dout, q, k, v, lse, delta, cfg)
         else:
@@ -176,7 +223,8 @@ class _BurstAttn(torch.autograd.Function):
 
 
 def burst_attn_func(q, k, v, *, group=None, causal=False, layout="contiguous", softmax_scale=None,
-                    backward="auto", return_lse=False, kernel=None):
+                    backward="auto", return_lse=False, kernel=None, window=None, cu_seqlens=None,
+                    block_mask=None, block_size=None):
     """Exact attention over a sequence sharded across the ranks of ``group``.
 
     q: (batch, seq_local, heads, head_dim); k, v: (batch, seq_local, kv_heads, head_dim) with
@@ -187,12 +235,30 @@ def burst_attn_func(q, k, v, *, group=None, causal=False, layout="contiguous", s
     backward: "burst" moves Q, dO, D, lse and dQ; "ring" moves K, V, dK, dV; "auto" picks the
     one that sends fewer bytes for these shapes.  kernel: "auto", "reference", "flash",
     "cudnn" (or env BURST_KERNEL).
+
+    Sparse masks (positions are global; every rank must pass the same values):
+
+    * ``window=W`` (needs ``causal=True``): each query sees the W most recent keys, itself included.
+    * ``cu_seqlens``: packed documents, boundaries 0 = c_0 <= c_1 <= ... <= c_m = global length
+      (list, tuple or 1-D integer tensor); nothing is visible across documents, attention
+      within one is causal when ``causal`` (bidirectional otherwise).  Combines with ``window``.
+    * ``block_mask``: boolean (S/bs, S/bs) matrix over the global sequence cut into blocks of
+      ``block_size`` = bs tokens (inferred from its shape); block (i, j) on lets block i see
+      block j.  Combines with ``causal`` only.  Under "striped" (the balanced layout, BurstEngine
+      Fig. 11) bs must be a multiple of the world size; under "contiguous" bs must divide the
+      local length, under "zigzag" half of it.
+
+    Block pairs with nothing visible are not computed, and ring steps no rank needs are not run,
+    neither compute nor transfer (e.g. "contiguous" with a window of W <= local length runs 2 of
+    the G steps; see schedule.ring_steps).  Rows with no
+    visible key get a zero output, lse = -inf and zero gradients.
     """
     check_args(q, k, v, group, causal, layout, softmax_scale, backward)
     ring = Ring(group)
+    pattern = check_sparse(causal, layout, ring.world, q.shape[1], window, cu_seqlens, block_mask, block_size)
     D = q.shape[-1]
-    cfg = _Config(ring=ring, kernel=get_kernel(kernel, q.device), causal=causal, layout=layout,
+    cfg = _Config(ring=ring, kernel=get_kernel(kernel, q.device), pattern=pattern, layout=layout,
                   scale=float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D),
-                  backward=backward)
+                  backward=backward, steps=ring_steps(layout, pattern, ring.world, q.shape[1]))
     out, lse = _BurstAttn.apply(q, k.contiguous(), v.contiguous(), cfg)
     return (out, lse) if return_lse else out

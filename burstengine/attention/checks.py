@@ -4,6 +4,7 @@ it instead of leaving the others waiting in the ring."""
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 import torch.distributed as dist
@@ -65,3 +66,73 @@ def check_args(q, k, v, group, causal, layout, softmax_scale, backward) -> None:
                 raise ValueError(f"the group uses NCCL but the tensors are on {q.device}; move them to CUDA")
             if backend == "gloo" and q.device.type != "cpu":
                 raise ValueError(f"the group uses gloo but the tensors are on {q.device}; use NCCL for CUDA tensors")
+
+
+def check_sparse(causal, layout, world, n, window, cu_seqlens, block_mask, block_size):
+    """Check the sparse-mask arguments of burst_attn_func and return their schedule.Pattern.
+
+    Every value is global (the whole sequence of ``n * world`` tokens) and must be the same on
+    every rank: the ring steps that run are derived from them."""
+    from .schedule import Pattern
+
+    S = n * world
+    if window is not None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be a positive int (keys each query sees), got {window!r}")
+        if not causal:
+            raise ValueError("window needs causal=True: a sliding window looks back at the W most recent keys")
+    cu = None
+    if cu_seqlens is not None:
+        if isinstance(cu_seqlens, torch.Tensor):
+            if cu_seqlens.dim() != 1 or cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype == torch.bool:
+                raise ValueError(f"cu_seqlens must be a 1-D integer tensor, got {cu_seqlens.dtype} "
+                                 f"of shape {tuple(cu_seqlens.shape)}")
+            cu = tuple(int(c) for c in cu_seqlens.tolist())
+        else:
+            try:
+                if any(isinstance(c, bool) for c in cu_seqlens):
+                    raise TypeError
+                cu = tuple(operator.index(c) for c in cu_seqlens)
+            except TypeError:
+                raise ValueError(f"cu_seqlens must be a sequence of ints, got {_short(cu_seqlens)}") from None
+        if len(cu) < 2 or cu[0] != 0 or cu[-1] != S:
+            raise ValueError(f"cu_seqlens must run from 0 to the global sequence length {S} "
+                             f"({n} local tokens x {world} ranks), got {_short(cu)}")
+        if any(b < a for a, b in zip(cu[:-1], cu[1:])):
+            raise ValueError(f"cu_seqlens must be non-decreasing, got {_short(cu)}")
+    bm, bs = None, 0
+    if block_mask is None:
+        if block_size is not None:
+            raise ValueError("block_size was given without a block_mask")
+    else:
+        if window is not None or cu is not None:
+            raise ValueError("block_mask cannot be combined with window or cu_seqlens; fold them into the block mask")
+        if not isinstance(block_mask, torch.Tensor) or block_mask.dtype != torch.bool or block_mask.dim() != 2 \
+                or block_mask.shape[0] != block_mask.shape[1] or block_mask.shape[0] < 1:
+            raise ValueError("block_mask must be a square 2-D bool tensor (blocks x blocks), got "
+                             + (f"{block_mask.dtype} of shape {tuple(block_mask.shape)}"
+                                if isinstance(block_mask, torch.Tensor) else type(block_mask).__name__))
+        nb = block_mask.shape[0]
+        if S % nb:
+            raise ValueError(f"block_mask has {nb} blocks per side, which does not divide the global length {S}")
+        bs = S // nb
+        if block_size is not None and block_size != bs:
+            raise ValueError(f"block_size {block_size!r} does not match block_mask: {nb} blocks of a {S}-token "
+                             f"sequence are {bs} tokens each")
+        if layout == "striped" and bs % world:
+            raise ValueError(f"block size {bs} must be a multiple of the world size {world} under layout 'striped' "
+                             "(each rank holds the same share of every block)")
+        if layout == "contiguous" and n % bs:
+            raise ValueError(f"block size {bs} must divide the local length {n} under layout 'contiguous'")
+        if layout == "zigzag" and (n // 2) % bs:
+            raise ValueError(f"block size {bs} must divide the zigzag chunk of {n // 2} tokens under layout 'zigzag'")
+        bm = block_mask.detach().to("cpu")
+    return Pattern(causal=causal, window=window, cu_seqlens=cu, block_mask=bm, block_size=bs)
+
+
+def _short(seq, k=6):
+    try:
+        seq = list(seq)
+    except TypeError:
+        return repr(seq)
+    return str(seq) if len(seq) <= 2 * k else f"[{', '.join(map(str, seq[:k]))}, ..., {', '.join(map(str, seq[-k:]))}]"

@@ -36,14 +36,24 @@ class Ring:
             self.next = dist.get_global_rank(group or dist.group.WORLD, (self.rank + 1) % self.world)
             self.prev = dist.get_global_rank(group or dist.group.WORLD, (self.rank - 1) % self.world)
 
-    def shift(self, tensors, phase: str, names) -> Pending:
-        """Send ``tensors`` to the next rank, receive same-shaped ones from the previous."""
+    def peer(self, offset: int) -> int:
+        """Global rank of the group member ``offset`` places after this one (mod the world)."""
+        return dist.get_global_rank(self.group or dist.group.WORLD, (self.rank + offset) % self.world)
+
+    def shift(self, tensors, phase: str, names, offset: int = 1) -> Pending:
+        """Send ``tensors`` to the rank ``offset`` places on (the next one by default), receive
+        same-shaped ones from the rank ``offset`` places back.  Every rank must use the same
+        offset at the same call."""
+        if offset % self.world == 1:
+            dst, src = self.next, self.prev
+        else:
+            dst, src = self.peer(offset), self.peer(-offset)
         ops, bufs = [], []
         for t, name in zip(tensors, names):
             t = t.contiguous()
             buf = torch.empty_like(t)
-            ops.append(dist.P2POp(dist.isend, t, self.next, self.group))
-            ops.append(dist.P2POp(dist.irecv, buf, self.prev, self.group))
+            ops.append(dist.P2POp(dist.isend, t, dst, self.group))
+            ops.append(dist.P2POp(dist.irecv, buf, src, self.group))
             bufs.append(buf)
             stats.record(phase, name, t.numel() * t.element_size())
         return Pending(dist.batch_isend_irecv(ops), bufs)

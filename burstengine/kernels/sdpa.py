@@ -1,7 +1,10 @@
 """PyTorch's fused SDPA kernels (flash and cuDNN) called through their aten ops, which return
 the log-sum-exp a ring needs.
 
-Two things these ops cannot do are handled here:
+Three things these ops cannot do are handled here:
+* sparse masks (MaskSpec: windows, documents, block-sparse): cut into FULL and CAUSAL pieces
+  that cover exactly the visible pairs (kernels/pieces.py); the few specs with no such cut go
+  to the reference kernel.
 * GQA: the ops want as many kv heads as q heads, so K/V are repeated per group for the call
   and dK/dV summed back.  Only the local copy grows: the ring still moves the small K/V.
 * D instead of O: their backward takes ``out`` and computes D = rowsum(dO * out) itself.  The
@@ -15,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from .base import ShiftStrict
+from .pieces import PiecewiseMasks
 
 aten = torch.ops.aten
 
@@ -45,7 +49,8 @@ def _bhsd(x):
     return x.transpose(1, 2)
 
 
-class _SDPABase(ShiftStrict):
+class _SDPABase(PiecewiseMasks, ShiftStrict):
+    # sparse MaskSpec blocks run as exact FULL / CAUSAL pieces (kernels/pieces.py)
     def available(self, device):
         return torch.device(device).type == "cuda" and torch.cuda.is_available()
 

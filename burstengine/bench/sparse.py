@@ -1,0 +1,352 @@
+"""Sparse BurstAttention against its dense baseline: sliding windows and packed documents.
+
+    # 4 GPUs, the issue's cases (bf16, H=32, d=128): SWA 4K and 32K at 1M vs causal at 1M,
+    # packed documents of mixed lengths at 512K vs one causal document at 512K
+    torchrun --nproc_per_node 4 benchmarks/sparse_bench.py
+
+    # CPU / gloo smoke run at a tiny size (what the tests run)
+    torchrun --nproc_per_node 2 benchmarks/sparse_bench.py --device cpu --seq 2048 --doc-seq 1024 \\
+        --windows 64,256 --doc-lengths 16,256 --heads 2 --head-dim 16 --iters 2 --warmup 1
+
+Every case times forward (no grad) and forward+backward of one burst_attn_func call on every
+rank (median of --iters after --warmup, CUDA events on GPUs), and reports:
+
+* speedup: the dense baseline's fwd+bwd time over the case's (causal at the same length for
+  the windows, one causal document for the packed documents);
+* ideal: the ratio of visible (query, key) pairs, baseline over case, i.e. the speedup of a
+  perfect implementation; efficiency = speedup / ideal;
+* balance: max / mean over ranks of each rank's compute time alone (its tasks at every step
+  that runs, replayed without communication), beside the schedule's ideal (max / mean of the
+  visible pairs per rank); and the measured wall time per rank;
+* the steps the ring ran and the bytes each rank sent.
+
+``--check`` also runs every case once at a small length (--check-seq) with the chosen kernel
+and with the reference kernel (float32, dense masks) and reports the normwise error of out,
+dq, dk, dv between them: the GPU check of the sparse path of the SDPA kernels.
+A JSON record (command, commit, devices, versions, raw times) goes to benchmarks/results/.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import burstengine as be
+from burstengine.attention.checks import check_sparse
+from burstengine.attention.schedule import attention_flops, block_tasks, ring_source, ring_steps, visible_pairs
+from burstengine.kernels import get_kernel
+from burstengine.testing import fro_err
+
+from .record import write_record
+
+
+def mixed_documents(seq_len: int, lo: int, hi: int, seed: int = 0) -> list[int]:
+    """cu_seqlens of documents with log-uniform lengths in [lo, hi] filling ``seq_len`` tokens."""
+    rnd = random.Random(seed)
+    cu = [0]
+    while cu[-1] < seq_len:
+        L = int(round(math.exp(rnd.uniform(math.log(lo), math.log(hi)))))
+        cu.append(min(seq_len, cu[-1] + max(1, L)))
+    return cu
+
+
+def cases(args) -> list[dict]:
+    """(name, group, global length, layout, mask kwargs); the first case of a group is its baseline."""
+    out = []
+    if "window" in args.cases:
+        out.append(dict(name="causal", group="window", S=args.seq, layout=args.causal_layout, mask={}))
+        for W in args.windows:
+            for layout in args.window_layouts:
+                out.append(dict(name=f"swa-{W}", group="window", S=args.seq, layout=layout, mask=dict(window=W)))
+    if "docs" in args.cases:
+        lo, hi = args.doc_lengths
+        cu = mixed_documents(args.doc_seq, lo, hi, args.seed)
+        out.append(dict(name="one-doc", group="docs", S=args.doc_seq, layout=args.causal_layout, mask={}))
+        for layout in args.doc_layouts:
+            out.append(dict(name=f"docs-{len(cu) - 1}", group="docs", S=args.doc_seq, layout=layout,
+                            mask=dict(cu_seqlens=cu)))
+    return out
+
+
+class _Clock:
+    """Seconds of one call on this rank: CUDA events on GPUs, the host clock on CPUs."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def start(self):
+        if self.cuda:
+            self._a, self._b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self._a.record()
+        else:
+            self._t0 = time.perf_counter()
+
+    def stop(self) -> float:
+        if not self.cuda:
+            return time.perf_counter() - self._t0
+        self._b.record()
+        torch.cuda.synchronize()
+        return self._a.elapsed_time(self._b) / 1e3
+
+
+def local_times(fn, warmup, iters, group, device):
+    """This rank's own time of every timed call (not reduced over ranks: the balance needs them);
+    all ranks start each call together."""
+    clock = _Clock(device)
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        clock.sync()
+        dist.barrier(group=group)
+        clock.start()
+        fn()
+        times.append(clock.stop())
+    return times
+
+
+def _gather(x, group, device):
+    """Every rank's list of floats (same length on all ranks), rank-major."""
+    t = torch.tensor(x, dtype=torch.float64, device=device)
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, t, group=group)
+    return [p.tolist() for p in parts]
+
+
+def _median(xs):
+    return statistics.median(xs)
+
+
+def compute_only(q, k, v, do, layout, pattern, kernel, scale, group):
+    """This rank's attention work alone: its forward tasks and burst-backward tasks at every step
+    that runs, on its own tensors (the shapes and tasks of the real call, no communication)."""
+    G, r = dist.get_world_size(group), dist.get_rank(group)
+    n = q.shape[1]
+    steps = ring_steps(layout, pattern, G, n)
+    B, _, H, D = q.shape
+    lse = torch.full((B, H, n), float("-inf"), device=q.device)
+    delta = torch.randn(B, H, n, device=q.device)
+
+    def fwd():
+        out = torch.zeros(B, n, H, D, device=q.device)
+        lse.fill_(float("-inf"))
+        for s in steps:
+            for t in block_tasks(layout, pattern, r, ring_source(r, s, G), G, n):
+                kernel.forward_into(q[:, t.q0:t.q1], k[:, t.k0:t.k1], v[:, t.k0:t.k1], scale, t.mask,
+                                    out[:, t.q0:t.q1], lse[:, :, t.q0:t.q1])
+
+    def bwd():
+        dq = torch.zeros(q.shape, device=q.device)
+        dk = torch.zeros(k.shape, device=q.device)
+        dv = torch.zeros(v.shape, device=q.device)
+        lse_ = torch.where(torch.isinf(lse), 0.0, lse)
+        for s in steps:
+            for t in block_tasks(layout, pattern, ring_source(r, s, G, -1), r, G, n):
+                qs, ks = slice(t.q0, t.q1), slice(t.k0, t.k1)
+                kernel.backward_into(do[:, qs], q[:, qs], k[:, ks], v[:, ks], lse_[:, :, qs], delta[:, :, qs], scale,
+                                     t.mask, dq[:, qs], dk[:, ks], dv[:, ks])
+
+    return fwd, bwd
+
+
+def run_case(case, args, group, device, dtype):
+    G, rank = dist.get_world_size(group), dist.get_rank(group)
+    S, layout, H, Hkv, D, B = case["S"], case["layout"], args.heads, args.kv_heads, args.head_dim, args.batch
+    n = S // G
+    mask = case["mask"]
+    pattern = check_sparse(True, layout, G, n, mask.get("window"), mask.get("cu_seqlens"), None, None)
+    kw = dict(group=group, causal=True, layout=layout, backward=args.backward, kernel=args.kernel, **mask)
+    g = torch.Generator(device=device).manual_seed(args.seed * 1000 + rank)
+    q, k, v = (torch.randn(B, n, h, D, device=device, dtype=dtype, generator=g).requires_grad_()
+               for h in (H, Hkv, Hkv))
+    do = torch.randn(B, n, H, D, device=device, dtype=dtype, generator=g)
+    def timer(fn, warmup, iters, group):
+        return local_times(fn, warmup, iters, group, device)
+
+    def fwd():
+        with torch.no_grad():
+            be.burst_attn_func(q, k, v, **kw)
+
+    def fwdbwd():
+        be.burst_attn_func(q, k, v, **kw).backward(do)
+
+    with be.comm_stats() as st:
+        fwdbwd()
+    fwd_t = timer(fwd, args.warmup, args.iters, group)
+    fwdbwd_t = timer(fwdbwd, args.warmup, args.iters, group)
+    kernel = get_kernel(args.kernel, device)
+    with torch.no_grad():
+        cf, cb = compute_only(q.detach(), k.detach(), v.detach(), do, layout, pattern, kernel, 1 / math.sqrt(D), group)
+        comp_f = timer(cf, args.warmup, args.iters, group)
+        comp_b = timer(cb, args.warmup, args.iters, group)
+    per_rank = _gather([_median(fwd_t), _median(fwdbwd_t), _median(comp_f), _median(comp_b), st.forward_bytes,
+                        st.backward_bytes], group, device)
+    raw = _gather(fwd_t + fwdbwd_t, group, device)
+    flops = attention_flops(layout, pattern, G, n, B, H, D, backward=True)
+    # the slowest rank sets the pace of each iteration
+    it = args.iters
+    step_fwd = [max(r[i] for r in raw) for i in range(it)]
+    step_fb = [max(r[it + i] for r in raw) for i in range(it)]
+    comp = [r[2] + r[3] for r in per_rank]
+    rec = dict(
+        name=case["name"], group=case["group"], S=S, layout=layout, world=G, B=B, H=H, Hkv=Hkv, D=D,
+        window=mask.get("window"), documents=len(mask["cu_seqlens"]) - 1 if "cu_seqlens" in mask else 1,
+        steps=len(ring_steps(layout, pattern, G, n)), visible_pairs=visible_pairs(S, pattern),
+        fwd_s=_median(step_fwd), fwdbwd_s=_median(step_fb),
+        fwdbwd_tflops=sum(flops) / G / _median(step_fb) / 1e12,
+        balance=max(comp) / (sum(comp) / G), ideal_balance=max(flops) / (sum(flops) / G),
+        wall_balance=max(r[1] for r in per_rank) / (sum(r[1] for r in per_rank) / G),
+        per_rank=[dict(fwd_s=r[0], fwdbwd_s=r[1], compute_fwd_s=r[2], compute_bwd_s=r[3], fwd_bytes=int(r[4]),
+                       bwd_bytes=int(r[5])) for r in per_rank],
+        raw_fwd_s=[r[:it] for r in raw], raw_fwdbwd_s=[r[it:] for r in raw],
+    )
+    if "cu_seqlens" in mask:
+        rec["cu_seqlens"] = mask["cu_seqlens"]
+    del q, k, v, do
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rec
+
+
+def check_case(case, args, group, device, dtype):
+    """Normwise error of the chosen kernel against the reference kernel on this case's mask at
+    --check-seq tokens (window and documents scaled down with the length)."""
+    G, rank = dist.get_world_size(group), dist.get_rank(group)
+    S = args.check_seq
+    scale = S / case["S"]
+    mask = dict(case["mask"])
+    if "window" in mask:
+        mask["window"] = max(1, min(mask["window"], S // 4))
+    if "cu_seqlens" in mask:
+        lo, hi = args.doc_lengths
+        mask["cu_seqlens"] = mixed_documents(S, max(1, int(lo * scale)), max(2, int(hi * scale)), args.seed)
+    n = S // G
+    g = torch.Generator(device=device).manual_seed(args.seed + rank)
+    H, Hkv, D = args.heads, args.kv_heads, args.head_dim
+    q, k, v, do = (torch.randn(1, n, h, D, device=device, dtype=dtype, generator=g) for h in (H, Hkv, Hkv, H))
+    res = {}
+    for kern in (args.kernel, "reference"):
+        ql, kl, vl = (t.clone().requires_grad_() for t in (q, k, v))
+        out = be.burst_attn_func(ql, kl, vl, group=group, causal=True, layout=case["layout"], backward=args.backward,
+                                 kernel=kern, **mask)
+        out.backward(do)
+        res[kern] = (out.detach(), ql.grad, kl.grad, vl.grad)
+    errs = [fro_err(a, b) for a, b in zip(res[args.kernel], res["reference"])]
+    return max(_gather([max(errs)], group, device))[0]
+
+
+def print_table(rows, file=sys.stdout):
+    base = {r["group"]: r for r in rows if r["name"] in ("causal", "one-doc")}
+    hdr = (f"{'case':12s} {'layout':10s} {'S':>8s} {'steps':>5s} {'fwd ms':>9s} {'f+b ms':>9s} {'TF/s':>7s} "
+           f"{'speedup':>7s} {'ideal':>7s} {'eff':>5s} {'balance':>7s} {'ideal':>6s} {'MB sent':>8s}")
+    print(hdr, file=file)
+    print("-" * len(hdr), file=file)
+    for r in rows:
+        b = base.get(r["group"])
+        sp = b["fwdbwd_s"] / r["fwdbwd_s"] if b else float("nan")
+        ideal = b["visible_pairs"] / r["visible_pairs"] if b else float("nan")
+        r["speedup"], r["ideal_speedup"] = sp, ideal
+        sent = max(p["fwd_bytes"] + p["bwd_bytes"] for p in r["per_rank"]) / 2**20
+        print(f"{r['name']:12s} {r['layout']:10s} {r['S']:>8d} {r['steps']:>2d}/{r['world']:<2d} {r['fwd_s'] * 1e3:9.1f} "
+              f"{r['fwdbwd_s'] * 1e3:9.1f} {r['fwdbwd_tflops']:7.1f} {sp:7.2f} {ideal:7.2f} {sp / ideal:5.2f} "
+              f"{r['balance']:7.3f} {r['ideal_balance']:6.3f} {sent:8.1f}", file=file)
+
+
+def _ints(s):
+    return [int(x) for x in s.split(",") if x]
+
+
+def build_parser(p=None):
+    p = p or argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="cuda: NCCL, bf16; cpu: gloo, float32 [%(default)s]")
+    p.add_argument("--cases", default="window,docs", help="window and/or docs [%(default)s]")
+    p.add_argument("--seq", type=int, default=1 << 20, help="global length of the window cases [%(default)s]")
+    p.add_argument("--windows", type=_ints, default=[4096, 32768], help="window sizes [4096,32768]")
+    p.add_argument("--window-layouts", default="contiguous", help="layouts for the windows [%(default)s]")
+    p.add_argument("--doc-seq", type=int, default=1 << 19, help="global length of the document cases [%(default)s]")
+    p.add_argument("--doc-lengths", type=_ints, default=[1024, 65536],
+                   help="document lengths are log-uniform in [lo,hi] [1024,65536]")
+    p.add_argument("--doc-layouts", default="striped,contiguous", help="layouts for the documents [%(default)s]")
+    p.add_argument("--causal-layout", default="zigzag", help="layout of the causal baselines [%(default)s]")
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=None, help="default: --heads")
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--backward", default="burst", choices=("burst", "ring", "auto"))
+    p.add_argument("--kernel", default=None, help="local kernel (default: BURST_KERNEL or auto)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--check", action="store_true", help="also check each case against the reference kernel")
+    p.add_argument("--check-seq", type=int, default=16384, help="global length of the --check runs [%(default)s]")
+    p.add_argument("--name", default=None, help="record name (default sparse_<world><device>)")
+    p.add_argument("--out-dir", default=None, help="record folder (default BURST_RESULTS or benchmarks/results)")
+    return p
+
+
+def run(group, argv=None) -> dict:
+    """The benchmark on an initialised process group; returns the record (rank 0 writes it)."""
+    args = build_parser().parse_args(argv)
+    args.kv_heads = args.kv_heads or args.heads
+    args.cases = args.cases.split(",")
+    args.window_layouts = args.window_layouts.split(",")
+    args.doc_layouts = args.doc_layouts.split(",")
+    if len(args.doc_lengths) != 2:
+        raise SystemExit("--doc-lengths takes lo,hi")
+    rank, G = dist.get_rank(group), dist.get_world_size(group)
+    device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    if args.kernel is None and args.device == "cpu":
+        args.kernel = "reference"
+    rows, t0 = [], time.time()
+    todo = cases(args)
+    for i, case in enumerate(todo):
+        r = run_case(case, args, group, device, dtype)
+        if args.check and case["mask"]:
+            r["check_err"] = check_case(case, args, group, device, dtype)
+        rows.append(r)
+        if rank == 0:
+            extra = f", check err {r['check_err']:.2e}" if "check_err" in r else ""
+            print(f"[{time.time() - t0:6.0f}s] {i + 1}/{len(todo)} {r['name']} {r['layout']} S={r['S']}: "
+                  f"fwd+bwd {r['fwdbwd_s'] * 1e3:.1f} ms, balance {r['balance']:.3f}{extra}", flush=True)
+    payload = dict(world=G, device=args.device, args={k: v for k, v in vars(args).items()}, rows=rows)
+    if rank == 0:
+        print_table(rows)
+        path = write_record(args.name or f"sparse_{G}{'gpu' if args.device == 'cuda' else 'cpu'}", payload,
+                            args.out_dir)
+        print(f"wrote {path}", flush=True)
+        payload["path"] = path
+    return payload
+
+
+def main(argv=None):
+    args, _ = build_parser().parse_known_args(argv)
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda needs GPUs; use --device cpu for a gloo run")
+        dist.init_process_group("nccl")
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank())))
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+        dist.init_process_group("gloo")
+    try:
+        run(None, argv)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

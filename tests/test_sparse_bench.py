@@ -1,0 +1,36 @@
+"""benchmarks/sparse_bench.py at a tiny size on 2 gloo ranks: it runs every case, checks the
+sparse path against the reference kernel, and writes a record whose steps, ideal ratios and
+bytes agree with the schedule and the byte model."""
+import json
+
+from burstengine.attention import Pattern, backward_bytes, forward_bytes, visible_pairs
+
+import sparse_cases
+
+
+def test_sparse_bench_tiny(pool, tmp_path):
+    world, S, DS, H, D = 2, 512, 256, 2, 8
+    argv = ["--device", "cpu", "--seq", str(S), "--doc-seq", str(DS), "--windows", "16,300", "--doc-lengths", "4,64",
+            "--heads", str(H), "--head-dim", str(D), "--iters", "1", "--warmup", "0", "--check", "--check-seq", "64",
+            "--out-dir", str(tmp_path), "--name", "tiny"]
+    rec = pool.run(sparse_cases.bench, argv, world=world)[0]
+    on_disk = json.load(open(tmp_path / "tiny.json"))
+    assert on_disk["rows"] == json.loads(json.dumps(rec["rows"]))
+    assert on_disk["commit"] and on_disk["env"]["device"] == "cpu"
+    rows = {(r["name"], r["layout"]): r for r in rec["rows"]}
+    docs = f"docs-{len(rec['rows'][-1]['cu_seqlens']) - 1}"
+    assert set(rows) == {("causal", "zigzag"), ("swa-16", "contiguous"), ("swa-300", "contiguous"),
+                         ("one-doc", "zigzag"), (docs, "striped"), (docs, "contiguous")}
+    # a window shorter than a shard needs two of the ring's steps; the causal baseline all of them
+    assert rows[("swa-16", "contiguous")]["steps"] == 2 and rows[("causal", "zigzag")]["steps"] == world
+    for r in rec["rows"]:
+        # on CPU the checked kernel is the reference itself: the check must run and agree exactly
+        assert (r["check_err"] == 0.0) if ("cu_seqlens" in r or r["window"]) else ("check_err" not in r)
+        p = Pattern(causal=True, window=r["window"], cu_seqlens=tuple(r["cu_seqlens"]) if "cu_seqlens" in r else None)
+        assert r["visible_pairs"] == visible_pairs(r["S"], p)
+        assert r["ideal_speedup"] == rows[("causal" if r["group"] == "window" else "one-doc", "zigzag")]["visible_pairs"] / r["visible_pairs"]
+        assert r["speedup"] > 0 and r["balance"] >= 1.0 and r["ideal_balance"] >= 1.0
+        n = r["S"] // world
+        for p_ in r["per_rank"]:
+            assert p_["fwd_bytes"] == forward_bytes(1, n, H, D, 4, world, r["steps"] - 1)
+            assert p_["bwd_bytes"] == backward_bytes("burst", 1, n, H, H, D, 4, world, r["steps"] - 1)
