@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import importlib
 
-HELP = "run a benchmark (under torchrun on GPUs): " + ", ".join(["attention"])
 BENCHES = {
     "attention": "burstengine.bench.attention",
+    "sparse": "burstengine.bench.sparse",
 }
+HELP = "run a benchmark (under torchrun on GPUs): " + ", ".join(BENCHES)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
