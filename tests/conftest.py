@@ -1,6 +1,11 @@
 import pytest
+import torch
 
 from burstengine.testing import DistPool
+
+# the suite runs beside 4 worker processes on small CI machines: one thread each keeps tiny ops
+# from paying for thread hand-offs
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
