@@ -1,6 +1,15 @@
-import pytest
+import os
 
-from burstengine.testing import DistPool
+import pytest
+import torch
+
+# Without a GPU, Triton kernels can only run in Triton's interpreter, and triton.jit picks the
+# interpreter when triton is first imported: so say so before anything imports it (the gloo
+# workers inherit it too).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from burstengine.testing import DistPool  # noqa: E402
 
 
 @pytest.fixture(scope="session")

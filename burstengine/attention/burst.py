@@ -144,9 +144,14 @@ def choose_backward(B, n, H, Hkv, D, elem, world) -> str:
 
 class _BurstAttn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, cfg):
-        out32, lse = _forward(q, k, v, cfg)
-        out = out32.to(q.dtype)
+    def forward(ctx, q, k, v, cfg, precomputed=None):
+        # precomputed = (out, lse) already known (sequence-level checkpointing rebuilds them
+        # from a stored part and a recomputed part): skip the ring, keep the backward
+        if precomputed is None:
+            out32, lse = _forward(q, k, v, cfg)
+            out = out32.to(q.dtype)
+        else:
+            out, lse = precomputed
         ctx.cfg = cfg
         ctx.save_for_backward(q, k, v, out, lse)
         return out, lse
@@ -172,7 +177,13 @@ class _BurstAttn(torch.autograd.Function):
             dq, dk, dv = _backward_burst(dout, q, k, v, lse, delta, cfg)
         else:
             dq, dk, dv = _backward_ring(dout, q, k, v, out if dlse is None else None, lse, delta, cfg)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+def _make_config(q, group, causal, layout, softmax_scale, backward, kernel) -> _Config:
+    return _Config(ring=Ring(group), kernel=get_kernel(kernel, q.device), causal=causal, layout=layout,
+                   scale=float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1]),
+                   backward=backward)
 
 
 def burst_attn_func(q, k, v, *, group=None, causal=False, layout="contiguous", softmax_scale=None,
@@ -189,10 +200,6 @@ def burst_attn_func(q, k, v, *, group=None, causal=False, layout="contiguous", s
     "cudnn" (or env BURST_KERNEL).
     """
     check_args(q, k, v, group, causal, layout, softmax_scale, backward)
-    ring = Ring(group)
-    D = q.shape[-1]
-    cfg = _Config(ring=ring, kernel=get_kernel(kernel, q.device), causal=causal, layout=layout,
-                  scale=float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D),
-                  backward=backward)
+    cfg = _make_config(q, group, causal, layout, softmax_scale, backward, kernel)
     out, lse = _BurstAttn.apply(q, k.contiguous(), v.contiguous(), cfg)
     return (out, lse) if return_lse else out
