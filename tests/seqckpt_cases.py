@@ -1,5 +1,5 @@
-"""A small stand-in transformer block (RMS norm, GQA projections, BurstAttention, output
-projection, SwiGLU-free MLP) and the cases the gloo workers run for seq_checkpoint."""
+"""A small stand-in transformer block (RMS norm, fused GQA projection, BurstAttention, output
+projection, SiLU MLP) and the cases the gloo workers run for seq_checkpoint."""
 import math
 
 import torch
@@ -13,7 +13,7 @@ from burstengine.testing import rel_err
 class Block:
     def __init__(self, d=24, H=4, Hkv=2, D=8, dtype=torch.float64, seed=0):
         g = torch.Generator().manual_seed(seed)
-        shapes = dict(wq=(d, H * D), wk=(d, Hkv * D), wv=(d, Hkv * D), wo=(H * D, d), w1=(d, 2 * d), w2=(2 * d, d))
+        shapes = dict(wqkv=(d, (H + 2 * Hkv) * D), wo=(H * D, d), w1=(d, 2 * d), w2=(2 * d, d))
         self.p = {k: (torch.randn(*s, generator=g) / math.sqrt(s[0])).to(dtype).requires_grad_()
                   for k, s in shapes.items()}
         self.H, self.Hkv, self.D = H, Hkv, D
@@ -24,9 +24,9 @@ class Block:
 
     def pre_attn(self, x):
         B, n, _ = x.shape
-        h = self._rms(x)
-        return ((h @ self.p["wq"]).view(B, n, self.H, self.D), (h @ self.p["wk"]).view(B, n, self.Hkv, self.D),
-                (h @ self.p["wv"]).view(B, n, self.Hkv, self.D))
+        # one fused projection split into views: q, k, v are not contiguous, as in real models
+        q, k, v = (self._rms(x) @ self.p["wqkv"]).split([self.H * self.D, self.Hkv * self.D, self.Hkv * self.D], -1)
+        return q.view(B, n, self.H, self.D), k.view(B, n, self.Hkv, self.D), v.view(B, n, self.Hkv, self.D)
 
     def post_attn(self, x, o):
         h = x + o.flatten(2) @ self.p["wo"]

@@ -85,7 +85,9 @@ class _SeqCkpt(torch.autograd.Function):
         xd = x.detach().requires_grad_(x.requires_grad)
         with torch.enable_grad(), torch.autocast(x.device.type, dtype=dtype, enabled=enabled):
             q, k, v = pre_attn(xd)
-        k, v = k.contiguous(), v.contiguous()
+            # inside enable_grad: a backward runs with grad mode off, and a copy made there
+            # would cut k and v off from x
+            k, v = k.contiguous(), v.contiguous()
         with torch.no_grad():
             out_front, lse_front = prefix_forward(q.detach(), k.detach(), v.detach(), cfg, ctx.m)
             out = torch.cat([out_front, out_back], dim=1)
