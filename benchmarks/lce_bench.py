@@ -5,6 +5,7 @@
   liger      Liger-Kernel's fused linear cross-entropy    (default: dW accumulated in bf16)
   liger32    the same with accum_dtype=float32             (our default precision)
   burst      burstengine.fused_linear_cross_entropy        (Triton per-chunk kernel on CUDA)
+  burst16    the same with accum_dtype=bfloat16             (Liger's default precision)
 
 for each vocabulary x token count, hidden 4096, bf16, in one process.  Peak memory is the
 most allocated during one forward + backward beyond what was allocated before it (h, w, y):
@@ -103,6 +104,8 @@ def methods(names):
                                                                  False, acc)[0])(L, acc)
         elif name == "burst":
             out[name] = lambda h, w, y: be.fused_linear_cross_entropy(h, w, y)
+        elif name == "burst16":
+            out[name] = lambda h, w, y: be.fused_linear_cross_entropy(h, w, y, accum_dtype=torch.bfloat16)
         else:
             raise SystemExit(f"unknown method {name}")
     return out
@@ -157,7 +160,7 @@ def main():
     ap.add_argument("--vocab", type=int, nargs="+", default=[131072, 32768])
     ap.add_argument("--tokens", type=int, nargs="+", default=[16384, 32768, 65536, 131072])
     ap.add_argument("--hidden", type=int, default=4096)
-    ap.add_argument("--methods", nargs="+", default=["naive", "compiled", "liger", "liger32", "burst"])
+    ap.add_argument("--methods", nargs="+", default=["naive", "compiled", "liger", "liger32", "burst", "burst16"])
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--check", action="store_true")
@@ -216,22 +219,26 @@ def show(r):
 
 
 def summary(rows):
-    """burst against naive (memory) and liger (time) per size."""
+    """Time against Liger at the same dW precision (burst / liger32: float32 accumulator,
+    burst16 / liger: bf16), and memory against naive."""
     by = {(r["vocab"], r["tokens"], r["method"]): r for r in rows}
-    print("\n vocab  tokens | burst ms  liger ms  speed vs liger | burst GiB  naive GiB  naive/burst")
+
+    def get(V, N, m, key):
+        return by.get((V, N, m), {}).get(key)
+
+    def ratio(a, b):
+        return f"{a / b:6.2f}x" if a and b else f"{'-':>7s}"
+
+    print("\n vocab  tokens |  burst  liger32 burst16  liger  (ms) | liger32/burst liger/burst16 liger/burst |"
+          " burst GiB naive GiB naive/burst")
     for (V, N) in sorted({(r["vocab"], r["tokens"]) for r in rows}):
-        b, li, na = by.get((V, N, "burst"), {}), by.get((V, N, "liger"), {}), by.get((V, N, "naive"), {})
-
-        def ms(r):
-            return f"{r['median_s'] * 1e3:8.1f}" if "median_s" in r else f"{'OOM' if r.get('oom') else '-':>8s}"
-
-        def gib(r):
-            return f"{r['peak_gib']:9.2f}" if r.get("peak_gib") is not None else f"{'OOM' if r.get('oom') else '-':>9s}"
-
-        sp = f"{li['median_s'] / b['median_s']:13.2f}x" if "median_s" in b and "median_s" in li else f"{'-':>14s}"
-        mem = (f"{na['peak_gib'] / b['peak_gib']:11.1f}x" if b.get("peak_gib") and na.get("peak_gib")
-               else f"{'-':>12s}")
-        print(f"{V:6d} {N:7d} | {ms(b)}  {ms(li)}  {sp} | {gib(b)}  {gib(na)}  {mem}")
+        t = {m: get(V, N, m, "median_s") for m in ("burst", "liger32", "burst16", "liger")}
+        ms = " ".join(f"{t[m] * 1e3:7.1f}" if t[m] else f"{'-':>7s}" for m in t)
+        bg, ng = get(V, N, "burst", "peak_gib"), get(V, N, "naive", "peak_gib")
+        nmem = f"{ng:9.2f}" if ng else f"{'OOM' if get(V, N, 'naive', 'oom') else '-':>9s}"
+        print(f"{V:6d} {N:7d} | {ms}      | {ratio(t['liger32'], t['burst']):>13s} "
+              f"{ratio(t['liger'], t['burst16']):>13s} {ratio(t['liger'], t['burst']):>11s} | "
+              f"{bg if bg is not None else float('nan'):9.2f} {nmem} {ratio(ng, bg):>11s}")
     sys.stdout.flush()
 
 
