@@ -178,6 +178,11 @@ def main():
         impls = ["triton", "torch"] if device.type == "cuda" else ["torch"]
         payload["check"] = check(device, impls)
     fns = methods(args.methods)
+    try:
+        import importlib.metadata as md
+        payload["liger_kernel"] = md.version("liger-kernel")
+    except Exception:
+        payload["liger_kernel"] = None
     g = torch.Generator(device="cpu").manual_seed(1)
     for V in args.vocab:
         w = (torch.randn(V, args.hidden, generator=g) * args.hidden ** -0.5).to(device, dtype).requires_grad_()
