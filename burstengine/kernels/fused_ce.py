@@ -35,8 +35,9 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 # workspace for one chunk of logits.  Every chunk reads and writes the whole float32 dW
 # accumulator (8 V d bytes) for 2 C V d FLOPs, so the chunk must be long for that traffic to
-# hide behind the GEMMs: on an H200 at V = 128K, 1 GiB (C = 4096) ran as fast as a bf16
-# accumulator; 512 MiB was 6% slower at 128K tokens.  Still 1/32 of the N x V logits there.
+# hide behind the GEMMs: on an H200 at V = 128K and 128K tokens, 1 GiB (C = 4096) came within
+# 2% of a bf16 accumulator, and an earlier build with 512 MiB was 4% slower than it
+# (benchmarks/results/lce_bench.json, lce_bench_ws512m.json).  1/32 of the N x V logits there.
 _CUDA_WORKSPACE = 1 << 30
 _CPU_WORKSPACE = 32 << 20
 # float32 temporaries of the torch path: at most this many elements per vocabulary tile

@@ -102,9 +102,9 @@ def ce_rows_triton(buf, labels, loss_out, scale, *, ignore_index, softcap, z_los
     if interpret_mode():
         block_v, warps = min(triton.next_power_of_2(V), 128), 1
     else:
-        # 32K columns per tile over 32 warps (32 elements per thread per sweep): one program per
-        # SM, so the rows being swept (132 x 256 KB at V = 128K) stay in the 50-60 MB L2
-        # between the two sweeps and the second read mostly hits it
+        # 32K columns per tile over 32 warps (32 elements per thread per sweep), as Liger's CE
+        # kernel: few programs per SM, so the rows being swept (about 132 x 256 KB at V = 128K)
+        # can stay in the 50-60 MB L2 between the two sweeps (not measured on its own)
         block_v = min(triton.next_power_of_2(V), 32768)
         warps = 32 if block_v >= 16384 else (16 if block_v >= 4096 else 4)
     scale = scale.to(torch.float32)
