@@ -1,7 +1,15 @@
+import os
+
 import pytest
 import torch
 
-from burstengine.testing import DistPool
+# Without a GPU, Triton kernels can only run in Triton's interpreter, and triton.jit picks the
+# interpreter when triton is first imported: so say so before anything imports it (the gloo
+# workers inherit it too).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from burstengine.testing import DistPool  # noqa: E402
 
 # the suite runs beside 4 worker processes on small CI machines: one thread each keeps tiny ops
 # from paying for thread hand-offs

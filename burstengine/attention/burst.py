@@ -190,9 +190,14 @@ def choose_backward(B, n, H, Hkv, D, elem, world, hops=None) -> str:
 
 class _BurstAttn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, cfg):
-        out32, lse = _forward(q, k, v, cfg)
-        out = out32.to(q.dtype)
+    def forward(ctx, q, k, v, cfg, precomputed=None):
+        # precomputed = (out, lse) already known (sequence-level checkpointing rebuilds them
+        # from a stored part and a recomputed part): skip the ring, keep the backward
+        if precomputed is None:
+            out32, lse = _forward(q, k, v, cfg)
+            out = out32.to(q.dtype)
+        else:
+            out, lse = precomputed
         ctx.cfg = cfg
         ctx.save_for_backward(q, k, v, out, lse)
         return out, lse
@@ -219,7 +224,16 @@ class _BurstAttn(torch.autograd.Function):
             dq, dk, dv = _backward_burst(dout, q, k, v, lse, delta, cfg)
         else:
             dq, dk, dv = _backward_ring(dout, q, k, v, out if dlse is None else None, lse, delta, cfg)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+def _make_config(q, group, causal, layout, softmax_scale, backward, kernel, window=None, cu_seqlens=None,
+                 block_mask=None, block_size=None) -> _Config:
+    ring = Ring(group)
+    pattern = check_sparse(causal, layout, ring.world, q.shape[1], window, cu_seqlens, block_mask, block_size)
+    return _Config(ring=ring, kernel=get_kernel(kernel, q.device), pattern=pattern, layout=layout,
+                   scale=float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1]),
+                   backward=backward, steps=ring_steps(layout, pattern, ring.world, q.shape[1]))
 
 
 def burst_attn_func(q, k, v, *, group=None, causal=False, layout="contiguous", softmax_scale=None,
@@ -254,11 +268,7 @@ def burst_attn_func(q, k, v, *, group=None, causal=False, layout="contiguous", s
     visible key get a zero output, lse = -inf and zero gradients.
     """
     check_args(q, k, v, group, causal, layout, softmax_scale, backward)
-    ring = Ring(group)
-    pattern = check_sparse(causal, layout, ring.world, q.shape[1], window, cu_seqlens, block_mask, block_size)
-    D = q.shape[-1]
-    cfg = _Config(ring=ring, kernel=get_kernel(kernel, q.device), pattern=pattern, layout=layout,
-                  scale=float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D),
-                  backward=backward, steps=ring_steps(layout, pattern, ring.world, q.shape[1]))
+    cfg = _make_config(q, group, causal, layout, softmax_scale, backward, kernel, window, cu_seqlens, block_mask,
+                       block_size)
     out, lse = _BurstAttn.apply(q, k.contiguous(), v.contiguous(), cfg)
     return (out, lse) if return_lse else out
