@@ -11,6 +11,10 @@ with online softmax.  Backward, two schemes over one loop:
 Travelling accumulators are sent one step late (BurstEngine Fig. 5): the partial sum a rank
 finishes at step s travels during step s+1's compute, so it never waits on the compute that
 produced it.  The gradient accumulators travel in float32.
+
+The loops run on a :class:`~burstengine.comm.topology.RingComm`: one ring, or the
+topology-aware double ring (intra-node rounds, inter-node hops overlapping a whole round);
+which shard is held at each step comes from ``ring.source(step)``.
 """
 from __future__ import annotations
 
@@ -19,10 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..comm.ring import Ring
+from ..comm.topology import RingComm
 from ..kernels import Kernel, get_kernel
 from .checks import check_args
-from .schedule import block_tasks, ring_source
+from .schedule import block_tasks
 
 def _acc(x):
     # float32 accumulation for everything but float64 inputs (which the tests use as an oracle)
@@ -31,7 +35,7 @@ def _acc(x):
 
 @dataclass
 class _Config:
-    ring: Ring
+    ring: RingComm
     kernel: Kernel
     causal: bool
     layout: str
@@ -44,19 +48,19 @@ def _forward(q, k, v, cfg: _Config):
     B, n, H, _ = q.shape
     out = torch.zeros(B, n, H, v.shape[-1], dtype=_acc(q), device=q.device)
     lse = torch.full((B, H, n), float("-inf"), dtype=_acc(q), device=q.device)
-    kv = (k, v)
+    kv = ring.mover((k, v), "forward", ("k", "v"))
     for step in range(G):
-        pending = ring.shift(kv, "forward", ("k", "v")) if step < G - 1 else None
-        src = ring_source(ring.rank, step, G)
+        kv.post(step)  # the next step's (and at a round start the next round's) shards travel now
+        src = ring.source(step)
+        kh, vh = kv.held
         for t in block_tasks(cfg.layout, cfg.causal, ring.rank, src, G, n):
-            cfg.kernel.forward_into(q[:, t.q0:t.q1], kv[0][:, t.k0:t.k1], kv[1][:, t.k0:t.k1], cfg.scale, t.mask,
+            cfg.kernel.forward_into(q[:, t.q0:t.q1], kh[:, t.k0:t.k1], vh[:, t.k0:t.k1], cfg.scale, t.mask,
                                     out[:, t.q0:t.q1], lse[:, :, t.q0:t.q1])
-        if pending is not None:
-            kv = pending.wait()
+        kv.advance(step)
     return out, lse
 
 
-def _travel(ring: Ring, moving, moving_names, acc_names, compute):
+def _travel(ring: RingComm, moving, moving_names, acc_names, compute):
     """The backward ring loop shared by both schemes.
 
     ``compute(src, moving)`` does this rank's work on the block whose travelling side belongs
@@ -64,22 +68,14 @@ def _travel(ring: Ring, moving, moving_names, acc_names, compute):
     contributions are summed along the ring one step behind the data and finally sent home;
     the return value is this rank's own fully summed gradients of its travelling side.
     """
-    G = ring.world
-    acc = None
-    for step in range(G):
-        src = ring_source(ring.rank, step, G)
-        pend_move = ring.shift(moving, "backward", moving_names) if step < G - 1 else None
-        pend_acc = ring.shift(acc, "backward", acc_names) if acc is not None else None
-        contrib = compute(src, moving)
-        if pend_acc is not None:
-            for c, r in zip(contrib, pend_acc.wait()):
-                c.add_(r)
-        acc = contrib
-        if pend_move is not None:
-            moving = pend_move.wait()
-    if G == 1:
-        return acc
-    return ring.shift(acc, "backward", acc_names).wait()
+    data = ring.mover(moving, "backward", moving_names)
+    acc = ring.reducer("backward", acc_names)
+    for step in range(ring.world):
+        data.post(step)
+        acc.post(step)  # the partial finished at the previous step, one step behind the data
+        acc.add(step, compute(ring.source(step), data.held))
+        data.advance(step)
+    return acc.home()
 
 
 def _backward_burst(dout, q, k, v, lse, delta, cfg: _Config):
@@ -121,22 +117,35 @@ def _backward_ring(dout, q, k, v, out, lse, delta, cfg: _Config):
     return dq, dk, dv
 
 
+def hop_bytes(scheme: str, B: int, n: int, H: int, Hkv: int, D: int, elem: int) -> tuple[int, int]:
+    """(travelling data, travelling gradient partial) bytes one rank sends per hop of one loop.
+
+    scheme "forward": k, v; "burst": q, dout in the input dtype + lse, delta in fp32, and dq in
+    fp32; "ring": k, v, and dk, dv in fp32."""
+    if scheme == "forward":
+        return B * n * Hkv * D * 2 * elem, 0
+    if scheme == "burst":
+        return B * n * H * (2 * D * elem + 8), B * n * H * D * 4
+    if scheme == "ring":
+        return B * n * Hkv * D * 2 * elem, B * n * Hkv * D * 2 * 4
+    raise ValueError(f"unknown scheme {scheme!r}")
+
+
 def backward_bytes(scheme: str, B: int, n: int, H: int, Hkv: int, D: int, elem: int, world: int) -> int:
-    """Bytes one rank sends in the backward of one call (what comm_stats will report)."""
+    """Bytes one rank sends in the backward of one call (what comm_stats will report): the data
+    makes G-1 hops, the gradient partials G (the last one home), on any ring topology."""
     if world == 1:
         return 0
-    if scheme == "burst":
-        # q, dout in the input dtype + lse, delta in fp32, G-1 hops; dq in fp32, G hops
-        return B * n * H * ((world - 1) * (2 * D * elem + 8) + world * D * 4)
-    # k, v in the input dtype, G-1 hops; dk, dv in fp32, G hops
-    return B * n * Hkv * D * ((world - 1) * 2 * elem + world * 2 * 4)
+    data, grad = hop_bytes(scheme, B, n, H, Hkv, D, elem)
+    return (world - 1) * data + world * grad
 
 
 def forward_bytes(B: int, n: int, Hkv: int, D: int, elem: int, world: int) -> int:
-    return B * n * Hkv * D * 2 * elem * (world - 1)
+    return hop_bytes("forward", B, n, 0, Hkv, D, elem)[0] * (world - 1)
 
 
 def choose_backward(B, n, H, Hkv, D, elem, world) -> str:
+    """The scheme that sends fewer bytes (the cost model's choice when no link figures are known)."""
     burst = backward_bytes("burst", B, n, H, Hkv, D, elem, world)
     ring = backward_bytes("ring", B, n, H, Hkv, D, elem, world)
     return "burst" if burst <= ring else "ring"
@@ -165,9 +174,6 @@ class _BurstAttn(torch.autograd.Function):
         if dlse is not None:
             delta = delta - dlse.to(acc)
         scheme = cfg.backward
-        if scheme == "auto":
-            B, n, H, D = q.shape
-            scheme = choose_backward(B, n, H, k.shape[2], D, q.element_size(), cfg.ring.world)
         if scheme == "burst":
             dq, dk, dv = _backward_burst(dout, q, k, v, lse, delta, cfg)
         else:
@@ -176,7 +182,7 @@ class _BurstAttn(torch.autograd.Function):
 
 
 def burst_attn_func(q, k, v, *, group=None, causal=False, layout="contiguous", softmax_scale=None,
-                    backward="auto", return_lse=False, kernel=None):
+                    backward="auto", return_lse=False, kernel=None, topology="auto"):
     """Exact attention over a sequence sharded across the ranks of ``group``.
 
     q: (batch, seq_local, heads, head_dim); k, v: (batch, seq_local, kv_heads, head_dim) with
@@ -184,12 +190,25 @@ def burst_attn_func(q, k, v, *, group=None, causal=False, layout="contiguous", s
     :func:`burstengine.shard`).  Returns this rank's output shard (and, with
     ``return_lse``, the float32 log-sum-exp of shape (batch, heads, seq_local)).
 
-    backward: "burst" moves Q, dO, D, lse and dQ; "ring" moves K, V, dK, dV; "auto" picks the
-    one that sends fewer bytes for these shapes.  kernel: "auto", "reference", "flash",
-    "cudnn" (or env BURST_KERNEL).
+    backward: "burst" moves Q, dO, D, lse and dQ; "ring" moves K, V, dK, dV; "auto" lets the
+    cost model pick (the one that sends fewer bytes unless BURST_CLUSTER gives link figures).
+    kernel: "auto", "reference", "flash", "cudnn" (or env BURST_KERNEL).
+    topology: the ring to run on.  "auto" (default): one node -> the single ring; several
+    nodes (LOCAL_WORLD_SIZE, or BURST_TOPOLOGY="NxM") -> the topology-aware double ring, unless
+    the cost model with BURST_CLUSTER's figures predicts the single ring faster.  None or
+    "single": always the single ring.  A :class:`~burstengine.Topology`, "NxM" or a 2-D
+    DeviceMesh (inter-node, intra-node): the double ring of that shape.
     """
     check_args(q, k, v, group, causal, layout, softmax_scale, backward)
-    ring = Ring(group)
+    from .auto import plan_call
+
+    ring, backward = plan_call(q, k, group, causal, layout, backward, topology)
+    return attend(q, k, v, ring, causal=causal, layout=layout, softmax_scale=softmax_scale, backward=backward,
+                  return_lse=return_lse, kernel=kernel)
+
+
+def attend(q, k, v, ring: RingComm, *, causal, layout, softmax_scale, backward, return_lse, kernel):
+    """burst_attn_func on an already-built ring and a concrete backward scheme (no checks)."""
     D = q.shape[-1]
     cfg = _Config(ring=ring, kernel=get_kernel(kernel, q.device), causal=causal, layout=layout,
                   scale=float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D),

@@ -1,7 +1,8 @@
 """Which query rows meet which key rows at each ring step: plain Python, no tensors.
 
 At ring step s of a G-rank ring, rank r holds the K/V shard of rank (r - s) mod G in the
-forward (and the Q-side shard of rank (r - s) mod G in the burst backward).  Whether the
+forward (and the Q-side shard of rank (r - s) mod G in the burst backward); on a double ring
+(``nodes`` > 1, see comm/topology.py) the order of the steps changes, not their set.  Whether the
 block pair (q shard of rank qr, kv shard of rank kr) is fully visible, causal, strictly
 causal or skipped depends only on the layout, and is described here as a list of
 :class:`Task` items so that tests can count the work of every rank at every step without
@@ -37,9 +38,21 @@ class Task:
         return nq * (nq - 1) // 2
 
 
-def ring_source(rank: int, step: int, world: int) -> int:
-    """Rank whose travelling shard ``rank`` holds at ``step`` (data moves r -> r+1)."""
-    return (rank - step) % world
+def ring_source(rank: int, step: int, world: int, nodes: int = 1) -> int:
+    """Rank whose travelling shard ``rank`` holds at ``step``.
+
+    One ring (``nodes`` = 1): data moves r -> r+1, so the shard of (rank - step) mod world.
+    Double ring of ``nodes`` nodes x m = world / nodes ranks, node-major (rank = node * m +
+    local): step s = o * m + i is inner step i of round o, and the shard held is that of
+    ((node - o) mod nodes, (local - i) mod m): each round goes once around the node, and
+    between rounds the shard a rank started the round with moves on to the next node.
+    """
+    if nodes == 1:
+        return (rank - step) % world
+    m = world // nodes
+    o, i = divmod(step, m)
+    node, local = divmod(rank, m)
+    return ((node - o) % nodes) * m + (local - i) % m
 
 
 def block_tasks(layout: str, causal: bool, q_rank: int, kv_rank: int, world: int, n: int) -> list[Task]:
@@ -63,15 +76,15 @@ def block_tasks(layout: str, causal: bool, q_rank: int, kv_rank: int, world: int
     raise ValueError(f"unknown layout {layout!r}")
 
 
-def forward_schedule(layout: str, causal: bool, rank: int, world: int, n: int) -> list[list[Task]]:
+def forward_schedule(layout: str, causal: bool, rank: int, world: int, n: int, nodes: int = 1) -> list[list[Task]]:
     """Per step, the tasks rank ``rank`` computes in the forward (its q vs travelling kv)."""
-    return [block_tasks(layout, causal, rank, ring_source(rank, s, world), world, n) for s in range(world)]
+    return [block_tasks(layout, causal, rank, ring_source(rank, s, world, nodes), world, n) for s in range(world)]
 
 
-def step_work(layout: str, causal: bool, world: int, n: int) -> list[list[int]]:
+def step_work(layout: str, causal: bool, world: int, n: int, nodes: int = 1) -> list[list[int]]:
     """Visible (query, key) pairs computed by each rank at each step: work[step][rank]."""
     return [
-        [sum(t.visible_pairs() for t in block_tasks(layout, causal, r, ring_source(r, s, world), world, n))
+        [sum(t.visible_pairs() for t in block_tasks(layout, causal, r, ring_source(r, s, world, nodes), world, n))
          for r in range(world)]
         for s in range(world)
     ]

@@ -1,0 +1,32 @@
+"""The ring and backward scheme of one burst_attn_func call, from the ``topology`` and
+``backward`` arguments.  Every input is the same on every rank of the group (shapes, the group,
+the environment torchrun gives all ranks), so every rank makes the same choice without
+communicating; bad values raise ValueError before any communication."""
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from ..comm import topology as topo
+from ..comm.topology import RingComm
+
+
+def plan_call(q, k, group, causal: bool, layout: str, backward: str, topology) -> tuple[RingComm, str]:
+    from .. import costmodel
+
+    world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+    B, n, H, D = q.shape
+    shape_args = (B, n, H, k.shape[2], D, q.element_size(), causal, layout)
+    mesh = None
+    if topology is None or topology == "single":
+        labels = topo.detect(group) if world > 1 else topo.single(1)
+        shape = topo.single(world)
+        backward = costmodel.choose_call(shape, *shape_args, backward, costmodel.env_cluster())[1]
+    elif isinstance(topology, str) and topology == "auto":
+        labels = topo.detect(group) if world > 1 else topo.single(1)
+        shape, backward = costmodel.choose_call(labels, *shape_args, backward, costmodel.env_cluster())
+    else:
+        shape = labels = topo.resolve(topology, group)
+        mesh = topology if topo._is_mesh(topology) else None
+        backward = costmodel.choose_call(shape, *shape_args, backward, costmodel.env_cluster())[1]
+    # cheap to build: the double ring's sub-groups are made once and cached (topology.block_group)
+    return RingComm(group, shape, labels, mesh=mesh), backward

@@ -1,0 +1,354 @@
+"""Nodes, and the topology-aware double ring (BurstEngine §3.1, Fig. 4-5).
+
+Ranks are grouped into ``nodes`` nodes of ``gpus_per_node`` ranks, node-major (group rank =
+node * gpus_per_node + local), as torchrun numbers them.  The grouping comes from, first
+match wins: an explicit ``Topology`` (or "NxM" string, or a 2-D DeviceMesh), the
+``BURST_TOPOLOGY`` environment variable ("2x4": 2 nodes of 4 ranks; this is how 2 nodes x 2
+GPUs are emulated on one host, or 2 x 2 gloo processes on a CPU), then ``LOCAL_WORLD_SIZE``
+(set by torchrun); with none of them the group is one node.
+
+The double ring (``ring_steps``) runs a round of m = gpus_per_node steps around the node
+(intra-node hops), then takes one inter-node hop, ``nodes`` rounds in all.  Three buffers: the
+shard being computed on, the intra-node transfer of the next step's shard, and the inter-node
+transfer of the next round's shard, which is posted at the start of a round and so overlaps
+the whole round.  Gradient partial sums that travel (dQ in the burst backward, dK/dV in the
+ring one) go one step behind the data (Fig. 5): around the node during the round, then across
+to the next node where the next round's partial of the same shard is finished a round later,
+and from the last round straight home.  A one-node ring and a ring of one-rank nodes are the
+plain single ring, with exactly its messages in exactly its order.
+
+Everything here except ``RingComm`` and ``block_group`` is plain Python that tests enumerate.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from ..attention.schedule import ring_source
+from .ring import Ring
+
+ENV = "BURST_TOPOLOGY"
+
+
+@dataclass(frozen=True)
+class Topology:
+    """``nodes`` nodes of ``gpus_per_node`` ranks each, node-major."""
+
+    nodes: int
+    gpus_per_node: int
+
+    def __post_init__(self):
+        for name in ("nodes", "gpus_per_node"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"Topology.{name} must be a positive int, got {v!r}")
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.gpus_per_node
+
+    def link(self, src: int, dst: int) -> str:
+        """"intra" when ranks ``src`` and ``dst`` share a node, else "inter"."""
+        return "intra" if self.node_of(src) == self.node_of(dst) else "inter"
+
+    @classmethod
+    def parse(cls, spec: str) -> "Topology":
+        """"2x4" -> 2 nodes of 4 ranks."""
+        m = re.fullmatch(r"\s*(\d+)\s*[xX*]\s*(\d+)\s*", str(spec))
+        if not m:
+            raise ValueError(f"topology {spec!r} is not of the form 'NODESxGPUS_PER_NODE', e.g. '2x4'")
+        return cls(int(m.group(1)), int(m.group(2)))
+
+    def __str__(self) -> str:
+        return f"{self.nodes}x{self.gpus_per_node}"
+
+
+def single(world: int) -> Topology:
+    return Topology(1, world)
+
+
+def detect(group=None) -> Topology:
+    """The node grouping of ``group`` from BURST_TOPOLOGY, else LOCAL_WORLD_SIZE, else one node.
+
+    Uses only environment and group membership, which torchrun gives every rank alike, so all
+    ranks of the group reach the same answer without communicating."""
+    world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+    spec = os.environ.get(ENV)
+    if spec:
+        topo = Topology.parse(spec)
+        if topo.world != world:
+            raise ValueError(f"{ENV}={spec!r} describes {topo.world} ranks but the group has {world}")
+        return topo
+    lws = os.environ.get("LOCAL_WORLD_SIZE")
+    if not lws or world == 1:
+        return single(world)
+    lws = int(lws)
+    ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+    nodes = [r // lws for r in ranks]
+    # the group's ranks must fill its nodes in equal, contiguous, node-major blocks
+    per = nodes.count(nodes[0])
+    if world % per or any(nodes[i] != nodes[(i // per) * per] for i in range(world)) or \
+            len(set(nodes)) != world // per:
+        return single(world)
+    return Topology(world // per, per)
+
+
+def resolve(topology, group=None) -> Topology:
+    """A Topology from the ``topology=`` argument forms (Topology, "NxM", 2-D DeviceMesh)."""
+    world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+    if isinstance(topology, Topology):
+        topo = topology
+    elif isinstance(topology, str):
+        topo = Topology.parse(topology)
+    elif _is_mesh(topology):
+        if topology.ndim != 2:
+            raise ValueError(f"a DeviceMesh topology must be 2-D (inter-node, intra-node), got {topology.ndim}-D")
+        topo = Topology(*map(int, topology.shape))
+    else:
+        raise ValueError(f"topology must be None, 'auto', 'single', a Topology, 'NxM' or a 2-D DeviceMesh; "
+                         f"got {topology!r}")
+    if topo.world != world:
+        raise ValueError(f"topology {topo} describes {topo.world} ranks but the group has {world}")
+    return topo
+
+
+def _is_mesh(x) -> bool:
+    try:
+        from torch.distributed.device_mesh import DeviceMesh
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(x, DeviceMesh)
+
+
+# --- the step plan: plain data, the same on every rank ---------------------------------------
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What every rank does around the compute of one step of the double ring.
+
+    data_inter / data_intra: post an inter-node / intra-node hop of the shard held now (the
+    inter hop at the start of a round; it is waited for at the end of the round).
+    next_from: the link the next step's shard arrives on (None after the last step).
+    grad_out: the link on which the partial gradient finished at the previous step leaves,
+    posted now so it travels during this step's compute.
+    grad_in: the links whose partials are added to this step's contribution, after it.
+    """
+
+    step: int
+    round: int
+    inner: int
+    data_inter: bool
+    data_intra: bool
+    next_from: str | None
+    grad_out: str | None
+    grad_in: tuple[str, ...]
+
+
+def ring_steps(nodes: int, per_node: int) -> list[StepPlan]:
+    """The double ring's steps; after the last one each rank sends its last partial home on
+    the "home" hop (to rank (node+1, local+1), the owner of its last source)."""
+    m = per_node
+    out = []
+    for s in range(nodes * m):
+        o, i = divmod(s, m)
+        last_inner = i == m - 1
+        if s == nodes * m - 1:
+            nxt = None
+        else:
+            nxt = "inter" if last_inner else "intra"
+        if s == 0:
+            gout = None
+        else:
+            gout = "inter" if (s - 1) % m == m - 1 else "intra"
+        gin = (("intra",) if i >= 1 else ()) + (("inter",) if last_inner and o >= 1 else ())
+        out.append(StepPlan(step=s, round=o, inner=i, data_inter=i == 0 and o < nodes - 1,
+                            data_intra=i < m - 1, next_from=nxt, grad_out=gout, grad_in=gin))
+    return out
+
+
+def hop_peers(rank: int, nodes: int, per_node: int, link: str) -> tuple[int, int]:
+    """(send to, receive from) of ``rank`` on ``link``: "intra" (local + 1), "inter" (node + 1)
+    or "home" (both + 1: where the last partial of the double ring belongs)."""
+    m = per_node
+    a, b = divmod(rank, m)
+    da, db = {"intra": (0, 1), "inter": (1, 0), "home": (1, 1)}[link]
+    return ((a + da) % nodes) * m + (b + db) % m, ((a - da) % nodes) * m + (b - db) % m
+
+
+# --- process groups ---------------------------------------------------------------------------
+
+_GROUPS: dict = {}
+
+
+def _group_key(group):
+    return dist.get_process_group_ranks(group or dist.group.WORLD)
+
+
+def _spans_world(group) -> bool:
+    return _group_key(group) == list(range(dist.get_world_size()))
+
+
+def block_group(group, blocks: list[list[int]]):
+    """The process group of this rank's block, for ``blocks`` a partition of ``group``'s ranks
+    (group ranks, each block in increasing order).  A block that is the whole group is
+    ``group`` itself; a one-rank block is None (nothing to communicate).
+
+    Other blocks are made with ``dist.new_group``, which every rank of the default group must
+    enter: they are made once (and cached) when ``group`` spans the whole job, all blocks in
+    the same order on every rank.  For a smaller group make the groups up front (a DeviceMesh
+    passed as ``topology``)."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    mine = next(b for b in blocks if rank in b)
+    if list(mine) == list(range(world)):
+        return group
+    if len(mine) == 1:
+        return None
+    ranks = _group_key(group)
+    # keyed by the default group too: a re-initialised job must not reuse groups of the last one
+    key = (id(dist.distributed_c10d._get_default_group()), tuple(ranks), tuple(map(tuple, blocks)))
+    if key not in _GROUPS:
+        if not _spans_world(group):
+            raise ValueError(
+                f"a double ring or hybrid over a process group of {world} of the job's {dist.get_world_size()} ranks "
+                "needs its sub-groups made up front by every rank: pass topology= a 2-D DeviceMesh "
+                "(init_device_mesh(..., (nodes, gpus_per_node))) or use the whole job as the group")
+        made = {}
+        for b in blocks:
+            made[tuple(b)] = dist.new_group([ranks[r] for r in b])
+        _GROUPS[key] = made
+    return _GROUPS[key][tuple(mine)]
+
+
+def node_blocks(topo: Topology) -> tuple[list[list[int]], list[list[int]]]:
+    """(intra-node blocks, inter-node blocks) of group ranks."""
+    m = topo.gpus_per_node
+    intra = [[a * m + b for b in range(m)] for a in range(topo.nodes)]
+    inter = [[a * m + b for a in range(topo.nodes)] for b in range(m)]
+    return intra, inter
+
+
+# --- the rings one call runs on ---------------------------------------------------------------
+
+class RingComm:
+    """The ring(s) of one attention call: a double ring of ``shape`` over ``group`` (a single
+    ring when ``shape`` has one node, or one rank per node).  ``labels`` says which node each
+    rank is on for the byte accounting of a single ring that crosses nodes."""
+
+    def __init__(self, group=None, shape: Topology | None = None, labels: Topology | None = None, mesh=None):
+        self.group = group
+        if dist.is_available() and dist.is_initialized():
+            self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        else:
+            self.world, self.rank = 1, 0
+        self.shape = shape or single(self.world)
+        labels = labels or self.shape
+        nodes, m = self.shape.nodes, self.shape.gpus_per_node
+        self.plan = ring_steps(nodes, m)
+        self.intra = self.inter = None
+        if self.world == 1:
+            self.home = Ring(group)
+        elif nodes == 1 or m == 1:
+            # one ring: the plain r -> r+1 ring over the group, labelled per hop
+            nxt = (self.rank + 1) % self.world
+            ring = Ring(group, link=labels.link(self.rank, nxt))
+            if nodes == 1:
+                self.intra = ring
+            else:
+                self.inter = ring
+            self.home = ring
+        else:
+            if mesh is not None:
+                inter_g, intra_g = mesh.get_group(0), mesh.get_group(1)
+            else:
+                intra_b, inter_b = node_blocks(self.shape)
+                # every rank makes the groups in the same order: intra blocks, then inter ones
+                intra_g = block_group(group, intra_b)
+                inter_g = block_group(group, inter_b)
+            self.intra = Ring(intra_g, link="intra")
+            self.inter = Ring(inter_g, link="inter")
+            self.home = Ring(group, link="inter", peers=hop_peers(self.rank, nodes, m, "home"))
+
+    def source(self, step: int) -> int:
+        return ring_source(self.rank, step, self.world, self.shape.nodes)
+
+    def _link(self, name: str) -> Ring:
+        return self.intra if name == "intra" else self.inter
+
+    def mover(self, tensors, phase: str, names) -> "Mover":
+        return Mover(self, tensors, phase, names)
+
+    def reducer(self, phase: str, names) -> "Reducer":
+        return Reducer(self, phase, names)
+
+
+class Mover:
+    """The travelling shard of one loop: ``held`` is what this step computes on; the intra hop
+    in flight brings the next step's, the inter hop the next round's."""
+
+    def __init__(self, comm: RingComm, tensors, phase, names):
+        self.comm, self.phase, self.names = comm, phase, names
+        self.held = tuple(tensors)
+        self._pending: dict[str, object] = {}
+
+    def post(self, step: int) -> None:
+        p = self.comm.plan[step]
+        if p.data_inter:
+            self._pending["inter"] = self.comm.inter.shift(self.held, self.phase, self.names)
+        if p.data_intra:
+            self._pending["intra"] = self.comm.intra.shift(self.held, self.phase, self.names)
+
+    def advance(self, step: int) -> None:
+        p = self.comm.plan[step]
+        if p.next_from is not None:
+            self.held = tuple(self._pending.pop(p.next_from).wait())
+
+
+class Reducer:
+    """Partial sums of the travelling side's gradients, one step behind the data (Fig. 5)."""
+
+    def __init__(self, comm: RingComm, phase, names):
+        self.comm, self.phase, self.names = comm, phase, names
+        self._done = None
+        self._pending: dict[str, object] = {}
+
+    def post(self, step: int) -> None:
+        p = self.comm.plan[step]
+        if p.grad_out is not None:
+            self._pending[p.grad_out] = self.comm._link(p.grad_out).shift(self._done, self.phase, self.names)
+            self._done = None
+
+    def add(self, step: int, contrib) -> None:
+        """``contrib``: this step's fresh contributions (summed into in place)."""
+        for link in self.comm.plan[step].grad_in:
+            for c, r in zip(contrib, self._pending.pop(link).wait()):
+                c.add_(r)
+        self._done = contrib
+
+    def home(self):
+        """Send the last partial (now the full gradient of the last source) home; return this
+        rank's own full gradient."""
+        if self.comm.world == 1:
+            return self._done
+        return self.comm.home.shift(self._done, self.phase, self.names).wait()
+
+
+def link_hops(nodes: int, per_node: int) -> dict[str, dict[str, int]]:
+    """Hops each rank makes per loop: {"data": {"intra": x, "inter": y}, "grad": {...}}; the
+    byte accounting of the double ring (multiply by the message sizes)."""
+    data = {"intra": 0, "inter": 0}
+    grad = {"intra": 0, "inter": 0}
+    plan = ring_steps(nodes, per_node)
+    for p in plan:
+        data["inter"] += p.data_inter
+        data["intra"] += p.data_intra
+        if p.grad_out:
+            grad[p.grad_out] += 1
+    if nodes * per_node > 1:
+        grad["inter" if nodes > 1 else "intra"] += 1  # home
+    return {"data": data, "grad": grad}
