@@ -1,5 +1,6 @@
 from .burst import backward_bytes, burst_attn_func, choose_backward, forward_bytes, hop_bytes
+from .hybrid import hybrid_attn_func
 from .schedule import Task, block_tasks, forward_schedule, ring_source, step_work
 
-__all__ = ["burst_attn_func", "backward_bytes", "forward_bytes", "hop_bytes", "choose_backward", "Task",
-           "block_tasks", "forward_schedule", "ring_source", "step_work"]
+__all__ = ["burst_attn_func", "hybrid_attn_func", "backward_bytes", "forward_bytes", "hop_bytes", "choose_backward",
+           "Task", "block_tasks", "forward_schedule", "ring_source", "step_work"]

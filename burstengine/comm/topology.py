@@ -235,28 +235,34 @@ def node_blocks(topo: Topology) -> tuple[list[list[int]], list[list[int]]]:
 
 # --- the rings one call runs on ---------------------------------------------------------------
 
+LOCAL = "local"  # the group of a one-rank ring, whatever the job: nothing is communicated
+
+
 class RingComm:
     """The ring(s) of one attention call: a double ring of ``shape`` over ``group`` (a single
     ring when ``shape`` has one node, or one rank per node).  ``labels`` says which node each
-    rank is on for the byte accounting of a single ring that crosses nodes."""
+    rank is on, for the byte accounting of a single ring that crosses nodes; ``link`` gives
+    the single ring's label directly (a ring whose ranks are not node-major, as the hybrid's).
+    ``group=LOCAL``: a one-rank ring."""
 
-    def __init__(self, group=None, shape: Topology | None = None, labels: Topology | None = None, mesh=None):
+    def __init__(self, group=None, shape: Topology | None = None, labels: Topology | None = None, mesh=None,
+                 link: str | None = None):
         self.group = group
-        if dist.is_available() and dist.is_initialized():
-            self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        else:
+        if group is LOCAL or not (dist.is_available() and dist.is_initialized()):
             self.world, self.rank = 1, 0
+        else:
+            self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.shape = shape or single(self.world)
         labels = labels or self.shape
         nodes, m = self.shape.nodes, self.shape.gpus_per_node
         self.plan = ring_steps(nodes, m)
-        self.intra = self.inter = None
+        self.intra = self.inter = self.home = None
         if self.world == 1:
-            self.home = Ring(group)
+            pass
         elif nodes == 1 or m == 1:
             # one ring: the plain r -> r+1 ring over the group, labelled per hop
             nxt = (self.rank + 1) % self.world
-            ring = Ring(group, link=labels.link(self.rank, nxt))
+            ring = Ring(group, link=link or labels.link(self.rank, nxt))
             if nodes == 1:
                 self.intra = ring
             else:
