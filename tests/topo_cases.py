@@ -169,3 +169,20 @@ def bad_hybrid(group, ulysses, H, Hkv):
     except ValueError as e:
         return str(e)
     return None
+
+
+def bench_tiny(group, out_dir):
+    """benchmarks/topo_bench.py's run at a tiny size; rank 0 writes the record and returns it."""
+    from burstengine.bench import topo as tb
+    from burstengine.bench.record import write_record
+
+    args = tb.build_parser().parse_args(["--device", "cpu", "--seqs", "64,128", "--heads", "4", "--head-dim", "8",
+                                         "--warmup", "0", "--iters", "1", "--link-sizes", "1024,8192,65536"])
+    rec = tb.run(group, args, log=lambda *a: None)
+    if rec is None:
+        return None
+    import io
+
+    buf = io.StringIO()
+    tb.print_table(rec, file=buf)
+    return dict(rec=rec, table=buf.getvalue(), path=write_record("topo_bench_tiny", rec, out_dir))
