@@ -36,6 +36,7 @@ from .. import costmodel as cm
 from ..comm import topology as topo
 from ..comm.ring import Ring
 from ..kernels import get_kernel
+from .attention import timed as timed_cuda
 
 SCHEMES = ("burst", "ring", "burst_double", "ring_double", "ulysses", "hybrid")
 
@@ -63,31 +64,20 @@ def build_parser(p=None):
 
 # --- timing -----------------------------------------------------------------------------------
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def timed(fn, group, device, warmup, iters) -> list[float]:
-    """Seconds per call, each the slowest rank's (the ranks start together)."""
+    """Seconds per call, each the slowest rank's (the ranks start together after a barrier)."""
+    if device.type == "cuda":
+        return timed_cuda(fn, warmup, iters, group)
+    # on CPU the host clock (bench/attention.py's timed does the same on main: use it there)
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(iters):
-        _sync(device)
         dist.barrier(group=group)
-        if device.type == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    t = torch.tensor(times, dtype=torch.float64, device=device)
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    t = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return t.tolist()
 

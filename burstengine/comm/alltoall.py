@@ -46,29 +46,30 @@ def heads_to_seq(x, group):
     return recv.permute(1, 2, 0, 3, 4).reshape(B, n, G * h, D)
 
 
-class SeqToHeads(torch.autograd.Function):
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, account, to_heads):
+        ctx.group, ctx.account, ctx.to_heads = group, account, to_heads
+        _count(x, account, "forward")
+        return (seq_to_heads if to_heads else heads_to_seq)(x, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        _count(g, ctx.account, "backward")
+        return (heads_to_seq if ctx.to_heads else seq_to_heads)(g.contiguous(), ctx.group), None, None, None
+
+
+class SeqToHeads:
     """(B, S/G, H, D) sequence shard -> (B, S, H/G, D) head shard, and back in backward."""
 
     @staticmethod
-    def forward(ctx, x, group, account=None):
-        ctx.group, ctx.account = group, account
-        _count(x, account, "forward")
-        return seq_to_heads(x, group)
+    def apply(x, group, account=None):
+        return _AllToAll.apply(x, group, account, True)
+
+
+class HeadsToSeq:
+    """(B, S, H/G, D) head shard -> (B, S/G, H, D) sequence shard, and back in backward."""
 
     @staticmethod
-    def backward(ctx, g):
-        _count(g, ctx.account, "backward")
-        return heads_to_seq(g.contiguous(), ctx.group), None, None
-
-
-class HeadsToSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group, account=None):
-        ctx.group, ctx.account = group, account
-        _count(x, account, "forward")
-        return heads_to_seq(x, group)
-
-    @staticmethod
-    def backward(ctx, g):
-        _count(g, ctx.account, "backward")
-        return seq_to_heads(g.contiguous(), ctx.group), None, None
+    def apply(x, group, account=None):
+        return _AllToAll.apply(x, group, account, False)

@@ -110,6 +110,8 @@ def resolve(topology, group=None) -> Topology:
         if topology.ndim != 2:
             raise ValueError(f"a DeviceMesh topology must be 2-D (inter-node, intra-node), got {topology.ndim}-D")
         topo = Topology(*map(int, topology.shape))
+        if world > 1 and topology.mesh.flatten().tolist() != dist.get_process_group_ranks(group or dist.group.WORLD):
+            raise ValueError("the DeviceMesh's ranks, node-major, must be the group's ranks in order")
     else:
         raise ValueError(f"topology must be None, 'auto', 'single', a Topology, 'NxM' or a 2-D DeviceMesh; "
                          f"got {topology!r}")
