@@ -4,6 +4,8 @@ the environment torchrun gives all ranks), so every rank makes the same choice w
 communicating; bad values raise ValueError before any communication."""
 from __future__ import annotations
 
+import warnings
+
 import torch.distributed as dist
 
 from ..comm import topology as topo
@@ -23,10 +25,27 @@ def plan_call(q, k, group, causal: bool, layout: str, backward: str, topology) -
         backward = costmodel.choose_call(shape, *shape_args, backward, costmodel.env_cluster())[1]
     elif isinstance(topology, str) and topology == "auto":
         labels = topo.detect(group) if world > 1 else topo.single(1)
-        shape, backward = costmodel.choose_call(labels, *shape_args, backward, costmodel.env_cluster())
+        if labels.nodes > 1 and labels.gpus_per_node > 1 and not topo.spans_world(group):
+            # the double ring's sub-groups can only be made by the whole job (pass a DeviceMesh)
+            _warn_once(f"topology='auto': {labels} nodes detected but the group is not the whole job, so the "
+                       "double ring's sub-groups cannot be made here; running the single ring (pass "
+                       "topology=<2-D DeviceMesh> to get the double ring)")
+            shape = topo.single(world)
+            backward = costmodel.choose_call(shape, *shape_args, backward, costmodel.env_cluster())[1]
+        else:
+            shape, backward = costmodel.choose_call(labels, *shape_args, backward, costmodel.env_cluster())
     else:
         shape = labels = topo.resolve(topology, group)
         mesh = topology if topo._is_mesh(topology) else None
         backward = costmodel.choose_call(shape, *shape_args, backward, costmodel.env_cluster())[1]
     # cheap to build: the double ring's sub-groups are made once and cached (topology.block_group)
     return RingComm(group, shape, labels, mesh=mesh), backward
+
+
+_warned: set = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        warnings.warn(msg, stacklevel=3)

@@ -31,6 +31,7 @@ from ..attention.schedule import ring_source
 from .ring import Ring
 
 ENV = "BURST_TOPOLOGY"
+LOCAL = "local"  # the group of a one-rank ring or block, whatever the job: nothing is communicated
 
 
 @dataclass(frozen=True)
@@ -192,14 +193,15 @@ def _group_key(group):
     return dist.get_process_group_ranks(group or dist.group.WORLD)
 
 
-def _spans_world(group) -> bool:
+def spans_world(group) -> bool:
+    """Whether ``group`` is the whole job in rank order (then its sub-groups can be made here)."""
     return _group_key(group) == list(range(dist.get_world_size()))
 
 
 def block_group(group, blocks: list[list[int]]):
     """The process group of this rank's block, for ``blocks`` a partition of ``group``'s ranks
     (group ranks, each block in increasing order).  A block that is the whole group is
-    ``group`` itself; a one-rank block is None (nothing to communicate).
+    ``group`` itself; a one-rank block is ``LOCAL`` (nothing to communicate).
 
     Other blocks are made with ``dist.new_group``, which every rank of the default group must
     enter: they are made once (and cached) when ``group`` spans the whole job, all blocks in
@@ -210,16 +212,17 @@ def block_group(group, blocks: list[list[int]]):
     if list(mine) == list(range(world)):
         return group
     if len(mine) == 1:
-        return None
+        return LOCAL
     ranks = _group_key(group)
     # keyed by the default group too: a re-initialised job must not reuse groups of the last one
     key = (id(dist.distributed_c10d._get_default_group()), tuple(ranks), tuple(map(tuple, blocks)))
     if key not in _GROUPS:
-        if not _spans_world(group):
+        if not spans_world(group):
             raise ValueError(
                 f"a double ring or hybrid over a process group of {world} of the job's {dist.get_world_size()} ranks "
-                "needs its sub-groups made up front by every rank: pass topology= a 2-D DeviceMesh "
-                "(init_device_mesh(..., (nodes, gpus_per_node))) or use the whole job as the group")
+                "needs sub-groups that only the whole job can make: run it on the whole job's group, or, for the "
+                "double ring, pass topology= a 2-D DeviceMesh (init_device_mesh(..., (nodes, gpus_per_node))) "
+                "made up front")
         made = {}
         for b in blocks:
             made[tuple(b)] = dist.new_group([ranks[r] for r in b])
@@ -236,9 +239,6 @@ def node_blocks(topo: Topology) -> tuple[list[list[int]], list[list[int]]]:
 
 
 # --- the rings one call runs on ---------------------------------------------------------------
-
-LOCAL = "local"  # the group of a one-rank ring, whatever the job: nothing is communicated
-
 
 class RingComm:
     """The ring(s) of one attention call: a double ring of ``shape`` over ``group`` (a single
