@@ -36,7 +36,7 @@ def plan_call(q, k, group, causal: bool, layout: str, backward: str, topology) -
             shape, backward = costmodel.choose_call(labels, *shape_args, backward, costmodel.env_cluster())
     else:
         shape = labels = topo.resolve(topology, group)
-        mesh = topology if topo._is_mesh(topology) else None
+        mesh = topology if topo.is_mesh(topology) else None
         backward = costmodel.choose_call(shape, *shape_args, backward, costmodel.env_cluster())[1]
     # cheap to build: the double ring's sub-groups are made once and cached (topology.block_group)
     return RingComm(group, shape, labels, mesh=mesh), backward

@@ -299,14 +299,14 @@ def run(group, args, log=print) -> dict | None:
     for attn in attns:
         S, n = attn.seq, attn.seq // G
         g = torch.Generator(device=device).manual_seed(S)
-        q, k, v = (torch.randn(1, n, h, D, device=device, dtype=dtype, generator=g).requires_grad_()
-                   for h in (H, Hkv, Hkv))
-        do = torch.randn(1, n, H, D, device=device, dtype=dtype, generator=g)
+        qkv = [torch.randn(1, n, h, D, device=device, dtype=dtype, generator=g).requires_grad_()
+               for h in (H, Hkv, Hkv)]
+        qkv.append(torch.randn(1, n, H, D, device=device, dtype=dtype, generator=g))  # dO
         for label, scheme, opts in cases:
             fn = make_fn(scheme, opts, group, shape, args.causal, args.layout, args.kernel, device)
 
-            def step():
-                fn(q, k, v).backward(do)
+            def step(fn=fn):
+                fn(*qkv[:3]).backward(qkv[3])
 
             meas = timed(step, group, device, args.warmup, args.iters)
             p = predict(scheme, opts, single, double, attn)
@@ -317,7 +317,7 @@ def run(group, args, log=print) -> dict | None:
                              prediction=p.to_dict(), tflops=attn.flops() / G / m / 1e12))
             say(f"[{time.perf_counter() - t0:6.1f}s] S={S} {label}: measured {m * 1e3:.2f} ms, predicted "
                 f"{p.total_s * 1e3:.2f} ms ({100 * rows[-1]['error']:+.1f}%)")
-        del q, k, v, do
+        del qkv
         if device.type == "cuda":
             torch.cuda.empty_cache()
     if rank != 0:

@@ -107,7 +107,7 @@ def resolve(topology, group=None) -> Topology:
         topo = topology
     elif isinstance(topology, str):
         topo = Topology.parse(topology)
-    elif _is_mesh(topology):
+    elif is_mesh(topology):
         if topology.ndim != 2:
             raise ValueError(f"a DeviceMesh topology must be 2-D (inter-node, intra-node), got {topology.ndim}-D")
         topo = Topology(*map(int, topology.shape))
@@ -121,7 +121,7 @@ def resolve(topology, group=None) -> Topology:
     return topo
 
 
-def _is_mesh(x) -> bool:
+def is_mesh(x) -> bool:
     try:
         from torch.distributed.device_mesh import DeviceMesh
     except ImportError:  # pragma: no cover
