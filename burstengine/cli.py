@@ -11,6 +11,7 @@ import importlib
 COMMANDS = {
     "demo": "burstengine.demo",
     "bench": "burstengine.bench.command",
+    "plan": "burstengine.plan",
 }
 
 

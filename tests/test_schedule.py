@@ -27,17 +27,17 @@ def _task_mask(t):
     return full.tril(0 if t.mask == CAUSAL else -1)
 
 
-def _coverage(layout, causal, world, n, backward=False):
+def _coverage(layout, causal, world, n, backward=False, nodes=1):
     """How many times each global (query, key) pair is computed over all ranks and steps.
 
     forward: rank r holds its q, and at step s the kv of ring_source(r, s);
     burst backward: rank r holds its kv, and at step s the q side of ring_source(r, s, -1)
-    (the q side travels the other way round the ring)."""
+    (the q side travels the other way round the ring).  nodes > 1: the double ring's order."""
     S = n * world
     pos = [be.position_ids(S, layout, r, world) for r in range(world)]
     cov = torch.zeros(S, S, dtype=torch.int64)
     for s, r in itertools.product(range(world), range(world)):
-        src = ring_source(r, s, world, -1 if backward else 1)
+        src = ring_source(r, s, world, -1 if backward else 1, nodes)
         qr, kr = (src, r) if backward else (r, src)
         for t in block_tasks(layout, causal, qr, kr, world, n):
             assert t.mask in MASKS

@@ -18,6 +18,11 @@ steps schedule.ring_steps lists (those where some rank has work): a skipped step
 compute nor transfer, since the travelling shards jump straight to where the next step that
 runs needs them (a send ``gap`` ranks on), and a travelling accumulator goes home in one
 message from wherever it stopped.  Every rank derives the same steps from shared arguments.
+
+The loops run on a :class:`~burstengine.comm.topology.RingComm`: one ring, or the
+topology-aware double ring (intra-node rounds, inter-node hops overlapping a whole round; it runs
+every step, so calls that skip steps use the single ring); which shard is held at each step
+comes from ``ring.source(i, direction)``.
 """
 from __future__ import annotations
 
@@ -26,10 +31,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..comm.ring import Ring
+from ..comm.topology import RingComm
 from ..kernels import Kernel, get_kernel
 from .checks import check_args, check_sparse
-from .schedule import Pattern, block_tasks, ring_source, ring_steps
+from .schedule import Pattern, block_tasks
+
 
 def _acc(x):
     # float32 accumulation for everything but float64 inputs (which the tests use as an oracle)
@@ -38,13 +44,12 @@ def _acc(x):
 
 @dataclass
 class _Config:
-    ring: Ring
+    ring: RingComm  # knows the steps that run (ring.steps)
     kernel: Kernel
     pattern: Pattern
     layout: str
     scale: float
     backward: str
-    steps: tuple[int, ...]  # the ring steps that run (schedule.ring_steps)
 
 
 def _forward(q, k, v, cfg: _Config):
@@ -52,59 +57,34 @@ def _forward(q, k, v, cfg: _Config):
     B, n, H, _ = q.shape
     out = torch.zeros(B, n, H, v.shape[-1], dtype=_acc(q), device=q.device)
     lse = torch.full((B, H, n), float("-inf"), dtype=_acc(q), device=q.device)
-    kv = (k, v)
-    steps = cfg.steps
-    for i, step in enumerate(steps):
-        # send ahead to the rank that needs this kv at the next step that runs
-        pending = ring.shift(kv, "forward", ("k", "v"), steps[i + 1] - step) if i + 1 < len(steps) else None
-        src = ring_source(ring.rank, step, G)
-        for t in block_tasks(cfg.layout, cfg.pattern, ring.rank, src, G, n):
-            cfg.kernel.forward_into(q[:, t.q0:t.q1], kv[0][:, t.k0:t.k1], kv[1][:, t.k0:t.k1], cfg.scale, t.mask,
+    kv = ring.mover((k, v), "forward", ("k", "v"))
+    for i in range(len(ring.steps)):
+        kv.post(i)  # the next step's (and at a round start the next round's) shards travel now
+        kh, vh = kv.held
+        for t in block_tasks(cfg.layout, cfg.pattern, ring.rank, ring.source(i), G, n):
+            cfg.kernel.forward_into(q[:, t.q0:t.q1], kh[:, t.k0:t.k1], vh[:, t.k0:t.k1], cfg.scale, t.mask,
                                     out[:, t.q0:t.q1], lse[:, :, t.q0:t.q1])
-        if pending is not None:
-            kv = pending.wait()
+        kv.advance(i)
     return out, lse
 
 
-def _travel(ring: Ring, moving, moving_names, acc_names, compute, zeros, steps, direction: int):
+def _travel(ring: RingComm, moving, moving_names, acc_names, compute, zeros, direction: int):
     """The backward ring loop shared by both schemes.
 
-    ``moving`` travels r -> r + ``direction`` per ring step, over the ``steps`` that run (a gap
-    of g steps is one send g ranks on).  ``compute(src, moving)``
-    does this rank's work on the block whose travelling side belongs to rank ``src`` and returns
-    fresh float32 contributions to that side's gradients, or None when it has no work there.
-    Those contributions are summed along the ring one step behind the data and finally sent
-    home; the return value is this rank's own fully summed gradients of its travelling side.
+    ``moving`` travels r -> r + ``direction``.  ``compute(src, moving)`` does this rank's work
+    on the block whose travelling side belongs to rank ``src`` and returns fresh float32
+    contributions to that side's gradients, or None when it has no work there.  Those
+    contributions are summed along the ring one step behind the data and finally sent home;
+    the return value is this rank's own fully summed gradients of its travelling side.
     """
-    G = ring.world
-    acc = None
-    for i, step in enumerate(steps):
-        src = ring_source(ring.rank, step, G, direction)
-        pend_move = None
-        if i + 1 < len(steps):
-            pend_move = ring.shift(moving, "backward", moving_names, direction * (steps[i + 1] - step))
-        # the partial sum made at the previous step that ran follows its data by the same hop
-        pend_acc = None
-        if acc is not None:
-            pend_acc = ring.shift(acc, "backward", acc_names, direction * (step - steps[i - 1]))
-        contrib = compute(src, moving)
-        if pend_acc is not None:
-            recv = pend_acc.wait()
-            if contrib is None:
-                contrib = recv
-            else:
-                for c, r in zip(contrib, recv):
-                    c.add_(r)
-        elif contrib is None:
-            # every rank sends an accumulator at the next step, work or not
-            contrib = zeros(moving)
-        acc = contrib
-        if pend_move is not None:
-            moving = pend_move.wait()
-    if len(steps) == 1:
-        return acc
-    # the accumulator now belongs to the rank steps[-1] places back along the travel: one hop home
-    return ring.shift(acc, "backward", acc_names, -direction * steps[-1]).wait()
+    data = ring.mover(moving, "backward", moving_names, direction)
+    acc = ring.reducer("backward", acc_names, lambda: zeros(moving), direction)
+    for i in range(len(ring.steps)):
+        data.post(i)
+        acc.post(i)  # the partial finished at the previous step, one step behind the data
+        acc.add(i, compute(ring.source(i, direction), data.held))
+        data.advance(i)
+    return acc.home()
 
 
 def _backward_burst(dout, q, k, v, lse, delta, cfg: _Config):
@@ -129,8 +109,7 @@ def _backward_burst(dout, q, k, v, lse, delta, cfg: _Config):
         return (dq,)
 
     # the Q side travels r -> r-1, so step s pairs the same blocks as the forward's step s
-    (dq,) = _travel(ring, (q, dout, lse, delta), ("q", "dout", "lse", "delta"), ("dq",), compute, zeros,
-                    cfg.steps, -1)
+    (dq,) = _travel(ring, (q, dout, lse, delta), ("q", "dout", "lse", "delta"), ("dq",), compute, zeros, -1)
     return dq, dk, dv
 
 
@@ -155,34 +134,45 @@ def _backward_ring(dout, q, k, v, out, lse, delta, cfg: _Config):
                                      out=None if out is None else out[:, qs])
         return dk, dv
 
-    dk, dv = _travel(ring, (k, v), ("k", "v"), ("dk", "dv"), compute, zeros, cfg.steps, 1)
+    dk, dv = _travel(ring, (k, v), ("k", "v"), ("dk", "dv"), compute, zeros, 1)
     return dq, dk, dv
+
+
+def hop_bytes(scheme: str, B: int, n: int, H: int, Hkv: int, D: int, elem: int) -> tuple[int, int]:
+    """(travelling data, travelling gradient partial) bytes one rank sends per hop of one loop.
+
+    scheme "forward": k, v; "burst": q, dout in the input dtype + lse, delta in fp32, and dq in
+    fp32; "ring": k, v, and dk, dv in fp32."""
+    if scheme == "forward":
+        return B * n * Hkv * D * 2 * elem, 0
+    if scheme == "burst":
+        return B * n * H * (2 * D * elem + 8), B * n * H * D * 4
+    if scheme == "ring":
+        return B * n * Hkv * D * 2 * elem, B * n * Hkv * D * 2 * 4
+    raise ValueError(f"unknown scheme {scheme!r}")
 
 
 def backward_bytes(scheme: str, B: int, n: int, H: int, Hkv: int, D: int, elem: int, world: int,
                    hops: int | None = None) -> int:
-    """Bytes one rank sends in the backward of one call (what comm_stats will report).
-
-    ``hops``: sends of the travelling shards, len(schedule.ring_steps) - 1 (world - 1 unless a
-    sparse mask lets the ring skip steps)."""
+    """Bytes one rank sends in the backward of one call (what comm_stats will report): the data
+    makes ``hops`` hops, the gradient partials one more (the last one home), on any ring
+    topology.  ``hops``: len(schedule.ring_steps) - 1, i.e. world - 1 unless a sparse mask lets
+    the ring skip steps."""
     h = world - 1 if hops is None else hops
     if world == 1 or h == 0:
         return 0
-    if scheme == "burst":
-        # q, dout in the input dtype + lse, delta in fp32, h hops; dq in fp32, h hops + one home
-        return B * n * H * (h * (2 * D * elem + 8) + (h + 1) * D * 4)
-    # k, v in the input dtype, h hops; dk, dv in fp32, h hops + one home
-    return B * n * Hkv * D * (h * 2 * elem + (h + 1) * 2 * 4)
+    data, grad = hop_bytes(scheme, B, n, H, Hkv, D, elem)
+    return h * data + (h + 1) * grad
 
 
 def forward_bytes(B: int, n: int, Hkv: int, D: int, elem: int, world: int, hops: int | None = None) -> int:
-    """Bytes one rank sends in the forward: K and V, once per ring step that runs after the first
-    (``hops`` of them, see backward_bytes)."""
+    """Bytes one rank sends in the forward: K and V, once per ring step that runs after the first."""
     h = world - 1 if hops is None else hops
-    return B * n * Hkv * D * 2 * elem * h
+    return hop_bytes("forward", B, n, 0, Hkv, D, elem)[0] * h
 
 
 def choose_backward(B, n, H, Hkv, D, elem, world, hops=None) -> str:
+    """The scheme that sends fewer bytes (the cost model's choice when no link figures are known)."""
     burst = backward_bytes("burst", B, n, H, Hkv, D, elem, world, hops)
     ring = backward_bytes("ring", B, n, H, Hkv, D, elem, world, hops)
     return "burst" if burst <= ring else "ring"
@@ -215,30 +205,40 @@ class _BurstAttn(torch.autograd.Function):
         delta = (dout.to(acc) * out.to(acc)).sum(-1).transpose(1, 2).contiguous()
         if dlse is not None:
             delta = delta - dlse.to(acc)
-        scheme = cfg.backward
-        if scheme == "auto":
-            B, n, H, D = q.shape
-            scheme = choose_backward(B, n, H, k.shape[2], D, q.element_size(), cfg.ring.world,
-                                    len(cfg.steps) - 1)
-        if scheme == "burst":
+        if cfg.backward == "burst":
             dq, dk, dv = _backward_burst(dout, q, k, v, lse, delta, cfg)
         else:
             dq, dk, dv = _backward_ring(dout, q, k, v, out if dlse is None else None, lse, delta, cfg)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
 
 
-def _make_config(q, group, causal, layout, softmax_scale, backward, kernel, window=None, cu_seqlens=None,
-                 block_mask=None, block_size=None) -> _Config:
-    ring = Ring(group)
-    pattern = check_sparse(causal, layout, ring.world, q.shape[1], window, cu_seqlens, block_mask, block_size)
+def _make_config(q, k, group, causal, layout, softmax_scale, backward, kernel, window=None, cu_seqlens=None,
+                 block_mask=None, block_size=None, topology="auto") -> _Config:
+    """Check the mask arguments and plan the call: the ring (single or double, the steps that
+    run) and the concrete backward scheme."""
+    from .auto import plan_call
+
+    world = _world(group)
+    pattern = check_sparse(causal, layout, world, q.shape[1], window, cu_seqlens, block_mask, block_size)
+    ring, backward = plan_call(q, k, group, pattern, layout, backward, topology)
+    return _config(q, ring, pattern, layout, softmax_scale, backward, kernel)
+
+
+def _config(q, ring, pattern, layout, softmax_scale, backward, kernel) -> _Config:
     return _Config(ring=ring, kernel=get_kernel(kernel, q.device), pattern=pattern, layout=layout,
                    scale=float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1]),
-                   backward=backward, steps=ring_steps(layout, pattern, ring.world, q.shape[1]))
+                   backward=backward)
+
+
+def _world(group) -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
 
 
 def burst_attn_func(q, k, v, *, group=None, causal=False, layout="contiguous", softmax_scale=None,
                     backward="auto", return_lse=False, kernel=None, window=None, cu_seqlens=None,
-                    block_mask=None, block_size=None):
+                    block_mask=None, block_size=None, topology="auto"):
     """Exact attention over a sequence sharded across the ranks of ``group``.
 
     q: (batch, seq_local, heads, head_dim); k, v: (batch, seq_local, kv_heads, head_dim) with
@@ -246,9 +246,15 @@ def burst_attn_func(q, k, v, *, group=None, causal=False, layout="contiguous", s
     :func:`burstengine.shard`).  Returns this rank's output shard (and, with
     ``return_lse``, the float32 log-sum-exp of shape (batch, heads, seq_local)).
 
-    backward: "burst" moves Q, dO, D, lse and dQ; "ring" moves K, V, dK, dV; "auto" picks the
-    one that sends fewer bytes for these shapes.  kernel: "auto", "reference", "flash",
-    "cudnn" (or env BURST_KERNEL).
+    backward: "burst" moves Q, dO, D, lse and dQ; "ring" moves K, V, dK, dV; "auto" lets the
+    cost model pick (the one that sends fewer bytes unless BURST_CLUSTER gives link figures).
+    kernel: "auto", "reference", "flash", "cudnn" (or env BURST_KERNEL).
+
+    topology: the ring to run on.  "auto" (default): one node -> the single ring; several
+    nodes (LOCAL_WORLD_SIZE, or BURST_TOPOLOGY="NxM") -> the topology-aware double ring, unless
+    the cost model with BURST_CLUSTER's figures predicts the single ring faster.  None or
+    "single": always the single ring.  A :class:`~burstengine.Topology`, "NxM" or a 2-D
+    DeviceMesh (inter-node, intra-node): the double ring of that shape.
 
     Sparse masks (positions are global; every rank must pass the same values):
 
@@ -264,11 +270,18 @@ def burst_attn_func(q, k, v, *, group=None, causal=False, layout="contiguous", s
 
     Block pairs with nothing visible are not computed, and ring steps no rank needs are not run,
     neither compute nor transfer (e.g. "contiguous" with a window of W <= local length runs 2 of
-    the G steps; see schedule.ring_steps).  Rows with no
-    visible key get a zero output, lse = -inf and zero gradients.
+    the G steps; see schedule.ring_steps); a call that skips steps runs on the single ring.
+    Rows with no visible key get a zero output, lse = -inf and zero gradients.
     """
     check_args(q, k, v, group, causal, layout, softmax_scale, backward)
-    cfg = _make_config(q, group, causal, layout, softmax_scale, backward, kernel, window, cu_seqlens, block_mask,
-                       block_size)
+    cfg = _make_config(q, k, group, causal, layout, softmax_scale, backward, kernel, window, cu_seqlens, block_mask,
+                       block_size, topology)
+    out, lse = _BurstAttn.apply(q, k.contiguous(), v.contiguous(), cfg)
+    return (out, lse) if return_lse else out
+
+
+def attend(q, k, v, ring: RingComm, *, causal, layout, softmax_scale, backward, return_lse, kernel):
+    """burst_attn_func on an already-built ring and a concrete backward scheme (no checks)."""
+    cfg = _config(q, ring, Pattern(causal=bool(causal)), layout, softmax_scale, backward, kernel)
     out, lse = _BurstAttn.apply(q, k.contiguous(), v.contiguous(), cfg)
     return (out, lse) if return_lse else out

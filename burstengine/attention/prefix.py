@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .burst import _acc, _Config
-from .schedule import FULL, Task, block_tasks, ring_source
+from .schedule import FULL, Task, block_tasks
 
 
 def prefix_tasks(layout: str, causal: bool, q_rank: int, kv_rank: int, world: int, n: int, m: int) -> list[Task]:
@@ -51,14 +51,13 @@ def prefix_forward(q, k, v, cfg: _Config, m: int):
     if m == 0:
         return out.to(q.dtype), lse
     kk = prefix_kv_rows(cfg.layout, cfg.pattern, G, n, m)
-    kv = (k[:, :kk].contiguous(), v[:, :kk].contiguous())
-    for step in range(G):
-        # the recompute runs inside the backward pass: its bytes count there
-        pending = ring.shift(kv, "backward", ("k_recompute", "v_recompute")) if step < G - 1 else None
-        src = ring_source(ring.rank, step, G)
-        for t in prefix_tasks(cfg.layout, cfg.pattern, ring.rank, src, G, n, m):
-            cfg.kernel.forward_into(q[:, t.q0:t.q1], kv[0][:, t.k0:t.k1], kv[1][:, t.k0:t.k1], cfg.scale, t.mask,
+    # the recompute runs inside the backward pass: its bytes count there
+    kv = ring.mover((k[:, :kk].contiguous(), v[:, :kk].contiguous()), "backward", ("k_recompute", "v_recompute"))
+    for i in range(len(ring.steps)):
+        kv.post(i)
+        kh, vh = kv.held
+        for t in prefix_tasks(cfg.layout, cfg.pattern, ring.rank, ring.source(i), G, n, m):
+            cfg.kernel.forward_into(q[:, t.q0:t.q1], kh[:, t.k0:t.k1], vh[:, t.k0:t.k1], cfg.scale, t.mask,
                                     out[:, t.q0:t.q1], lse[:, :, t.q0:t.q1])
-        if pending is not None:
-            kv = pending.wait()
+        kv.advance(i)
     return out.to(q.dtype), lse

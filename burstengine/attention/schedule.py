@@ -17,6 +17,9 @@ visible gives no task.  Steps at which no rank has work are not run at all
 (:func:`ring_steps`): no compute and no transfer.  Everything here is a function of arguments
 every rank shares (layout, pattern, world, local length), never of local data, so all ranks
 agree on which steps run.
+
+On a double ring (``nodes`` > 1, see comm/topology.py) the order of the steps changes, not their
+set; the double ring runs every step, so sparse patterns that skip steps use the single ring.
 """
 from __future__ import annotations
 
@@ -130,9 +133,22 @@ def segments(layout: str, rank: int, world: int, n: int) -> tuple[Segment, ...]:
     raise ValueError(f"unknown layout {layout!r}")
 
 
-def ring_source(rank: int, step: int, world: int, direction: int = 1) -> int:
-    """Rank whose travelling shard ``rank`` holds at ``step`` when data moves r -> r + direction."""
-    return (rank - direction * step) % world
+def ring_source(rank: int, step: int, world: int, direction: int = 1, nodes: int = 1) -> int:
+    """Rank whose travelling shard ``rank`` holds at ``step`` when data moves r -> r + direction.
+
+    One ring (``nodes`` = 1): the shard of (rank - direction * step) mod world.  Double ring of
+    ``nodes`` nodes x m = world / nodes ranks, node-major (rank = node * m + local): step
+    s = o * m + i is inner step i of round o, and the shard held is that of
+    ((node - direction * o) mod nodes, (local - direction * i) mod m): each round goes once
+    around the node, and between rounds the shard a rank started the round with moves on to
+    the next node.
+    """
+    if nodes == 1:
+        return (rank - direction * step) % world
+    m = world // nodes
+    o, i = divmod(step, m)
+    node, local = divmod(rank, m)
+    return ((node - direction * o) % nodes) * m + (local - direction * i) % m
 
 
 def block_tasks(layout: str, mask, q_rank: int, kv_rank: int, world: int, n: int) -> list[Task]:
@@ -161,16 +177,21 @@ def block_tasks(layout: str, mask, q_rank: int, kv_rank: int, world: int, n: int
     raise ValueError(f"unknown layout {layout!r}")
 
 
-def forward_schedule(layout: str, mask, rank: int, world: int, n: int) -> list[list[Task]]:
+def forward_schedule(layout: str, mask, rank: int, world: int, n: int, nodes: int = 1) -> list[list[Task]]:
     """Per step, the tasks rank ``rank`` computes in the forward (its q vs travelling kv); the
-    steps that do not run (see :func:`ring_steps`) have none."""
-    return [block_tasks(layout, mask, rank, ring_source(rank, s, world), world, n) for s in range(world)]
+    steps that do not run (see :func:`ring_steps`) have none.  ``nodes`` > 1: the double ring's
+    order of steps."""
+    return [block_tasks(layout, mask, rank, ring_source(rank, s, world, nodes=nodes), world, n)
+            for s in range(world)]
 
 
-def step_work(layout: str, mask, world: int, n: int) -> list[list[int]]:
+def step_work(layout: str, mask, world: int, n: int, nodes: int = 1) -> list[list[int]]:
     """Visible (query, key) pairs computed by each rank at each step: work[step][rank], all G
-    steps (those that do not run are all zero)."""
-    return [list(row) for row in _step_work(layout, as_pattern(mask), world, n)]
+    steps (those that do not run are all zero).  ``nodes`` > 1: the double ring's order."""
+    if nodes == 1:
+        return [list(row) for row in _step_work(layout, as_pattern(mask), world, n)]
+    return [[sum(t.visible_pairs() for t in block_tasks(layout, mask, r, ring_source(r, s, world, nodes=nodes),
+                                                        world, n)) for r in range(world)] for s in range(world)]
 
 
 def ring_steps(layout: str, mask, world: int, n: int) -> tuple[int, ...]:

@@ -20,6 +20,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from ..comm.alltoall import HeadsToSeq, SeqToHeads
+
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}
 
 
@@ -72,55 +74,10 @@ def torch_cp(backend):
 
 # --- Ulysses ---------------------------------------------------------------------------------
 
-class _SeqToHeads(torch.autograd.Function):
-    """(B, S/G, H, D) sequence shard -> (B, S, H/G, D) head shard, and back in backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _seq_to_heads(x, group)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _heads_to_seq(g.contiguous(), ctx.group), None
-
-
-class _HeadsToSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _heads_to_seq(x, group)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _seq_to_heads(g.contiguous(), ctx.group), None
-
-
-def _seq_to_heads(x, group):
-    G = dist.get_world_size(group)
-    B, n, H, D = x.shape
-    send = x.reshape(B, n, G, H // G, D).permute(2, 0, 1, 3, 4).contiguous()
-    recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=group)
-    # recv[src] = rank src's tokens for my heads
-    return recv.permute(1, 0, 2, 3, 4).reshape(B, G * n, H // G, D)
-
-
-def _heads_to_seq(x, group):
-    G = dist.get_world_size(group)
-    B, S, h, D = x.shape
-    n = S // G
-    send = x.reshape(B, G, n, h, D).permute(1, 0, 2, 3, 4).contiguous()
-    recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=group)
-    # recv[src] = my tokens for rank src's heads
-    return recv.permute(1, 2, 0, 3, 4).reshape(B, n, G * h, D)
-
-
 def ulysses(group, backend):
     def fn(q, k, v, causal):
-        qh, kh, vh = (_SeqToHeads.apply(t, group) for t in (q, k, v))
-        return _HeadsToSeq.apply(_sdpa(qh, kh, vh, causal, backend), group)
+        qh, kh, vh = (SeqToHeads.apply(t, group) for t in (q, k, v))
+        return HeadsToSeq.apply(_sdpa(qh, kh, vh, causal, backend), group)
     return fn
 
 

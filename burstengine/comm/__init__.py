@@ -1,4 +1,5 @@
 from .ring import Pending, Ring
 from .stats import CommStats, comm_stats
+from .topology import Topology
 
-__all__ = ["Ring", "Pending", "CommStats", "comm_stats"]
+__all__ = ["Ring", "Pending", "CommStats", "comm_stats", "Topology"]

@@ -3,6 +3,10 @@
 ``shift`` posts the sends and receives at once and returns a handle; the caller computes on
 what it holds and calls ``wait`` only when it needs the new buffers.  The same code runs on
 NCCL (GPU) and gloo (CPU).
+
+``peers=(next, prev)`` (group ranks) replaces the neighbours for hops that are not rank+1
+(the double ring's last gradient hop, comm/topology.py); ``link`` labels the bytes this rank
+sends for the byte accounting ("intra" or "inter" node).
 """
 from __future__ import annotations
 
@@ -25,26 +29,35 @@ class Pending:
 
 
 class Ring:
-    def __init__(self, group=None):
+    def __init__(self, group=None, link: str = "intra", peers: tuple[int, int] | None = None):
         self.group = group
+        self.link = link
+        self.peers = peers
         if dist.is_available() and dist.is_initialized():
             self.world = dist.get_world_size(group)
             self.rank = dist.get_rank(group)
         else:
             self.world, self.rank = 1, 0
         if self.world > 1:
-            self.next = dist.get_global_rank(group or dist.group.WORLD, (self.rank + 1) % self.world)
-            self.prev = dist.get_global_rank(group or dist.group.WORLD, (self.rank - 1) % self.world)
+            nxt, prv = peers if peers is not None else ((self.rank + 1) % self.world, (self.rank - 1) % self.world)
+            self.next = dist.get_global_rank(group or dist.group.WORLD, nxt)
+            self.prev = dist.get_global_rank(group or dist.group.WORLD, prv)
 
     def peer(self, offset: int) -> int:
         """Global rank of the group member ``offset`` places after this one (mod the world)."""
         return dist.get_global_rank(self.group or dist.group.WORLD, (self.rank + offset) % self.world)
 
-    def shift(self, tensors, phase: str, names, offset: int = 1) -> Pending:
+    def shift(self, tensors, phase: str, names, offset: int = 1, link: str | None = None) -> Pending:
         """Send ``tensors`` to the rank ``offset`` places on (the next one by default), receive
         same-shaped ones from the rank ``offset`` places back.  Every rank must use the same
-        offset at the same call."""
-        if offset % self.world == 1:
+        offset at the same call.  A ring built with ``peers`` knows only those two: offset +1
+        sends to the first and receives from the second, -1 the other way.  ``link`` labels the
+        bytes (default: the ring's own label)."""
+        if self.peers is not None:
+            if offset not in (1, -1):
+                raise ValueError(f"a ring with fixed peers shifts by +1 or -1, not {offset}")
+            dst, src = (self.next, self.prev) if offset == 1 else (self.prev, self.next)
+        elif offset % self.world == 1:
             dst, src = self.next, self.prev
         else:
             dst, src = self.peer(offset), self.peer(-offset)
@@ -55,5 +68,5 @@ class Ring:
             ops.append(dist.P2POp(dist.isend, t, dst, self.group))
             ops.append(dist.P2POp(dist.irecv, buf, src, self.group))
             bufs.append(buf)
-            stats.record(phase, name, t.numel() * t.element_size())
+            stats.record(phase, name, t.numel() * t.element_size(), link or self.link)
         return Pending(dist.batch_isend_irecv(ops), bufs)

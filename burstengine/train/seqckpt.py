@@ -67,7 +67,7 @@ class _SeqCkpt(torch.autograd.Function):
             # checked here, where q/k/v exist, and still before any communication
             check_args(q, k, v, attn["group"], attn["causal"], attn["layout"], attn["softmax_scale"],
                        attn["backward"])
-            cfg = _make_config(q, **attn)
+            cfg = _make_config(q, k, **attn)
             out, lse = _BurstAttn.apply(q, k.contiguous(), v.contiguous(), cfg)
             y = post_attn(x, out)
         m = front_length(q.shape[1], split)

@@ -1,0 +1,113 @@
+"""Head-context hybrid parallelism (USP): Ulysses all-to-all over heads on one mesh dimension,
+the Burst ring over the sequence on the other.
+
+The group's G ranks form a U x R mesh (U = ``ulysses``, the head-parallel degree; R = G / U
+ring ranks).  Each rank passes its shard of the sequence in ``layout`` over all G ranks, as for
+burst_attn_func.  An all-to-all inside each Ulysses group of U ranks trades sequence for heads:
+afterwards a rank holds U sequence shards (S / R tokens) of H / U heads, which, re-ordered by
+position, are its shard of the same layout over the R-rank ring; BurstAttention runs on that
+ring, and a second all-to-all brings the output back to sequence shards.
+
+Placement: contiguous and zigzag put the U ranks of a Ulysses group next to each other ("head
+first", as LoongTrain and USP do: the all-to-all, the heavier exchange, stays inside a node;
+rank = r * U + u).  Striped needs the ring index to vary fastest (rank = u * R + r), since a
+striped shard over R ranks is made of the striped shards of ranks r, r + R, r + 2R, ...
+
+GQA: K/V heads are split U ways when U divides them; when there are fewer K/V heads than U
+(and U is a multiple of them) each K/V head is repeated U / kv_heads times first, so every
+rank gets one (the usual Ulysses rule); otherwise the call is refused.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..comm import topology as topo
+from ..comm.alltoall import HeadsToSeq, SeqToHeads
+from ..comm.topology import LOCAL, RingComm
+from ..layout import position_ids
+from .burst import attend
+from .checks import check_args
+
+
+def hybrid_mesh(layout: str, world: int, ulysses: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(Ulysses groups, ring groups) as lists of group ranks; both in mesh order."""
+    U, R = ulysses, world // ulysses
+    if layout == "striped":
+        rank = lambda u, r: u * R + r
+    else:
+        rank = lambda u, r: r * U + u
+    return ([[rank(u, r) for u in range(U)] for r in range(R)], [[rank(u, r) for r in range(R)] for u in range(U)])
+
+
+def token_order(S: int, layout: str, members: list[int], world: int) -> torch.Tensor:
+    """Permutation that sorts the concatenated shards of ``members`` by global position (what
+    the all-to-all delivers -> this ring rank's shard of ``layout`` over the ring)."""
+    pos = torch.cat([position_ids(S, layout, m, world) for m in members])
+    return torch.argsort(pos)
+
+
+def check_hybrid(q, k, world: int, ulysses) -> int:
+    """-> kv heads after head sharding; ValueError (the same on every rank) when impossible."""
+    if not isinstance(ulysses, int) or isinstance(ulysses, bool) or ulysses < 1:
+        raise ValueError(f"ulysses must be a positive int (the head-parallel degree), got {ulysses!r}")
+    if world % ulysses:
+        raise ValueError(f"ulysses={ulysses} does not divide the group's {world} ranks")
+    H, Hkv = q.shape[2], k.shape[2]
+    if H % ulysses:
+        raise ValueError(f"ulysses={ulysses} does not divide the {H} query heads")
+    if Hkv % ulysses == 0:
+        return Hkv
+    if ulysses % Hkv == 0:
+        return ulysses
+    raise ValueError(f"{Hkv} k/v heads can be neither split nor repeated {ulysses} ways")
+
+
+def hybrid_attn_func(q, k, v, *, ulysses: int, group=None, causal=False, layout="contiguous", softmax_scale=None,
+                     backward="auto", return_lse=False, kernel=None):
+    """Exact attention with ``ulysses``-way head parallelism and a Burst ring over the rest.
+
+    Same arguments and result as :func:`burstengine.burst_attn_func` (this rank's output shard,
+    and with ``return_lse`` its (batch, heads, seq_local) lse), plus ``ulysses``: the
+    head-parallel degree U (1: the plain Burst ring; the group size: pure Ulysses).  U must
+    divide the group size and the heads.
+    """
+    check_args(q, k, v, group, causal, layout, softmax_scale, backward)
+    world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+    hkv = check_hybrid(q, k, world, ulysses)
+    U, R = ulysses, world // ulysses
+    rank = dist.get_rank(group) if world > 1 else 0
+    B, n, H, D = q.shape
+    S = n * world
+    u_blocks, r_blocks = hybrid_mesh(layout, world, U)
+    members = next(b for b in u_blocks if rank in b)
+    ring_members = next(b for b in r_blocks if rank in b)
+    # sub-groups: every rank makes them in the same order (see topology.block_group)
+    ug = topo.block_group(group, u_blocks) if world > 1 else None
+    rg = topo.block_group(group, r_blocks) if world > 1 else None
+    nodes = topo.detect(group) if world > 1 else topo.single(1)
+    me = ring_members.index(rank)
+    ring = RingComm(LOCAL) if R == 1 else RingComm(
+        rg, link=nodes.link(rank, ring_members[(me + 1) % R]))
+
+    from .. import costmodel
+
+    backward = costmodel.choose_call(topo.single(R), B, U * n, H // U, hkv // U, D, q.element_size(), causal, layout,
+                                     backward, costmodel.env_cluster())[1]
+    if U == 1:
+        return attend(q, k, v, ring, causal=causal, layout=layout, softmax_scale=softmax_scale, backward=backward,
+                      return_lse=return_lse, kernel=kernel)
+    if hkv != k.shape[2]:
+        k, v = (t.repeat_interleave(hkv // t.shape[2], dim=2) for t in (k, v))
+    acct = ("a2a", [None if m == rank else nodes.link(rank, m) for m in members])
+    order = token_order(S, layout, members, world).to(q.device)
+    back = torch.argsort(order)
+    qh, kh, vh = (SeqToHeads.apply(t, ug, acct).index_select(1, order) for t in (q, k, v))
+    out, lse = attend(qh, kh, vh, ring, causal=causal, layout=layout, softmax_scale=softmax_scale, backward=backward,
+                      return_lse=True, kernel=kernel)
+    out = HeadsToSeq.apply(out.index_select(1, back), ug, acct)
+    if not return_lse:
+        return out
+    # (B, H/U, S/R) -> (B, S/R, H/U, 1): the same all-to-all brings lse home
+    lse = HeadsToSeq.apply(lse.transpose(1, 2).index_select(1, back).unsqueeze(-1).contiguous(), ug, acct)
+    return out, lse.squeeze(-1).transpose(1, 2)

@@ -1,0 +1,364 @@
+"""Calibrate the cost model on this machine and check its predictions against measured runs.
+
+    torchrun --nproc_per_node 2 benchmarks/topo_bench.py --seqs 32768,131072
+    NCCL_P2P_DISABLE=1 torchrun --nproc_per_node 2 benchmarks/topo_bench.py --name topo_bench_2gpu_nop2p
+    torchrun --nproc_per_node 4 benchmarks/topo_bench.py --topology 2x2      # 2 emulated nodes x 2 GPUs
+
+(a) Calibration: the local kernel's forward and backward time (``Kernel.forward_into`` /
+``backward_into``, what the ring loops call) at every block shape the schemes below run; ring
+shift bandwidth and latency (``batch_isend_irecv``, every rank sending and receiving at once, a
+least-squares fit of latency + bytes / bandwidth over several sizes) on the whole group and on
+the intra- and inter-node groups of ``--topology``; all-to-all bandwidth on the whole group.
+(b) Measured: fwd+bwd of one attention call for the single-ring Burst and RingAttention
+backward schemes, the double ring of ``--topology`` with both, the Ulysses peer and the hybrid
+for every head-parallel degree that fits; median of ``--iters`` after ``--warmup``, slowest rank.
+(c) The model's prediction of each from (a) alone, the error, and a JSON record holding the
+raw times, the calibration and the cluster description (usable as ``BURST_CLUSTER`` or
+``burstengine plan --cluster``).
+
+``--device cpu`` runs the same on gloo processes at a tiny size (the test suite does).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import burstengine as be
+
+from .. import costmodel as cm
+from ..comm import topology as topo
+from ..comm.ring import Ring
+from ..kernels import get_kernel
+from .attention import timed as timed_cuda
+
+SCHEMES = ("burst", "ring", "burst_double", "ring_double", "ulysses", "hybrid")
+
+
+def build_parser(p=None):
+    p = p or argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seqs", default="32768,131072", help="global sequence lengths, comma-separated")
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=None, help="[= heads]")
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--layout", default="zigzag")
+    p.add_argument("--kernel", default=None, help="local kernel [cudnn on CUDA, reference on CPU]")
+    p.add_argument("--topology", default=None,
+                   help="nodes x GPUs per node of the double ring, e.g. 2x2 [2 x world/2]")
+    p.add_argument("--schemes", default=",".join(SCHEMES))
+    p.add_argument("--link-sizes", default=None, help="message sizes (bytes) of the link fit, comma-separated")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="[cuda when available]")
+    p.add_argument("--name", default=None, help="record name [topo_bench_<world>gpu]")
+    p.add_argument("--out-dir", default=None)
+    return p
+
+
+# --- timing -----------------------------------------------------------------------------------
+
+def timed(fn, group, device, warmup, iters) -> list[float]:
+    """Seconds per call, each the slowest rank's (the ranks start together after a barrier)."""
+    if device.type == "cuda":
+        return timed_cuda(fn, warmup, iters, group)
+    # on CPU the host clock (bench/attention.py's timed does the same on main: use it there)
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    t = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t.tolist()
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def fit_link(sizes, secs) -> cm.Link:
+    """Least squares t = latency + bytes / bandwidth."""
+    n = len(sizes)
+    mx, my = sum(sizes) / n, sum(secs) / n
+    sxx = sum((x - mx) ** 2 for x in sizes)
+    slope = sum((x - mx) * (y - my) for x, y in zip(sizes, secs)) / sxx if sxx else 0.0
+    if slope <= 0:  # flat or noisy: take the largest message's throughput, no latency
+        return cm.Link(sizes[-1] / secs[-1] / 1e9, 0.0)
+    lat = max(0.0, my - slope * mx)
+    return cm.Link(1.0 / slope / 1e9, lat * 1e6)
+
+
+# --- calibration ------------------------------------------------------------------------------
+
+def measure_link(group, sizes, device, warmup, iters):
+    """Ring shift over ``group``: -> (fitted Link, median seconds per size)."""
+    ring = Ring(group)
+    raw = []
+    for nbytes in sizes:
+        buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        raw.append(median(timed(lambda: ring.shift([buf], "forward", ["x"]).wait(), group, device, warmup, iters)))
+    return fit_link(sizes, raw), raw
+
+
+def measure_a2a(group, sizes, device, warmup, iters):
+    """all_to_all_single of ``size`` bytes per rank; bandwidth counts what leaves a rank."""
+    G = dist.get_world_size(group)
+    raw = []
+    for nbytes in sizes:
+        nbytes -= nbytes % G
+        x = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        y = torch.empty_like(x)
+        raw.append(median(timed(lambda: dist.all_to_all_single(y, x, group=group), group, device, warmup, iters)))
+    return fit_link([s * (G - 1) / G for s in sizes], raw), raw
+
+
+def measure_kernel(kernel, device, dtype, B, sq, sk, H, Hkv, D, mask, group, warmup, iters):
+    """(fwd_s, bwd_s) of one forward_into / backward_into call on a (sq x sk) block."""
+    g = torch.Generator(device=device).manual_seed(sq * 7 + sk)
+    q, do = (torch.randn(B, sq, H, D, device=device, dtype=dtype, generator=g) for _ in range(2))
+    k, v = (torch.randn(B, sk, Hkv, D, device=device, dtype=dtype, generator=g) for _ in range(2))
+    acc = torch.float32
+    out = torch.zeros(B, sq, H, D, device=device, dtype=acc)
+    lse = torch.full((B, H, sq), -math.inf, device=device, dtype=acc)
+    scale = D ** -0.5
+    kernel.forward_into(q, k, v, scale, mask, out, lse)
+    delta = (do.to(acc) * out).sum(-1).transpose(1, 2).contiguous()
+    lse0 = lse.clone()
+
+    def fwd():
+        out.zero_()
+        lse.fill_(-math.inf)
+        kernel.forward_into(q, k, v, scale, mask, out, lse)
+
+    dq = torch.zeros(B, sq, H, D, device=device, dtype=acc)
+    dk = torch.zeros(B, sk, Hkv, D, device=device, dtype=acc)
+    dv = torch.zeros_like(dk)
+
+    def bwd():
+        kernel.backward_into(do, q, k, v, lse0, delta, scale, mask, dq, dk, dv)
+
+    return median(timed(fwd, group, device, warmup, iters)), median(timed(bwd, group, device, warmup, iters))
+
+
+# --- what runs --------------------------------------------------------------------------------
+
+def hybrid_degrees(H, Hkv, G):
+    from ..attention.hybrid import check_hybrid
+
+    q, k = torch.empty(1, 1, H, 1, device="meta"), torch.empty(1, 1, Hkv, 1, device="meta")
+    out = []
+    for U in range(2, G + 1):
+        try:
+            check_hybrid(q, k, G, U)
+        except ValueError:
+            continue
+        out.append(U)
+    return out
+
+
+def runs(schemes, H, Hkv, G, nodes):
+    """(label, scheme, options) of every measured case."""
+    out = []
+    for s in schemes:
+        if s in ("burst", "ring"):
+            out.append((s, s, {}))
+        elif s in ("burst_double", "ring_double") and nodes is not None:
+            out.append((s, s, {}))
+        elif s == "ulysses" and H % G == 0 and Hkv % G == 0:
+            out.append((s, s, {}))
+        elif s == "hybrid":
+            out += [(f"hybrid:U={U}", s, {"ulysses": U}) for U in hybrid_degrees(H, Hkv, G)]
+    return out
+
+
+def make_fn(scheme, opts, group, shape, causal, layout, kernel, device):
+    from . import peers
+
+    kw = dict(group=group, causal=causal, layout=layout, kernel=kernel)
+    if scheme in ("burst", "ring"):
+        return lambda q, k, v: be.burst_attn_func(q, k, v, backward=scheme, topology=None, **kw)
+    if scheme in ("burst_double", "ring_double"):
+        b = scheme.split("_")[0]
+        return lambda q, k, v: be.burst_attn_func(q, k, v, backward=b, topology=shape, **kw)
+    if scheme == "ulysses":
+        fn = peers.ulysses(group, "cudnn" if device.type == "cuda" else "math")
+        return lambda q, k, v: fn(q, k, v, causal)
+    if scheme == "hybrid":
+        return lambda q, k, v: be.hybrid_attn_func(q, k, v, ulysses=opts["ulysses"], backward="burst", **kw)
+    raise ValueError(scheme)
+
+
+def predict(scheme, opts, single: cm.Cluster, double: cm.Cluster | None, attn: cm.Attn) -> cm.Prediction:
+    if scheme in ("burst", "ring"):
+        return cm._ring(single, attn, scheme, False, scheme=scheme)
+    if scheme in ("burst_double", "ring_double"):
+        return cm._ring(double, attn, scheme.split("_")[0], True, scheme=scheme)
+    if scheme == "ulysses":
+        return cm._ulysses(single, attn)
+    return cm._hybrid(single, attn, opts["ulysses"], backward="burst")
+
+
+def kernel_shapes(attn: cm.Attn, G: int, hybrid_us) -> set:
+    """Every (B, sq, sk, H, Hkv, D, mask) block the measured schemes compute."""
+    keys = set()
+
+    def add(a, world):
+        for sq, sk, mk in cm._step_blocks(a, world):
+            keys.add(cm.kernel_key(a.batch, sq, sk, a.heads, a.hkv, a.head_dim, mk))
+
+    add(attn, G)
+    for U in hybrid_us + [G]:
+        hkv = cm.kv_heads_for(attn.heads, attn.hkv, U)
+        if hkv is None:
+            continue
+        add(dataclasses.replace(attn, heads=attn.heads // U, kv_heads=hkv // U), G // U)
+    return keys
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+def run(group, args, log=print) -> dict | None:
+    """Everything above on the ranks of ``group``; rank 0 returns the record."""
+    rank, G = dist.get_rank(group), dist.get_world_size(group)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    kernel = get_kernel(args.kernel, device)
+    H, Hkv, D = args.heads, args.kv_heads or args.heads, args.head_dim
+    seqs = [int(s) for s in str(args.seqs).split(",") if s]
+    shape = topo.Topology.parse(args.topology) if args.topology else (
+        topo.Topology(2, G // 2) if G % 2 == 0 and G > 1 else None)
+    if shape is not None and shape.world != G:
+        raise ValueError(f"--topology {shape} does not describe the {G} ranks")
+    say = log if rank == 0 else (lambda *a, **k: None)
+    t0 = time.perf_counter()
+
+    # (a) calibration: links
+    if args.link_sizes:
+        sizes = [int(s) for s in str(args.link_sizes).split(",")]
+    else:
+        sizes = [1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 28] if device.type == "cuda" else [1 << 12, 1 << 15, 1 << 18]
+    cal = {"links": {}}
+    world_link, raw = measure_link(group, sizes, device, args.warmup, args.iters)
+    cal["links"]["world"] = dict(sizes=sizes, secs=raw, fit=dataclasses.asdict(world_link))
+    intra_link = inter_link = world_link
+    if shape is not None:
+        intra_b, inter_b = topo.node_blocks(shape)
+        # made in the order RingComm makes them, so the double ring below reuses these groups
+        ig, og = topo.block_group(group, intra_b), topo.block_group(group, inter_b)
+        for name, g, size in (("intra", ig, shape.gpus_per_node), ("inter", og, shape.nodes)):
+            if size == 1:  # one-rank groups: that level of the ring has no hops
+                continue
+            link, raw = measure_link(g, sizes, device, args.warmup, args.iters)
+            cal["links"][name] = dict(sizes=sizes, secs=raw, fit=dataclasses.asdict(link))
+            if name == "intra":
+                intra_link = link
+            else:
+                inter_link = link
+    a2a, raw = measure_a2a(group, sizes, device, args.warmup, args.iters)
+    cal["links"]["a2a"] = dict(sizes=sizes, secs=raw, fit=dataclasses.asdict(a2a))
+    say(f"[{time.perf_counter() - t0:6.1f}s] links (GB/s, us): world {world_link.gbps:.1f} {world_link.latency_us:.0f}"
+        f" | intra {intra_link.gbps:.1f} {intra_link.latency_us:.0f} | inter {inter_link.gbps:.1f} "
+        f"{inter_link.latency_us:.0f} | a2a {a2a.gbps:.1f} {a2a.latency_us:.0f}")
+
+    # (a) calibration: kernel at every block shape
+    attns = [cm.Attn(S, H, Hkv, D, 1, args.causal, torch.tensor([], dtype=dtype).element_size(), args.layout)
+             for S in seqs]
+    hyb = hybrid_degrees(H, Hkv, G)
+    keys = sorted(set().union(*(kernel_shapes(a, G, [u for u in hyb if u < G]) for a in attns)))
+    ktimes = []
+    for key in keys:
+        B, sq, sk, h, hkv, d, mask = key
+        f, b = measure_kernel(kernel, device, dtype, B, sq, sk, h, hkv, d, mask, group, args.warmup, args.iters)
+        ktimes.append((key, f, b))
+        say(f"[{time.perf_counter() - t0:6.1f}s] kernel {kernel.name} {sq}x{sk} H={h} Hkv={hkv} {mask}: "
+            f"fwd {f * 1e3:.2f} ms ({cm.block_flops(B, sq, sk, h, d, mask) / f / 1e12:.1f} TF/s), "
+            f"bwd {b * 1e3:.2f} ms ({2.5 * cm.block_flops(B, sq, sk, h, d, mask) / b / 1e12:.1f} TF/s)")
+    flops = [cm.block_flops(k[0], k[1], k[2], k[3], k[5], k[6]) for k, _, _ in ktimes]
+    fwd_tf = sum(flops) / sum(f for _, f, _ in ktimes) / 1e12
+    bwd_tf = 2.5 * sum(flops) / sum(b for _, _, b in ktimes) / 1e12
+    name = f"{device.type}-{G}x{torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}"
+    single = cm.Cluster(1, G, world_link, world_link, fwd_tf, bwd_tf, a2a, None, tuple(ktimes), name,
+                        "calibrated by benchmarks/topo_bench.py")
+    double = dataclasses.replace(single, nodes=shape.nodes, gpus_per_node=shape.gpus_per_node, intra=intra_link,
+                                 inter=inter_link) if shape is not None else None
+
+    # (b) measured and (c) predicted
+    rows = []
+    cases = runs([s for s in args.schemes.split(",") if s], H, Hkv, G, shape)
+    for attn in attns:
+        S, n = attn.seq, attn.seq // G
+        g = torch.Generator(device=device).manual_seed(S)
+        qkv = [torch.randn(1, n, h, D, device=device, dtype=dtype, generator=g).requires_grad_()
+               for h in (H, Hkv, Hkv)]
+        qkv.append(torch.randn(1, n, H, D, device=device, dtype=dtype, generator=g))  # dO
+        for label, scheme, opts in cases:
+            fn = make_fn(scheme, opts, group, shape, args.causal, args.layout, args.kernel, device)
+
+            def step(fn=fn):
+                fn(*qkv[:3]).backward(qkv[3])
+
+            meas = timed(step, group, device, args.warmup, args.iters)
+            p = predict(scheme, opts, single, double, attn)
+            m = median(meas)
+            rows.append(dict(label=label, scheme=scheme, S=S, H=H, Hkv=Hkv, D=D, causal=args.causal, world=G,
+                             topology=str(shape) if scheme.endswith("double") else f"1x{G}", measured_s=m,
+                             raw_s=meas, predicted_s=p.total_s, error=(p.total_s - m) / m,
+                             prediction=p.to_dict(), tflops=attn.flops() / G / m / 1e12))
+            say(f"[{time.perf_counter() - t0:6.1f}s] S={S} {label}: measured {m * 1e3:.2f} ms, predicted "
+                f"{p.total_s * 1e3:.2f} ms ({100 * rows[-1]['error']:+.1f}%)")
+        del qkv
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if rank != 0:
+        return None
+    return dict(world=G, topology=str(shape) if shape else None, kernel=kernel.name, dtype=str(dtype),
+                args=vars(args), calibration=cal, cluster=single.to_dict(),
+                double_cluster=double.to_dict() if double else None, rows=rows)
+
+
+def print_table(rec, file=sys.stdout):
+    hdr = (f"{'case':14s} {'topology':>8s} {'S':>8s} {'measured ms':>12s} {'predicted ms':>12s} {'error':>7s} "
+           f"{'compute ms':>10s} {'exposed ms':>10s} {'TF/s/GPU':>8s}")
+    print(hdr, file=file)
+    print("-" * len(hdr), file=file)
+    for r in rec["rows"]:
+        p = r["prediction"]
+        print(f"{r['label']:14s} {r['topology']:>8s} {r['S']:>8d} {r['measured_s'] * 1e3:12.2f} "
+              f"{r['predicted_s'] * 1e3:12.2f} {100 * r['error']:+6.1f}% {p['compute_s'] * 1e3:10.2f} "
+              f"{p['exposed_s'] * 1e3:10.2f} {r['tflops']:8.1f}", file=file)
+    worst = max((abs(r["error"]) for r in rec["rows"]), default=0.0)
+    print(f"largest |error|: {100 * worst:.1f}%", file=file)
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    cuda = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo")
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank())))
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // dist.get_world_size()))
+    rec = run(None, args)
+    if rec is not None:
+        from .record import write_record
+
+        print_table(rec)
+        path = write_record(args.name or f"topo_bench_{rec['world']}gpu", rec, args.out_dir)
+        print(f"wrote {path}")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,420 @@
+"""Nodes, and the topology-aware double ring (BurstEngine §3.1, Fig. 4-5).
+
+Ranks are grouped into ``nodes`` nodes of ``gpus_per_node`` ranks, node-major (group rank =
+node * gpus_per_node + local), as torchrun numbers them.  The grouping comes from, first
+match wins: an explicit ``Topology`` (or "NxM" string, or a 2-D DeviceMesh), the
+``BURST_TOPOLOGY`` environment variable ("2x4": 2 nodes of 4 ranks; this is how 2 nodes x 2
+GPUs are emulated on one host, or 2 x 2 gloo processes on a CPU), then ``LOCAL_WORLD_SIZE``
+(set by torchrun); with none of them the group is one node.
+
+The double ring (``ring_steps``) runs a round of m = gpus_per_node steps around the node
+(intra-node hops), then takes one inter-node hop, ``nodes`` rounds in all.  Three buffers: the
+shard being computed on, the intra-node transfer of the next step's shard, and the inter-node
+transfer of the next round's shard, which is posted at the start of a round and so overlaps
+the whole round.  Gradient partial sums that travel (dQ in the burst backward, dK/dV in the
+ring one) go one step behind the data (Fig. 5): around the node during the round, then across
+to the next node where the next round's partial of the same shard is finished a round later,
+and from the last round straight home.  A one-node ring and a ring of one-rank nodes are the
+plain single ring, with exactly its messages in exactly its order.
+
+Everything here except ``RingComm`` and ``block_group`` is plain Python that tests enumerate.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from ..attention.schedule import ring_source
+from .ring import Ring
+
+ENV = "BURST_TOPOLOGY"
+LOCAL = "local"  # the group of a one-rank ring or block, whatever the job: nothing is communicated
+
+
+@dataclass(frozen=True)
+class Topology:
+    """``nodes`` nodes of ``gpus_per_node`` ranks each, node-major."""
+
+    nodes: int
+    gpus_per_node: int
+
+    def __post_init__(self):
+        for name in ("nodes", "gpus_per_node"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"Topology.{name} must be a positive int, got {v!r}")
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.gpus_per_node
+
+    def link(self, src: int, dst: int) -> str:
+        """"intra" when ranks ``src`` and ``dst`` share a node, else "inter"."""
+        return "intra" if self.node_of(src) == self.node_of(dst) else "inter"
+
+    @classmethod
+    def parse(cls, spec: str) -> "Topology":
+        """"2x4" -> 2 nodes of 4 ranks."""
+        m = re.fullmatch(r"\s*(\d+)\s*[xX*]\s*(\d+)\s*", str(spec))
+        if not m:
+            raise ValueError(f"topology {spec!r} is not of the form 'NODESxGPUS_PER_NODE', e.g. '2x4'")
+        return cls(int(m.group(1)), int(m.group(2)))
+
+    def __str__(self) -> str:
+        return f"{self.nodes}x{self.gpus_per_node}"
+
+
+def single(world: int) -> Topology:
+    return Topology(1, world)
+
+
+def detect(group=None) -> Topology:
+    """The node grouping of ``group`` from BURST_TOPOLOGY, else LOCAL_WORLD_SIZE, else one node.
+
+    Uses only environment and group membership, which torchrun gives every rank alike, so all
+    ranks of the group reach the same answer without communicating."""
+    world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+    spec = os.environ.get(ENV)
+    if spec:
+        topo = Topology.parse(spec)
+        if topo.world != world:
+            raise ValueError(f"{ENV}={spec!r} describes {topo.world} ranks but the group has {world}")
+        return topo
+    lws = os.environ.get("LOCAL_WORLD_SIZE")
+    if not lws or world == 1:
+        return single(world)
+    lws = int(lws)
+    ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+    nodes = [r // lws for r in ranks]
+    # the group's ranks must fill its nodes in equal, contiguous, node-major blocks
+    per = nodes.count(nodes[0])
+    if world % per or any(nodes[i] != nodes[(i // per) * per] for i in range(world)) or \
+            len(set(nodes)) != world // per:
+        return single(world)
+    return Topology(world // per, per)
+
+
+def resolve(topology, group=None) -> Topology:
+    """A Topology from the ``topology=`` argument forms (Topology, "NxM", 2-D DeviceMesh)."""
+    world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+    if isinstance(topology, Topology):
+        topo = topology
+    elif isinstance(topology, str):
+        topo = Topology.parse(topology)
+    elif is_mesh(topology):
+        if topology.ndim != 2:
+            raise ValueError(f"a DeviceMesh topology must be 2-D (inter-node, intra-node), got {topology.ndim}-D")
+        topo = Topology(*map(int, topology.shape))
+        if world > 1 and topology.mesh.flatten().tolist() != dist.get_process_group_ranks(group or dist.group.WORLD):
+            raise ValueError("the DeviceMesh's ranks, node-major, must be the group's ranks in order")
+    else:
+        raise ValueError(f"topology must be None, 'auto', 'single', a Topology, 'NxM' or a 2-D DeviceMesh; "
+                         f"got {topology!r}")
+    if topo.world != world:
+        raise ValueError(f"topology {topo} describes {topo.world} ranks but the group has {world}")
+    return topo
+
+
+def is_mesh(x) -> bool:
+    try:
+        from torch.distributed.device_mesh import DeviceMesh
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(x, DeviceMesh)
+
+
+# --- the step plan: plain data, the same on every rank ---------------------------------------
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What every rank does around the compute of one step of the double ring.
+
+    data_inter / data_intra: post an inter-node / intra-node hop of the shard held now (the
+    inter hop at the start of a round; it is waited for at the end of the round).
+    next_from: the link the next step's shard arrives on (None after the last step).
+    grad_out: the link on which the partial gradient finished at the previous step leaves,
+    posted now so it travels during this step's compute.
+    grad_in: the links whose partials are added to this step's contribution, after it.
+    """
+
+    step: int
+    round: int
+    inner: int
+    data_inter: bool
+    data_intra: bool
+    next_from: str | None
+    grad_out: str | None
+    grad_in: tuple[str, ...]
+
+
+def ring_steps(nodes: int, per_node: int) -> list[StepPlan]:
+    """The double ring's steps; after the last one each rank sends its last partial home on
+    the "home" hop (to rank (node+1, local+1), the owner of its last source)."""
+    m = per_node
+    out = []
+    for s in range(nodes * m):
+        o, i = divmod(s, m)
+        last_inner = i == m - 1
+        if s == nodes * m - 1:
+            nxt = None
+        else:
+            nxt = "inter" if last_inner else "intra"
+        if s == 0:
+            gout = None
+        else:
+            gout = "inter" if (s - 1) % m == m - 1 else "intra"
+        gin = (("intra",) if i >= 1 else ()) + (("inter",) if last_inner and o >= 1 else ())
+        out.append(StepPlan(step=s, round=o, inner=i, data_inter=i == 0 and o < nodes - 1,
+                            data_intra=i < m - 1, next_from=nxt, grad_out=gout, grad_in=gin))
+    return out
+
+
+def hop_peers(rank: int, nodes: int, per_node: int, link: str) -> tuple[int, int]:
+    """(send to, receive from) of ``rank`` on ``link``: "intra" (local + 1), "inter" (node + 1)
+    or "home" (both + 1: where the last partial of the double ring belongs)."""
+    m = per_node
+    a, b = divmod(rank, m)
+    da, db = {"intra": (0, 1), "inter": (1, 0), "home": (1, 1)}[link]
+    return ((a + da) % nodes) * m + (b + db) % m, ((a - da) % nodes) * m + (b - db) % m
+
+
+# --- process groups ---------------------------------------------------------------------------
+
+_GROUPS: dict = {}
+
+
+def _group_key(group):
+    return dist.get_process_group_ranks(group or dist.group.WORLD)
+
+
+def spans_world(group) -> bool:
+    """Whether ``group`` is the whole job in rank order (then its sub-groups can be made here)."""
+    return _group_key(group) == list(range(dist.get_world_size()))
+
+
+def block_group(group, blocks: list[list[int]]):
+    """The process group of this rank's block, for ``blocks`` a partition of ``group``'s ranks
+    (group ranks, each block in increasing order).  A block that is the whole group is
+    ``group`` itself; a one-rank block is ``LOCAL`` (nothing to communicate).
+
+    Other blocks are made with ``dist.new_group``, which every rank of the default group must
+    enter: they are made once (and cached) when ``group`` spans the whole job, all blocks in
+    the same order on every rank.  For a smaller group make the groups up front (a DeviceMesh
+    passed as ``topology``)."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    mine = next(b for b in blocks if rank in b)
+    if list(mine) == list(range(world)):
+        return group
+    if len(mine) == 1:
+        return LOCAL
+    ranks = _group_key(group)
+    # keyed by the default group too: a re-initialised job must not reuse groups of the last one
+    key = (id(dist.distributed_c10d._get_default_group()), tuple(ranks), tuple(map(tuple, blocks)))
+    if key not in _GROUPS:
+        if not spans_world(group):
+            raise ValueError(
+                f"a double ring or hybrid over a process group of {world} of the job's {dist.get_world_size()} ranks "
+                "needs sub-groups that only the whole job can make: run it on the whole job's group, or, for the "
+                "double ring, pass topology= a 2-D DeviceMesh (init_device_mesh(..., (nodes, gpus_per_node))) "
+                "made up front")
+        made = {}
+        for b in blocks:
+            made[tuple(b)] = dist.new_group([ranks[r] for r in b])
+        _GROUPS[key] = made
+    return _GROUPS[key][tuple(mine)]
+
+
+def node_blocks(topo: Topology) -> tuple[list[list[int]], list[list[int]]]:
+    """(intra-node blocks, inter-node blocks) of group ranks."""
+    m = topo.gpus_per_node
+    intra = [[a * m + b for b in range(m)] for a in range(topo.nodes)]
+    inter = [[a * m + b for a in range(topo.nodes)] for b in range(m)]
+    return intra, inter
+
+
+# --- the rings one call runs on ---------------------------------------------------------------
+
+class RingComm:
+    """The ring(s) of one attention call: a double ring of ``shape`` over ``group`` (a single
+    ring when ``shape`` has one node, or one rank per node).  ``labels`` says which node each
+    rank is on, for the byte accounting of a single ring that crosses nodes; ``link`` gives
+    the single ring's label directly (a ring whose ranks are not node-major, as the hybrid's).
+    ``group=LOCAL``: a one-rank ring.
+
+    ``steps``: the ring steps the loops run (schedule.ring_steps; all of them unless a sparse
+    mask leaves some with no work anywhere).  A skipped step costs neither compute nor
+    transfer: the travelling shards jump straight to the rank that needs them next (a send
+    ``gap`` ranks on).  Only the single ring skips steps.
+
+    Loops index the steps that run, i = 0 .. len(steps) - 1; ``direction`` (+1 or -1) is the
+    way a loop's data travels, r -> r + direction (the burst backward's Q side travels -1 so
+    that its step s pairs the same blocks as the forward's)."""
+
+    def __init__(self, group=None, shape: Topology | None = None, labels: Topology | None = None, mesh=None,
+                 link: str | None = None, steps=None):
+        self.group = group
+        if group is LOCAL or not (dist.is_available() and dist.is_initialized()):
+            self.world, self.rank = 1, 0
+        else:
+            self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.shape = shape or single(self.world)
+        self.labels = labels or self.shape
+        self.link = link
+        nodes, m = self.shape.nodes, self.shape.gpus_per_node
+        self.double = nodes > 1 and m > 1
+        self.steps = tuple(range(self.world)) if steps is None else tuple(steps)
+        if self.double and self.steps != tuple(range(self.world)):
+            raise ValueError(f"the double ring runs every step; a ring that skips steps {self.steps} must be single")
+        self.plan = _double_plan(nodes, m) if self.double else _single_plan(self.steps)
+        self.rings: dict[str, Ring] = {}
+        if self.world == 1:
+            pass
+        elif not self.double:
+            # one ring: the plain r -> r+1 ring over the group (its hops labelled per send)
+            self.rings["ring"] = Ring(group)
+        else:
+            if mesh is not None:
+                inter_g, intra_g = mesh.get_group(0), mesh.get_group(1)
+            else:
+                intra_b, inter_b = node_blocks(self.shape)
+                # every rank makes the groups in the same order: intra blocks, then inter ones
+                intra_g = block_group(group, intra_b)
+                inter_g = block_group(group, inter_b)
+            self.rings["intra"] = Ring(intra_g, link="intra")
+            self.rings["inter"] = Ring(inter_g, link="inter")
+            self.rings["home"] = Ring(group, link="inter", peers=hop_peers(self.rank, nodes, m, "home"))
+
+    def source(self, i: int, direction: int = 1) -> int:
+        """Rank whose travelling shard this rank holds at loop index ``i``."""
+        return ring_source(self.rank, self.steps[i], self.world, direction, self.shape.nodes)
+
+    def shift(self, key: str, tensors, phase: str, names, gap: int, direction: int):
+        """Post one hop on ring ``key``, ``gap`` steps along the travel."""
+        ring = self.rings[key]
+        offset = direction * gap
+        if key == "ring":
+            label = self.link or self.labels.link(self.rank, (self.rank + offset) % self.world)
+            return ring.shift(tensors, phase, names, offset, link=label)
+        return ring.shift(tensors, phase, names, offset)
+
+    def home(self, tensors, phase: str, names, direction: int):
+        """Send the last partial of a loop to its owner; return this rank's own."""
+        if self.world == 1 or self.steps == (0,):
+            return tensors  # nothing travelled: the partial is this rank's own
+        if self.double:
+            return self.shift("home", tensors, phase, names, 1, direction).wait()
+        # from steps[-1] places along the travel, one hop back
+        return self.shift("ring", tensors, phase, names, -self.steps[-1], direction).wait()
+
+    def mover(self, tensors, phase: str, names, direction: int = 1) -> "Mover":
+        return Mover(self, tensors, phase, names, direction)
+
+    def reducer(self, phase: str, names, zeros=None, direction: int = 1) -> "Reducer":
+        return Reducer(self, phase, names, zeros, direction)
+
+
+@dataclass(frozen=True)
+class _Hops:
+    """What a loop does around the compute of loop index i (the step plan in ring terms):
+    ``data``: (ring, gap) hops of the shard held now; ``next_from``: the ring the next held
+    shard arrives on; ``grad_out``: the (ring, gap) hop of the partial finished at the last
+    index; ``grad_in``: the rings whose partials are added to this index's contribution."""
+
+    data: tuple[tuple[str, int], ...]
+    next_from: str | None
+    grad_out: tuple[str, int] | None
+    grad_in: tuple[str, ...]
+
+
+def _single_plan(steps) -> list[_Hops]:
+    out = []
+    for i, s in enumerate(steps):
+        last = i + 1 == len(steps)
+        out.append(_Hops(data=() if last else (("ring", steps[i + 1] - s),), next_from=None if last else "ring",
+                         grad_out=("ring", s - steps[i - 1]) if i else None, grad_in=("ring",) if i else ()))
+    return out
+
+
+def _double_plan(nodes: int, per_node: int) -> list[_Hops]:
+    out = []
+    for p in ring_steps(nodes, per_node):
+        data = ((("inter", 1),) if p.data_inter else ()) + ((("intra", 1),) if p.data_intra else ())
+        out.append(_Hops(data=data, next_from=p.next_from, grad_out=(p.grad_out, 1) if p.grad_out else None,
+                         grad_in=p.grad_in))
+    return out
+
+
+class Mover:
+    """The travelling shard of one loop: ``held`` is what this index computes on; the hops in
+    flight bring the next index's shard (and on the double ring, the next round's)."""
+
+    def __init__(self, comm: RingComm, tensors, phase, names, direction):
+        self.comm, self.phase, self.names, self.direction = comm, phase, names, direction
+        self.held = tuple(tensors)
+        self._pending: dict[str, object] = {}
+
+    def post(self, i: int) -> None:
+        for key, gap in self.comm.plan[i].data:
+            self._pending[key] = self.comm.shift(key, self.held, self.phase, self.names, gap, self.direction)
+
+    def advance(self, i: int) -> None:
+        key = self.comm.plan[i].next_from
+        if key is not None:
+            self.held = tuple(self._pending.pop(key).wait())
+
+
+class Reducer:
+    """Partial sums of the travelling side's gradients, one step behind the data (Fig. 5)."""
+
+    def __init__(self, comm: RingComm, phase, names, zeros, direction):
+        self.comm, self.phase, self.names, self.direction = comm, phase, names, direction
+        self.zeros = zeros
+        self._done = None
+        self._pending: dict[str, object] = {}
+
+    def post(self, i: int) -> None:
+        out = self.comm.plan[i].grad_out
+        if out is not None:
+            key, gap = out
+            self._pending[key] = self.comm.shift(key, self._done, self.phase, self.names, gap, self.direction)
+            self._done = None
+
+    def add(self, i: int, contrib) -> None:
+        """``contrib``: this index's fresh contributions (summed into in place), or None when this
+        rank had no work there (the partials that arrived pass on as they are)."""
+        for key in self.comm.plan[i].grad_in:
+            recv = self._pending.pop(key).wait()
+            if contrib is None:
+                contrib = recv
+            else:
+                for c, r in zip(contrib, recv):
+                    c.add_(r)
+        # every rank sends a partial at the next index, work or not
+        self._done = contrib if contrib is not None else self.zeros()
+
+    def home(self):
+        """Send the last partial (now the full gradient of the last source) home; return this
+        rank's own full gradient."""
+        return self.comm.home(self._done, self.phase, self.names, self.direction)
+
+
+def link_hops(nodes: int, per_node: int) -> dict[str, dict[str, int]]:
+    """Hops each rank makes per loop: {"data": {"intra": x, "inter": y}, "grad": {...}}; the
+    byte accounting of the double ring (multiply by the message sizes)."""
+    data = {"intra": 0, "inter": 0}
+    grad = {"intra": 0, "inter": 0}
+    plan = ring_steps(nodes, per_node)
+    for p in plan:
+        data["inter"] += p.data_inter
+        data["intra"] += p.data_intra
+        if p.grad_out:
+            grad[p.grad_out] += 1
+    if nodes * per_node > 1:
+        grad["inter" if nodes > 1 else "intra"] += 1  # home
+    return {"data": data, "grad": grad}
