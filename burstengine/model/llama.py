@@ -226,19 +226,20 @@ class Transformer(nn.Module):
         return self.norm(h)
 
     def forward(self, tokens, positions, labels=None, ignore_index: int = -100, predict: bool = False):
-        """With ``labels`` (B, n): the float32 *sum* of the token losses of this rank's labelled
-        tokens (the caller divides by the global count).  With ``predict``: argmax predictions
-        at the labelled positions, (labels, predictions) as two 1-D tensors.  Otherwise the
-        hidden states.  The LM head runs here, inside the root module, so that a sharded head
-        weight is gathered for it."""
+        """With ``labels`` (B, n): the float32 *sum* of the losses of this rank's labelled tokens
+        (the caller divides by the global count).  With ``predict`` too: the argmax prediction
+        (B, n) at labelled positions, ``ignore_index`` elsewhere.  Without labels: the hidden
+        states.  The LM head runs here, inside the root module, so a sharded head weight is
+        gathered for it."""
         h = self.hidden(tokens, positions)
+        if labels is None:
+            return h
         if predict:
             keep = labels != ignore_index
             hk = h[keep]
-            logits = hk @ self.head_weight.to(hk.dtype).t()
-            return labels[keep], logits.argmax(-1)
-        if labels is None:
-            return h
+            preds = torch.full_like(labels, ignore_index)
+            preds[keep] = (hk @ self.head_weight.to(hk.dtype).t()).argmax(-1)
+            return preds
         return losses.LOSSES[self.loss_name](h.flatten(0, 1), self.head_weight, labels.flatten(), ignore_index)
 
     # --- initialisation -----------------------------------------------------------------------
