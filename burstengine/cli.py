@@ -10,6 +10,8 @@ import importlib
 
 COMMANDS = {
     "demo": "burstengine.demo",
+    "train": "burstengine.train.cli",
+    "plot": "burstengine.train.plot",
 }
 
 
@@ -17,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
     p = argparse.ArgumentParser(prog="burstengine",
-                                description="BurstEngine: exact sequence-parallel attention (BurstAttention).")
+                                description="BurstEngine: exact sequence-parallel attention (BurstAttention) and long-context training.")
     p.add_argument("--version", action="version", version=f"burstengine {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, modname in COMMANDS.items():

@@ -79,9 +79,9 @@ PRESETS: dict[str, ModelArgs] = {
 
 @dataclass
 class ContextParallel:
-    """How attention sees the sequence: the CP group, the layout of the shards, and the
-    BurstAttention knobs.  ``attention="sdpa"`` calls plain SDPA instead (what torch-native
-    context parallelism patches; also the single-device path of the benchmarks)."""
+    """How attention sees the sequence: the CP group (None: the whole sequence is on this rank),
+    the layout of the shards, and the BurstAttention knobs.  ``attention="sdpa"``, or no group,
+    calls plain SDPA (which is also what torch-native context parallelism patches)."""
 
     group: object = None
     layout: str = "contiguous"
@@ -99,23 +99,28 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):
         # normalise in fp32 whatever the activation dtype
-        xf = x.float()
+        xf = x.to(_acc(x))
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.float()).to(x.dtype)
+        return (y * self.weight.to(xf.dtype)).to(x.dtype)
+
+
+def _acc(x: torch.Tensor) -> torch.dtype:
+    # fp32 for bf16/fp16/fp32 activations; fp64 stays fp64 (the tests' reference model)
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float):
-    """cos, sin of shape (n, head_dim) for integer global ``positions`` (n,).  Angles are formed
-    in float64: at positions near 1M a float32 product is off by ~0.1 rad."""
+    """cos, sin (float64, shape (n, head_dim)) for integer global ``positions`` (n,).  Angles are
+    formed in float64: at positions near 1M a float32 product is off by ~0.1 rad."""
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float64) / head_dim))
     ang = positions.to(torch.float64)[:, None] * inv[None, :]
     ang = torch.cat([ang, ang], dim=-1)
-    return ang.cos().float(), ang.sin().float()
+    return ang.cos(), ang.sin()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x (B, n, H, D) rotated by half-split pairs (the HF LLaMA convention), in fp32."""
-    xf = x.float()
+    xf = x.to(_acc(x))
     h = xf.shape[-1] // 2
     rot = torch.cat([-xf[..., h:], xf[..., :h]], dim=-1)
     c, s = cos[None, :, None, :], sin[None, :, None, :]
@@ -141,13 +146,14 @@ class Attention(nn.Module):
 
 def attend(q, k, v, cp: ContextParallel):
     """Causal attention of this rank's (B, n, H, D) shard over the whole sequence."""
-    if cp.attention == "burst":
+    if cp.attention == "burst" and cp.group is not None:
         return burst_attn_func(q, k, v, group=cp.group, causal=True, layout=cp.layout, backward=cp.backward,
                                kernel=cp.kernel)
-    if cp.attention == "sdpa":
+    if cp.attention in ("sdpa", "burst"):
         qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if kh.shape[1] != qh.shape[1]:
-            # torch-native CP's ring does not take enable_gqa: expand K/V as its users must
+            # torch-native CP's ring does not take enable_gqa: expand K/V as its users must (and
+            # SDPA's GQA path needs the math backend on some versions)
             g = qh.shape[1] // kh.shape[1]
             kh, vh = kh.repeat_interleave(g, 1), vh.repeat_interleave(g, 1)
         return F.scaled_dot_product_attention(qh, kh, vh, is_causal=True).transpose(1, 2)
@@ -219,8 +225,8 @@ class Transformer(nn.Module):
     def hidden(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Final-norm hidden states (B, n, dim) of this rank's tokens (B, n) at global
         ``positions`` (n,)."""
-        cos, sin = rope_tables(positions, self.args.head_dim, self.args.rope_theta)
         h = self.tok_embeddings(tokens)
+        cos, sin = (t.to(_acc(h)) for t in rope_tables(positions, self.args.head_dim, self.args.rope_theta))
         for b in self.layers:
             h = b(h, cos, sin)
         return self.norm(h)

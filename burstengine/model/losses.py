@@ -25,7 +25,8 @@ def naive(hidden, weight, labels, ignore_index: int = -100):
     return F.cross_entropy(logits.float(), labels, ignore_index=ignore_index, reduction="sum")
 
 
-def chunked(hidden, weight, labels, ignore_index: int = -100, chunk: int = CHUNK_TOKENS):
+def chunked(hidden, weight, labels, ignore_index: int = -100, chunk: int | None = None):
+    chunk = chunk or CHUNK_TOKENS
     total = None
     for a in range(0, hidden.shape[0], chunk):
         part = checkpoint(naive, hidden[a:a + chunk], weight, labels[a:a + chunk], ignore_index,

@@ -144,7 +144,8 @@ class Trainer:
             preds = self.model(b.tokens, b.positions, b.labels, ignore_index=IGNORE, predict=True)
             keep = b.labels != IGNORE
             per_seq = torch.stack([((preds == b.labels) & keep).sum(1), keep.sum(1)], 1).to(torch.float64)
-            dist.all_reduce(per_seq, group=m.cp_group)  # an answer may be split over the cp ranks
+            if m.cp_group is not None:  # an answer may be split over the cp ranks
+                dist.all_reduce(per_seq, group=m.cp_group)
             if not count_it:
                 continue
             per_seq = per_seq.cpu()
@@ -153,9 +154,10 @@ class Trainer:
                 row = torch.tensor([right, total, float(right == total), 1.0], dtype=torch.float64)
                 tally[0] += row
                 tally[1 + min(3, int(dep * 4))] += row
-        tally = tally.to(self.device)
-        dist.all_reduce(tally, group=m.dp_group)
-        tally = tally.cpu()
+        if m.dp_group is not None:
+            tally = tally.to(self.device)
+            dist.all_reduce(tally, group=m.dp_group)
+            tally = tally.cpu()
         self.model.train()
 
         def frac(a, b):
@@ -194,7 +196,9 @@ class Trainer:
                 os.remove(path)
         dist.barrier(self.group)
 
-    def fit(self, resume: bool = False, overwrite: bool = False) -> dict:
+    def fit(self, resume: bool = False, overwrite: bool = False, stop_after: int | None = None) -> dict:
+        """Train to ``cfg.steps`` (or stop, as a preempted job would, once ``stop_after`` steps are
+        done); returns the summary on rank 0 ({} elsewhere)."""
         cfg, m = self.cfg, self.mesh
         self.prepare_run_dir(resume, overwrite)
         tokens_per_step = cfg.batch_size * cfg.seq_len * m.dp
@@ -208,7 +212,8 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         acc_loss, acc_count = None, None
-        while self.step < cfg.steps:
+        end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
+        while self.step < end:
             batch = self.loader.batch(self.step)
             loss_sum, count, norm = self.train_step(batch, self.step)
             self.step += 1

@@ -64,12 +64,11 @@ class MetricsLog:
 
     def __init__(self, path: str, rank: int, echo: bool = True):
         self.path, self.rank, self.echo = path, rank, echo
-        if rank == 0:
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
 
     def write(self, record: dict) -> None:
         if self.rank != 0:
             return
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
 

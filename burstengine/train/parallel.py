@@ -17,27 +17,19 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ..model.llama import ContextParallel, Transformer
 
-_GROUPS: dict[tuple[int, ...], object] = {}
-
-
-def _group(ranks: list[int]):
-    """A process group over ``ranks``, made by those ranks alone (others need not take part, so
-    a job may run on a subgroup of the world) and cached: new groups are not free."""
-    key = tuple(ranks)
-    if key not in _GROUPS:
-        _GROUPS[key] = dist.new_group(list(ranks), use_local_synchronization=True)
-    return _GROUPS[key]
+_MESHES: dict = {}
 
 
 @dataclass
 class Mesh:
-    """This rank's place in the ``dp_shard x cp`` mesh and the groups it talks over."""
+    """This rank's place in the ``dp_shard x cp`` mesh and the groups it talks over.
+    ``cp_group`` is None when cp == 1 (attention is then local), ``dp_group`` when dp == 1."""
 
-    mesh: DeviceMesh          # 2-D (dp_shard, cp)
+    mesh: DeviceMesh | None   # 2-D (dp_shard, cp) over the whole world
     fsdp_mesh: DeviceMesh     # 1-D over all ranks of the job (dp_shard x cp flattened)
     group: object             # all ranks of the job
     cp_group: object
@@ -58,21 +50,33 @@ class Mesh:
 
 
 def build_mesh(dp: int, cp: int, device: torch.device, group=None) -> Mesh:
-    """The mesh over the ranks of ``group`` (default: the world); consecutive ranks share a
-    sequence (so a CP row stays inside a node when cp <= GPUs per node)."""
-    ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
-    if len(ranks) != dp * cp:
-        raise ValueError(f"dp x cp = {dp} x {cp} does not match the {len(ranks)} ranks of the job")
-    me = ranks.index(dist.get_rank())
+    """The mesh over the whole world (torchrun's ranks), consecutive ranks sharing a sequence so
+    that a CP row stays inside a node when cp <= GPUs per node.
+
+    ``group`` runs the job on a subgroup of the world instead (tests on a pool of processes);
+    new groups cannot be made consistently on a subgroup, so there one of dp, cp must be 1 and
+    the subgroup itself is the other dimension."""
+    world = dist.get_world_size(group)
+    if world != dp * cp:
+        raise ValueError(f"dp x cp = {dp} x {cp} does not match the {world} ranks of the job")
+    me = dist.get_rank(group)
     d, c = divmod(me, cp)
-    grid = torch.tensor(ranks).view(dp, cp)
-    dp_group, cp_group = _group(grid[:, c].tolist()), _group(grid[d].tolist())
-    all_group = group or dist.group.WORLD
     kind = device.type
-    mesh = DeviceMesh.from_group([dp_group, cp_group], kind, mesh=grid, mesh_dim_names=("dp_shard", "cp"))
-    fsdp_mesh = DeviceMesh.from_group(all_group, kind, mesh_dim_names=("dp_shard_cp",))
-    return Mesh(mesh=mesh, fsdp_mesh=fsdp_mesh, group=all_group, cp_group=cp_group, dp_group=dp_group, dp=dp, cp=cp,
-                dp_rank=d, cp_rank=c, device=device)
+    if world == dist.get_world_size():
+        key = (kind, dp, cp)
+        if key not in _MESHES:  # every rank builds the same meshes in the same order: safe to cache
+            mesh = init_device_mesh(kind, (dp, cp), mesh_dim_names=("dp_shard", "cp"))
+            _MESHES[key] = (mesh, DeviceMesh.from_group(dist.group.WORLD, kind, mesh_dim_names=("dp_shard_cp",)))
+        mesh, fsdp_mesh = _MESHES[key]
+        return Mesh(mesh=mesh, fsdp_mesh=fsdp_mesh, group=dist.group.WORLD,
+                    cp_group=mesh["cp"].get_group() if cp > 1 else None,
+                    dp_group=mesh["dp_shard"].get_group() if dp > 1 else None,
+                    dp=dp, cp=cp, dp_rank=d, cp_rank=c, device=device)
+    if dp > 1 and cp > 1:
+        raise ValueError(f"a {dp} x {cp} mesh needs the whole world; this job runs on a subgroup")
+    fsdp_mesh = DeviceMesh.from_group(group, kind, mesh_dim_names=("dp_shard_cp",))
+    return Mesh(mesh=None, fsdp_mesh=fsdp_mesh, group=group, cp_group=group if cp > 1 else None,
+                dp_group=group if dp > 1 else None, dp=dp, cp=cp, dp_rank=d, cp_rank=c, device=device)
 
 
 def param_dtype(precision: str, device: torch.device) -> torch.dtype:
