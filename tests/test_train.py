@@ -124,20 +124,33 @@ def test_token_stream_packs_windows_once_per_epoch():
 
 
 def test_passkey_sample_structure():
-    p = D.Passkey(seq_len=64, vocab=40, key_len=3, symbols=8, seed=0)
+    S, L, K = 96, 3, 8
+    p = D.Passkey(seq_len=S, vocab=40, key_len=L, symbols=K, seed=0)
     depths = []
     for i in range(50):
         t, lab, depth = p.sample(i)
         depths.append(depth)
         at = int(np.where(t == D.KEY)[0][0])
-        key = t[at + 1:at + 4]
-        assert t[0] == D.BOS and len(set(key.tolist())) == 3
-        assert ((key >= D.FIRST_SYMBOL) & (key < D.FIRST_SYMBOL + 8)).all()
-        assert t[64 - 3] == D.QUERY and np.array_equal(t[-3:], key)
-        filler = np.delete(t, [0, at, at + 1, at + 2, at + 3, 61, 62, 63, 64])
-        assert (filler >= D.FIRST_SYMBOL + 8).all()
-        labelled = np.where(lab != D.IGNORE)[0]
-        assert labelled.tolist() == [61, 62, 63] and np.array_equal(lab[labelled], key)
+        key = t[at + 1:at + 1 + L]
+        q = S - L - 1
+        assert t[0] == D.BOS and len(set(key.tolist())) == L
+        assert ((key >= D.FIRST_SYMBOL) & (key < D.FIRST_SYMBOL + K)).all()
+        assert t[q] == D.QUERY and t[q + 1] == D.KEY and np.array_equal(t[-L:], key)
+        filler = np.delete(t, [0, at, *range(at + 1, at + 1 + L), *range(q, S + 1)])
+        assert (filler >= D.FIRST_SYMBOL + K).all()
+        # training labels: every label is the next token, the answer is labelled, the hidden key is not
+        have = np.where(lab != D.IGNORE)[0]
+        assert np.array_equal(lab[have], t[have + 1])
+        assert set(range(q + 1, S)) <= set(have.tolist())
+        assert not set(range(at - 1, at + L)) & set(have.tolist())
+        # labelled filler is a repeat: the same token one period earlier
+        per = [i for i in have if i < at - 1]
+        if per:
+            P = next(P for P in range(16, 25) if np.array_equal(t[1 + P:at], t[1:at - P]))
+            assert all(t[i + 1] == t[i + 1 - P] for i in per) and min(per) == P
+        # held-out: the answer only
+        _, lab1, _ = p.sample(i, stream=1)
+        assert np.where(lab1 != D.IGNORE)[0].tolist() == list(range(q + 1, S))
     assert min(depths) < 0.2 and max(depths) > 0.8
     assert not np.array_equal(p.sample(0)[0], p.sample(0, stream=1)[0])  # held-out stream differs
 

@@ -28,7 +28,7 @@ def loss_and_grads(group, data, extra=(), chunk=None):
         losses.CHUNK_TOKENS = chunk
     try:
         t = Trainer(cfg, group=group, echo=False)
-        loss, grads = t.loss_and_grads(t.loader.batch(0))
+        loss, grads = t.loss_and_grads(t.batch(0))
     finally:
         losses.CHUNK_TOKENS = old
     return (loss, grads) if dist.get_rank(group) == 0 else None

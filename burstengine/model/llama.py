@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn as nn
@@ -68,7 +68,7 @@ class ModelArgs:
 
 # shapes of the BurstEngine paper (§4.1) and of LLaMA-3 8B
 PRESETS: dict[str, ModelArgs] = {
-    "tiny": ModelArgs(dim=128, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=512, ffn_dim=352,
+    "tiny": ModelArgs(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=512, ffn_dim=352,
                       rope_theta=10000.0),
     "llama-7b": ModelArgs(dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, vocab_size=32000, ffn_dim=11008),
     "llama-8b": ModelArgs(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128256, ffn_dim=14336,
@@ -79,16 +79,15 @@ PRESETS: dict[str, ModelArgs] = {
 
 @dataclass
 class ContextParallel:
-    """How attention sees the sequence: the CP group (None: the whole sequence is on this rank),
-    the layout of the shards, and the BurstAttention knobs.  ``attention="sdpa"``, or no group,
-    calls plain SDPA (which is also what torch-native context parallelism patches)."""
+    """How attention sees the sequence: the CP group of the BurstAttention ring, the layout of
+    the shards, and BurstAttention's knobs.  With no group, attention is plain SDPA on this
+    rank's tokens: a whole sequence, or a shard inside torch's context_parallel, which patches
+    SDPA into its own ring."""
 
     group: object = None
     layout: str = "contiguous"
     backward: str = "auto"
     kernel: str | None = None
-    attention: str = "burst"
-    extra: dict = field(default_factory=dict)
 
 
 class RMSNorm(nn.Module):
@@ -146,18 +145,15 @@ class Attention(nn.Module):
 
 def attend(q, k, v, cp: ContextParallel):
     """Causal attention of this rank's (B, n, H, D) shard over the whole sequence."""
-    if cp.attention == "burst" and cp.group is not None:
+    if cp.group is not None:
         return burst_attn_func(q, k, v, group=cp.group, causal=True, layout=cp.layout, backward=cp.backward,
                                kernel=cp.kernel)
-    if cp.attention in ("sdpa", "burst"):
-        qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        if kh.shape[1] != qh.shape[1]:
-            # torch-native CP's ring does not take enable_gqa: expand K/V as its users must (and
-            # SDPA's GQA path needs the math backend on some versions)
-            g = qh.shape[1] // kh.shape[1]
-            kh, vh = kh.repeat_interleave(g, 1), vh.repeat_interleave(g, 1)
-        return F.scaled_dot_product_attention(qh, kh, vh, is_causal=True).transpose(1, 2)
-    raise ValueError(f"unknown attention {cp.attention!r}; expected 'burst' or 'sdpa'")
+    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if kh.shape[1] != qh.shape[1]:
+        # torch-native CP's ring does not take enable_gqa: expand K/V as its users must
+        g = qh.shape[1] // kh.shape[1]
+        kh, vh = kh.repeat_interleave(g, 1), vh.repeat_interleave(g, 1)
+    return F.scaled_dot_product_attention(qh, kh, vh, is_causal=True).transpose(1, 2)
 
 
 class FeedForward(nn.Module):

@@ -30,7 +30,7 @@ from ..model.losses import LOSSES
 SCHEDULES = ("cosine", "linear", "constant")
 PRECISIONS = ("auto", "fp32", "bf16")
 ATTN_BACKWARDS = ("auto", "burst", "ring")
-ATTENTIONS = ("burst", "sdpa")
+ATTENTIONS = ("burst", "torch-cp", "sdpa")
 TOKEN_DTYPES = ("uint16", "uint32")
 
 
@@ -43,7 +43,7 @@ class TrainConfig:
     # parallelism: world = dp_shard x cp; FSDP shards parameters over all of it
     cp: int = 0                      # context-parallel ranks per sequence; 0 = all ranks
     layout: str = "zigzag"           # how a sequence is split over the cp ranks
-    attention: str = "burst"         # "burst" (BurstAttention) or "sdpa" (plain SDPA, no CP)
+    attention: str = "burst"         # burst (BurstAttention), torch-cp (torch's context_parallel), sdpa (no CP)
     attn_backward: str = "auto"      # BurstAttention backward: burst / ring / auto
     kernel: str = "auto"             # local attention kernel (see burstengine.kernels)
     checkpoint: str = "none"         # activation checkpointing policy
@@ -156,15 +156,16 @@ def _train(model: str, **kw) -> TrainConfig:
 
 
 # tiny: the CPU default (2 gloo ranks, CP=2) on the passkey task; the others: GPU nodes, CP over
-# all ranks, bf16, attention kept (selective), logits chunked
+# all ranks, bf16, full-layer checkpointing (at 100K+ tokens per GPU even the block inputs of 32
+# layers take tens of GB), logits chunked
 PRESETS: dict[str, TrainConfig] = {
-    "tiny": _train("tiny", cp=2, seq_len=1024, batch_size=8, steps=300, lr=3e-3, warmup_steps=20, weight_decay=0.0,
-                   eval_every=100, eval_samples=64, ckpt_every=100),
-    "llama-7b": _train("llama-7b", seq_len=131072, steps=20, lr=3e-4, checkpoint="selective", loss="chunked",
+    "tiny": _train("tiny", cp=2, seq_len=512, batch_size=8, steps=300, lr=3e-3, warmup_steps=20, weight_decay=0.0,
+                   passkey_len=4, passkey_symbols=32, eval_every=50, eval_samples=64, ckpt_every=100),
+    "llama-7b": _train("llama-7b", seq_len=131072, steps=20, lr=3e-4, checkpoint="full", loss="chunked",
                        log_every=1),
-    "llama-8b": _train("llama-8b", seq_len=131072, steps=20, lr=3e-4, checkpoint="selective", loss="chunked",
+    "llama-8b": _train("llama-8b", seq_len=131072, steps=20, lr=3e-4, checkpoint="full", loss="chunked",
                        log_every=1),
-    "llama-14b": _train("llama-14b", seq_len=131072, steps=20, lr=3e-4, checkpoint="selective", loss="chunked",
+    "llama-14b": _train("llama-14b", seq_len=131072, steps=20, lr=3e-4, checkpoint="full", loss="chunked",
                         log_every=1),
 }
 

@@ -39,30 +39,49 @@ def _rng(seed: int, stream: int, index: int) -> np.random.Generator:
 
 
 class Passkey:
-    """``BOS filler.. KEY k1..kL filler.. QUERY k1..kL``: the model must copy the L passkey tokens
-    (distinct symbols out of ``symbols``) from wherever they were hidden.  Filler tokens are
-    uniform over the rest of the vocabulary and never equal a passkey symbol or a marker."""
+    """Passkey retrieval (Mohtashami & Jaggi, 2023) with a random filler::
 
-    def __init__(self, seq_len: int, vocab: int, key_len: int = 4, symbols: int = 16, seed: int = 0):
+        BOS  f1..fP f1..fP f1..  KEY k1..kL  ..fP f1..fP ..  QUERY KEY k1..kL
+             filler: one random "sentence" of P tokens, repeated       ^ the answer
+
+    The passkey is L distinct symbols out of ``symbols``; filler tokens come from the rest of
+    the vocabulary, so the only way to the answer is to find the earlier KEY, wherever it was
+    hidden, and copy what followed it.  Training labels every predictable token (the repeats of
+    the filler sentence teach the model to copy from context, as real text does; the first
+    sentence and the hidden key itself are not predictable and are ignored) and the answer;
+    held-out sequences (stream > 0) label the answer only, so accuracy measures retrieval."""
+
+    def __init__(self, seq_len: int, vocab: int, key_len: int = 4, symbols: int = 16, seed: int = 0,
+                 period: tuple[int, int] = (16, 64)):
         self.seq_len, self.vocab, self.key_len, self.symbols, self.seed = seq_len, vocab, key_len, symbols, seed
         self.filler0 = FIRST_SYMBOL + symbols
+        self.period = (min(period[0], seq_len // 4), min(period[1], seq_len // 4))
 
     def sample(self, index: int, stream: int = 0) -> tuple[np.ndarray, np.ndarray, float]:
-        """(tokens (S+1,), labels (S,), depth in [0, 1]) of sequence ``index``; stream 0 is
-        training data, others are held-out."""
+        """(tokens (S+1,), labels (S,), depth of the key in [0, 1]) of sequence ``index``;
+        stream 0 is training data, others are held-out."""
         S, L = self.seq_len, self.key_len
         g = _rng(self.seed, stream, index)
-        t = g.integers(self.filler0, self.vocab, size=S + 1, dtype=np.int64)
-        key = FIRST_SYMBOL + g.permutation(self.symbols)[:L]
+        P = int(g.integers(self.period[0], self.period[1] + 1))
+        t = np.empty(S + 1, dtype=np.int64)
         t[0] = BOS
-        q = S - L  # QUERY sits here; the answer fills the last L tokens
-        at = int(g.integers(1, q - L - 1))  # KEY marker position, anywhere before the question
+        t[1:] = np.resize(g.integers(self.filler0, self.vocab, size=P), S)
+        key = FIRST_SYMBOL + g.permutation(self.symbols)[:L]
+        q = S - L - 1  # QUERY here, then KEY, then the answer: the last L tokens
+        at = int(g.integers(1, q - L - 1))  # the hidden KEY marker, anywhere before the question
         t[at] = KEY
         t[at + 1:at + 1 + L] = key
-        t[q] = QUERY
-        t[q + 1:] = key
+        t[q], t[q + 1] = QUERY, KEY
+        t[q + 2:] = key
         labels = np.full(S, IGNORE, dtype=np.int64)
-        labels[q:] = t[q + 1:]
+        if stream == 0:
+            labels[:] = t[1:]
+            # label i predicts token i+1: not the first sentence, nor the hidden key and the
+            # token after it, nor the question's markers
+            labels[:P] = IGNORE
+            labels[at - 1:at + L + 1] = IGNORE
+            labels[q - 1:q + 1] = IGNORE
+        labels[q + 1:] = key
         return t, labels, at / q
 
 
@@ -160,20 +179,15 @@ def shard_batch(tokens, labels, depths, layout: str, cp_rank: int, cp: int, devi
 
 
 class Loader:
-    """Step -> this rank's batch.  Sequence indices of step s on data-parallel rank d are
-    s*B*dp + d*B + [0, B): every CP rank of a row reads the same sequences and keeps its shard."""
+    """Which sequences each step reads.  Step s on data-parallel rank d reads sequences
+    s*B*dp + d*B + [0, B); every CP rank of a row reads the same ones and keeps its shard."""
 
-    def __init__(self, source, batch_size: int, dp: int, dp_rank: int, cp: int, cp_rank: int, layout: str, device):
+    def __init__(self, source, batch_size: int, dp: int, dp_rank: int):
         self.source, self.B, self.dp, self.dp_rank = source, batch_size, dp, dp_rank
-        self.cp, self.cp_rank, self.layout, self.device = cp, cp_rank, layout, device
 
     def indices(self, step: int) -> range:
         start = (step * self.dp + self.dp_rank) * self.B
         return range(start, start + self.B)
-
-    def batch(self, step: int, stream: int = 0) -> Batch:
-        toks, labs, depths = global_sequences(self.source, self.indices(step), stream)
-        return shard_batch(toks, labs, depths, self.layout, self.cp_rank, self.cp, self.device)
 
     def state_dict(self, step: int) -> dict:
         return {"next_step": step, "sequences_per_step": self.B * self.dp}

@@ -14,6 +14,7 @@ only on logged steps.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -23,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint as ckpt
-from .data import IGNORE, Loader, global_sequences, make_source, shard_batch
+from .data import IGNORE, Batch, Loader, global_sequences, make_source, shard_batch
 from .metrics import MetricsLog, Progress, peak_flops, peak_memory_gib, read_jsonl, summarize
 from .parallel import build_mesh, build_model, param_dtype
 
@@ -67,16 +68,17 @@ class Trainer:
         world = dist.get_world_size(group)
         dp, cp = cfg.check_world(world)
         if cfg.attention == "sdpa" and cp > 1:
-            raise ValueError("attention='sdpa' has no context parallelism of its own: use cp=1 "
-                             "(or the torch-CP benchmark, which wraps it in torch's context_parallel)")
+            raise ValueError("attention='sdpa' has no context parallelism: use cp=1, or attention='burst' "
+                             "or 'torch-cp'")
+        if cfg.attention == "torch-cp" and cp > 1 and (group is not None and world != dist.get_world_size()):
+            raise ValueError("attention='torch-cp' needs the whole world (its device mesh)")
         self.cfg = cfg
         self.device = device or default_device()
         self.mesh = build_mesh(dp, cp, self.device, group)
         self.group = self.mesh.group
         self.model = build_model(cfg, self.mesh)
         self.optimizer = build_optimizer(self.model, cfg)
-        self.loader = Loader(make_source(cfg), cfg.batch_size, dp, self.mesh.dp_rank, cp, self.mesh.cp_rank,
-                             cfg.layout, self.device)
+        self.loader = Loader(make_source(cfg), cfg.batch_size, dp, self.mesh.dp_rank)
         self.step = 0
         self.rank = dist.get_rank(group)
         self.run_dir = cfg.run_dir
@@ -85,16 +87,47 @@ class Trainer:
         self.flops_per_token = cfg.model.flops_per_token(cfg.seq_len)
         self.peak = peak_flops(self.device, cfg.peak_tflops)
 
+    # --- batches ----------------------------------------------------------------------------
+
+    @property
+    def torch_cp(self) -> bool:
+        return self.cfg.attention == "torch-cp" and self.mesh.cp > 1
+
+    def make_batch(self, indices, stream: int = 0):
+        """This rank's batch of the given sequences: its shard under our layout, or, for
+        torch-cp, the whole sequences (torch's context_parallel shards them in the step)."""
+        toks, labs, depths = global_sequences(self.loader.source, indices, stream)
+        if self.torch_cp:
+            S = toks.shape[1]
+            return Batch(tokens=toks.to(self.device), labels=labs.to(self.device),
+                         positions=torch.arange(S, device=self.device), depth=depths)
+        m = self.mesh
+        return shard_batch(toks, labs, depths, self.cfg.layout, m.cp_rank, m.cp, self.device)
+
+    def batch(self, step: int):
+        return self.make_batch(self.loader.indices(step))
+
+    def cp_context(self, batch):
+        """torch-cp: shard the batch in place and patch SDPA into torch's ring for the step."""
+        if not self.torch_cp:
+            return contextlib.nullcontext()
+        from torch.distributed.tensor.experimental import context_parallel
+
+        bufs = [batch.tokens, batch.labels, batch.positions]
+        return context_parallel(self.mesh.mesh["cp"], buffers=bufs, buffer_seq_dims=[1, 1, 0],
+                                no_restore_buffers=set(bufs))
+
     # --- one step ---------------------------------------------------------------------------
 
     def train_step(self, batch, step: int):
         """Forward, backward, clip, AdamW.  Returns device tensors (this rank's loss sum, global
         labelled-token count, global grad norm) without waiting for them."""
         cfg = self.cfg
-        count = (batch.labels != IGNORE).sum().to(torch.float32)
-        dist.all_reduce(count, group=self.group)
-        loss_sum = self.model(batch.tokens, batch.positions, batch.labels, ignore_index=IGNORE)
-        (loss_sum * (self.mesh.world / count.clamp_min(1.0))).backward()
+        with self.cp_context(batch):
+            count = (batch.labels != IGNORE).sum().to(torch.float32)
+            dist.all_reduce(count, group=self.group)
+            loss_sum = self.model(batch.tokens, batch.positions, batch.labels, ignore_index=IGNORE)
+            (loss_sum * (self.mesh.world / count.clamp_min(1.0))).backward()
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"),
                                               foreach=True)
@@ -107,10 +140,11 @@ class Trainer:
 
     def loss_and_grads(self, batch):
         """(global mean loss, {name: full gradient}) of one batch, no optimizer step (tests)."""
-        count = (batch.labels != IGNORE).sum().to(torch.float32)
-        dist.all_reduce(count, group=self.group)
-        loss_sum = self.model(batch.tokens, batch.positions, batch.labels, ignore_index=IGNORE)
-        (loss_sum * (self.mesh.world / count.clamp_min(1.0))).backward()
+        with self.cp_context(batch):
+            count = (batch.labels != IGNORE).sum().to(torch.float32)
+            dist.all_reduce(count, group=self.group)
+            loss_sum = self.model(batch.tokens, batch.positions, batch.labels, ignore_index=IGNORE)
+            (loss_sum * (self.mesh.world / count.clamp_min(1.0))).backward()
         total = loss_sum.detach().clone()
         dist.all_reduce(total, group=self.group)
         grads = {n: _full(p.grad).detach().clone() for n, p in self.model.named_parameters()}
@@ -139,11 +173,12 @@ class Trainer:
                 idx, count_it = [0], False
             else:
                 count_it = True
-            toks, labs, depths = global_sequences(self.loader.source, idx, stream=1)
-            b = shard_batch(toks, labs, depths, cfg.layout, m.cp_rank, m.cp, self.device)
-            preds = self.model(b.tokens, b.positions, b.labels, ignore_index=IGNORE, predict=True)
-            keep = b.labels != IGNORE
-            per_seq = torch.stack([((preds == b.labels) & keep).sum(1), keep.sum(1)], 1).to(torch.float64)
+            b = self.make_batch(idx, stream=1)
+            depths = b.depth
+            with self.cp_context(b):
+                preds = self.model(b.tokens, b.positions, b.labels, ignore_index=IGNORE, predict=True)
+                keep = b.labels != IGNORE
+                per_seq = torch.stack([((preds == b.labels) & keep).sum(1), keep.sum(1)], 1).to(torch.float64)
             if m.cp_group is not None:  # an answer may be split over the cp ranks
                 dist.all_reduce(per_seq, group=m.cp_group)
             if not count_it:
@@ -214,7 +249,7 @@ class Trainer:
         acc_loss, acc_count = None, None
         end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
         while self.step < end:
-            batch = self.loader.batch(self.step)
+            batch = self.batch(self.step)
             loss_sum, count, norm = self.train_step(batch, self.step)
             self.step += 1
             window_steps += 1

@@ -91,8 +91,10 @@ def parallelize(model: Transformer, m: Mesh, precision: str = "auto", layout: st
     point its attention at the CP group.  Returns the same module."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    model.set_context_parallel(ContextParallel(group=m.cp_group, layout=layout, backward=attn_backward,
-                                               kernel=None if kernel == "auto" else kernel, attention=attention))
+    # torch-cp: the model calls plain SDPA, which torch's context_parallel patches into its ring
+    model.set_context_parallel(ContextParallel(group=m.cp_group if attention == "burst" else None, layout=layout,
+                                               backward=attn_backward,
+                                               kernel=None if kernel == "auto" else kernel))
     pdt = param_dtype(precision, m.device)
     mp = MixedPrecisionPolicy(param_dtype=pdt, reduce_dtype=torch.float32)
     for i, block in enumerate(model.layers):
