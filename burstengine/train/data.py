@@ -39,33 +39,34 @@ def _rng(seed: int, stream: int, index: int) -> np.random.Generator:
 
 
 class Passkey:
-    """Passkey retrieval (Mohtashami & Jaggi, 2023) with a random filler::
+    """Passkey retrieval (Mohtashami & Jaggi, 2023)::
 
-        BOS  f1..fP f1..fP f1..  KEY k1..kL  ..fP f1..fP ..  QUERY KEY k1..kL
-             filler: one random "sentence" of P tokens, repeated       ^ the answer
+        BOS  ..filler..filler..  KEY k1..kL  ..filler..filler..  QUERY KEY k1..kL
+                                                                        ^ the answer
 
-    The passkey is L distinct symbols out of ``symbols``; filler tokens come from the rest of
-    the vocabulary, so the only way to the answer is to find the earlier KEY, wherever it was
-    hidden, and copy what followed it.  Training labels every predictable token (the repeats of
-    the filler sentence teach the model to copy from context, as real text does; the first
-    sentence and the hidden key itself are not predictable and are ignored) and the answer;
-    held-out sequences (stream > 0) label the answer only, so accuracy measures retrieval."""
+    As in the original test, the filler is one fixed "sentence" repeated (here a random one of
+    ``period`` tokens drawn once from the seed, entered at a random phase): it carries no
+    information, so the only way to the answer is to find the earlier KEY, at whatever depth it
+    was hidden, and copy what followed it.  The passkey is L distinct symbols out of
+    ``symbols``; filler tokens come from the rest of the vocabulary.  Only the answer is
+    labelled (train and held-out alike), so the loss and the accuracy measure retrieval alone;
+    chance is 1/symbols per answer token."""
 
     def __init__(self, seq_len: int, vocab: int, key_len: int = 4, symbols: int = 16, seed: int = 0,
-                 period: tuple[int, int] = (16, 64)):
+                 period: int = 23):
         self.seq_len, self.vocab, self.key_len, self.symbols, self.seed = seq_len, vocab, key_len, symbols, seed
         self.filler0 = FIRST_SYMBOL + symbols
-        self.period = (min(period[0], seq_len // 4), min(period[1], seq_len // 4))
+        self.sentence = _rng(seed, 999, 0).integers(self.filler0, vocab, size=period)
 
     def sample(self, index: int, stream: int = 0) -> tuple[np.ndarray, np.ndarray, float]:
         """(tokens (S+1,), labels (S,), depth of the key in [0, 1]) of sequence ``index``;
         stream 0 is training data, others are held-out."""
         S, L = self.seq_len, self.key_len
         g = _rng(self.seed, stream, index)
-        P = int(g.integers(self.period[0], self.period[1] + 1))
+        P = len(self.sentence)
         t = np.empty(S + 1, dtype=np.int64)
         t[0] = BOS
-        t[1:] = np.resize(g.integers(self.filler0, self.vocab, size=P), S)
+        t[1:] = np.resize(np.roll(self.sentence, -int(g.integers(P))), S)
         key = FIRST_SYMBOL + g.permutation(self.symbols)[:L]
         q = S - L - 1  # QUERY here, then KEY, then the answer: the last L tokens
         at = int(g.integers(1, q - L - 1))  # the hidden KEY marker, anywhere before the question
@@ -74,14 +75,7 @@ class Passkey:
         t[q], t[q + 1] = QUERY, KEY
         t[q + 2:] = key
         labels = np.full(S, IGNORE, dtype=np.int64)
-        if stream == 0:
-            labels[:] = t[1:]
-            # label i predicts token i+1: not the first sentence, nor the hidden key and the
-            # token after it, nor the question's markers
-            labels[:P] = IGNORE
-            labels[at - 1:at + L + 1] = IGNORE
-            labels[q - 1:q + 1] = IGNORE
-        labels[q + 1:] = key
+        labels[q + 1:] = key  # label i is token i+1: from the question's KEY on
         return t, labels, at / q
 
 
