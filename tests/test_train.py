@@ -240,9 +240,11 @@ def test_cli_train_killed_in_save_then_resume_and_plot(tmp_path):
     assert ck == ["step_00000002", "step_00000004.tmp"], ck
     rc, out = _cli(*args)
     assert rc == 2 and "--resume" in out, out               # refuses to clobber the run
-    rc, out = _cli(*args, "--resume")
+    rc, out = _cli(*args, "--resume", "--record", "rec", env_extra={"BURST_RESULTS": str(tmp_path)})
     assert rc == 0, out
     assert "resumed from" in out and "step_00000002" in out
+    rec = json.loads((tmp_path / "rec.json").read_text())
+    assert rec["summary"]["steps"] == 6 and rec["config"]["steps"] == 4 and "--resume" in rec["command"]
     recs = [json.loads(line) for line in open(run / "metrics.jsonl")]
     steps = [r for r in recs if r["kind"] == "step"]
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 3, 4]

@@ -13,7 +13,6 @@ differentiates is the global mean whatever the sharding.  A fused LM head + cros
 """
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 

@@ -29,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=86400.0,
                    help="seconds before spawned ranks are stopped, and the collective timeout [%(default)s]")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as TOML-like lines and exit")
+    p.add_argument("--record", metavar="NAME", default=None,
+                   help="after a successful run, write its summary and config as a JSON record "
+                        "benchmarks/results/NAME.json (command, commit, versions)")
 
 
 def _err(msg: str) -> int:
@@ -75,10 +78,12 @@ def run(args) -> int:
 
         own = init_from_env(args.timeout)
         try:
-            return run_rank(cfg, args.resume, args.overwrite)
+            code = run_rank(cfg, args.resume, args.overwrite)
+            rank = dist.get_rank()
         finally:
             if own:
                 dist.destroy_process_group()
+        return _record(cfg, args.record, code) if rank == 0 else code
     world = args.world or cfg.cp or 1
     if world < 1:
         return _err(f"--world must be >= 1, got {world}")
@@ -86,15 +91,20 @@ def run(args) -> int:
         cfg.check_world(world)
     except ValueError as e:
         return _err(str(e))
-    return spawn(run_rank, (cfg, args.resume, args.overwrite), world, args.timeout, prog="burstengine train")
+    code = spawn(run_rank, (cfg, args.resume, args.overwrite), world, args.timeout, prog="burstengine train")
+    return _record(cfg, args.record, code)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="burstengine train", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return run(p.parse_args(argv))
+def _record(cfg, name, code: int) -> int:
+    if not name or code:
+        return code
+    import os
 
+    from ..bench.record import write_record
+    from .metrics import read_jsonl
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+    recs = read_jsonl(os.path.join(cfg.run_dir, "metrics.jsonl"))
+    summary = [r for r in recs if r.get("kind") == "summary"][-1]
+    evals = [r for r in recs if r.get("kind") == "eval"]
+    print("record:", write_record(name, {"summary": summary, "evals": evals, "config": cfg.to_dict()}))
+    return 0

@@ -159,8 +159,8 @@ def _train(model: str, **kw) -> TrainConfig:
 # all ranks, bf16, full-layer checkpointing (at 100K+ tokens per GPU even the block inputs of 32
 # layers take tens of GB), logits chunked
 PRESETS: dict[str, TrainConfig] = {
-    "tiny": _train("tiny", cp=2, seq_len=512, batch_size=8, steps=300, lr=3e-3, warmup_steps=20, weight_decay=0.0,
-                   passkey_len=4, passkey_symbols=32, eval_every=50, eval_samples=64, ckpt_every=100),
+    "tiny": _train("tiny", cp=2, seq_len=256, batch_size=16, steps=400, lr=3e-3, warmup_steps=20, weight_decay=0.0,
+                   passkey_len=1, passkey_symbols=32, eval_every=50, eval_samples=128, ckpt_every=100),
     "llama-7b": _train("llama-7b", seq_len=131072, steps=20, lr=3e-4, checkpoint="full", loss="chunked",
                        log_every=1),
     "llama-8b": _train("llama-8b", seq_len=131072, steps=20, lr=3e-4, checkpoint="full", loss="chunked",
