@@ -188,7 +188,7 @@ def test_jsonl_with_local_tokenizer(tmp_path):
     (["lr=0"], "lr must be > 0"),
     (["model.n_kv_heads=3"], "multiple of model.n_kv_heads"),
     (["data=/no/such.bin"], "no such file"),
-    (["model.vocab_size=16"], "vocab_size >= 22"),
+    (["model.vocab_size=16"], "vocab_size >= 38"),
 ])
 def test_config_errors(over, msg):
     with pytest.raises(ValueError, match=msg):
