@@ -12,6 +12,8 @@ COMMANDS = {
     "demo": "burstengine.demo",
     "bench": "burstengine.bench.command",
     "plan": "burstengine.plan",
+    "train": "burstengine.train.cli",
+    "plot": "burstengine.train.plot",
 }
 
 
@@ -19,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
     p = argparse.ArgumentParser(prog="burstengine",
-                                description="BurstEngine: exact sequence-parallel attention (BurstAttention).")
+                                description="BurstEngine: exact sequence-parallel attention (BurstAttention) and long-context training.")
     p.add_argument("--version", action="version", version=f"burstengine {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, modname in COMMANDS.items():

@@ -1,0 +1,204 @@
+"""End-to-end training throughput: BurstEngine beside torch-native context parallelism.
+
+    torchrun --nproc_per_node 2 -m burstengine.bench.train --model llama-7b \\
+        --seqs 131072,262144,524288 --longest
+
+Same model, same FSDP2 setup (parameters sharded over all ranks, bf16 compute, fp32 reduce
+and master weights), same data and loss, same launch; only the attention differs: ``burst``
+(BurstAttention over our layout) or ``torch-cp`` (plain SDPA inside
+torch.distributed.tensor.experimental.context_parallel, its head-tail load balancing).  For
+each total sequence length it runs --warmup + --steps optimizer steps per method and reports
+the median step time as tokens/s per GPU (TGS), MFU (DESIGN.md's FLOPs per token, 989 TFLOP/s
+on H100/H200) and peak allocated memory (max over ranks), then writes a JSON record with the
+raw step times.  ``--longest`` keeps doubling the sequence after the last one until a method
+runs out of memory.  The loss of step 0 is printed per method: the same batch and weights give
+the same loss whichever attention runs (a cheap end-to-end correctness check).
+
+On a CPU machine without torchrun it spawns --world gloo ranks (a tiny model by default) so the
+whole path can be tried anywhere; torch-cp is then reported as not supported (torch's CP has no
+rule for the CPU SDPA kernel).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+METHODS = ("burst", "torch-cp")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="preset (default: llama-7b on GPU, tiny on CPU)")
+    p.add_argument("--seqs", default=None, help="total sequence lengths, comma-separated "
+                                                "(default: 131072,262144,524288 on GPU, 512,1024 on CPU)")
+    p.add_argument("--longest", action="store_true",
+                   help="then double the sequence until a method runs out of memory (or passes --max-seq)")
+    p.add_argument("--max-seq", type=int, default=None,
+                   help="cap for --longest (default: 4194304 on GPU, 2048 on CPU)")
+    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of %(default)s")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per case [%(default)s]")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first [%(default)s]")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="config overrides for every case (e.g. checkpoint=selective)")
+    p.add_argument("--name", default=None, help="record name [train_<model>_<world>x<device>]")
+    p.add_argument("--out-dir", default=None, help="record directory [benchmarks/results or $BURST_RESULTS]")
+    p.add_argument("--world", type=int, default=2, help="ranks to spawn without torchrun [%(default)s]")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds before spawned ranks are stopped")
+
+
+def _say(msg: str) -> None:
+    if dist.get_rank() == 0:
+        print(msg, flush=True)
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_case(model: str, method: str, seq: int, args) -> dict:
+    """One (method, sequence): a fresh trainer, warm-up + timed steps; OOM is reported, not raised."""
+    from ..train import Trainer, load
+
+    over = list(args.overrides) + [f"seq_len={seq}", "cp=0", f"attention={method}", "progress=false",
+                                   f"steps={args.warmup + args.steps}", "batch_size=1", "eval_every=0"]
+    row = {"method": method, "seq_len": seq}
+    trainer = None
+    oom = torch.zeros(1)
+    try:
+        cfg = load(model, over)
+        trainer = Trainer(cfg, echo=False)
+        dev = trainer.device
+        oom = oom.to(dev)
+        times, first_loss = [], None
+        for step in range(args.warmup + args.steps):
+            if step == args.warmup and dev.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(dev)
+            batch = trainer.batch(step)
+            _sync(dev)
+            dist.barrier()
+            t0 = time.perf_counter()
+            loss_sum, count, _ = trainer.train_step(batch, step)
+            _sync(dev)
+            dt = time.perf_counter() - t0
+            if step == 0:
+                total = loss_sum.clone()
+                dist.all_reduce(total)
+                first_loss = (total / count).item()
+            if step >= args.warmup:
+                times.append(dt)
+        from ..train.metrics import peak_memory_gib
+
+        t = torch.tensor(times, dtype=torch.float64, device=dev)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace of a step
+        mem = torch.tensor([peak_memory_gib(dev)], device=dev)
+        dist.all_reduce(mem, op=dist.ReduceOp.MAX)
+        med = statistics.median(t.tolist())
+        world = dist.get_world_size()
+        tgs = seq / world / med
+        peak = trainer.peak
+        row.update(ok=True, step_times_s=t.tolist(), median_step_s=med, tokens_per_s_per_gpu=tgs,
+                   mfu=tgs * trainer.flops_per_token / peak if peak else None, peak_mem_gib=mem.item(),
+                   first_loss=first_loss, flops_per_token=trainer.flops_per_token)
+    except torch.OutOfMemoryError:
+        oom.fill_(1)
+        row.update(ok=False, error="out of memory")
+    except NotImplementedError as e:  # torch-cp on CPU: its ring patches only the CUDA SDPA ops
+        oom.fill_(1)
+        row.update(ok=False, error=f"not supported here: {str(e).splitlines()[0][:160]}")
+    finally:
+        del trainer
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    # every rank must agree that the case failed before the next one starts
+    if oom.device.type == "cpu" and torch.cuda.is_available():
+        oom = oom.cuda()
+    dist.all_reduce(oom, op=dist.ReduceOp.MAX)
+    if oom.item() and row.get("ok"):
+        row.update(ok=False, error="failed on another rank")
+    return row
+
+
+def run_rank(args) -> int:
+    from .record import write_record
+
+    on_gpu = torch.cuda.is_available()
+    model = args.model or ("llama-7b" if on_gpu else "tiny")
+    seqs = [int(s) for s in (args.seqs or ("131072,262144,524288" if on_gpu else "512,1024")).split(",")]
+    max_seq = args.max_seq or (4194304 if on_gpu else 2048)
+    methods = [m for m in args.methods.split(",") if m]
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        _say(f"error: unknown methods {bad}; expected {METHODS}")
+        return 2
+    world = dist.get_world_size()
+    _say(f"{model} on {world} x {torch.cuda.get_device_name() if on_gpu else 'cpu'}: {', '.join(methods)} at "
+         f"{', '.join(map(str, seqs))}{' then doubling' if args.longest else ''}; {args.warmup} warm-up + "
+         f"{args.steps} timed steps each; overrides {args.overrides or 'none'}")
+    rows = []
+    for method in methods:
+        todo = list(seqs)
+        while todo:
+            seq = todo.pop(0)
+            row = run_case(model, method, seq, args)
+            rows.append(row)
+            if row["ok"]:
+                mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "-"
+                _say(f"{method:>9} S={seq:>8}: {row['median_step_s']:.3f} s/step, {row['tokens_per_s_per_gpu']:,.0f} "
+                     f"tok/s/GPU, MFU {mfu}, peak {row['peak_mem_gib']:.1f} GiB, step-0 loss {row['first_loss']:.5f}")
+            else:
+                _say(f"{method:>9} S={seq:>8}: {row['error']}")
+            if args.longest and not todo and row["ok"] and seq * 2 <= max_seq:
+                todo.append(seq * 2)
+    # the table, and ratios to torch-cp at the same sequence
+    by = {(r["method"], r["seq_len"]): r for r in rows}
+    if dist.get_rank() == 0:
+        print(f"\n{'method':>9} {'seq':>9} {'s/step':>8} {'TGS':>9} {'MFU':>7} {'GiB':>7} {'TGS/torch-cp':>13}")
+        for r in rows:
+            if not r["ok"]:
+                print(f"{r['method']:>9} {r['seq_len']:>9} {r['error']}")
+                continue
+            base = by.get(("torch-cp", r["seq_len"]))
+            ratio = f"{r['tokens_per_s_per_gpu'] / base['tokens_per_s_per_gpu']:.2f}x" if base and base["ok"] else "-"
+            mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
+            print(f"{r['method']:>9} {r['seq_len']:>9} {r['median_step_s']:>8.3f} {r['tokens_per_s_per_gpu']:>9,.0f} "
+                  f"{mfu:>7} {r['peak_mem_gib']:>7.1f} {ratio:>13}")
+        for seq in sorted({r["seq_len"] for r in rows}):
+            a, b = by.get(("burst", seq)), by.get(("torch-cp", seq))
+            if a and b and a["ok"] and b["ok"]:
+                rel = abs(a["first_loss"] - b["first_loss"]) / abs(b["first_loss"])
+                print(f"S={seq}: step-0 loss burst {a['first_loss']:.5f} vs torch-cp {b['first_loss']:.5f} "
+                      f"(rel diff {rel:.1e})")
+        name = args.name or f"train_{model}_{world}x{'gpu' if on_gpu else 'cpu'}"
+        path = write_record(name, {"model": model, "world": world, "methods": methods, "warmup": args.warmup,
+                                   "steps": args.steps, "overrides": args.overrides, "rows": rows},
+                            out_dir=args.out_dir)
+        print(f"record: {path}")
+    return 0
+
+
+def main(argv=None) -> int:
+    from ..launch import init_from_env, spawn, under_launcher
+
+    p = argparse.ArgumentParser(prog="python -m burstengine.bench.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    args = p.parse_args(argv)
+    if under_launcher():
+        own = init_from_env(args.timeout)
+        try:
+            return run_rank(args)
+        finally:
+            if own:
+                dist.destroy_process_group()
+    return spawn(run_rank, (args,), args.world, args.timeout, prog="burstengine.bench.train")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

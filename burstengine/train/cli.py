@@ -1,0 +1,110 @@
+"""`burstengine train`: train a LLaMA-style model with FSDP2 + BurstAttention context parallelism.
+
+    burstengine train --config tiny                          # CPU: spawns 2 gloo ranks (CP=2)
+    burstengine train --config tiny --set steps=50 --set model.n_layers=2
+    burstengine train --config my.toml --resume              # continue from the latest checkpoint
+    torchrun --nproc_per_node 8 -m burstengine train --config llama-7b --set seq_len=524288
+
+--config takes a preset (tiny, llama-7b, llama-8b, llama-14b) or a TOML file (see
+burstengine/train/config.py).  Under torchrun the ranks are torchrun's (NCCL on GPUs); without
+it, --world local processes are spawned.  Metrics go to <out_dir>/metrics.jsonl (one line per
+step, eval lines, a final summary), checkpoints to <out_dir>/checkpoints.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "train a LLaMA-style model (FSDP2 + BurstAttention context parallelism)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default="tiny", help="preset name or TOML file [%(default)s]")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config field (repeatable), e.g. --set steps=10 --set model.dim=256")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in <out_dir>")
+    p.add_argument("--overwrite", action="store_true", help="start again even if <out_dir> holds a run")
+    p.add_argument("--world", type=int, default=None,
+                   help="ranks to spawn without torchrun (default: the config's cp, or 1)")
+    p.add_argument("--timeout", type=float, default=86400.0,
+                   help="seconds before spawned ranks are stopped, and the collective timeout [%(default)s]")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config as TOML-like lines and exit")
+    p.add_argument("--record", metavar="NAME", default=None,
+                   help="after a successful run, write its summary and config as a JSON record "
+                        "benchmarks/results/NAME.json (command, commit, versions)")
+
+
+def _err(msg: str) -> int:
+    print(f"burstengine train: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def run_rank(cfg, resume: bool, overwrite: bool) -> int:
+    """The job on this rank of an initialised default group."""
+    import torch.distributed as dist
+
+    from .loop import Trainer
+
+    try:
+        trainer = Trainer(cfg)
+        trainer.fit(resume=resume, overwrite=overwrite)
+    except ValueError as e:
+        # config/world mismatches are found on every rank alike, before any collective
+        if dist.get_rank() == 0:
+            print(f"burstengine train: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def run(args) -> int:
+    from ..launch import init_from_env, spawn, under_launcher
+    from .config import load
+
+    try:
+        cfg = load(args.config, args.overrides)
+    except ValueError as e:
+        return _err(str(e))
+    if args.print_config:
+        for k, v in cfg.to_dict().items():
+            if isinstance(v, dict):
+                print(f"[{k}]")
+                for k2, v2 in v.items():
+                    print(f"  {k2} = {v2!r}")
+            else:
+                print(f"{k} = {v!r}")
+        return 0
+    if under_launcher():
+        import torch.distributed as dist
+
+        own = init_from_env(args.timeout)
+        try:
+            code = run_rank(cfg, args.resume, args.overwrite)
+            rank = dist.get_rank()
+        finally:
+            if own:
+                dist.destroy_process_group()
+        return _record(cfg, args.record, code) if rank == 0 else code
+    world = args.world or cfg.cp or 1
+    if world < 1:
+        return _err(f"--world must be >= 1, got {world}")
+    try:
+        cfg.check_world(world)
+    except ValueError as e:
+        return _err(str(e))
+    code = spawn(run_rank, (cfg, args.resume, args.overwrite), world, args.timeout, prog="burstengine train")
+    return _record(cfg, args.record, code)
+
+
+def _record(cfg, name, code: int) -> int:
+    if not name or code:
+        return code
+    import os
+
+    from ..bench.record import write_record
+    from .metrics import read_jsonl
+
+    recs = read_jsonl(os.path.join(cfg.run_dir, "metrics.jsonl"))
+    summary = [r for r in recs if r.get("kind") == "summary"][-1]
+    evals = [r for r in recs if r.get("kind") == "eval"]
+    print("record:", write_record(name, {"summary": summary, "evals": evals, "config": cfg.to_dict()}))
+    return 0

@@ -1,0 +1,292 @@
+"""The one configuration of a training job: a dataclass, presets, TOML files, ``--set`` overrides.
+
+A job starts from a preset (``tiny``, ``llama-7b``, ``llama-8b``, ``llama-14b``) or a TOML file,
+which may name a preset as its ``base`` and override any field; model shapes live in the
+``[model]`` table::
+
+    base = "tiny"
+    steps = 400
+    [model]
+    n_layers = 2
+
+then ``--set key=value`` (``--set model.dim=256``) overrides one field at a time.  Every value is
+checked against the field's type and range, and an unknown key names the closest known one.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import os
+import typing
+from dataclasses import dataclass, field
+
+from ..layout import LAYOUTS
+from ..model.checkpointing import POLICIES
+from ..model.llama import PRESETS as MODEL_PRESETS
+from ..model.llama import ModelArgs
+from ..model.losses import LOSSES
+
+SCHEDULES = ("cosine", "linear", "constant")
+PRECISIONS = ("auto", "fp32", "bf16")
+ATTN_BACKWARDS = ("auto", "burst", "ring")
+ATTENTIONS = ("burst", "torch-cp", "sdpa")
+TOKEN_DTYPES = ("uint16", "uint32")
+
+
+@dataclass
+class TrainConfig:
+    """Every knob of ``burstengine train``.  Sizes are global unless they say otherwise."""
+
+    name: str = "run"
+    model: ModelArgs = field(default_factory=lambda: copy.deepcopy(MODEL_PRESETS["tiny"]))
+    # parallelism: world = dp_shard x cp; FSDP shards parameters over all of it
+    cp: int = 0                      # context-parallel ranks per sequence; 0 = all ranks
+    layout: str = "zigzag"           # how a sequence is split over the cp ranks
+    attention: str = "burst"         # burst (BurstAttention), torch-cp (torch's context_parallel), sdpa (no CP)
+    attn_backward: str = "auto"      # BurstAttention backward: burst / ring / auto
+    kernel: str = "auto"             # local attention kernel (see burstengine.kernels)
+    checkpoint: str = "none"         # activation checkpointing policy
+    loss: str = "naive"              # hidden states -> loss (see burstengine.model.losses)
+    precision: str = "auto"          # auto: bf16 params / fp32 reduce on CUDA, fp32 on CPU
+    # data
+    data: str = "passkey"            # "passkey" (synthetic), a .bin token file or a .jsonl text file
+    tokenizer: str = ""              # tokenizer.json for .jsonl data
+    token_dtype: str = "uint16"      # element type of a .bin token file
+    seq_len: int = 1024              # tokens per sequence (global, split over cp ranks)
+    batch_size: int = 1              # sequences per step per data-parallel rank
+    passkey_len: int = 4             # tokens in the passkey
+    passkey_symbols: int = 16        # distinct passkey tokens (chance = 1 / this per token)
+    # optimisation
+    steps: int = 100
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1        # final lr = lr x this (cosine / linear)
+    warmup_steps: int = 10
+    schedule: str = "cosine"
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0           # max global grad norm; 0 = no clipping
+    seed: int = 0
+    # output, checkpoints, metrics
+    out_dir: str = "runs/{name}"
+    ckpt_every: int = 0              # save every K steps (and at the end); 0 = never
+    ckpt_keep: int = 2               # checkpoints kept on disk
+    log_every: int = 1
+    eval_every: int = 0              # passkey accuracy every K steps (and at the end); 0 = end only
+    eval_samples: int = 64
+    peak_tflops: float = 0.0         # per-device peak for MFU; 0 = known GPUs' bf16 dense peak
+    progress: bool = True            # progress bar (only ever on an interactive terminal)
+
+    @property
+    def run_dir(self) -> str:
+        return self.out_dir.format(name=self.name)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad field."""
+        self.model.validate()
+        _choice("layout", self.layout, LAYOUTS)
+        _choice("attention", self.attention, ATTENTIONS)
+        _choice("attn_backward", self.attn_backward, ATTN_BACKWARDS)
+        _choice("checkpoint", self.checkpoint, tuple(POLICIES))
+        _choice("loss", self.loss, tuple(LOSSES))
+        _choice("precision", self.precision, PRECISIONS)
+        _choice("schedule", self.schedule, SCHEDULES)
+        _choice("token_dtype", self.token_dtype, TOKEN_DTYPES)
+        for name in ("seq_len", "batch_size", "steps", "log_every", "eval_samples", "passkey_len", "passkey_symbols",
+                     "ckpt_keep"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("cp", "warmup_steps", "ckpt_every", "eval_every", "seed"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        for name in ("min_lr_ratio", "beta1", "beta2"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        for name in ("weight_decay", "grad_clip", "peak_tflops"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.data == "passkey":
+            need = 4 + self.passkey_symbols + 2
+            if self.model.vocab_size < need:
+                raise ValueError(f"the passkey task needs model.vocab_size >= {need} "
+                                 f"(4 special + {self.passkey_symbols} passkey symbols + filler), "
+                                 f"got {self.model.vocab_size}")
+            if self.passkey_len > self.passkey_symbols:
+                raise ValueError(f"passkey_len ({self.passkey_len}) must be <= passkey_symbols "
+                                 f"({self.passkey_symbols}): passkey tokens are distinct")
+            if self.seq_len < 2 * self.passkey_len + 8:
+                raise ValueError(f"seq_len {self.seq_len} is too short for a passkey of {self.passkey_len} tokens")
+        else:
+            if not os.path.exists(self.data):
+                raise ValueError(f"data {self.data!r}: no such file (or use data = \"passkey\")")
+            if self.data.endswith(".jsonl") and not self.tokenizer:
+                raise ValueError("jsonl data needs tokenizer = path to a tokenizer.json")
+            if self.tokenizer and not os.path.exists(self.tokenizer):
+                raise ValueError(f"tokenizer {self.tokenizer!r}: no such file")
+        try:
+            self.run_dir
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"out_dir {self.out_dir!r}: only {{name}} may be substituted ({e})") from None
+
+    def check_world(self, world: int) -> tuple[int, int]:
+        """(dp, cp) for ``world`` ranks; ValueError if the sizes do not fit."""
+        cp = self.cp or world
+        if world % cp:
+            raise ValueError(f"cp={cp} does not divide the world size {world}")
+        unit = 2 * cp if self.layout == "zigzag" else cp
+        if self.seq_len % unit:
+            raise ValueError(f"seq_len {self.seq_len} is not divisible by {unit} "
+                             f"({'2 x ' if self.layout == 'zigzag' else ''}cp={cp}) as layout {self.layout!r} requires")
+        return world // cp, cp
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+def _train(model: str, **kw) -> TrainConfig:
+    return TrainConfig(name=model, model=copy.deepcopy(MODEL_PRESETS[model]), **kw)
+
+
+# tiny: the CPU default (2 gloo ranks, CP=2) on the passkey task; the others: GPU nodes, CP over
+# all ranks, bf16, full-layer checkpointing (at 100K+ tokens per GPU even the block inputs of 32
+# layers take tens of GB), logits chunked
+PRESETS: dict[str, TrainConfig] = {
+    "tiny": _train("tiny", cp=2, seq_len=256, batch_size=16, steps=400, lr=3e-3, warmup_steps=20, weight_decay=0.0,
+                   passkey_len=1, passkey_symbols=32, eval_every=50, eval_samples=128, ckpt_every=100),
+    "llama-7b": _train("llama-7b", seq_len=131072, steps=20, lr=3e-4, checkpoint="full", loss="chunked",
+                       log_every=1),
+    "llama-8b": _train("llama-8b", seq_len=131072, steps=20, lr=3e-4, checkpoint="full", loss="chunked",
+                       log_every=1),
+    "llama-14b": _train("llama-14b", seq_len=131072, steps=20, lr=3e-4, checkpoint="full", loss="chunked",
+                        log_every=1),
+}
+
+
+def preset(name: str) -> TrainConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)} or a .toml file")
+    return copy.deepcopy(PRESETS[name])
+
+
+# --- setting fields from strings and TOML values -------------------------------------------------
+
+def _fields(cls) -> dict[str, type]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _lookup(cfg: TrainConfig, key: str):
+    """(object, field name, field type) for 'name' or 'model.name'."""
+    parts = key.split(".")
+    obj, cls = cfg, TrainConfig
+    for i, part in enumerate(parts):
+        known = _fields(cls)
+        if part not in known:
+            prefix = ".".join(parts[:i])
+            names = [f"{prefix}.{n}" if prefix else n for n in known]
+            close = difflib.get_close_matches(key, names + ([f"model.{n}" for n in _fields(ModelArgs)] if not prefix
+                                                            else []), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"unknown config key {key!r}{hint}")
+        typ = known[part]
+        if i == len(parts) - 1:
+            if dataclasses.is_dataclass(typ):
+                raise ValueError(f"config key {key!r} is a table; set its fields as {key}.<field>")
+            return obj, part, typ
+        if not dataclasses.is_dataclass(typ):
+            raise ValueError(f"config key {'.'.join(parts[:i + 1])!r} is a {typ.__name__}, not a table")
+        obj, cls = getattr(obj, part), typ
+    raise AssertionError
+
+
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def _parse(key: str, text: str, typ):
+    try:
+        if typ is bool:
+            if text.lower() in _TRUE:
+                return True
+            if text.lower() in _FALSE:
+                return False
+            raise ValueError
+        if typ is int:
+            return int(text)
+        if typ is float:
+            return float(text)
+        if typ is str:
+            return text
+    except ValueError:
+        pass
+    else:
+        raise ValueError(f"config key {key!r} has unsupported type {typ}")
+    raise ValueError(f"config key {key!r} expects {typ.__name__}, got {text!r}")
+
+
+def _coerce(key: str, value, typ):
+    """A TOML value for a field of type ``typ`` (ints are fine for floats, nothing else converts)."""
+    ok = (isinstance(value, bool) if typ is bool else
+          isinstance(value, int) and not isinstance(value, bool) if typ is int else
+          isinstance(value, (int, float)) and not isinstance(value, bool) if typ is float else
+          isinstance(value, str) if typ is str else False)
+    if not ok:
+        raise ValueError(f"config key {key!r} expects {typ.__name__}, got {type(value).__name__} {value!r}")
+    return float(value) if typ is float else value
+
+
+def set_value(cfg: TrainConfig, assignment: str) -> None:
+    """Apply one ``key=value`` override (value parsed by the field's type)."""
+    if "=" not in assignment:
+        raise ValueError(f"--set expects key=value, got {assignment!r}")
+    key, text = assignment.split("=", 1)
+    key = key.strip()
+    obj, name, typ = _lookup(cfg, key)
+    setattr(obj, name, _parse(key, text.strip(), typ))
+
+
+def _apply_table(cfg: TrainConfig, table: dict, prefix: str = "") -> None:
+    for k, v in table.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            if prefix or k != "model":
+                raise ValueError(f"unknown config table {key!r} (only [model] is a table)")
+            _apply_table(cfg, v, prefix="model.")
+            continue
+        obj, name, typ = _lookup(cfg, key)
+        setattr(obj, name, _coerce(key, v, typ))
+
+
+def load(spec: str, overrides: list[str] = ()) -> TrainConfig:
+    """The validated config for a preset name or TOML path, then ``key=value`` overrides."""
+    if spec.endswith(".toml") or os.sep in spec:
+        import tomllib
+
+        if not os.path.exists(spec):
+            raise ValueError(f"config file {spec!r} does not exist")
+        try:
+            with open(spec, "rb") as f:
+                table = tomllib.load(f)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"config file {spec!r}: {e}") from None
+        base = table.pop("base", "tiny")
+        if not isinstance(base, str):
+            raise ValueError(f"config file {spec!r}: base must be a preset name, got {base!r}")
+        cfg = preset(base)
+        try:
+            _apply_table(cfg, table)
+        except ValueError as e:
+            raise ValueError(f"config file {spec!r}: {e}") from None
+    else:
+        cfg = preset(spec)
+    for a in overrides:
+        set_value(cfg, a)
+    cfg.validate()
+    return cfg

@@ -1,0 +1,308 @@
+"""The training loop: AdamW, gradient clipping, learning-rate schedule, the step, evaluation.
+
+One step on every rank::
+
+    count = number of labelled tokens on all ranks        (all-reduce, stays on the device)
+    loss  = model(tokens, positions, labels) / count      (this rank's sum / the global count)
+    (loss * world).backward()                             (FSDP averages gradients over ranks)
+    clip, set lr, AdamW step
+
+so the gradient is that of the global mean loss over every labelled token of the step,
+whatever the dp x cp split.  (FSDP's average is undone by scaling the loss rather than by a
+gradient divide factor of 1, which needs PREMUL_SUM reductions that gloo lacks.)  Nothing in the step waits on the host; the loss is read back
+only on logged steps.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import time
+
+import torch
+import torch.distributed as dist
+
+from . import checkpoint as ckpt
+from .data import IGNORE, Batch, Loader, global_sequences, make_source, shard_batch
+from .metrics import MetricsLog, Progress, peak_flops, peak_memory_gib, read_jsonl, summarize
+from .parallel import build_mesh, build_model, param_dtype
+
+
+def default_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def lr_at(cfg, step: int) -> float:
+    """Learning rate for step ``step`` (0-based): linear warm-up, then cosine / linear decay to
+    lr x min_lr_ratio at the last step, or constant."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return cfg.lr
+    span = max(1, cfg.steps - cfg.warmup_steps - 1)
+    frac = min(1.0, (step - cfg.warmup_steps) / span)
+    decay = 0.5 * (1 + math.cos(math.pi * frac)) if cfg.schedule == "cosine" else 1 - frac
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay)
+
+
+def build_optimizer(model, cfg) -> torch.optim.Optimizer:
+    # no weight decay on norms (1-D parameters)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8, foreach=True)
+
+
+def _full(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+class Trainer:
+    """A training job on the ranks of ``group`` (default: the world)."""
+
+    def __init__(self, cfg, group=None, device=None, echo: bool = True):
+        cfg.validate()
+        world = dist.get_world_size(group)
+        dp, cp = cfg.check_world(world)
+        if cfg.attention == "sdpa" and cp > 1:
+            raise ValueError("attention='sdpa' has no context parallelism: use cp=1, or attention='burst' "
+                             "or 'torch-cp'")
+        if cfg.attention == "torch-cp" and cp > 1 and (group is not None and world != dist.get_world_size()):
+            raise ValueError("attention='torch-cp' needs the whole world (its device mesh)")
+        self.cfg = cfg
+        self.device = device or default_device()
+        self.mesh = build_mesh(dp, cp, self.device, group)
+        self.group = self.mesh.group
+        self.model = build_model(cfg, self.mesh)
+        self.optimizer = build_optimizer(self.model, cfg)
+        self.loader = Loader(make_source(cfg), cfg.batch_size, dp, self.mesh.dp_rank)
+        self.step = 0
+        self.rank = dist.get_rank(group)
+        self.run_dir = cfg.run_dir
+        self.ckpt_dir = os.path.join(self.run_dir, "checkpoints")
+        self.log = MetricsLog(os.path.join(self.run_dir, "metrics.jsonl"), self.rank, echo=echo)
+        self.flops_per_token = cfg.model.flops_per_token(cfg.seq_len)
+        self.peak = peak_flops(self.device, cfg.peak_tflops)
+
+    # --- batches ----------------------------------------------------------------------------
+
+    @property
+    def torch_cp(self) -> bool:
+        return self.cfg.attention == "torch-cp" and self.mesh.cp > 1
+
+    def make_batch(self, indices, stream: int = 0):
+        """This rank's batch of the given sequences: its shard under our layout, or, for
+        torch-cp, the whole sequences (torch's context_parallel shards them in the step)."""
+        toks, labs, depths = global_sequences(self.loader.source, indices, stream)
+        if self.torch_cp:
+            S = toks.shape[1]
+            return Batch(tokens=toks.to(self.device), labels=labs.to(self.device),
+                         positions=torch.arange(S, device=self.device), depth=depths)
+        m = self.mesh
+        return shard_batch(toks, labs, depths, self.cfg.layout, m.cp_rank, m.cp, self.device)
+
+    def batch(self, step: int):
+        return self.make_batch(self.loader.indices(step))
+
+    def cp_context(self, batch):
+        """torch-cp: shard the batch in place and patch SDPA into torch's ring for the step."""
+        if not self.torch_cp:
+            return contextlib.nullcontext()
+        from torch.distributed.tensor.experimental import context_parallel
+
+        bufs = [batch.tokens, batch.labels, batch.positions]
+        return context_parallel(self.mesh.mesh["cp"], buffers=bufs, buffer_seq_dims=[1, 1, 0],
+                                no_restore_buffers=set(bufs))
+
+    # --- one step ---------------------------------------------------------------------------
+
+    def train_step(self, batch, step: int):
+        """Forward, backward, clip, AdamW.  Returns device tensors (this rank's loss sum, global
+        labelled-token count, global grad norm) without waiting for them."""
+        cfg = self.cfg
+        with self.cp_context(batch):
+            count = (batch.labels != IGNORE).sum().to(torch.float32)
+            dist.all_reduce(count, group=self.group)
+            loss_sum = self.model(batch.tokens, batch.positions, batch.labels, ignore_index=IGNORE)
+            (loss_sum * (self.mesh.world / count.clamp_min(1.0))).backward()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"),
+                                              foreach=True)
+        lr = lr_at(cfg, step)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_sum.detach(), count, _full(norm)
+
+    def loss_and_grads(self, batch):
+        """(global mean loss, {name: full gradient}) of one batch, no optimizer step (tests)."""
+        with self.cp_context(batch):
+            count = (batch.labels != IGNORE).sum().to(torch.float32)
+            dist.all_reduce(count, group=self.group)
+            loss_sum = self.model(batch.tokens, batch.positions, batch.labels, ignore_index=IGNORE)
+            (loss_sum * (self.mesh.world / count.clamp_min(1.0))).backward()
+        total = loss_sum.detach().clone()
+        dist.all_reduce(total, group=self.group)
+        grads = {n: _full(p.grad).detach().clone() for n, p in self.model.named_parameters()}
+        self.optimizer.zero_grad(set_to_none=True)
+        return (total / count).item(), grads
+
+    # --- evaluation -------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self) -> dict | None:
+        """Passkey accuracy on held-out sequences: per answer token and per sequence (all of its
+        tokens right), overall and by the depth at which the key was hidden (quartiles)."""
+        cfg, m = self.cfg, self.mesh
+        if cfg.data != "passkey":
+            return None
+        self.model.eval()
+        n = cfg.eval_samples
+        # token right, token total, sequence right, sequence total; x (overall + 4 quartiles)
+        tally = torch.zeros(5, 4, dtype=torch.float64)
+        for start in range(0, n, cfg.batch_size * m.dp):
+            idx = [i for i in range(start + m.dp_rank * cfg.batch_size, start + (m.dp_rank + 1) * cfg.batch_size)
+                   if i < n]
+            if not idx:
+                # this data-parallel row has no sequence left, but must still take part in the
+                # collectives of the forward: run a throwaway sequence and count nothing
+                idx, count_it = [0], False
+            else:
+                count_it = True
+            b = self.make_batch(idx, stream=1)
+            depths = b.depth
+            with self.cp_context(b):
+                preds = self.model(b.tokens, b.positions, b.labels, ignore_index=IGNORE, predict=True)
+                keep = b.labels != IGNORE
+                per_seq = torch.stack([((preds == b.labels) & keep).sum(1), keep.sum(1)], 1).to(torch.float64)
+            if m.cp_group is not None:  # an answer may be split over the cp ranks
+                dist.all_reduce(per_seq, group=m.cp_group)
+            if not count_it:
+                continue
+            per_seq = per_seq.cpu()
+            for s, dep in enumerate(depths):
+                right, total = per_seq[s].tolist()
+                row = torch.tensor([right, total, float(right == total), 1.0], dtype=torch.float64)
+                tally[0] += row
+                tally[1 + min(3, int(dep * 4))] += row
+        if m.dp_group is not None:
+            tally = tally.to(self.device)
+            dist.all_reduce(tally, group=m.dp_group)
+            tally = tally.cpu()
+        self.model.train()
+
+        def frac(a, b):
+            return a / b if b else None
+
+        res = {"kind": "eval", "step": self.step, "samples": int(tally[0, 3]),
+               "token_acc": frac(tally[0, 0].item(), tally[0, 1].item()),
+               "passkey_acc": frac(tally[0, 2].item(), tally[0, 3].item()),
+               "chance_token_acc": 1.0 / cfg.passkey_symbols,
+               "chance_passkey_acc": math.prod(1.0 / (cfg.passkey_symbols - i) for i in range(cfg.passkey_len)),
+               "token_acc_by_depth": [frac(tally[q, 0].item(), tally[q, 1].item()) for q in range(1, 5)],
+               "passkey_acc_by_depth": [frac(tally[q, 2].item(), tally[q, 3].item()) for q in range(1, 5)]}
+        return res
+
+    # --- the run ----------------------------------------------------------------------------
+
+    def prepare_run_dir(self, resume: bool, overwrite: bool) -> None:
+        """Resume from the latest checkpoint, or start a fresh run (refusing to mix with an old
+        one unless ``overwrite``)."""
+        found = ckpt.latest(self.ckpt_dir)
+        if resume and found:
+            meta = ckpt.load(found, self.model, self.optimizer, self.group)
+            self.step = meta["step"]
+            self.log.say(f"resumed from {found} (step {self.step})")
+            return
+        if resume:
+            self.log.say(f"--resume: no checkpoint in {self.ckpt_dir}; starting from step 0")
+        elif found and not overwrite:
+            raise ValueError(f"{self.run_dir} holds a run (checkpoint {os.path.basename(found)}): pass --resume to "
+                             f"continue it, --overwrite to start again, or another name / out_dir")
+        dist.barrier(self.group)
+        if self.rank == 0:
+            shutil.rmtree(self.ckpt_dir, ignore_errors=True)
+            path = self.log.path
+            if os.path.exists(path):
+                os.remove(path)
+        dist.barrier(self.group)
+
+    def fit(self, resume: bool = False, overwrite: bool = False, stop_after: int | None = None) -> dict:
+        """Train to ``cfg.steps`` (or stop, as a preempted job would, once ``stop_after`` steps are
+        done); returns the summary on rank 0 ({} elsewhere)."""
+        cfg, m = self.cfg, self.mesh
+        self.prepare_run_dir(resume, overwrite)
+        tokens_per_step = cfg.batch_size * cfg.seq_len * m.dp
+        self.log.say(f"training {cfg.name}: {cfg.model.num_params() / 1e6:.1f}M params, {m.world} ranks "
+                     f"(dp {m.dp} x cp {m.cp}, {cfg.layout}), seq {cfg.seq_len}, {tokens_per_step} tokens/step, "
+                     f"{self.device.type} ({str(param_dtype(cfg.precision, self.device))[6:]} compute)")
+        progress = Progress(cfg.steps, cfg.progress and self.rank == 0)
+        say_every = max(1, cfg.steps // 20)
+        t_run = time.perf_counter()
+        window_t, window_steps = time.perf_counter(), 0
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        acc_loss, acc_count = None, None
+        end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
+        while self.step < end:
+            batch = self.batch(self.step)
+            loss_sum, count, norm = self.train_step(batch, self.step)
+            self.step += 1
+            window_steps += 1
+            acc_loss = loss_sum if acc_loss is None else acc_loss + loss_sum
+            acc_count = count if acc_count is None else acc_count + count
+            last = self.step == cfg.steps
+            if self.step % cfg.log_every == 0 or last:
+                stats = torch.stack([acc_loss.float(), torch.tensor(peak_memory_gib(self.device),
+                                                                     device=acc_loss.device)])
+                dist.all_reduce(stats[:1], group=self.group)
+                mem = stats[1:].clone()
+                dist.all_reduce(mem, op=dist.ReduceOp.MAX, group=self.group)
+                loss = (stats[0] / acc_count).item()  # the one host sync of a logged step
+                dt = (time.perf_counter() - window_t) / window_steps
+                tgs = tokens_per_step / m.world / dt
+                rec = {"kind": "step", "step": self.step, "loss": loss, "lr": lr_at(cfg, self.step - 1),
+                       "grad_norm": norm.item(), "step_time_s": dt, "tokens_per_s_per_gpu": tgs,
+                       "mfu": tgs * self.flops_per_token / self.peak if self.peak else None,
+                       "peak_mem_gib": mem.item(), "tokens": self.step * tokens_per_step,
+                       "elapsed_s": time.perf_counter() - t_run}
+                self.log.write(rec)
+                progress.update(self.step, f"loss {loss:.4f} {tgs:,.0f} tok/s/gpu")
+                if not progress.on and (self.step % say_every == 0 or last or self.step == 1):
+                    mfu = f" mfu {rec['mfu']:.1%}" if rec["mfu"] is not None else ""
+                    self.log.say(f"step {self.step:>6}/{cfg.steps}  loss {loss:.4f}  lr {rec['lr']:.2e}  "
+                                 f"|g| {rec['grad_norm']:.3f}  {dt:.3f}s/step  {tgs:,.0f} tok/s/gpu{mfu}  "
+                                 f"mem {rec['peak_mem_gib']:.2f} GiB")
+                acc_loss, acc_count, window_steps = None, None, 0
+                window_t = time.perf_counter()
+            paused = False
+            if cfg.data == "passkey" and ((cfg.eval_every and self.step % cfg.eval_every == 0) or last):
+                ev = self.evaluate()
+                self.log.write(ev)
+                progress.update(self.step, f"passkey acc {ev['passkey_acc']:.2f}")
+                self.log.say(f"eval at step {self.step}: passkey {ev['passkey_acc']:.3f} "
+                             f"(chance {ev['chance_passkey_acc']:.1e}), answer tokens {ev['token_acc']:.3f} "
+                             f"(chance {ev['chance_token_acc']:.3f}) over {ev['samples']} held-out sequences")
+                paused = True
+            if cfg.ckpt_every and (self.step % cfg.ckpt_every == 0 or last):
+                path = ckpt.save(self.ckpt_dir, self.step, self.model, self.optimizer,
+                                 {"data": self.loader.state_dict(self.step), "config": cfg.to_dict()},
+                                 group=self.group, keep=cfg.ckpt_keep)
+                self.log.say(f"saved {path}")
+                paused = True
+            if paused:  # keep evaluation and saving out of the step times
+                window_t = time.perf_counter()
+        progress.close()
+        dist.barrier(self.group)
+        summary = {"kind": "summary", **summarize(read_jsonl(self.log.path))} if self.rank == 0 else {}
+        if self.rank == 0:
+            summary.update(name=cfg.name, world=m.world, dp=m.dp, cp=m.cp, layout=cfg.layout, seq_len=cfg.seq_len,
+                           device=self.device.type, wall_s=time.perf_counter() - t_run)
+            self.log.write(summary)
+            self.log.say("summary: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                 for k, v in summary.items() if k not in ("kind", "eval")))
+        return summary

@@ -1,0 +1,115 @@
+"""The device mesh and how the model is spread over it.
+
+Ranks form a 2-D mesh ``dp_shard x cp``: the ranks of one ``cp`` row share a sequence (each
+holds its shard under the layout, and attention runs the BurstAttention ring over the row); the
+rows read different sequences.  FSDP2 shards every parameter, gradient and optimizer state over
+*all* ranks, rows and columns together (as BurstEngine does with ZeRO-3), so context
+parallelism costs no extra parameter memory.
+
+Precision: on CUDA, parameters are all-gathered in bf16 and gradients reduced in fp32 while
+FSDP keeps fp32 master weights and optimizer state; on CPU everything is fp32.  FSDP averages
+gradients over the ranks; the loop scales each rank's loss so that this average is the gradient
+of the global mean loss (see loop.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from ..model.llama import ContextParallel, Transformer
+
+_MESHES: dict = {}
+
+
+@dataclass
+class Mesh:
+    """This rank's place in the ``dp_shard x cp`` mesh and the groups it talks over.
+    ``cp_group`` is None when cp == 1 (attention is then local), ``dp_group`` when dp == 1."""
+
+    mesh: DeviceMesh | None   # 2-D (dp_shard, cp) over the whole world
+    fsdp_mesh: DeviceMesh     # 1-D over all ranks of the job (dp_shard x cp flattened)
+    group: object             # all ranks of the job
+    cp_group: object
+    dp_group: object
+    dp: int
+    cp: int
+    dp_rank: int
+    cp_rank: int
+    device: torch.device
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.cp
+
+    @property
+    def rank(self) -> int:
+        return self.dp_rank * self.cp + self.cp_rank
+
+
+def build_mesh(dp: int, cp: int, device: torch.device, group=None) -> Mesh:
+    """The mesh over the whole world (torchrun's ranks), consecutive ranks sharing a sequence so
+    that a CP row stays inside a node when cp <= GPUs per node.
+
+    ``group`` runs the job on a subgroup of the world instead (tests on a pool of processes);
+    new groups cannot be made consistently on a subgroup, so there one of dp, cp must be 1 and
+    the subgroup itself is the other dimension."""
+    world = dist.get_world_size(group)
+    if world != dp * cp:
+        raise ValueError(f"dp x cp = {dp} x {cp} does not match the {world} ranks of the job")
+    me = dist.get_rank(group)
+    d, c = divmod(me, cp)
+    kind = device.type
+    if world == dist.get_world_size():
+        key = (kind, dp, cp)
+        if key not in _MESHES:  # every rank builds the same meshes in the same order: safe to cache
+            mesh = init_device_mesh(kind, (dp, cp), mesh_dim_names=("dp_shard", "cp"))
+            _MESHES[key] = (mesh, DeviceMesh.from_group(dist.group.WORLD, kind, mesh_dim_names=("dp_shard_cp",)))
+        mesh, fsdp_mesh = _MESHES[key]
+        return Mesh(mesh=mesh, fsdp_mesh=fsdp_mesh, group=dist.group.WORLD,
+                    cp_group=mesh["cp"].get_group() if cp > 1 else None,
+                    dp_group=mesh["dp_shard"].get_group() if dp > 1 else None,
+                    dp=dp, cp=cp, dp_rank=d, cp_rank=c, device=device)
+    if dp > 1 and cp > 1:
+        raise ValueError(f"a {dp} x {cp} mesh needs the whole world; this job runs on a subgroup")
+    fsdp_mesh = DeviceMesh.from_group(group, kind, mesh_dim_names=("dp_shard_cp",))
+    return Mesh(mesh=None, fsdp_mesh=fsdp_mesh, group=group, cp_group=group if cp > 1 else None,
+                dp_group=group if dp > 1 else None, dp=dp, cp=cp, dp_rank=d, cp_rank=c, device=device)
+
+
+def param_dtype(precision: str, device: torch.device) -> torch.dtype:
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return torch.float32
+
+
+def parallelize(model: Transformer, m: Mesh, precision: str = "auto", layout: str = "zigzag",
+                attn_backward: str = "auto", kernel: str | None = None, attention: str = "burst") -> Transformer:
+    """Shard ``model`` (on any device, meta included) with FSDP2 over all ranks of ``m`` and
+    point its attention at the CP group.  Returns the same module."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    # torch-cp: the model calls plain SDPA, which torch's context_parallel patches into its ring
+    model.set_context_parallel(ContextParallel(group=m.cp_group if attention == "burst" else None, layout=layout,
+                                               backward=attn_backward,
+                                               kernel=None if kernel == "auto" else kernel))
+    pdt = param_dtype(precision, m.device)
+    mp = MixedPrecisionPolicy(param_dtype=pdt, reduce_dtype=torch.float32)
+    for i, block in enumerate(model.layers):
+        # the last block's parameters are needed again at once by backward: keep them gathered
+        fully_shard(block, mesh=m.fsdp_mesh, mp_policy=mp, reshard_after_forward=i < len(model.layers) - 1)
+    fully_shard(model, mesh=m.fsdp_mesh, mp_policy=mp, reshard_after_forward=False)
+    return model
+
+
+def build_model(cfg, m: Mesh) -> Transformer:
+    """The config's model, created on the meta device, sharded, then materialised on this
+    rank's device and initialised identically whatever the mesh."""
+    with torch.device("meta"):
+        model = Transformer(cfg.model, checkpoint=cfg.checkpoint, loss=cfg.loss)
+    parallelize(model, m, cfg.precision, cfg.layout, cfg.attn_backward, cfg.kernel, cfg.attention)
+    model.to_empty(device=m.device)
+    model.init_weights(cfg.seed)
+    return model

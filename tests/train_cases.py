@@ -1,0 +1,44 @@
+"""Training code run inside the gloo pool (module level, so the workers can import it)."""
+import torch
+import torch.distributed as dist
+
+from burstengine.model import losses
+from burstengine.train import Trainer, load
+from burstengine.train.metrics import read_jsonl
+
+SMALL = ["model.dim=32", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2", "model.vocab_size=64",
+         "model.ffn_dim=48", "seq_len=32", "batch_size=2", "progress=false", "cp=0"]
+
+
+def small_config(extra=(), data=None):
+    over = list(SMALL) + list(extra)
+    if data:
+        over.append(f"data={data}")
+    else:
+        over += ["passkey_symbols=8", "passkey_len=3"]
+    return load("tiny", over)
+
+
+def loss_and_grads(group, data, extra=(), chunk=None):
+    """Global loss and full gradients of step 0's batch on this dp x cp mesh (rank 0 returns them)."""
+    torch.manual_seed(0)
+    cfg = small_config(extra, data)
+    old = losses.CHUNK_TOKENS
+    if chunk:
+        losses.CHUNK_TOKENS = chunk
+    try:
+        t = Trainer(cfg, group=group, echo=False)
+        loss, grads = t.loss_and_grads(t.batch(0))
+    finally:
+        losses.CHUNK_TOKENS = old
+    return (loss, grads) if dist.get_rank(group) == 0 else None
+
+
+def run_steps(group, out_dir, steps, extra=(), resume=False, stop_after=None):
+    """Train (or resume) in out_dir; rank 0 returns the step records of metrics.jsonl."""
+    cfg = small_config(list(extra) + [f"out_dir={out_dir}", f"steps={steps}", "eval_every=0", "log_every=1"])
+    t = Trainer(cfg, group=group, echo=False)
+    t.fit(resume=resume, overwrite=not resume, stop_after=stop_after)
+    if dist.get_rank(group) == 0:
+        return [r for r in read_jsonl(t.log.path) if r["kind"] == "step"]
+    return None
