@@ -11,15 +11,14 @@ sequence (split into row chunks, shared out among the ranks).  Rank 0 prints the
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import sys
 import time
-import traceback
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from .launch import spawn, under_launcher
 
 HELP = "run BurstAttention fwd+bwd on local CPU ranks; check it against a reference and report time and bytes"
 SCHEMES = ("burst", "ring")
@@ -61,12 +60,6 @@ class _Log:
 
 def _mb(nbytes: int) -> str:
     return f"{nbytes:,} ({nbytes / 1e6:.1f} MB)"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def validate(args) -> str | None:
@@ -249,61 +242,8 @@ def run_rank(args, group=None) -> int:
 
 # --- launching ----------------------------------------------------------------------------------
 
-def _spawned(rank, world, port, args, results):
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    code = 1
-    try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=args.timeout))
-        try:
-            code = run_rank(args)
-        finally:
-            dist.destroy_process_group()
-    except BaseException:
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        results.put((rank, 1))
-        raise
-    results.put((rank, code))
-
-
-def _spawn(args) -> int:
-    import torch.multiprocessing as mp
-
-    world = args.world
-    if args.threads is None:
-        args.threads = max(1, (os.cpu_count() or 1) // world)
-    results = mp.get_context("spawn").SimpleQueue()
-    ctx = mp.start_processes(_spawned, args=(world, _free_port(), args, results), nprocs=world, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + args.timeout
-    try:
-        while not ctx.join(timeout=2):
-            if time.monotonic() > deadline:
-                print(f"burstengine demo: no result after {args.timeout:.0f}s (--timeout); stopping the ranks",
-                      file=sys.stderr)
-                for p in ctx.processes:
-                    if p.is_alive():
-                        p.kill()
-                return 1
-    except Exception as e:  # a rank raised or died; torch has stopped the others
-        print(f"burstengine demo: a rank failed: {type(e).__name__}", file=sys.stderr)
-        return 1
-    codes = {}
-    while not results.empty():
-        r, c = results.get()
-        codes[r] = c
-    if len(codes) != world:
-        print(f"burstengine demo: only ranks {sorted(codes)} reported", file=sys.stderr)
-        return 1
-    return max(codes.values())
-
-
 def run(args) -> int:
-    under_launcher = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    if under_launcher or (dist.is_available() and dist.is_initialized()):
+    if under_launcher():
         if args.threads:
             torch.set_num_threads(args.threads)
         own = not dist.is_initialized()
@@ -324,7 +264,8 @@ def run(args) -> int:
     if msg:
         print(f"burstengine demo: error: {msg}", file=sys.stderr)
         return 2
-    return _spawn(args)
+    return spawn(run_rank, (args,), args.world, args.timeout, threads=args.threads, backend="gloo",
+                 prog="burstengine demo")
 
 
 def main(argv=None) -> int:

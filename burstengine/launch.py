@@ -1,0 +1,102 @@
+"""Starting the ranks of a job: under torchrun (or any launcher that sets RANK/WORLD_SIZE), or,
+with no launcher, by spawning processes on this machine (gloo on CPU, NCCL with one GPU each
+when there are GPUs) so a plain ``burstengine <command>`` works on a laptop.
+
+``spawn`` gives every rank an initialised default process group, runs ``entry(*entry_args)``
+(which returns the rank's exit code), stops every rank after ``timeout`` seconds, and returns
+the worst exit code: 1 when a rank raised, died or timed out.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def under_launcher() -> bool:
+    """True when torchrun (or an initialised process group) already provides the ranks."""
+    return ("RANK" in os.environ and "WORLD_SIZE" in os.environ) or (dist.is_available() and dist.is_initialized())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_from_env(timeout: float) -> bool:
+    """Initialise the default group from torchrun's environment unless one exists; pins this
+    rank's GPU.  Returns True when this call created the group (the caller destroys it)."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if dist.is_initialized():
+        return False
+    dist.init_process_group(default_backend(), timeout=timedelta(seconds=timeout))
+    return True
+
+
+def _rank_main(rank, world, port, timeout, threads, backend_name, entry, entry_args, results):
+    if threads:
+        torch.set_num_threads(threads)
+    code = 1
+    try:
+        if backend_name == "nccl":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+        dist.init_process_group(backend_name, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=timeout))
+        try:
+            code = entry(*entry_args)
+        finally:
+            dist.destroy_process_group()
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        results.put((rank, 1))
+        raise
+    results.put((rank, code))
+
+
+def spawn(entry, entry_args: tuple, world: int, timeout: float, threads: int | None = None,
+          backend: str | None = None, prog: str = "burstengine") -> int:
+    """Run ``entry(*entry_args)`` on ``world`` fresh local ranks; the worst exit code.
+    ``entry`` must be importable (module level).  ``threads``: torch threads per rank
+    (default: this machine's cores shared out); ``backend``: default NCCL with GPUs, else gloo."""
+    import torch.multiprocessing as mp
+
+    if threads is None:
+        threads = max(1, (os.cpu_count() or 1) // world)
+    results = mp.get_context("spawn").SimpleQueue()
+    args = (world, free_port(), timeout, threads, backend or default_backend(), entry, entry_args, results)
+    ctx = mp.start_processes(_rank_main, args=args, nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout
+    try:
+        while not ctx.join(timeout=2):
+            if time.monotonic() > deadline:
+                print(f"{prog}: no result after {timeout:.0f}s (--timeout); stopping the ranks", file=sys.stderr)
+                for p in ctx.processes:
+                    if p.is_alive():
+                        p.kill()
+                return 1
+    except Exception as e:  # a rank raised or died; torch has stopped the others
+        print(f"{prog}: a rank failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    codes = {}
+    while not results.empty():
+        r, c = results.get()
+        codes[r] = c
+    if len(codes) != world:
+        print(f"{prog}: only ranks {sorted(codes)} reported", file=sys.stderr)
+        return 1
+    return max(codes.values())

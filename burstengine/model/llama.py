@@ -1,0 +1,272 @@
+"""A LLaMA-style decoder whose attention is BurstAttention.
+
+RMSNorm, rotary position embeddings, SwiGLU MLP, grouped-query attention; no biases.  Under
+context parallelism each rank holds the tokens of its shard of the global sequence (any layout
+of :mod:`burstengine.layout`), so RoPE is computed from the *global* positions those tokens
+have, and attention runs through :func:`burstengine.burst_attn_func` over the CP group.
+
+The model ends at the final norm: turning hidden states into a loss is a separate, pluggable
+step (:mod:`burstengine.model.losses`) that the root ``forward`` calls with the LM head's weight,
+so that a fused LM head + cross-entropy never has to materialise the logits.  How a block keeps
+its activations for backward is another pluggable step (:mod:`burstengine.model.checkpointing`).
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..attention import burst_attn_func
+from . import checkpointing, losses
+
+
+@dataclass
+class ModelArgs:
+    dim: int = 4096
+    n_layers: int = 32
+    n_heads: int = 32
+    n_kv_heads: int = 32
+    vocab_size: int = 32000
+    ffn_dim: int = 11008
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def validate(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.type in ("int", int) and v < 1:
+                raise ValueError(f"model.{f.name} must be >= 1, got {v}")
+        if self.dim % self.n_heads:
+            raise ValueError(f"model.dim ({self.dim}) must be a multiple of model.n_heads ({self.n_heads})")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"model.n_heads ({self.n_heads}) must be a multiple of model.n_kv_heads ({self.n_kv_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"head dim dim/n_heads = {self.head_dim} must be even for RoPE")
+
+    def num_params(self, embedding: bool = True) -> int:
+        d, L, V, f = self.dim, self.n_layers, self.vocab_size, self.ffn_dim
+        kv = self.n_kv_heads * self.head_dim
+        block = d * d * 2 + d * kv * 2 + 3 * d * f + 2 * d
+        head = 0 if self.tie_embeddings else V * d
+        return L * block + d + head + (V * d if embedding else 0)
+
+    def flops_per_token(self, seq_len: int, causal: bool = True) -> float:
+        """Training FLOPs per token (forward + backward), as DESIGN.md defines them for MFU:
+        6 x (non-embedding params + LM head) + 6 (causal; 12 full) x n_layers x dim x seq."""
+        dense = self.num_params(embedding=False) + (self.vocab_size * self.dim if self.tie_embeddings else 0)
+        return 6.0 * dense + (6.0 if causal else 12.0) * self.n_layers * self.dim * seq_len
+
+
+# shapes of the BurstEngine paper (§4.1) and of LLaMA-3 8B
+PRESETS: dict[str, ModelArgs] = {
+    "tiny": ModelArgs(dim=128, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=512, ffn_dim=352,
+                      rope_theta=10000.0),
+    "llama-7b": ModelArgs(dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, vocab_size=32000, ffn_dim=11008),
+    "llama-8b": ModelArgs(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128256, ffn_dim=14336,
+                          rope_theta=500000.0),
+    "llama-14b": ModelArgs(dim=5120, n_layers=40, n_heads=40, n_kv_heads=40, vocab_size=120000, ffn_dim=13824),
+}
+
+
+@dataclass
+class ContextParallel:
+    """How attention sees the sequence: the CP group, the layout of the shards, and the
+    BurstAttention knobs.  ``attention="sdpa"`` calls plain SDPA instead (what torch-native
+    context parallelism patches; also the single-device path of the benchmarks)."""
+
+    group: object = None
+    layout: str = "contiguous"
+    backward: str = "auto"
+    kernel: str | None = None
+    attention: str = "burst"
+    extra: dict = field(default_factory=dict)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        # normalise in fp32 whatever the activation dtype
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight.float()).to(x.dtype)
+
+
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float):
+    """cos, sin of shape (n, head_dim) for integer global ``positions`` (n,).  Angles are formed
+    in float64: at positions near 1M a float32 product is off by ~0.1 rad."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float64) / head_dim))
+    ang = positions.to(torch.float64)[:, None] * inv[None, :]
+    ang = torch.cat([ang, ang], dim=-1)
+    return ang.cos().float(), ang.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, n, H, D) rotated by half-split pairs (the HF LLaMA convention), in fp32."""
+    xf = x.float()
+    h = xf.shape[-1] // 2
+    rot = torch.cat([-xf[..., h:], xf[..., :h]], dim=-1)
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    return (xf * c + rot * s).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = a.n_heads, a.n_kv_heads, a.head_dim
+        self.wq = nn.Linear(a.dim, a.n_heads * a.head_dim, bias=False)
+        self.wk = nn.Linear(a.dim, a.n_kv_heads * a.head_dim, bias=False)
+        self.wv = nn.Linear(a.dim, a.n_kv_heads * a.head_dim, bias=False)
+        self.wo = nn.Linear(a.n_heads * a.head_dim, a.dim, bias=False)
+
+    def qkv(self, x, cos, sin):
+        B, n, _ = x.shape
+        q = self.wq(x).view(B, n, self.n_heads, self.head_dim)
+        k = self.wk(x).view(B, n, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(B, n, self.n_kv_heads, self.head_dim)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+def attend(q, k, v, cp: ContextParallel):
+    """Causal attention of this rank's (B, n, H, D) shard over the whole sequence."""
+    if cp.attention == "burst":
+        return burst_attn_func(q, k, v, group=cp.group, causal=True, layout=cp.layout, backward=cp.backward,
+                               kernel=cp.kernel)
+    if cp.attention == "sdpa":
+        qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if kh.shape[1] != qh.shape[1]:
+            # torch-native CP's ring does not take enable_gqa: expand K/V as its users must
+            g = qh.shape[1] // kh.shape[1]
+            kh, vh = kh.repeat_interleave(g, 1), vh.repeat_interleave(g, 1)
+        return F.scaled_dot_product_attention(qh, kh, vh, is_causal=True).transpose(1, 2)
+    raise ValueError(f"unknown attention {cp.attention!r}; expected 'burst' or 'sdpa'")
+
+
+class FeedForward(nn.Module):
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.w1 = nn.Linear(a.dim, a.ffn_dim, bias=False)
+        self.w2 = nn.Linear(a.ffn_dim, a.dim, bias=False)
+        self.w3 = nn.Linear(a.dim, a.ffn_dim, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    """One decoder layer, written as three stages so that checkpointing policies can choose
+    what to keep: ``pre_attention`` (norm, q/k/v, RoPE), ``attention`` (the ring),
+    ``post_attention`` (output projection, residual, MLP, residual)."""
+
+    def __init__(self, a: ModelArgs, policy: str = "none"):
+        super().__init__()
+        self.attention_norm = RMSNorm(a.dim, a.norm_eps)
+        self.attention = Attention(a)
+        self.ffn_norm = RMSNorm(a.dim, a.norm_eps)
+        self.feed_forward = FeedForward(a)
+        self.policy = policy
+        self.cp = ContextParallel()
+
+    def pre_attention(self, x, cos, sin):
+        return self.attention.qkv(self.attention_norm(x), cos, sin)
+
+    def attend(self, q, k, v):
+        return attend(q, k, v, self.cp)
+
+    def post_attention(self, x, o):
+        h = x + self.attention.wo(o.flatten(2))
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    def forward(self, x, cos, sin):
+        return checkpointing.POLICIES[self.policy](self, x, cos, sin)
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs, checkpoint: str = "none", loss: str = "naive"):
+        super().__init__()
+        args.validate()
+        checkpointing.check(checkpoint)
+        losses.check(loss)
+        self.args = args
+        self.loss_name = loss
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(Block(args, checkpoint) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.cp = ContextParallel()
+
+    def set_context_parallel(self, cp: ContextParallel) -> None:
+        self.cp = cp
+        for b in self.layers:
+            b.cp = cp
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return self.tok_embeddings.weight if self.output is None else self.output.weight
+
+    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Final-norm hidden states (B, n, dim) of this rank's tokens (B, n) at global
+        ``positions`` (n,)."""
+        cos, sin = rope_tables(positions, self.args.head_dim, self.args.rope_theta)
+        h = self.tok_embeddings(tokens)
+        for b in self.layers:
+            h = b(h, cos, sin)
+        return self.norm(h)
+
+    def forward(self, tokens, positions, labels=None, ignore_index: int = -100, predict: bool = False):
+        """With ``labels`` (B, n): the float32 *sum* of the token losses of this rank's labelled
+        tokens (the caller divides by the global count).  With ``predict``: argmax predictions
+        at the labelled positions, (labels, predictions) as two 1-D tensors.  Otherwise the
+        hidden states.  The LM head runs here, inside the root module, so that a sharded head
+        weight is gathered for it."""
+        h = self.hidden(tokens, positions)
+        if predict:
+            keep = labels != ignore_index
+            hk = h[keep]
+            logits = hk @ self.head_weight.to(hk.dtype).t()
+            return labels[keep], logits.argmax(-1)
+        if labels is None:
+            return h
+        return losses.LOSSES[self.loss_name](h.flatten(0, 1), self.head_weight, labels.flatten(), ignore_index)
+
+    # --- initialisation -----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def init_weights(self, seed: int = 0) -> None:
+        """Deterministic initialisation that does not depend on how parameters are sharded:
+        each full parameter is drawn from a generator seeded by (seed, its name), on the
+        parameter's device, and this rank keeps its shard.  Linear and embedding weights
+        ~ N(0, 0.02); output projections of attention and MLP scaled by 1/sqrt(2 n_layers)."""
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        for name, p in self.named_parameters():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            dev = local.device
+            if name.endswith("norm.weight"):
+                full = torch.ones(p.shape, device=dev, dtype=torch.float32)
+            else:
+                std = 0.02
+                if name.endswith("wo.weight") or name.endswith("w2.weight"):
+                    std /= math.sqrt(2 * self.args.n_layers)
+                g = torch.Generator(device=dev)
+                g.manual_seed(_param_seed(seed, name))
+                full = torch.empty(p.shape, device=dev, dtype=torch.float32).normal_(0.0, std, generator=g)
+            if isinstance(p, DTensor):
+                full = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
+            local.copy_(full.to(local.dtype))
+
+
+def _param_seed(seed: int, name: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little") & ((1 << 63) - 1)
