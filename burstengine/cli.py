@@ -10,6 +10,7 @@ import importlib
 
 COMMANDS = {
     "demo": "burstengine.demo",
+    "prefill": "burstengine.inference.cli",
 }
 
 
