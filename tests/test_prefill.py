@@ -174,3 +174,41 @@ def test_cli_rejects_bad_arguments(argv, match, capsys):
 
     assert cli.main(["prefill", *argv]) == 2  # refused before any rank starts
     assert match in capsys.readouterr().err
+
+
+# --- the benchmark (benchmarks/prefill_bench.py) at a CPU size --------------------------------------
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_prefill_bench_runs_every_method_and_they_agree(pool, tmp_path, world):
+    import json
+
+    argv = ["--models", "tiny", "--seqs", "64,128", "--iters", "2", "--warmup", "0", "--out-dir", str(tmp_path),
+            "--methods", "burst,burst-striped,torch-cp,megatron-v3,megatron-v1"]
+    rows = pool.run(prefill_cases.bench, argv, world=world)[0]
+    assert len(rows) == 5 * 2
+    for r in rows:
+        if r["method"] == "torch-cp":
+            assert r["error"] == "needs CUDA"  # torch CP has no CPU SDPA op
+            continue
+        assert len(r["seconds"]) == 2 and r["peak_bytes"] > 0, r
+        if r["method"] != "burst":  # same weights, same prompt: the same next-token logits
+            assert r["logits_rel_diff_vs_burst"] <= TOL, r
+    rec = json.load(open(tmp_path / f"prefill_{world}cpu.json"))
+    assert rec["longest_fit"]["megatron-v3@tiny"] == 128 and rec["longest_fit"]["torch-cp@tiny"] is None
+    assert rec["commit"] and rec["env"]["device"] == "cpu" and len(rec["rows"]) == 10
+
+
+def test_prefill_bench_tables_and_longest_fit(capsys):
+    from burstengine.bench import prefill as pb
+
+    rows = [dict(model="7b", method=m, S=s, world=4, dtype="bfloat16",
+                 **({"seconds": [1.0, 1.2], "median_s": 1.1, "std_s": 0.1, "peak_bytes": 2**30} if s <= fit
+                    else {"error": "OOM: CUDA out of memory"}))
+            for m, fit in (("burst", 1024), ("megatron-v3", 512)) for s in (256, 512, 1024)]
+    rows[-1]["error"] = "not run: OOM at 1024"
+    assert pb.longest_fit(rows, "burst", "7b") == 1024 and pb.longest_fit(rows, "megatron-v3", "7b") == 512
+    pb.print_tables(rows, ["burst", "megatron-v3"], [256, 512, 1024])
+    out = capsys.readouterr().out
+    assert "megatron-v3      1.100±0.100   1.100±0.100         (OOM)           512" in out
+    assert pb.validate(pb.build_parser().parse_args(["--seqs", "100"]), 4) is not None
+    assert "unknown method" in pb.validate(pb.build_parser().parse_args(["--methods", "ring"]), 2)

@@ -52,10 +52,12 @@ def check_prefill(seq: int, layout: str, world: int, batch: int = 1) -> str | No
 
 
 def prefill(model: PrefillModel, input_ids: torch.Tensor, group=None, layout: str = "zigzag", keep_kv: bool = False,
-            backward: str = "auto", kernel: str | None = None) -> PrefillOutput:
+            backward: str = "auto", kernel: str | None = None, attention: str = "burst") -> PrefillOutput:
     """Next-token logits of ``input_ids`` (batch, S), the whole prompt, identical on every rank
     of ``group`` (token ids are small; each rank keeps its shard).  With ``keep_kv`` the output
-    also holds this rank's shard of every layer's keys and values (the prefill's KV cache)."""
+    also holds this rank's shard of every layer's keys and values (the prefill's KV cache).
+    ``attention="sdpa"`` runs plain SDPA in our model instead of BurstAttention (what torch-native
+    context parallelism patches; the benchmark's peer)."""
     rank, world = _world(group)
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be (batch, seq), got shape {tuple(input_ids.shape)}")
@@ -66,7 +68,7 @@ def prefill(model: PrefillModel, input_ids: torch.Tensor, group=None, layout: st
     dev = model.device
     ids = shard(input_ids, layout, rank, world).to(dev)
     pos = layout_positions(S, layout, rank, world, device=dev)
-    cp = ContextParallel(group=group, layout=layout, backward=backward, kernel=kernel)
+    cp = ContextParallel(group=group, layout=layout, backward=backward, kernel=kernel, attention=attention)
     h, kv = model.hidden(ids, pos, cp, keep_kv=keep_kv)
     owner = last_token_rank(layout, world)
     if rank == owner:

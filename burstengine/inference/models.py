@@ -133,6 +133,16 @@ def check_spec(spec: str, impl: str) -> str | None:
     return f"--model {spec!r} is neither a preset ({', '.join(PRESETS)}) nor a directory with a config.json"
 
 
+def random_llama(args, device, dtype, seed: int = 0) -> Transformer:
+    """Our LLaMA with ``args``' shape and random weights (the same on every rank for a seed),
+    allocated once, directly in ``dtype`` on ``device``."""
+    with torch.device("meta"):
+        model = Transformer(args)
+    model.to(dtype).to_empty(device=device)
+    model.init_weights(seed)
+    return model
+
+
 def load_model(spec: str, impl: str = "ours", device="cpu", dtype=torch.float32, seed: int = 0) -> PrefillModel:
     """A preset name (random weights drawn from ``seed``, the same on every rank) or a local HF
     model directory (config.json + safetensors)."""
@@ -142,11 +152,7 @@ def load_model(spec: str, impl: str = "ours", device="cpu", dtype=torch.float32,
         raise ValueError(msg)
     if impl == "ours":
         if spec in PRESETS:
-            with torch.device("meta"):
-                model = Transformer(PRESETS[spec])
-            model.to_empty(device=device)
-            model.init_weights(seed)
-            return OurLlama(model.to(dtype), f"preset {spec} (random weights, seed {seed})")
+            return OurLlama(random_llama(PRESETS[spec], device, dtype, seed), f"preset {spec} (random weights, seed {seed})")
         from .weights import load_hf_llama
 
         return OurLlama(load_hf_llama(spec, device, dtype), spec)

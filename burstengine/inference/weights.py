@@ -154,8 +154,7 @@ def load_hf_llama(path: str, device="cpu", dtype=torch.float32):
     args = args_from_hf_config(read_config(path))
     with torch.device("meta"):
         model = Transformer(args)
-    model.to_empty(device=device)
-    model.to(dtype)
+    model.to(dtype).to_empty(device=device)
     params = dict(model.named_parameters())
     files = _tensor_files(path)
     seen = set()
