@@ -121,7 +121,9 @@ class TPLlama:
         if S % G:
             raise ValueError(f"sequence {S} is not divisible by the TP size {G}")
         ids = input_ids.to(self.device)
-        cos, sin = rope_tables(torch.arange(S, device=self.device), self.args.head_dim, self.args.rope_theta)
+        acc = torch.float64 if self.dtype == torch.float64 else torch.float32  # as the model rotates
+        cos, sin = (t.to(acc) for t in rope_tables(torch.arange(S, device=self.device), self.args.head_dim,
+                                                   self.args.rope_theta))
         if self.mode == "v3":
             n = S // G
             x = self.embed(ids[:, r * n:(r + 1) * n])

@@ -18,8 +18,7 @@ import torch.distributed as dist
 
 from ..layout import position_ids as layout_positions
 from ..layout import shard
-from ..model import ContextParallel
-from .models import PrefillModel
+from .models import PrefillModel, Sharding
 
 
 @dataclass
@@ -68,8 +67,8 @@ def prefill(model: PrefillModel, input_ids: torch.Tensor, group=None, layout: st
     dev = model.device
     ids = shard(input_ids, layout, rank, world).to(dev)
     pos = layout_positions(S, layout, rank, world, device=dev)
-    cp = ContextParallel(group=group, layout=layout, backward=backward, kernel=kernel, attention=attention)
-    h, kv = model.hidden(ids, pos, cp, keep_kv=keep_kv)
+    how = Sharding(group=group, layout=layout, backward=backward, kernel=kernel, attention=attention)
+    h, kv = model.hidden(ids, pos, how, keep_kv=keep_kv)
     owner = last_token_rank(layout, world)
     if rank == owner:
         logits = model.logits(h[:, -1])

@@ -12,12 +12,29 @@ attended with.  Two implementations provide them:
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ..model import PRESETS, ContextParallel, Transformer
 
 IMPLS = ("ours", "hf")
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """How this rank's tokens relate to the others': the context-parallel group (None: the
+    default group), the layout of the shards, BurstAttention's knobs.  ``attention="sdpa"``
+    runs plain SDPA on the shard instead, which is what torch's context_parallel patches into
+    its own ring (the benchmark's peer)."""
+
+    group: Any = None
+    layout: str = "zigzag"
+    backward: str = "auto"
+    kernel: str | None = None
+    attention: str = "burst"
 
 
 def _count(n: int) -> str:
@@ -25,10 +42,10 @@ def _count(n: int) -> str:
 
 
 class PrefillModel:
-    """Interface: ``hidden(ids (B, n), positions (n,), cp, keep_kv)`` -> (B, n, dim) final-norm
-    hidden states of this rank's tokens and, with ``keep_kv``, a list over layers of this rank's
-    (k, v) shards (B, n, kv_heads, head_dim), after RoPE; ``logits(h (B, dim))`` -> (B, vocab)
-    float32.  ``describe`` is one line for the log."""
+    """Interface: ``hidden(ids (B, n), positions (n,), how: Sharding, keep_kv)`` -> (B, n, dim)
+    final-norm hidden states of this rank's tokens and, with ``keep_kv``, a list over layers of
+    this rank's (k, v) shards (B, n, kv_heads, head_dim), after RoPE; ``logits(h (B, dim))`` ->
+    (B, vocab) float32.  ``describe`` is one line for the log."""
 
     vocab_size: int
     n_layers: int
@@ -36,7 +53,7 @@ class PrefillModel:
     dtype: torch.dtype
     describe: str
 
-    def hidden(self, ids, positions, cp: ContextParallel, keep_kv: bool = False):
+    def hidden(self, ids, positions, how: Sharding, keep_kv: bool = False):
         raise NotImplementedError
 
     def logits(self, h):
@@ -54,9 +71,23 @@ class OurLlama(PrefillModel):
                          f"{a.n_kv_heads} kv, ffn {a.ffn_dim}, vocab {a.vocab_size}, "
                          f"{_count(a.num_params())} params")
 
+    @staticmethod
+    def context_parallel(how: Sharding) -> ContextParallel:
+        if how.attention == "burst":
+            group = how.group
+            if group is None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                group = dist.group.WORLD  # the model reads group=None as "the whole sequence is here"
+            return ContextParallel(group=group, layout=how.layout, backward=how.backward, kernel=how.kernel)
+        if how.attention != "sdpa":
+            raise ValueError(f"unknown attention {how.attention!r}; expected 'burst' or 'sdpa'")
+        # plain SDPA on the shard: the model has said so with attention="sdpa", and in its
+        # newer form with no group
+        names = {f.name for f in fields(ContextParallel)}
+        return ContextParallel(group=None, layout=how.layout, **({"attention": "sdpa"} if "attention" in names else {}))
+
     @torch.no_grad()
-    def hidden(self, ids, positions, cp, keep_kv=False):
-        self.model.set_context_parallel(cp)
+    def hidden(self, ids, positions, how, keep_kv=False):
+        self.model.set_context_parallel(self.context_parallel(how))
         if not keep_kv:
             return self.model.hidden(ids, positions), None
         kv = [None] * self.n_layers
@@ -95,10 +126,12 @@ class HFCausalLM(PrefillModel):
         self.describe = f"{describe}: transformers {type(model).__name__} with attn 'burst', {_count(n)} params"
 
     @torch.no_grad()
-    def hidden(self, ids, positions, cp, keep_kv=False):
+    def hidden(self, ids, positions, how, keep_kv=False):
         from ..integrations.hf import burst_context
 
-        with burst_context(group=cp.group, layout=cp.layout, backward=cp.backward, kernel=cp.kernel):
+        if how.attention != "burst":
+            raise ValueError(f"the transformers model runs attention 'burst' only, not {how.attention!r}")
+        with burst_context(group=how.group, layout=how.layout, backward=how.backward, kernel=how.kernel):
             out = self.model.base_model(input_ids=ids, position_ids=positions[None].expand(ids.shape[0], -1),
                                         use_cache=keep_kv)
         kv = None
