@@ -211,5 +211,5 @@ def test_prefill_bench_tables_and_longest_fit(capsys):
     pb.print_tables(rows, ["burst", "megatron-v3"], [256, 512, 1024])
     out = capsys.readouterr().out
     assert "megatron-v3      1.100±0.100   1.100±0.100         (OOM)           512" in out
-    assert pb.validate(pb.build_parser().parse_args(["--seqs", "100"]), 4) is not None
-    assert "unknown method" in pb.validate(pb.build_parser().parse_args(["--methods", "ring"]), 2)
+    assert "not divisible by 2 x 4" in pb.validate(pb.build_parser().parse_args(["--seqs", "100", "--world", "4"]))
+    assert "unknown method" in pb.validate(pb.build_parser().parse_args(["--methods", "ring"]))

@@ -26,7 +26,6 @@ of every method makes the usual case; set PYTORCH_CUDA_ALLOC_CONF=expandable_seg
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -80,7 +79,8 @@ def parse_methods(spec: str) -> list[str]:
     return out
 
 
-def validate(args, world: int) -> str | None:
+def validate(args) -> str | None:
+    world = args.world
     try:
         methods = parse_methods(args.methods)
         seqs = [int(s) for s in args.seqs.split(",") if s]
@@ -264,28 +264,12 @@ def print_tables(rows, methods, seqs, file=sys.stdout):
 
 
 def main(argv=None) -> int:
-    from ..launch import init_from_env, spawn, under_launcher
+    from ..launch import run_command
 
-    args = build_parser().parse_args(argv)
-    if under_launcher():
-        own = init_from_env(args.timeout)
-        msg = validate(args, dist.get_world_size())
-        if msg:
-            if dist.get_rank() == 0:
-                print(f"prefill bench: error: {msg}", file=sys.stderr)
-            return 2
-        run_rank(args)
-        if own:
-            dist.destroy_process_group()
-        return 0
-    msg = validate(args, args.world)
-    if msg:
-        print(f"prefill bench: error: {msg}", file=sys.stderr)
-        return 2
-    return spawn(_spawned, (args,), args.world, args.timeout, prog="prefill bench")
+    return run_command(_entry, build_parser().parse_args(argv), validate, "prefill bench")
 
 
-def _spawned(args) -> int:
+def _entry(args) -> int:
     run_rank(args)
     return 0
 

@@ -47,19 +47,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=1, help="untimed prefills first [%(default)s]")
     p.add_argument("--iters", type=int, default=1, help="timed prefills [%(default)s]")
     p.add_argument("--top", type=int, default=5, help="next-token candidates to print [%(default)s]")
-    p.add_argument("--save-logits", default=None, help="rank 0 writes the (batch, vocab) float32 logits here (torch.save)")
+    p.add_argument("--save-logits", default=None,
+                   help="rank 0 writes the (batch, vocab) float32 logits here (torch.save)")
     p.add_argument("--save-kv", default=None,
                    help="keep every layer's K/V and write each rank's shard to DIR/kv_rank<r>.safetensors "
                         "(memory: 2 x layers x tokens/rank x kv_heads x head_dim values per rank)")
     p.add_argument("--record", default=None, help="write a JSON record of the run under benchmarks/results/NAME.json")
     p.add_argument("--world", type=int, default=2, help="ranks to spawn without torchrun [%(default)s]")
-    p.add_argument("--threads", type=int, default=None, help="torch threads per spawned CPU rank (default: cores / world)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads per spawned CPU rank (default: cores / world)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before the ranks are stopped [%(default)s]")
 
 
-def validate(args, world: int) -> str | None:
+def validate(args) -> str | None:
+    """A message for arguments that cannot work on ``args.world`` ranks, else None."""
     from .engine import check_prefill
     from .models import check_spec
+
+    world = args.world
 
     msg = check_spec(args.model, args.impl)
     if msg:
@@ -71,6 +76,8 @@ def validate(args, world: int) -> str | None:
         return f"--warmup must be >= 0, got {args.warmup}"
     if world < 1:
         return f"--world must be >= 1, got {world}"
+    if not dist.is_initialized() and torch.cuda.is_available() and world > torch.cuda.device_count():
+        return f"--world {world} is more than the {torch.cuda.device_count()} GPU(s) here (one rank per GPU)"
     if args.prompt_file:
         if not os.path.isfile(args.prompt_file):
             return f"--prompt-file {args.prompt_file!r} does not exist"
@@ -109,7 +116,8 @@ def _save_kv(path, out, rank, world, layout, seq):
     for i, (k, v) in enumerate(out.kv):
         tensors[f"layers.{i}.k"] = k.contiguous()
         tensors[f"layers.{i}.v"] = v.contiguous()
-    meta = dict(rank=str(rank), world=str(world), layout=layout, seq=str(seq), shape="(batch, tokens, kv_heads, head_dim)")
+    meta = dict(rank=str(rank), world=str(world), layout=layout, seq=str(seq),
+                shape="(batch, tokens, kv_heads, head_dim)")
     save_file(tensors, os.path.join(path, f"kv_rank{rank}.safetensors"), metadata=meta)
 
 
@@ -171,29 +179,9 @@ def run_rank(args) -> int:
 
 
 def run(args) -> int:
-    from ..launch import init_from_env, spawn, under_launcher
+    from ..launch import run_command
 
-    if under_launcher():
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        own = init_from_env(args.timeout)
-        msg = validate(args, dist.get_world_size())
-        if msg:
-            if dist.get_rank() == 0:
-                print(f"burstengine prefill: error: {msg}", file=sys.stderr)
-            code = 2
-        else:
-            code = run_rank(args)
-        if own:
-            dist.destroy_process_group()
-        return code
-    msg = validate(args, args.world)
-    if not msg and torch.cuda.is_available() and args.world > torch.cuda.device_count():
-        msg = f"--world {args.world} is more than the {torch.cuda.device_count()} GPU(s) here"
-    if msg:
-        print(f"burstengine prefill: error: {msg}", file=sys.stderr)
-        return 2
-    return spawn(run_rank, (args,), args.world, args.timeout, threads=args.threads, prog="burstengine prefill")
+    return run_command(run_rank, args, validate, "burstengine prefill")
 
 
 def main(argv=None) -> int:

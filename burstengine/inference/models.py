@@ -185,7 +185,8 @@ def load_model(spec: str, impl: str = "ours", device="cpu", dtype=torch.float32,
         raise ValueError(msg)
     if impl == "ours":
         if spec in PRESETS:
-            return OurLlama(random_llama(PRESETS[spec], device, dtype, seed), f"preset {spec} (random weights, seed {seed})")
+            return OurLlama(random_llama(PRESETS[spec], device, dtype, seed),
+                            f"preset {spec} (random weights, seed {seed})")
         from .weights import load_hf_llama
 
         return OurLlama(load_hf_llama(spec, device, dtype), spec)

@@ -84,7 +84,8 @@ def burst_context(group=None, layout: str = "contiguous", backward: str = "auto"
         _stack.pop()
 
 
-def configure(group=None, layout: str = "contiguous", backward: str = "auto", kernel: str | None = None) -> BurstSettings:
+def configure(group=None, layout: str = "contiguous", backward: str = "auto",
+              kernel: str | None = None) -> BurstSettings:
     """Set the process-wide settings used outside any :func:`burst_context` (a setup call for
     code that cannot wrap its forward in a ``with``, e.g. a trainer); :func:`reset` clears them."""
     global _configured
