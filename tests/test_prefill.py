@@ -72,6 +72,14 @@ def test_loader_tied_and_sharded_checkpoints(tmp_path):
         assert (_ours_last_logits(p, ids) - want).abs().max() <= TOL * want.abs().max()
 
 
+def test_both_implementations_of_a_preset_agree():
+    from burstengine.inference import prefill
+
+    ids = torch.randint(0, 512, (2, 40), generator=torch.Generator().manual_seed(4))
+    ours, hf = (prefill(load_model("tiny", impl, seed=3), ids, layout="contiguous").logits for impl in ("ours", "hf"))
+    assert (ours - hf).abs().max() <= TOL * hf.abs().max()
+
+
 def test_name_mapping_round_trips():
     from burstengine.model import PRESETS, Transformer
 

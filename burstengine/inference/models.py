@@ -195,13 +195,17 @@ def load_model(spec: str, impl: str = "ours", device="cpu", dtype=torch.float32,
     import burstengine.integrations.hf  # noqa: F401
 
     if spec in PRESETS:
-        from .weights import hf_config_from_args
+        from .weights import hf_config_from_args, ours_to_hf
 
         cfg = hf_config_from_args(PRESETS[spec])
         cfg.pop("model_type")
-        torch.manual_seed(seed)
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(LlamaConfig(**cfg), attn_implementation="burst", dtype=dtype)
+        # the random weights of our preset, so that both implementations of a preset agree
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, p in random_llama(PRESETS[spec], device, dtype, seed).named_parameters():
+                params[ours_to_hf(name)].copy_(p)
         return HFCausalLM(model, f"preset {spec} (random weights, seed {seed})")
     model = AutoModelForCausalLM.from_pretrained(spec, attn_implementation="burst", dtype=dtype, device_map=None)
     return HFCausalLM(model.to(device), spec)
