@@ -50,10 +50,13 @@ def _world(group):
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def hf_vs_eager(group, path, layout, seed, batch=2, seq_per_rank=12):
+def hf_vs_eager(group, path, layout, seed, batch=2, seq_per_rank=12, setup="context"):
     """Logits and every parameter's gradient of the "burst" model on this rank's shard, against
-    the eager model on the full sequence.  Also checks that K/V travel unexpanded (bytes)."""
-    from burstengine.integrations.hf import burst_context
+    the eager model on the full sequence.  Also checks that K/V travel unexpanded (bytes).
+    ``setup``: the settings come from burst_context ("context") or configure() ("configure")."""
+    import contextlib
+
+    from burstengine.integrations import hf
 
     rank, world = _world(group)
     S = seq_per_rank * world
@@ -70,10 +73,18 @@ def hf_vs_eager(group, path, layout, seed, batch=2, seq_per_rank=12):
     burst = load(path, "burst")
     burst.zero_grad(set_to_none=True)
     pos = be.position_ids(S, layout, rank, world).unsqueeze(0)
-    with burst_context(group=group, layout=layout), be.comm_stats() as st:
-        logits = burst(input_ids=be.shard(ids, layout, rank, world), position_ids=pos).logits
-        fwd_bytes = st.forward_bytes
-        (logits * be.shard(w, layout, rank, world)).sum().backward()
+    if setup == "configure":
+        hf.configure(group=group, layout=layout)
+        settings = contextlib.nullcontext()
+    else:
+        settings = hf.burst_context(group=group, layout=layout)
+    try:
+        with settings, be.comm_stats() as st:
+            logits = burst(input_ids=be.shard(ids, layout, rank, world), position_ids=pos).logits
+            fwd_bytes = st.forward_bytes
+            (logits * be.shard(w, layout, rank, world)).sum().backward()
+    finally:
+        hf.reset()
     errs = {"logits": rel_err(logits, be.shard(ref.detach(), layout, rank, world))}
     for n, p in burst.named_parameters():
         grad = p.grad.clone()

@@ -16,13 +16,14 @@ def tiny_llama(tmp_path_factory):
     return path
 
 
-CASES = [(1, "contiguous")] + [(w, layout) for w in (2, 4) for layout in ("contiguous", "zigzag", "striped")]
+CASES = [(1, "contiguous", "context")] + [(w, layout, "context") for w in (2, 4)
+                                          for layout in ("contiguous", "zigzag", "striped")] + [(2, "zigzag", "configure")]
 
 
-@pytest.mark.parametrize("world,layout", CASES)
-def test_burst_model_matches_eager(pool, tiny_llama, world, layout):
+@pytest.mark.parametrize("world,layout,setup", CASES)
+def test_burst_model_matches_eager(pool, tiny_llama, world, layout, setup):
     for rank, (errs, fwd_bytes, want) in enumerate(pool.run(hf_cases.hf_vs_eager, tiny_llama, layout, 7 + world,
-                                                            world=world)):
+                                                            setup=setup, world=world)):
         worst = max(errs, key=errs.get)
         assert errs[worst] < 2e-5, (rank, worst, errs[worst], errs["logits"])
         assert len(errs) == 1 + 3 + 2 * 9  # logits; embed, lm_head, final norm; 9 tensors per layer, 2 layers
