@@ -14,6 +14,7 @@ COMMANDS = {
     "plan": "burstengine.plan",
     "train": "burstengine.train.cli",
     "plot": "burstengine.train.plot",
+    "prefill": "burstengine.inference.cli",
 }
 
 

@@ -11,14 +11,12 @@ sequence (split into row chunks, shared out among the ranks).  Rank 0 prints the
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from .launch import spawn, under_launcher
+from .launch import run_command
 
 HELP = "run BurstAttention fwd+bwd on local CPU ranks; check it against a reference and report time and bytes"
 SCHEMES = ("burst", "ring")
@@ -243,29 +241,7 @@ def run_rank(args, group=None) -> int:
 # --- launching ----------------------------------------------------------------------------------
 
 def run(args) -> int:
-    if under_launcher():
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        own = not dist.is_initialized()
-        if own:
-            dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
-        args.world = dist.get_world_size()
-        msg = validate(args)
-        if msg:
-            if dist.get_rank() == 0:
-                print(f"burstengine demo: error: {msg}", file=sys.stderr)
-            code = 2
-        else:
-            code = run_rank(args)
-        if own:
-            dist.destroy_process_group()
-        return code
-    msg = validate(args)
-    if msg:
-        print(f"burstengine demo: error: {msg}", file=sys.stderr)
-        return 2
-    return spawn(run_rank, (args,), args.world, args.timeout, threads=args.threads, backend="gloo",
-                 prog="burstengine demo")
+    return run_command(run_rank, args, validate, "burstengine demo", backend="gloo")
 
 
 def main(argv=None) -> int:

@@ -34,14 +34,14 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def init_from_env(timeout: float) -> bool:
+def init_from_env(timeout: float, backend: str | None = None) -> bool:
     """Initialise the default group from torchrun's environment unless one exists; pins this
     rank's GPU.  Returns True when this call created the group (the caller destroys it)."""
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if dist.is_initialized():
         return False
-    dist.init_process_group(default_backend(), timeout=timedelta(seconds=timeout))
+    dist.init_process_group(backend or default_backend(), timeout=timedelta(seconds=timeout))
     return True
 
 
@@ -100,3 +100,32 @@ def spawn(entry, entry_args: tuple, world: int, timeout: float, threads: int | N
         print(f"{prog}: only ranks {sorted(codes)} reported", file=sys.stderr)
         return 1
     return max(codes.values())
+
+
+def run_command(entry, args, validate, prog: str, backend: str | None = None) -> int:
+    """The ranks of a command: under torchrun (or in an initialised group) this process is one
+    of them and ``args.world`` becomes the group's size; otherwise ``args.world`` local ranks are
+    spawned.  ``validate(args)`` (an error message or None) runs first, on every rank, so bad
+    arguments exit 2 everywhere before any work; ``entry(args)`` returns the rank's exit code.
+    ``args`` needs ``world`` and ``timeout``; ``threads`` is used when present."""
+    threads = getattr(args, "threads", None)
+    if under_launcher():
+        if threads:
+            torch.set_num_threads(threads)
+        own = init_from_env(args.timeout, backend)
+        args.world = dist.get_world_size()
+        msg = validate(args)
+        if msg:
+            if dist.get_rank() == 0:
+                print(f"{prog}: error: {msg}", file=sys.stderr)
+            code = 2
+        else:
+            code = entry(args)
+        if own:
+            dist.destroy_process_group()
+        return code
+    msg = validate(args)
+    if msg:
+        print(f"{prog}: error: {msg}", file=sys.stderr)
+        return 2
+    return spawn(entry, (args,), args.world, args.timeout, threads=threads, backend=backend, prog=prog)

@@ -12,6 +12,9 @@ import importlib
 BENCHES = {
     "attention": "burstengine.bench.attention",
     "sparse": "burstengine.bench.sparse",
+    "prefill": "burstengine.bench.prefill",
+    "train": "burstengine.bench.train",
+    "topo": "burstengine.bench.topo",
 }
 HELP = "run a benchmark (under torchrun on GPUs): " + ", ".join(BENCHES)
 

@@ -1,0 +1,286 @@
+"""First-token latency of LLaMA prefill beside its peers (BurstAttention paper, Tables 2-3).
+
+    torchrun --nproc_per_node 4 benchmarks/prefill_bench.py --models 7b,13b \\
+        --seqs 32768,65536,131072,262144,524288,1048576
+    python benchmarks/prefill_bench.py --world 2 --models tiny --seqs 256,512    # CPU/gloo check
+
+One launch, the same random weights (seeded per parameter), the same prompt, bf16 on GPUs:
+
+* ``burst``: burstengine's LLaMA, sequence sharded zigzag, BurstAttention (``burst-<layout>``
+  for another layout);
+* ``torch-cp``: the same model and shards, attention through SDPA under torch-native context
+  parallelism (``context_parallel``, its head-tail balancing is our zigzag); CUDA only;
+* ``megatron-v3`` / ``megatron-v1``: Megatron-style tensor parallelism of the same weights
+  (:mod:`.tp_llama`), with sequence parallelism (all-gather / reduce-scatter) or without
+  (all-reduce).
+
+Every case times the whole prefill (token ids in, next-token logits on every rank out; median
+of --iters after --warmup, slowest rank; once a method takes over --long seconds, its longer
+cases run once), records the peak allocated memory and compares its logits with ``burst``'s.
+Budget: a 7B prefill of 1M tokens is ~2.9e17 FLOPs, about 2-3 minutes on 4 GPUs per method;
+13B about half as long again.  A method that runs out of memory at some length is not tried at longer
+ones; the summary gives the longest sequence each method fits.  Rank 0 prints the tables and
+writes a JSON record (benchmarks/results/prefill_<world>gpu.json by default).
+
+Running out of memory is survived when all ranks run out together, which the symmetric work
+of every method makes the usual case; set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from ..inference.engine import peak_bytes, prefill, reduce_max, reset_peak, timed
+from ..inference.models import OurLlama, random_llama
+from ..model import PRESETS, ModelArgs
+from .record import write_record
+
+# LLaMA-2 7B and 13B (the paper's models), and a CPU-sized one
+SHAPES: dict[str, ModelArgs] = {
+    "tiny": PRESETS["tiny"],
+    "7b": PRESETS["llama-7b"],
+    "13b": ModelArgs(dim=5120, n_layers=40, n_heads=40, n_kv_heads=40, vocab_size=32000, ffn_dim=13824),
+}
+METHODS = ("burst", "torch-cp", "megatron-v3", "megatron-v1")
+GPU_ONLY = ("torch-cp",)
+
+
+def build_parser(p=None):
+    p = p or argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="7b,13b", help=f"comma-separated shapes from {sorted(SHAPES)} [%(default)s]")
+    p.add_argument("--seqs", default="32768,65536,131072,262144,524288,1048576",
+                   help="prompt lengths, comma-separated, ascending [%(default)s]")
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help="comma-separated, from %(default)s (and burst-<layout>)")
+    p.add_argument("--kernel", default=None, help="BurstAttention's local kernel (default: auto, cuDNN on GPUs)")
+    p.add_argument("--sdpa", default=None, help="SDPA backend of the peers: cudnn, flash, math "
+                                                "(default: cudnn on GPUs, math on CPU)")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--long", type=float, default=30.0,
+                   help="once a method's prefill takes longer than this many seconds, its longer sequences "
+                        "run once without warm-up (NCCL and the kernels are warm by then) [%(default)s]")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--world", type=int, default=2, help="CPU ranks to spawn without torchrun [%(default)s]")
+    p.add_argument("--name", default=None, help="record name (default prefill_<world><gpu|cpu>)")
+    p.add_argument("--out-dir", default=None, help="record directory (default $BURST_RESULTS or benchmarks/results)")
+    p.add_argument("--timeout", type=float, default=7200.0)
+    return p
+
+
+def parse_methods(spec: str) -> list[str]:
+    from ..layout import LAYOUTS
+
+    out = []
+    for m in (x for x in spec.split(",") if x):
+        if m not in METHODS and not (m.startswith("burst-") and m[6:] in LAYOUTS):
+            raise ValueError(f"unknown method {m!r}; expected {METHODS} or burst-<layout>")
+        out.append(m)
+    return out
+
+
+def validate(args) -> str | None:
+    world = args.world
+    try:
+        methods = parse_methods(args.methods)
+        seqs = [int(s) for s in args.seqs.split(",") if s]
+    except ValueError as e:
+        return str(e)
+    models = [m for m in args.models.split(",") if m]
+    bad = [m for m in models if m not in SHAPES]
+    if bad or not models:
+        return f"unknown model shape(s) {bad}; expected from {sorted(SHAPES)}"
+    if not seqs or seqs != sorted(seqs) or seqs[0] < 1:
+        return f"--seqs must be positive and ascending, got {seqs}"
+    for s in seqs:
+        if s % (2 * world):
+            return f"sequence {s} is not divisible by 2 x {world} ranks (zigzag halves, TP shards)"
+    for name in models:
+        a = SHAPES[name]
+        if any(m.startswith("megatron") for m in methods) and (a.n_heads % world or a.ffn_dim % world):
+            return f"{name}: heads {a.n_heads} and ffn {a.ffn_dim} must be divisible by {world} for tensor parallelism"
+    if args.iters < 1 or args.warmup < 0:
+        return "--iters must be >= 1 and --warmup >= 0"
+    return None
+
+
+def longest_fit(rows, method: str, model: str) -> int | None:
+    fits = [r["S"] for r in rows if r["method"] == method and r["model"] == model and "seconds" in r]
+    return max(fits) if fits else None
+
+
+def _oom(e: BaseException) -> bool:
+    return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
+
+
+def _case(method, S, ids, ours, tp, group, args, device):
+    """-> (fn, context manager factory or None) running one prefill of ``ids`` with ``method``."""
+    from torch.nn.attention import sdpa_kernel
+
+    from . import peers
+
+    backend = args.sdpa or ("cudnn" if device.type == "cuda" else "math")
+    if method == "burst" or method.startswith("burst-"):
+        layout = "zigzag" if method == "burst" else method[6:]
+        return (lambda: prefill(ours, ids, group=group, layout=layout, kernel=args.kernel).logits), None
+    if method == "torch-cp":
+        def fn():
+            with sdpa_kernel(peers.BACKENDS[backend]):
+                return prefill(ours, ids, group=group, layout="zigzag", attention="sdpa").logits
+        return fn, (lambda: peers.torch_cp_context(group, S, device, causal=True))
+    if method.startswith("megatron-"):
+        tp.mode, tp.backend = method.split("-")[1], backend
+        return (lambda: tp.next_token_logits(ids)), None
+    raise ValueError(method)
+
+
+def run_rank(args, group=None) -> list[dict]:
+    """Every case on this rank of an initialised group; rank 0 prints and writes the record.
+    Returns the rows (on every rank)."""
+    import contextlib
+
+    from .tp_llama import TPLlama
+
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" \
+        else torch.device("cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    methods = parse_methods(args.methods)
+    seqs = [int(s) for s in args.seqs.split(",") if s]
+    t_start = time.perf_counter()
+
+    def log(msg):
+        if rank == 0:
+            print(f"[prefill-bench {time.perf_counter() - t_start:7.0f}s] {msg}", flush=True)
+
+    log(f"{world} rank(s) on {device.type}, {dtype}; models {args.models}; methods {methods}; S {seqs}")
+    rows = []
+    for name in (m for m in args.models.split(",") if m):
+        a = SHAPES[name]
+        model = random_llama(a, device, dtype, args.seed)
+        ours = OurLlama(model, name)
+        log(ours.describe)
+        reference = {}
+        tp = None
+        # CP methods first (they share the full model); then TP, whose slices are cut from it
+        # before the full model is freed, so every method's peak memory is its own
+        order = sorted(methods, key=lambda m: (m.startswith("megatron"), m != "burst"))
+        for method in order:
+            if method.startswith("megatron") and tp is None:
+                tp = TPLlama(model, group)
+                del model, ours
+                model = ours = None
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+            stopped = None  # why longer sequences of this method are not tried
+            warmup, iters = args.warmup, args.iters
+            for S in seqs:
+                row = dict(model=name, method=method, S=S, world=world, dtype=str(dtype).replace("torch.", ""))
+                rows.append(row)
+                if method in GPU_ONLY and device.type != "cuda":
+                    row["error"] = "needs CUDA"
+                    continue
+                if stopped:
+                    row["error"] = stopped
+                    continue
+                ids = torch.randint(0, a.vocab_size, (1, S), generator=torch.Generator().manual_seed(args.seed + S))
+                fn, ctx = _case(method, S, ids, ours, tp, group, args, device)
+                box, err = {}, None
+
+                def step():
+                    box["logits"] = fn()
+
+                reset_peak(device)
+                try:
+                    with ctx() if ctx else contextlib.nullcontext():
+                        secs = timed(step, device, group, warmup, iters)
+                except Exception as e:  # noqa: BLE001  (an OOM, or a kernel refusing a shape)
+                    first = (str(e).splitlines() or [""])[0][:160]
+                    err = f"OOM: {first}" if _oom(e) else f"{type(e).__name__}: {first}"
+                    box.clear()
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                # all ranks agree on whether the case ran (a failure is normally simultaneous: the
+                # work is symmetric); longer sequences of a failed method are not tried
+                failed = reduce_max([1.0 if err else 0.0], device, group)[0] > 0
+                if failed:
+                    row["error"] = err or "failed on another rank"
+                    stopped = f"not run: {'OOM' if row['error'].startswith('OOM') else 'failed'} at {S}"
+                    log(f"{name} {method} S={S}: {row['error']}")
+                    continue
+                peak, what = peak_bytes(device, group)
+                logits = box["logits"]
+                if method == "burst":
+                    reference[S] = logits
+                elif S in reference:
+                    ref = reference[S]
+                    row["logits_rel_diff_vs_burst"] = ((logits - ref).abs().max() / ref.abs().max()).item()
+                if statistics.median(secs) > args.long:
+                    warmup, iters = 0, 1
+                row.update(seconds=secs, median_s=statistics.median(secs),
+                           std_s=statistics.pstdev(secs) if len(secs) > 1 else 0.0, peak_bytes=peak, peak_kind=what,
+                           tokens_per_s=S / statistics.median(secs))
+                log(f"{name} {method} S={S}: {row['median_s']:.3f}s, peak {peak / 2**30:.1f} GiB"
+                    + (f", logits vs burst {row['logits_rel_diff_vs_burst']:.1e}" if "logits_rel_diff_vs_burst" in row
+                       else ""))
+                del box
+        del tp, model, ours
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if rank == 0:
+        print_tables(rows, methods, seqs)
+        tag = "gpu" if device.type == "cuda" else "cpu"
+        path = write_record(args.name or f"prefill_{world}{tag}",
+                            dict(kind="prefill_bench", world=world, args=vars(args), rows=rows,
+                                 longest_fit={f"{m}@{r}": longest_fit(rows, m, r) for m in methods
+                                              for r in args.models.split(",") if r}),
+                            args.out_dir)
+        print(f"wrote {path}")
+    return rows
+
+
+def print_tables(rows, methods, seqs, file=sys.stdout):
+    for model in dict.fromkeys(r["model"] for r in rows):
+        print(f"\nfirst-token latency (s), {model}, {rows[0]['world']} rank(s), {rows[0]['dtype']}:", file=file)
+        head = f"{'method':14s}" + "".join(f"{s:>14,d}" for s in seqs) + f"{'longest fit':>14s}"
+        print(head, file=file)
+        print("-" * len(head), file=file)
+        for m in methods:
+            cells = []
+            for s in seqs:
+                r = next(x for x in rows if x["model"] == model and x["method"] == m and x["S"] == s)
+                if "seconds" in r:
+                    cells.append(f"{r['median_s']:.3f}±{r['std_s']:.3f}")
+                else:
+                    e = r["error"]
+                    cells.append("OOM" if e.startswith("OOM") else "(OOM)" if e.startswith("not run: OOM")
+                                 else "-" if e.startswith(("not run", "needs")) else "error")
+            fit = longest_fit(rows, m, model)
+            print(f"{m:14s}" + "".join(f"{c:>14s}" for c in cells) + f"{fit or '-':>14}", file=file)
+        print("peak memory per rank (GiB):", file=file)
+        for m in methods:
+            cells = []
+            for s in seqs:
+                r = next(x for x in rows if x["model"] == model and x["method"] == m and x["S"] == s)
+                cells.append(f"{r['peak_bytes'] / 2**30:.2f}" if "peak_bytes" in r else "-")
+            print(f"{m:14s}" + "".join(f"{c:>14s}" for c in cells), file=file)
+
+
+def main(argv=None) -> int:
+    from ..launch import run_command
+
+    return run_command(_entry, build_parser().parse_args(argv), validate, "prefill bench")
+
+
+def _entry(args) -> int:
+    run_rank(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""Hugging Face transformers drop-in: ``attn_implementation="burst"``.
+
+Importing this module registers "burst" with transformers' ``AttentionInterface`` (the attention
+call: BurstAttention over the ranks of a context-parallel group) and ``AttentionMaskInterface``
+(the mask: none at all, since the ring applies causality from the layout; this is also where
+padding and other masks are turned away).  Every rank loads the whole model and feeds it its
+shard of the sequence together with the *global* positions of the tokens it holds::
+
+    import burstengine as be
+    from burstengine.integrations.hf import burst_context   # registers "burst"
+
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="burst")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ids = be.shard(input_ids, "zigzag", rank, world)                       # (B, S / world)
+    pos = be.position_ids(input_ids.shape[1], "zigzag", rank, world)[None]  # (1, S / world)
+    with burst_context(group=None, layout="zigzag"):
+        logits = model(input_ids=ids, position_ids=pos).logits             # this rank's rows
+        loss(logits).backward()                                            # exact gradients
+
+What is supported, exactly: causal self-attention over the full sharded sequence (prefill and
+training, forward and backward), GQA/MQA without expanding K/V, ``use_cache=True`` (the cache
+then holds this rank's shard of K/V).  What is refused with a ValueError, raised on every rank of
+the group before any ring traffic: a padding ``attention_mask`` with zeros (an all-ones mask is
+accepted), 4-D masks, sliding-window / chunked / bidirectional / packed-document masks, attention
+dropout, softcapping, attention sinks, position_ids that are not the layout's global positions,
+shards of different lengths, and decoding steps against a cache.
+
+The group and layout come from :func:`burst_context` (a context manager) or :func:`configure`
+(a process-wide setting).  In a single process without torch.distributed neither is needed: the
+"group" is that process and "burst" is ordinary exact attention.  Works with transformers 5.x.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..attention import burst_attn_func
+from ..attention.checks import BACKWARDS
+from ..layout import LAYOUTS, position_ids as layout_positions
+
+NAME = "burst"
+
+
+@dataclass(frozen=True)
+class BurstSettings:
+    """Where and how "burst" attention runs: the context-parallel group (None: the default
+    group), the sequence layout of the shards, the backward scheme and the local kernel (see
+    :func:`burstengine.burst_attn_func`)."""
+
+    group: Any = None
+    layout: str = "contiguous"
+    backward: str = "auto"
+    kernel: str | None = None
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {self.layout!r}; expected one of {LAYOUTS}")
+        if self.backward not in BACKWARDS:
+            raise ValueError(f"unknown backward {self.backward!r}; expected one of {BACKWARDS}")
+
+    def world(self) -> tuple[int, int]:
+        if not (dist.is_available() and dist.is_initialized()):
+            return 0, 1
+        return dist.get_rank(self.group), dist.get_world_size(self.group)
+
+
+# A process-wide stack rather than a contextvar: autograd runs backward (and any activation
+# recomputation) on its own threads, which must see the same settings as the forward.
+_stack: list[BurstSettings] = []
+_configured: BurstSettings | None = None
+
+
+@contextlib.contextmanager
+def burst_context(group=None, layout: str = "contiguous", backward: str = "auto", kernel: str | None = None):
+    """Run "burst" attention over ``group`` with shards in ``layout`` inside the block."""
+    _stack.append(BurstSettings(group, layout, backward, kernel))
+    try:
+        yield _stack[-1]
+    finally:
+        _stack.pop()
+
+
+def configure(group=None, layout: str = "contiguous", backward: str = "auto",
+              kernel: str | None = None) -> BurstSettings:
+    """Set the process-wide settings used outside any :func:`burst_context` (a setup call for
+    code that cannot wrap its forward in a ``with``, e.g. a trainer); :func:`reset` clears them."""
+    global _configured
+    _configured = BurstSettings(group, layout, backward, kernel)
+    return _configured
+
+
+def reset() -> None:
+    """Forget the settings of :func:`configure`."""
+    global _configured
+    _configured = None
+
+
+def current_settings() -> BurstSettings:
+    if _stack:
+        return _stack[-1]
+    if _configured is not None:
+        return _configured
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        raise ValueError('attn_implementation="burst" runs inside a context-parallel group: wrap the forward in '
+                         'burstengine.integrations.hf.burst_context(group=..., layout=...) or call configure(...)')
+    return BurstSettings()
+
+
+# --- the mask ----------------------------------------------------------------------------------
+
+class _Padded:
+    """What the mask function hands the attention when a 2-D mask has zeros.  The attention
+    raises on it after all ranks have compared notes (a rank may hold no padding at all)."""
+
+    def __repr__(self):
+        return "<padding mask refused by burst attention>"
+
+
+PADDED = _Padded()
+
+
+def _closure(fn, name):
+    code = getattr(fn, "__code__", None)
+    if code is None or fn.__closure__ is None:
+        return None
+    cells = dict(zip(code.co_freevars, fn.__closure__))
+    return cells[name].cell_contents if name in cells else None
+
+
+def _mask_kind(fn) -> str | None:
+    """'causal' for transformers' plain causal mask function, possibly combined with its packed-
+    sequence handling (which it adds when a rank's positions jump, as zigzag and striped shards'
+    do; the positions themselves are checked against the layout in the attention); 'packed' for
+    the packing part alone; None for anything else."""
+    from transformers import masking_utils as mu
+
+    if fn is mu.causal_mask_function:
+        return "causal"
+    name = getattr(fn, "__qualname__", "")
+    if name.startswith("packed_sequence_mask_function."):
+        return "packed"
+    if name.startswith("remap_positions_for_packed_sequence."):
+        return "causal" if _mask_kind(_closure(fn, "mask_function")) == "causal" else None
+    if name.startswith("and_masks."):
+        kinds = [_mask_kind(f) for f in (_closure(fn, "mask_functions") or ())]
+        if "causal" in kinds and all(k in ("causal", "packed") for k in kinds):
+            return "causal"
+    return None
+
+
+def burst_mask(batch_size=None, q_length=None, kv_length=None, q_offset=0, kv_offset=0, mask_function=None,
+               attention_mask=None, **kwargs):
+    """The AttentionMaskInterface entry for "burst": builds nothing (the ring applies causality
+    from the layout), refuses every mask but plain causal."""
+    kind = _mask_kind(mask_function)
+    if kind != "causal":
+        what = getattr(mask_function, "__qualname__", repr(mask_function))
+        raise ValueError(f'attn_implementation="burst" computes plain causal attention only; this model asked for '
+                         f'the mask {what} (sliding window, chunked, bidirectional or multimodal masks are not '
+                         f'supported)')
+    if attention_mask is not None and not bool(attention_mask.all()):
+        return PADDED
+    return None
+
+
+# --- the attention -----------------------------------------------------------------------------
+
+def _agree(settings: BurstSettings, module, query, key, attention_mask, position_ids) -> None:
+    """Checks whose outcome may differ between ranks (padding, positions, shard lengths):
+    every rank gathers every rank's findings, so all raise the same error or none does."""
+    rank, world = settings.world()
+    B, _, n, _ = query.shape
+    padded = attention_mask is PADDED
+    other_mask = attention_mask is not None and not padded
+    bad_pos = 0
+    if position_ids is not None:
+        try:
+            want = layout_positions(n * world, settings.layout, rank, world, device=position_ids.device)
+            bad_pos = int(not bool((position_ids == want).all()))
+        except (ValueError, RuntimeError):  # a layout that cannot split S, or a shape that does not broadcast
+            bad_pos = 1
+    mine = [B, n, int(padded), int(other_mask), bad_pos]
+    if world > 1:
+        dev = query.device
+        parts = [torch.zeros(len(mine), dtype=torch.int64, device=dev) for _ in range(world)]
+        dist.all_gather(parts, torch.tensor(mine, dtype=torch.int64, device=dev), group=settings.group)
+        table = [p.tolist() for p in parts]
+    else:
+        table = [mine]
+    if len({(r[0], r[1]) for r in table}) > 1:
+        raise ValueError("ranks hold shards of different shapes (batch, tokens) "
+                         f"{[(r[0], r[1]) for r in table]}: every rank must hold S / world tokens of the same batch")
+    ranks = lambda i: [r for r, row in enumerate(table) if row[i]]  # noqa: E731
+    if ranks(2):
+        raise ValueError(f'attn_implementation="burst" does not support padding: the attention_mask has zeros on '
+                         f'rank(s) {ranks(2)}; pass unpadded sequences (an all-ones mask or None)')
+    if ranks(3):
+        raise ValueError(f'attn_implementation="burst" takes no explicit attention mask (rank(s) {ranks(3)} passed a '
+                         f'{type(attention_mask).__name__}); causality comes from the layout')
+    if ranks(4):
+        raise ValueError(f"position_ids on rank(s) {ranks(4)} are not the global positions of layout "
+                         f"{settings.layout!r}: pass burstengine.position_ids(S, {settings.layout!r}, rank, world) "
+                         f"for a sequence of S = {n * world} tokens")
+
+
+def burst_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                            sliding_window=None, softcap=None, s_aux=None, position_ids=None, **kwargs):
+    """The AttentionInterface entry for "burst".  query (B, H, n, D), key/value (B, Hkv, n, D):
+    this rank's shard; returns (out (B, n, H, D), None)."""
+    settings = current_settings()
+    refused = [name for name, bad in (("attention dropout", dropout and dropout > 0),
+                                      ("sliding_window", sliding_window is not None),
+                                      ("softcap", softcap is not None),
+                                      ("attention sinks (s_aux)", s_aux is not None),
+                                      ("non-causal attention", not getattr(module, "is_causal", True))) if bad]
+    if refused:
+        raise ValueError(f'attn_implementation="burst" does not support {", ".join(refused)}')
+    if key.shape[2] != query.shape[2]:
+        raise ValueError(f'attn_implementation="burst" attends within the sharded sequence only: the query has '
+                         f'{query.shape[2]} tokens but the keys {key.shape[2]} (a decoding step against a cache?)')
+    if getattr(module, "layer_idx", 0) in (0, None):
+        _agree(settings, module, query, key, attention_mask, position_ids)
+    out = burst_attn_func(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), group=settings.group,
+                          causal=True, layout=settings.layout, softmax_scale=scaling, backward=settings.backward,
+                          kernel=settings.kernel)
+    return out, None
+
+
+def register() -> None:
+    """Register "burst" with transformers (done on import; safe to repeat)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(NAME, burst_attention_forward)
+    AttentionMaskInterface.register(NAME, burst_mask)
+
+
+register()
+
+__all__ = ["NAME", "BurstSettings", "burst_context", "configure", "reset", "current_settings",
+           "burst_attention_forward", "burst_mask", "register"]

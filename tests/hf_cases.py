@@ -1,0 +1,159 @@
+"""Worker functions for tests/test_hf.py and tests/test_prefill.py (run inside the gloo pool).
+
+The model is a tiny LlamaForCausalLM with random weights saved to a temporary directory by
+the test; every rank loads it with from_pretrained, as a user would.
+"""
+import functools
+
+import torch
+import torch.distributed as dist
+
+import burstengine as be
+from burstengine.testing import rel_err
+
+VOCAB = 256
+
+
+def tiny_llama_config(**overrides):
+    from transformers import LlamaConfig
+
+    kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=1024, rope_theta=10000.0, tie_word_embeddings=False)
+    kw.update(overrides)
+    return LlamaConfig(**kw)
+
+
+def save_tiny_llama(path, seed=0, **overrides):
+    """A LlamaForCausalLM with random weights (GQA 4:2), saved as config.json + safetensors."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(tiny_llama_config(**overrides))
+    with torch.no_grad():  # HF initialises norms to 1; random ones make the test see them
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    model.save_pretrained(path)
+    return str(path)
+
+
+@functools.lru_cache(maxsize=8)
+def load(path, attn):
+    from transformers import AutoModelForCausalLM
+
+    import burstengine.integrations.hf  # noqa: F401  (registers "burst")
+
+    return AutoModelForCausalLM.from_pretrained(path, attn_implementation=attn, dtype=torch.float32).eval()
+
+
+def _world(group):
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def hf_vs_eager(group, path, layout, seed, batch=2, seq_per_rank=12, setup="context"):
+    """Logits and every parameter's gradient of the "burst" model on this rank's shard, against
+    the eager model on the full sequence.  Also checks that K/V travel unexpanded (bytes).
+    ``setup``: the settings come from burst_context ("context") or configure() ("configure")."""
+    import contextlib
+
+    from burstengine.integrations import hf
+
+    rank, world = _world(group)
+    S = seq_per_rank * world
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (batch, S), generator=g)
+    w = torch.randn(batch, S, VOCAB, generator=g)
+
+    eager = load(path, "eager")
+    eager.zero_grad(set_to_none=True)
+    ref = eager(input_ids=ids).logits
+    (ref * w).sum().backward()
+    ref_grads = {n: p.grad.clone() for n, p in eager.named_parameters()}
+
+    burst = load(path, "burst")
+    burst.zero_grad(set_to_none=True)
+    pos = be.position_ids(S, layout, rank, world).unsqueeze(0)
+    if setup == "configure":
+        hf.configure(group=group, layout=layout)
+        settings = contextlib.nullcontext()
+    else:
+        settings = hf.burst_context(group=group, layout=layout)
+    try:
+        with settings, be.comm_stats() as st:
+            logits = burst(input_ids=be.shard(ids, layout, rank, world), position_ids=pos).logits
+            fwd_bytes = st.forward_bytes
+            (logits * be.shard(w, layout, rank, world)).sum().backward()
+    finally:
+        hf.reset()
+    errs = {"logits": rel_err(logits, be.shard(ref.detach(), layout, rank, world))}
+    for n, p in burst.named_parameters():
+        grad = p.grad.clone()
+        dist.all_reduce(grad, group=group)  # each rank holds the gradient of its tokens' loss
+        errs[n] = rel_err(grad, ref_grads[n])
+    cfg = burst.config
+    D = cfg.hidden_size // cfg.num_attention_heads
+    want = cfg.num_hidden_layers * be.attention.forward_bytes(batch, seq_per_rank, cfg.num_key_value_heads, D, 4, world)
+    return errs, fwd_bytes, want
+
+
+def bad_hf_call(group, path, case):
+    """One bad use of the "burst" model; returns the ValueError's message (every rank must raise)."""
+    from burstengine.integrations.hf import burst_context
+
+    rank, world = _world(group)
+    layout, n = "zigzag", 8
+    S = n * world
+    ids = torch.randint(0, VOCAB, (1, S), generator=torch.Generator().manual_seed(3))
+    kw = dict(input_ids=be.shard(ids, layout, rank, world),
+              position_ids=be.position_ids(S, layout, rank, world).unsqueeze(0))
+    ctx = burst_context(group=group, layout=layout)
+    model = load(path, "burst")
+    if case == "padding_on_last_rank":
+        mask = torch.ones(1, n, dtype=torch.long)
+        if rank == world - 1:
+            mask[0, -1] = 0
+        kw["attention_mask"] = mask
+    elif case == "local_positions":
+        kw["position_ids"] = torch.arange(n).unsqueeze(0)
+    elif case == "no_positions":
+        del kw["position_ids"]
+    elif case == "wrong_layout":
+        ctx = burst_context(group=group, layout="striped")
+    elif case == "uneven_shards":
+        kw["input_ids"] = kw["input_ids"][:, : n - 2 * (rank == 0)]
+        kw["position_ids"] = kw["position_ids"][:, : n - 2 * (rank == 0)]
+    elif case == "no_context":
+        ctx = None
+    elif case == "sliding_window":
+        model = load(path.replace("llama", "mistral"), "burst")
+    elif case == "decode_step":
+        with ctx:
+            out = model(**kw, use_cache=True)
+        kw = dict(input_ids=ids[:, :1], position_ids=torch.tensor([[S]]), past_key_values=out.past_key_values,
+                  use_cache=True)
+        ctx = burst_context(group=group, layout=layout)
+    elif case == "bad_layout_name":
+        try:
+            burst_context(group=group, layout="diagonal").__enter__()
+        except ValueError as e:
+            return str(e)
+        return "no error"
+    try:
+        if ctx is None:
+            model(**kw)
+        else:
+            with ctx:
+                model(**kw)
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+def save_tiny_mistral(path, seed=0):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = MistralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                        num_attention_heads=4, num_key_value_heads=2, sliding_window=4, max_position_embeddings=256)
+    MistralForCausalLM(cfg).save_pretrained(path)
+    return str(path)

@@ -1,0 +1,54 @@
+"""Worker functions for tests/test_prefill.py (run inside the gloo pool)."""
+import functools
+
+import torch
+import torch.distributed as dist
+
+import burstengine as be
+from burstengine.inference import load_model, prefill
+from burstengine.testing import rel_err
+from hf_cases import VOCAB
+
+
+@functools.lru_cache(maxsize=4)
+def _model(path, impl):
+    return load_model(path, impl)
+
+
+@functools.lru_cache(maxsize=4)
+def eager_reference(path, batch, S, seed):
+    """The HF eager model on the full prompt: last-position logits, and every layer's K/V."""
+    from hf_cases import load
+
+    ids = torch.randint(0, VOCAB, (batch, S), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        out = load(path, "eager")(input_ids=ids, use_cache=True)
+    kv = [(layer.keys.transpose(1, 2), layer.values.transpose(1, 2)) for layer in out.past_key_values.layers]
+    return ids, out.logits[:, -1].float(), kv
+
+
+def prefill_vs_hf(group, path, layout, impl, seed, batch=2, seq_per_rank=16):
+    """Our prefill's next-token logits and KV shards against transformers' eager model."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    S = seq_per_rank * world
+    ids, ref_logits, ref_kv = eager_reference(path, batch, S, seed)
+    out = prefill(_model(path, impl), ids, group=group, layout=layout, keep_kv=True)
+    errs = {"logits": rel_err(out.logits, ref_logits)}
+    for i, ((k, v), (rk, rv)) in enumerate(zip(out.kv, ref_kv)):
+        errs[f"k{i}"] = rel_err(k, be.shard(rk, layout, rank, world))
+        errs[f"v{i}"] = rel_err(v, be.shard(rv, layout, rank, world))
+    ok_pos = bool((out.positions == be.position_ids(S, layout, rank, world)).all())
+    return errs, len(out.kv), ok_pos, tuple(out.logits.shape)
+
+
+def run_cli(group, argv):
+    from burstengine import cli
+
+    return cli.main(argv)
+
+
+def bench(group, argv):
+    """benchmarks/prefill_bench.py's ranks, inside the pool's group."""
+    from burstengine.bench import prefill as pb
+
+    return pb.run_rank(pb.build_parser().parse_args(argv), group)

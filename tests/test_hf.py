@@ -1,0 +1,56 @@
+"""transformers drop-in: a tiny LlamaForCausalLM loaded with attn_implementation="burst" inside a
+gloo context-parallel group gives the eager model's logits and parameter gradients (fp32),
+for worlds 1, 2, 4 and every layout; bad uses raise the same ValueError on every rank."""
+import pytest
+
+pytest.importorskip("transformers")
+
+import hf_cases  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+    path = hf_cases.save_tiny_llama(root / "llama")
+    hf_cases.save_tiny_mistral(root / "mistral")
+    return path
+
+
+CASES = [(1, "contiguous", "context")] + [(w, layout, "context") for w in (2, 4)
+                                          for layout in ("contiguous", "zigzag", "striped")] + [(2, "zigzag", "configure")]
+
+
+@pytest.mark.parametrize("world,layout,setup", CASES)
+def test_burst_model_matches_eager(pool, tiny_llama, world, layout, setup):
+    for rank, (errs, fwd_bytes, want) in enumerate(pool.run(hf_cases.hf_vs_eager, tiny_llama, layout, 7 + world,
+                                                            setup=setup, world=world)):
+        worst = max(errs, key=errs.get)
+        assert errs[worst] < 2e-5, (rank, worst, errs[worst], errs["logits"])
+        assert len(errs) == 1 + 3 + 2 * 9  # logits; embed, lm_head, final norm; 9 tensors per layer, 2 layers
+        assert fwd_bytes == want, (rank, fwd_bytes, want)  # K/V travel with 2 kv heads: no GQA expansion
+
+
+BAD = {
+    "padding_on_last_rank": "does not support padding: the attention_mask has zeros on rank(s) [{last}]",
+    "local_positions": "are not the global positions of layout 'zigzag'",
+    "no_positions": "are not the global positions of layout 'zigzag'",
+    "wrong_layout": "are not the global positions of layout 'striped'",
+    "uneven_shards": "ranks hold shards of different shapes",
+    "no_context": "wrap the forward in burstengine.integrations.hf.burst_context",
+    "sliding_window": "computes plain causal attention only",
+    "decode_step": "attends within the sharded sequence only",
+    "bad_layout_name": "unknown layout 'diagonal'",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_use_raises_on_every_rank(pool, tiny_llama, case):
+    world = 4 if case in ("padding_on_last_rank", "uneven_shards") else 2
+    msgs = pool.run(hf_cases.bad_hf_call, tiny_llama, case, world=world)
+    want = BAD[case].format(last=world - 1)
+    for rank, m in enumerate(msgs):
+        assert want in m, (rank, m)
+    assert len(set(msgs)) == 1, msgs  # the same message everywhere
+    # and the pool is still in step: a good call right after works on the same ranks
+    for errs, _, _ in pool.run(hf_cases.hf_vs_eager, tiny_llama, "zigzag", 1, world=world):
+        assert errs["logits"] < 2e-5

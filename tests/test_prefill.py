@@ -1,0 +1,225 @@
+"""Distributed prefill against the real client: a tiny LlamaForCausalLM built with transformers
+(random weights, saved to a temporary directory) gives next-token logits and K/V that our
+prefill reproduces with CP = 1, 2, 4 and every layout (fp32); the HF-checkpoint loader; the
+`burstengine prefill` command."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+
+import hf_cases  # noqa: E402
+import prefill_cases  # noqa: E402
+from burstengine.inference import weights  # noqa: E402
+from burstengine.inference.models import load_model  # noqa: E402
+
+TOL = 1e-4
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory):
+    return hf_cases.save_tiny_llama(tmp_path_factory.mktemp("prefill") / "llama", seed=5)
+
+
+CASES = [(1, "contiguous", "ours")] + [(w, l, "ours") for w in (2, 4) for l in ("contiguous", "zigzag", "striped")] \
+    + [(4, "zigzag", "hf")]
+
+
+@pytest.mark.parametrize("world,layout,impl", CASES)
+def test_prefill_matches_transformers(pool, llama_dir, world, layout, impl):
+    for rank, (errs, layers, ok_pos, shape) in enumerate(
+            pool.run(prefill_cases.prefill_vs_hf, llama_dir, layout, impl, 3, world=world)):
+        worst = max(errs, key=errs.get)
+        assert errs[worst] <= TOL, (rank, worst, errs)
+        assert layers == 2 and ok_pos and shape == (2, hf_cases.VOCAB)
+
+
+# --- the checkpoint loader (one process) ----------------------------------------------------------
+
+def _eager_last_logits(path, ids):
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32)
+    with torch.no_grad():
+        return m(input_ids=ids).logits[:, -1]
+
+
+def _ours_last_logits(path, ids):
+    from burstengine.inference import prefill
+
+    return prefill(load_model(path), ids, layout="contiguous").logits
+
+
+def test_loader_tied_and_sharded_checkpoints(tmp_path):
+    from transformers import LlamaForCausalLM
+
+    ids = torch.randint(0, hf_cases.VOCAB, (1, 24), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(1)
+    tied = LlamaForCausalLM(hf_cases.tiny_llama_config(tie_word_embeddings=True, rope_theta=500000.0,
+                                                       num_key_value_heads=1))
+    tied.save_pretrained(tmp_path / "tied")
+    assert weights.args_from_hf_config(weights.read_config(str(tmp_path / "tied"))).tie_embeddings
+    path = hf_cases.save_tiny_llama(tmp_path / "sharded", seed=2)
+    LlamaForCausalLM.from_pretrained(path).save_pretrained(tmp_path / "sharded", max_shard_size="50KB")
+    assert os.path.isfile(tmp_path / "sharded" / "model.safetensors.index.json")
+    for d in ("tied", "sharded"):
+        p = str(tmp_path / d)
+        want = _eager_last_logits(p, ids)
+        assert (_ours_last_logits(p, ids) - want).abs().max() <= TOL * want.abs().max()
+
+
+def test_both_implementations_of_a_preset_agree():
+    from burstengine.inference import prefill
+
+    ids = torch.randint(0, 512, (2, 40), generator=torch.Generator().manual_seed(4))
+    ours, hf = (prefill(load_model("tiny", impl, seed=3), ids, layout="contiguous").logits for impl in ("ours", "hf"))
+    assert (ours - hf).abs().max() <= TOL * hf.abs().max()
+
+
+def test_name_mapping_round_trips():
+    from burstengine.model import PRESETS, Transformer
+
+    with torch.device("meta"):
+        names = [n for n, _ in Transformer(PRESETS["tiny"]).named_parameters()]
+    assert len(names) == 3 + 9 * PRESETS["tiny"].n_layers
+    for n in names:
+        assert weights.hf_to_ours(weights.ours_to_hf(n)) == n
+    assert weights.hf_to_ours("model.layers.3.mlp.gate_proj.weight") == "layers.3.feed_forward.w1.weight"
+    assert weights.hf_to_ours("model.rotary_emb.inv_freq") is None
+    with pytest.raises(ValueError, match="unexpected tensor"):
+        weights.hf_to_ours("model.layers.0.self_attn.q_proj.bias")
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}), "rope scaling 'llama3'"),
+    (dict(rope_scaling={"type": "linear", "factor": 2.0}), "rope scaling 'linear'"),
+    (dict(attention_bias=True), "attention_bias=true"),
+    (dict(hidden_act="gelu"), "hidden_act='gelu'"),
+    (dict(head_dim=32), "head_dim=32"),
+    (dict(model_type="qwen2"), "not a LLaMA model"),
+    (dict(model_type="mistral", sliding_window=4096), "sliding_window=4096"),
+])
+def test_loader_refuses_what_it_cannot_reproduce(change, match):
+    cfg = dict(model_type="llama", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+               num_hidden_layers=1, vocab_size=32, intermediate_size=96)
+    cfg.update(change)
+    with pytest.raises(ValueError, match=match):
+        weights.args_from_hf_config(cfg)
+
+
+def test_loader_errors_name_the_problem(tmp_path, llama_dir):
+    with pytest.raises(ValueError, match="neither a preset"):
+        load_model(str(tmp_path / "nowhere"))
+    (tmp_path / "config.json").write_text(open(os.path.join(llama_dir, "config.json")).read())
+    with pytest.raises(ValueError, match="no model.safetensors"):
+        load_model(str(tmp_path))
+    from safetensors.torch import load_file, save_file
+
+    sd = load_file(os.path.join(llama_dir, "model.safetensors"))
+    del sd["model.layers.1.mlp.up_proj.weight"]
+    save_file(sd, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"lacks 1 tensor\(s\).*model.layers.1.mlp.up_proj.weight"):
+        load_model(str(tmp_path))
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+def _cli(*argv, launcher=None, timeout=300):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "BURST_KERNEL"):
+        env.pop(var, None)
+    cmd = (launcher or [sys.executable]) + ["-m", "burstengine", "prefill", *argv]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return p.returncode, p.stdout + p.stderr
+
+
+def test_cli_in_a_launched_group_reproduces_transformers(pool, llama_dir, tmp_path):
+    # the pool's ranks already form a process group, as torchrun's would: the command uses it
+    logits = tmp_path / "logits.pt"
+    argv = ["prefill", "--model", llama_dir, "--seq", "64", "--layout", "zigzag", "--warmup", "0",
+            "--save-logits", str(logits)]
+    assert pool.run(prefill_cases.run_cli, argv, world=4) == [0] * 4
+    ids = torch.randint(0, hf_cases.VOCAB, (1, 64), generator=torch.Generator().manual_seed(1))  # the CLI's prompt
+    want = _eager_last_logits(llama_dir, ids)
+    assert (torch.load(logits) - want).abs().max() <= TOL * want.abs().max()
+
+
+def test_cli_spawns_ranks_and_writes_kv_shards(tmp_path):
+    from safetensors import safe_open
+
+    from burstengine.inference import prefill
+
+    logits, kv = tmp_path / "logits.pt", tmp_path / "kv"
+    rc, out = _cli("--model", "tiny", "--seq", "64", "--world", "2", "--layout", "striped", "--iters", "2",
+                   "--save-logits", str(logits), "--save-kv", str(kv))
+    assert rc == 0, out
+    assert "preset tiny (random weights, seed 0)" in out and "median of 2" in out
+    assert "first-token latency" in out and "peak memory per rank" in out and "next token (prompt 0)" in out
+    model = load_model("tiny")  # the same random weights in one process, on the same prompt
+    ids = torch.randint(0, model.vocab_size, (1, 64), generator=torch.Generator().manual_seed(1))
+    one = prefill(model, ids, layout="contiguous", keep_kv=True)
+    assert (torch.load(logits) - one.logits).abs().max() <= TOL * one.logits.abs().max()
+    with safe_open(str(kv / "kv_rank1.safetensors"), "pt") as f:
+        assert f.metadata()["layout"] == "striped"
+        assert f.get_tensor("positions").tolist() == list(range(1, 64, 2))
+        last = model.n_layers - 1
+        k = f.get_tensor(f"layers.{last}.k")
+        assert k.shape == (1, 32, 2, 32)
+        assert (k - one.kv[last][0][:, 1::2]).abs().max() <= TOL * k.abs().max()
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--model", "llama-3b"], "neither a preset"),
+    (["--seq", "100", "--world", "4"], "not divisible by 8"),
+    (["--iters", "0"], "--iters must be >= 1"),
+    (["--model", "tiny", "--prompt-file", "x.txt"], "does not exist"),
+])
+def test_cli_rejects_bad_arguments(argv, match, capsys):
+    from burstengine import cli
+
+    assert cli.main(["prefill", *argv]) == 2  # refused before any rank starts
+    assert match in capsys.readouterr().err
+
+
+# --- the benchmark (benchmarks/prefill_bench.py) at a CPU size --------------------------------------
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_prefill_bench_runs_every_method_and_they_agree(pool, tmp_path, world):
+    import json
+
+    # world 2: every case counts as long (--long 0), so each method's second length runs once
+    long = "0" if world == 2 else "1e9"
+    argv = ["--models", "tiny", "--seqs", "64,128", "--iters", "2", "--warmup", "0", "--out-dir", str(tmp_path),
+            "--methods", "burst,burst-striped,torch-cp,megatron-v3,megatron-v1", "--long", long]
+    rows = pool.run(prefill_cases.bench, argv, world=world)[0]
+    assert len(rows) == 5 * 2
+    for r in rows:
+        if r["method"] == "torch-cp":
+            assert r["error"] == "needs CUDA"  # torch CP has no CPU SDPA op
+            continue
+        assert len(r["seconds"]) == (1 if world == 2 and r["S"] == 128 else 2) and r["peak_bytes"] > 0, r
+        if r["method"] != "burst":  # same weights, same prompt: the same next-token logits
+            assert r["logits_rel_diff_vs_burst"] <= TOL, r
+    rec = json.load(open(tmp_path / f"prefill_{world}cpu.json"))
+    assert rec["longest_fit"]["megatron-v3@tiny"] == 128 and rec["longest_fit"]["torch-cp@tiny"] is None
+    assert rec["commit"] and rec["env"]["device"] == "cpu" and len(rec["rows"]) == 10
+
+
+def test_prefill_bench_tables_and_longest_fit(capsys):
+    from burstengine.bench import prefill as pb
+
+    rows = [dict(model="7b", method=m, S=s, world=4, dtype="bfloat16",
+                 **({"seconds": [1.0, 1.2], "median_s": 1.1, "std_s": 0.1, "peak_bytes": 2**30} if s <= fit
+                    else {"error": "OOM: CUDA out of memory"}))
+            for m, fit in (("burst", 1024), ("megatron-v3", 512)) for s in (256, 512, 1024)]
+    rows[-1]["error"] = "not run: OOM at 1024"
+    assert pb.longest_fit(rows, "burst", "7b") == 1024 and pb.longest_fit(rows, "megatron-v3", "7b") == 512
+    pb.print_tables(rows, ["burst", "megatron-v3"], [256, 512, 1024])
+    out = capsys.readouterr().out
+    assert "megatron-v3      1.100±0.100   1.100±0.100         (OOM)           512" in out
+    assert "not divisible by 2 x 4" in pb.validate(pb.build_parser().parse_args(["--seqs", "100", "--world", "4"]))
+    assert "unknown method" in pb.validate(pb.build_parser().parse_args(["--methods", "ring"]))
