@@ -188,7 +188,7 @@ def burst_attn_func(q, k, v, *, group=None, causal=False, layout="contiguous", s
     one that sends fewer bytes for these shapes.  kernel: "auto", "reference", "flash",
     "cudnn" (or env BURST_KERNEL).
     """
-    check_args(q, k, v, group, causal, layout, softmax_scale, backward)
+    check_args(q, k, v, group, causal, layout, softmax_scale, backward, kernel)
     ring = Ring(group)
     D = q.shape[-1]
     cfg = _Config(ring=ring, kernel=get_kernel(kernel, q.device), causal=causal, layout=layout,

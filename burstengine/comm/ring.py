@@ -2,24 +2,25 @@
 
 ``shift`` posts the sends and receives at once and returns a handle; the caller computes on
 what it holds and calls ``wait`` only when it needs the new buffers.  The same code runs on
-NCCL (GPU) and gloo (CPU).
+NCCL (GPU) and gloo (CPU).  Posting and waiting go through ``fault``: a peer that died or
+missed the deadline (``BURST_TIMEOUT``) raises ``RankLost`` naming it instead of hanging.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from . import stats
+from . import fault, stats
 
 
 class Pending:
-    def __init__(self, reqs, bufs):
+    def __init__(self, reqs, bufs, op: fault.Op | None = None):
         self._reqs = reqs
         self._bufs = bufs
+        self._op = op
 
     def wait(self) -> list[torch.Tensor]:
-        for r in self._reqs:
-            r.wait()
+        fault.wait(self._reqs, self._op or fault.Op("ring shift"))
         self._reqs = []
         return self._bufs
 
@@ -35,6 +36,8 @@ class Ring:
         if self.world > 1:
             self.next = dist.get_global_rank(group or dist.group.WORLD, (self.rank + 1) % self.world)
             self.prev = dist.get_global_rank(group or dist.group.WORLD, (self.rank - 1) % self.world)
+            # gloo blocks the host in wait(), so a deadline can be enforced there; NCCL does not
+            self.blocking = "gloo" in str(dist.get_backend(group)).lower()
 
     def shift(self, tensors, phase: str, names) -> Pending:
         """Send ``tensors`` to the next rank, receive same-shaped ones from the previous."""
@@ -46,4 +49,6 @@ class Ring:
             ops.append(dist.P2POp(dist.irecv, buf, self.prev, self.group))
             bufs.append(buf)
             stats.record(phase, name, t.numel() * t.element_size())
-        return Pending(dist.batch_isend_irecv(ops), bufs)
+        op = fault.Op(f"{phase} ring shift of {', '.join(names)}",
+                      (("sending to", self.next), ("receiving from", self.prev)) * len(bufs), self.blocking)
+        return Pending(fault.post(lambda: dist.batch_isend_irecv(ops), op), bufs, op)
