@@ -119,9 +119,9 @@ LOCAL_BAD = [
         [0.0, -0.125, float("nan"), float("inf"), -float("inf"), "0.1", True, [0.1]]))),
     ("kernel_name", "unknown kernel", _kw("kernel", lambda r: r.choice(["magic", "Reference"]))),
     ("kernel_gpu", "cannot run on device", _kw("kernel", lambda r: r.choice(["cudnn", "flash"]))),
-    ("q_nan", "contain nan or inf", _poison("q", float("nan"))),
-    ("k_inf", "contain nan or inf", _poison("k", float("inf"))),
-    ("v_neg_inf", "contain nan or inf", _poison("v", -float("inf"))),
+    ("q_nan", "nan or inf", _poison("q", float("nan"))),
+    ("k_inf", "nan or inf", _poison("k", float("inf"))),
+    ("v_neg_inf", "nan or inf", _poison("v", -float("inf"))),
     ("q_list", "torch.tensor", _set("q", lambda t, r: t.tolist())),
     ("v_none", "torch.tensor", _set("v", lambda t, r: None)),
 ]

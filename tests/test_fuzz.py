@@ -94,7 +94,7 @@ def test_no_finite_scan_at_level_agree(pool, world):
     see it (loud, never a finite wrong answer); level full raises."""
     res = pool.run(fuzz_cases.nan_levels, world=world)
     for rank, r in enumerate(res):
-        assert "contain NaN or inf" in r["full"], r
+        assert "k contains NaN or inf" in r["full"], r
         assert r["same_rows"] and r["agree_nan_rows"] == r["want_nan_rows"], (rank, r)
         assert r["agree_err"] <= 1e-4, (rank, r)
         assert r["local_bad"] == "q must be 4-D" and r["local_collectives"] == 0, (rank, r)

@@ -25,9 +25,10 @@ Levels (env ``BURST_CHECKS``, or ``with arg_checks(level):``), the same on every
 * ``full`` (default): local checks, a NaN/inf scan of q, k, v (one ``aminmax`` pass, no
   temporaries; on CUDA its result rides in the signature, so it adds no host sync of its own)
   and the agreement.  Non-finite inputs raise instead of propagating.
-* ``agree``: no NaN/inf scan.  NaN/inf in an input then propagates to every output row that
-  sees it (rows that cannot see it under the mask are unaffected); an all-inf query row can
-  come out as zeros.
+* ``agree``: no NaN/inf scan.  Non-finite inputs then propagate as IEEE arithmetic makes them:
+  a NaN makes NaN every output row that sees it, an inf gives NaN or a key of weight 0 (a row
+  whose every score is -inf comes out as zeros), and rows that cannot see the bad entry under
+  the mask are unaffected.
 * ``local``: no collective at all.  A bad argument on some ranks only leaves the others
   waiting in the ring (until ``BURST_TIMEOUT``), and ranks that disagree go undetected.
 
@@ -166,8 +167,9 @@ def _nonfinite_mask(q, k, v) -> torch.Tensor:
     return bits[0] | bits[1] | bits[2]
 
 
-def _names(mask: int) -> str:
-    return ", ".join(n for i, n in enumerate("qkv") if mask >> i & 1)
+def _nonfinite_text(mask: int) -> str:
+    names = [n for i, n in enumerate("qkv") if mask >> i & 1]
+    return f"{', '.join(names)} {'contains' if len(names) == 1 else 'contain'} NaN or inf"
 
 
 def _ranks(rs) -> str:
@@ -207,7 +209,7 @@ def _verdict(rows: list[list[int]], ranks: list[int]) -> str | None:
         if row[1]:
             failed.setdefault(_unpack(row[-_MSG_WORDS:]), []).append(r)
         elif row[2]:
-            failed.setdefault(f"{_names(row[2])} contain NaN or inf", []).append(r)
+            failed.setdefault(_nonfinite_text(row[2]), []).append(r)
     if failed:
         if len(failed) == 1 and len(next(iter(failed.values()))) == len(ranks):
             return next(iter(failed))  # every rank failed alike: its own message, unchanged
@@ -243,7 +245,7 @@ def check_args(q, k, v, group, causal, layout, softmax_scale, backward, kernel=N
     if world == 1 or level == "local":
         mask = int(_nonfinite_mask(q, k, v)) if scan else 0
         if mask:
-            error = f"{_names(mask)} contain NaN or inf"
+            error = _nonfinite_text(mask)
         if error is not None:
             raise ValueError(error)
         return
@@ -253,7 +255,9 @@ def check_args(q, k, v, group, causal, layout, softmax_scale, backward, kernel=N
         host = [_MAGIC, 0, 0, *_shared_values(q, k, causal, layout, scale, backward, world), *_pack("")]
     else:
         host = [_MAGIC, 1, 0, *[0] * (SIG_LEN - _HEADER - _MSG_WORDS), *_pack(error)]
-    sig = torch.tensor(host, dtype=torch.int64, device=dev)
+    sig = torch.tensor(host, dtype=torch.int64)
+    # pinned + non_blocking: no stream sync on the way in; reading the result back is the one sync
+    sig = sig.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else sig
     if scan:
         sig[2] = _nonfinite_mask(q, k, v).to(dev)
     out = torch.empty(world * SIG_LEN, dtype=torch.int64, device=dev)

@@ -191,8 +191,9 @@ def describe(op: Op, index: int, n: int, e: BaseException, deadline: float | Non
     blame = peers[0] if len(peers) == 1 else None
     earlier = read_notice()
     if earlier is not None and earlier.reporter != me and earlier.lost != me:
-        return RankLost(f"rank {earlier.lost} lost (reported by rank {earlier.reporter}: {earlier.text}); "
-                        f"then {here}", lost=earlier.lost, peer=blame)
+        if earlier.lost is None:
+            return RankLost(f"{here}; earlier, {earlier.text}", lost=None, peer=blame)
+        return RankLost(f"rank {earlier.lost} lost ({earlier.text}); then {here}", lost=earlier.lost, peer=blame)
     if blame is not None:
         post_notice(blame, me, here)
         return RankLost(f"rank {blame} lost: {here}. It was killed, crashed or is stuck: see its log.",
@@ -233,8 +234,10 @@ class Watchdog:
         with Watchdog(timeout=60):
             train()
 
-    Every rank of the job runs one (same timeout); rank r watches rank r-1, and whoever sees
-    a loss posts the notice every other watchdog reads within ``interval``.  On a fault it
+    Every rank of the job runs one (same timeout); rank r watches rank r-1 (or, once that rank
+    is done, the rank it watched), and whoever sees a loss posts the notice every other
+    watchdog reads within ``interval``.  Cost: about four store round trips per ``interval``
+    per rank.  On a fault it
     prints the reason to stderr, waits ``grace`` seconds for the main thread to end the
     process itself (an exception it raised on its own, e.g. :class:`RankLost`), then calls
     ``on_fault(reason)`` if given, else ``os._exit(EXIT_LOST)``.  Leaving the ``with`` block
@@ -295,14 +298,19 @@ class Watchdog:
                 store.set(self._key(me), str(beat))
                 notice = read_notice(store, bounded=False)
                 if notice is not None:
-                    who = "" if notice.lost is None else f"rank {notice.lost} lost: "
-                    return self._fault(f"{who}{notice.text} (reported by rank {notice.reporter})")
-                if self.world > 1 and store.check([self._key(pred)]):
+                    if notice.lost is None:
+                        return self._fault(f"fault reported: {notice.text}")
+                    return self._fault(f"rank {notice.lost} lost ({notice.text})")
+                while pred != me and store.check([self._key(pred)]):
                     v = store.get(self._key(pred))
-                    if v == b"done":
-                        since = None  # finished cleanly: stop watching it
-                    elif v != seen:
-                        seen, since = v, now
+                    if v != b"done":
+                        if v != seen:
+                            seen, since = v, now
+                        break
+                    # finished cleanly: watch the rank it watched instead, so none goes unwatched
+                    pred, seen, since = (pred - 1) % self.world, None, now
+                if pred == me:
+                    since = None  # every other rank is done
                 if since is not None and now - since > self.timeout:
                     text = f"rank {pred} sent no heartbeat for {now - since:.0f} s (watched by rank {me})"
                     post_notice(pred, me, text, store=store)
