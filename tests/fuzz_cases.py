@@ -500,3 +500,26 @@ def nan_levels(group):
                 setattr(dist, name, fn)
     res["local_collectives"] = len(calls)
     return res
+
+
+def extra_hook(group, case):
+    """check_args(extra=...): the hook other arguments (masks, topology) use to join the checks."""
+    from burstengine.attention.checks import check_args
+
+    rank = dist.get_rank(group)
+    q, k, v = torch.randn(1, 4, 2, 8), torch.randn(1, 4, 1, 8), torch.randn(1, 4, 1, 8)
+    bm = torch.ones(4, 4, dtype=torch.bool)
+
+    def extra(world):
+        if case == "raise_one" and rank == 1:
+            raise ValueError(f"window must be a positive int, got -1 (world {world})")
+        mask = bm.clone()
+        if case == "tensor_differ" and rank == 1:
+            mask[0, 3] = False
+        return {"window": 8 if case == "differ" and rank == 0 else 4, "block_mask": mask, "cu_seqlens": (0, 4, 8)}
+
+    try:
+        got = check_args(q, k, v, group, True, "zigzag", None, "auto", extra=extra)
+        return ("ok", sorted(got))
+    except ValueError as e:
+        return ("ValueError", str(e))

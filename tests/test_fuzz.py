@@ -98,3 +98,21 @@ def test_no_finite_scan_at_level_agree(pool, world):
         assert r["same_rows"] and r["agree_nan_rows"] == r["want_nan_rows"], (rank, r)
         assert r["agree_err"] <= 1e-4, (rank, r)
         assert r["local_bad"] == "q must be 4-D" and r["local_collectives"] == 0, (rank, r)
+
+
+@pytest.mark.parametrize("case,want", [
+    ("same", None),
+    ("raise_one", "arguments rejected on rank 1: window must be a positive int, got -1 (world 3) "
+                  "(ranks 0, 2 passed their own checks)"),
+    ("differ", "disagree on window: 8 on rank 0, 4 on ranks 1, 2."),
+    ("tensor_differ", "disagree on block_mask: checksum"),
+])
+def test_extra_arguments_join_the_agreement(pool, case, want):
+    res = pool.run(fuzz_cases.extra_hook, case, world=3)
+    if want is None:
+        assert res == [("ok", ["block_mask", "cu_seqlens", "window"])] * 3
+    else:
+        assert {r[0] for r in res} == {"ValueError"} and len({r[1] for r in res}) == 1, res
+        assert want in res[0][1], res[0][1]
+        if case == "tensor_differ":
+            assert "on rank 1" in res[0][1] and "on ranks 0, 2" in res[0][1]

@@ -32,15 +32,19 @@ Levels (env ``BURST_CHECKS``, or ``with arg_checks(level):``), the same on every
 * ``local``: no collective at all.  A bad argument on some ranks only leaves the others
   waiting in the ring (until ``BURST_TIMEOUT``), and ranks that disagree go undetected.
 
-Cost of the agreement: one all-gather of 64 int64 per rank per call; on NCCL the signature is
-read back on the host, one host sync per call (see README, "Bad input and faults").  Gradients
+Cost of the agreement: one all-gather of 64 int64 per rank per call.  It goes through the
+group's CPU backend when it has one (gloo, or the gloo side of "cpu:gloo,cuda:nccl"); on a
+NCCL-only group the signature is read back on the host: one host sync per call (see README,
+"Bad input and faults").  Gradients
 (dout) are not checked.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import struct
+import zlib
 from contextlib import contextmanager
 
 import torch
@@ -68,8 +72,9 @@ _FIELDS = (
     ("backward scheme", 1, lambda x: repr(BACKWARDS[x[0]])),
     ("softmax_scale", 1, lambda x: repr(struct.unpack("<d", struct.pack("<q", x[0]))[0])),
 )
+_EXTRA = 8  # slots for the caller's own values (check_args(extra=...)): one int64 each
 _MSG_WORDS = 48  # 384 bytes of the local error message
-SIG_LEN = _HEADER + sum(w for _, w, _ in _FIELDS) + _MSG_WORDS
+SIG_LEN = _HEADER + sum(w for _, w, _ in _FIELDS) + _EXTRA + _MSG_WORDS
 _level_override: list[str] = []
 
 
@@ -111,6 +116,13 @@ def _group_info(group):
     return rank, dist.get_world_size(group), str(dist.get_backend(group)).lower()
 
 
+def _backends(backend: str) -> dict[str, str]:
+    """Device type -> backend of a group: "gloo", "nccl", or a mixed "cpu:gloo,cuda:nccl"."""
+    if ":" in backend:
+        return dict(part.split(":", 1) for part in backend.split(","))
+    return {"cuda": backend} if backend == "nccl" else {"cpu": backend}
+
+
 def _check_local(q, k, v, world, backend, causal, layout, softmax_scale, backward, kernel) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -150,11 +162,12 @@ def _check_local(q, k, v, world, backend, causal, layout, softmax_scale, backwar
     if softmax_scale is not None and not (isinstance(softmax_scale, (int, float)) and not isinstance(softmax_scale, bool)
                                           and math.isfinite(softmax_scale) and softmax_scale > 0):
         raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale!r}")
-    if world > 1:
-        if "nccl" in backend and q.device.type != "cuda":
+    if world > 1 and q.device.type not in _backends(backend):
+        if backend == "nccl":
             raise ValueError(f"the group uses NCCL but the tensors are on {q.device}; move them to CUDA")
-        if backend == "gloo" and q.device.type != "cpu":
+        if backend == "gloo":
             raise ValueError(f"the group uses gloo but the tensors are on {q.device}; use NCCL for CUDA tensors")
+        raise ValueError(f"the group ({backend}) has no backend for tensors on {q.device}")
     from ..kernels import get_kernel  # kernels import the schedule, which imports this package
 
     get_kernel(kernel, q.device)
@@ -188,6 +201,32 @@ def _shared_values(q, k, causal, layout, scale, backward, world) -> list[int]:
             BACKWARDS.index(backward), struct.unpack("<q", struct.pack("<d", scale))[0]]
 
 
+def digest(value) -> int:
+    """One int64 standing for ``value`` in the signature: small ints as themselves, None as -1,
+    anything else (floats, strings, tensors, sequences, dataclasses) as a checksum of its content."""
+    if value is None:
+        return -1
+    if isinstance(value, (bool, int)) and -(1 << 62) < value < (1 << 62):
+        return int(value)
+    if isinstance(value, float):
+        return struct.unpack("<q", struct.pack("<d", value))[0]
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        data = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        raw = repr((str(t.dtype), tuple(t.shape))).encode() + data
+    elif isinstance(value, (list, tuple)):
+        raw = repr([digest(x) for x in value]).encode()
+    elif dataclasses.is_dataclass(value):
+        raw = repr([digest(getattr(value, f.name)) for f in dataclasses.fields(value)]).encode()
+    else:
+        raw = repr(value).encode()
+    return (zlib.crc32(raw) << 31) ^ zlib.adler32(raw)
+
+
+def _show_extra(v: int) -> str:
+    return str(v) if -(1 << 31) < v < (1 << 31) else f"checksum {v & ((1 << 64) - 1):#x}"
+
+
 def _pack(msg: str) -> list[int]:
     raw = msg.encode()[: 8 * _MSG_WORDS].ljust(8 * _MSG_WORDS, b"\0")
     return list(struct.unpack(f"<{_MSG_WORDS}q", raw))
@@ -197,7 +236,7 @@ def _unpack(words) -> str:
     return struct.pack(f"<{_MSG_WORDS}q", *words).rstrip(b"\0").decode(errors="ignore")
 
 
-def _verdict(rows: list[list[int]], ranks: list[int]) -> str | None:
+def _verdict(rows: list[list[int]], ranks: list[int], extra_names=()) -> str | None:
     """The error every rank raises for the gathered signatures, or None if the call is good.
     Built from the gathered rows alone, so it is the same string on every rank."""
     bad = [r for r, row in zip(ranks, rows) if row[0] != _MAGIC]
@@ -225,19 +264,36 @@ def _verdict(rows: list[list[int]], ranks: list[int]) -> str | None:
         if len(groups) > 1:
             diffs.append(f"{name}: " + ", ".join(f"{show(val)} on {_ranks(rs)}" for val, rs in groups.items()))
         off += width
+    for i, name in enumerate(extra_names):
+        groups = {}
+        for r, row in zip(ranks, rows):
+            groups.setdefault(row[off + i], []).append(r)
+        if len(groups) > 1:
+            diffs.append(f"{name}: " + ", ".join(f"{_show_extra(val)} on {_ranks(rs)}" for val, rs in groups.items()))
     if diffs:
         return ("burst_attn_func: the ranks of the group disagree on " + "; ".join(diffs) +
                 ". Every rank must pass its shard of the same global q, k, v with the same options")
     return None
 
 
-def check_args(q, k, v, group, causal, layout, softmax_scale, backward, kernel=None) -> None:
+def check_args(q, k, v, group, causal, layout, softmax_scale, backward, kernel=None, extra=None):
     """Raise ValueError on every rank of ``group`` if any rank's call is bad or the ranks'
-    calls disagree (see the module docstring for the levels and the rule)."""
+    calls disagree (see the module docstring for the levels and the rule).
+
+    ``extra``: optional ``extra(world) -> dict`` for arguments this module does not know (masks,
+    topology...).  It runs in the local stage, after the built-in checks pass: a ValueError it
+    raises is this rank's verdict, and the values it returns (at most 8; ints, None, floats,
+    tensors, sequences, dataclasses; same keys on every rank) must agree across the group.
+    Returns that dict (None without ``extra``)."""
     level = check_level()
     rank, world, backend = _group_info(group)
+    values = None
     try:
         _check_local(q, k, v, world, backend, causal, layout, softmax_scale, backward, kernel)
+        if extra is not None:
+            values = dict(extra(world))
+            if len(values) > _EXTRA:
+                raise RuntimeError(f"check_args(extra=...) returned {len(values)} values, at most {_EXTRA} fit")
         error = None
     except ValueError as e:
         error = str(e)
@@ -248,11 +304,15 @@ def check_args(q, k, v, group, causal, layout, softmax_scale, backward, kernel=N
             error = _nonfinite_text(mask)
         if error is not None:
             raise ValueError(error)
-        return
-    dev = torch.device("cuda", torch.cuda.current_device()) if "nccl" in backend else torch.device("cpu")
+        return values
+    # the same device on every rank whatever its own tensors are: the CPU side of the group if it
+    # has one (no GPU stream sync for the exchange), else CUDA
+    dev = torch.device("cpu") if "cpu" in _backends(backend) else torch.device("cuda", torch.cuda.current_device())
     if error is None:
         scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-        host = [_MAGIC, 0, 0, *_shared_values(q, k, causal, layout, scale, backward, world), *_pack("")]
+        mine = [digest(x) for x in (values or {}).values()]
+        host = [_MAGIC, 0, 0, *_shared_values(q, k, causal, layout, scale, backward, world),
+                *mine, *[0] * (_EXTRA - len(mine)), *_pack("")]
     else:
         host = [_MAGIC, 1, 0, *[0] * (SIG_LEN - _HEADER - _MSG_WORDS), *_pack(error)]
     sig = torch.tensor(host, dtype=torch.int64)
@@ -264,9 +324,10 @@ def check_args(q, k, v, group, causal, layout, softmax_scale, backward, kernel=N
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
     op = fault.Op(f"burst_attn_func's argument check (an all-gather over global ranks {ranks})",
-                  blocking=backend == "gloo", group_ranks=tuple(ranks))
+                  blocking=dev.type == "cpu", group_ranks=tuple(ranks))
     fault.wait([fault.post(lambda: gather(out, sig, group=group, async_op=True), op)], op)
     rows = out.view(world, SIG_LEN).tolist()
-    msg = _verdict(rows, ranks)
+    msg = _verdict(rows, ranks, list(values or ()))
     if msg is not None:
         raise ValueError(msg)
+    return values

@@ -36,8 +36,6 @@ class Ring:
         if self.world > 1:
             self.next = dist.get_global_rank(group or dist.group.WORLD, (self.rank + 1) % self.world)
             self.prev = dist.get_global_rank(group or dist.group.WORLD, (self.rank - 1) % self.world)
-            # gloo blocks the host in wait(), so a deadline can be enforced there; NCCL does not
-            self.blocking = "gloo" in str(dist.get_backend(group)).lower()
 
     def shift(self, tensors, phase: str, names) -> Pending:
         """Send ``tensors`` to the next rank, receive same-shaped ones from the previous."""
@@ -49,6 +47,9 @@ class Ring:
             ops.append(dist.P2POp(dist.irecv, buf, self.prev, self.group))
             bufs.append(buf)
             stats.record(phase, name, t.numel() * t.element_size())
+        # CPU transfers (gloo) block the host in wait(), so a deadline can be enforced there; CUDA
+        # ones (NCCL) do not, and must not be made to
         op = fault.Op(f"{phase} ring shift of {', '.join(names)}",
-                      (("sending to", self.next), ("receiving from", self.prev)) * len(bufs), self.blocking)
+                      (("sending to", self.next), ("receiving from", self.prev)) * len(bufs),
+                      blocking=bufs[0].device.type == "cpu")
         return Pending(fault.post(lambda: dist.batch_isend_irecv(ops), op), bufs, op)
