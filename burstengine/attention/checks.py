@@ -23,8 +23,8 @@ agreed on: it is local work and may differ between ranks.
 Levels (env ``BURST_CHECKS``, or ``with arg_checks(level):``), the same on every rank:
 
 * ``full`` (default): local checks, a NaN/inf scan of q, k, v (one ``aminmax`` pass, no
-  temporaries; on CUDA its result rides in the signature, so it adds no host sync of its own)
-  and the agreement.  Non-finite inputs raise instead of propagating.
+  temporaries; on a NCCL group its result rides in the signature, so it adds no host sync of
+  its own) and the agreement.  Non-finite inputs raise instead of propagating.
 * ``agree``: no NaN/inf scan.  Non-finite inputs then propagate as IEEE arithmetic makes them:
   a NaN makes NaN every output row that sees it, an inf gives NaN or a key of weight 0 (a row
   whose every score is -inf comes out as zeros), and rows that cannot see the bad entry under
@@ -32,11 +32,14 @@ Levels (env ``BURST_CHECKS``, or ``with arg_checks(level):``), the same on every
 * ``local``: no collective at all.  A bad argument on some ranks only leaves the others
   waiting in the ring (until ``BURST_TIMEOUT``), and ranks that disagree go undetected.
 
-Cost of the agreement: one all-gather of 64 int64 per rank per call.  It goes through the
-group's CPU backend when it has one (gloo, or the gloo side of "cpu:gloo,cuda:nccl"); on a
-NCCL-only group the signature is read back on the host: one host sync per call (see README,
-"Bad input and faults").  Gradients
-(dout) are not checked.
+Cost of the agreement: one all-gather of SIG_LEN (73) int64 per rank per call.  It goes
+through the group's CPU backend when it has one (gloo, or the gloo side of
+"cpu:gloo,cuda:nccl"); on a NCCL-only group the signature is read back on the host: one host
+sync per call (see README, "Bad input and faults").  Gradients (dout) are not checked.
+
+Arguments this module does not know (sparse masks, topology) join both stages through
+``check_args(..., extra=fn)``: ``fn(world)`` validates them locally and returns the values the
+ranks must agree on.
 """
 from __future__ import annotations
 
@@ -297,6 +300,8 @@ def check_args(q, k, v, group, causal, layout, softmax_scale, backward, kernel=N
         error = None
     except ValueError as e:
         error = str(e)
+    except Exception as e:  # a check that crashed on this rank's odd input must not strand the others
+        error = f"argument check failed: {type(e).__name__}: {e}"
     scan = level == "full" and error is None and q.device.type != "meta"
     if world == 1 or level == "local":
         mask = int(_nonfinite_mask(q, k, v)) if scan else 0

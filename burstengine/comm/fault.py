@@ -234,16 +234,18 @@ class Watchdog:
         with Watchdog(timeout=60):
             train()
 
-    Every rank of the job runs one (same timeout); rank r watches rank r-1 (or, once that rank
-    is done, the rank it watched), and whoever sees a loss posts the notice every other
-    watchdog reads within ``interval``.  Cost: about four store round trips per ``interval``
-    per rank.  On a fault it
-    prints the reason to stderr, waits ``grace`` seconds for the main thread to end the
-    process itself (an exception it raised on its own, e.g. :class:`RankLost`), then calls
-    ``on_fault(reason)`` if given, else ``os._exit(EXIT_LOST)``.  Leaving the ``with`` block
-    normally marks this rank done, so its watcher does not take a finished rank for a lost one;
-    leaving it on an exception posts a notice, so the others stop within ``interval`` instead
-    of waiting for ``timeout``.
+    Every rank of the job runs one, with the same timeout, started right after
+    ``init_process_group`` (a rank that has not started beating within ``timeout`` counts as
+    lost).  Rank r watches rank r-1 (or, once that rank is done, the rank it watched), and
+    whoever sees a loss posts the notice every other watchdog reads within ``interval``.  Cost:
+    about four store round trips per ``interval`` per rank.
+
+    On a fault it prints the reason to stderr, waits ``grace`` seconds for the main thread to
+    end the process itself (an exception it raised on its own, e.g. :class:`RankLost`), then
+    calls ``on_fault(reason)`` if given, else ``os._exit(EXIT_LOST)``.  Leaving the ``with``
+    block normally marks this rank done, so its watcher does not take a finished rank for a
+    lost one; leaving it on an exception posts a notice, so the others stop within ``interval``
+    instead of waiting for ``timeout``.
     """
 
     def __init__(self, timeout: float | None = None, interval: float | None = None, grace: float | None = None,
