@@ -1,5 +1,6 @@
 """BurstEngine: exact sequence-parallel attention (BurstAttention) and long-context training."""
 from .attention import burst_attn_func, hybrid_attn_func
+from .attention.checks import arg_checks
 from .comm import CommStats, Topology, comm_stats
 from .kernels.fused_ce import fused_linear_cross_entropy
 from .layout import LAYOUTS, position_ids, shard, unshard
@@ -7,5 +8,5 @@ from .train.seqckpt import seq_checkpoint
 
 __version__ = "0.1.0"
 
-__all__ = ["burst_attn_func", "hybrid_attn_func", "shard", "unshard", "position_ids", "LAYOUTS", "comm_stats",
-           "CommStats", "Topology", "fused_linear_cross_entropy", "seq_checkpoint"]
+__all__ = ["burst_attn_func", "hybrid_attn_func", "arg_checks", "shard", "unshard", "position_ids", "LAYOUTS",
+           "comm_stats", "CommStats", "Topology", "fused_linear_cross_entropy", "seq_checkpoint"]

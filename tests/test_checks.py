@@ -1,5 +1,6 @@
-"""Bad calls to burst_attn_func fail fast and alike on every rank (before any communication, so
-no rank is left waiting in the ring), and the kernel choice honours kernel= and BURST_KERNEL."""
+"""Bad calls to burst_attn_func fail fast and alike on every rank (after at most the one small
+agreement collective, never inside the ring, so no rank is left waiting), and the kernel
+choice honours kernel= and BURST_KERNEL."""
 import pytest
 import torch
 

@@ -213,13 +213,13 @@ class _BurstAttn(torch.autograd.Function):
 
 
 def _make_config(q, k, group, causal, layout, softmax_scale, backward, kernel, window=None, cu_seqlens=None,
-                 block_mask=None, block_size=None, topology="auto") -> _Config:
-    """Check the mask arguments and plan the call: the ring (single or double, the steps that
-    run) and the concrete backward scheme."""
+                 block_mask=None, block_size=None, topology="auto", pattern=None) -> _Config:
+    """Plan the call: the ring (single or double, the steps that run) and the concrete backward
+    scheme.  ``pattern``: the mask's schedule.Pattern when the caller has checked it already."""
     from .auto import plan_call
 
-    world = _world(group)
-    pattern = check_sparse(causal, layout, world, q.shape[1], window, cu_seqlens, block_mask, block_size)
+    if pattern is None:
+        pattern = check_sparse(causal, layout, _world(group), q.shape[1], window, cu_seqlens, block_mask, block_size)
     ring, backward = plan_call(q, k, group, pattern, layout, backward, topology)
     return _config(q, ring, pattern, layout, softmax_scale, backward, kernel)
 
@@ -273,11 +273,25 @@ def burst_attn_func(q, k, v, *, group=None, causal=False, layout="contiguous", s
     the G steps; see schedule.ring_steps); a call that skips steps runs on the single ring.
     Rows with no visible key get a zero output, lse = -inf and zero gradients.
     """
-    check_args(q, k, v, group, causal, layout, softmax_scale, backward)
-    cfg = _make_config(q, k, group, causal, layout, softmax_scale, backward, kernel, window, cu_seqlens, block_mask,
-                       block_size, topology)
+    pattern = check_args(q, k, v, group, causal, layout, softmax_scale, backward, kernel,
+                         extra=lambda world: _check_extra(world, q, group, causal, layout, window, cu_seqlens,
+                                                          block_mask, block_size, topology))["sparse mask"]
+    cfg = _make_config(q, k, group, causal, layout, softmax_scale, backward, kernel, topology=topology,
+                       pattern=pattern)
     out, lse = _BurstAttn.apply(q, k.contiguous(), v.contiguous(), cfg)
     return (out, lse) if return_lse else out
+
+
+def _check_extra(world, q, group, causal, layout, window, cu_seqlens, block_mask, block_size, topology):
+    """The arguments attention/checks.py does not know, checked on this rank and handed to its
+    agreement stage: every rank must pass the same mask and topology."""
+    from ..comm import topology as topo
+
+    pattern = check_sparse(causal, layout, world, q.shape[1], window, cu_seqlens, block_mask, block_size)
+    if topology is not None and not (isinstance(topology, str) and topology in ("auto", "single")):
+        topo.resolve(topology, group)  # raises ValueError on a malformed one
+    shape = tuple(topology.shape) if topo.is_mesh(topology) else topology
+    return {"sparse mask": pattern, "topology": shape}
 
 
 def attend(q, k, v, ring: RingComm, *, causal, layout, softmax_scale, backward, return_lse, kernel):

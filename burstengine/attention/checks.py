@@ -1,20 +1,133 @@
-"""Argument checks for burst_attn_func.  They look only at this rank's arguments and run
-before any communication, so a bad call raises the same ValueError on every rank that makes
-it instead of leaving the others waiting in the ring."""
+"""Argument checks for burst_attn_func, and every rank's agreement on them.
+
+A distributed call can go wrong in ways no single rank sees: one rank's arguments are bad
+while the others' are fine (the others would wait in the ring for it), or each rank's
+arguments are fine but they differ (another causal flag, a shard cut for another world size):
+the ring then hangs or, worse, returns a wrong answer.  So checking is done in two stages.
+
+1. Local: this rank's own arguments (types, shapes, dtypes, devices, layout, heads, scale,
+   backward, kernel and, at level ``full``, NaN/inf in q, k, v).  A group that cannot be used
+   at all (not a process group, torch.distributed not initialised, this rank not a member)
+   raises here at once: no collective is possible over it.
+2. Agreement: one all-gather over the group of a fixed-size int64 signature holding this
+   rank's verdict (its error message, if any) and every value the ranks must share (local
+   shapes, dtype, device type, causal, layout, backward scheme, softmax scale).  If any rank
+   failed or any value differs, every rank raises the same ValueError naming the ranks and
+   what they passed.  It is the only communication before the ring, so a bad call, made
+   alike on every rank or not, leaves no rank waiting and the group in step.
+
+The rule, then: a bad call raises on every rank after exactly one small collective (none with
+one rank, none at level ``local``), never in the middle of the ring.  The kernel is not
+agreed on: it is local work and may differ between ranks.
+
+Levels (env ``BURST_CHECKS``, or ``with arg_checks(level):``), the same on every rank:
+
+* ``full`` (default): local checks, a NaN/inf scan of q, k, v (one ``aminmax`` pass, no
+  temporaries; on a NCCL group its result rides in the signature, so it adds no host sync of
+  its own) and the agreement.  Non-finite inputs raise instead of propagating.
+* ``agree``: no NaN/inf scan.  Non-finite inputs then propagate as IEEE arithmetic makes them:
+  a NaN makes NaN every output row that sees it, an inf gives NaN or a key of weight 0 (a row
+  whose every score is -inf comes out as zeros), and rows that cannot see the bad entry under
+  the mask are unaffected.
+* ``local``: no collective at all.  A bad argument on some ranks only leaves the others
+  waiting in the ring (until ``BURST_TIMEOUT``), and ranks that disagree go undetected.
+
+Cost of the agreement: one all-gather of SIG_LEN (73) int64 per rank per call.  It goes
+through the group's CPU backend when it has one (gloo, or the gloo side of
+"cpu:gloo,cuda:nccl"); on a NCCL-only group the signature is read back on the host: one host
+sync per call (see README, "Bad input and faults").  Gradients (dout) are not checked.
+
+Arguments this module does not know (sparse masks, topology) join both stages through
+``check_args(..., extra=fn)``: ``fn(world)`` validates them locally and returns the values the
+ranks must agree on.
+"""
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
+import os
+import struct
+import zlib
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 
+from ..comm import fault
 from ..layout import LAYOUTS
 
 BACKWARDS = ("auto", "burst", "ring")
+LEVELS = ("full", "agree", "local")
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_DEVICES = ("cpu", "cuda", "meta")
+
+# signature: header, shared values, message bytes (same length on every rank by construction)
+_MAGIC = 0x4255525354  # "BURST"
+_HEADER = 3  # magic, status (0 ok, 1 local checks failed), non-finite mask (q=1, k=2, v=4)
+# (name, width, how to show the ints): every value the ranks of a group must share
+_FIELDS = (
+    ("q shape (batch, seq_local, heads, head_dim)", 4, lambda x: str(tuple(x))),
+    ("k/v shape (batch, seq_local, kv_heads, head_dim)", 4, lambda x: str(tuple(x))),
+    ("dtype", 1, lambda x: str(_DTYPES[x[0]]) if 0 <= x[0] < len(_DTYPES) else f"dtype #{x[0]}"),
+    ("device type", 1, lambda x: _DEVICES[x[0]] if 0 <= x[0] < len(_DEVICES) else f"device #{x[0]}"),
+    ("causal", 1, lambda x: str(bool(x[0]))),
+    ("layout", 1, lambda x: repr(LAYOUTS[x[0]])),
+    ("backward scheme", 1, lambda x: repr(BACKWARDS[x[0]])),
+    ("softmax_scale", 1, lambda x: repr(struct.unpack("<d", struct.pack("<q", x[0]))[0])),
+)
+_EXTRA = 8  # slots for the caller's own values (check_args(extra=...)): one int64 each
+_MSG_WORDS = 48  # 384 bytes of the local error message
+SIG_LEN = _HEADER + sum(w for _, w, _ in _FIELDS) + _EXTRA + _MSG_WORDS
+_level_override: list[str] = []
 
 
-def check_args(q, k, v, group, causal, layout, softmax_scale, backward) -> None:
+def check_level() -> str:
+    level = _level_override[-1] if _level_override else (os.environ.get("BURST_CHECKS") or "full")
+    if level not in LEVELS:
+        raise ValueError(f"BURST_CHECKS must be one of {LEVELS}, got {level!r}")
+    return level
+
+
+@contextmanager
+def arg_checks(level: str):
+    """Run the block with burst_attn_func's checks at ``level`` ("full", "agree", "local"),
+    overriding env BURST_CHECKS.  Every rank must use the same level: one that skips the
+    agreement while another does it would leave the latter waiting."""
+    if level not in LEVELS:
+        raise ValueError(f"check level must be one of {LEVELS}, got {level!r}")
+    _level_override.append(level)
+    try:
+        yield
+    finally:
+        _level_override.pop()
+
+
+def _group_info(group):
+    """(rank, world, backend) of this rank in ``group``; raises at once if the group is unusable
+    (every rank that passes it fails alike, and no collective is possible over it)."""
+    initialized = dist.is_available() and dist.is_initialized()
+    if group is not None and not initialized:
+        raise ValueError("a process group was given but torch.distributed is not initialized")
+    if not initialized:
+        return 0, 1, None
+    try:
+        rank = dist.get_rank(group)
+    except Exception as e:  # a group object from another run, or not a group at all
+        raise ValueError(f"group is not a usable process group: {e}") from None
+    if rank < 0:
+        raise ValueError("this rank is not a member of the given process group")
+    return rank, dist.get_world_size(group), str(dist.get_backend(group)).lower()
+
+
+def _backends(backend: str) -> dict[str, str]:
+    """Device type -> backend of a group: "gloo", "nccl", or a mixed "cpu:gloo,cuda:nccl"."""
+    if ":" in backend:
+        return dict(part.split(":", 1) for part in backend.split(","))
+    return {"cuda": backend} if backend == "nccl" else {"cpu": backend}
+
+
+def _check_local(q, k, v, world, backend, causal, layout, softmax_scale, backward, kernel) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -24,6 +137,8 @@ def check_args(q, k, v, group, causal, layout, softmax_scale, backward) -> None:
             raise ValueError(f"{name} must be a floating-point tensor, got {t.dtype}")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in _DTYPES:
+        raise ValueError(f"unsupported dtype {q.dtype}; expected one of {_DTYPES}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
     if k.shape != v.shape:
@@ -40,32 +155,188 @@ def check_args(q, k, v, group, causal, layout, softmax_scale, backward) -> None:
         raise ValueError(f"q heads ({H}) must be a multiple of k/v heads ({Hkv})")
     if min(B, S, H, D) < 1:
         raise ValueError(f"empty input: q has shape {tuple(q.shape)}")
-    if layout not in LAYOUTS:
+    if not isinstance(layout, str) or layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
     if layout == "zigzag" and S % 2:
         raise ValueError(f"layout 'zigzag' needs an even number of local tokens (2 chunks per rank), got {S}")
-    if backward not in BACKWARDS:
+    if not isinstance(backward, str) or backward not in BACKWARDS:
         raise ValueError(f"unknown backward {backward!r}; expected one of {BACKWARDS}")
     if not isinstance(causal, bool):
         raise ValueError(f"causal must be a bool, got {causal!r}")
-    if softmax_scale is not None and not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale)
-                                          and softmax_scale > 0):
+    if softmax_scale is not None and not (isinstance(softmax_scale, (int, float)) and not isinstance(softmax_scale, bool)
+                                          and math.isfinite(softmax_scale) and softmax_scale > 0):
         raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale!r}")
-    if group is not None and not (dist.is_available() and dist.is_initialized()):
-        raise ValueError("a process group was given but torch.distributed is not initialized")
-    if dist.is_available() and dist.is_initialized():
-        try:
-            rank = dist.get_rank(group)
-        except Exception as e:  # a group object from another run, or not a group at all
-            raise ValueError(f"group is not a usable process group: {e}") from None
-        if rank < 0:
-            raise ValueError("this rank is not a member of the given process group")
-        backend = str(dist.get_backend(group)).lower()
-        if dist.get_world_size(group) > 1:
-            if "nccl" in backend and q.device.type != "cuda":
-                raise ValueError(f"the group uses NCCL but the tensors are on {q.device}; move them to CUDA")
-            if backend == "gloo" and q.device.type != "cpu":
-                raise ValueError(f"the group uses gloo but the tensors are on {q.device}; use NCCL for CUDA tensors")
+    if world > 1 and q.device.type not in _backends(backend):
+        if backend == "nccl":
+            raise ValueError(f"the group uses NCCL but the tensors are on {q.device}; move them to CUDA")
+        if backend == "gloo":
+            raise ValueError(f"the group uses gloo but the tensors are on {q.device}; use NCCL for CUDA tensors")
+        raise ValueError(f"the group ({backend}) has no backend for tensors on {q.device}")
+    from ..kernels import get_kernel  # kernels import the schedule, which imports this package
+
+    get_kernel(kernel, q.device)
+
+
+def _nonfinite_mask(q, k, v) -> torch.Tensor:
+    """int64 0-dim tensor on q's device: bit i set when tensor i of (q, k, v) holds NaN or inf.
+    aminmax propagates NaN and reaches +-inf, in one pass and without a bool temporary."""
+    bits = [(~torch.isfinite(torch.stack(torch.aminmax(t.detach())))).any().long() << i for i, t in enumerate((q, k, v))]
+    return bits[0] | bits[1] | bits[2]
+
+
+def _nonfinite_text(mask: int) -> str:
+    names = [n for i, n in enumerate("qkv") if mask >> i & 1]
+    return f"{', '.join(names)} {'contains' if len(names) == 1 else 'contain'} NaN or inf"
+
+
+def _ranks(rs) -> str:
+    rs = list(rs)
+    return f"rank {rs[0]}" if len(rs) == 1 else "ranks " + ", ".join(map(str, rs))
+
+
+def _shared_values(q, k, causal, layout, scale, backward, world) -> list[int]:
+    if backward == "auto":
+        from .burst import choose_backward  # burst imports this module
+
+        B, n, H, D = q.shape
+        backward = choose_backward(B, n, H, k.shape[2], D, q.element_size(), world)
+    dev = _DEVICES.index(q.device.type) if q.device.type in _DEVICES else len(_DEVICES)
+    return [*q.shape, *k.shape, _DTYPES.index(q.dtype), dev, int(causal), LAYOUTS.index(layout),
+            BACKWARDS.index(backward), struct.unpack("<q", struct.pack("<d", scale))[0]]
+
+
+def digest(value) -> int:
+    """One int64 standing for ``value`` in the signature: small ints as themselves, None as -1,
+    anything else (floats, strings, tensors, sequences, dataclasses) as a checksum of its content."""
+    if value is None:
+        return -1
+    if isinstance(value, (bool, int)) and -(1 << 62) < value < (1 << 62):
+        return int(value)
+    if isinstance(value, float):
+        return struct.unpack("<q", struct.pack("<d", value))[0]
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        data = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        raw = repr((str(t.dtype), tuple(t.shape))).encode() + data
+    elif isinstance(value, (list, tuple)):
+        raw = repr([digest(x) for x in value]).encode()
+    elif dataclasses.is_dataclass(value):
+        raw = repr([digest(getattr(value, f.name)) for f in dataclasses.fields(value)]).encode()
+    else:
+        raw = repr(value).encode()
+    return (zlib.crc32(raw) << 31) ^ zlib.adler32(raw)
+
+
+def _show_extra(v: int) -> str:
+    return str(v) if -(1 << 31) < v < (1 << 31) else f"checksum {v & ((1 << 64) - 1):#x}"
+
+
+def _pack(msg: str) -> list[int]:
+    raw = msg.encode()[: 8 * _MSG_WORDS].ljust(8 * _MSG_WORDS, b"\0")
+    return list(struct.unpack(f"<{_MSG_WORDS}q", raw))
+
+
+def _unpack(words) -> str:
+    return struct.pack(f"<{_MSG_WORDS}q", *words).rstrip(b"\0").decode(errors="ignore")
+
+
+def _verdict(rows: list[list[int]], ranks: list[int], extra_names=()) -> str | None:
+    """The error every rank raises for the gathered signatures, or None if the call is good.
+    Built from the gathered rows alone, so it is the same string on every rank."""
+    bad = [r for r, row in zip(ranks, rows) if row[0] != _MAGIC]
+    if bad:
+        return (f"burst_attn_func's argument check got garbage from {_ranks(bad)}: the ranks are out of step "
+                f"(a rank is inside another collective on this group)")
+    failed: dict[str, list[int]] = {}
+    for r, row in zip(ranks, rows):
+        if row[1]:
+            failed.setdefault(_unpack(row[-_MSG_WORDS:]), []).append(r)
+        elif row[2]:
+            failed.setdefault(_nonfinite_text(row[2]), []).append(r)
+    if failed:
+        if len(failed) == 1 and len(next(iter(failed.values()))) == len(ranks):
+            return next(iter(failed))  # every rank failed alike: its own message, unchanged
+        passed = [r for r, row in zip(ranks, rows) if not row[1] and not row[2]]
+        parts = [f"on {_ranks(rs)}: {m}" for m, rs in failed.items()]
+        tail = f" ({_ranks(passed)} passed {'their' if len(passed) > 1 else 'its'} own checks)" if passed else ""
+        return "burst_attn_func arguments rejected " + "; ".join(parts) + tail
+    diffs, off = [], _HEADER
+    for name, width, show in _FIELDS:
+        groups: dict[tuple, list[int]] = {}
+        for r, row in zip(ranks, rows):
+            groups.setdefault(tuple(row[off:off + width]), []).append(r)
+        if len(groups) > 1:
+            diffs.append(f"{name}: " + ", ".join(f"{show(val)} on {_ranks(rs)}" for val, rs in groups.items()))
+        off += width
+    for i, name in enumerate(extra_names):
+        groups = {}
+        for r, row in zip(ranks, rows):
+            groups.setdefault(row[off + i], []).append(r)
+        if len(groups) > 1:
+            diffs.append(f"{name}: " + ", ".join(f"{_show_extra(val)} on {_ranks(rs)}" for val, rs in groups.items()))
+    if diffs:
+        return ("burst_attn_func: the ranks of the group disagree on " + "; ".join(diffs) +
+                ". Every rank must pass its shard of the same global q, k, v with the same options")
+    return None
+
+
+def check_args(q, k, v, group, causal, layout, softmax_scale, backward, kernel=None, extra=None):
+    """Raise ValueError on every rank of ``group`` if any rank's call is bad or the ranks'
+    calls disagree (see the module docstring for the levels and the rule).
+
+    ``extra``: optional ``extra(world) -> dict`` for arguments this module does not know (masks,
+    topology...).  It runs in the local stage, after the built-in checks pass: a ValueError it
+    raises is this rank's verdict, and the values it returns (at most 8; ints, None, floats,
+    tensors, sequences, dataclasses; same keys on every rank) must agree across the group.
+    Returns that dict (None without ``extra``)."""
+    level = check_level()
+    rank, world, backend = _group_info(group)
+    values = None
+    try:
+        _check_local(q, k, v, world, backend, causal, layout, softmax_scale, backward, kernel)
+        if extra is not None:
+            values = dict(extra(world))
+            if len(values) > _EXTRA:
+                raise RuntimeError(f"check_args(extra=...) returned {len(values)} values, at most {_EXTRA} fit")
+        error = None
+    except ValueError as e:
+        error = str(e)
+    except Exception as e:  # a check that crashed on this rank's odd input must not strand the others
+        error = f"argument check failed: {type(e).__name__}: {e}"
+    scan = level == "full" and error is None and q.device.type != "meta"
+    if world == 1 or level == "local":
+        mask = int(_nonfinite_mask(q, k, v)) if scan else 0
+        if mask:
+            error = _nonfinite_text(mask)
+        if error is not None:
+            raise ValueError(error)
+        return values
+    # the same device on every rank whatever its own tensors are: the CPU side of the group if it
+    # has one (no GPU stream sync for the exchange), else CUDA
+    dev = torch.device("cpu") if "cpu" in _backends(backend) else torch.device("cuda", torch.cuda.current_device())
+    if error is None:
+        scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        mine = [digest(x) for x in (values or {}).values()]
+        host = [_MAGIC, 0, 0, *_shared_values(q, k, causal, layout, scale, backward, world),
+                *mine, *[0] * (_EXTRA - len(mine)), *_pack("")]
+    else:
+        host = [_MAGIC, 1, 0, *[0] * (SIG_LEN - _HEADER - _MSG_WORDS), *_pack(error)]
+    sig = torch.tensor(host, dtype=torch.int64)
+    # pinned + non_blocking: no stream sync on the way in; reading the result back is the one sync
+    sig = sig.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else sig
+    if scan:
+        sig[2] = _nonfinite_mask(q, k, v).to(dev)
+    out = torch.empty(world * SIG_LEN, dtype=torch.int64, device=dev)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
+    op = fault.Op(f"burst_attn_func's argument check (an all-gather over global ranks {ranks})",
+                  blocking=dev.type == "cpu", group_ranks=tuple(ranks))
+    fault.wait([fault.post(lambda: gather(out, sig, group=group, async_op=True), op)], op)
+    rows = out.view(world, SIG_LEN).tolist()
+    msg = _verdict(rows, ranks, list(values or ()))
+    if msg is not None:
+        raise ValueError(msg)
+    return values
 
 
 def check_sparse(causal, layout, world, n, window, cu_seqlens, block_mask, block_size):

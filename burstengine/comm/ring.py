@@ -2,7 +2,8 @@
 
 ``shift`` posts the sends and receives at once and returns a handle; the caller computes on
 what it holds and calls ``wait`` only when it needs the new buffers.  The same code runs on
-NCCL (GPU) and gloo (CPU).
+NCCL (GPU) and gloo (CPU).  Posting and waiting go through ``fault``: a peer that died or
+missed the deadline (``BURST_TIMEOUT``) raises ``RankLost`` naming it instead of hanging.
 
 ``peers=(next, prev)`` (group ranks) replaces the neighbours for hops that are not rank+1
 (the double ring's last gradient hop, comm/topology.py); ``link`` labels the bytes this rank
@@ -13,17 +14,17 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from . import stats
+from . import fault, stats
 
 
 class Pending:
-    def __init__(self, reqs, bufs):
+    def __init__(self, reqs, bufs, op: fault.Op | None = None):
         self._reqs = reqs
         self._bufs = bufs
+        self._op = op
 
     def wait(self) -> list[torch.Tensor]:
-        for r in self._reqs:
-            r.wait()
+        fault.wait(self._reqs, self._op or fault.Op("ring shift"))
         self._reqs = []
         return self._bufs
 
@@ -69,4 +70,9 @@ class Ring:
             ops.append(dist.P2POp(dist.irecv, buf, src, self.group))
             bufs.append(buf)
             stats.record(phase, name, t.numel() * t.element_size(), link or self.link)
-        return Pending(dist.batch_isend_irecv(ops), bufs)
+        # CPU transfers (gloo) block the host in wait(), so a deadline can be enforced there; CUDA
+        # ones (NCCL) do not, and must not be made to
+        op = fault.Op(f"{phase} ring shift of {', '.join(names)}",
+                      (("sending to", dst), ("receiving from", src)) * len(bufs),
+                      blocking=bufs[0].device.type == "cpu")
+        return Pending(fault.post(lambda: dist.batch_isend_irecv(ops), op), bufs, op)

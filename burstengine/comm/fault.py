@@ -1,0 +1,337 @@
+"""Faults between ranks: name the rank that went missing, and never wait forever.
+
+When a rank dies (killed, out of memory, a crash) or stops answering, only the ranks that
+talk to it directly see an error; the others wait on ranks that are themselves waiting.  This
+module turns that into a clear failure on every rank.  The pieces are independent:
+
+* :func:`wait` / :func:`post`: the ring (``comm.ring``) posts and waits its point-to-point ops
+  through them.  An op that fails (peer process gone) or outlives the deadline becomes
+  :class:`RankLost`, naming the peer's global rank.  The deadline is ``BURST_TIMEOUT``
+  seconds (:func:`configured_timeout`), else the process group's own timeout; it is enforced on CPU
+  backends (gloo), where waits block the host.  On NCCL the host does not wait for the
+  transfer, and NCCL's own watchdog aborts a collective that outlives the group's timeout.
+* Fault notices in the c10d store: the first rank that sees a peer fail posts "rank P lost"
+  (first writer wins).  A rank that fails later because *its* peer gave up and exited names
+  P from the notice, not its innocent neighbour.
+* :class:`Watchdog`: a daemon thread per rank that heartbeats through the store and watches
+  its predecessor.  When a rank stops beating for ``timeout`` seconds, or any rank posts a
+  notice, it prints a message naming the lost rank and ends this process (``os._exit``) after
+  a short grace period.  This covers ranks blocked where no Python code runs (an NCCL
+  collective, an FSDP all-gather, a wait with no deadline), and is what a training loop uses.
+* :func:`init_process_group`: ``torch.distributed.init_process_group`` with the group timeout
+  taken from ``BURST_TIMEOUT``, so one variable sets every deadline of a job.
+
+Exit codes: an uncaught :class:`RankLost` exits with Python's usual 1; the watchdog exits with
+:data:`EXIT_LOST` (75, EX_TEMPFAIL: worth a restart from the last checkpoint).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch.distributed as dist
+
+EXIT_LOST = 75
+PREFIX = "burstengine/fault"
+_NOTICE = f"{PREFIX}/notice"
+
+
+class RankLost(RuntimeError):
+    """A peer rank died or did not answer in time.  ``lost``: the global rank to blame (the
+    root cause when another rank reported one), None when it cannot be told; ``peer``: the
+    rank this one was talking to when it failed."""
+
+    def __init__(self, msg: str, lost: int | None = None, peer: int | None = None):
+        super().__init__(msg)
+        self.lost, self.peer = lost, peer
+
+
+def configured_timeout() -> float | None:
+    """The deadline in seconds for ring waits and the argument check (env ``BURST_TIMEOUT``);
+    None: the process group's own timeout."""
+    v = os.environ.get("BURST_TIMEOUT")
+    if not v:
+        return None
+    try:
+        t = float(v)
+    except ValueError:
+        raise ValueError(f"BURST_TIMEOUT must be a number of seconds, got {v!r}") from None
+    if not t > 0:
+        raise ValueError(f"BURST_TIMEOUT must be positive, got {v!r}")
+    return t
+
+
+def init_process_group(backend: str | None = None, *, timeout_s: float | None = None, **kwargs) -> None:
+    """``dist.init_process_group`` whose timeout is ``timeout_s``, else ``BURST_TIMEOUT``, else
+    torch's default.  The group timeout bounds every gloo op and arms NCCL's watchdog (which
+    aborts the process on a collective that outlives it: keep ``TORCH_NCCL_ASYNC_ERROR_HANDLING``
+    at torch's default, 3)."""
+    t = timeout_s if timeout_s is not None else configured_timeout()
+    if t is not None:
+        kwargs.setdefault("timeout", timedelta(seconds=t))
+    dist.init_process_group(backend, **kwargs)
+
+
+# --- the fault notice in the store ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Notice:
+    lost: int | None
+    reporter: int
+    text: str
+
+
+def _store():
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:
+        return None
+
+
+def _bounded(fn, seconds: float = 3.0):
+    """fn() in a helper thread, None if it raises or takes longer than ``seconds``: store calls
+    on the failure path must not become a hang of their own (the store's host may be the
+    process that died)."""
+    box = []
+
+    def run():
+        try:
+            box.append(fn())
+        except Exception:
+            pass
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    return box[0] if box else None
+
+
+def _encode(n: Notice) -> str:
+    return f"{-1 if n.lost is None else n.lost}|{n.reporter}|{n.text}"
+
+
+def _decode(raw: bytes) -> Notice:
+    lost, reporter, text = raw.decode(errors="replace").split("|", 2)
+    return Notice(None if lost == "-1" else int(lost), int(reporter), text)
+
+
+def post_notice(lost: int | None, reporter: int, text: str, store=None) -> Notice | None:
+    """Post "rank ``lost`` is lost" unless a notice is already there; returns the notice that
+    stands (the earlier one, or this), None when the store cannot be reached."""
+    store = store or _store()
+    if store is None:
+        return None
+    raw = _bounded(lambda: store.compare_set(_NOTICE, "", _encode(Notice(lost, reporter, text))))
+    return _decode(raw) if raw else None
+
+
+def read_notice(store=None, bounded: bool = True) -> Notice | None:
+    store = store or _store()
+    if store is None:
+        return None
+
+    def get():
+        return _decode(store.get(_NOTICE)) if store.check([_NOTICE]) else None
+
+    return _bounded(get) if bounded else get()
+
+
+def clear_notice(store=None) -> None:
+    """Forget a posted notice (after the job has recovered on the same store)."""
+    store = store or _store()
+    if store is not None:
+        _bounded(lambda: store.delete_key(_NOTICE))
+
+
+# --- waiting on point-to-point ops and collectives ---------------------------------------------
+
+@dataclass(frozen=True)
+class Op:
+    """What a group of works is, for the error message.  ``peers``: one (role, global rank) per
+    work when each work talks to one peer ("send to", 3), empty for a collective."""
+
+    what: str
+    peers: tuple = ()
+    blocking: bool = True  # the backend blocks the host in wait(): a deadline can be enforced
+    group_ranks: tuple = ()
+
+
+def _me() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _reason(e: BaseException) -> str:
+    s = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if s.startswith("[") and "] " in s:  # gloo's "[/path/pair.cc:537] Read error ..."
+        s = s.split("] ", 1)[1]
+    return s.split(". This is typically")[0].rstrip(".")
+
+
+def describe(op: Op, index: int, n: int, e: BaseException, deadline: float | None) -> RankLost:
+    """The RankLost for work ``index`` of ``n`` in ``op`` failing with ``e``: names the peer,
+    posts a notice when this rank is the first to see a loss, and names the root cause when
+    another rank posted one first."""
+    me = _me()
+    if len(op.peers) == n:
+        roles = [op.peers[index]]
+    else:
+        roles = list(dict.fromkeys(op.peers))
+    peers = sorted({p for _, p in roles})
+    reason = _reason(e)
+    if "timed out" in reason.lower() or "timeout" in reason.lower():
+        reason = f"no answer within {deadline:g} s" if deadline else reason
+    if roles:
+        here = f"rank {me}: {op.what}: " + " and ".join(f"{role} rank {p}" for role, p in roles) + f" failed ({reason})"
+    else:
+        here = f"rank {me}: {op.what} failed ({reason})"
+    blame = peers[0] if len(peers) == 1 else None
+    earlier = read_notice()
+    if earlier is not None and earlier.reporter != me and earlier.lost != me:
+        if earlier.lost is None:
+            return RankLost(f"{here}; earlier, {earlier.text}", lost=None, peer=blame)
+        return RankLost(f"rank {earlier.lost} lost ({earlier.text}); then {here}", lost=earlier.lost, peer=blame)
+    if blame is not None:
+        post_notice(blame, me, here)
+        return RankLost(f"rank {blame} lost: {here}. It was killed, crashed or is stuck: see its log.",
+                        lost=blame, peer=blame)
+    post_notice(None, me, here)
+    return RankLost(f"{here}. A rank of the group died, is stuck, skipped this call or called it with "
+                    f"another group.", lost=None, peer=None)
+
+
+def wait(works, op: Op) -> None:
+    """Wait for every work; a failure or a missed deadline raises :class:`RankLost`."""
+    deadline = configured_timeout() if op.blocking else None
+    for i, w in enumerate(works):
+        try:
+            if deadline is None:
+                w.wait()
+            else:
+                w.wait(timedelta(seconds=deadline))
+        except Exception as e:
+            raise describe(op, i, len(works), e, deadline) from e
+
+
+def post(start, op: Op):
+    """``start()`` (e.g. ``lambda: dist.batch_isend_irecv(ops)``); a peer already gone when
+    the ops are posted raises :class:`RankLost` too."""
+    try:
+        return start()
+    except Exception as e:
+        raise describe(op, 0, 0, e, None) from e
+
+
+# --- the watchdog ------------------------------------------------------------------------------
+
+class Watchdog:
+    """Heartbeats through the c10d store and ends this process, naming the lost rank, when a
+    rank stops beating for ``timeout`` seconds or any rank posts a fault notice.
+
+        with Watchdog(timeout=60):
+            train()
+
+    Every rank of the job runs one, with the same timeout, started right after
+    ``init_process_group`` (a rank that has not started beating within ``timeout`` counts as
+    lost).  Rank r watches rank r-1 (or, once that rank is done, the rank it watched), and
+    whoever sees a loss posts the notice every other watchdog reads within ``interval``.  Cost:
+    about four store round trips per ``interval`` per rank.
+
+    On a fault it prints the reason to stderr, waits ``grace`` seconds for the main thread to
+    end the process itself (an exception it raised on its own, e.g. :class:`RankLost`), then
+    calls ``on_fault(reason)`` if given, else ``os._exit(EXIT_LOST)``.  Leaving the ``with``
+    block normally marks this rank done, so its watcher does not take a finished rank for a
+    lost one; leaving it on an exception posts a notice, so the others stop within ``interval``
+    instead of waiting for ``timeout``.
+    """
+
+    def __init__(self, timeout: float | None = None, interval: float | None = None, grace: float | None = None,
+                 *, store=None, rank: int | None = None, world: int | None = None, on_fault=None):
+        self.timeout = float(timeout or configured_timeout() or 300.0)
+        self.interval = float(interval or min(1.0, self.timeout / 10))
+        self.grace = float(grace if grace is not None else min(5.0, self.timeout / 2))
+        self._store, self.rank, self.world, self.on_fault = store, rank, world, on_fault
+        self._stop = threading.Event()
+        self._thread = None
+        self.fault: str | None = None
+
+    def _key(self, rank: int) -> str:
+        return f"{PREFIX}/hb/{rank}"
+
+    def start(self) -> "Watchdog":
+        if self._store is None:
+            self._store = _store()
+        if self._store is None:
+            raise RuntimeError("Watchdog needs torch.distributed initialised (or a store)")
+        if self.rank is None:
+            self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self._store.set(self._key(self.rank), "0")
+        self._thread = threading.Thread(target=self._run, name="burstengine-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, done: bool = True) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * self.interval + 1)
+        if done and self._store is not None:
+            _bounded(lambda: self._store.set(self._key(self.rank), "done"))
+
+    def __enter__(self) -> "Watchdog":
+        return self.start()
+
+    def __exit__(self, typ, exc, tb) -> None:
+        if exc is not None and not isinstance(exc, RankLost):
+            post_notice(None, self.rank, f"rank {self.rank} failed: {type(exc).__name__}: {exc}",
+                        store=self._store)
+        self.stop(done=exc is None)
+
+    def _run(self) -> None:
+        store, me = self._store, self.rank
+        pred = (me - 1) % self.world
+        beat, seen, since, store_down = 0, None, time.monotonic(), None
+        while not self._stop.wait(self.interval):
+            now = time.monotonic()
+            try:
+                beat += 1
+                store.set(self._key(me), str(beat))
+                notice = read_notice(store, bounded=False)
+                if notice is not None:
+                    if notice.lost is None:
+                        return self._fault(f"fault reported: {notice.text}")
+                    return self._fault(f"rank {notice.lost} lost ({notice.text})")
+                while pred != me and store.check([self._key(pred)]):
+                    v = store.get(self._key(pred))
+                    if v != b"done":
+                        if v != seen:
+                            seen, since = v, now
+                        break
+                    # finished cleanly: watch the rank it watched instead, so none goes unwatched
+                    pred, seen, since = (pred - 1) % self.world, None, now
+                if pred == me:
+                    since = None  # every other rank is done
+                if since is not None and now - since > self.timeout:
+                    text = f"rank {pred} sent no heartbeat for {now - since:.0f} s (watched by rank {me})"
+                    post_notice(pred, me, text, store=store)
+                    return self._fault(f"rank {pred} lost: {text}")
+                store_down = None
+            except Exception as e:
+                store_down = store_down or now
+                if now - store_down > self.timeout:
+                    return self._fault(f"the c10d store has been unreachable for {now - store_down:.0f} s ({e}); "
+                                       f"the process hosting it (rank 0, or the torchrun agent) is probably lost")
+
+    def _fault(self, reason: str) -> None:
+        self.fault = reason
+        print(f"burstengine watchdog (rank {self.rank}): {reason}", file=sys.stderr, flush=True)
+        if self._stop.wait(self.grace):
+            return  # the process is handling it
+        if self.on_fault is not None:
+            self.on_fault(reason)
+            return
+        print(f"burstengine watchdog (rank {self.rank}): exiting with code {EXIT_LOST}", file=sys.stderr,
+              flush=True)
+        os._exit(EXIT_LOST)

@@ -1,0 +1,174 @@
+"""A rank that dies, freezes or talks on another group mid-job: every other rank exits non-zero,
+naming it, within the configured deadline.  Real processes (tests/fault_job.py), started like
+torchrun starts them; the three jobs run side by side to share the start-up time."""
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+JOB = os.path.join(os.path.dirname(__file__), "fault_job.py")
+# mode -> (world, extra environment, deadline under test in seconds)
+JOBS = {
+    "kill": (4, {"BURST_TIMEOUT": "10"}, 10.0),
+    "stall": (3, {"WATCHDOG_TIMEOUT": "4"}, 4.0),
+    "groups": (3, {"BURST_TIMEOUT": "4"}, 4.0),
+}
+VICTIM = 2
+GRACE = 2.0  # the watchdog's grace: min(5, timeout / 2)
+LIMIT = 240  # a job still running after this long has hung
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stamp(text, tag):
+    m = re.search(rf"^{tag} ([0-9.]+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+@pytest.fixture(scope="module")
+def jobs():
+    procs = {}
+    for mode, (world, extra, _) in JOBS.items():
+        port = _port()
+        for r in range(world):
+            env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port), VICTIM=str(VICTIM), OMP_NUM_THREADS="1", **extra)
+            env.pop("BURST_CHECKS", None)
+            procs[mode, r] = subprocess.Popen([sys.executable, JOB, mode], env=env, stdout=subprocess.PIPE,
+                                              stderr=subprocess.PIPE, text=True)
+    ends, t0 = {}, time.time()
+    while len(ends) < len(procs) and time.time() - t0 < LIMIT:
+        for key, p in procs.items():
+            if key not in ends and p.poll() is not None:
+                ends[key] = time.time()
+        # the frozen victim never exits on its own: end it once the others are gone
+        stall = [k for k in procs if k[0] == "stall" and k[1] != VICTIM]
+        if all(k in ends for k in stall) and ("stall", VICTIM) not in ends:
+            procs["stall", VICTIM].kill()
+        time.sleep(0.05)
+    out = {}
+    for key, p in procs.items():
+        if p.poll() is None:
+            p.kill()
+        stdout, stderr = p.communicate()
+        out[key] = dict(rc=p.returncode, out=stdout, err=stderr, end=ends.get(key), hung=key not in ends)
+    return out
+
+
+def _survivors(jobs, mode):
+    world = JOBS[mode][0]
+    return {r: jobs[mode, r] for r in range(world) if r != VICTIM or mode == "groups"}
+
+
+def test_killed_rank_is_named_by_every_other_rank(jobs):
+    """SIGKILL mid ring step, no watchdog: the ring's errors plus the store notice."""
+    died = _stamp(jobs["kill", VICTIM]["out"], "FAULT_AT")
+    assert died is not None and jobs["kill", VICTIM]["rc"] == -9
+    for r, j in _survivors(jobs, "kill").items():
+        assert not j["hung"] and j["rc"] not in (0, None), (r, j["rc"], j["err"][-2000:])
+        assert "FINISHED" not in j["out"]
+        assert f"RankLost: rank {VICTIM} lost" in j["err"], (r, j["err"][-2000:])
+        raised = _stamp(j["out"], "RAISED_AT")
+        assert raised is not None and raised - died <= JOBS["kill"][2], (r, raised - died)
+
+
+def test_frozen_rank_is_named_by_the_watchdogs(jobs):
+    """SIGSTOP mid ring step, no ring deadline: the watchdogs see the silence and end the job."""
+    froze = _stamp(jobs["stall", VICTIM]["out"], "FAULT_AT")
+    assert froze is not None
+    timeout = JOBS["stall"][2]
+    for r, j in _survivors(jobs, "stall").items():
+        assert not j["hung"] and j["rc"] not in (0, None), (r, j["rc"], j["err"][-2000:])
+        assert re.search(rf"rank {VICTIM} lost", j["err"]), (r, j["err"][-2000:])
+        # detection after `timeout` of silence (+ one interval), then the grace period
+        assert j["end"] - froze <= timeout + 1 + GRACE + 15, (r, j["end"] - froze)
+
+
+def test_ranks_on_different_groups_time_out(jobs):
+    """Rank 2 passes a 2-rank subgroup, the others the world: no all-gather can complete, and
+    BURST_TIMEOUT turns the would-be hang into an error on every rank."""
+    for r, j in _survivors(jobs, "groups").items():
+        assert not j["hung"] and j["rc"] not in (0, None), (r, j["rc"], j["err"][-2000:])
+        assert "argument check" in j["err"] and "another group" in j["err"] or "earlier" in j["err"], \
+            (r, j["err"][-2000:])
+        assert "no answer within 4 s" in j["err"], (r, j["err"][-2000:])
+
+
+# --- in-process pieces: no job, a HashStore stands in for the c10d store --------------------------
+
+import torch.distributed as dist  # noqa: E402
+
+from burstengine.comm import fault  # noqa: E402
+
+
+class _Work:
+    def __init__(self, error=None):
+        self.error = error
+
+    def wait(self, timeout=None):
+        if self.error:
+            raise RuntimeError(self.error)
+
+
+@pytest.fixture
+def store(monkeypatch):
+    s = dist.HashStore()
+    monkeypatch.setattr(fault, "_store", lambda: s)
+    monkeypatch.delenv("BURST_TIMEOUT", raising=False)
+    return s
+
+
+def test_failed_receive_names_the_peer_and_posts_a_notice(store):
+    op = fault.Op("forward ring shift of k, v", (("sending to", 3), ("receiving from", 1)))
+    gloo = "[/x/pair.cc:537] Read error [127.0.0.1]:5: Connection reset by peer. This is typically caused by ..."
+    with pytest.raises(fault.RankLost, match=r"^rank 1 lost: rank 0: forward ring shift of k, v: receiving from "
+                                             r"rank 1 failed \(Read error \[127.0.0.1\]:5: Connection reset by peer\)"):
+        fault.wait([_Work(), _Work(gloo)], op)
+    notice = fault.read_notice(store)
+    assert (notice.lost, notice.reporter) == (1, 0)
+    # a later failure with an innocent neighbour names the rank of the notice
+    store.set(fault._NOTICE, fault._encode(fault.Notice(5, 4, "rank 4: receiving from rank 5 failed")))
+    with pytest.raises(fault.RankLost, match=r"^rank 5 lost \(rank 4: receiving from rank 5 failed\); then rank 0"
+                       ) as e:
+        fault.wait([_Work("Connection closed by peer")], fault.Op("backward ring shift of dq", (("sending to", 2),)))
+    assert (e.value.lost, e.value.peer) == (5, 2)
+    fault.clear_notice(store)
+    assert fault.read_notice(store) is None
+
+
+def test_timeout_is_read_from_the_environment(monkeypatch):
+    monkeypatch.setenv("BURST_TIMEOUT", "2.5")
+    assert fault.configured_timeout() == 2.5
+    for bad in ("soon", "-1", "0"):
+        monkeypatch.setenv("BURST_TIMEOUT", bad)
+        with pytest.raises(ValueError, match="BURST_TIMEOUT"):
+            fault.configured_timeout()
+
+
+def test_watchdog_names_a_silent_rank_and_not_a_finished_one(store):
+    faults = []
+    dogs = [fault.Watchdog(timeout=0.6, interval=0.05, grace=0.0, store=store, rank=r, world=3,
+                           on_fault=lambda msg, r=r: faults.append((r, msg))) for r in range(3)]
+    for d in dogs:
+        d.start()
+    time.sleep(0.5)
+    dogs[0].stop()  # finished cleanly: rank 1 (its watcher) must not take it for lost
+    time.sleep(1.0)
+    assert faults == []
+    dogs[2]._stop.set()  # rank 2 goes silent without saying it is done (as if killed)
+    deadline = time.time() + 10
+    while len(faults) < 1 and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    dogs[1].stop(done=False)
+    assert faults and all("rank 2 lost" in msg for _, msg in faults), faults
+    # rank 0, rank 2's watcher, had finished: rank 1 took over watching rank 2
+    assert {r for r, _ in faults} == {1}
