@@ -61,8 +61,8 @@ def _interpreting() -> bool:
 
 
 def _dims(x):
-    """(batch, row, head) strides of a (B, S, H, D) view."""
-    return x.stride(0), x.stride(1), x.stride(2)
+    """(batch, row) strides of a (B, S, H, D) view whose heads lie side by side in a row."""
+    return x.stride(0), x.stride(1)
 
 
 def _tma_ok(*ts) -> bool:
@@ -97,7 +97,8 @@ class TritonKernel(Kernel):
             return False
         if not self.available(q.device):
             return False
-        if any(t.stride(-1) != 1 for t in (q, k, v, *more)):
+        # the kernels read a batch as one (rows, heads * D) matrix: heads side by side in a row
+        if any(t.stride(-1) != 1 or t.stride(-2) != t.shape[-1] for t in (q, k, v, *more)):
             return False
         spec = as_spec(mask)
         if spec.q_step < 1 or spec.k_step < 1:

@@ -21,27 +21,48 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def load_rows(desc, base, s0, n_rows, stride, BLOCK: tl.constexpr, D: tl.constexpr, USE_TMA: tl.constexpr):
-    """Rows [s0, s0 + BLOCK) of a (n_rows, D) matrix, zero past its end: a TMA load through
-    ``desc`` or a masked load from ``base`` (row stride ``stride``, unit column stride)."""
+def row_desc(base, n_rows, stride, width, BLOCK: tl.constexpr, D: tl.constexpr, USE_TMA: tl.constexpr):
+    """Handle on a batch's (n_rows, heads * D) matrix (row stride ``stride``, heads side by side),
+    read in (BLOCK, D) tiles: a TMA descriptor (Hopper) or a block pointer.  One handle serves
+    every head (the column offset picks one), and it is a few scalars, so unlike a tensor of
+    pointers it costs no registers while a loop runs."""
     if USE_TMA:
-        x = desc.load([s0, 0])
+        d = tl.make_tensor_descriptor(base, shape=[n_rows, width], strides=[stride, 1], block_shape=[BLOCK, D])
     else:
-        r = tl.arange(0, BLOCK)
-        c = tl.arange(0, D)
-        ptr = base + s0.to(tl.int64) * stride + (r[:, None] * stride + c[None, :])
-        x = tl.load(ptr, mask=(s0 + r)[:, None] < n_rows, other=0.0)
+        d = tl.make_block_ptr(base, shape=(n_rows, width), strides=(stride, 1), offsets=(0, 0), block_shape=(BLOCK, D),
+                              order=(1, 0))
+    return d
+
+
+@triton.jit
+def load_rows(desc, s0, col, USE_TMA: tl.constexpr):
+    """Rows [s0, s0 + BLOCK), columns [col, col + D) through a :func:`row_desc` handle, zero past the end."""
+    if USE_TMA:
+        x = desc.load([s0, col])
+    else:
+        x = tl.load(tl.advance(desc, (s0, col)), boundary_check=(0,), padding_option="zero")
     return x
 
 
 @triton.jit
-def row_desc(base, n_rows, stride, BLOCK: tl.constexpr, D: tl.constexpr, USE_TMA: tl.constexpr):
-    """A TMA descriptor of one head's (n_rows, D) rows (None on the pointer path)."""
+def store_rows(desc, s0, col, x, USE_TMA: tl.constexpr):
+    """Store rows [s0, s0 + BLOCK) of one head, dropping those past the end."""
     if USE_TMA:
-        d = tl.make_tensor_descriptor(base, shape=[n_rows, D], strides=[stride, 1], block_shape=[BLOCK, D])
+        desc.store([s0, col], x)
     else:
-        d = None
-    return d
+        tl.store(tl.advance(desc, (s0, col)), x, boundary_check=(0,))
+
+
+@triton.jit
+def add_rows(desc, base, stride, s0, col, n_rows, x, BLOCK: tl.constexpr, D: tl.constexpr, USE_TMA: tl.constexpr):
+    """Atomically add float32 rows [s0, s0 + BLOCK) of one head (TMA reduce-add, or per-element atomics)."""
+    if USE_TMA:
+        desc.atomic_add([s0, col], x)
+    else:
+        r = tl.arange(0, BLOCK)
+        c = tl.arange(0, D)
+        ptr = base + s0.to(tl.int64) * stride + col + (r[:, None] * stride + c[None, :])
+        tl.atomic_add(ptr, x, mask=(s0 + r)[:, None] < n_rows, sem="relaxed")
 
 
 @triton.jit
@@ -84,7 +105,7 @@ def tile_ranges(o_min, o_max, lo, hi, start, step, n_rows, BOUNDS, tile, BLOCK: 
     a = tl.minimum(a, e)
     c = tl.minimum(tl.maximum(c, a), e)
     d = tl.minimum(tl.maximum(d, c), e)
-    return a, c, d, e
+    return a.to(tl.int32), c.to(tl.int32), d.to(tl.int32), e.to(tl.int32)
 
 
 @triton.jit
