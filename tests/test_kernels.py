@@ -79,3 +79,21 @@ def test_triton_falls_back(triton_results, case):
     r = triton_results[case]
     assert not r["ran_triton"]
     _check(r, 1e-5 if r["dtype"] == "float32" else 1e-2)
+
+
+def test_auto_table_covers_every_call():
+    from burstengine.kernels import AUTO_TABLE, KERNELS as K
+
+    for direction in ("forward", "backward"):
+        for kind in ("full", "causal", "strict", "spec"):
+            assert AUTO_TABLE[(direction, kind)] in K
+
+
+def test_auto_falls_back_off_cuda():
+    # on a CPU tensor the picked kernel cannot run: kinds go to cuDNN's slot, MaskSpecs to the reference
+    from burstengine.kernels import AutoKernel
+
+    auto = AutoKernel({(d, m): "triton" for d in ("forward", "backward") for m in ("full", "causal", "strict", "spec")})
+    assert auto.pick("forward", MaskSpec(window=3), "cpu").name == "reference"
+    assert auto.pick("backward", "strict", "cpu").name == "cudnn"
+    assert not auto.available("cpu")

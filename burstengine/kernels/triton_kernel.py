@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -44,6 +44,13 @@ class Config:
     fwd: Tiles
     kv: Tiles
     dq: Tiles | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict) -> "Config":
+        return Config(fwd=Tiles(**d["fwd"]), kv=Tiles(**d["kv"]), dq=Tiles(**d["dq"]) if d.get("dq") else None)
 
 
 # Chosen per head dim from the tile sweep in benchmarks/lao_bench.py (H200, bf16, S=16K, 32 heads;
