@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 
@@ -141,12 +142,16 @@ def sdpa_fn(backend):
     return fn
 
 
+def _causal(b, h, i, j):
+    return i >= j
+
+
 class Flex:
     def __init__(self):
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
         self.attn = torch.compile(flex_attention, dynamic=True)
-        self.make_mask = create_block_mask
+        self.make_mask = torch.compile(create_block_mask)
         self.masks = {}
 
     def __call__(self, q, k, v, causal):
@@ -155,8 +160,7 @@ class Flex:
         bm = None
         if causal:
             if S not in self.masks:
-                self.masks[S] = self.make_mask(lambda b, h, i, j: i >= j, None, None, S, S, device="cuda",
-                                               _compile=True)
+                self.masks[S] = self.make_mask(_causal, None, None, S, S, device="cuda")
             bm = self.masks[S]
         return self.attn(q, k, v, block_mask=bm)
 
@@ -167,7 +171,7 @@ def backward(out, dout, leaves):
     out.backward(dout)
 
 
-def single_launch(args, ours, rows):
+def single_launch(args, ours, rows, checkpoint=lambda: None):
     flex = None
     if not args.no_flex:
         try:
@@ -178,6 +182,7 @@ def single_launch(args, ours, rows):
         for causal in (False, True):
             _single_case(args, ours, flex, S, causal, rows)
             torch.cuda.empty_cache()
+            checkpoint()
 
 
 def _single_case(args, ours, flex, S, causal, rows):
@@ -304,28 +309,37 @@ def summarize(single, ring):
 def main_stage(args):
     ours = TritonKernel(load_configs(args.configs))
     t0 = time.time()
+    sweep_path = args.sweep_record or (args.configs + ".sweep.json" if args.configs else None)
+    sweep_rec = json.load(open(sweep_path)) if sweep_path and os.path.exists(sweep_path) else None
+    single, ring = [], []
+
+    def record(done):
+        summary, ring_summary, table = summarize(single, ring)
+        path = write_record("lao_bench", dict(
+            complete=done, configs={str(D): c.to_dict() for D, c in ours.config.items()}, sweep=sweep_rec,
+            single_launch=dict(heads=32, head_dim=128, dtype="bfloat16", batch=1, rows=single, summary=summary),
+            ring_step=dict(heads=32, head_dim=128, dtype="bfloat16", rows=ring, summary=ring_summary),
+            table=table, seconds=time.time() - t0,
+            flops="forward 4*S^2*H*d (x0.5 causal), forward+backward 3.5x; ring backward_into 2.5x forward"))
+        return path, table
+
     # compile what the main stage runs before timing anything
     errs = warm_variants([dict(config=c.to_dict(), D=D, dtype="bfloat16", doc=False, block=False, H=32, Hkv=hkv)
                           for D, c in ours.config.items() for hkv in (32, 8)], args.jobs)
     for e in errs:
         log("compile error:", e[:300])
-    single, ring = [], []
+    # a time limit's SIGTERM still leaves a record of what was measured
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+    done = False
     try:
         if not args.skip_ring:
             ring_step(args, ours, ring)
-        single_launch(args, ours, single)
+            record(False)
+        single_launch(args, ours, single, lambda: record(False))
+        done = True
     finally:
-        summary, ring_summary, table = summarize(single, ring)
+        path, table = record(done)
         log(table)
-        sweep_rec = None
-        if args.configs and os.path.exists(args.configs + ".sweep.json"):
-            sweep_rec = json.load(open(args.configs + ".sweep.json"))
-        path = write_record("lao_bench", dict(
-            configs={str(D): c.to_dict() for D, c in ours.config.items()}, sweep=sweep_rec,
-            single_launch=dict(heads=32, head_dim=128, dtype="bfloat16", batch=1, rows=single, summary=summary),
-            ring_step=dict(heads=32, head_dim=128, dtype="bfloat16", rows=ring, summary=ring_summary),
-            table=table, seconds=time.time() - t0,
-            flops="forward 4*S^2*H*d (x0.5 causal), forward+backward 3.5x; ring backward_into 2.5x forward"))
         log("wrote", path)
 
 
@@ -337,7 +351,9 @@ def main():
     ap.add_argument("--seqs", default="16384,32768,65536,131072")
     ap.add_argument("--ring-seqs", default="8192,16384")
     ap.add_argument("--sweep-seq", type=int, default=16384)
-    ap.add_argument("--flash-max", type=int, default=65536, help="skip SDPA flash above this length (slowest peer)")
+    ap.add_argument("--flash-max", type=int, default=32768, help="skip SDPA flash above this length (slowest peer)")
+    ap.add_argument("--sweep-record", default=None, help="a sweep's JSON to embed in the record (default: "
+                    "<--configs>.sweep.json)")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--skip-ring", action="store_true")
     ap.add_argument("--warmup", type=int, default=2)

@@ -67,6 +67,14 @@ def test_triton_matches_float64(triton_results, case):
         assert r["poisoned_kv_rows"] > 0, "the case must poison a whole skipped tile"
 
 
+@pytest.mark.parametrize("D", [64, 128])
+def test_triton_plain_entry_points(triton_results, D):
+    # forward/backward start from an empty state and return the input dtype
+    r = triton_results[f"plain-d{D}"]
+    assert r["dtypes"] == ["bfloat16"] * 4
+    _check(r, 1e-2)
+
+
 def test_triton_nothing_visible(triton_results):
     r = triton_results["nothing-visible"]
     assert r["ran_triton"] and r["visible_frac"] == 0 and not r["nan"] and r["out"] == 0.0

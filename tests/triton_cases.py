@@ -60,7 +60,9 @@ def kernel():
 
 def main():
     import triton_interp  # noqa: F401  (before the first triton import)
+    from burstengine.kernels.reference import ReferenceKernel
     from burstengine.kernels.verify import run_case
+    from burstengine.testing import fro_err
 
     torch.set_num_threads(1)
     tk = kernel()
@@ -75,6 +77,20 @@ def main():
 
     for cid, (name, D, dtype, B, Hkv, Sk, poison) in zip(CASE_IDS, TRITON_CASES):
         one(cid, MASKS[name], B, 37, Sk, 4, Hkv, D, dtype, poison)
+    # the plain entry points (fresh outputs in the input dtype) against the reference
+    ref = ReferenceKernel()
+    for D in (64, 128):
+        g = torch.Generator().manual_seed(D)
+        q, k, v, do = (torch.randn(2, 37, h, D, generator=g).to(torch.bfloat16) for h in (4, 2, 2, 4))
+        o, lse = tk.forward(q, k, v, D ** -0.5, CAUSAL)
+        ro, rl = ref.forward(*(t.double() for t in (q, k, v)), D ** -0.5, CAUSAL)
+        delta = (do.double() * ro).sum(-1).transpose(1, 2)
+        grads = tk.backward(do, q, k, v, rl.float(), delta.float(), D ** -0.5, CAUSAL)
+        rgrads = ref.backward(*(t.double() for t in (do, q, k, v)), rl, delta, D ** -0.5, CAUSAL)
+        errs = dict(out=fro_err(o, ro), lse=fro_err(lse, rl),
+                    **{n: fro_err(a, b) for n, a, b in zip(("dq", "dk", "dv"), grads, rgrads)})
+        out[f"plain-d{D}"] = dict(errs, nan=False, ran_triton=True, dtype="bfloat16", poison=0,
+                                  dtypes=[str(t.dtype)[6:] for t in (o, *grads)])
     one("nothing-visible", MaskSpec(causal=True, k_start=50), 1, 20, 20, 2, 1, 64, torch.bfloat16, 16)
     one("fallback-fp32", CAUSAL, 1, 9, 9, 2, 2, 64, torch.float32, poison_out=False)
     one("fallback-d32", CAUSAL, 1, 9, 9, 2, 2, 32, torch.bfloat16, poison_out=False)
