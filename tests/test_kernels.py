@@ -94,14 +94,21 @@ def test_auto_table_covers_every_call():
 
     for direction in ("forward", "backward"):
         for kind in ("full", "causal", "strict", "spec"):
-            assert AUTO_TABLE[(direction, kind)] in K
+            rules = AUTO_TABLE[(direction, kind)]
+            assert rules[-1][0] is None, "the last rule must take any block size"
+            assert all(name in K for _, name in rules)
 
 
-def test_auto_falls_back_off_cuda():
-    # on a CPU tensor the picked kernel cannot run: kinds go to cuDNN's slot, MaskSpecs to the reference
+def test_auto_picks_by_block_size_and_falls_back_off_cuda():
     from burstengine.kernels import AutoKernel
 
-    auto = AutoKernel({(d, m): "triton" for d in ("forward", "backward") for m in ("full", "causal", "strict", "spec")})
-    assert auto.pick("forward", MaskSpec(window=3), "cpu").name == "reference"
-    assert auto.pick("backward", "strict", "cpu").name == "cudnn"
+    table = {(d, m): [(None, "reference")] for d in ("forward", "backward") for m in ("full", "causal", "strict", "spec")}
+    table[("forward", "strict")] = [(8, "reference"), (None, "triton")]
+    auto = AutoKernel(table)
+    small, large = torch.empty(1, 8, 2, 16), torch.empty(1, 9, 2, 16)
+    assert auto.pick("forward", "strict", small).name == "reference"
+    # the large block picks triton, which cannot run on CPU tensors: a mask kind goes to cuDNN's slot
+    assert auto.pick("forward", "strict", large).name == "cudnn"
+    table[("forward", "spec")] = [(None, "triton")]
+    assert AutoKernel(table).pick("forward", MaskSpec(window=3), large).name == "reference"
     assert not auto.available("cpu")

@@ -77,6 +77,10 @@ def _dims(x):
 
 
 def _tma_ok(*ts) -> bool:
+    """TMA needs Hopper (the interpreter emulates it), 16-byte aligned bases and strides."""
+    dev = ts[0].device
+    if dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] < 9:
+        return False
     return all(t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1]) for t in ts)
 
 
@@ -216,7 +220,7 @@ class TritonKernel(Kernel):
         spec = as_spec(mask)
         margs, has_doc, has_block = self._mask_args(spec, Sq, Sk, t.block_m, t.block_n, True, q.device)
         pos, reverse = self._positions(spec)
-        tma = t.tma and _tma_ok(q, k, v)
+        tma = t.tma and _tma_ok(q, k, v, out)
         _prepare(tma)
         grid = (triton_cdiv(Sq, t.block_m), B * H)
         fwd_kernel[grid](q, k, v, out, lse, *_dims(q), *_dims(k), *_dims(v), *_dims(out), *lse.stride(),
@@ -237,7 +241,7 @@ class TritonKernel(Kernel):
         atomic = cfg.dq is None and dq.dtype == torch.float32
         t = cfg.kv
         margs, has_doc, has_block = self._mask_args(spec, Sq, Sk, t.block_n, t.block_m, False, q.device)
-        tma = t.tma and _tma_ok(q, k, v, dout)
+        tma = t.tma and _tma_ok(q, k, v, dout, dq, dk, dv)
         _prepare(tma)
         grid = (triton_cdiv(Sk, t.block_n), B * Hkv)
         kv_kernel[grid](q, k, v, dout, lse, delta, dq, dk, dv,
@@ -250,7 +254,7 @@ class TritonKernel(Kernel):
             return
         t = cfg.dq or cfg.fwd
         margs, has_doc, has_block = self._mask_args(spec, Sq, Sk, t.block_m, t.block_n, True, q.device)
-        tma = t.tma and _tma_ok(q, k, v, dout)
+        tma = t.tma and _tma_ok(q, k, v, dout, dq)
         grid = (triton_cdiv(Sq, t.block_m), B * H)
         dq_kernel[grid](q, k, v, dout, lse, delta, dq,
                         *_dims(q), *_dims(k), *_dims(v), *_dims(dout), *lse.stride(), *delta.stride(), *_dims(dq),
