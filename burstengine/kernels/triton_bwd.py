@@ -14,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_tiles import LOG2E, add_rows, load_rows, row_desc, store_rows, tile_ranges, visible
+from .triton_tiles import LOG2E, add_rows, load_rows, q_tile_work, row_desc, store_rows, tile_ranges, visible
 
 
 @triton.jit
@@ -160,28 +160,10 @@ def dq_kernel(Q, K, V, DO, LSE, DL, DQ,
               QDOC, KDOC, BOUNDS, BMASK, bs, nbk, CNT, IDX, FULL, reverse,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DOC: tl.constexpr,
               HAS_BLOCK: tl.constexpr, USE_TMA: tl.constexpr, WS: tl.constexpr):
-    n_qt = tl.cdiv(Sq, BLOCK_M)
-    pid_m = tl.program_id(0)
-    if reverse:
-        pid_m = n_qt - 1 - pid_m
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    i0 = pid_m * BLOCK_M
+    pid_m, b, h, i0, a, c, d, e, n_list, todo = q_tile_work(Sq, Sk, H, q_start, q_step, k_start, k_step, lo, hi,
+                                                            BOUNDS, CNT, reverse, BLOCK_M, BLOCK_N, HAS_DOC,
+                                                            HAS_BLOCK)
     n_kt = tl.cdiv(Sk, BLOCK_N)
-    if HAS_BLOCK:
-        a = 0
-        c = 0
-        d = 0
-        e = 0
-        n_list = tl.load(CNT + pid_m)
-        todo = n_list > 0
-    else:
-        q_lo = q_start + i0 * q_step
-        q_hi = q_start + (tl.minimum(i0 + BLOCK_M, Sq) - 1) * q_step
-        a, c, d, e = tile_ranges(q_lo, q_hi, -hi, -lo, k_start, k_step, Sk, BOUNDS, pid_m, BLOCK_N, HAS_DOC)
-        n_list = 0
-        todo = a < e
     if todo:
         b64 = b.to(tl.int64)
         q_col = h * HEAD_DIM

@@ -109,6 +109,34 @@ def tile_ranges(o_min, o_max, lo, hi, start, step, n_rows, BOUNDS, tile, BLOCK: 
 
 
 @triton.jit
+def q_tile_work(Sq, Sk, H, q_start, q_step, k_start, k_step, lo, hi, BOUNDS, CNT, reverse,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DOC: tl.constexpr, HAS_BLOCK: tl.constexpr):
+    """What a program owning one (q tile, batch x head) of a grid (q tiles, B * H) does: returns
+    (q tile, batch, head, first row, the k tile runs a, c, d, e, block-list length, any work).
+    With ``reverse`` (causal-like masks) the last q tiles, which have the most work, go first."""
+    pid_m = tl.program_id(0)
+    if reverse:
+        pid_m = tl.cdiv(Sq, BLOCK_M) - 1 - pid_m
+    bh = tl.program_id(1)
+    i0 = pid_m * BLOCK_M
+    if HAS_BLOCK:
+        a = 0
+        c = 0
+        d = 0
+        e = 0
+        n_list = tl.load(CNT + pid_m)
+        todo = n_list > 0
+    else:
+        q_lo = q_start + i0 * q_step
+        q_hi = q_start + (tl.minimum(i0 + BLOCK_M, Sq) - 1) * q_step
+        # visible iff q - k in [lo, hi], i.e. k - q in [-hi, -lo]
+        a, c, d, e = tile_ranges(q_lo, q_hi, -hi, -lo, k_start, k_step, Sk, BOUNDS, pid_m, BLOCK_N, HAS_DOC)
+        n_list = 0
+        todo = a < e
+    return pid_m, bh // H, bh % H, i0, a, c, d, e, n_list, todo
+
+
+@triton.jit
 def visible(qi, kj, Sq, Sk, q_start, q_step, k_start, k_step, lo, hi, QDOC, KDOC, BMASK, bs, nbk,
             HAS_DOC: tl.constexpr, HAS_BLOCK: tl.constexpr):
     """Element visibility of query rows ``qi`` and key rows ``kj`` (broadcastable index
