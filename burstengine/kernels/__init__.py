@@ -1,8 +1,8 @@
 """Local (single-device) attention kernels behind one interface (see base.Kernel).
 
 Choice, first match wins: the ``kernel=`` argument, the ``BURST_KERNEL`` environment
-variable, then automatic: cuDNN on CUDA (the fastest SDPA backend measured on H100/H200),
-the reference kernel elsewhere.
+variable, then automatic: on CUDA an :class:`AutoKernel` that picks per call, by direction,
+mask and block size, the kernel measured faster (``AUTO_TABLE``); the reference kernel elsewhere.
 """
 from __future__ import annotations
 
@@ -10,21 +10,75 @@ import os
 
 import torch
 
-from .base import Kernel
+from ..attention.schedule import CAUSAL, FULL, STRICT
+from .base import Kernel, MaskSpec
 from .reference import ReferenceKernel
 from .sdpa import CudnnKernel, FlashKernel
+from .triton_kernel import TritonKernel
 
-KERNELS: dict[str, Kernel] = {k.name: k for k in (ReferenceKernel(), FlashKernel(), CudnnKernel())}
-AUTO_ORDER = ("cudnn", "flash", "reference")
+KERNELS: dict[str, Kernel] = {k.name: k for k in (ReferenceKernel(), FlashKernel(), CudnnKernel(), TritonKernel())}
+
+# Which kernel "auto" runs on CUDA for each (direction, mask): (most query rows in the block, kernel)
+# pairs, first match wins; "spec" is any MaskSpec (windows, documents, block masks), which SDPA
+# cannot express.  From the ring step in benchmarks/results/lao_bench.json ("ring_step": H200, bf16,
+# d=128, 32 heads, GQA 1 and 4, non-empty running state): our fused forward_into beats cuDNN + the
+# torch merge only on STRICT blocks of 8K rows (1.12-1.18x: SDPA pays a shifted call there), and
+# loses elsewhere (0.85-1.03x); cuDNN's backward (fed an `out` rebuilt from D) beats ours on
+# every mask (ours 0.58-0.73x).
+AUTO_TABLE = {
+    ("forward", FULL): [(None, "cudnn")],
+    ("forward", CAUSAL): [(None, "cudnn")],
+    ("forward", STRICT): [(8192, "triton"), (None, "cudnn")],
+    ("forward", "spec"): [(None, "triton")],
+    ("backward", FULL): [(None, "cudnn")],
+    ("backward", CAUSAL): [(None, "cudnn")],
+    ("backward", STRICT): [(None, "cudnn")],
+    ("backward", "spec"): [(None, "triton")],
+}
+
+
+class AutoKernel(Kernel):
+    """Dispatches each call to ``AUTO_TABLE``'s kernel for its direction, mask and block size
+    (cuDNN when Triton is missing, the reference for a MaskSpec then)."""
+
+    name = "auto"
+
+    def __init__(self, table=None):
+        self.table = dict(AUTO_TABLE if table is None else table)
+
+    def available(self, device):
+        return torch.device(device).type == "cuda" and torch.cuda.is_available()
+
+    def pick(self, direction: str, mask, q) -> Kernel:
+        kind = "spec" if isinstance(mask, MaskSpec) else mask
+        name = next(n for rows, n in self.table[(direction, kind)] if rows is None or q.shape[1] <= rows)
+        k = KERNELS[name]
+        if k.available(q.device):
+            return k
+        return KERNELS["reference" if kind == "spec" else "cudnn"]
+
+    def forward(self, q, k, v, scale, mask):
+        return self.pick("forward", mask, q).forward(q, k, v, scale, mask)
+
+    def forward_into(self, q, k, v, scale, mask, out, lse):
+        return self.pick("forward", mask, q).forward_into(q, k, v, scale, mask, out, lse)
+
+    def backward(self, dout, q, k, v, lse, delta, scale, mask, out=None):
+        return self.pick("backward", mask, q).backward(dout, q, k, v, lse, delta, scale, mask, out=out)
+
+    def backward_into(self, dout, q, k, v, lse, delta, scale, mask, dq, dk, dv, out=None):
+        return self.pick("backward", mask, q).backward_into(dout, q, k, v, lse, delta, scale, mask, dq, dk, dv,
+                                                            out=out)
+
+
+_AUTO = AutoKernel()
 
 
 def get_kernel(name: str | None, device) -> Kernel:
     name = name or os.environ.get("BURST_KERNEL") or "auto"
     device = torch.device(device)
     if name == "auto":
-        for n in AUTO_ORDER:
-            if KERNELS[n].available(device):
-                return KERNELS[n]
+        return _AUTO if _AUTO.available(device) else KERNELS["reference"]
     if name not in KERNELS:
         raise ValueError(f"unknown kernel {name!r}; expected 'auto' or one of {sorted(KERNELS)}")
     k = KERNELS[name]
@@ -33,4 +87,4 @@ def get_kernel(name: str | None, device) -> Kernel:
     return k
 
 
-__all__ = ["Kernel", "KERNELS", "get_kernel"]
+__all__ = ["AutoKernel", "AUTO_TABLE", "Kernel", "KERNELS", "get_kernel"]

@@ -1,0 +1,372 @@
+"""Speed of our Triton LAO kernels on one GPU against SDPA cuDNN, SDPA flash and FlexAttention.
+
+    python benchmarks/lao_bench.py --stage sweep --configs-out lao_configs.json
+    python benchmarks/lao_bench.py --stage main --configs lao_configs.json
+
+``sweep``: tile shapes / TMA / warp specialisation / dQ scheme at S=16K (32 heads, bf16; all
+variants compiled in parallel first) for head dims 128 and 64; the fastest (full + causal,
+forward and backward separately) is written to --configs-out and becomes the CONFIGS table.
+``main``: with those configs, one launch over the whole sequence at --seqs (d=128, 32 heads,
+bf16, full and causal): forward and forward+backward TFLOP/s of ours, cuDNN, flash and
+compiled FlexAttention (4*S^2*H*d FLOPs forward, halved for causal, x3.5 for fwd+bwd), and
+the ring step: our fused ``forward_into`` / ``backward_into`` against cuDNN + the torch merge
+(forward) and cuDNN fed an `out` rebuilt from D (backward), per mask and GQA ratio.  Medians of
+5 timings after 2 warm-ups (sweep: 3 after 1).  Writes benchmarks/results/lao_bench.json (or
+$BURST_RESULTS), the sweep included.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from burstengine.attention.schedule import CAUSAL, FULL, STRICT
+from burstengine.bench.kernels import attn_flops, load_configs, log, median, timed, warm_variants
+from burstengine.bench.record import write_record
+from burstengine.kernels import KERNELS
+from burstengine.kernels.triton_kernel import CONFIGS, Config, Tiles, TritonKernel
+
+T = Tiles
+# candidates per head dim: forward tiles, and (dK/dV tiles, dQ tiles or None for atomics)
+SWEEP = {
+    128: dict(
+        fwd=[T(128, 64, 8, 3, tma=True), T(128, 128, 8, 2, tma=True), T(128, 128, 8, 3, tma=True),
+             T(128, 64, 8, 4, tma=True), T(128, 64, 4, 3, tma=True), T(128, 64, 8, 3, tma=True, ws=True),
+             T(128, 128, 8, 2), T(64, 64, 4, 3, tma=True)],
+        bwd=[(T(64, 64, 8, 2, tma=True), None), (T(64, 128, 8, 2, tma=True), None), (T(32, 128, 8, 2, tma=True), None),
+             (T(64, 64, 4, 2, tma=True), None), (T(64, 64, 8, 2, tma=True, ws=True), None),
+             (T(64, 128, 8, 2, tma=True), T(128, 64, 8, 2, tma=True)),
+             (T(32, 128, 4, 3, tma=True), T(128, 32, 4, 3, tma=True)), (T(64, 64, 8, 2), None)]),
+    64: dict(
+        fwd=[T(128, 64, 4, 3, tma=True), T(128, 128, 8, 3, tma=True), T(128, 64, 8, 3, tma=True)],
+        bwd=[(T(64, 128, 8, 2, tma=True), None), (T(64, 64, 4, 2, tma=True), None),
+             (T(128, 128, 8, 2, tma=True), None)]),
+}
+
+
+def rand(*shape, dtype=torch.bfloat16):
+    return torch.randn(*shape, device="cuda", dtype=dtype)
+
+
+# --- sweep -------------------------------------------------------------------------------------
+
+
+def _sweep_dim(args, D, fw, bw, rows, best):
+    S, H, B = args.sweep_seq, 32, 1
+    q, k, v, do = (rand(B, S, H, D) for _ in range(4))
+    scale = D ** -0.5
+    ref = KERNELS["cudnn"]
+    lse_d = {}
+    for mask in (FULL, CAUSAL):
+        o, lse = ref.forward(q, k, v, scale, mask)
+        lse_d[mask] = (lse, (do.float() * o.float()).sum(-1).transpose(1, 2).contiguous())
+    for direction, cs in (("fwd", fw), ("bwd", bw)):
+        for c in cs:
+            kern = TritonKernel({D: c})
+            tiles = c.fwd if direction == "fwd" else (c.kv, c.dq)
+            row = dict(D=D, direction=direction, tiles=str(tiles), config=c.to_dict())
+            try:
+                for mask in (FULL, CAUSAL):
+                    lse, delta = lse_d[mask]
+                    if direction == "fwd":
+                        fn = lambda: kern.forward(q, k, v, scale, mask)  # noqa: E731
+                    else:
+                        fn = lambda: kern.backward(do, q, k, v, lse, delta, scale, mask)  # noqa: E731
+                    ts = timed(fn, 1, 3)
+                    flops = attn_flops(B, S, S, H, D, 0.5 if mask == CAUSAL else 1.0) * (1 if direction == "fwd"
+                                                                                          else 2.5)
+                    row[mask] = dict(times=ts, tflops=flops / median(ts) / 1e12)
+                row["total_s"] = median(row[FULL]["times"]) + median(row[CAUSAL]["times"])
+                log(f"sweep d={D} {direction} {tiles}: full {row[FULL]['tflops']:.0f} "
+                    f"causal {row[CAUSAL]['tflops']:.0f} TFLOP/s")
+            except Exception as e:
+                row["error"] = f"{type(e).__name__}: {e}"[:500]
+                log(f"sweep d={D} {direction} {tiles}: FAILED {row['error'][:200]}")
+            rows.append(row)
+            key = (D, direction)
+            if "total_s" in row and (key not in best or row["total_s"] < best[key]["total_s"]):
+                best[key] = row
+
+
+def sweep(args):
+    t0 = time.time()
+    cands = {}
+    for D, s in SWEEP.items():
+        base = CONFIGS[D]
+        cands[D] = ([Config(fwd=f, kv=base.kv, dq=base.dq) for f in s["fwd"]],
+                    [Config(fwd=base.fwd, kv=kv, dq=dq) for kv, dq in s["bwd"]])
+    tasks = [dict(config=c.to_dict(), D=D, dtype="bfloat16", doc=False, block=False)
+             for D, (fw, bw) in cands.items() for c in fw + bw]
+    errors = warm_variants(tasks, args.jobs)
+    log(f"compiled {len(tasks)} sweep variants in {time.time() - t0:.0f}s, {len(errors)} failed")
+    for e in errors:
+        log("  ", e[:300])
+    rows, best = [], {}
+    for D, (fw, bw) in cands.items():
+        _sweep_dim(args, D, fw, bw, rows, best)
+        torch.cuda.empty_cache()
+    chosen = {}
+    for D in cands:
+        base = CONFIGS[D]
+        f = best.get((D, "fwd"))
+        b = best.get((D, "bwd"))
+        fwd = Config.from_dict(f["config"]).fwd if f else base.fwd
+        bc = Config.from_dict(b["config"]) if b else base
+        chosen[D] = Config(fwd=fwd, kv=bc.kv, dq=bc.dq)
+    out = {str(D): c.to_dict() for D, c in chosen.items()}
+    with open(args.configs_out, "w") as fh:
+        json.dump(out, fh, indent=1)
+    log("chosen:", json.dumps(out))
+    with open(args.configs_out + ".sweep.json", "w") as fh:
+        json.dump(dict(seq=args.sweep_seq, heads=32, rows=rows, chosen=out, compile_errors=errors,
+                       seconds=time.time() - t0), fh, indent=1)
+
+
+# --- main --------------------------------------------------------------------------------------
+
+
+def sdpa_fn(backend):
+    be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
+
+    def fn(q, k, v, causal):
+        with sdpa_kernel(be):
+            return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                  is_causal=causal).transpose(1, 2)
+    return fn
+
+
+def _causal(b, h, i, j):
+    return i >= j
+
+
+class Flex:
+    def __init__(self):
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        self.attn = torch.compile(flex_attention, dynamic=True)
+        self.make_mask = torch.compile(create_block_mask)
+        self.masks = {}
+
+    def __call__(self, q, k, v, causal):
+        # q, k, v: (B, H, S, D)
+        S = q.shape[2]
+        bm = None
+        if causal:
+            if S not in self.masks:
+                self.masks[S] = self.make_mask(_causal, None, None, S, S, device="cuda")
+            bm = self.masks[S]
+        return self.attn(q, k, v, block_mask=bm)
+
+
+def backward(out, dout, leaves):
+    for t in leaves:
+        t.grad = None  # fresh gradients each call, as ours returns them (no accumulation pass)
+    out.backward(dout)
+
+
+def single_launch(args, ours, rows, checkpoint=lambda: None):
+    flex = None
+    if not args.no_flex:
+        try:
+            flex = Flex()
+        except Exception as e:
+            log(f"flex unavailable: {type(e).__name__}: {e}"[:300])
+    for S in args.seqs:
+        for causal in (False, True):
+            _single_case(args, ours, flex, S, causal, rows)
+            torch.cuda.empty_cache()
+            checkpoint()
+
+
+def _single_case(args, ours, flex, S, causal, rows):
+    H, D, B = 32, 128, 1
+    scale = D ** -0.5
+    q, k, v, do = (rand(B, S, H, D) for _ in range(4))
+    mask = CAUSAL if causal else FULL
+    flops = attn_flops(B, S, S, H, D, 0.5 if causal else 1.0)
+
+    def ours_fwd():
+        return ours.forward(q, k, v, scale, mask)
+
+    def ours_fwdbwd():
+        o, lse = ours.forward(q, k, v, scale, mask)
+        delta = (do.float() * o.float()).sum(-1).transpose(1, 2).contiguous()
+        return ours.backward(do, q, k, v, lse, delta, scale, mask)
+
+    methods = {"ours": (ours_fwd, ours_fwdbwd)}
+    qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    for name in ("cudnn", "flash"):
+        if name == "flash" and S > args.flash_max:
+            continue
+        f = sdpa_fn(name)
+        methods[name] = ((lambda f=f: f(q, k, v, causal)),
+                         (lambda f=f: backward(f(qg, kg, vg, causal), do, (qg, kg, vg))))
+    if flex is not None:
+        qh, kh, vh = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+        doh = do.transpose(1, 2).contiguous()
+        qhg, khg, vhg = (t.detach().clone().requires_grad_() for t in (qh, kh, vh))
+        methods["flex"] = ((lambda: flex(qh, kh, vh, causal)),
+                           (lambda: backward(flex(qhg, khg, vhg, causal), doh, (qhg, khg, vhg))))
+    for name, (fwd, fwdbwd) in methods.items():
+        for what, fn, fl in (("fwd", fwd, flops), ("fwd+bwd", fwdbwd, 3.5 * flops)):
+            try:
+                with torch.no_grad() if what == "fwd" else torch.enable_grad():
+                    ts = timed(fn, args.warmup, args.iters)
+                r = dict(times=ts, tflops=fl / median(ts) / 1e12)
+            except Exception as e:
+                r = dict(error=f"{type(e).__name__}: {e}"[:400])
+            rows.append(dict(S=S, mask=mask, method=name, what=what, **r))
+            log(f"S={S} {mask} {name} {what}: " + (f"{r['tflops']:.0f} TFLOP/s" if "tflops" in r
+                                                  else r["error"][:200]))
+
+
+def ring_step(args, ours, rows):
+    """One ring step's local work on an n x n block with a non-empty running state."""
+    for n in args.ring_seqs:
+        for hkv in (32, 8):
+            _ring_case(args, ours, n, hkv, rows)
+            torch.cuda.empty_cache()
+
+
+def _ring_case(args, ours, n, hkv, rows):
+    D, H = 128, 32
+    scale = D ** -0.5
+    cudnn = KERNELS["cudnn"]
+    q, do = rand(1, n, H, D), rand(1, n, H, D)
+    k, v = rand(1, n, hkv, D), rand(1, n, hkv, D)
+    out = torch.randn(1, n, H, D, device="cuda")
+    lse = torch.randn(1, H, n, device="cuda") + 5.0
+    delta = torch.randn(1, H, n, device="cuda")
+    g = [torch.zeros(t.shape, device="cuda") for t in (q, k, v)]
+    for mask in (FULL, CAUSAL, STRICT):
+        flops = attn_flops(1, n, n, H, D, 1.0 if mask == FULL else 0.5)
+        for kname, kern in (("ours", ours), ("cudnn", cudnn)):
+            for what, fn, fl in (
+                    ("forward_into", lambda: kern.forward_into(q, k, v, scale, mask, out, lse), flops),
+                    ("backward_into", lambda: kern.backward_into(do, q, k, v, lse, delta, scale, mask, *g),
+                     2.5 * flops)):
+                try:
+                    ts = timed(fn, args.warmup, args.iters)
+                    r = dict(times=ts, tflops=fl / median(ts) / 1e12)
+                except Exception as e:
+                    r = dict(error=f"{type(e).__name__}: {e}"[:400])
+                rows.append(dict(n=n, hkv=hkv, mask=mask, kernel=kname, what=what, **r))
+                log(f"ring n={n} hkv={hkv} {mask} {kname} {what}: " +
+                    (f"{r['tflops']:.0f} TFLOP/s ({median(r['times']) * 1e3:.2f} ms)" if "tflops" in r
+                     else r["error"][:200]))
+
+
+def summarize(single, ring):
+    def get(rows, **kw):
+        for r in rows:
+            if all(r.get(a) == b for a, b in kw.items()) and "tflops" in r:
+                return r["tflops"]
+        return None
+
+    summary, lines = [], []
+    for S in sorted({r["S"] for r in single}):
+        for mask in (FULL, CAUSAL):
+            row = dict(S=S, mask=mask)
+            for what in ("fwd", "fwd+bwd"):
+                o = get(single, S=S, mask=mask, method="ours", what=what)
+                for peer in ("cudnn", "flash", "flex"):
+                    p = get(single, S=S, mask=mask, method=peer, what=what)
+                    row[f"{what} {peer}"] = p
+                    row[f"{what} ours/{peer}"] = (o / p) if (o and p) else None
+                row[f"{what} ours"] = o
+            summary.append(row)
+
+    def f(x, ratio=False):
+        return "-" if x is None else (f"{x:.2f}x" if ratio else f"{x:.0f}")
+
+    lines.append(f"{'S':>7} {'mask':>6} | {'fwd ours':>8} {'cudnn':>6} {'flash':>6} {'flex':>6} {'/cudnn':>7} "
+                 f"{'/flex':>7} | {'f+b ours':>8} {'cudnn':>6} {'flash':>6} {'flex':>6} {'/cudnn':>7} {'/flex':>7}")
+    for r in summary:
+        lines.append(f"{r['S']:>7} {r['mask']:>6} | " + " ".join(
+            [f"{f(r[w + ' ours']):>8} {f(r[w + ' cudnn']):>6} {f(r[w + ' flash']):>6} {f(r[w + ' flex']):>6} "
+             f"{f(r[w + ' ours/cudnn'], True):>7} {f(r[w + ' ours/flex'], True):>7} |" for w in ("fwd", "fwd+bwd")]))
+    ring_summary = []
+    for key in sorted({(r["n"], r["hkv"], r["mask"], r["what"]) for r in ring}):
+        n, hkv, mask, what = key
+        o = [r for r in ring if (r["n"], r["hkv"], r["mask"], r["what"], r["kernel"]) == key + ("ours",)]
+        c = [r for r in ring if (r["n"], r["hkv"], r["mask"], r["what"], r["kernel"]) == key + ("cudnn",)]
+        if o and c and "times" in o[0] and "times" in c[0]:
+            to, tc = median(o[0]["times"]), median(c[0]["times"])
+            ring_summary.append(dict(n=n, hkv=hkv, mask=mask, what=what, ours_ms=to * 1e3, cudnn_ms=tc * 1e3,
+                                     speedup=tc / to))
+            lines.append(f"ring n={n:>6} hkv={hkv:>2} {mask:>6} {what:>13}: ours {to * 1e3:7.2f} ms, "
+                         f"cudnn(+merge) {tc * 1e3:7.2f} ms, speedup {tc / to:.2f}x")
+    return summary, ring_summary, "\n".join(lines)
+
+
+def main_stage(args):
+    ours = TritonKernel(load_configs(args.configs))
+    t0 = time.time()
+    sweep_path = args.sweep_record or (args.configs + ".sweep.json" if args.configs else None)
+    sweep_rec = json.load(open(sweep_path)) if sweep_path and os.path.exists(sweep_path) else None
+    single, ring = [], []
+
+    def record(done):
+        summary, ring_summary, table = summarize(single, ring)
+        path = write_record("lao_bench", dict(
+            complete=done, configs={str(D): c.to_dict() for D, c in ours.config.items()}, sweep=sweep_rec,
+            single_launch=dict(heads=32, head_dim=128, dtype="bfloat16", batch=1, rows=single, summary=summary),
+            ring_step=dict(heads=32, head_dim=128, dtype="bfloat16", rows=ring, summary=ring_summary),
+            table=table, seconds=time.time() - t0,
+            flops="forward 4*S^2*H*d (x0.5 causal), forward+backward 3.5x; ring backward_into 2.5x forward"))
+        return path, table
+
+    # compile what the main stage runs before timing anything
+    errs = warm_variants([dict(config=c.to_dict(), D=D, dtype="bfloat16", doc=False, block=False, H=32, Hkv=hkv)
+                          for D, c in ours.config.items() for hkv in (32, 8)], args.jobs)
+    for e in errs:
+        log("compile error:", e[:300])
+    # a time limit's SIGTERM still leaves a record of what was measured
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+    done = False
+    try:
+        if not args.skip_ring:
+            ring_step(args, ours, ring)
+            record(False)
+        single_launch(args, ours, single, lambda: record(False))
+        done = True
+    finally:
+        path, table = record(done)
+        log(table)
+        log("wrote", path)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--stage", choices=("sweep", "main"), required=True)
+    ap.add_argument("--configs", default=None, help="JSON from the sweep (default: the CONFIGS table)")
+    ap.add_argument("--configs-out", default="lao_configs.json")
+    ap.add_argument("--seqs", default="16384,32768,65536,131072")
+    ap.add_argument("--ring-seqs", default="8192,16384")
+    ap.add_argument("--sweep-seq", type=int, default=16384)
+    ap.add_argument("--flash-max", type=int, default=32768, help="skip SDPA flash above this length (slowest peer)")
+    ap.add_argument("--sweep-record", default=None, help="a sweep's JSON to embed in the record (default: "
+                    "<--configs>.sweep.json)")
+    ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--skip-ring", action="store_true")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--jobs", type=int, default=8)
+    args = ap.parse_args()
+    args.seqs = [int(s) for s in args.seqs.split(",") if s]
+    args.ring_seqs = [int(s) for s in args.ring_seqs.split(",") if s]
+    if args.stage == "sweep":
+        sweep(args)
+    else:
+        main_stage(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Helpers for the single-GPU kernel scripts (benchmarks/lao_bench.py, benchmarks/lao_check.py):
+CUDA-event timing, and compiling many Triton kernel variants at once in worker processes (the
+compiled kernels land in Triton's on-disk cache, so the measuring process only loads them)."""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import statistics
+
+import torch
+
+
+def timed(fn, warmup: int = 2, iters: int = 5) -> list[float]:
+    """Seconds per call of ``fn``: ``iters`` CUDA-event timings after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b) / 1e3)
+    return out
+
+
+def median(xs):
+    return statistics.median(xs)
+
+
+def attn_flops(B, S_q, S_k, H, D, visible_frac=1.0):
+    """Forward FLOPs of attention over the visible (query, key) pairs: 4 * pairs * H * D."""
+    return 4.0 * B * S_q * S_k * visible_frac * H * D
+
+
+def _warm(task):
+    """Run one kernel variant on tiny inputs so Triton compiles it (in a worker process)."""
+    try:
+        from burstengine.kernels.base import MaskSpec
+        from burstengine.kernels.triton_kernel import Config, TritonKernel
+
+        cfg = Config.from_dict(task["config"])
+        D, dtype = task["D"], getattr(torch, task["dtype"])
+        kern = TritonKernel({D: cfg})
+        dev = torch.device("cuda")
+        S, H, Hkv = 300, task.get("H", 4), task.get("Hkv", 2)
+        q = torch.randn(1, S, H, D, device=dev, dtype=dtype)
+        k = torch.randn(1, S, Hkv, D, device=dev, dtype=dtype)
+        v = torch.randn_like(k)
+        doc = torch.arange(S, device=dev) // 100
+        mask = MaskSpec(causal=True,
+                        q_doc=doc if task["doc"] else None, k_doc=doc if task["doc"] else None,
+                        block_mask=torch.ones(3, 3, dtype=torch.bool) if task["block"] else None,
+                        block_size=100 if task["block"] else 0)
+        out, lse = kern.forward(q, k, v, D ** -0.5, mask)
+        delta = (out.float() * q.float()).sum(-1).transpose(1, 2).contiguous()
+        kern.backward(q, q, k, v, lse, delta, D ** -0.5, mask)
+        torch.cuda.synchronize()
+        return None
+    except Exception as e:  # reported, not fatal: the measuring process will meet it again
+        return f"{task}: {type(e).__name__}: {e}"[:2000]
+
+
+def warm_variants(tasks: list[dict], jobs: int = 8) -> list[str]:
+    """Compile every task's kernels in ``jobs`` processes; returns the errors."""
+    if not tasks:
+        return []
+    with mp.get_context("spawn").Pool(min(jobs, len(tasks))) as pool:
+        return [e for e in pool.map(_warm, tasks, chunksize=1) if e]
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def load_configs(path):
+    """Configs from a sweep's JSON; the CONFIGS table when there is none (e.g. the sweep failed)."""
+    if not path or not os.path.exists(path):
+        log(f"no configs at {path!r}: using the CONFIGS table")
+        return None
+    from burstengine.kernels.triton_kernel import Config
+
+    return {int(D): Config.from_dict(c) for D, c in json.load(open(path)).items()}

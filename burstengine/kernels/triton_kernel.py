@@ -1,0 +1,283 @@
+"""``TritonKernel``: our LAO kernels (triton_fwd.py, triton_bwd.py) behind the Kernel interface.
+
+``forward_into`` merges a block into the running (O, lse) inside the kernel and
+``backward_into`` adds into the caller's dQ/dK/dV from the global lse and D; the plain
+``forward``/``backward`` start from an empty state.  Every mask kind and any MaskSpec
+(positions, windows, documents, block masks) is computed in the kernel, and tiles that see
+nothing are skipped unloaded.
+
+What the kernels don't take goes to a fallback, so callers never need to check: CPU tensors,
+dtypes other than bf16/fp16, head dims other than 64/128, inner dims that are not contiguous
+(cuDNN for mask kinds on CUDA, the torch reference otherwise).  Triton itself is imported
+only when a kernel runs, so the package works without it.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .base import Kernel, MaskSpec, as_spec
+from .reference import ReferenceKernel
+from .sdpa import CudnnKernel
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Launch shape of one kernel: tile rows of q (block_m) and k (block_n), warps, pipeline
+    stages, TMA descriptor loads (Hopper), automatic warp specialisation of the main loop."""
+
+    block_m: int
+    block_n: int
+    warps: int
+    stages: int
+    tma: bool = False
+    ws: bool = False
+
+
+@dataclass(frozen=True)
+class Config:
+    """Tiles per kernel; ``dq=None`` sends dQ out of the dK/dV kernel with float32 atomics."""
+
+    fwd: Tiles
+    kv: Tiles
+    dq: Tiles | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict) -> "Config":
+        return Config(fwd=Tiles(**d["fwd"]), kv=Tiles(**d["kv"]), dq=Tiles(**d["dq"]) if d.get("dq") else None)
+
+
+# Chosen per head dim by the tile sweep of benchmarks/lao_bench.py (H200, bf16, S=16K, 32 heads,
+# full + causal): benchmarks/results/lao_bench.json, "sweep".  d=128: forward 64x64 tiles beat
+# 128x64/128x128 (509 vs 449-489 TFLOP/s full); the backward's separate dQ kernel ties with dQ
+# atomics (298/307 vs 293/310) and is deterministic.  Automatic warp specialisation (ws) gained
+# 3% on one forward shape and nothing on the backward; pointer loads lost 20-30% to TMA.
+CONFIGS = {
+    64: Config(fwd=Tiles(128, 64, 4, 3, tma=True), kv=Tiles(64, 64, 4, 2, tma=True)),
+    128: Config(fwd=Tiles(64, 64, 4, 3, tma=True), kv=Tiles(64, 128, 8, 2, tma=True),
+                dq=Tiles(128, 64, 8, 2, tma=True)),
+}
+
+_POS_LIMIT = 1 << 29
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _dims(x):
+    """(batch, row) strides of a (B, S, H, D) view whose heads lie side by side in a row."""
+    return x.stride(0), x.stride(1)
+
+
+def _tma_ok(*ts) -> bool:
+    """TMA needs Hopper (the interpreter emulates it), 16-byte aligned bases and strides."""
+    dev = ts[0].device
+    if dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] < 9:
+        return False
+    return all(t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1]) for t in ts)
+
+
+class TritonKernel(Kernel):
+    name = "triton"
+
+    def __init__(self, config: dict[int, Config] | None = None):
+        self.config = dict(CONFIGS if config is None else config)
+        self._dummy = {}
+
+    # --- what runs here ---------------------------------------------------------------------
+
+    def available(self, device) -> bool:
+        device = torch.device(device)
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return False
+        if device.type == "cpu":
+            return _interpreting()
+        return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] >= 8
+
+    def supports(self, q, k, v, mask, *more) -> bool:
+        """Whether these tensors and this mask run in the Triton kernels (else: fallback)."""
+        D = q.shape[-1]
+        if D not in self.config or v.shape[-1] != D or k.shape[-1] != D:
+            return False
+        if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+            return False
+        if not self.available(q.device):
+            return False
+        # the kernels read a batch as one (rows, heads * D) matrix: heads side by side in a row
+        if any(t.stride(-1) != 1 or t.stride(-2) != t.shape[-1] for t in (q, k, v, *more)):
+            return False
+        spec = as_spec(mask)
+        if spec.q_step < 1 or spec.k_step < 1:
+            return False
+        lim = max(abs(spec.q_start) + q.shape[1] * spec.q_step, abs(spec.k_start) + k.shape[1] * spec.k_step)
+        return lim < _POS_LIMIT and (spec.window is None or abs(spec.window) < _POS_LIMIT)
+
+    def fallback(self, q, mask) -> Kernel:
+        if q.is_cuda and not isinstance(mask, MaskSpec):
+            return _CUDNN
+        return _REFERENCE
+
+    # --- the interface ----------------------------------------------------------------------
+
+    def forward(self, q, k, v, scale, mask):
+        if not self.supports(q, k, v, mask):
+            return self.fallback(q, mask).forward(q, k, v, scale, mask)
+        B, Sq, H, D = q.shape
+        # the kernel keeps O in float32 registers and stores it in out's dtype: no float32 round trip
+        out = torch.zeros(B, Sq, H, D, device=q.device, dtype=q.dtype)
+        lse = torch.full((B, H, Sq), float("-inf"), device=q.device, dtype=torch.float32)
+        self._forward(q, k, v, scale, mask, out, lse)
+        return out, lse
+
+    def forward_into(self, q, k, v, scale, mask, out, lse) -> None:
+        if not self.supports(q, k, v, mask, out):
+            return self.fallback(q, mask).forward_into(q, k, v, scale, mask, out, lse)
+        self._forward(q, k, v, scale, mask, out, lse)
+
+    def backward(self, dout, q, k, v, lse, delta, scale, mask, out=None):
+        if not self.supports(q, k, v, mask, dout):
+            return self.fallback(q, mask).backward(dout, q, k, v, lse, delta, scale, mask, out=out)
+        # dK/dV are summed in registers, dQ too unless it goes out by atomics (which need float32)
+        atomic = self.config[q.shape[-1]].dq is None
+        dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32 if atomic else q.dtype)
+        dk = torch.zeros(k.shape, device=q.device, dtype=k.dtype)
+        dv = torch.zeros(v.shape, device=q.device, dtype=v.dtype)
+        self._backward(dout, q, k, v, lse, delta, scale, mask, dq, dk, dv)
+        return dq.to(q.dtype), dk, dv
+
+    def backward_into(self, dout, q, k, v, lse, delta, scale, mask, dq, dk, dv, out=None) -> None:
+        if not self.supports(q, k, v, mask, dout, dq, dk, dv):
+            return self.fallback(q, mask).backward_into(dout, q, k, v, lse, delta, scale, mask, dq, dk, dv, out=out)
+        self._backward(dout, q, k, v, lse, delta, scale, mask, dq, dk, dv)
+
+    # --- launches ---------------------------------------------------------------------------
+
+    def _dummy_of(self, device):
+        key = str(device)
+        if key not in self._dummy:
+            self._dummy[key] = torch.zeros(1, dtype=torch.int32, device=device)
+        return self._dummy[key]
+
+    def _mask_args(self, spec: MaskSpec, Sq, Sk, tile, walk, q_side: bool, device):
+        """Kernel arguments for the mask: (QDOC, KDOC, BOUNDS, BMASK, bs, nbk, CNT, IDX, FULL) and
+        the two constexpr flags.  ``tile``/``walk``: rows per tile of the side a program owns and
+        of the side it walks; ``q_side``: the program owns q tiles."""
+        from .triton_tiles import doc_bounds, tile_classes, tile_lists
+
+        dummy = self._dummy_of(device)
+        has_doc = spec.q_doc is not None
+        has_block = spec.block_mask is not None
+        qdoc = kdoc = bounds = bmask = cnt = idx = full = dummy
+        bs = nbk = 1
+        if has_doc:
+            qd = spec.q_doc.to(device=device, dtype=torch.int64)
+            kd = spec.k_doc.to(device=device, dtype=torch.int64)
+            if qd.numel() != Sq or kd.numel() != Sk:
+                raise ValueError(f"MaskSpec documents have {qd.numel()} q / {kd.numel()} k rows, block is {Sq} x {Sk}")
+            qdoc, kdoc = qd.to(torch.int32), kd.to(torch.int32)
+            if not has_block:
+                bounds = doc_bounds(qd, kd, tile) if q_side else doc_bounds(kd, qd, tile)
+        if has_block:
+            bs = spec.block_size
+            bm = spec.block_mask
+            nbq, nbk = -(-Sq // bs), -(-Sk // bs)
+            if bs < 1 or tuple(bm.shape) != (nbq, nbk):
+                raise ValueError(f"MaskSpec block_mask {tuple(bm.shape)} with block_size {bs} does not cover {Sq} x {Sk}")
+            bmask = bm.to(device=device, dtype=torch.int8).contiguous()
+            if q_side:
+                any_, all_ = tile_classes(spec, Sq, Sk, tile, walk, device)
+            else:
+                any_, all_ = tile_classes(spec, Sq, Sk, walk, tile, device)
+                any_, all_ = any_.t(), all_.t()
+            cnt, idx, full = tile_lists(any_, all_)
+        return (qdoc, kdoc, bounds, bmask, bs, nbk, cnt, idx, full), has_doc, has_block
+
+    @staticmethod
+    def _positions(spec: MaskSpec):
+        from .triton_tiles import bounds_of
+
+        lo, hi = bounds_of(spec)
+        # with a lower bound (causal), the last q tiles do the most work
+        return (spec.q_start, spec.q_step, spec.k_start, spec.k_step, lo, hi), int(spec.causal)
+
+    def _forward(self, q, k, v, scale, mask, out, lse):
+        from .triton_fwd import fwd_kernel
+
+        B, Sq, H, D = q.shape
+        Sk, Hkv = k.shape[1], k.shape[2]
+        if Sq == 0 or Sk == 0:
+            return
+        t = self.config[D].fwd
+        spec = as_spec(mask)
+        margs, has_doc, has_block = self._mask_args(spec, Sq, Sk, t.block_m, t.block_n, True, q.device)
+        pos, reverse = self._positions(spec)
+        tma = t.tma and _tma_ok(q, k, v, out)
+        _prepare(tma)
+        grid = (triton_cdiv(Sq, t.block_m), B * H)
+        fwd_kernel[grid](q, k, v, out, lse, *_dims(q), *_dims(k), *_dims(v), *_dims(out), *lse.stride(),
+                         Sq, Sk, H, H // Hkv, scale * _LOG2E, *pos, *margs, reverse,
+                         HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, HAS_DOC=has_doc, HAS_BLOCK=has_block,
+                         USE_TMA=tma, WS=t.ws, num_warps=t.warps, num_stages=t.stages)
+
+    def _backward(self, dout, q, k, v, lse, delta, scale, mask, dq, dk, dv):
+        from .triton_bwd import dq_kernel, kv_kernel
+
+        B, Sq, H, D = q.shape
+        Sk, Hkv = k.shape[1], k.shape[2]
+        if Sq == 0 or Sk == 0:
+            return
+        cfg = self.config[D]
+        spec = as_spec(mask)
+        pos, reverse = self._positions(spec)
+        atomic = cfg.dq is None and dq.dtype == torch.float32
+        t = cfg.kv
+        margs, has_doc, has_block = self._mask_args(spec, Sq, Sk, t.block_n, t.block_m, False, q.device)
+        tma = t.tma and _tma_ok(q, k, v, dout, dq, dk, dv)
+        _prepare(tma)
+        grid = (triton_cdiv(Sk, t.block_n), B * Hkv)
+        kv_kernel[grid](q, k, v, dout, lse, delta, dq, dk, dv,
+                        *_dims(q), *_dims(k), *_dims(v), *_dims(dout), *lse.stride(), *delta.stride(),
+                        *_dims(dq), *_dims(dk), *_dims(dv),
+                        Sq, Sk, Hkv, H // Hkv, scale * _LOG2E, scale, *pos, *margs,
+                        HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, HAS_DOC=has_doc, HAS_BLOCK=has_block,
+                        USE_TMA=tma, ATOMIC_DQ=atomic, WS=t.ws, num_warps=t.warps, num_stages=t.stages)
+        if atomic:
+            return
+        t = cfg.dq or cfg.fwd
+        margs, has_doc, has_block = self._mask_args(spec, Sq, Sk, t.block_m, t.block_n, True, q.device)
+        tma = t.tma and _tma_ok(q, k, v, dout, dq)
+        grid = (triton_cdiv(Sq, t.block_m), B * H)
+        dq_kernel[grid](q, k, v, dout, lse, delta, dq,
+                        *_dims(q), *_dims(k), *_dims(v), *_dims(dout), *lse.stride(), *delta.stride(), *_dims(dq),
+                        Sq, Sk, H, H // Hkv, scale * _LOG2E, scale, *pos, *margs, reverse,
+                        HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, HAS_DOC=has_doc, HAS_BLOCK=has_block,
+                        USE_TMA=tma, WS=t.ws, num_warps=t.warps, num_stages=t.stages)
+
+
+_LOG2E = math.log2(math.e)
+_CUDNN = CudnnKernel()
+_REFERENCE = ReferenceKernel()
+_ALLOCATOR_SET = False
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _prepare(tma: bool) -> None:
+    """Device-side TMA descriptors live in a scratch buffer that Triton asks its allocator for."""
+    global _ALLOCATOR_SET
+    if tma and not _ALLOCATOR_SET and not _interpreting():
+        import triton
+
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+        _ALLOCATOR_SET = True

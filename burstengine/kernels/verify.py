@@ -1,0 +1,82 @@
+"""One kernel-level correctness case, shared by the CPU tests (Triton interpreter) and the GPU
+check script (benchmarks/lao_check.py): run ``forward_into`` onto a random running state and
+``backward_into`` onto random accumulators, and compare with the float64 reference kernel on
+the same (rounded) inputs.
+
+The running state is valid but not empty: rows with lse = -inf have O = 0, except that with
+``poison_out`` those the block makes visible hold NaN (a fused merge must ignore O where
+lse = -inf; the torch merge relies on the O = 0 that the ring starts from).  K/V
+rows that no query can see may be poisoned too, in whole aligned groups of ``poison_kv`` rows
+(a multiple of the kernel's k tiles): a kernel that loads a tile it should have skipped turns
+0 * NaN into NaN.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..testing import fro_err
+from .base import merge_, visible_mask
+from .reference import ReferenceKernel
+
+NAMES = ("out", "lse", "dq", "dk", "dv")
+
+
+def run_case(kernel, B, Sq, Sk, H, Hkv, D, dtype, mask, device, seed=0, poison_kv=0, poison_out=True,
+             empty_frac=0.25):
+    """-> dict of normwise errors (out, lse, dq, dk, dv; inf on NaN) plus bookkeeping."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(device)
+
+    q, k, v = rnd(B, Sq, H, D).to(dtype), rnd(B, Sk, Hkv, D).to(dtype), rnd(B, Sk, Hkv, D).to(dtype)
+    do = rnd(B, Sq, H, D).to(dtype)
+    scale = D ** -0.5
+    vis = visible_mask(mask, Sq, Sk, device)
+    vis = torch.ones(Sq, Sk, dtype=torch.bool, device=device) if vis is None else vis
+    dead = torch.zeros(Sk, dtype=torch.bool, device=device)
+    if poison_kv:
+        dead = ~vis.any(0)
+        pad = -Sk % poison_kv
+        dead = torch.cat([dead, dead.new_ones(pad)]).view(-1, poison_kv).all(1, keepdim=True)
+        dead = dead.expand(-1, poison_kv).reshape(-1)[:Sk]
+        k[:, dead] = float("nan")
+        v[:, dead] = float("nan")
+    ref = ReferenceKernel()
+    q64, k64, v64, do64 = (t.double().nan_to_num(0.0) for t in (q, k, v, do))
+
+    # running state: earlier blocks' (out, lse), some rows still empty
+    out0 = rnd(B, Sq, H, D).float()
+    lse0 = (rnd(B, H, Sq) + 2.0).float()
+    empty = torch.rand(B, H, Sq, generator=g).to(device) < empty_frac
+    lse0[empty] = float("-inf")
+    out0.transpose(1, 2)[empty] = 0.0
+    seen_here = vis.any(1)[None, :, None].expand(B, Sq, H)
+    out_k = out0.clone()
+    if poison_out:
+        out_k[(empty.transpose(1, 2) & seen_here)] = float("nan")
+    lse_k = lse0.clone()
+    kernel.forward_into(q, k, v, scale, mask, out_k, lse_k)
+
+    o_blk, l_blk = ref.forward(q64, k64, v64, scale, mask)
+    out_r, lse_r = out0.double(), lse0.double()
+    merge_(out_r, lse_r, o_blk, l_blk)
+
+    # backward of the whole (merged) attention restricted to this block, global lse and delta
+    delta = (do64 * out_r).sum(-1).transpose(1, 2)
+    acc = [rnd(*t.shape).float() for t in (q, k, v)]
+    acc_k = [a.clone() for a in acc]
+    kernel.backward_into(do, q, k, v, lse_r.float(), delta.float(), scale, mask, *acc_k)
+    grads = ref.backward(do64, q64, k64, v64, lse_r, delta, scale, mask)
+    refs = [a.double() + gr for a, gr in zip(acc, grads)]
+    # compare the increments, so a large accumulator does not hide a wrong gradient
+    errs = {"out": fro_err(out_k, out_r)}
+    fin = torch.isfinite(lse_r)
+    same_inf = bool((torch.isinf(lse_k) == ~fin).all())
+    errs["lse"] = fro_err(lse_k[fin], lse_r[fin]) if same_inf else float("inf")
+    for name, a0, ak, r in zip(("dq", "dk", "dv"), acc, acc_k, refs):
+        errs[name] = fro_err(ak.double() - a0.double(), r - a0.double())
+    errs["nan"] = not all(torch.isfinite(t).all() for t in (out_k, *acc_k)) or bool(torch.isnan(lse_k).any())
+    errs["visible_frac"] = vis.float().mean().item()
+    errs["poisoned_kv_rows"] = int(dead.sum())
+    return errs

@@ -1,0 +1,118 @@
+"""Kernel interface (forward_into / backward_into with every mask kind and MaskSpec) on the
+reference backend, and our Triton kernels under Triton's CPU interpreter, against float64."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import triton_cases
+
+from burstengine.kernels import KERNELS
+from burstengine.kernels.base import MaskSpec
+from burstengine.kernels.verify import run_case
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MASKS = triton_cases.MASKS
+
+
+def _check(r, tol):
+    assert not r["nan"], r
+    for name in ("out", "lse", "dq", "dk", "dv"):
+        assert r[name] <= tol, f"{name}: {r[name]:.2e} > {tol:.0e} ({r})"
+
+
+@pytest.mark.parametrize("name", sorted(MASKS))
+def test_reference_interface(name):
+    # float32 reference kernel through the default forward_into (torch merge) / backward_into
+    r = run_case(KERNELS["reference"], B=2, Sq=37, Sk=37, H=4, Hkv=2, D=16, dtype=torch.float32, mask=MASKS[name],
+                 device="cpu", seed=1, poison_out=False)
+    _check(r, 1e-5)
+    assert 0 < r["visible_frac"] < 1 or name == "full"
+
+
+def test_reference_empty_block_keeps_state():
+    # a window that no (q, k) pair meets: state untouched, no NaN
+    r = run_case(KERNELS["reference"], B=1, Sq=8, Sk=8, H=2, Hkv=1, D=8, dtype=torch.float32,
+                 mask=MaskSpec(causal=True, q_start=0, k_start=100), device="cpu", poison_out=False)
+    assert r["visible_frac"] == 0 and not r["nan"] and r["out"] == 0.0
+
+
+
+
+# --- Triton kernels in the interpreter ------------------------------------------------------------
+# They run in one subprocess (tests/triton_cases.py): TRITON_INTERPRET must be set before triton is
+# first imported, which this pytest process may already have done.
+
+
+@pytest.fixture(scope="module")
+def triton_results():
+    pytest.importorskip("triton")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "triton_cases.py")], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", triton_cases.CASE_IDS)
+def test_triton_matches_float64(triton_results, case):
+    r = triton_results[case]
+    assert r["ran_triton"], "the case must run the Triton kernels, not the fallback"
+    # bf16 / fp16 rounding of P and dS bound the error: ~4e-3 / ~5e-4 normwise
+    _check(r, 1e-2 if r["dtype"] == "bfloat16" else 2e-3)
+    if r["poison"]:
+        assert r["poisoned_kv_rows"] > 0, "the case must poison a whole skipped tile"
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_triton_plain_entry_points(triton_results, D):
+    # forward/backward start from an empty state and return the input dtype
+    r = triton_results[f"plain-d{D}"]
+    assert r["dtypes"] == ["bfloat16"] * 4
+    _check(r, 1e-2)
+
+
+def test_triton_nothing_visible(triton_results):
+    r = triton_results["nothing-visible"]
+    assert r["ran_triton"] and r["visible_frac"] == 0 and not r["nan"] and r["out"] == 0.0
+    assert r["poisoned_kv_rows"] == 20
+
+
+@pytest.mark.parametrize("case", ["fallback-fp32", "fallback-d32"])
+def test_triton_falls_back(triton_results, case):
+    # float32 inputs and head dim 32 are not ours: the reference runs instead, same results
+    r = triton_results[case]
+    assert not r["ran_triton"]
+    _check(r, 1e-5 if r["dtype"] == "float32" else 1e-2)
+
+
+def test_auto_table_covers_every_call():
+    from burstengine.kernels import AUTO_TABLE, KERNELS as K
+
+    for direction in ("forward", "backward"):
+        for kind in ("full", "causal", "strict", "spec"):
+            rules = AUTO_TABLE[(direction, kind)]
+            assert rules[-1][0] is None, "the last rule must take any block size"
+            assert all(name in K for _, name in rules)
+
+
+def test_auto_picks_by_block_size_and_falls_back_off_cuda(monkeypatch):
+    from burstengine.kernels import AutoKernel
+
+    # conftest turns Triton's interpreter on for the whole CPU session, which makes triton
+    # "available" on CPU tensors; this test is about a machine where it is not
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+    table = {(d, m): [(None, "reference")] for d in ("forward", "backward") for m in ("full", "causal", "strict", "spec")}
+    table[("forward", "strict")] = [(8, "reference"), (None, "triton")]
+    auto = AutoKernel(table)
+    small, large = torch.empty(1, 8, 2, 16), torch.empty(1, 9, 2, 16)
+    assert auto.pick("forward", "strict", small).name == "reference"
+    # the large block picks triton, which cannot run on CPU tensors: a mask kind goes to cuDNN's slot
+    assert auto.pick("forward", "strict", large).name == "cudnn"
+    table[("forward", "spec")] = [(None, "triton")]
+    assert AutoKernel(table).pick("forward", MaskSpec(window=3), large).name == "reference"
+    assert not auto.available("cpu")

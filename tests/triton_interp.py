@@ -1,0 +1,53 @@
+"""Run our Triton kernels on the CPU through Triton's interpreter (TRITON_INTERPRET=1).
+
+Must be imported before anything imports triton.  Three fixes to Triton 3.6's interpreter,
+for the test run only:
+* with NumPy >= 2.4, int() of the one-element arrays the interpreter keeps scalars in raises,
+  so a loop bound computed in the kernel fails (`for t in range(a, b)`); read the element.
+* tl.dot on bfloat16 operands multiplies their raw uint16 storage; widen them to float32
+  first (bf16 products are exact in float32, so this is what the tensor cores compute).
+* tensor descriptors have no atomic add (TMA reduce-add); do it as load + add + store, which
+  is what it means for one program at a time.
+"""
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import numpy as np  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.runtime import interpreter as _ti  # noqa: E402
+
+_patch_tensor = _ti._patch_lang_tensor
+
+
+def _patch_lang_tensor(tensor, scope):
+    _patch_tensor(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+
+
+_ti._patch_lang_tensor = _patch_lang_tensor
+
+_create_dot = _ti.InterpreterBuilder.create_dot
+
+
+def _widen(h):
+    if h.dtype.scalar == tl.bfloat16:
+        data = _ti._convert_float(h.data, tl.bfloat16, tl.float32, None).view(np.float32)
+        return _ti.TensorHandle(data, tl.float32)
+    return h
+
+
+def _dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+    return _create_dot(self, _widen(a), _widen(b), d, input_precision, max_num_imprecise_acc)
+
+
+_ti.InterpreterBuilder.create_dot = _dot
+
+
+def _descriptor_reduce(self, kind, desc, value, indices):
+    assert kind == _ti._ir.DESCRIPTOR_REDUCE_KIND.ADD, kind
+    old = self.create_descriptor_load(desc, indices, None, None)
+    return self.create_descriptor_store(desc, _ti.TensorHandle(old.data + value.data, value.dtype.scalar), indices)
+
+
+_ti.InterpreterBuilder.create_descriptor_reduce = _descriptor_reduce
