@@ -221,7 +221,7 @@ class TritonKernel(Kernel):
         margs, has_doc, has_block = self._mask_args(spec, Sq, Sk, t.block_m, t.block_n, True, q.device)
         pos, reverse = self._positions(spec)
         tma = t.tma and _tma_ok(q, k, v, out)
-        _prepare(tma)
+        _prepare()
         grid = (triton_cdiv(Sq, t.block_m), B * H)
         fwd_kernel[grid](q, k, v, out, lse, *_dims(q), *_dims(k), *_dims(v), *_dims(out), *lse.stride(),
                          Sq, Sk, H, H // Hkv, scale * _LOG2E, *pos, *margs, reverse,
@@ -242,7 +242,7 @@ class TritonKernel(Kernel):
         t = cfg.kv
         margs, has_doc, has_block = self._mask_args(spec, Sq, Sk, t.block_n, t.block_m, False, q.device)
         tma = t.tma and _tma_ok(q, k, v, dout, dq, dk, dv)
-        _prepare(tma)
+        _prepare()
         grid = (triton_cdiv(Sk, t.block_n), B * Hkv)
         kv_kernel[grid](q, k, v, dout, lse, delta, dq, dk, dv,
                         *_dims(q), *_dims(k), *_dims(v), *_dims(dout), *lse.stride(), *delta.stride(),
@@ -273,10 +273,12 @@ def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _prepare(tma: bool) -> None:
-    """Device-side TMA descriptors live in a scratch buffer that Triton asks its allocator for."""
+def _prepare(tma: bool = True) -> None:
+    """Device-side TMA descriptors live in a scratch buffer that Triton asks its allocator for.
+    Set it before any launch, TMA or not: a kernel compiled without TMA loads can still need
+    scratch (seen on H200: the dK/dV kernel of a sliced, non-TMA-aligned block failed without it)."""
     global _ALLOCATOR_SET
-    if tma and not _ALLOCATOR_SET and not _interpreting():
+    if not _ALLOCATOR_SET and not _interpreting():
         import triton
 
         triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
