@@ -266,7 +266,6 @@ class TritonKernel(Kernel):
 _LOG2E = math.log2(math.e)
 _CUDNN = CudnnKernel()
 _REFERENCE = ReferenceKernel()
-_ALLOCATOR_SET = False
 
 
 def triton_cdiv(a: int, b: int) -> int:
@@ -275,11 +274,15 @@ def triton_cdiv(a: int, b: int) -> int:
 
 def _prepare(tma: bool = True) -> None:
     """Device-side TMA descriptors live in a scratch buffer that Triton asks its allocator for.
-    Set it before any launch, TMA or not: a kernel compiled without TMA loads can still need
-    scratch (seen on H200: the dK/dV kernel of a sliced, non-TMA-aligned block failed without it)."""
-    global _ALLOCATOR_SET
-    if not _ALLOCATOR_SET and not _interpreting():
+    Set it before every launch, TMA or not: Triton keeps the allocator in a context variable,
+    so one set in the main thread is not seen by autograd's backward thread (seen on H200: the
+    dK/dV launch of the sparse benchmark's backward failed without it), and a kernel compiled
+    without TMA loads can still ask for scratch."""
+    if not _interpreting():
         import triton
 
-        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-        _ALLOCATOR_SET = True
+        triton.set_allocator(_scratch)
+
+
+def _scratch(size: int, align: int, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda")
