@@ -97,6 +97,8 @@ def main(argv=None):
                 break
             S = int(S * (1 - args.step)) // unit * unit
         rows.append(row)
+        if rank == 0:  # after every method: a run stopped later still leaves its figures
+            write_record(f"longest_{world}gpu", dict(world=world, args=vars(args), rows=rows, partial=True), args.out_dir)
     if rank == 0:
         for r in rows:
             print(f"{r['method']:18s} longest fwd+bwd {r.get('longest', 'none')} tokens on {world} GPUs "
