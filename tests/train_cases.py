@@ -42,3 +42,23 @@ def run_steps(group, out_dir, steps, extra=(), resume=False, stop_after=None):
     if dist.get_rank(group) == 0:
         return [r for r in read_jsonl(t.log.path) if r["kind"] == "step"]
     return None
+
+
+def variants(group, data, extra, variants, fused_chunk=None):
+    """Global loss and full gradients of step 0's batch for each (loss, checkpoint policy, split)
+    of ``variants``, one model and one batch on this mesh (rank 0 returns them)."""
+    torch.manual_seed(0)
+    t = Trainer(small_config(extra, data), group=group, echo=False)
+    batch = t.batch(0)
+    old = losses.FUSED_CHUNK_TOKENS
+    losses.FUSED_CHUNK_TOKENS = fused_chunk
+    out = []
+    try:
+        for loss, policy, split in variants:
+            t.model.loss_name = loss
+            for b in t.model.layers:
+                b.policy, b.checkpoint_split = policy, split
+            out.append(t.loss_and_grads(batch))
+    finally:
+        losses.FUSED_CHUNK_TOKENS = old
+    return out if dist.get_rank(group) == 0 else None

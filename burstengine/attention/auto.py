@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import warnings
 
-import torch.distributed as dist
-
 from ..comm import topology as topo
 from ..comm.topology import RingComm
 
@@ -16,10 +14,11 @@ def plan_call(q, k, group, pattern, layout: str, backward: str, topology) -> tup
     """(the ring to run on, the concrete backward scheme) for one call; ``pattern`` is the
     call's schedule.Pattern (or the causal flag)."""
     from .. import costmodel
+    from .burst import _world
     from .schedule import as_pattern, ring_steps
 
     pattern = as_pattern(pattern)
-    world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+    world = _world(group)  # LOCAL: a one-rank ring
     B, n, H, D = q.shape
     causal = pattern.causal
     shape_args = (B, n, H, k.shape[2], D, q.element_size(), causal, layout)

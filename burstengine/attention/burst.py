@@ -233,6 +233,10 @@ def _config(q, ring, pattern, layout, softmax_scale, backward, kernel) -> _Confi
 def _world(group) -> int:
     import torch.distributed as dist
 
+    from ..comm.topology import LOCAL
+
+    if group is LOCAL:
+        return 1
     return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
 
 
@@ -245,6 +249,9 @@ def burst_attn_func(q, k, v, *, group=None, causal=False, layout="contiguous", s
     heads a multiple of kv_heads.  Each rank passes its shard under ``layout`` (see
     :func:`burstengine.shard`).  Returns this rank's output shard (and, with
     ``return_lse``, the float32 log-sum-exp of shape (batch, heads, seq_local)).
+
+    group: the ring's ranks (None: the default group); ``burstengine.comm.topology.LOCAL``: this
+    rank alone inside any job (attention of its own tokens, nothing communicated).
 
     backward: "burst" moves Q, dO, D, lse and dQ; "ring" moves K, V, dK, dV; "auto" lets the
     cost model pick (the one that sends fewer bytes unless BURST_CLUSTER gives link figures).

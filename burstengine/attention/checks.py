@@ -106,6 +106,10 @@ def arg_checks(level: str):
 def _group_info(group):
     """(rank, world, backend) of this rank in ``group``; raises at once if the group is unusable
     (every rank that passes it fails alike, and no collective is possible over it)."""
+    from ..comm.topology import LOCAL
+
+    if group is LOCAL:  # a one-rank ring inside any job (or none): nothing to agree on
+        return 0, 1, None
     initialized = dist.is_available() and dist.is_initialized()
     if group is not None and not initialized:
         raise ValueError("a process group was given but torch.distributed is not initialized")

@@ -17,6 +17,13 @@ the same loss whichever attention runs (a cheap end-to-end correctness check).
 On a CPU machine without torchrun it spawns --world gloo ranks (a tiny model by default) so the
 whole path can be tried anywhere; torch-cp is then reported as not supported (torch's CP has no
 rule for the CPU SDPA kernel).
+
+``--ablation`` runs the BurstEngine ablation instead (paper Table 2: baseline, + burst backward,
++ fused LM head/loss, + sequence-level selective checkpointing, vs keeping every attention
+output) and the memory-vs-split curve of sequence-level checkpointing, all with BurstAttention
+(see burstengine/bench/ablation.py):
+
+    torchrun --nproc_per_node 4 -m burstengine.bench.train --ablation --model llama-7b --seqs 524288
 """
 from __future__ import annotations
 
@@ -47,6 +54,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="config overrides for every case (e.g. checkpoint=selective)")
     p.add_argument("--name", default=None, help="record name [train_<model>_<world>x<device>]")
     p.add_argument("--out-dir", default=None, help="record directory [benchmarks/results or $BURST_RESULTS]")
+    p.add_argument("--ablation", action="store_true",
+                   help="run the ablation rows (BurstEngine Table 2) and the memory-vs-split curve instead of "
+                        "--methods (default seqs: 524288 on GPU, 512 on CPU)")
+    p.add_argument("--rows", default=None,
+                   help="ablation rows to run, comma-separated, from baseline,+burst-bwd,+fused-loss,+seq-ckpt,"
+                        "store-all,selective,curve [all but selective]")
+    p.add_argument("--split", type=float, default=0.5,
+                   help="checkpoint_split of the +seq-ckpt row: share of each rank's tokens whose attention "
+                        "output is kept [%(default)s]")
+    p.add_argument("--splits", default="0,0.25,0.5,0.75,1",
+                   help="checkpoint_split values of the memory-vs-split curve [%(default)s]")
+    p.add_argument("--append", action="store_true",
+                   help="--ablation: add this launch's rows to the record of the same name instead of replacing it")
     p.add_argument("--world", type=int, default=2, help="ranks to spawn without torchrun [%(default)s]")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds before spawned ranks are stopped")
 
@@ -61,13 +81,15 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def run_case(model: str, method: str, seq: int, args) -> dict:
-    """One (method, sequence): a fresh trainer, warm-up + timed steps; OOM is reported, not raised."""
+def run_case(model: str, method: str, seq: int, args, config: list[str] = (), row: dict | None = None) -> dict:
+    """One (method, sequence): a fresh trainer, warm-up + timed steps; OOM is reported, not raised.
+    ``config``: overrides after --set's (an ablation row's); ``row``: the fields the result starts from."""
     from ..train import Trainer, load
 
-    over = list(args.overrides) + [f"seq_len={seq}", "cp=0", f"attention={method}", "progress=false",
-                                   f"steps={args.warmup + args.steps}", "batch_size=1", "eval_every=0"]
-    row = {"method": method, "seq_len": seq}
+    over = list(args.overrides) + list(config) + [
+        f"seq_len={seq}", "cp=0", f"attention={method}", "progress=false", f"steps={args.warmup + args.steps}",
+        "batch_size=1", "eval_every=0"]
+    row = dict(row or {}, method=method, seq_len=seq)
     trainer = None
     oom = torch.zeros(1)
     try:
@@ -125,11 +147,32 @@ def run_case(model: str, method: str, seq: int, args) -> dict:
     return row
 
 
+def _ablation_seqs(args) -> list[int]:
+    try:
+        return [int(s) for s in (args.seqs or ("524288" if torch.cuda.is_available() else "512")).split(",")]
+    except ValueError:
+        raise ValueError(f"--seqs must be comma-separated integers, got {args.seqs!r}") from None
+
+
 def run_rank(args) -> int:
     from .record import write_record
 
     on_gpu = torch.cuda.is_available()
     model = args.model or ("llama-7b" if on_gpu else "tiny")
+    world = dist.get_world_size()
+    if args.ablation:
+        from . import ablation
+
+        if args.longest:
+            _say("error: --longest does not apply to --ablation")
+            return 2
+        try:
+            seqs = _ablation_seqs(args)
+        except ValueError as e:
+            _say(f"error: {e}")
+            return 2
+        name = args.name or f"ablation_{model}_{world}x{'gpu' if on_gpu else 'cpu'}"
+        return ablation.run(args, model, seqs, run_case, name)
     seqs = [int(s) for s in (args.seqs or ("131072,262144,524288" if on_gpu else "512,1024")).split(",")]
     max_seq = args.max_seq or (4194304 if on_gpu else 2048)
     methods = [m for m in args.methods.split(",") if m]
@@ -137,7 +180,6 @@ def run_rank(args) -> int:
     if bad:
         _say(f"error: unknown methods {bad}; expected {METHODS}")
         return 2
-    world = dist.get_world_size()
     _say(f"{model} on {world} x {torch.cuda.get_device_name() if on_gpu else 'cpu'}: {', '.join(methods)} at "
          f"{', '.join(map(str, seqs))}{' then doubling' if args.longest else ''}; {args.warmup} warm-up + "
          f"{args.steps} timed steps each; overrides {args.overrides or 'none'}")
@@ -190,6 +232,15 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     args = p.parse_args(argv)
+    if args.ablation and not under_launcher():
+        from .ablation import runs_of
+
+        try:  # a bad row, split or length fails here, before any rank is spawned
+            runs_of(args, args.model or ("llama-7b" if torch.cuda.is_available() else "tiny"), _ablation_seqs(args),
+                    args.world)
+        except ValueError as e:
+            print(f"burstengine bench train: error: {e}", file=sys.stderr)
+            return 2
     if under_launcher():
         own = init_from_env(args.timeout)
         try:

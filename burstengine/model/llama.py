@@ -172,13 +172,14 @@ class Block(nn.Module):
     what to keep: ``pre_attention`` (norm, q/k/v, RoPE), ``attention`` (the ring),
     ``post_attention`` (output projection, residual, MLP, residual)."""
 
-    def __init__(self, a: ModelArgs, policy: str = "none"):
+    def __init__(self, a: ModelArgs, policy: str = "none", checkpoint_split: float = 0.5):
         super().__init__()
         self.attention_norm = RMSNorm(a.dim, a.norm_eps)
         self.attention = Attention(a)
         self.ffn_norm = RMSNorm(a.dim, a.norm_eps)
         self.feed_forward = FeedForward(a)
         self.policy = policy
+        self.checkpoint_split = checkpoint_split  # the "sequence" policy's: attention outputs kept
         self.cp = ContextParallel()
 
     def pre_attention(self, x, cos, sin):
@@ -196,15 +197,15 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, args: ModelArgs, checkpoint: str = "none", loss: str = "naive"):
+    def __init__(self, args: ModelArgs, checkpoint: str = "none", loss: str = "naive", checkpoint_split: float = 0.5):
         super().__init__()
         args.validate()
-        checkpointing.check(checkpoint)
+        checkpointing.check(checkpoint, checkpoint_split)
         losses.check(loss)
         self.args = args
         self.loss_name = loss
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleList(Block(args, checkpoint) for _ in range(args.n_layers))
+        self.layers = nn.ModuleList(Block(args, checkpoint, checkpoint_split) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
         self.cp = ContextParallel()

@@ -3,20 +3,29 @@
 A loss is ``fn(hidden (N, dim), weight (vocab, dim), labels (N,), ignore_index) -> float32
 scalar``, the *sum* of the cross-entropy of the tokens whose label is not ``ignore_index``.
 The trainer divides by the number of such tokens over all ranks, so the loss it reports and
-differentiates is the global mean whatever the sharding.  A fused LM head + cross-entropy
-(BurstEngine Alg. 3) is one more entry in LOSSES.
+differentiates is the global mean whatever the sharding.  Under context parallelism each rank
+passes its own tokens and sums only those: no loss needs a collective.
 
 * ``naive``: logits = hidden @ weight.T for every token at once (N x vocab stored for backward).
 * ``chunked``: the same, a chunk of tokens at a time, each chunk's logits recomputed in
   backward, so at most one chunk's logits are alive: what lets 7B at 100K+ tokens per GPU run
   before a fused kernel exists.
+* ``fused``: :func:`burstengine.fused_linear_cross_entropy` (BurstEngine §3.3, Alg. 3): the
+  logits are made a chunk at a time in one reused workspace and d(hidden), d(weight) are
+  finished in the forward, so no N x vocab tensor is stored nor recomputed; the backward only
+  scales them by the trainer's 1 / (global token count).  Two host syncs per step (the label
+  range check in the forward, "is the upstream gradient 1?" in the backward).
 """
 from __future__ import annotations
 
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from ..kernels.fused_ce import fused_linear_cross_entropy
+
 CHUNK_TOKENS = 8192
+# tokens per chunk of the fused loss; None = its default (a 1 GiB logits workspace on CUDA)
+FUSED_CHUNK_TOKENS: int | None = None
 
 
 def naive(hidden, weight, labels, ignore_index: int = -100):
@@ -34,9 +43,16 @@ def chunked(hidden, weight, labels, ignore_index: int = -100, chunk: int | None 
     return total
 
 
+def fused(hidden, weight, labels, ignore_index: int = -100):
+    # group=None: this rank's tokens alone; "sum": the trainer divides by the global count
+    return fused_linear_cross_entropy(hidden, weight.to(hidden.dtype), labels, ignore_index=ignore_index,
+                                      reduction="sum", chunk_size=FUSED_CHUNK_TOKENS)
+
+
 LOSSES = {
     "naive": naive,
     "chunked": chunked,
+    "fused": fused,
 }
 
 

@@ -46,7 +46,9 @@ class TrainConfig:
     attention: str = "burst"         # burst (BurstAttention), torch-cp (torch's context_parallel), sdpa (no CP)
     attn_backward: str = "auto"      # BurstAttention backward: burst / ring / auto
     kernel: str = "auto"             # local attention kernel (see burstengine.kernels)
-    checkpoint: str = "none"         # activation checkpointing policy
+    checkpoint: str = "none"         # activation checkpointing policy (see burstengine.model.checkpointing)
+    checkpoint_split: float = 0.5    # checkpoint="sequence": share of each rank's tokens whose attention
+                                     # output is kept (0 = recompute all attention, 1 = keep all)
     loss: str = "naive"              # hidden states -> loss (see burstengine.model.losses)
     precision: str = "auto"          # auto: bf16 params / fp32 reduce on CUDA, fp32 on CPU
     # data
@@ -90,6 +92,12 @@ class TrainConfig:
         _choice("attn_backward", self.attn_backward, ATTN_BACKWARDS)
         _choice("checkpoint", self.checkpoint, tuple(POLICIES))
         _choice("loss", self.loss, tuple(LOSSES))
+        if not 0.0 <= self.checkpoint_split <= 1.0:
+            raise ValueError(f"checkpoint_split must be in [0, 1] (0 = recompute all attention, 1 = keep all "
+                             f"attention outputs), got {self.checkpoint_split}")
+        if self.checkpoint == "sequence" and self.attention == "torch-cp":
+            raise ValueError("checkpoint='sequence' recomputes part of BurstAttention's ring; with "
+                             "attention='torch-cp' use checkpoint='full' or 'selective'")
         _choice("precision", self.precision, PRECISIONS)
         _choice("schedule", self.schedule, SCHEDULES)
         _choice("token_dtype", self.token_dtype, TOKEN_DTYPES)
