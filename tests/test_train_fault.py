@@ -72,6 +72,7 @@ def test_rank_killed_mid_step_is_named_then_resume_matches_uninterrupted(pool, t
         assert f"burstengine train (rank {r}): rank {VICTIM} lost" in out, (r, out[-3000:])
         # the bound: the deadline, a heartbeat, the watchdog's grace, and slack for a loaded machine
         assert end - died <= TIMEOUT + INTERVAL + GRACE + 15, (r, end - died)
+        print(f"rank {r}: exit {rc} {end - died:.1f} s after rank {VICTIM} was killed")
     assert "the last complete checkpoint is" in killed[0][1] and "--resume" in killed[0][1]
     ckpts = sorted(os.listdir(os.path.join(run, "checkpoints")))
     assert ckpts == [f"step_{CKPT_EVERY:08d}"], ckpts

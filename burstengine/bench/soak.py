@@ -85,6 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world", type=int, default=4, help="ranks to spawn without torchrun [%(default)s]")
     p.add_argument("--out-dir", default=None, help="run directory [a temporary one]")
     p.add_argument("--name", default="soak_cpu", help="record name; empty: no record [%(default)s]")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank [%(default)s]")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds before spawned ranks are stopped")
 
 
@@ -131,23 +132,19 @@ def run_rank(args) -> int:
     return 0 if ok else 1
 
 
+def _validate(args) -> str | None:
+    if not 1 <= args.start < args.steps:
+        return f"--from must be in [1, --steps), got {args.start}"
+    return None
+
+
 def main(argv=None) -> int:
-    from ..launch import init_from_env, spawn, under_launcher
+    from ..launch import run_command
 
     p = argparse.ArgumentParser(prog="burstengine bench soak", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
-    args = p.parse_args(argv)
-    if not 1 <= args.start < args.steps:
-        p.error(f"--from must be in [1, --steps), got {args.start}")
-    if under_launcher():
-        own = init_from_env(args.timeout)
-        try:
-            return run_rank(args)
-        finally:
-            if own:
-                dist.destroy_process_group()
-    return spawn(run_rank, (args,), args.world, args.timeout, threads=1, prog="burstengine bench soak")
+    return run_command(run_rank, p.parse_args(argv), _validate, prog="burstengine bench soak")
 
 
 if __name__ == "__main__":
