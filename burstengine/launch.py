@@ -45,7 +45,7 @@ def init_from_env(timeout: float, backend: str | None = None) -> bool:
     return True
 
 
-def _rank_main(rank, world, port, timeout, threads, backend_name, entry, entry_args, results):
+def _rank_main(rank, world, port, pg_timeout, threads, backend_name, entry, entry_args, results):
     if threads:
         torch.set_num_threads(threads)
     code = 1
@@ -54,7 +54,7 @@ def _rank_main(rank, world, port, timeout, threads, backend_name, entry, entry_a
             torch.cuda.set_device(rank % torch.cuda.device_count())
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
         dist.init_process_group(backend_name, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=timeout))
+                                timeout=timedelta(seconds=pg_timeout))
         try:
             code = entry(*entry_args)
         finally:
@@ -69,16 +69,19 @@ def _rank_main(rank, world, port, timeout, threads, backend_name, entry, entry_a
 
 
 def spawn(entry, entry_args: tuple, world: int, timeout: float, threads: int | None = None,
-          backend: str | None = None, prog: str = "burstengine") -> int:
+          backend: str | None = None, prog: str = "burstengine", pg_timeout: float | None = None) -> int:
     """Run ``entry(*entry_args)`` on ``world`` fresh local ranks; the worst exit code.
     ``entry`` must be importable (module level).  ``threads``: torch threads per rank
-    (default: this machine's cores shared out); ``backend``: default NCCL with GPUs, else gloo."""
+    (default: this machine's cores shared out); ``backend``: default NCCL with GPUs, else gloo;
+    ``pg_timeout``: the process group's timeout (default ``timeout``).  A rank that dies or
+    raises ends the job at once: the others are stopped, and the message names it."""
     import torch.multiprocessing as mp
 
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // world)
     results = mp.get_context("spawn").SimpleQueue()
-    args = (world, free_port(), timeout, threads, backend or default_backend(), entry, entry_args, results)
+    args = (world, free_port(), pg_timeout or timeout, threads, backend or default_backend(), entry, entry_args,
+            results)
     ctx = mp.start_processes(_rank_main, args=args, nprocs=world, join=False, start_method="spawn")
     deadline = time.monotonic() + timeout
     try:
@@ -89,7 +92,11 @@ def spawn(entry, entry_args: tuple, world: int, timeout: float, threads: int | N
                     if p.is_alive():
                         p.kill()
                 return 1
-    except Exception as e:  # a rank raised or died; torch has stopped the others
+    except mp.ProcessExitedException as e:  # a rank died (killed, out of memory); torch has stopped the others
+        how = f"was killed by {e.signal_name}" if e.signal_name else f"exited with code {e.exit_code}"
+        print(f"{prog}: rank {e.error_index} {how}; stopped the other ranks", file=sys.stderr)
+        return 1
+    except Exception as e:  # a rank raised; torch has stopped the others
         print(f"{prog}: a rank failed: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     codes = {}

@@ -172,3 +172,40 @@ def test_watchdog_names_a_silent_rank_and_not_a_finished_one(store):
     assert faults and all("rank 2 lost" in msg for _, msg in faults), faults
     # rank 0, rank 2's watcher, had finished: rank 1 took over watching rank 2
     assert {r for r, _ in faults} == {1}
+
+
+def test_explain_names_the_rank_whose_heartbeat_stopped(store):
+    """What `burstengine train` does with an error a collective raised (gloo names an address,
+    not a rank): the census of heartbeats names the dead rank, not one that left knowingly."""
+    dogs = [fault.Watchdog(timeout=30, interval=0.05, grace=0.0, store=store, rank=r, world=4,
+                           on_fault=lambda msg: None) for r in range(4)]
+    for d in dogs:
+        d.start()
+    time.sleep(0.3)
+    dogs[2]._stop.set()       # killed: stops beating without a word
+    dogs[3].stop(done=False)  # left on an error it reported: gone, not lost
+    gloo = "[/x/pair.cc:553] Connection closed by peer [127.0.0.1]:5. This is typically caused by ..."
+    lost = dogs[0].explain(RuntimeError(gloo), "step 5")
+    assert lost.lost == 2, lost
+    assert str(lost).startswith("rank 2 lost: rank 0: step 5 failed (Connection closed by peer [127.0.0.1]:5); "
+                                "rank 2 sent no heartbeat"), lost
+    # a later failure names the rank of the notice, without a census of its own
+    later = dogs[1].explain(RuntimeError("Read error: Connection reset by peer"), "step 5")
+    assert later.lost == 2 and str(later).startswith("rank 2 lost (rank 0: step 5 failed"), later
+    # the ring's own RankLost already names its peer
+    ring = fault.RankLost("rank 2 lost: ...", lost=2, peer=2)
+    assert dogs[1].explain(ring) is ring
+    for d in dogs:
+        d.stop(done=False)
+
+
+def test_explain_is_none_when_every_rank_is_alive(store):
+    dogs = [fault.Watchdog(timeout=30, interval=0.05, grace=0.0, store=store, rank=r, world=3,
+                           on_fault=lambda msg: None) for r in range(3)]
+    for d in dogs:
+        d.start()
+    time.sleep(0.2)
+    assert dogs[1].explain(ValueError("a bug on rank 1"), "step 1") is None
+    assert not dogs[1].handled.is_set() and fault.read_notice(store) is None
+    for d in dogs:
+        d.stop()

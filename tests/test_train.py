@@ -236,6 +236,7 @@ def test_cli_train_killed_in_save_then_resume_and_plot(tmp_path):
         f"out_dir={run}"] for a in ("--set", s)]
     rc, out = _cli(*args, env_extra={"BURST_FAULT_KILL_IN_SAVE": "4"})
     assert rc == 1, out
+    assert "rank 0 was killed by SIGKILL" in out and "last complete checkpoint is" in out, out
     ck = sorted(os.listdir(run / "checkpoints"))
     assert ck == ["step_00000002", "step_00000004.tmp"], ck
     rc, out = _cli(*args)

@@ -15,6 +15,7 @@ BENCHES = {
     "prefill": "burstengine.bench.prefill",
     "train": "burstengine.bench.train",
     "topo": "burstengine.bench.topo",
+    "soak": "burstengine.bench.soak",
 }
 HELP = "run a benchmark (under torchrun on GPUs): " + ", ".join(BENCHES)
 

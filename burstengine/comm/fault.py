@@ -18,6 +18,9 @@ module turns that into a clear failure on every rank.  The pieces are independen
   notice, it prints a message naming the lost rank and ends this process (``os._exit``) after
   a short grace period.  This covers ranks blocked where no Python code runs (an NCCL
   collective, an FSDP all-gather, a wait with no deadline), and is what a training loop uses.
+  :meth:`Watchdog.explain` turns an error a collective raised (gloo's "Connection reset by
+  peer", which names an address, not a rank) into a :class:`RankLost` naming the ranks whose
+  heartbeats stopped.
 * :func:`init_process_group`: ``torch.distributed.init_process_group`` with the group timeout
   taken from ``BURST_TIMEOUT``, so one variable sets every deadline of a job.
 
@@ -36,8 +39,10 @@ from datetime import timedelta
 import torch.distributed as dist
 
 EXIT_LOST = 75
+DEFAULT_TIMEOUT = 600.0  # like NCCL's default group timeout: long enough for a slow checkpoint save
 PREFIX = "burstengine/fault"
 _NOTICE = f"{PREFIX}/notice"
+_DONE, _EXIT = b"done", b"exit"  # heartbeat values of a rank that finished / left on an error it reported
 
 
 class RankLost(RuntimeError):
@@ -63,6 +68,12 @@ def configured_timeout() -> float | None:
     if not t > 0:
         raise ValueError(f"BURST_TIMEOUT must be positive, got {v!r}")
     return t
+
+
+def job_timeout(seconds: float = 0.0) -> float:
+    """The fault deadline of a job: ``seconds`` if positive, else ``BURST_TIMEOUT``, else
+    :data:`DEFAULT_TIMEOUT`."""
+    return float(seconds) if seconds and seconds > 0 else configured_timeout() or DEFAULT_TIMEOUT
 
 
 def init_process_group(backend: str | None = None, *, timeout_s: float | None = None, **kwargs) -> None:
@@ -255,8 +266,10 @@ class Watchdog:
         self.grace = float(grace if grace is not None else min(5.0, self.timeout / 2))
         self._store, self.rank, self.world, self.on_fault = store, rank, world, on_fault
         self._stop = threading.Event()
+        self.handled = threading.Event()
         self._thread = None
         self.fault: str | None = None
+        self.notice: Notice | None = None  # the last notice this watchdog read (the store may go first)
 
     def _key(self, rank: int) -> str:
         return f"{PREFIX}/hb/{rank}"
@@ -274,20 +287,85 @@ class Watchdog:
         return self
 
     def stop(self, done: bool = True) -> None:
+        """Stop beating.  ``done``: this rank finished; else it is leaving on an error it has
+        reported (a notice, or :class:`RankLost` naming another rank): either way its watcher
+        and :meth:`explain` take it for gone, not lost."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2 * self.interval + 1)
-        if done and self._store is not None:
-            _bounded(lambda: self._store.set(self._key(self.rank), "done"))
+        if self._store is not None:
+            _bounded(lambda: self._store.set(self._key(self.rank), _DONE if done else _EXIT))
 
     def __enter__(self) -> "Watchdog":
         return self.start()
 
     def __exit__(self, typ, exc, tb) -> None:
         if exc is not None and not isinstance(exc, RankLost):
-            post_notice(None, self.rank, f"rank {self.rank} failed: {type(exc).__name__}: {exc}",
+            # this rank is the one going away: the root cause the others should name
+            post_notice(self.rank, self.rank, f"rank {self.rank} failed: {type(exc).__name__}: {exc}",
                         store=self._store)
         self.stop(done=exc is None)
+
+    # --- after an error in the main thread ------------------------------------------------
+
+    def silent_ranks(self, window: float | None = None) -> list[int]:
+        """The other ranks whose heartbeat does not move within ``window`` seconds (default
+        three beats and a second), finished and reporting ranks excepted.  Returns as soon as
+        every other rank has beaten once, so about one ``interval`` when all are alive.  Raises
+        what the store raises when it cannot be reached."""
+        store, me = self._store, self.rank
+        window = 3 * self.interval + 1.0 if window is None else window
+        others = [r for r in range(self.world) if r != me]
+
+        def read(r):
+            return store.get(self._key(r)) if store.check([self._key(r)]) else None
+
+        first = {r: read(r) for r in others}
+        pending = {r for r, v in first.items() if v not in (_DONE, _EXIT)}
+        end = time.monotonic() + window
+        while pending and time.monotonic() < end:
+            time.sleep(min(0.1, self.interval / 2))
+            notice = read_notice(store, bounded=False)
+            if notice is not None and notice.lost is not None and notice.lost != me:
+                return [notice.lost]  # another rank has already found it
+            for r in sorted(pending):
+                v = read(r)
+                if v in (_DONE, _EXIT) or (v is not None and v != first[r]):
+                    pending.discard(r)
+        return sorted(pending)
+
+    def explain(self, exc: BaseException, what: str = "a collective") -> RankLost | None:
+        """The :class:`RankLost` behind ``exc``, an error the main thread caught in ``what``:
+        ``exc`` itself when it already names a rank (the ring's own errors); the rank of a fault
+        notice; else the ranks whose heartbeats stopped (:meth:`silent_ranks`), posted as the
+        notice every other rank will name.  None when every rank is alive: ``exc`` is no lost
+        rank's doing, and the caller should re-raise it (leaving the ``with`` block posts it)."""
+        me = self.rank
+        self.handled.set()  # the main thread reports this fault: the watchdog need not print it
+        if isinstance(exc, RankLost) and exc.lost is not None:
+            return exc
+        here = f"rank {me}: {what} failed ({_reason(exc)})"
+        earlier = read_notice(self._store) or self.notice
+        if earlier is None or earlier.lost is None or earlier.lost == me:
+            t0 = time.monotonic()
+            try:
+                silent = _bounded(self.silent_ranks, 3 * self.interval + 5.0)
+            except Exception:
+                silent = None
+            if silent is None:  # the store cannot be reached: its host is the likeliest loss
+                return RankLost(f"{here}, and the c10d store does not answer: rank 0 (which hosts it under "
+                                f"env:// rendezvous) or the launcher's agent is probably lost", lost=None)
+            if not silent:
+                self.handled.clear()
+                return None
+            names = ", ".join(map(str, silent))
+            text = (f"{here}; rank{'s' if len(silent) > 1 else ''} {names} sent no heartbeat in the "
+                    f"{time.monotonic() - t0:.0f} s after")
+            earlier = post_notice(silent[0], me, text, store=self._store)
+            if earlier is None or earlier.reporter == me:
+                return RankLost(f"rank{'s' if len(silent) > 1 else ''} {names} lost: {text}. It was killed, crashed "
+                                f"or is stuck: see its log.", lost=silent[0])
+        return RankLost(f"rank {earlier.lost} lost ({earlier.text}); then {here}", lost=earlier.lost)
 
     def _run(self) -> None:
         store, me = self._store, self.rank
@@ -300,12 +378,13 @@ class Watchdog:
                 store.set(self._key(me), str(beat))
                 notice = read_notice(store, bounded=False)
                 if notice is not None:
+                    self.notice = notice
                     if notice.lost is None:
                         return self._fault(f"fault reported: {notice.text}")
                     return self._fault(f"rank {notice.lost} lost ({notice.text})")
                 while pred != me and store.check([self._key(pred)]):
                     v = store.get(self._key(pred))
-                    if v != b"done":
+                    if v not in (_DONE, _EXIT):
                         if v != seen:
                             seen, since = v, now
                         break
@@ -326,9 +405,12 @@ class Watchdog:
 
     def _fault(self, reason: str) -> None:
         self.fault = reason
-        print(f"burstengine watchdog (rank {self.rank}): {reason}", file=sys.stderr, flush=True)
+        if not self.handled.is_set():
+            print(f"burstengine watchdog (rank {self.rank}): {reason}", file=sys.stderr, flush=True)
         if self._stop.wait(self.grace):
             return  # the process is handling it
+        if self.handled.is_set():  # the main thread meant to report it but did not get that far
+            print(f"burstengine watchdog (rank {self.rank}): {reason}", file=sys.stderr, flush=True)
         if self.on_fault is not None:
             self.on_fault(reason)
             return

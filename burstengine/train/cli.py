@@ -9,6 +9,10 @@
 burstengine/train/config.py).  Under torchrun the ranks are torchrun's (NCCL on GPUs); without
 it, --world local processes are spawned.  Metrics go to <out_dir>/metrics.jsonl (one line per
 step, eval lines, a final summary), checkpoints to <out_dir>/checkpoints.
+
+A rank that dies or stops answering ends the job within ``fault_timeout`` seconds (default
+$BURST_TIMEOUT, else 600) on every rank, each naming the lost rank and exiting with 75; the
+same command with --resume continues from the last complete checkpoint.
 """
 from __future__ import annotations
 
@@ -27,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world", type=int, default=None,
                    help="ranks to spawn without torchrun (default: the config's cp, or 1)")
     p.add_argument("--timeout", type=float, default=86400.0,
-                   help="seconds before spawned ranks are stopped, and the collective timeout [%(default)s]")
+                   help="seconds before spawned ranks are stopped [%(default)s]; the deadline for a lost rank is "
+                        "the config's fault_timeout")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as TOML-like lines and exit")
     p.add_argument("--record", metavar="NAME", default=None,
                    help="after a successful run, write its summary and config as a JSON record "
@@ -40,20 +45,56 @@ def _err(msg: str) -> int:
 
 
 def run_rank(cfg, resume: bool, overwrite: bool) -> int:
-    """The job on this rank of an initialised default group."""
+    """The job on this rank of an initialised default group, under a watchdog: a rank that
+    dies or stops answering ends the job on every rank within ``fault_timeout`` with a message
+    naming it and exit code 75 (``fault.EXIT_LOST``), and the run can go on with --resume."""
+    import os
+
     import torch.distributed as dist
 
+    from ..comm import fault
     from .loop import Trainer
 
+    timeout = fault.job_timeout(cfg.fault_timeout)
+    os.environ["BURST_TIMEOUT"] = f"{timeout:g}"  # the ring's waits and the argument checks: the same deadline
+    rank, world = dist.get_rank(), dist.get_world_size()
+    trainer = None
     try:
-        trainer = Trainer(cfg)
-        trainer.fit(resume=resume, overwrite=overwrite)
-    except ValueError as e:
-        # config/world mismatches are found on every rank alike, before any collective
-        if dist.get_rank() == 0:
-            print(f"burstengine train: error: {e}", file=sys.stderr)
-        return 2
+        with fault.Watchdog(timeout) as dog:
+            try:
+                trainer = Trainer(cfg)
+                trainer.fit(resume=resume, overwrite=overwrite)
+            except ValueError as e:
+                # config/world mismatches are found on every rank alike, before any collective
+                if rank == 0:
+                    print(f"burstengine train: error: {e}", file=sys.stderr)
+                return 2
+            except Exception as e:
+                lost = dog.explain(e, trainer.activity if trainer is not None else "start-up")
+                if lost is None:
+                    raise  # this rank's own failure: leaving the watchdog posts it for the others
+                raise lost from e
+    except fault.RankLost as e:
+        print(f"burstengine train (rank {rank}): {e}", file=sys.stderr, flush=True)
+        # one survivor says how to go on
+        if rank == min(r for r in range(world) if r != e.lost):
+            _resume_hint(cfg)
+        return fault.EXIT_LOST
     return 0
+
+
+def _resume_hint(cfg) -> None:
+    import os
+
+    from .checkpoint import latest
+
+    found = latest(os.path.join(cfg.run_dir, "checkpoints"))
+    if found:
+        print(f"burstengine train: the last complete checkpoint is {found}; run the same command with --resume "
+              f"to continue from it", file=sys.stderr, flush=True)
+    else:
+        print("burstengine train: no checkpoint was completed (set ckpt_every to save some); a rerun starts "
+              "from step 0", file=sys.stderr, flush=True)
 
 
 def run(args) -> int:
@@ -73,10 +114,13 @@ def run(args) -> int:
             else:
                 print(f"{k} = {v!r}")
         return 0
+    from ..comm.fault import job_timeout
+
+    timeout = job_timeout(cfg.fault_timeout)
     if under_launcher():
         import torch.distributed as dist
 
-        own = init_from_env(args.timeout)
+        own = init_from_env(timeout)
         try:
             code = run_rank(cfg, args.resume, args.overwrite)
             rank = dist.get_rank()
@@ -91,7 +135,10 @@ def run(args) -> int:
         cfg.check_world(world)
     except ValueError as e:
         return _err(str(e))
-    code = spawn(run_rank, (cfg, args.resume, args.overwrite), world, args.timeout, prog="burstengine train")
+    code = spawn(run_rank, (cfg, args.resume, args.overwrite), world, args.timeout, prog="burstengine train",
+                 pg_timeout=timeout)
+    if code not in (0, 2):
+        _resume_hint(cfg)
     return _record(cfg, args.record, code)
 
 

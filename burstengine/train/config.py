@@ -79,6 +79,9 @@ class TrainConfig:
     eval_samples: int = 64
     peak_tflops: float = 0.0         # per-device peak for MFU; 0 = known GPUs' bf16 dense peak
     progress: bool = True            # progress bar (only ever on an interactive terminal)
+    # faults: seconds after which a rank that died, froze or stopped answering counts as lost
+    # (process-group timeout, ring deadlines, watchdog); 0 = $BURST_TIMEOUT, else 600
+    fault_timeout: float = 0.0
 
     @property
     def run_dir(self) -> str:
@@ -113,7 +116,7 @@ class TrainConfig:
         for name in ("min_lr_ratio", "beta1", "beta2"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        for name in ("weight_decay", "grad_clip", "peak_tflops"):
+        for name in ("weight_decay", "grad_clip", "peak_tflops", "fault_timeout"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.data == "passkey":

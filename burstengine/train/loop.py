@@ -18,6 +18,7 @@ import contextlib
 import math
 import os
 import shutil
+import signal
 import time
 
 import torch
@@ -27,6 +28,16 @@ from . import checkpoint as ckpt
 from .data import IGNORE, Batch, Loader, global_sequences, make_source, shard_batch
 from .metrics import MetricsLog, Progress, peak_flops, peak_memory_gib, read_jsonl, summarize
 from .parallel import build_mesh, build_model, param_dtype
+
+# tests: "RANK:STEP" makes that rank SIGKILL itself in the middle of step STEP (1-based), after
+# its forward, while the other ranks go on into the backward's ring and FSDP collectives
+KILL_ENV = "BURST_FAULT_KILL_IN_STEP"
+
+
+def _kill_point(rank: int) -> int | None:
+    spec = os.environ.get(KILL_ENV, "")
+    r, _, s = spec.partition(":")
+    return int(s) if spec and int(r) == rank else None
 
 
 def default_device() -> torch.device:
@@ -80,7 +91,9 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, cfg)
         self.loader = Loader(make_source(cfg), cfg.batch_size, dp, self.mesh.dp_rank)
         self.step = 0
+        self.activity = "start-up"  # what the job is doing, for the message when a rank is lost
         self.rank = dist.get_rank(group)
+        self._kill_at = _kill_point(dist.get_rank())
         self.run_dir = cfg.run_dir
         self.ckpt_dir = os.path.join(self.run_dir, "checkpoints")
         self.log = MetricsLog(os.path.join(self.run_dir, "metrics.jsonl"), self.rank, echo=echo)
@@ -127,6 +140,8 @@ class Trainer:
             count = (batch.labels != IGNORE).sum().to(torch.float32)
             dist.all_reduce(count, group=self.group)
             loss_sum = self.model(batch.tokens, batch.positions, batch.labels, ignore_index=IGNORE)
+            if self._kill_at == step + 1:
+                os.kill(os.getpid(), signal.SIGKILL)
             (loss_sum * (self.mesh.world / count.clamp_min(1.0))).backward()
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"),
@@ -213,6 +228,7 @@ class Trainer:
         """Resume from the latest checkpoint, or start a fresh run (refusing to mix with an old
         one unless ``overwrite``)."""
         found = ckpt.latest(self.ckpt_dir)
+        self.activity = "loading the checkpoint" if resume and found else "start-up"
         if resume and found:
             meta = ckpt.load(found, self.model, self.optimizer, self.group)
             self.step = meta["step"]
@@ -231,9 +247,11 @@ class Trainer:
                 os.remove(path)
         dist.barrier(self.group)
 
-    def fit(self, resume: bool = False, overwrite: bool = False, stop_after: int | None = None) -> dict:
+    def fit(self, resume: bool = False, overwrite: bool = False, stop_after: int | None = None,
+            on_step=None) -> dict:
         """Train to ``cfg.steps`` (or stop, as a preempted job would, once ``stop_after`` steps are
-        done); returns the summary on rank 0 ({} elsewhere)."""
+        done); returns the summary on rank 0 ({} elsewhere).  ``on_step(trainer)`` is called after
+        each step and its logging, evaluation and checkpoint (e.g. to sample memory)."""
         cfg, m = self.cfg, self.mesh
         self.prepare_run_dir(resume, overwrite)
         tokens_per_step = cfg.batch_size * cfg.seq_len * m.dp
@@ -249,6 +267,7 @@ class Trainer:
         acc_loss, acc_count = None, None
         end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
         while self.step < end:
+            self.activity = f"step {self.step + 1}"
             batch = self.batch(self.step)
             loss_sum, count, norm = self.train_step(batch, self.step)
             self.step += 1
@@ -281,6 +300,7 @@ class Trainer:
                 window_t = time.perf_counter()
             paused = False
             if cfg.data == "passkey" and ((cfg.eval_every and self.step % cfg.eval_every == 0) or last):
+                self.activity = f"the evaluation after step {self.step}"
                 ev = self.evaluate()
                 self.log.write(ev)
                 progress.update(self.step, f"passkey acc {ev['passkey_acc']:.2f}")
@@ -289,14 +309,18 @@ class Trainer:
                              f"(chance {ev['chance_token_acc']:.3f}) over {ev['samples']} held-out sequences")
                 paused = True
             if cfg.ckpt_every and (self.step % cfg.ckpt_every == 0 or last):
+                self.activity = f"the checkpoint save of step {self.step}"
                 path = ckpt.save(self.ckpt_dir, self.step, self.model, self.optimizer,
                                  {"data": self.loader.state_dict(self.step), "config": cfg.to_dict()},
                                  group=self.group, keep=cfg.ckpt_keep)
                 self.log.say(f"saved {path}")
                 paused = True
+            if on_step is not None:
+                on_step(self)
             if paused:  # keep evaluation and saving out of the step times
                 window_t = time.perf_counter()
         progress.close()
+        self.activity = "the end of the run"
         dist.barrier(self.group)
         summary = {"kind": "summary", **summarize(read_jsonl(self.log.path))} if self.rank == 0 else {}
         if self.rank == 0:
