@@ -103,20 +103,24 @@ class _Base(ReferenceKernel):
 
     def __init__(self):
         self.kinds = set()
+        self.sides = []  # min(query rows, keys) of each call
 
     def forward(self, q, k, v, scale, mask):
         self.kinds.add(mask if isinstance(mask, str) else "spec")
+        self.sides.append(min(q.shape[1], k.shape[1]))
         return super().forward(q, k, v, scale, mask)
 
     def backward(self, dout, q, k, v, lse, delta, scale, mask, out=None):
         self.kinds.add(mask if isinstance(mask, str) else "spec")
+        self.sides.append(min(q.shape[1], k.shape[1]))
         return super().backward(dout, q, k, v, lse, delta, scale, mask, out=out)
 
 
 class _Recording(PiecewiseMasks, _Base):
-    def __init__(self, max_rows=16384):
+    def __init__(self, max_rows=16384, min_side=1):
         super().__init__()
         self.max_rows = max_rows
+        self.min_side = min_side
 
 
 def _check_kernel(kern, spec, sq, sk, seed, hkv=2):
@@ -156,6 +160,16 @@ def test_piecewise_kernel_matches_reference_on_schedule_masks():
     for i, (spec, sq, sk) in enumerate(specs[::3]):
         _check_kernel(kern, spec, sq, sk, i, hkv=(1, 2, 4)[i % 3])
     assert kern.kinds <= {FULL, CAUSAL} and CAUSAL in kern.kinds and FULL in kern.kinds
+
+
+def test_small_pieces_go_to_the_reference_kernel():
+    """Slivers of a window band (down to 1 x 1, which cuDNN refuses) never reach the fused
+    kernel, and the result is unchanged."""
+    spec = MaskSpec(causal=True, window=7)
+    assert min(min(p.q1 - p.q0, p.nk) for p in decompose(spec, 40, 40, 5)) == 1
+    kern = _Recording(max_rows=5, min_side=3)
+    _check_kernel(kern, spec, 40, 40, 0)
+    assert kern.sides and min(kern.sides) >= 3
 
 
 def test_piecewise_falls_back_to_dense_when_no_cut():

@@ -34,6 +34,10 @@ from .base import Kernel, MaskSpec, merge_
 # tallest piece: every piece costs one merge pass over its output rows, so pieces are as tall
 # as the mask allows (a window's band tiles are at most W rows whatever this is)
 MAX_ROWS = 65536
+# pieces with fewer query rows or keys than this run on the reference kernel: a launch of a
+# fused kernel costs more than such a sliver computes, and cuDNN refuses s_q = s_kv = 1 outright
+# (the one-row triangles at the edges of a window band)
+MIN_SIDE = 16
 
 
 @dataclass(frozen=True)
@@ -229,6 +233,7 @@ class PiecewiseMasks(Kernel):
     specs with no decomposition go to the reference kernel (dense mask, float32 on any device)."""
 
     max_rows = MAX_ROWS
+    min_side = MIN_SIDE
 
     def _pieces(self, mask, sq, sk):
         return cached_pieces(mask, sq, sk, self.max_rows)
@@ -238,6 +243,9 @@ class PiecewiseMasks(Kernel):
         from .reference import ReferenceKernel
 
         return ReferenceKernel()
+
+    def _small(self, p) -> bool:
+        return min(p.q1 - p.q0, p.nk) < self.min_side
 
     def forward(self, q, k, v, scale, mask):
         if not isinstance(mask, MaskSpec):
@@ -259,7 +267,10 @@ class PiecewiseMasks(Kernel):
             qq, kk, vv = q[:, p.q0:p.q1], _gather(k, p.kr), _gather(v, p.kr)
             if p.flip:
                 qq, kk, vv = qq.flip(1), kk.flip(1), vv.flip(1)
-            o, l = super().forward(qq, kk, vv, scale, p.kind)
+            if self._small(p):
+                o, l = self._dense().forward(qq, kk, vv, scale, p.kind)
+            else:
+                o, l = super().forward(qq, kk, vv, scale, p.kind)
             if p.flip:
                 o, l = o.flip(1), l.flip(-1)
             merge_(out[:, p.q0:p.q1], lse[:, :, p.q0:p.q1], o, l)
@@ -288,7 +299,10 @@ class PiecewiseMasks(Kernel):
             if p.flip:
                 args = [a.flip(1) for a in args]
                 l, dl, o = l.flip(-1), dl.flip(-1), _flip(o)
-            a, b, c = super().backward(*args, l, dl, scale, p.kind, out=o)
+            if self._small(p):
+                a, b, c = self._dense().backward(*args, l, dl, scale, p.kind, out=o)
+            else:
+                a, b, c = super().backward(*args, l, dl, scale, p.kind, out=o)
             if p.flip:
                 a, b, c = a.flip(1), b.flip(1), c.flip(1)
             dq[:, rows] += a
