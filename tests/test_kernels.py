@@ -99,6 +99,29 @@ def test_auto_table_covers_every_call():
             assert all(name in K for _, name in rules)
 
 
+def test_auto_sends_masks_with_large_pieces_to_cudnn():
+    """A MaskSpec block goes to cuDNN piece by piece when most of its visible pairs lie in
+    large FULL/CAUSAL pieces (wide windows, long documents), to Triton otherwise."""
+    from burstengine.kernels import SPEC_PIECE_ROWS, AUTO_TABLE, AutoKernel
+
+    auto = AutoKernel()
+    n = 8 * SPEC_PIECE_ROWS
+    if AUTO_TABLE[("forward", "spec")] != [(None, "triton")]:
+        pytest.skip("the table no longer sends masks to triton")
+    for d in ("forward", "backward"):
+        assert auto.choose(d, MaskSpec(causal=True, window=4 * SPEC_PIECE_ROWS), n, n) == "cudnn"
+        assert auto.choose(d, MaskSpec(causal=True, window=SPEC_PIECE_ROWS // 2), n, n) == "triton"
+        # the step after the diagonal: only the last W keys of the previous block matter
+        prev = MaskSpec(causal=True, window=4 * SPEC_PIECE_ROWS, q_start=n)
+        assert auto.choose(d, prev, n, n) == "cudnn"
+        few = torch.repeat_interleave(torch.arange(4), n // 4)
+        many = torch.repeat_interleave(torch.arange(64), n // 64)
+        assert auto.choose(d, MaskSpec(causal=True, q_doc=few, k_doc=few), n, n) == "cudnn"
+        assert auto.choose(d, MaskSpec(causal=True, q_doc=many, k_doc=many), n, n) == "triton"
+        # no FULL/CAUSAL cut (different position steps under causal): Triton
+        assert auto.choose(d, MaskSpec(causal=True, q_step=2, k_step=3), n, n) == "triton"
+
+
 def test_auto_picks_by_block_size_and_falls_back_off_cuda(monkeypatch):
     from burstengine.kernels import AutoKernel
 
@@ -110,9 +133,9 @@ def test_auto_picks_by_block_size_and_falls_back_off_cuda(monkeypatch):
     table[("forward", "strict")] = [(8, "reference"), (None, "triton")]
     auto = AutoKernel(table)
     small, large = torch.empty(1, 8, 2, 16), torch.empty(1, 9, 2, 16)
-    assert auto.pick("forward", "strict", small).name == "reference"
+    assert auto.pick("forward", "strict", small, small).name == "reference"
     # the large block picks triton, which cannot run on CPU tensors: a mask kind goes to cuDNN's slot
-    assert auto.pick("forward", "strict", large).name == "cudnn"
+    assert auto.pick("forward", "strict", large, large).name == "cudnn"
     table[("forward", "spec")] = [(None, "triton")]
-    assert AutoKernel(table).pick("forward", MaskSpec(window=3), large).name == "reference"
+    assert AutoKernel(table).pick("forward", MaskSpec(window=3), large, large).name == "reference"
     assert not auto.available("cpu")

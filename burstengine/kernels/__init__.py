@@ -12,6 +12,7 @@ import torch
 
 from ..attention.schedule import CAUSAL, FULL, STRICT
 from .base import Kernel, MaskSpec
+from .pieces import cached_pieces
 from .reference import ReferenceKernel
 from .sdpa import CudnnKernel, FlashKernel
 from .triton_kernel import TritonKernel
@@ -37,6 +38,24 @@ AUTO_TABLE = {
 }
 
 
+# A MaskSpec block whose FULL/CAUSAL pieces (kernels/pieces.py) are mostly large goes to cuDNN
+# piece by piece rather than to Triton: "mostly" = at least half the visible pairs lie in pieces
+# with at least this many query rows and keys.  Measured on one H200 at 128K tokens
+# (benchmarks/results/sparse_1gpu_{auto,cudnn}.json, fwd+bwd): sliding window 32K, cuDNN pieces
+# 455 ms vs Triton 585; packed documents of 1K-64K tokens 200 vs 248; window 4K (pieces of at
+# most 4K rows, many launches and merges) 134 vs Triton 103.
+SPEC_PIECE_ROWS = 8192
+
+
+def _large_pieces(mask: MaskSpec, sq: int, sk: int) -> bool:
+    pieces = cached_pieces(mask, sq, sk)
+    if not pieces:
+        return False
+    total = sum(p.pairs() for p in pieces)
+    big = sum(p.pairs() for p in pieces if min(p.q1 - p.q0, p.nk) >= SPEC_PIECE_ROWS)
+    return 2 * big >= total > 0
+
+
 class AutoKernel(Kernel):
     """Dispatches each call to ``AUTO_TABLE``'s kernel for its direction, mask and block size
     (cuDNN when Triton is missing, the reference for a MaskSpec then)."""
@@ -49,25 +68,32 @@ class AutoKernel(Kernel):
     def available(self, device):
         return torch.device(device).type == "cuda" and torch.cuda.is_available()
 
-    def pick(self, direction: str, mask, q) -> Kernel:
+    def choose(self, direction: str, mask, sq: int, sk: int) -> str:
+        """The kernel's name for a block of sq query rows and sk keys (before availability)."""
         kind = "spec" if isinstance(mask, MaskSpec) else mask
-        name = next(n for rows, n in self.table[(direction, kind)] if rows is None or q.shape[1] <= rows)
-        k = KERNELS[name]
+        name = next(n for rows, n in self.table[(direction, kind)] if rows is None or sq <= rows)
+        if kind == "spec" and name == "triton" and _large_pieces(mask, sq, sk):
+            name = "cudnn"
+        return name
+
+    def pick(self, direction: str, mask, q, k) -> Kernel:
+        kind = "spec" if isinstance(mask, MaskSpec) else mask
+        k = KERNELS[self.choose(direction, mask, q.shape[1], k.shape[1])]
         if k.available(q.device):
             return k
         return KERNELS["reference" if kind == "spec" else "cudnn"]
 
     def forward(self, q, k, v, scale, mask):
-        return self.pick("forward", mask, q).forward(q, k, v, scale, mask)
+        return self.pick("forward", mask, q, k).forward(q, k, v, scale, mask)
 
     def forward_into(self, q, k, v, scale, mask, out, lse):
-        return self.pick("forward", mask, q).forward_into(q, k, v, scale, mask, out, lse)
+        return self.pick("forward", mask, q, k).forward_into(q, k, v, scale, mask, out, lse)
 
     def backward(self, dout, q, k, v, lse, delta, scale, mask, out=None):
-        return self.pick("backward", mask, q).backward(dout, q, k, v, lse, delta, scale, mask, out=out)
+        return self.pick("backward", mask, q, k).backward(dout, q, k, v, lse, delta, scale, mask, out=out)
 
     def backward_into(self, dout, q, k, v, lse, delta, scale, mask, dq, dk, dv, out=None):
-        return self.pick("backward", mask, q).backward_into(dout, q, k, v, lse, delta, scale, mask, dq, dk, dv,
+        return self.pick("backward", mask, q, k).backward_into(dout, q, k, v, lse, delta, scale, mask, dq, dk, dv,
                                                             out=out)
 
 
