@@ -91,6 +91,21 @@ def main():
                     **{n: fro_err(a, b) for n, a, b in zip(("dq", "dk", "dv"), grads, rgrads)})
         out[f"plain-d{D}"] = dict(errs, nan=False, ran_triton=True, dtype="bfloat16", poison=0,
                                   dtypes=[str(t.dtype)[6:] for t in (o, *grads)])
+    # the plain forward writes every row itself (no zero-filled buffers; NaN-filled here): q tiles
+    # that see nothing (rows 0..19 here, one whole 16-row tile) must come out O = 0, lse = -inf
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 37, h, 64, generator=g).to(torch.bfloat16) for h in (4, 2, 2))
+    spec = MaskSpec(causal=True, k_start=20)
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full((1, 4, 37), float("nan"))
+    tk._forward(q, k, v, 0.125, spec, o, lse, fresh=True)
+    ro, rl = ref.forward(*(t.double() for t in (q, k, v)), 0.125, spec)
+    seen = torch.isfinite(rl)
+    out["plain-skipped"] = dict(out=fro_err(o, ro), lse=fro_err(lse[seen], rl[seen]), dq=0.0, dk=0.0, dv=0.0,
+                                nan=bool(torch.isnan(o).any() or torch.isnan(lse).any()), ran_triton=True,
+                                dtype="bfloat16", poison=0, unseen_rows=int((~seen).sum()),
+                                unseen_exact=bool((o.transpose(1, 2)[~seen] == 0).all()
+                                                  and (lse[~seen] == -torch.inf).all()))
     one("nothing-visible", MaskSpec(causal=True, k_start=50), 1, 20, 20, 2, 1, 64, torch.bfloat16, 16)
     one("fallback-fp32", CAUSAL, 1, 9, 9, 2, 2, 64, torch.float32, poison_out=False)
     one("fallback-d32", CAUSAL, 1, 9, 9, 2, 2, 32, torch.bfloat16, poison_out=False)

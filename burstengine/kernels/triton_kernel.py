@@ -27,7 +27,8 @@ from .sdpa import CudnnKernel
 @dataclass(frozen=True)
 class Tiles:
     """Launch shape of one kernel: tile rows of q (block_m) and k (block_n), warps, pipeline
-    stages, TMA descriptor loads (Hopper), automatic warp specialisation of the main loop."""
+    stages, TMA descriptor loads (Hopper), automatic warp specialisation of the main loop, and
+    a register cap per thread (``maxnreg``: e.g. 128 lets two 8-warp programs share an SM)."""
 
     block_m: int
     block_n: int
@@ -35,6 +36,13 @@ class Tiles:
     stages: int
     tma: bool = False
     ws: bool = False
+    maxnreg: int | None = None
+
+    def launch(self) -> dict:
+        kw = dict(num_warps=self.warps, num_stages=self.stages)
+        if self.maxnreg is not None:
+            kw["maxnreg"] = self.maxnreg
+        return kw
 
 
 @dataclass(frozen=True)
@@ -77,11 +85,24 @@ def _dims(x):
 
 
 def _tma_ok(*ts) -> bool:
-    """TMA needs Hopper (the interpreter emulates it), 16-byte aligned bases and strides."""
+    """TMA needs Hopper (the interpreter emulates it), 16-byte aligned bases and strides, and
+    contiguous rows."""
     dev = ts[0].device
     if dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] < 9:
         return False
-    return all(t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1]) for t in ts)
+    return all(t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+               and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1]) for t in ts)
+
+
+def _tma_rows(x: torch.Tensor) -> torch.Tensor:
+    """A float32 (B, H, S) tensor that TMA can read (rows contiguous, 16-byte aligned): ``x``
+    itself, or a copy with each row padded to a multiple of 4 (a few MB at most)."""
+    if _tma_ok(x):
+        return x
+    B, H, S = x.shape
+    buf = torch.empty(B, H, -(-S // 4) * 4, device=x.device, dtype=x.dtype)
+    buf[..., :S] = x
+    return buf[..., :S]
 
 
 class TritonKernel(Kernel):
@@ -132,10 +153,15 @@ class TritonKernel(Kernel):
         if not self.supports(q, k, v, mask):
             return self.fallback(q, mask).forward(q, k, v, scale, mask)
         B, Sq, H, D = q.shape
-        # the kernel keeps O in float32 registers and stores it in out's dtype: no float32 round trip
-        out = torch.zeros(B, Sq, H, D, device=q.device, dtype=q.dtype)
-        lse = torch.full((B, H, Sq), float("-inf"), device=q.device, dtype=torch.float32)
-        self._forward(q, k, v, scale, mask, out, lse)
+        # the kernel keeps O in float32 registers and stores it in out's dtype: no float32 round
+        # trip; it writes every row (fresh: no running state to read)
+        out = torch.empty(B, Sq, H, D, device=q.device, dtype=q.dtype)
+        lse = torch.empty((B, H, Sq), device=q.device, dtype=torch.float32)
+        if k.shape[1] == 0:
+            out.zero_()
+            lse.fill_(float("-inf"))
+            return out, lse
+        self._forward(q, k, v, scale, mask, out, lse, fresh=True)
         return out, lse
 
     def forward_into(self, q, k, v, scale, mask, out, lse) -> None:
@@ -209,7 +235,7 @@ class TritonKernel(Kernel):
         # with a lower bound (causal), the last q tiles do the most work
         return (spec.q_start, spec.q_step, spec.k_start, spec.k_step, lo, hi), int(spec.causal)
 
-    def _forward(self, q, k, v, scale, mask, out, lse):
+    def _forward(self, q, k, v, scale, mask, out, lse, fresh=False):
         from .triton_fwd import fwd_kernel
 
         B, Sq, H, D = q.shape
@@ -226,22 +252,29 @@ class TritonKernel(Kernel):
         fwd_kernel[grid](q, k, v, out, lse, *_dims(q), *_dims(k), *_dims(v), *_dims(out), *lse.stride(),
                          Sq, Sk, H, H // Hkv, scale * _LOG2E, *pos, *margs, reverse,
                          HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, HAS_DOC=has_doc, HAS_BLOCK=has_block,
-                         USE_TMA=tma, WS=t.ws, num_warps=t.warps, num_stages=t.stages)
+                         USE_TMA=tma, WS=t.ws, FRESH=fresh, **t.launch())
 
     def _backward(self, dout, q, k, v, lse, delta, scale, mask, dq, dk, dv):
-        from .triton_bwd import dq_kernel, kv_kernel
+        if q.shape[1] == 0 or k.shape[1] == 0:
+            return
+        cfg = self.config[q.shape[-1]]
+        atomic = cfg.dq is None and dq.dtype == torch.float32
+        self._launch_kv(cfg.kv, atomic, dout, q, k, v, lse, delta, scale, mask, dq, dk, dv)
+        if not atomic:
+            self._launch_dq(cfg.dq or cfg.fwd, dout, q, k, v, lse, delta, scale, mask, dq)
+
+    def _launch_kv(self, t: Tiles, atomic, dout, q, k, v, lse, delta, scale, mask, dq, dk, dv):
+        """dK, dV (and dQ by atomics when ``atomic``): one program per (k tile, batch x kv head)."""
+        from .triton_bwd import kv_kernel
 
         B, Sq, H, D = q.shape
         Sk, Hkv = k.shape[1], k.shape[2]
-        if Sq == 0 or Sk == 0:
-            return
-        cfg = self.config[D]
         spec = as_spec(mask)
-        pos, reverse = self._positions(spec)
-        atomic = cfg.dq is None and dq.dtype == torch.float32
-        t = cfg.kv
+        pos, _ = self._positions(spec)
         margs, has_doc, has_block = self._mask_args(spec, Sq, Sk, t.block_n, t.block_m, False, q.device)
         tma = t.tma and _tma_ok(q, k, v, dout, dq, dk, dv)
+        if tma:
+            lse, delta = _tma_rows(lse), _tma_rows(delta)
         _prepare()
         grid = (triton_cdiv(Sk, t.block_n), B * Hkv)
         kv_kernel[grid](q, k, v, dout, lse, delta, dq, dk, dv,
@@ -249,18 +282,25 @@ class TritonKernel(Kernel):
                         *_dims(dq), *_dims(dk), *_dims(dv),
                         Sq, Sk, Hkv, H // Hkv, scale * _LOG2E, scale, *pos, *margs,
                         HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, HAS_DOC=has_doc, HAS_BLOCK=has_block,
-                        USE_TMA=tma, ATOMIC_DQ=atomic, WS=t.ws, num_warps=t.warps, num_stages=t.stages)
-        if atomic:
-            return
-        t = cfg.dq or cfg.fwd
+                        USE_TMA=tma, ATOMIC_DQ=atomic, WS=t.ws, VEC_TMA=tma, **t.launch())
+
+    def _launch_dq(self, t: Tiles, dout, q, k, v, lse, delta, scale, mask, dq):
+        """dQ without atomics: one program per (q tile, batch x q head), P and dP recomputed."""
+        from .triton_bwd import dq_kernel
+
+        B, Sq, H, D = q.shape
+        Sk, Hkv = k.shape[1], k.shape[2]
+        spec = as_spec(mask)
+        pos, reverse = self._positions(spec)
         margs, has_doc, has_block = self._mask_args(spec, Sq, Sk, t.block_m, t.block_n, True, q.device)
         tma = t.tma and _tma_ok(q, k, v, dout, dq)
+        _prepare()
         grid = (triton_cdiv(Sq, t.block_m), B * H)
         dq_kernel[grid](q, k, v, dout, lse, delta, dq,
                         *_dims(q), *_dims(k), *_dims(v), *_dims(dout), *lse.stride(), *delta.stride(), *_dims(dq),
                         Sq, Sk, H, H // Hkv, scale * _LOG2E, scale, *pos, *margs, reverse,
                         HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, HAS_DOC=has_doc, HAS_BLOCK=has_block,
-                        USE_TMA=tma, WS=t.ws, num_warps=t.warps, num_stages=t.stages)
+                        USE_TMA=tma, WS=t.ws, **t.launch())
 
 
 _LOG2E = math.log2(math.e)

@@ -66,6 +66,29 @@ def add_rows(desc, base, stride, s0, col, n_rows, x, BLOCK: tl.constexpr, D: tl.
 
 
 @triton.jit
+def vec_desc(base, n_heads, n_rows, stride_h, BLOCK: tl.constexpr, USE_TMA: tl.constexpr):
+    """Handle on a batch's float32 (heads, rows) matrix (lse, D; rows contiguous) read in
+    BLOCK-row pieces of one head: a TMA descriptor, or the base pointer."""
+    if USE_TMA:
+        d = tl.make_tensor_descriptor(base, shape=[n_heads, n_rows], strides=[stride_h, 1], block_shape=[1, BLOCK])
+    else:
+        d = base
+    return d
+
+
+@triton.jit
+def load_vec(handle, h, stride_h, stride_r, s0, n_rows, other, BLOCK: tl.constexpr, USE_TMA: tl.constexpr):
+    """Rows [s0, s0 + BLOCK) of head ``h`` through a :func:`vec_desc` handle; past the end 0
+    (TMA) or ``other`` (pointers)."""
+    if USE_TMA:
+        x = handle.load([h, s0]).reshape(BLOCK)
+    else:
+        offs = s0 + tl.arange(0, BLOCK)
+        x = tl.load(handle + h * stride_h + offs * stride_r, mask=offs < n_rows, other=other)
+    return x
+
+
+@triton.jit
 def _i64(x):
     # scalar kernel arguments equal to 1 arrive as constexprs; adding a zero tensor makes any of them int64
     return x + tl.zeros([], tl.int64)
