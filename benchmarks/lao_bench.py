@@ -34,7 +34,7 @@ from burstengine.attention.schedule import CAUSAL, FULL, STRICT
 from burstengine.bench.kernels import attn_flops, load_configs, log, median, timed, warm_variants
 from burstengine.bench.record import write_record
 from burstengine.kernels import KERNELS
-from burstengine.kernels.triton_kernel import CONFIGS, Config, Tiles, TritonKernel
+from burstengine.kernels.triton_kernel import CONFIGS, Config, Tiles, TritonKernel, bwd_rows
 
 T = Tiles
 # candidates per head dim, each timed on its own: forward tiles; dK/dV tiles with dQ from the
@@ -44,23 +44,21 @@ T = Tiles
 # 82 KB -> 2; 64x32/4w 3 stages 135 regs, 67 KB -> 3; dK/dV 64x128/8w 255 regs -> 1).
 SWEEP = {
     128: dict(
-        fwd=[T(64, 64, 4, 3, tma=True), T(64, 64, 4, 2, tma=True), T(128, 64, 8, 2, tma=True, maxnreg=128),
-             T(128, 64, 8, 2, tma=True), T(128, 64, 8, 3, tma=True), T(128, 32, 8, 3, tma=True),
-             T(128, 32, 8, 4, tma=True), T(64, 32, 4, 3, tma=True), T(64, 32, 4, 4, tma=True),
-             T(128, 128, 8, 2, tma=True), T(128, 128, 8, 3, tma=True), T(64, 128, 4, 2, tma=True)],
+        fwd=[T(64, 64, 4, 3, tma=True), T(64, 64, 4, 3, tma=True, lazy=True),
+             T(128, 64, 8, 2, tma=True, maxnreg=128), T(128, 64, 8, 2, tma=True, maxnreg=128, lazy=True),
+             T(128, 128, 8, 3, tma=True), T(128, 128, 8, 3, tma=True, lazy=True), T(64, 32, 4, 3, tma=True, lazy=True),
+             T(128, 128, 8, 2, tma=True, lazy=True)],
         kv=[T(64, 128, 8, 2, tma=True), T(64, 128, 8, 3, tma=True), T(64, 64, 4, 2, tma=True),
-            T(32, 128, 8, 2, tma=True), T(32, 128, 8, 3, tma=True), T(32, 64, 4, 3, tma=True),
-            T(64, 64, 8, 2, tma=True), T(32, 64, 4, 2, tma=True)],
-        atomic=[T(64, 128, 8, 2, tma=True), T(32, 128, 8, 2, tma=True), T(32, 64, 4, 2, tma=True),
-                T(32, 128, 8, 3, tma=True)],
-        dq=[T(128, 64, 8, 2, tma=True), T(128, 32, 8, 3, tma=True), T(128, 32, 8, 2, tma=True, maxnreg=128),
-            T(64, 64, 4, 2, tma=True), T(128, 128, 8, 2, tma=True), T(128, 64, 8, 3, tma=True),
-            T(64, 32, 4, 3, tma=True)]),
+            T(32, 64, 4, 3, tma=True), T(32, 128, 8, 3, tma=True)],
+        atomic=[],
+        dq=[T(128, 64, 8, 2, tma=True), T(128, 64, 8, 3, tma=True), T(64, 64, 4, 2, tma=True),
+            T(128, 32, 8, 2, tma=True, maxnreg=128), T(128, 128, 8, 2, tma=True)]),
     64: dict(
-        fwd=[T(128, 64, 4, 3, tma=True), T(64, 64, 4, 3, tma=True), T(128, 64, 8, 3, tma=True),
-             T(128, 128, 8, 3, tma=True)],
-        kv=[], dq=[],
-        atomic=[T(64, 64, 4, 2, tma=True), T(64, 128, 8, 2, tma=True), T(32, 128, 8, 2, tma=True)]),
+        fwd=[T(128, 64, 4, 3, tma=True), T(64, 64, 4, 3, tma=True), T(64, 64, 4, 3, tma=True, lazy=True),
+             T(128, 64, 4, 3, tma=True, lazy=True)],
+        kv=[T(64, 64, 4, 2, tma=True), T(64, 128, 8, 2, tma=True)],
+        dq=[T(64, 64, 4, 2, tma=True), T(128, 64, 8, 2, tma=True)],
+        atomic=[T(64, 64, 4, 2, tma=True)]),
 }
 
 
@@ -101,11 +99,13 @@ def _part_fn(part, kern, tiles, S, D, mask, data):
     scale = D ** -0.5
     if part == "fwd":
         return lambda: kern.forward(q, k, v, scale, mask)
+    if part == "atomic":
+        return lambda: kern.backward(do, q, k, v, lse, delta, scale, mask)
+    # the backward's two launches on their own, from the rows they read (made once per call)
+    lse2, delta2 = bwd_rows(lse, delta)
     if part == "kv":
-        return lambda: kern._launch_kv(tiles, False, do, q, k, v, lse, delta, scale, mask, bufs[0], bufs[1], bufs[2])
-    if part == "dq":
-        return lambda: kern._launch_dq(tiles, do, q, k, v, lse, delta, scale, mask, bufs[0])
-    return lambda: kern.backward(do, q, k, v, lse, delta, scale, mask)
+        return lambda: kern._launch_kv(tiles, False, do, q, k, v, lse2, delta2, scale, mask, *bufs)
+    return lambda: kern._launch_dq(tiles, do, q, k, v, lse2, delta2, scale, mask, bufs[0])
 
 
 def _sweep_data(S, D, H=32):

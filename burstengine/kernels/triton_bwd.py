@@ -1,6 +1,7 @@
 """Triton backward for one (q block, kv block) pair from the *global* lse and D = rowsum(dO * O)
 of the query rows (no O needed, so the burst backward can move D instead of O), adding into
-float32 dQ, dK, dV in place.
+float32 dQ, dK, dV in place.  The kernels take lse in base 2 with +inf for rows that saw nothing
+(``LSE2``, made once per call by the host), so no tile pays for the conversion.
 
 ``kv_kernel``: one program per (k tile, batch x kv head) walks the q tiles of every q head of
 its group (one flat loop over (head, tile), so the pipeline runs across heads), so dK and dV of
@@ -9,8 +10,8 @@ either goes out from the same program with float32 atomic adds (``ATOMIC_DQ``, T
 on Hopper: 5 matmuls per tile pair), or comes from ``dq_kernel``, one program per (q tile,
 batch x q head) that recomputes P and dP (7 matmuls, no atomics, deterministic).
 
-The dK/dV loop reads lse and D of each q tile through TMA descriptors too when they are
-aligned (``VEC_TMA``): as pointer loads they were per-thread copies of every column a thread
+The dK/dV loop reads LSE2 and D of each q tile through TMA descriptors too (``VEC_TMA``): as
+pointer loads they were per-thread copies of every column a thread
 holds, with 64-bit addresses live across the loop, which spilled registers (sm_90 build of the
 64x128 tile: 255 registers and 64 bytes of stack before, no spills and a third fewer
 instructions per iteration after).
@@ -20,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_tiles import (LOG2E, add_rows, load_rows, load_vec, q_tile_work, row_desc, store_rows, tile_ranges,
+from .triton_tiles import (add_rows, load_rows, load_vec, q_tile_work, row_desc, store_rows, tile_ranges,
                            vec_desc, visible)
 
 
@@ -39,11 +40,9 @@ def _kv_tiles(dk, dv, k, v, q_desc, do_desc, dq_desc, DQ_b, lse_h, dl_h, slh, sl
         offs_m = i0 + tl.arange(0, BLOCK_M)
         q = load_rows(q_desc, i0, col, USE_TMA)
         do = load_rows(do_desc, i0, col, USE_TMA)
-        # rows past the end read lse = D = 0 through TMA (+inf / 0 by pointer): their q and dO rows
-        # are zero, so they add nothing either way
-        lse = load_vec(lse_h, h, slh, sls, i0, Sq, float("inf"), BLOCK_M, VEC_TMA)
-        # rows that saw nothing anywhere (lse = -inf) get P = 0, not exp(+inf)
-        lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+        # rows past the end read LSE2 = D = 0 through TMA (+inf / 0 by pointer): their q and dO
+        # rows are zero, so they add nothing either way
+        lse2 = load_vec(lse_h, h, slh, sls, i0, Sq, float("inf"), BLOCK_M, VEC_TMA)
         p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * scale_log2 - lse2[None, :])
         if MASKED:
             vis = visible(offs_m[None, :], offs_n[:, None], Sq, Sk, q_start, q_step, k_start, k_step, lo, hi, QDOC,
@@ -60,7 +59,7 @@ def _kv_tiles(dk, dv, k, v, q_desc, do_desc, dq_desc, DQ_b, lse_h, dl_h, slh, sl
 
 @triton.jit(do_not_specialize=["Sq", "Sk", "Hkv", "GROUP", "q_start", "q_step", "k_start", "k_step", "lo", "hi",
                                "bs", "nbk", "slb", "slh", "sls", "sdlb", "sdlh", "sdls"])
-def kv_kernel(Q, K, V, DO, LSE, DL, DQ, DK, DV,
+def kv_kernel(Q, K, V, DO, LSE2, DL, DQ, DK, DV,
               sqb, sqs, skb, sks, svb, svs, sdob, sdos, slb, slh, sls, sdlb, sdlh, sdls, sdqb, sdqs, sdkb, sdks,
               sdvb, sdvs, Sq, Sk, Hkv, GROUP, scale_log2, scale,
               q_start, q_step, k_start, k_step, lo, hi,
@@ -102,7 +101,7 @@ def kv_kernel(Q, K, V, DO, LSE, DL, DQ, DK, DV,
             dq_desc = row_desc(DQ_b, Sq, sdqs, H * HEAD_DIM, BLOCK_M, HEAD_DIM, USE_TMA)
         else:
             dq_desc = None
-        lse_h = vec_desc(LSE + b64 * slb, H, Sq, slh, BLOCK_M, VEC_TMA)
+        lse_h = vec_desc(LSE2 + b64 * slb, H, Sq, slh, BLOCK_M, VEC_TMA)
         dl_h = vec_desc(DL + b64 * sdlb, H, Sq, sdlh, BLOCK_M, VEC_TMA)
         k = load_rows(k_desc, j0, kv_col, USE_TMA)
         v = load_rows(v_desc, j0, kv_col, USE_TMA)
@@ -163,7 +162,7 @@ def _q_tiles(dq, q, do, lse2, delta, k_desc, v_desc, kv_col, t_lo, t_hi, offs_m,
 
 @triton.jit(do_not_specialize=["Sq", "Sk", "H", "GROUP", "q_start", "q_step", "k_start", "k_step", "lo", "hi", "bs",
                                "nbk", "reverse", "slb", "slh", "sls", "sdlb", "sdlh", "sdls"])
-def dq_kernel(Q, K, V, DO, LSE, DL, DQ,
+def dq_kernel(Q, K, V, DO, LSE2, DL, DQ,
               sqb, sqs, skb, sks, svb, svs, sdob, sdos, slb, slh, sls, sdlb, sdlh, sdls, sdqb, sdqs,
               Sq, Sk, H, GROUP, scale_log2, scale,
               q_start, q_step, k_start, k_step, lo, hi,
@@ -186,8 +185,7 @@ def dq_kernel(Q, K, V, DO, LSE, DL, DQ,
         q = load_rows(row_desc(Q + b64 * sqb, Sq, sqs, H * HEAD_DIM, BLOCK_M, HEAD_DIM, USE_TMA), i0, q_col, USE_TMA)
         do = load_rows(row_desc(DO + b64 * sdob, Sq, sdos, H * HEAD_DIM, BLOCK_M, HEAD_DIM, USE_TMA), i0, q_col,
                        USE_TMA)
-        lse = tl.load(LSE + b64 * slb + h * slh + offs_m * sls, mask=row_ok, other=float("inf"))
-        lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+        lse2 = tl.load(LSE2 + b64 * slb + h * slh + offs_m * sls, mask=row_ok, other=float("inf"))
         delta = tl.load(DL + b64 * sdlb + h * sdlh + offs_m * sdls, mask=row_ok, other=0.0)
         dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
         if HAS_BLOCK:

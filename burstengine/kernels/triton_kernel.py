@@ -37,6 +37,7 @@ class Tiles:
     tma: bool = False
     ws: bool = False
     maxnreg: int | None = None
+    lazy: bool = False
 
     def launch(self) -> dict:
         kw = dict(num_warps=self.warps, num_stages=self.stages)
@@ -94,15 +95,25 @@ def _tma_ok(*ts) -> bool:
                and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1]) for t in ts)
 
 
-def _tma_rows(x: torch.Tensor) -> torch.Tensor:
-    """A float32 (B, H, S) tensor that TMA can read (rows contiguous, 16-byte aligned): ``x``
-    itself, or a copy with each row padded to a multiple of 4 (a few MB at most)."""
-    if _tma_ok(x):
-        return x
+def _rows_buffer(x: torch.Tensor) -> torch.Tensor:
+    """An empty float32 tensor shaped like ``x`` (B, H, S) whose rows TMA can read: contiguous,
+    each padded to a multiple of 4 (16 bytes)."""
     B, H, S = x.shape
-    buf = torch.empty(B, H, -(-S // 4) * 4, device=x.device, dtype=x.dtype)
-    buf[..., :S] = x
-    return buf[..., :S]
+    return torch.empty(B, H, -(-S // 4) * 4, device=x.device, dtype=torch.float32)[..., :S]
+
+
+def bwd_rows(lse: torch.Tensor, delta: torch.Tensor):
+    """What the backward kernels read per query row: lse in base 2 with +inf where a row saw
+    nothing (P = 0 there, not exp(+inf)), and D, both in TMA-readable buffers (D copied only
+    when it is not one already).  A few MB at most, once per call."""
+    lse2 = _rows_buffer(lse)
+    torch.mul(lse, _LOG2E, out=lse2)
+    lse2.masked_fill_(lse == float("-inf"), float("inf"))
+    if not _tma_ok(delta) or delta.dtype != torch.float32:
+        buf = _rows_buffer(delta)
+        buf.copy_(delta)
+        delta = buf
+    return lse2, delta
 
 
 class TritonKernel(Kernel):
@@ -252,19 +263,21 @@ class TritonKernel(Kernel):
         fwd_kernel[grid](q, k, v, out, lse, *_dims(q), *_dims(k), *_dims(v), *_dims(out), *lse.stride(),
                          Sq, Sk, H, H // Hkv, scale * _LOG2E, *pos, *margs, reverse,
                          HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, HAS_DOC=has_doc, HAS_BLOCK=has_block,
-                         USE_TMA=tma, WS=t.ws, FRESH=fresh, **t.launch())
+                         USE_TMA=tma, WS=t.ws, FRESH=fresh, LAZY=t.lazy, **t.launch())
 
     def _backward(self, dout, q, k, v, lse, delta, scale, mask, dq, dk, dv):
         if q.shape[1] == 0 or k.shape[1] == 0:
             return
         cfg = self.config[q.shape[-1]]
         atomic = cfg.dq is None and dq.dtype == torch.float32
-        self._launch_kv(cfg.kv, atomic, dout, q, k, v, lse, delta, scale, mask, dq, dk, dv)
+        lse2, delta = bwd_rows(lse, delta)
+        self._launch_kv(cfg.kv, atomic, dout, q, k, v, lse2, delta, scale, mask, dq, dk, dv)
         if not atomic:
-            self._launch_dq(cfg.dq or cfg.fwd, dout, q, k, v, lse, delta, scale, mask, dq)
+            self._launch_dq(cfg.dq or cfg.fwd, dout, q, k, v, lse2, delta, scale, mask, dq)
 
-    def _launch_kv(self, t: Tiles, atomic, dout, q, k, v, lse, delta, scale, mask, dq, dk, dv):
-        """dK, dV (and dQ by atomics when ``atomic``): one program per (k tile, batch x kv head)."""
+    def _launch_kv(self, t: Tiles, atomic, dout, q, k, v, lse2, delta, scale, mask, dq, dk, dv):
+        """dK, dV (and dQ by atomics when ``atomic``): one program per (k tile, batch x kv head);
+        ``lse2``, ``delta`` from :func:`bwd_rows`."""
         from .triton_bwd import kv_kernel
 
         B, Sq, H, D = q.shape
@@ -273,18 +286,16 @@ class TritonKernel(Kernel):
         pos, _ = self._positions(spec)
         margs, has_doc, has_block = self._mask_args(spec, Sq, Sk, t.block_n, t.block_m, False, q.device)
         tma = t.tma and _tma_ok(q, k, v, dout, dq, dk, dv)
-        if tma:
-            lse, delta = _tma_rows(lse), _tma_rows(delta)
         _prepare()
         grid = (triton_cdiv(Sk, t.block_n), B * Hkv)
-        kv_kernel[grid](q, k, v, dout, lse, delta, dq, dk, dv,
-                        *_dims(q), *_dims(k), *_dims(v), *_dims(dout), *lse.stride(), *delta.stride(),
+        kv_kernel[grid](q, k, v, dout, lse2, delta, dq, dk, dv,
+                        *_dims(q), *_dims(k), *_dims(v), *_dims(dout), *lse2.stride(), *delta.stride(),
                         *_dims(dq), *_dims(dk), *_dims(dv),
                         Sq, Sk, Hkv, H // Hkv, scale * _LOG2E, scale, *pos, *margs,
                         HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, HAS_DOC=has_doc, HAS_BLOCK=has_block,
-                        USE_TMA=tma, ATOMIC_DQ=atomic, WS=t.ws, VEC_TMA=tma, **t.launch())
+                        USE_TMA=tma, ATOMIC_DQ=atomic, WS=t.ws, VEC_TMA=tma and _tma_ok(lse2, delta), **t.launch())
 
-    def _launch_dq(self, t: Tiles, dout, q, k, v, lse, delta, scale, mask, dq):
+    def _launch_dq(self, t: Tiles, dout, q, k, v, lse2, delta, scale, mask, dq):
         """dQ without atomics: one program per (q tile, batch x q head), P and dP recomputed."""
         from .triton_bwd import dq_kernel
 
@@ -296,8 +307,8 @@ class TritonKernel(Kernel):
         tma = t.tma and _tma_ok(q, k, v, dout, dq)
         _prepare()
         grid = (triton_cdiv(Sq, t.block_m), B * H)
-        dq_kernel[grid](q, k, v, dout, lse, delta, dq,
-                        *_dims(q), *_dims(k), *_dims(v), *_dims(dout), *lse.stride(), *delta.stride(), *_dims(dq),
+        dq_kernel[grid](q, k, v, dout, lse2, delta, dq,
+                        *_dims(q), *_dims(k), *_dims(v), *_dims(dout), *lse2.stride(), *delta.stride(), *_dims(dq),
                         Sq, Sk, H, H // Hkv, scale * _LOG2E, scale, *pos, *margs, reverse,
                         HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, HAS_DOC=has_doc, HAS_BLOCK=has_block,
                         USE_TMA=tma, WS=t.ws, **t.launch())
