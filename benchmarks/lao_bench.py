@@ -44,21 +44,14 @@ T = Tiles
 # 82 KB -> 2; 64x32/4w 3 stages 135 regs, 67 KB -> 3; dK/dV 64x128/8w 255 regs -> 1).
 SWEEP = {
     128: dict(
-        fwd=[T(64, 64, 4, 3, tma=True), T(64, 64, 4, 3, tma=True, lazy=True),
-             T(128, 64, 8, 2, tma=True, maxnreg=128), T(128, 64, 8, 2, tma=True, maxnreg=128, lazy=True),
-             T(128, 128, 8, 3, tma=True), T(128, 128, 8, 3, tma=True, lazy=True), T(64, 32, 4, 3, tma=True, lazy=True),
-             T(128, 128, 8, 2, tma=True, lazy=True)],
-        kv=[T(64, 128, 8, 2, tma=True), T(64, 128, 8, 3, tma=True), T(64, 64, 4, 2, tma=True),
-            T(32, 64, 4, 3, tma=True), T(32, 128, 8, 3, tma=True)],
+        fwd=[T(128, 128, 8, 3, tma=True), T(64, 64, 4, 3, tma=True), T(128, 64, 8, 2, tma=True, maxnreg=128),
+             T(128, 64, 8, 3, tma=True), T(256, 32, 16, 3, tma=True, maxnreg=128),
+             T(256, 32, 16, 4, tma=True, maxnreg=128), T(256, 64, 16, 2, tma=True, maxnreg=128)],
+        kv=[T(64, 128, 8, 3, tma=True), T(64, 64, 4, 2, tma=True)],
         atomic=[],
-        dq=[T(128, 64, 8, 2, tma=True), T(128, 64, 8, 3, tma=True), T(64, 64, 4, 2, tma=True),
-            T(128, 32, 8, 2, tma=True, maxnreg=128), T(128, 128, 8, 2, tma=True)]),
-    64: dict(
-        fwd=[T(128, 64, 4, 3, tma=True), T(64, 64, 4, 3, tma=True), T(64, 64, 4, 3, tma=True, lazy=True),
-             T(128, 64, 4, 3, tma=True, lazy=True)],
-        kv=[T(64, 64, 4, 2, tma=True), T(64, 128, 8, 2, tma=True)],
-        dq=[T(64, 64, 4, 2, tma=True), T(128, 64, 8, 2, tma=True)],
-        atomic=[T(64, 64, 4, 2, tma=True)]),
+        dq=[T(128, 64, 8, 3, tma=True), T(64, 64, 4, 2, tma=True)]),
+    64: dict(fwd=[T(64, 64, 4, 3, tma=True)], kv=[T(64, 64, 4, 2, tma=True)], dq=[T(64, 64, 4, 2, tma=True)],
+             atomic=[]),
 }
 
 
@@ -218,11 +211,38 @@ def sweep(args):
         json.dump(out, fh, indent=1)
     log("chosen:", json.dumps(out))
     log(_sweep_table(rows, cudnn, args))
+    e2e = _end_to_end(TritonKernel(chosen), cudnn, args) if 128 in chosen else []
     with open(args.configs_out + ".sweep.json", "w") as fh:
         json.dump(dict(seq=args.sweep_seq, long=args.sweep_long, heads=32, rows=rows, cudnn=cudnn, chosen=out,
-                       compile_errors=errors, seconds=time.time() - t0,
+                       end_to_end=e2e, compile_errors=errors, seconds=time.time() - t0,
                        flops="forward 4*S^2*H*d (x0.5 causal); dK/dV and atomic parts 2.5x, dQ part 1.5x"),
                   fh, indent=1)
+
+
+def _end_to_end(ours, cudnn, args, H=32, D=128):
+    """The chosen configs as the main stage runs them (forward; forward + D + backward) beside
+    cuDNN, so the sweep already shows the ratios."""
+    out = []
+    for S in (args.sweep_seq, args.sweep_long):
+        q, k, v, do = (rand(1, S, H, D) for _ in range(4))
+        for mask in (FULL, CAUSAL):
+            fl = attn_flops(1, S, S, H, D, 0.5 if mask == CAUSAL else 1.0)
+
+            def fwdbwd():
+                o, lse = ours.forward(q, k, v, D ** -0.5, mask)
+                return ours.backward(do, q, k, v, lse, ours.delta(o, do), D ** -0.5, mask)
+
+            tf = median(timed(lambda: ours.forward(q, k, v, D ** -0.5, mask), 1, args.sweep_iters))
+            tfb = median(timed(fwdbwd, 1, args.sweep_iters))
+            c = cudnn[S][mask]
+            r = dict(S=S, mask=mask, fwd_tflops=fl / tf / 1e12, fwdbwd_tflops=3.5 * fl / tfb / 1e12,
+                     fwd_vs_cudnn=c["fwd_s"] / tf, fwdbwd_vs_cudnn=c["fwdbwd_s"] / tfb)
+            out.append(r)
+            log(f"end to end S={S} {mask}: fwd {r['fwd_tflops']:.0f} TFLOP/s ({r['fwd_vs_cudnn']:.2f}x cudnn), "
+                f"fwd+bwd {r['fwdbwd_tflops']:.0f} ({r['fwdbwd_vs_cudnn']:.2f}x cudnn)")
+        del q, k, v, do
+        torch.cuda.empty_cache()
+    return out
 
 
 def _sweep_table(rows, cudnn, args):
@@ -313,8 +333,7 @@ def _single_case(args, ours, flex, S, causal, rows):
 
     def ours_fwdbwd():
         o, lse = ours.forward(q, k, v, scale, mask)
-        delta = (do.float() * o.float()).sum(-1).transpose(1, 2).contiguous()
-        return ours.backward(do, q, k, v, lse, delta, scale, mask)
+        return ours.backward(do, q, k, v, lse, ours.delta(o, do), scale, mask)
 
     methods = {"ours": (ours_fwd, ours_fwdbwd)}
     qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))

@@ -60,6 +60,10 @@ class AutoKernel(Kernel):
     def forward(self, q, k, v, scale, mask):
         return self.pick("forward", mask, q).forward(q, k, v, scale, mask)
 
+    def delta(self, out, dout, dtype=torch.float32):
+        # one fused pass over dO and O where Triton runs (the torch expression makes float32 copies)
+        return KERNELS["triton"].delta(out, dout, dtype)
+
     def forward_into(self, q, k, v, scale, mask, out, lse):
         return self.pick("forward", mask, q).forward_into(q, k, v, scale, mask, out, lse)
 

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from .triton_tiles import (add_rows, load_rows, load_vec, q_tile_work, row_desc, store_rows, tile_ranges,
-                           vec_desc, visible)
+                           vec_desc, visible, zero_rows)
 
 
 @triton.jit
@@ -66,7 +66,7 @@ def kv_kernel(Q, K, V, DO, LSE2, DL, DQ, DK, DV,
               QDOC, KDOC, BOUNDS, BMASK, bs, nbk, CNT, IDX, FULL,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DOC: tl.constexpr,
               HAS_BLOCK: tl.constexpr, USE_TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr, WS: tl.constexpr,
-              VEC_TMA: tl.constexpr):
+              VEC_TMA: tl.constexpr, FRESH: tl.constexpr):
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // Hkv
@@ -135,10 +135,17 @@ def kv_kernel(Q, K, V, DO, LSE2, DL, DQ, DK, DV,
                                USE_TMA, ATOMIC_DQ, False, VEC_TMA)
         dk_desc = row_desc(DK + b64 * sdkb, Sk, sdks, Hkv * HEAD_DIM, BLOCK_N, HEAD_DIM, USE_TMA)
         dv_desc = row_desc(DV + b64 * sdvb, Sk, sdvs, Hkv * HEAD_DIM, BLOCK_N, HEAD_DIM, USE_TMA)
-        dk = load_rows(dk_desc, j0, kv_col, USE_TMA).to(tl.float32) + dk * scale
+        dk = dk * scale
+        if not FRESH:
+            dk += load_rows(dk_desc, j0, kv_col, USE_TMA).to(tl.float32)
+            dv += load_rows(dv_desc, j0, kv_col, USE_TMA).to(tl.float32)
         store_rows(dk_desc, j0, kv_col, dk.to(DK.dtype.element_ty), USE_TMA)
-        dv = load_rows(dv_desc, j0, kv_col, USE_TMA).to(tl.float32) + dv
         store_rows(dv_desc, j0, kv_col, dv.to(DV.dtype.element_ty), USE_TMA)
+    elif FRESH:
+        b64 = b.to(tl.int64)
+        zero_rows(DK + b64 * sdkb, sdks, Sk, j0, hk * HEAD_DIM, Hkv * HEAD_DIM, BLOCK_N, HEAD_DIM, USE_TMA)
+        zero_rows(DV + b64 * sdvb, sdvs, Sk, j0, hk * HEAD_DIM, Hkv * HEAD_DIM, BLOCK_N, HEAD_DIM, USE_TMA)
+
 
 
 @triton.jit
@@ -168,7 +175,7 @@ def dq_kernel(Q, K, V, DO, LSE2, DL, DQ,
               q_start, q_step, k_start, k_step, lo, hi,
               QDOC, KDOC, BOUNDS, BMASK, bs, nbk, CNT, IDX, FULL, reverse,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DOC: tl.constexpr,
-              HAS_BLOCK: tl.constexpr, USE_TMA: tl.constexpr, WS: tl.constexpr):
+              HAS_BLOCK: tl.constexpr, USE_TMA: tl.constexpr, WS: tl.constexpr, FRESH: tl.constexpr):
     pid_m, b, h, i0, a, c, d, e, n_list, todo = q_tile_work(Sq, Sk, H, q_start, q_step, k_start, k_step, lo, hi,
                                                             BOUNDS, CNT, reverse, BLOCK_M, BLOCK_N, HAS_DOC,
                                                             HAS_BLOCK)
@@ -210,5 +217,22 @@ def dq_kernel(Q, K, V, DO, LSE2, DL, DQ,
                           q_step, k_start, k_step, lo, hi, QDOC, KDOC, BMASK, bs, nbk, BLOCK_N, True, HAS_DOC,
                           HAS_BLOCK, USE_TMA, False)
         dq_desc = row_desc(DQ + b64 * sdqb, Sq, sdqs, H * HEAD_DIM, BLOCK_M, HEAD_DIM, USE_TMA)
-        dq = load_rows(dq_desc, i0, q_col, USE_TMA).to(tl.float32) + dq * scale
+        dq = dq * scale
+        if not FRESH:
+            dq += load_rows(dq_desc, i0, q_col, USE_TMA).to(tl.float32)
         store_rows(dq_desc, i0, q_col, dq.to(DQ.dtype.element_ty), USE_TMA)
+    elif FRESH:
+        zero_rows(DQ + b.to(tl.int64) * sdqb, sdqs, Sq, i0, h * HEAD_DIM, H * HEAD_DIM, BLOCK_M, HEAD_DIM, USE_TMA)
+
+
+@triton.jit(do_not_specialize=["S", "H", "sdlb", "sdlh"])
+def delta_kernel(O, DO, DL, sob, sos, sdob, sdos, sdlb, sdlh, S, H, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+    """D = rowsum(dO * O) in float32 for BLOCK rows of one (batch, head): one pass over both."""
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    b = (tl.program_id(1) // H).to(tl.int64)
+    h = tl.program_id(1) % H
+    cols = h * HEAD_DIM + tl.arange(0, HEAD_DIM)
+    ok = rows[:, None] < S
+    o = tl.load(O + b * sob + rows[:, None].to(tl.int64) * sos + cols[None, :], mask=ok, other=0.0)
+    do = tl.load(DO + b * sdob + rows[:, None].to(tl.int64) * sdos + cols[None, :], mask=ok, other=0.0)
+    tl.store(DL + b * sdlb + h * sdlh + rows, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=rows < S)

@@ -12,14 +12,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_tiles import LOG2E, load_rows, q_tile_work, row_desc, store_rows, visible
+from .triton_tiles import LOG2E, load_rows, q_tile_work, row_desc, store_rows, visible, zero_rows
 
 
 @triton.jit
 def _fwd_tiles(acc, l_i, m_i, q, k_desc, v_desc, kv_col, t_lo, t_hi, offs_m, Sq, Sk, scale_log2,
                q_start, q_step, k_start, k_step, lo, hi, QDOC, KDOC, BMASK, bs, nbk,
                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_DOC: tl.constexpr, HAS_BLOCK: tl.constexpr,
-               USE_TMA: tl.constexpr, WS: tl.constexpr, LAZY: tl.constexpr):
+               USE_TMA: tl.constexpr, WS: tl.constexpr):
     for t in tl.range(t_lo, t_hi, warp_specialize=WS):
         j0 = t * BLOCK_N
         qk = tl.dot(q, tl.trans(load_rows(k_desc, j0, kv_col, USE_TMA)))
@@ -28,43 +28,19 @@ def _fwd_tiles(acc, l_i, m_i, q, k_desc, v_desc, kv_col, t_lo, t_hi, offs_m, Sq,
             vis = visible(offs_m[:, None], kj[None, :], Sq, Sk, q_start, q_step, k_start, k_step, lo, hi, QDOC, KDOC,
                           BMASK, bs, nbk, HAS_DOC, HAS_BLOCK)
             qk = tl.where(vis, qk * scale_log2, float("-inf"))
-            m_cur = tl.max(qk, 1)
-        else:
-            m_cur = tl.max(qk, 1) * scale_log2
-        if LAZY:
-            # keep a stale row max (so p <= 2^TAU) and rescale O only when some row's max has
-            # grown by more than TAU: after the first tiles that is rare, and the rescale of
-            # the whole accumulator is the largest elementwise cost of an iteration
-            grow = tl.where(m_cur > m_i, m_cur - m_i, 0.0)
-            if tl.max(grow, 0) > 8.0:
-                m_new = tl.maximum(m_i, m_cur)
-                alpha = tl.math.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
-                acc = acc * alpha[:, None]
-                l_i = l_i * alpha
-                m_i = m_new
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
             # a row with nothing visible yet keeps m = -inf; subtract 0 there so p = 0, not NaN
-            m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
-            if MASKED:
-                p = tl.math.exp2(qk - m_use[:, None])
-            else:
-                p = tl.math.exp2(qk * scale_log2 - m_use[:, None])
-            l_i = l_i + tl.sum(p, 1)
-            v = load_rows(v_desc, j0, kv_col, USE_TMA)
-            acc = tl.dot(p.to(v.dtype), v, acc)
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(qk - m_use[:, None])
         else:
-            m_new = tl.maximum(m_i, m_cur)
-            if MASKED:
-                # as above: p = 0 for rows with nothing visible yet
-                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-                p = tl.math.exp2(qk - m_use[:, None])
-            else:
-                m_use = m_new
-                p = tl.math.exp2(qk * scale_log2 - m_use[:, None])
-            alpha = tl.math.exp2(m_i - m_use)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = load_rows(v_desc, j0, kv_col, USE_TMA)
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-            m_i = m_new
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * scale_log2)
+            m_use = m_new
+            p = tl.math.exp2(qk * scale_log2 - m_use[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = load_rows(v_desc, j0, kv_col, USE_TMA)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
     return acc, l_i, m_i
 
 
@@ -75,8 +51,7 @@ def fwd_kernel(Q, K, V, O, LSE, sqb, sqs, skb, sks, svb, svs, sob, sos, slb, slh
                q_start, q_step, k_start, k_step, lo, hi,
                QDOC, KDOC, BOUNDS, BMASK, bs, nbk, CNT, IDX, FULL, reverse,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DOC: tl.constexpr,
-               HAS_BLOCK: tl.constexpr, USE_TMA: tl.constexpr, WS: tl.constexpr, FRESH: tl.constexpr,
-               LAZY: tl.constexpr):
+               HAS_BLOCK: tl.constexpr, USE_TMA: tl.constexpr, WS: tl.constexpr, FRESH: tl.constexpr):
     pid_m, b, h, i0, a, c, d, e, n_list, todo = q_tile_work(Sq, Sk, H, q_start, q_step, k_start, k_step, lo, hi,
                                                             BOUNDS, CNT, reverse, BLOCK_M, BLOCK_N, HAS_DOC,
                                                             HAS_BLOCK)
@@ -113,21 +88,21 @@ def fwd_kernel(Q, K, V, O, LSE, sqb, sqs, skb, sks, svb, svs, sob, sos, slb, slh
                 if tl.load(FULL + pid_m * n_kt + i) != 0:
                     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_desc, v_desc, kv_col, t, t + 1, offs_m, Sq, Sk,
                                                scale_log2, q_start, q_step, k_start, k_step, lo, hi, QDOC, KDOC, BMASK,
-                                               bs, nbk, BLOCK_N, False, HAS_DOC, HAS_BLOCK, USE_TMA, False, LAZY)
+                                               bs, nbk, BLOCK_N, False, HAS_DOC, HAS_BLOCK, USE_TMA, False)
                 else:
                     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_desc, v_desc, kv_col, t, t + 1, offs_m, Sq, Sk,
                                                scale_log2, q_start, q_step, k_start, k_step, lo, hi, QDOC, KDOC, BMASK,
-                                               bs, nbk, BLOCK_N, True, HAS_DOC, HAS_BLOCK, USE_TMA, False, LAZY)
+                                               bs, nbk, BLOCK_N, True, HAS_DOC, HAS_BLOCK, USE_TMA, False)
         else:
             acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_desc, v_desc, kv_col, a, c, offs_m, Sq, Sk, scale_log2,
                                        q_start, q_step, k_start, k_step, lo, hi, QDOC, KDOC, BMASK, bs, nbk, BLOCK_N,
-                                       True, HAS_DOC, HAS_BLOCK, USE_TMA, False, LAZY)
+                                       True, HAS_DOC, HAS_BLOCK, USE_TMA, False)
             acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_desc, v_desc, kv_col, c, d, offs_m, Sq, Sk, scale_log2,
                                        q_start, q_step, k_start, k_step, lo, hi, QDOC, KDOC, BMASK, bs, nbk, BLOCK_N,
-                                       False, HAS_DOC, HAS_BLOCK, USE_TMA, WS, LAZY)
+                                       False, HAS_DOC, HAS_BLOCK, USE_TMA, WS)
             acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_desc, v_desc, kv_col, d, e, offs_m, Sq, Sk, scale_log2,
                                        q_start, q_step, k_start, k_step, lo, hi, QDOC, KDOC, BMASK, bs, nbk, BLOCK_N,
-                                       True, HAS_DOC, HAS_BLOCK, USE_TMA, False, LAZY)
+                                       True, HAS_DOC, HAS_BLOCK, USE_TMA, False)
 
         seen = l_i > 0
         l_safe = tl.where(seen, l_i, 1.0)
@@ -136,7 +111,6 @@ def fwd_kernel(Q, K, V, O, LSE, sqb, sqs, skb, sks, svb, svs, sob, sos, slb, slh
     elif FRESH:
         b64 = b.to(tl.int64)
         offs_m = i0 + tl.arange(0, BLOCK_M)
-        o_desc = row_desc(O + b64 * sob, Sq, sos, H * HEAD_DIM, BLOCK_M, HEAD_DIM, USE_TMA)
-        store_rows(o_desc, i0, h * HEAD_DIM, tl.zeros([BLOCK_M, HEAD_DIM], O.dtype.element_ty), USE_TMA)
+        zero_rows(O + b64 * sob, sos, Sq, i0, h * HEAD_DIM, H * HEAD_DIM, BLOCK_M, HEAD_DIM, USE_TMA)
         tl.store(LSE + b64 * slb + h * slh + offs_m * sls, tl.full([BLOCK_M], float("-inf"), tl.float32),
                  mask=offs_m < Sq)

@@ -37,7 +37,6 @@ class Tiles:
     tma: bool = False
     ws: bool = False
     maxnreg: int | None = None
-    lazy: bool = False
 
     def launch(self) -> dict:
         kw = dict(num_warps=self.warps, num_stages=self.stages)
@@ -62,15 +61,12 @@ class Config:
         return Config(fwd=Tiles(**d["fwd"]), kv=Tiles(**d["kv"]), dq=Tiles(**d["dq"]) if d.get("dq") else None)
 
 
-# Chosen per head dim by the tile sweep of benchmarks/lao_bench.py (H200, bf16, S=16K, 32 heads,
-# full + causal): benchmarks/results/lao_bench.json, "sweep".  d=128: forward 64x64 tiles beat
-# 128x64/128x128 (509 vs 449-489 TFLOP/s full); the backward's separate dQ kernel ties with dQ
-# atomics (298/307 vs 293/310) and is deterministic.  Automatic warp specialisation (ws) gained
-# 3% on one forward shape and nothing on the backward; pointer loads lost 20-30% to TMA.
+# Chosen per head dim by the tile sweep of benchmarks/lao_bench.py (H200, bf16, 32 heads, full +
+# causal at 16K and the best again at 64K): benchmarks/results/lao_bench.json, "sweep".
 CONFIGS = {
-    64: Config(fwd=Tiles(128, 64, 4, 3, tma=True), kv=Tiles(64, 64, 4, 2, tma=True)),
-    128: Config(fwd=Tiles(64, 64, 4, 3, tma=True), kv=Tiles(64, 128, 8, 2, tma=True),
-                dq=Tiles(128, 64, 8, 2, tma=True)),
+    64: Config(fwd=Tiles(64, 64, 4, 3, tma=True), kv=Tiles(64, 64, 4, 2, tma=True), dq=Tiles(64, 64, 4, 2, tma=True)),
+    128: Config(fwd=Tiles(128, 128, 8, 3, tma=True), kv=Tiles(64, 128, 8, 3, tma=True),
+                dq=Tiles(128, 64, 8, 3, tma=True)),
 }
 
 _POS_LIMIT = 1 << 29
@@ -95,22 +91,21 @@ def _tma_ok(*ts) -> bool:
                and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1]) for t in ts)
 
 
-def _rows_buffer(x: torch.Tensor) -> torch.Tensor:
-    """An empty float32 tensor shaped like ``x`` (B, H, S) whose rows TMA can read: contiguous,
-    each padded to a multiple of 4 (16 bytes)."""
-    B, H, S = x.shape
-    return torch.empty(B, H, -(-S // 4) * 4, device=x.device, dtype=torch.float32)[..., :S]
+def _rows_buffer(B: int, H: int, S: int, device) -> torch.Tensor:
+    """An empty float32 (B, H, S) tensor whose rows TMA can read: contiguous, each padded to a
+    multiple of 4 (16 bytes)."""
+    return torch.empty(B, H, -(-S // 4) * 4, device=device, dtype=torch.float32)[..., :S]
 
 
 def bwd_rows(lse: torch.Tensor, delta: torch.Tensor):
     """What the backward kernels read per query row: lse in base 2 with +inf where a row saw
     nothing (P = 0 there, not exp(+inf)), and D, both in TMA-readable buffers (D copied only
     when it is not one already).  A few MB at most, once per call."""
-    lse2 = _rows_buffer(lse)
+    lse2 = _rows_buffer(*lse.shape, lse.device)
     torch.mul(lse, _LOG2E, out=lse2)
     lse2.masked_fill_(lse == float("-inf"), float("inf"))
     if not _tma_ok(delta) or delta.dtype != torch.float32:
-        buf = _rows_buffer(delta)
+        buf = _rows_buffer(*delta.shape, delta.device)
         buf.copy_(delta)
         delta = buf
     return lse2, delta
@@ -183,13 +178,29 @@ class TritonKernel(Kernel):
     def backward(self, dout, q, k, v, lse, delta, scale, mask, out=None):
         if not self.supports(q, k, v, mask, dout):
             return self.fallback(q, mask).backward(dout, q, k, v, lse, delta, scale, mask, out=out)
-        # dK/dV are summed in registers, dQ too unless it goes out by atomics (which need float32)
+        # dK/dV are summed in registers and stored (every row, fresh: nothing to add to), dQ too
+        # unless it goes out by atomics (which need a zeroed float32 buffer)
         atomic = self.config[q.shape[-1]].dq is None
-        dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32 if atomic else q.dtype)
-        dk = torch.zeros(k.shape, device=q.device, dtype=k.dtype)
-        dv = torch.zeros(v.shape, device=q.device, dtype=v.dtype)
-        self._backward(dout, q, k, v, lse, delta, scale, mask, dq, dk, dv)
+        empty = q.shape[1] == 0 or k.shape[1] == 0
+        dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic or empty else torch.empty_like(q)
+        dk, dv = (torch.zeros_like(t) if empty else torch.empty_like(t) for t in (k, v))
+        self._backward(dout, q, k, v, lse, delta, scale, mask, dq, dk, dv, fresh=True)
         return dq.to(q.dtype), dk, dv
+
+    def delta(self, out, dout, dtype=torch.float32):
+        """D = rowsum(dO * O) in one kernel (the torch expression writes float32 copies of both),
+        into rows the backward's TMA loads can read."""
+        B, S, H, D = out.shape
+        if (dtype != torch.float32 or dout.shape != out.shape or S == 0 or D & (D - 1) or D > 256
+                or not self.available(out.device) or any(t.stride(-1) != 1 or t.stride(-2) != D for t in (out, dout))):
+            return super().delta(out, dout, dtype)
+        from .triton_bwd import delta_kernel
+
+        dl = _rows_buffer(B, H, S, out.device)
+        block = 64
+        delta_kernel[(triton_cdiv(S, block), B * H)](out, dout, dl, *_dims(out), *_dims(dout), dl.stride(0),
+                                                      dl.stride(1), S, H, HEAD_DIM=D, BLOCK=block, num_warps=4)
+        return dl
 
     def backward_into(self, dout, q, k, v, lse, delta, scale, mask, dq, dk, dv, out=None) -> None:
         if not self.supports(q, k, v, mask, dout, dq, dk, dv):
@@ -263,19 +274,20 @@ class TritonKernel(Kernel):
         fwd_kernel[grid](q, k, v, out, lse, *_dims(q), *_dims(k), *_dims(v), *_dims(out), *lse.stride(),
                          Sq, Sk, H, H // Hkv, scale * _LOG2E, *pos, *margs, reverse,
                          HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, HAS_DOC=has_doc, HAS_BLOCK=has_block,
-                         USE_TMA=tma, WS=t.ws, FRESH=fresh, LAZY=t.lazy, **t.launch())
+                         USE_TMA=tma, WS=t.ws, FRESH=fresh, **t.launch())
 
-    def _backward(self, dout, q, k, v, lse, delta, scale, mask, dq, dk, dv):
+    def _backward(self, dout, q, k, v, lse, delta, scale, mask, dq, dk, dv, fresh=False):
+        """``fresh``: dQ/dK/dV hold nothing yet (the plain backward): stored, not added to."""
         if q.shape[1] == 0 or k.shape[1] == 0:
             return
         cfg = self.config[q.shape[-1]]
         atomic = cfg.dq is None and dq.dtype == torch.float32
         lse2, delta = bwd_rows(lse, delta)
-        self._launch_kv(cfg.kv, atomic, dout, q, k, v, lse2, delta, scale, mask, dq, dk, dv)
+        self._launch_kv(cfg.kv, atomic, dout, q, k, v, lse2, delta, scale, mask, dq, dk, dv, fresh)
         if not atomic:
-            self._launch_dq(cfg.dq or cfg.fwd, dout, q, k, v, lse2, delta, scale, mask, dq)
+            self._launch_dq(cfg.dq or cfg.fwd, dout, q, k, v, lse2, delta, scale, mask, dq, fresh)
 
-    def _launch_kv(self, t: Tiles, atomic, dout, q, k, v, lse2, delta, scale, mask, dq, dk, dv):
+    def _launch_kv(self, t: Tiles, atomic, dout, q, k, v, lse2, delta, scale, mask, dq, dk, dv, fresh=False):
         """dK, dV (and dQ by atomics when ``atomic``): one program per (k tile, batch x kv head);
         ``lse2``, ``delta`` from :func:`bwd_rows`."""
         from .triton_bwd import kv_kernel
@@ -293,9 +305,10 @@ class TritonKernel(Kernel):
                         *_dims(dq), *_dims(dk), *_dims(dv),
                         Sq, Sk, Hkv, H // Hkv, scale * _LOG2E, scale, *pos, *margs,
                         HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, HAS_DOC=has_doc, HAS_BLOCK=has_block,
-                        USE_TMA=tma, ATOMIC_DQ=atomic, WS=t.ws, VEC_TMA=tma and _tma_ok(lse2, delta), **t.launch())
+                        USE_TMA=tma, ATOMIC_DQ=atomic, WS=t.ws, VEC_TMA=tma and _tma_ok(lse2, delta),
+                        FRESH=fresh, **t.launch())
 
-    def _launch_dq(self, t: Tiles, dout, q, k, v, lse2, delta, scale, mask, dq):
+    def _launch_dq(self, t: Tiles, dout, q, k, v, lse2, delta, scale, mask, dq, fresh=False):
         """dQ without atomics: one program per (q tile, batch x q head), P and dP recomputed."""
         from .triton_bwd import dq_kernel
 
@@ -311,7 +324,7 @@ class TritonKernel(Kernel):
                         *_dims(q), *_dims(k), *_dims(v), *_dims(dout), *lse2.stride(), *delta.stride(), *_dims(dq),
                         Sq, Sk, H, H // Hkv, scale * _LOG2E, scale, *pos, *margs, reverse,
                         HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, HAS_DOC=has_doc, HAS_BLOCK=has_block,
-                        USE_TMA=tma, WS=t.ws, **t.launch())
+                        USE_TMA=tma, WS=t.ws, FRESH=fresh, **t.launch())
 
 
 _LOG2E = math.log2(math.e)

@@ -54,6 +54,14 @@ def store_rows(desc, s0, col, x, USE_TMA: tl.constexpr):
 
 
 @triton.jit
+def zero_rows(base, stride, n_rows, s0, col, width, BLOCK: tl.constexpr, D: tl.constexpr, USE_TMA: tl.constexpr):
+    """Zero rows [s0, s0 + BLOCK) of one head of a batch's (n_rows, width) matrix: a fresh
+    output's tile that no visible pair reaches."""
+    desc = row_desc(base, n_rows, stride, width, BLOCK, D, USE_TMA)
+    store_rows(desc, s0, col, tl.zeros([BLOCK, D], base.dtype.element_ty), USE_TMA)
+
+
+@triton.jit
 def add_rows(desc, base, stride, s0, col, n_rows, x, BLOCK: tl.constexpr, D: tl.constexpr, USE_TMA: tl.constexpr):
     """Atomically add float32 rows [s0, s0 + BLOCK) of one head (TMA reduce-add, or per-element atomics)."""
     if USE_TMA:
