@@ -44,14 +44,14 @@ T = Tiles
 # 82 KB -> 2; 64x32/4w 3 stages 135 regs, 67 KB -> 3; dK/dV 64x128/8w 255 regs -> 1).
 SWEEP = {
     128: dict(
-        fwd=[T(128, 128, 4, 2, tma=True, ws=True), T(128, 64, 4, 2, tma=True, ws=True),
-             T(128, 64, 4, 3, tma=True, ws=True), T(128, 128, 8, 3, tma=True), T(64, 64, 4, 3, tma=True),
-             T(128, 64, 8, 2, tma=True, maxnreg=128)],
+        fwd=[T(128, 128, 8, 3, tma=True), T(64, 64, 4, 3, tma=True), T(128, 64, 8, 2, tma=True, maxnreg=128),
+             T(128, 64, 8, 3, tma=True), T(256, 32, 16, 3, tma=True, maxnreg=128),
+             T(256, 32, 16, 4, tma=True, maxnreg=128), T(256, 64, 16, 2, tma=True, maxnreg=128)],
         kv=[T(64, 128, 8, 3, tma=True), T(64, 64, 4, 2, tma=True)],
         atomic=[],
         dq=[T(128, 64, 8, 3, tma=True), T(64, 64, 4, 2, tma=True)]),
-    64: dict(fwd=[T(64, 64, 4, 3, tma=True), T(128, 64, 4, 2, tma=True, ws=True)], kv=[T(64, 64, 4, 2, tma=True)],
-             dq=[T(64, 64, 4, 2, tma=True)], atomic=[]),
+    64: dict(fwd=[T(64, 64, 4, 3, tma=True)], kv=[T(64, 64, 4, 2, tma=True)], dq=[T(64, 64, 4, 2, tma=True)],
+             atomic=[]),
 }
 
 
@@ -235,18 +235,11 @@ def _end_to_end(ours, cudnn, args, H=32, D=128):
             tf = median(timed(lambda: ours.forward(q, k, v, D ** -0.5, mask), 1, args.sweep_iters))
             tfb = median(timed(fwdbwd, 1, args.sweep_iters))
             c = cudnn[S][mask]
-            # the full-size output against cuDNN's (a race at this size would show here)
-            with torch.no_grad():
-                o = ours.forward(q, k, v, D ** -0.5, mask)[0].float()
-                ref = sdpa_fn("cudnn")(q, k, v, mask == CAUSAL).float()
             r = dict(S=S, mask=mask, fwd_tflops=fl / tf / 1e12, fwdbwd_tflops=3.5 * fl / tfb / 1e12,
-                     fwd_vs_cudnn=c["fwd_s"] / tf, fwdbwd_vs_cudnn=c["fwdbwd_s"] / tfb,
-                     out_err_vs_cudnn=((o - ref).norm() / ref.norm()).item())
-            del o, ref
+                     fwd_vs_cudnn=c["fwd_s"] / tf, fwdbwd_vs_cudnn=c["fwdbwd_s"] / tfb)
             out.append(r)
             log(f"end to end S={S} {mask}: fwd {r['fwd_tflops']:.0f} TFLOP/s ({r['fwd_vs_cudnn']:.2f}x cudnn), "
-                f"fwd+bwd {r['fwdbwd_tflops']:.0f} ({r['fwdbwd_vs_cudnn']:.2f}x cudnn), out vs cudnn "
-                f"{r['out_err_vs_cudnn']:.1e}")
+                f"fwd+bwd {r['fwdbwd_tflops']:.0f} ({r['fwdbwd_vs_cudnn']:.2f}x cudnn)")
         del q, k, v, do
         torch.cuda.empty_cache()
     return out

@@ -51,11 +51,10 @@ def kernel():
     from burstengine.kernels.triton_kernel import Config, Tiles, TritonKernel
 
     # tiny tiles so that 37-row blocks span several tiles and a ragged one; d=64 sends dQ out of
-    # the dK/dV kernel with atomics and loads through TMA descriptors, its forward splits off the
-    # fully visible tiles (the warp-specialised kernel on Hopper); d=128 runs the separate dQ
-    # kernel with pointer loads and different tile shapes per kernel
+    # the dK/dV kernel with atomics and loads through TMA descriptors, d=128 runs the separate
+    # dQ kernel with pointer loads and different tile shapes per kernel
     t16 = Tiles(16, 16, 4, 1, tma=True)
-    return TritonKernel({64: Config(fwd=Tiles(16, 16, 4, 1, tma=True, ws=True), kv=t16),
+    return TritonKernel({64: Config(fwd=t16, kv=t16),
                          128: Config(fwd=Tiles(16, 32, 4, 1), kv=Tiles(16, 16, 4, 1), dq=Tiles(32, 16, 4, 1))})
 
 

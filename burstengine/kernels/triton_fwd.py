@@ -4,14 +4,6 @@ place (DistFlashAttn's standalone_fwd): the online softmax starts from the calle
 
 One program per (q tile, batch x q head); GQA reads kv head h // group, no K/V copies.  Rows
 that see nothing in this block keep their state; a q tile that sees nothing is not touched.
-
-``fwd_ws_kernel`` runs only the fully visible k tiles of each q tile, in one loop that Triton's
-automatic warp specialisation on Hopper splits FA3-style: a producer warpgroup issuing the TMA
-loads and two consumer warpgroups of 64 rows each that run on independently of each other
-(measured on H200, d=128, 16K, no mask: 590 TFLOP/s against 512 for the best plain tiling).
-That pass (Triton 3.6) accepts a single loop and no TMA store, so the partly visible tiles
-(diagonal, window edges, a ragged end) are merged afterwards by ``fwd_kernel`` with
-``SKIP_FULL``, onto the state the first launch left.
 With ``FRESH`` (the plain forward) the state is known to be empty: O and lse are not read,
 and q tiles that see nothing write O = 0, lse = -inf, so the caller need not fill them first.
 """
@@ -27,8 +19,8 @@ from .triton_tiles import LOG2E, load_rows, q_tile_work, row_desc, store_rows, v
 def _fwd_tiles(acc, l_i, m_i, q, k_desc, v_desc, kv_col, t_lo, t_hi, offs_m, Sq, Sk, scale_log2,
                q_start, q_step, k_start, k_step, lo, hi, QDOC, KDOC, BMASK, bs, nbk,
                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_DOC: tl.constexpr, HAS_BLOCK: tl.constexpr,
-               USE_TMA: tl.constexpr):
-    for t in range(t_lo, t_hi):
+               USE_TMA: tl.constexpr, WS: tl.constexpr):
+    for t in tl.range(t_lo, t_hi, warp_specialize=WS):
         j0 = t * BLOCK_N
         qk = tl.dot(q, tl.trans(load_rows(k_desc, j0, kv_col, USE_TMA)))
         if MASKED:
@@ -59,15 +51,10 @@ def fwd_kernel(Q, K, V, O, LSE, sqb, sqs, skb, sks, svb, svs, sob, sos, slb, slh
                q_start, q_step, k_start, k_step, lo, hi,
                QDOC, KDOC, BOUNDS, BMASK, bs, nbk, CNT, IDX, FULL, reverse,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DOC: tl.constexpr,
-               HAS_BLOCK: tl.constexpr, USE_TMA: tl.constexpr, SKIP_FULL: tl.constexpr, FRESH: tl.constexpr):
+               HAS_BLOCK: tl.constexpr, USE_TMA: tl.constexpr, WS: tl.constexpr, FRESH: tl.constexpr):
     pid_m, b, h, i0, a, c, d, e, n_list, todo = q_tile_work(Sq, Sk, H, q_start, q_step, k_start, k_step, lo, hi,
                                                             BOUNDS, CNT, reverse, BLOCK_M, BLOCK_N, HAS_DOC,
                                                             HAS_BLOCK)
-    mid_end = d
-    if SKIP_FULL:
-        # the fully visible run [c, d) was done by fwd_ws_kernel: only partly visible tiles are left
-        todo = (a < c) | (d < e)
-        mid_end = c
     n_kt = tl.cdiv(Sk, BLOCK_N)
     if todo:
         b64 = b.to(tl.int64)
@@ -101,21 +88,21 @@ def fwd_kernel(Q, K, V, O, LSE, sqb, sqs, skb, sks, svb, svs, sob, sos, slb, slh
                 if tl.load(FULL + pid_m * n_kt + i) != 0:
                     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_desc, v_desc, kv_col, t, t + 1, offs_m, Sq, Sk,
                                                scale_log2, q_start, q_step, k_start, k_step, lo, hi, QDOC, KDOC, BMASK,
-                                               bs, nbk, BLOCK_N, False, HAS_DOC, HAS_BLOCK, USE_TMA)
+                                               bs, nbk, BLOCK_N, False, HAS_DOC, HAS_BLOCK, USE_TMA, False)
                 else:
                     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_desc, v_desc, kv_col, t, t + 1, offs_m, Sq, Sk,
                                                scale_log2, q_start, q_step, k_start, k_step, lo, hi, QDOC, KDOC, BMASK,
-                                               bs, nbk, BLOCK_N, True, HAS_DOC, HAS_BLOCK, USE_TMA)
+                                               bs, nbk, BLOCK_N, True, HAS_DOC, HAS_BLOCK, USE_TMA, False)
         else:
             acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_desc, v_desc, kv_col, a, c, offs_m, Sq, Sk, scale_log2,
                                        q_start, q_step, k_start, k_step, lo, hi, QDOC, KDOC, BMASK, bs, nbk, BLOCK_N,
-                                       True, HAS_DOC, HAS_BLOCK, USE_TMA)
-            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_desc, v_desc, kv_col, c, mid_end, offs_m, Sq, Sk,
-                                       scale_log2, q_start, q_step, k_start, k_step, lo, hi, QDOC, KDOC, BMASK, bs,
-                                       nbk, BLOCK_N, False, HAS_DOC, HAS_BLOCK, USE_TMA)
+                                       True, HAS_DOC, HAS_BLOCK, USE_TMA, False)
+            acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_desc, v_desc, kv_col, c, d, offs_m, Sq, Sk, scale_log2,
+                                       q_start, q_step, k_start, k_step, lo, hi, QDOC, KDOC, BMASK, bs, nbk, BLOCK_N,
+                                       False, HAS_DOC, HAS_BLOCK, USE_TMA, WS)
             acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_desc, v_desc, kv_col, d, e, offs_m, Sq, Sk, scale_log2,
                                        q_start, q_step, k_start, k_step, lo, hi, QDOC, KDOC, BMASK, bs, nbk, BLOCK_N,
-                                       True, HAS_DOC, HAS_BLOCK, USE_TMA)
+                                       True, HAS_DOC, HAS_BLOCK, USE_TMA, False)
 
         seen = l_i > 0
         l_safe = tl.where(seen, l_i, 1.0)
@@ -127,53 +114,3 @@ def fwd_kernel(Q, K, V, O, LSE, sqb, sqs, skb, sks, svb, svs, sob, sos, slb, slh
         zero_rows(O + b64 * sob, sos, Sq, i0, h * HEAD_DIM, H * HEAD_DIM, BLOCK_M, HEAD_DIM, USE_TMA)
         tl.store(LSE + b64 * slb + h * slh + offs_m * sls, tl.full([BLOCK_M], float("-inf"), tl.float32),
                  mask=offs_m < Sq)
-
-
-@triton.jit(do_not_specialize=["Sq", "Sk", "H", "GROUP", "q_start", "q_step", "k_start", "k_step", "lo", "hi",
-                               "reverse", "slb", "slh", "sls"])
-def fwd_ws_kernel(Q, K, V, O, LSE, sqb, sqs, skb, sks, svb, svs, sob, sos, slb, slh, sls,
-                  Sq, Sk, H, GROUP, scale_log2, q_start, q_step, k_start, k_step, lo, hi, BOUNDS, CNT, reverse,
-                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FRESH: tl.constexpr):
-    """The fully visible k tiles [c, d) of each q tile (position masks only), warp-specialised;
-    reads and writes the state through pointers (every row: a q tile with no such tile writes
-    its state back, or O = 0 / lse = -inf when ``FRESH``)."""
-    pid_m, b, h, i0, a, c, d, e, n_list, todo = q_tile_work(Sq, Sk, H, q_start, q_step, k_start, k_step, lo, hi,
-                                                            BOUNDS, CNT, reverse, BLOCK_M, BLOCK_N, False, False)
-    b64 = b.to(tl.int64)
-    q_col = h * HEAD_DIM
-    kv_col = (h // GROUP) * HEAD_DIM
-    Hkv = H // GROUP
-    q_desc = row_desc(Q + b64 * sqb, Sq, sqs, H * HEAD_DIM, BLOCK_M, HEAD_DIM, True)
-    k_desc = row_desc(K + b64 * skb, Sk, sks, Hkv * HEAD_DIM, BLOCK_N, HEAD_DIM, True)
-    v_desc = row_desc(V + b64 * svb, Sk, svs, Hkv * HEAD_DIM, BLOCK_N, HEAD_DIM, True)
-    q = load_rows(q_desc, i0, q_col, True)
-    offs_m = i0 + tl.arange(0, BLOCK_M)
-    row_ok = offs_m < Sq
-    l_ptrs = LSE + b64 * slb + h * slh + offs_m * sls
-    o_ptrs = O + b64 * sob + offs_m[:, None].to(tl.int64) * sos + q_col + tl.arange(0, HEAD_DIM)[None, :]
-    if FRESH:
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    else:
-        lse_old = tl.load(l_ptrs, mask=row_ok, other=float("-inf"))
-        m_i = lse_old * LOG2E
-        l_i = tl.where(lse_old == float("-inf"), 0.0, 1.0)
-        acc = tl.load(o_ptrs, mask=row_ok[:, None], other=0.0).to(tl.float32)
-        acc = tl.where(l_i[:, None] > 0, acc, 0.0)
-    for t in tl.range(c, d, warp_specialize=True):
-        j0 = t * BLOCK_N
-        qk = tl.dot(q, tl.trans(load_rows(k_desc, j0, kv_col, True)))
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * scale_log2)
-        p = tl.math.exp2(qk * scale_log2 - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = load_rows(v_desc, j0, kv_col, True)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m_i = m_new
-    seen = l_i > 0
-    l_safe = tl.where(seen, l_i, 1.0)
-    # a q tile with no fully visible tile keeps its running state untouched (not rounded again)
-    keep = row_ok & ((c < d) | FRESH)
-    tl.store(o_ptrs, (acc / l_safe[:, None]).to(O.dtype.element_ty), mask=keep[:, None])
-    tl.store(l_ptrs, tl.where(seen, (m_i + tl.math.log2(l_safe)) / LOG2E, float("-inf")), mask=keep)

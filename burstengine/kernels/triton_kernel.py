@@ -27,10 +27,8 @@ from .sdpa import CudnnKernel
 @dataclass(frozen=True)
 class Tiles:
     """Launch shape of one kernel: tile rows of q (block_m) and k (block_n), warps, pipeline
-    stages, TMA descriptor loads (Hopper), and a register cap per thread (``maxnreg``: e.g. 128
-    lets two 8-warp programs share an SM).  ``ws`` (forward only, Hopper): the fully visible
-    tiles go to the warp-specialised kernel (``warps`` = 4 there: Triton adds a producer and
-    splits the rows over two consumer warpgroups)."""
+    stages, TMA descriptor loads (Hopper), automatic warp specialisation of the main loop, and
+    a register cap per thread (``maxnreg``: e.g. 128 lets two 8-warp programs share an SM)."""
 
     block_m: int
     block_n: int
@@ -260,7 +258,7 @@ class TritonKernel(Kernel):
         return (spec.q_start, spec.q_step, spec.k_start, spec.k_step, lo, hi), int(spec.causal)
 
     def _forward(self, q, k, v, scale, mask, out, lse, fresh=False):
-        from .triton_fwd import fwd_kernel, fwd_ws_kernel
+        from .triton_fwd import fwd_kernel
 
         B, Sq, H, D = q.shape
         Sk, Hkv = k.shape[1], k.shape[2]
@@ -268,28 +266,15 @@ class TritonKernel(Kernel):
             return
         t = self.config[D].fwd
         spec = as_spec(mask)
+        margs, has_doc, has_block = self._mask_args(spec, Sq, Sk, t.block_m, t.block_n, True, q.device)
         pos, reverse = self._positions(spec)
         tma = t.tma and _tma_ok(q, k, v, out)
         _prepare()
         grid = (triton_cdiv(Sq, t.block_m), B * H)
-        skip_full = False
-        if t.ws and tma and spec.q_doc is None and spec.block_mask is None:
-            # fully visible tiles warp-specialised, then the partly visible ones onto that state
-            dummy = self._dummy_of(q.device)
-            fwd_ws_kernel[grid](q, k, v, out, lse, *_dims(q), *_dims(k), *_dims(v), *_dims(out), *lse.stride(),
-                                Sq, Sk, H, H // Hkv, scale * _LOG2E, *pos, dummy, dummy, reverse,
-                                HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, FRESH=fresh, **t.launch())
-            plain = not spec.causal and spec.window is None
-            if plain and Sk % t.block_n == 0:
-                return
-            # the few partly visible tiles in the plain kernel (its 128-row tiles want 8 warps)
-            skip_full, fresh = True, False
-            t = Tiles(t.block_m, t.block_n, max(t.warps, t.block_m // 16), 2, tma=True)
-        margs, has_doc, has_block = self._mask_args(spec, Sq, Sk, t.block_m, t.block_n, True, q.device)
         fwd_kernel[grid](q, k, v, out, lse, *_dims(q), *_dims(k), *_dims(v), *_dims(out), *lse.stride(),
                          Sq, Sk, H, H // Hkv, scale * _LOG2E, *pos, *margs, reverse,
                          HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, HAS_DOC=has_doc, HAS_BLOCK=has_block,
-                         USE_TMA=tma, SKIP_FULL=skip_full, FRESH=fresh, **t.launch())
+                         USE_TMA=tma, WS=t.ws, FRESH=fresh, **t.launch())
 
     def _backward(self, dout, q, k, v, lse, delta, scale, mask, dq, dk, dv, fresh=False):
         """``fresh``: dQ/dK/dV hold nothing yet (the plain backward): stored, not added to."""

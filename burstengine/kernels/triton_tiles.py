@@ -146,8 +146,8 @@ def q_tile_work(Sq, Sk, H, q_start, q_step, k_start, k_step, lo, hi, BOUNDS, CNT
     (q tile, batch, head, first row, the k tile runs a, c, d, e, block-list length, any work).
     With ``reverse`` (causal-like masks) the last q tiles, which have the most work, go first."""
     pid_m = tl.program_id(0)
-    # a select, not a branch: Triton's Hopper warp specialisation gives up on a kernel with scf.if
-    pid_m = tl.where(reverse != 0, tl.cdiv(Sq, BLOCK_M) - 1 - pid_m, pid_m)
+    if reverse:
+        pid_m = tl.cdiv(Sq, BLOCK_M) - 1 - pid_m
     bh = tl.program_id(1)
     i0 = pid_m * BLOCK_M
     if HAS_BLOCK:
