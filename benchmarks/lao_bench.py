@@ -40,9 +40,12 @@ T = Tiles
 # candidates per head dim, each timed on its own: forward tiles; dK/dV tiles with dQ from the
 # separate kernel ("kv") or by atomics from the same program ("atomic"); the dQ kernel ("dq").
 # Registers/shared memory per program decide how many programs share an SM (sm_90 builds:
-# 64x64/4w 168 regs, 116 KB -> 2; 128x64/8w capped at 128 regs, 98 KB -> 2; 128x32/8w 127 regs,
-# 82 KB -> 2; 64x32/4w 3 stages 135 regs, 67 KB -> 3; dK/dV 64x128/8w 255 regs -> 1).
-SWEEP = {
+# forward 64x64/4w 168 regs, 116 KB -> 2; 128x64/8w capped at 128 regs, 98 KB -> 2; 128x128/8w
+# 245 regs -> 1; dK/dV 64x128/8w 255 regs -> 1).  Earlier rounds on H200 (16K, full/causal
+# TFLOP/s of the part alone) dropped: forward 128x32/8w (354/347), 64x32/4w (462/393),
+# 128x128/8w/2 stages (412/401), 16 warps x 256 rows (401/376), a lazy rescale (443 vs 523);
+# dK/dV 32-row q tiles (398-591), 64x64/8w (298); dQ by atomics (TMA reduce-add: 252-319).
+SWEEP = {SWEEP = {
     128: dict(
         fwd=[T(128, 128, 8, 3, tma=True), T(64, 64, 4, 3, tma=True), T(128, 64, 8, 2, tma=True, maxnreg=128),
              T(128, 64, 8, 3, tma=True), T(256, 32, 16, 3, tma=True, maxnreg=128),
@@ -235,11 +238,18 @@ def _end_to_end(ours, cudnn, args, H=32, D=128):
             tf = median(timed(lambda: ours.forward(q, k, v, D ** -0.5, mask), 1, args.sweep_iters))
             tfb = median(timed(fwdbwd, 1, args.sweep_iters))
             c = cudnn[S][mask]
+            # the full-size output against cuDNN's (a race at this size would show here)
+            with torch.no_grad():
+                o = ours.forward(q, k, v, D ** -0.5, mask)[0].float()
+                ref = sdpa_fn("cudnn")(q, k, v, mask == CAUSAL).float()
             r = dict(S=S, mask=mask, fwd_tflops=fl / tf / 1e12, fwdbwd_tflops=3.5 * fl / tfb / 1e12,
-                     fwd_vs_cudnn=c["fwd_s"] / tf, fwdbwd_vs_cudnn=c["fwdbwd_s"] / tfb)
+                     fwd_vs_cudnn=c["fwd_s"] / tf, fwdbwd_vs_cudnn=c["fwdbwd_s"] / tfb,
+                     out_err_vs_cudnn=((o - ref).norm() / ref.norm()).item())
+            del o, ref
             out.append(r)
             log(f"end to end S={S} {mask}: fwd {r['fwd_tflops']:.0f} TFLOP/s ({r['fwd_vs_cudnn']:.2f}x cudnn), "
-                f"fwd+bwd {r['fwdbwd_tflops']:.0f} ({r['fwdbwd_vs_cudnn']:.2f}x cudnn)")
+                f"fwd+bwd {r['fwdbwd_tflops']:.0f} ({r['fwdbwd_vs_cudnn']:.2f}x cudnn), out vs cudnn "
+                f"{r['out_err_vs_cudnn']:.1e}")
         del q, k, v, do
         torch.cuda.empty_cache()
     return out
