@@ -45,7 +45,7 @@ T = Tiles
 # TFLOP/s of the part alone) dropped: forward 128x32/8w (354/347), 64x32/4w (462/393),
 # 128x128/8w/2 stages (412/401), 16 warps x 256 rows (401/376), a lazy rescale (443 vs 523);
 # dK/dV 32-row q tiles (398-591), 64x64/8w (298); dQ by atomics (TMA reduce-add: 252-319).
-SWEEP = {SWEEP = {
+SWEEP = {
     128: dict(
         fwd=[T(128, 128, 8, 3, tma=True), T(64, 64, 4, 3, tma=True), T(128, 64, 8, 2, tma=True, maxnreg=128),
              T(128, 64, 8, 3, tma=True), T(256, 32, 16, 3, tma=True, maxnreg=128),

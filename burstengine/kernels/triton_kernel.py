@@ -38,8 +38,10 @@ class Tiles:
     ws: bool = False
     maxnreg: int | None = None
 
-    def launch(self) -> dict:
-        kw = dict(num_warps=self.warps, num_stages=self.stages)
+    def launch(self, has_block: bool = False) -> dict:
+        # block-mask programs visit their listed tiles one at a time: nothing to pipeline, and
+        # the stages of the two per-tile loops (full, masked) would not fit in shared memory
+        kw = dict(num_warps=self.warps, num_stages=1 if has_block else self.stages)
         if self.maxnreg is not None:
             kw["maxnreg"] = self.maxnreg
         return kw
@@ -274,7 +276,7 @@ class TritonKernel(Kernel):
         fwd_kernel[grid](q, k, v, out, lse, *_dims(q), *_dims(k), *_dims(v), *_dims(out), *lse.stride(),
                          Sq, Sk, H, H // Hkv, scale * _LOG2E, *pos, *margs, reverse,
                          HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, HAS_DOC=has_doc, HAS_BLOCK=has_block,
-                         USE_TMA=tma, WS=t.ws, FRESH=fresh, **t.launch())
+                         USE_TMA=tma, WS=t.ws, FRESH=fresh, **t.launch(has_block))
 
     def _backward(self, dout, q, k, v, lse, delta, scale, mask, dq, dk, dv, fresh=False):
         """``fresh``: dQ/dK/dV hold nothing yet (the plain backward): stored, not added to."""
@@ -306,7 +308,7 @@ class TritonKernel(Kernel):
                         Sq, Sk, Hkv, H // Hkv, scale * _LOG2E, scale, *pos, *margs,
                         HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, HAS_DOC=has_doc, HAS_BLOCK=has_block,
                         USE_TMA=tma, ATOMIC_DQ=atomic, WS=t.ws, VEC_TMA=tma and _tma_ok(lse2, delta),
-                        FRESH=fresh, **t.launch())
+                        FRESH=fresh, **t.launch(has_block))
 
     def _launch_dq(self, t: Tiles, dout, q, k, v, lse2, delta, scale, mask, dq, fresh=False):
         """dQ without atomics: one program per (q tile, batch x q head), P and dP recomputed."""
@@ -324,7 +326,7 @@ class TritonKernel(Kernel):
                         *_dims(q), *_dims(k), *_dims(v), *_dims(dout), *lse2.stride(), *delta.stride(), *_dims(dq),
                         Sq, Sk, H, H // Hkv, scale * _LOG2E, scale, *pos, *margs, reverse,
                         HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, HAS_DOC=has_doc, HAS_BLOCK=has_block,
-                        USE_TMA=tma, WS=t.ws, FRESH=fresh, **t.launch())
+                        USE_TMA=tma, WS=t.ws, FRESH=fresh, **t.launch(has_block))
 
 
 _LOG2E = math.log2(math.e)
