@@ -49,26 +49,34 @@ class Tiles:
 
 @dataclass(frozen=True)
 class Config:
-    """Tiles per kernel; ``dq=None`` sends dQ out of the dK/dV kernel with float32 atomics."""
+    """Tiles per kernel; ``dq=None`` sends dQ out of the dK/dV kernel with float32 atomics;
+    ``fwd_into`` (default ``fwd``): the forward onto a running state (the ring step)."""
 
     fwd: Tiles
     kv: Tiles
     dq: Tiles | None = None
+    fwd_into: Tiles | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @staticmethod
     def from_dict(d: dict) -> "Config":
-        return Config(fwd=Tiles(**d["fwd"]), kv=Tiles(**d["kv"]), dq=Tiles(**d["dq"]) if d.get("dq") else None)
+        opt = {n: Tiles(**d[n]) if d.get(n) else None for n in ("dq", "fwd_into")}
+        return Config(fwd=Tiles(**d["fwd"]), kv=Tiles(**d["kv"]), **opt)
 
 
 # Chosen per head dim by the tile sweep of benchmarks/lao_bench.py (H200, bf16, 32 heads, full +
-# causal at 16K and the best again at 64K): benchmarks/results/lao_bench.json, "sweep".
+# causal at 16K and the best three again at 64K; benchmarks/results/lao_bench.json, "sweep").
+# d=128: forward 128x128 tiles, 8 warps (512/471 TFLOP/s at 16K, 506/487 at 64K; 64x64 gets
+# 517/448 and 457/485); the forward onto a running state (ring step, float32 O) keeps 64x64
+# tiles, 4 warps, two programs per SM (0.75-1.16x cuDNN + merge, against 0.71-1.06x for
+# 128x128); dK/dV 64x128/8 warps/3 stages and the separate dQ kernel 128x64 (dQ by TMA
+# reduce-add from the dK/dV program spilled and ran at 252-319).
 CONFIGS = {
     64: Config(fwd=Tiles(64, 64, 4, 3, tma=True), kv=Tiles(64, 64, 4, 2, tma=True), dq=Tiles(64, 64, 4, 2, tma=True)),
     128: Config(fwd=Tiles(128, 128, 8, 3, tma=True), kv=Tiles(64, 128, 8, 3, tma=True),
-                dq=Tiles(128, 64, 8, 3, tma=True)),
+                dq=Tiles(128, 64, 8, 3, tma=True), fwd_into=Tiles(64, 64, 4, 3, tma=True)),
 }
 
 _POS_LIMIT = 1 << 29
@@ -266,7 +274,8 @@ class TritonKernel(Kernel):
         Sk, Hkv = k.shape[1], k.shape[2]
         if Sq == 0 or Sk == 0:
             return
-        t = self.config[D].fwd
+        cfg = self.config[D]
+        t = cfg.fwd if fresh or cfg.fwd_into is None else cfg.fwd_into
         spec = as_spec(mask)
         margs, has_doc, has_block = self._mask_args(spec, Sq, Sk, t.block_m, t.block_n, True, q.device)
         pos, reverse = self._positions(spec)
