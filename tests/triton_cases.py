@@ -52,10 +52,11 @@ def kernel():
 
     # tiny tiles so that 37-row blocks span several tiles and a ragged one; d=64 sends dQ out of
     # the dK/dV kernel with atomics and loads through TMA descriptors, d=128 runs the separate
-    # dQ kernel with pointer loads and different tile shapes per kernel
+    # dQ kernel with pointer loads and different tile shapes per kernel (forward_into too)
     t16 = Tiles(16, 16, 4, 1, tma=True)
     return TritonKernel({64: Config(fwd=t16, kv=t16),
-                         128: Config(fwd=Tiles(16, 32, 4, 1), kv=Tiles(16, 16, 4, 1), dq=Tiles(32, 16, 4, 1))})
+                         128: Config(fwd=Tiles(16, 32, 4, 1), kv=Tiles(16, 16, 4, 1), dq=Tiles(32, 16, 4, 1),
+                                     fwd_into=Tiles(32, 16, 4, 1))})
 
 
 def main():
