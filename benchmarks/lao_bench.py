@@ -3,15 +3,18 @@
     python benchmarks/lao_bench.py --stage sweep --configs-out lao_configs.json
     python benchmarks/lao_bench.py --stage main --configs lao_configs.json
 
-``sweep``: tile shapes / TMA / warp specialisation / dQ scheme at S=16K (32 heads, bf16; all
-variants compiled in parallel first) for head dims 128 and 64; the fastest (full + causal,
-forward and backward separately) is written to --configs-out and becomes the CONFIGS table.
+``sweep``: tile shapes, warps, pipeline depth and register caps per kernel part (forward, dK/dV
+with the separate dQ kernel, dK/dV with dQ by atomics, the dQ kernel), all compiled in parallel
+first, each spot-checked against float64 and timed on its own at S=16K (32 heads, bf16, full +
+causal), the best three per part again at 64K (d=128), with cuDNN's times in the same process;
+the fastest correct per part (and the faster dQ scheme) is written to --configs-out and becomes
+the CONFIGS table.
 ``main``: with those configs, one launch over the whole sequence at --seqs (d=128, 32 heads,
 bf16, full and causal): forward and forward+backward TFLOP/s of ours, cuDNN, flash and
 compiled FlexAttention (4*S^2*H*d FLOPs forward, halved for causal, x3.5 for fwd+bwd), and
 the ring step: our fused ``forward_into`` / ``backward_into`` against cuDNN + the torch merge
 (forward) and cuDNN fed an `out` rebuilt from D (backward), per mask and GQA ratio.  Medians of
-5 timings after 2 warm-ups (sweep: 3 after 1).  Writes benchmarks/results/lao_bench.json (or
+5 timings after 2 warm-ups (sweep: 5 after 1 at 16K, 2 after 1 at 64K).  Writes benchmarks/results/lao_bench.json (or
 $BURST_RESULTS), the sweep included.
 """
 from __future__ import annotations
@@ -31,23 +34,27 @@ from burstengine.attention.schedule import CAUSAL, FULL, STRICT
 from burstengine.bench.kernels import attn_flops, load_configs, log, median, timed, warm_variants
 from burstengine.bench.record import write_record
 from burstengine.kernels import KERNELS
-from burstengine.kernels.triton_kernel import CONFIGS, Config, Tiles, TritonKernel
+from burstengine.kernels.triton_kernel import CONFIGS, Config, Tiles, TritonKernel, bwd_rows
 
 T = Tiles
-# candidates per head dim: forward tiles, and (dK/dV tiles, dQ tiles or None for atomics)
+# candidates per head dim, each timed on its own: forward tiles; dK/dV tiles with dQ from the
+# separate kernel ("kv") or by atomics from the same program ("atomic"); the dQ kernel ("dq").
+# Registers/shared memory per program decide how many programs share an SM (sm_90 builds:
+# forward 64x64/4w 168 regs, 116 KB -> 2; 128x64/8w capped at 128 regs, 98 KB -> 2; 128x128/8w
+# 245 regs -> 1; dK/dV 64x128/8w 255 regs -> 1).  Earlier rounds on H200 (16K, full/causal
+# TFLOP/s of the part alone) dropped: forward 128x32/8w (354/347), 64x32/4w (462/393),
+# 128x128/8w/2 stages (412/401), 16 warps x 256 rows (401/376), a lazy rescale (443 vs 523);
+# dK/dV 32-row q tiles (398-591), 64x64/8w (298); dQ by atomics (TMA reduce-add: 252-319).
 SWEEP = {
     128: dict(
-        fwd=[T(128, 64, 8, 3, tma=True), T(128, 128, 8, 2, tma=True), T(128, 128, 8, 3, tma=True),
-             T(128, 64, 8, 4, tma=True), T(128, 64, 4, 3, tma=True), T(128, 64, 8, 3, tma=True, ws=True),
-             T(128, 128, 8, 2), T(64, 64, 4, 3, tma=True)],
-        bwd=[(T(64, 64, 8, 2, tma=True), None), (T(64, 128, 8, 2, tma=True), None), (T(32, 128, 8, 2, tma=True), None),
-             (T(64, 64, 4, 2, tma=True), None), (T(64, 64, 8, 2, tma=True, ws=True), None),
-             (T(64, 128, 8, 2, tma=True), T(128, 64, 8, 2, tma=True)),
-             (T(32, 128, 4, 3, tma=True), T(128, 32, 4, 3, tma=True)), (T(64, 64, 8, 2), None)]),
-    64: dict(
-        fwd=[T(128, 64, 4, 3, tma=True), T(128, 128, 8, 3, tma=True), T(128, 64, 8, 3, tma=True)],
-        bwd=[(T(64, 128, 8, 2, tma=True), None), (T(64, 64, 4, 2, tma=True), None),
-             (T(128, 128, 8, 2, tma=True), None)]),
+        fwd=[T(128, 128, 8, 3, tma=True), T(64, 64, 4, 3, tma=True), T(128, 64, 8, 2, tma=True, maxnreg=128),
+             T(128, 64, 8, 3, tma=True), T(256, 32, 16, 3, tma=True, maxnreg=128),
+             T(256, 32, 16, 4, tma=True, maxnreg=128), T(256, 64, 16, 2, tma=True, maxnreg=128)],
+        kv=[T(64, 128, 8, 3, tma=True), T(64, 64, 4, 2, tma=True)],
+        atomic=[],
+        dq=[T(128, 64, 8, 3, tma=True), T(64, 64, 4, 2, tma=True)]),
+    64: dict(fwd=[T(64, 64, 4, 3, tma=True)], kv=[T(64, 64, 4, 2, tma=True)], dq=[T(64, 64, 4, 2, tma=True)],
+             atomic=[]),
 }
 
 
@@ -58,75 +65,214 @@ def rand(*shape, dtype=torch.bfloat16):
 # --- sweep -------------------------------------------------------------------------------------
 
 
-def _sweep_dim(args, D, fw, bw, rows, best):
-    S, H, B = args.sweep_seq, 32, 1
-    q, k, v, do = (rand(B, S, H, D) for _ in range(4))
+def _candidates(D):
+    """(part, tiles, Config that runs them) for every candidate of head dim D."""
+    base, s = CONFIGS[D], SWEEP[D]
+    dq0 = base.dq or T(128, 64, 8, 2, tma=True)
+    out = [("fwd", t, Config(fwd=t, kv=base.kv, dq=base.dq)) for t in s["fwd"]]
+    out += [("kv", t, Config(fwd=base.fwd, kv=t, dq=dq0)) for t in s["kv"]]
+    out += [("atomic", t, Config(fwd=base.fwd, kv=t, dq=None)) for t in s["atomic"]]
+    out += [("dq", t, Config(fwd=base.fwd, kv=base.kv, dq=t)) for t in s["dq"]]
+    return out
+
+
+def _spot_check(kern, D):
+    """Worst normwise error of forward_into/backward_into against float64 on a ragged GQA block,
+    causal and a sliding window (NaN counts as inf)."""
+    from burstengine.kernels.base import MaskSpec
+    from burstengine.kernels.verify import NAMES, run_case
+
+    worst = 0.0
+    for i, mask in enumerate((CAUSAL, MaskSpec(causal=True, window=300, q_start=100))):
+        r = run_case(kern, B=1, Sq=777, Sk=777, H=8, Hkv=2, D=D, dtype=torch.bfloat16, mask=mask, device="cuda",
+                     seed=D + i)
+        worst = max([worst] + [float("inf") if r["nan"] else r[n] for n in NAMES])
+    return worst
+
+
+def _part_fn(part, kern, tiles, S, D, mask, data):
+    q, k, v, do, lse, delta, bufs = data
     scale = D ** -0.5
+    if part == "fwd":
+        return lambda: kern.forward(q, k, v, scale, mask)
+    if part == "atomic":
+        return lambda: kern.backward(do, q, k, v, lse, delta, scale, mask)
+    # the backward's two launches on their own, from the rows they read (made once per call)
+    lse2, delta2 = bwd_rows(lse, delta)
+    if part == "kv":
+        return lambda: kern._launch_kv(tiles, False, do, q, k, v, lse2, delta2, scale, mask, *bufs)
+    return lambda: kern._launch_dq(tiles, do, q, k, v, lse2, delta2, scale, mask, bufs[0])
+
+
+def _sweep_data(S, D, H=32):
+    q, k, v, do = (rand(1, S, H, D) for _ in range(4))
     ref = KERNELS["cudnn"]
-    lse_d = {}
+    per_mask = {}
     for mask in (FULL, CAUSAL):
-        o, lse = ref.forward(q, k, v, scale, mask)
-        lse_d[mask] = (lse, (do.float() * o.float()).sum(-1).transpose(1, 2).contiguous())
-    for direction, cs in (("fwd", fw), ("bwd", bw)):
-        for c in cs:
-            kern = TritonKernel({D: c})
-            tiles = c.fwd if direction == "fwd" else (c.kv, c.dq)
-            row = dict(D=D, direction=direction, tiles=str(tiles), config=c.to_dict())
-            try:
-                for mask in (FULL, CAUSAL):
-                    lse, delta = lse_d[mask]
-                    if direction == "fwd":
-                        fn = lambda: kern.forward(q, k, v, scale, mask)  # noqa: E731
-                    else:
-                        fn = lambda: kern.backward(do, q, k, v, lse, delta, scale, mask)  # noqa: E731
-                    ts = timed(fn, 1, 3)
-                    flops = attn_flops(B, S, S, H, D, 0.5 if mask == CAUSAL else 1.0) * (1 if direction == "fwd"
-                                                                                          else 2.5)
-                    row[mask] = dict(times=ts, tflops=flops / median(ts) / 1e12)
-                row["total_s"] = median(row[FULL]["times"]) + median(row[CAUSAL]["times"])
-                log(f"sweep d={D} {direction} {tiles}: full {row[FULL]['tflops']:.0f} "
-                    f"causal {row[CAUSAL]['tflops']:.0f} TFLOP/s")
-            except Exception as e:
-                row["error"] = f"{type(e).__name__}: {e}"[:500]
-                log(f"sweep d={D} {direction} {tiles}: FAILED {row['error'][:200]}")
-            rows.append(row)
-            key = (D, direction)
-            if "total_s" in row and (key not in best or row["total_s"] < best[key]["total_s"]):
-                best[key] = row
+        o, lse = ref.forward(q, k, v, D ** -0.5, mask)
+        delta = (do.float() * o.float()).sum(-1).transpose(1, 2).contiguous()
+        bufs = [torch.zeros_like(t) for t in (q, k, v)]
+        per_mask[mask] = (q, k, v, do, lse, delta, bufs)
+    return per_mask
+
+
+def _cudnn_rows(S, D, H=32):
+    """cuDNN forward and forward+backward TFLOP/s at S (the ratios' denominators)."""
+    f = sdpa_fn("cudnn")
+    q, k, v, do = (rand(1, S, H, D) for _ in range(4))
+    qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = {}
+    for mask in (FULL, CAUSAL):
+        causal = mask == CAUSAL
+        fl = attn_flops(1, S, S, H, D, 0.5 if causal else 1.0)
+        with torch.no_grad():
+            tf = median(timed(lambda: f(q, k, v, causal), 1, 5))
+        tfb = median(timed(lambda: backward(f(qg, kg, vg, causal), do, (qg, kg, vg)), 1, 5))
+        out[mask] = dict(fwd_s=tf, fwdbwd_s=tfb, bwd_s=tfb - tf, fwd_tflops=fl / tf / 1e12,
+                         fwdbwd_tflops=3.5 * fl / tfb / 1e12)
+    return out
+
+
+def _time_parts(cands, S, D, iters, tag):
+    data = _sweep_data(S, D)
+    for part, tiles, cfg, row in cands:
+        kern = TritonKernel({D: cfg})
+        r = row.setdefault(tag, {})
+        try:
+            for mask in (FULL, CAUSAL):
+                ts = timed(_part_fn(part, kern, tiles, S, D, mask, data[mask]), 1, iters)
+                r[mask] = median(ts)
+            r["total_s"] = r[FULL] + r[CAUSAL]
+        except Exception as e:
+            r["error"] = f"{type(e).__name__}: {e}"[:400]
+        log(f"S={S} d={D} {part:>6} {tiles}: " + (f"full {r[FULL] * 1e3:.2f} ms, causal {r[CAUSAL] * 1e3:.2f} ms"
+                                                    if "error" not in r else "FAILED " + r["error"][:200]))
+    del data
+    torch.cuda.empty_cache()
 
 
 def sweep(args):
+    """Time every candidate tile shape per kernel part at --sweep-seq, the best few again at
+    --sweep-long, spot-check each against float64, and write the fastest correct per part."""
     t0 = time.time()
-    cands = {}
-    for D, s in SWEEP.items():
-        base = CONFIGS[D]
-        cands[D] = ([Config(fwd=f, kv=base.kv, dq=base.dq) for f in s["fwd"]],
-                    [Config(fwd=base.fwd, kv=kv, dq=dq) for kv, dq in s["bwd"]])
+    cands = {D: _candidates(D) for D in SWEEP}
     tasks = [dict(config=c.to_dict(), D=D, dtype="bfloat16", doc=False, block=False)
-             for D, (fw, bw) in cands.items() for c in fw + bw]
+             for D, cs in cands.items() for _, _, c in cs]
     errors = warm_variants(tasks, args.jobs)
     log(f"compiled {len(tasks)} sweep variants in {time.time() - t0:.0f}s, {len(errors)} failed")
     for e in errors:
         log("  ", e[:300])
-    rows, best = [], {}
-    for D, (fw, bw) in cands.items():
-        _sweep_dim(args, D, fw, bw, rows, best)
-        torch.cuda.empty_cache()
-    chosen = {}
-    for D in cands:
+    rows, chosen, cudnn = [], {}, {}
+    for S in (args.sweep_seq, args.sweep_long):
+        cudnn[S] = _cudnn_rows(S, 128)
+        log(f"cudnn S={S}: " + ", ".join(f"{m} fwd {r['fwd_tflops']:.0f} f+b {r['fwdbwd_tflops']:.0f} TFLOP/s"
+                                         for m, r in cudnn[S].items()))
+    for D, cs in cands.items():
+        entries = []
+        for part, tiles, cfg in cs:
+            row = dict(D=D, part=part, tiles=str(tiles), config=cfg.to_dict())
+            try:
+                row["err"] = _spot_check(TritonKernel({D: cfg}), D)
+            except Exception as e:
+                row["err"] = float("inf")
+                row["check_error"] = f"{type(e).__name__}: {e}"[:400]
+            row["ok"] = row["err"] <= 1e-2
+            log(f"check d={D} {part} {tiles}: worst {row['err']:.2e} {'ok' if row['ok'] else 'FAIL'}")
+            rows.append(row)
+            entries.append((part, tiles, cfg, row))
+        good = [e for e in entries if e[3]["ok"]]
+        _time_parts(good, args.sweep_seq, D, args.sweep_iters, "short")
+        # the best few per part again at the long length (D=128 only: the targets' head dim)
+        long = []
+        if D == 128:
+            for part in ("fwd", "kv", "atomic", "dq"):
+                ps = sorted([e for e in good if e[0] == part and "total_s" in e[3].get("short", {})],
+                            key=lambda e: e[3]["short"]["total_s"])
+                long += ps[:args.sweep_top]
+            _time_parts(long, args.sweep_long, D, max(2, args.sweep_iters // 2), "long")
+
+        def cost(e):
+            r = e[3]
+            return r["short"]["total_s"] + (r.get("long", {}).get("total_s", 0.0) / 16 if D == 128 else 0.0)
+
+        def best(part):
+            ps = [e for e in good if e[0] == part and "total_s" in e[3].get("short", {})
+                  and (D != 128 or "total_s" in e[3].get("long", {}) or not long)]
+            return min(ps, key=cost) if ps else None
+
         base = CONFIGS[D]
-        f = best.get((D, "fwd"))
-        b = best.get((D, "bwd"))
-        fwd = Config.from_dict(f["config"]).fwd if f else base.fwd
-        bc = Config.from_dict(b["config"]) if b else base
-        chosen[D] = Config(fwd=fwd, kv=bc.kv, dq=bc.dq)
+        f, kv, dq, at = best("fwd"), best("kv"), best("dq"), best("atomic")
+        fwd = f[1] if f else base.fwd
+        if kv and dq and (not at or cost(kv) + cost(dq) <= cost(at)):
+            chosen[D] = Config(fwd=fwd, kv=kv[1], dq=dq[1])
+        elif at:
+            chosen[D] = Config(fwd=fwd, kv=at[1], dq=None)
+        else:
+            chosen[D] = Config(fwd=fwd, kv=base.kv, dq=base.dq)
     out = {str(D): c.to_dict() for D, c in chosen.items()}
     with open(args.configs_out, "w") as fh:
         json.dump(out, fh, indent=1)
     log("chosen:", json.dumps(out))
+    log(_sweep_table(rows, cudnn, args))
+    e2e = _end_to_end(TritonKernel(chosen), cudnn, args) if 128 in chosen else []
     with open(args.configs_out + ".sweep.json", "w") as fh:
-        json.dump(dict(seq=args.sweep_seq, heads=32, rows=rows, chosen=out, compile_errors=errors,
-                       seconds=time.time() - t0), fh, indent=1)
+        json.dump(dict(seq=args.sweep_seq, long=args.sweep_long, heads=32, rows=rows, cudnn=cudnn, chosen=out,
+                       end_to_end=e2e, compile_errors=errors, seconds=time.time() - t0,
+                       flops="forward 4*S^2*H*d (x0.5 causal); dK/dV and atomic parts 2.5x, dQ part 1.5x"),
+                  fh, indent=1)
+
+
+def _end_to_end(ours, cudnn, args, H=32, D=128):
+    """The chosen configs as the main stage runs them (forward; forward + D + backward) beside
+    cuDNN, so the sweep already shows the ratios."""
+    out = []
+    for S in (args.sweep_seq, args.sweep_long):
+        q, k, v, do = (rand(1, S, H, D) for _ in range(4))
+        for mask in (FULL, CAUSAL):
+            fl = attn_flops(1, S, S, H, D, 0.5 if mask == CAUSAL else 1.0)
+
+            def fwdbwd():
+                o, lse = ours.forward(q, k, v, D ** -0.5, mask)
+                return ours.backward(do, q, k, v, lse, ours.delta(o, do), D ** -0.5, mask)
+
+            tf = median(timed(lambda: ours.forward(q, k, v, D ** -0.5, mask), 1, args.sweep_iters))
+            tfb = median(timed(fwdbwd, 1, args.sweep_iters))
+            c = cudnn[S][mask]
+            # the full-size output against cuDNN's (a race at this size would show here)
+            with torch.no_grad():
+                o = ours.forward(q, k, v, D ** -0.5, mask)[0].float()
+                ref = sdpa_fn("cudnn")(q, k, v, mask == CAUSAL).float()
+            r = dict(S=S, mask=mask, fwd_tflops=fl / tf / 1e12, fwdbwd_tflops=3.5 * fl / tfb / 1e12,
+                     fwd_vs_cudnn=c["fwd_s"] / tf, fwdbwd_vs_cudnn=c["fwdbwd_s"] / tfb,
+                     out_err_vs_cudnn=((o - ref).norm() / ref.norm()).item())
+            del o, ref
+            out.append(r)
+            log(f"end to end S={S} {mask}: fwd {r['fwd_tflops']:.0f} TFLOP/s ({r['fwd_vs_cudnn']:.2f}x cudnn), "
+                f"fwd+bwd {r['fwdbwd_tflops']:.0f} ({r['fwdbwd_vs_cudnn']:.2f}x cudnn), out vs cudnn "
+                f"{r['out_err_vs_cudnn']:.1e}")
+        del q, k, v, do
+        torch.cuda.empty_cache()
+    return out
+
+
+def _sweep_table(rows, cudnn, args):
+    """Per candidate: TFLOP/s of its part (flops of the whole pass it serves) beside cuDNN's."""
+    lines = []
+    for tag, S in (("short", args.sweep_seq), ("long", args.sweep_long)):
+        for r in rows:
+            t = r.get(tag)
+            if not t or "total_s" not in t:
+                continue
+            D = r["D"]
+            # forward FLOPs; the backward parts are shown as a share of the backward's 2.5x
+            mult = {"fwd": 1.0, "kv": 2.5, "atomic": 2.5, "dq": 2.5}[r["part"]]
+            cells = []
+            for m in (FULL, CAUSAL):
+                fl = mult * attn_flops(1, S, S, 32, D, 0.5 if m == CAUSAL else 1.0)
+                c = cudnn[S][m]["fwd_s" if r["part"] == "fwd" else "bwd_s"] if D == 128 else None
+                cells.append(f"{m} {fl / t[m] / 1e12:5.0f}" + (f" (cudnn {fl / c / 1e12:4.0f})" if c else ""))
+            lines.append(f"S={S:>6} d={D} {r['part']:>6} {r['tiles']:<80} " + "  ".join(cells))
+    return "\n".join(lines)
 
 
 # --- main --------------------------------------------------------------------------------------
@@ -197,8 +343,7 @@ def _single_case(args, ours, flex, S, causal, rows):
 
     def ours_fwdbwd():
         o, lse = ours.forward(q, k, v, scale, mask)
-        delta = (do.float() * o.float()).sum(-1).transpose(1, 2).contiguous()
-        return ours.backward(do, q, k, v, lse, delta, scale, mask)
+        return ours.backward(do, q, k, v, lse, ours.delta(o, do), scale, mask)
 
     methods = {"ours": (ours_fwd, ours_fwdbwd)}
     qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
@@ -351,6 +496,9 @@ def main():
     ap.add_argument("--seqs", default="16384,32768,65536,131072")
     ap.add_argument("--ring-seqs", default="8192,16384")
     ap.add_argument("--sweep-seq", type=int, default=16384)
+    ap.add_argument("--sweep-long", type=int, default=65536)
+    ap.add_argument("--sweep-top", type=int, default=3, help="candidates per part timed again at --sweep-long")
+    ap.add_argument("--sweep-iters", type=int, default=5)
     ap.add_argument("--flash-max", type=int, default=32768, help="skip SDPA flash above this length (slowest peer)")
     ap.add_argument("--sweep-record", default=None, help="a sweep's JSON to embed in the record (default: "
                     "<--configs>.sweep.json)")

@@ -104,7 +104,7 @@ def main():
     for name, c in all_cases:
         D = c["D"]
         t = kern.config[D]
-        gran = math.lcm(t.fwd.block_n, t.kv.block_n, *([t.dq.block_n] if t.dq else []))
+        gran = math.lcm(t.fwd.block_n, t.kv.block_n, *(x.block_n for x in (t.dq, t.fwd_into) if x))
         q = torch.empty(1, c["Sq"], c["H"], D, dtype=c["dtype"], device=args.device)
         kk = torch.empty(1, c["Sk"], c["Hkv"], D, dtype=c["dtype"], device=args.device)
         try:

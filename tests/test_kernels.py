@@ -75,6 +75,19 @@ def test_triton_plain_entry_points(triton_results, D):
     _check(r, 1e-2)
 
 
+def test_triton_plain_forward_writes_skipped_tiles(triton_results):
+    r = triton_results["plain-skipped"]
+    _check(r, 1e-2)
+    assert r["unseen_rows"] >= 16 * 4 and r["unseen_exact"]
+
+
+def test_triton_delta(triton_results):
+    # one Triton pass, float32, rows padded to 16 bytes for the backward's TMA loads
+    r = triton_results["delta"]
+    assert r["shape"] == [2, 3, 37] and r["dtype"] == "float32" and r["row_stride"] == 40
+    assert r["err"] < 1e-6, r
+
+
 def test_triton_nothing_visible(triton_results):
     r = triton_results["nothing-visible"]
     assert r["ran_triton"] and r["visible_frac"] == 0 and not r["nan"] and r["out"] == 0.0

@@ -52,10 +52,11 @@ def kernel():
 
     # tiny tiles so that 37-row blocks span several tiles and a ragged one; d=64 sends dQ out of
     # the dK/dV kernel with atomics and loads through TMA descriptors, d=128 runs the separate
-    # dQ kernel with pointer loads and different tile shapes per kernel
+    # dQ kernel with pointer loads and different tile shapes per kernel (forward_into too)
     t16 = Tiles(16, 16, 4, 1, tma=True)
     return TritonKernel({64: Config(fwd=t16, kv=t16),
-                         128: Config(fwd=Tiles(16, 32, 4, 1), kv=Tiles(16, 16, 4, 1), dq=Tiles(32, 16, 4, 1))})
+                         128: Config(fwd=Tiles(16, 32, 4, 1), kv=Tiles(16, 16, 4, 1), dq=Tiles(32, 16, 4, 1),
+                                     fwd_into=Tiles(32, 16, 4, 1))})
 
 
 def main():
@@ -91,6 +92,36 @@ def main():
                     **{n: fro_err(a, b) for n, a, b in zip(("dq", "dk", "dv"), grads, rgrads)})
         out[f"plain-d{D}"] = dict(errs, nan=False, ran_triton=True, dtype="bfloat16", poison=0,
                                   dtypes=[str(t.dtype)[6:] for t in (o, *grads)])
+    # the plain forward writes every row itself (no zero-filled buffers; NaN-filled here): q tiles
+    # that see nothing (rows 0..19 here, one whole 16-row tile) must come out O = 0, lse = -inf
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 37, h, 64, generator=g).to(torch.bfloat16) for h in (4, 2, 2))
+    spec = MaskSpec(causal=True, k_start=20)
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full((1, 4, 37), float("nan"))
+    tk._forward(q, k, v, 0.125, spec, o, lse, fresh=True)
+    ro, rl = ref.forward(*(t.double() for t in (q, k, v)), 0.125, spec)
+    seen = torch.isfinite(rl)
+    # and the plain backward into NaN-filled dQ/dK/dV: q tile 0 and k tile 2 get no visible pair
+    do = torch.randn(1, 37, 4, 64, generator=g).to(torch.bfloat16)
+    delta = (do.double() * ro).sum(-1).transpose(1, 2)
+    grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    tk._backward(do, q, k, v, rl.float(), delta.float(), 0.125, spec, *grads, fresh=True)
+    rgrads = ref.backward(*(t.double() for t in (do, q, k, v)), rl, delta, 0.125, spec)
+    out["plain-skipped"] = dict(out=fro_err(o, ro), lse=fro_err(lse[seen], rl[seen]),
+                                **{n: fro_err(a, b) for n, a, b in zip(("dq", "dk", "dv"), grads, rgrads)},
+                                nan=bool(torch.isnan(o).any() or torch.isnan(lse).any()
+                                         or any(torch.isnan(t).any() for t in grads)), ran_triton=True,
+                                dtype="bfloat16", poison=0, unseen_rows=int((~seen).sum()),
+                                unseen_exact=bool((o.transpose(1, 2)[~seen] == 0).all()
+                                                  and (lse[~seen] == -torch.inf).all()))
+    # D = rowsum(dO * O) in one kernel, ragged rows, against float64
+    g = torch.Generator().manual_seed(4)
+    o, do = (torch.randn(2, 37, 3, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    d = tk.delta(o, do)
+    rd = (o.double() * do.double()).sum(-1).transpose(1, 2)
+    out["delta"] = dict(err=fro_err(d, rd), shape=list(d.shape), dtype=str(d.dtype)[6:],
+                        row_stride=d.stride(1))
     one("nothing-visible", MaskSpec(causal=True, k_start=50), 1, 20, 20, 2, 1, 64, torch.bfloat16, 16)
     one("fallback-fp32", CAUSAL, 1, 9, 9, 2, 2, 64, torch.float32, poison_out=False)
     one("fallback-d32", CAUSAL, 1, 9, 9, 2, 2, 32, torch.bfloat16, poison_out=False)

@@ -202,7 +202,7 @@ class _BurstAttn(torch.autograd.Function):
         # D = rowsum(dO * O); a gradient flowing into lse enters as D - dlse, since
         # d lse_i / d s_ij = P_ij makes dS = P * (dP - D + dlse)
         acc = _acc(q)
-        delta = (dout.to(acc) * out.to(acc)).sum(-1).transpose(1, 2).contiguous()
+        delta = cfg.kernel.delta(out, dout, acc)
         if dlse is not None:
             delta = delta - dlse.to(acc)
         if cfg.backward == "burst":

@@ -23,9 +23,9 @@ KERNELS: dict[str, Kernel] = {k.name: k for k in (ReferenceKernel(), FlashKernel
 # pairs, first match wins; "spec" is any MaskSpec (windows, documents, block masks), which SDPA
 # cannot express.  From the ring step in benchmarks/results/lao_bench.json ("ring_step": H200, bf16,
 # d=128, 32 heads, GQA 1 and 4, non-empty running state): our fused forward_into beats cuDNN + the
-# torch merge only on STRICT blocks of 8K rows (1.12-1.18x: SDPA pays a shifted call there), and
-# loses elsewhere (0.85-1.03x); cuDNN's backward (fed an `out` rebuilt from D) beats ours on
-# every mask (ours 0.58-0.73x).
+# torch merge only on STRICT blocks of 8K rows (1.03-1.09x: SDPA pays a shifted call there), ties
+# on causal 8K blocks (0.95-1.00x) and loses elsewhere (0.79-0.93x); cuDNN's backward (fed an
+# `out` rebuilt from D) still beats ours on every mask (ours 0.77-0.91x, up from 0.58-0.73x).
 AUTO_TABLE = {
     ("forward", FULL): [(None, "cudnn")],
     ("forward", CAUSAL): [(None, "cudnn")],
@@ -85,6 +85,10 @@ class AutoKernel(Kernel):
 
     def forward(self, q, k, v, scale, mask):
         return self.pick("forward", mask, q, k).forward(q, k, v, scale, mask)
+
+    def delta(self, out, dout, dtype=torch.float32):
+        # one fused pass over dO and O where Triton runs (the torch expression makes float32 copies)
+        return KERNELS["triton"].delta(out, dout, dtype)
 
     def forward_into(self, q, k, v, scale, mask, out, lse):
         return self.pick("forward", mask, q, k).forward_into(q, k, v, scale, mask, out, lse)

@@ -122,6 +122,10 @@ class Kernel:
         """
         raise NotImplementedError
 
+    def delta(self, out, dout, dtype=torch.float32) -> torch.Tensor:
+        """D = rowsum(dO * O) (B, H, S) in ``dtype``, what every backward reads per query row."""
+        return (dout.to(dtype) * out.to(dtype)).sum(-1).transpose(1, 2).contiguous()
+
     def forward_into(self, q, k, v, scale: float, mask, out, lse) -> None:
         """Merge this block's attention into the running ``out`` (B, Sq, H, D) and ``lse``
         (B, H, Sq), both in the accumulation dtype, in place."""

@@ -4,13 +4,15 @@ place (DistFlashAttn's standalone_fwd): the online softmax starts from the calle
 
 One program per (q tile, batch x q head); GQA reads kv head h // group, no K/V copies.  Rows
 that see nothing in this block keep their state; a q tile that sees nothing is not touched.
+With ``FRESH`` (the plain forward) the state is known to be empty: O and lse are not read,
+and q tiles that see nothing write O = 0, lse = -inf, so the caller need not fill them first.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .triton_tiles import LOG2E, load_rows, q_tile_work, row_desc, store_rows, visible
+from .triton_tiles import LOG2E, load_rows, q_tile_work, row_desc, store_rows, visible, zero_rows
 
 
 @triton.jit
@@ -49,7 +51,7 @@ def fwd_kernel(Q, K, V, O, LSE, sqb, sqs, skb, sks, svb, svs, sob, sos, slb, slh
                q_start, q_step, k_start, k_step, lo, hi,
                QDOC, KDOC, BOUNDS, BMASK, bs, nbk, CNT, IDX, FULL, reverse,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DOC: tl.constexpr,
-               HAS_BLOCK: tl.constexpr, USE_TMA: tl.constexpr, WS: tl.constexpr):
+               HAS_BLOCK: tl.constexpr, USE_TMA: tl.constexpr, WS: tl.constexpr, FRESH: tl.constexpr):
     pid_m, b, h, i0, a, c, d, e, n_list, todo = q_tile_work(Sq, Sk, H, q_start, q_step, k_start, k_step, lo, hi,
                                                             BOUNDS, CNT, reverse, BLOCK_M, BLOCK_N, HAS_DOC,
                                                             HAS_BLOCK)
@@ -69,11 +71,16 @@ def fwd_kernel(Q, K, V, O, LSE, sqb, sqs, skb, sks, svb, svs, sob, sos, slb, slh
         row_ok = offs_m < Sq
         l_ptrs = LSE + b64 * slb + h * slh + offs_m * sls
         # the running state in base 2: true O = acc / l, true lse = (m + log2 l) / log2(e)
-        lse_old = tl.load(l_ptrs, mask=row_ok, other=float("-inf"))
-        m_i = lse_old * LOG2E
-        l_i = tl.where(lse_old == float("-inf"), 0.0, 1.0)
-        acc = load_rows(o_desc, i0, q_col, USE_TMA).to(tl.float32)
-        acc = tl.where(l_i[:, None] > 0, acc, 0.0)
+        if FRESH:
+            m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            l_i = tl.zeros([BLOCK_M], tl.float32)
+            acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        else:
+            lse_old = tl.load(l_ptrs, mask=row_ok, other=float("-inf"))
+            m_i = lse_old * LOG2E
+            l_i = tl.where(lse_old == float("-inf"), 0.0, 1.0)
+            acc = load_rows(o_desc, i0, q_col, USE_TMA).to(tl.float32)
+            acc = tl.where(l_i[:, None] > 0, acc, 0.0)
 
         if HAS_BLOCK:
             for i in range(n_list):
@@ -101,3 +108,9 @@ def fwd_kernel(Q, K, V, O, LSE, sqb, sqs, skb, sks, svb, svs, sob, sos, slb, slh
         l_safe = tl.where(seen, l_i, 1.0)
         store_rows(o_desc, i0, q_col, (acc / l_safe[:, None]).to(O.dtype.element_ty), USE_TMA)
         tl.store(l_ptrs, tl.where(seen, (m_i + tl.math.log2(l_safe)) / LOG2E, float("-inf")), mask=row_ok)
+    elif FRESH:
+        b64 = b.to(tl.int64)
+        offs_m = i0 + tl.arange(0, BLOCK_M)
+        zero_rows(O + b64 * sob, sos, Sq, i0, h * HEAD_DIM, H * HEAD_DIM, BLOCK_M, HEAD_DIM, USE_TMA)
+        tl.store(LSE + b64 * slb + h * slh + offs_m * sls, tl.full([BLOCK_M], float("-inf"), tl.float32),
+                 mask=offs_m < Sq)

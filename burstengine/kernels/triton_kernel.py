@@ -27,7 +27,8 @@ from .sdpa import CudnnKernel
 @dataclass(frozen=True)
 class Tiles:
     """Launch shape of one kernel: tile rows of q (block_m) and k (block_n), warps, pipeline
-    stages, TMA descriptor loads (Hopper), automatic warp specialisation of the main loop."""
+    stages, TMA descriptor loads (Hopper), automatic warp specialisation of the main loop, and
+    a register cap per thread (``maxnreg``: e.g. 128 lets two 8-warp programs share an SM)."""
 
     block_m: int
     block_n: int
@@ -35,33 +36,47 @@ class Tiles:
     stages: int
     tma: bool = False
     ws: bool = False
+    maxnreg: int | None = None
+
+    def launch(self, has_block: bool = False) -> dict:
+        # block-mask programs visit their listed tiles one at a time: nothing to pipeline, and
+        # the stages of the two per-tile loops (full, masked) would not fit in shared memory
+        kw = dict(num_warps=self.warps, num_stages=1 if has_block else self.stages)
+        if self.maxnreg is not None:
+            kw["maxnreg"] = self.maxnreg
+        return kw
 
 
 @dataclass(frozen=True)
 class Config:
-    """Tiles per kernel; ``dq=None`` sends dQ out of the dK/dV kernel with float32 atomics."""
+    """Tiles per kernel; ``dq=None`` sends dQ out of the dK/dV kernel with float32 atomics;
+    ``fwd_into`` (default ``fwd``): the forward onto a running state (the ring step)."""
 
     fwd: Tiles
     kv: Tiles
     dq: Tiles | None = None
+    fwd_into: Tiles | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @staticmethod
     def from_dict(d: dict) -> "Config":
-        return Config(fwd=Tiles(**d["fwd"]), kv=Tiles(**d["kv"]), dq=Tiles(**d["dq"]) if d.get("dq") else None)
+        opt = {n: Tiles(**d[n]) if d.get(n) else None for n in ("dq", "fwd_into")}
+        return Config(fwd=Tiles(**d["fwd"]), kv=Tiles(**d["kv"]), **opt)
 
 
-# Chosen per head dim by the tile sweep of benchmarks/lao_bench.py (H200, bf16, S=16K, 32 heads,
-# full + causal): benchmarks/results/lao_bench.json, "sweep".  d=128: forward 64x64 tiles beat
-# 128x64/128x128 (509 vs 449-489 TFLOP/s full); the backward's separate dQ kernel ties with dQ
-# atomics (298/307 vs 293/310) and is deterministic.  Automatic warp specialisation (ws) gained
-# 3% on one forward shape and nothing on the backward; pointer loads lost 20-30% to TMA.
+# Chosen per head dim by the tile sweep of benchmarks/lao_bench.py (H200, bf16, 32 heads, full +
+# causal at 16K and the best three again at 64K; benchmarks/results/lao_bench.json, "sweep").
+# d=128: forward 128x128 tiles, 8 warps (512/471 TFLOP/s at 16K, 506/487 at 64K; 64x64 gets
+# 517/448 and 457/485); the forward onto a running state (ring step, float32 O) keeps 64x64
+# tiles, 4 warps, two programs per SM (0.75-1.16x cuDNN + merge, against 0.71-1.06x for
+# 128x128); dK/dV 64x128/8 warps/3 stages and the separate dQ kernel 128x64 (dQ by TMA
+# reduce-add from the dK/dV program spilled and ran at 252-319).
 CONFIGS = {
-    64: Config(fwd=Tiles(128, 64, 4, 3, tma=True), kv=Tiles(64, 64, 4, 2, tma=True)),
-    128: Config(fwd=Tiles(64, 64, 4, 3, tma=True), kv=Tiles(64, 128, 8, 2, tma=True),
-                dq=Tiles(128, 64, 8, 2, tma=True)),
+    64: Config(fwd=Tiles(64, 64, 4, 3, tma=True), kv=Tiles(64, 64, 4, 2, tma=True), dq=Tiles(64, 64, 4, 2, tma=True)),
+    128: Config(fwd=Tiles(128, 128, 8, 3, tma=True), kv=Tiles(64, 128, 8, 3, tma=True),
+                dq=Tiles(128, 64, 8, 3, tma=True), fwd_into=Tiles(64, 64, 4, 3, tma=True)),
 }
 
 _POS_LIMIT = 1 << 29
@@ -77,11 +92,33 @@ def _dims(x):
 
 
 def _tma_ok(*ts) -> bool:
-    """TMA needs Hopper (the interpreter emulates it), 16-byte aligned bases and strides."""
+    """TMA needs Hopper (the interpreter emulates it), 16-byte aligned bases and strides, and
+    contiguous rows."""
     dev = ts[0].device
     if dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] < 9:
         return False
-    return all(t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1]) for t in ts)
+    return all(t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+               and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1]) for t in ts)
+
+
+def _rows_buffer(B: int, H: int, S: int, device) -> torch.Tensor:
+    """An empty float32 (B, H, S) tensor whose rows TMA can read: contiguous, each padded to a
+    multiple of 4 (16 bytes)."""
+    return torch.empty(B, H, -(-S // 4) * 4, device=device, dtype=torch.float32)[..., :S]
+
+
+def bwd_rows(lse: torch.Tensor, delta: torch.Tensor):
+    """What the backward kernels read per query row: lse in base 2 with +inf where a row saw
+    nothing (P = 0 there, not exp(+inf)), and D, both in TMA-readable buffers (D copied only
+    when it is not one already).  A few MB at most, once per call."""
+    lse2 = _rows_buffer(*lse.shape, lse.device)
+    torch.mul(lse, _LOG2E, out=lse2)
+    lse2.masked_fill_(lse == float("-inf"), float("inf"))
+    if not _tma_ok(delta) or delta.dtype != torch.float32:
+        buf = _rows_buffer(*delta.shape, delta.device)
+        buf.copy_(delta)
+        delta = buf
+    return lse2, delta
 
 
 class TritonKernel(Kernel):
@@ -132,10 +169,15 @@ class TritonKernel(Kernel):
         if not self.supports(q, k, v, mask):
             return self.fallback(q, mask).forward(q, k, v, scale, mask)
         B, Sq, H, D = q.shape
-        # the kernel keeps O in float32 registers and stores it in out's dtype: no float32 round trip
-        out = torch.zeros(B, Sq, H, D, device=q.device, dtype=q.dtype)
-        lse = torch.full((B, H, Sq), float("-inf"), device=q.device, dtype=torch.float32)
-        self._forward(q, k, v, scale, mask, out, lse)
+        # the kernel keeps O in float32 registers and stores it in out's dtype: no float32 round
+        # trip; it writes every row (fresh: no running state to read)
+        out = torch.empty(B, Sq, H, D, device=q.device, dtype=q.dtype)
+        lse = torch.empty((B, H, Sq), device=q.device, dtype=torch.float32)
+        if k.shape[1] == 0:
+            out.zero_()
+            lse.fill_(float("-inf"))
+            return out, lse
+        self._forward(q, k, v, scale, mask, out, lse, fresh=True)
         return out, lse
 
     def forward_into(self, q, k, v, scale, mask, out, lse) -> None:
@@ -146,13 +188,29 @@ class TritonKernel(Kernel):
     def backward(self, dout, q, k, v, lse, delta, scale, mask, out=None):
         if not self.supports(q, k, v, mask, dout):
             return self.fallback(q, mask).backward(dout, q, k, v, lse, delta, scale, mask, out=out)
-        # dK/dV are summed in registers, dQ too unless it goes out by atomics (which need float32)
+        # dK/dV are summed in registers and stored (every row, fresh: nothing to add to), dQ too
+        # unless it goes out by atomics (which need a zeroed float32 buffer)
         atomic = self.config[q.shape[-1]].dq is None
-        dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32 if atomic else q.dtype)
-        dk = torch.zeros(k.shape, device=q.device, dtype=k.dtype)
-        dv = torch.zeros(v.shape, device=q.device, dtype=v.dtype)
-        self._backward(dout, q, k, v, lse, delta, scale, mask, dq, dk, dv)
+        empty = q.shape[1] == 0 or k.shape[1] == 0
+        dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic or empty else torch.empty_like(q)
+        dk, dv = (torch.zeros_like(t) if empty else torch.empty_like(t) for t in (k, v))
+        self._backward(dout, q, k, v, lse, delta, scale, mask, dq, dk, dv, fresh=True)
         return dq.to(q.dtype), dk, dv
+
+    def delta(self, out, dout, dtype=torch.float32):
+        """D = rowsum(dO * O) in one kernel (the torch expression writes float32 copies of both),
+        into rows the backward's TMA loads can read."""
+        B, S, H, D = out.shape
+        if (dtype != torch.float32 or dout.shape != out.shape or S == 0 or D & (D - 1) or D > 256
+                or not self.available(out.device) or any(t.stride(-1) != 1 or t.stride(-2) != D for t in (out, dout))):
+            return super().delta(out, dout, dtype)
+        from .triton_bwd import delta_kernel
+
+        dl = _rows_buffer(B, H, S, out.device)
+        block = 64
+        delta_kernel[(triton_cdiv(S, block), B * H)](out, dout, dl, *_dims(out), *_dims(dout), dl.stride(0),
+                                                      dl.stride(1), S, H, HEAD_DIM=D, BLOCK=block, num_warps=4)
+        return dl
 
     def backward_into(self, dout, q, k, v, lse, delta, scale, mask, dq, dk, dv, out=None) -> None:
         if not self.supports(q, k, v, mask, dout, dq, dk, dv):
@@ -209,14 +267,15 @@ class TritonKernel(Kernel):
         # with a lower bound (causal), the last q tiles do the most work
         return (spec.q_start, spec.q_step, spec.k_start, spec.k_step, lo, hi), int(spec.causal)
 
-    def _forward(self, q, k, v, scale, mask, out, lse):
+    def _forward(self, q, k, v, scale, mask, out, lse, fresh=False):
         from .triton_fwd import fwd_kernel
 
         B, Sq, H, D = q.shape
         Sk, Hkv = k.shape[1], k.shape[2]
         if Sq == 0 or Sk == 0:
             return
-        t = self.config[D].fwd
+        cfg = self.config[D]
+        t = cfg.fwd if fresh or cfg.fwd_into is None else cfg.fwd_into
         spec = as_spec(mask)
         margs, has_doc, has_block = self._mask_args(spec, Sq, Sk, t.block_m, t.block_n, True, q.device)
         pos, reverse = self._positions(spec)
@@ -226,41 +285,57 @@ class TritonKernel(Kernel):
         fwd_kernel[grid](q, k, v, out, lse, *_dims(q), *_dims(k), *_dims(v), *_dims(out), *lse.stride(),
                          Sq, Sk, H, H // Hkv, scale * _LOG2E, *pos, *margs, reverse,
                          HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, HAS_DOC=has_doc, HAS_BLOCK=has_block,
-                         USE_TMA=tma, WS=t.ws, num_warps=t.warps, num_stages=t.stages)
+                         USE_TMA=tma, WS=t.ws, FRESH=fresh, **t.launch(has_block))
 
-    def _backward(self, dout, q, k, v, lse, delta, scale, mask, dq, dk, dv):
-        from .triton_bwd import dq_kernel, kv_kernel
+    def _backward(self, dout, q, k, v, lse, delta, scale, mask, dq, dk, dv, fresh=False):
+        """``fresh``: dQ/dK/dV hold nothing yet (the plain backward): stored, not added to."""
+        if q.shape[1] == 0 or k.shape[1] == 0:
+            return
+        cfg = self.config[q.shape[-1]]
+        atomic = cfg.dq is None and dq.dtype == torch.float32
+        lse2, delta = bwd_rows(lse, delta)
+        self._launch_kv(cfg.kv, atomic, dout, q, k, v, lse2, delta, scale, mask, dq, dk, dv, fresh)
+        if not atomic:
+            self._launch_dq(cfg.dq or cfg.fwd, dout, q, k, v, lse2, delta, scale, mask, dq, fresh)
+
+    def _launch_kv(self, t: Tiles, atomic, dout, q, k, v, lse2, delta, scale, mask, dq, dk, dv, fresh=False):
+        """dK, dV (and dQ by atomics when ``atomic``): one program per (k tile, batch x kv head);
+        ``lse2``, ``delta`` from :func:`bwd_rows`."""
+        from .triton_bwd import kv_kernel
 
         B, Sq, H, D = q.shape
         Sk, Hkv = k.shape[1], k.shape[2]
-        if Sq == 0 or Sk == 0:
-            return
-        cfg = self.config[D]
         spec = as_spec(mask)
-        pos, reverse = self._positions(spec)
-        atomic = cfg.dq is None and dq.dtype == torch.float32
-        t = cfg.kv
+        pos, _ = self._positions(spec)
         margs, has_doc, has_block = self._mask_args(spec, Sq, Sk, t.block_n, t.block_m, False, q.device)
         tma = t.tma and _tma_ok(q, k, v, dout, dq, dk, dv)
         _prepare()
         grid = (triton_cdiv(Sk, t.block_n), B * Hkv)
-        kv_kernel[grid](q, k, v, dout, lse, delta, dq, dk, dv,
-                        *_dims(q), *_dims(k), *_dims(v), *_dims(dout), *lse.stride(), *delta.stride(),
+        kv_kernel[grid](q, k, v, dout, lse2, delta, dq, dk, dv,
+                        *_dims(q), *_dims(k), *_dims(v), *_dims(dout), *lse2.stride(), *delta.stride(),
                         *_dims(dq), *_dims(dk), *_dims(dv),
                         Sq, Sk, Hkv, H // Hkv, scale * _LOG2E, scale, *pos, *margs,
                         HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, HAS_DOC=has_doc, HAS_BLOCK=has_block,
-                        USE_TMA=tma, ATOMIC_DQ=atomic, WS=t.ws, num_warps=t.warps, num_stages=t.stages)
-        if atomic:
-            return
-        t = cfg.dq or cfg.fwd
+                        USE_TMA=tma, ATOMIC_DQ=atomic, WS=t.ws, VEC_TMA=tma and _tma_ok(lse2, delta),
+                        FRESH=fresh, **t.launch(has_block))
+
+    def _launch_dq(self, t: Tiles, dout, q, k, v, lse2, delta, scale, mask, dq, fresh=False):
+        """dQ without atomics: one program per (q tile, batch x q head), P and dP recomputed."""
+        from .triton_bwd import dq_kernel
+
+        B, Sq, H, D = q.shape
+        Sk, Hkv = k.shape[1], k.shape[2]
+        spec = as_spec(mask)
+        pos, reverse = self._positions(spec)
         margs, has_doc, has_block = self._mask_args(spec, Sq, Sk, t.block_m, t.block_n, True, q.device)
         tma = t.tma and _tma_ok(q, k, v, dout, dq)
+        _prepare()
         grid = (triton_cdiv(Sq, t.block_m), B * H)
-        dq_kernel[grid](q, k, v, dout, lse, delta, dq,
-                        *_dims(q), *_dims(k), *_dims(v), *_dims(dout), *lse.stride(), *delta.stride(), *_dims(dq),
+        dq_kernel[grid](q, k, v, dout, lse2, delta, dq,
+                        *_dims(q), *_dims(k), *_dims(v), *_dims(dout), *lse2.stride(), *delta.stride(), *_dims(dq),
                         Sq, Sk, H, H // Hkv, scale * _LOG2E, scale, *pos, *margs, reverse,
                         HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, HAS_DOC=has_doc, HAS_BLOCK=has_block,
-                        USE_TMA=tma, WS=t.ws, num_warps=t.warps, num_stages=t.stages)
+                        USE_TMA=tma, WS=t.ws, FRESH=fresh, **t.launch(has_block))
 
 
 _LOG2E = math.log2(math.e)

@@ -54,6 +54,14 @@ def store_rows(desc, s0, col, x, USE_TMA: tl.constexpr):
 
 
 @triton.jit
+def zero_rows(base, stride, n_rows, s0, col, width, BLOCK: tl.constexpr, D: tl.constexpr, USE_TMA: tl.constexpr):
+    """Zero rows [s0, s0 + BLOCK) of one head of a batch's (n_rows, width) matrix: a fresh
+    output's tile that no visible pair reaches."""
+    desc = row_desc(base, n_rows, stride, width, BLOCK, D, USE_TMA)
+    store_rows(desc, s0, col, tl.zeros([BLOCK, D], base.dtype.element_ty), USE_TMA)
+
+
+@triton.jit
 def add_rows(desc, base, stride, s0, col, n_rows, x, BLOCK: tl.constexpr, D: tl.constexpr, USE_TMA: tl.constexpr):
     """Atomically add float32 rows [s0, s0 + BLOCK) of one head (TMA reduce-add, or per-element atomics)."""
     if USE_TMA:
@@ -63,6 +71,29 @@ def add_rows(desc, base, stride, s0, col, n_rows, x, BLOCK: tl.constexpr, D: tl.
         c = tl.arange(0, D)
         ptr = base + s0.to(tl.int64) * stride + col + (r[:, None] * stride + c[None, :])
         tl.atomic_add(ptr, x, mask=(s0 + r)[:, None] < n_rows, sem="relaxed")
+
+
+@triton.jit
+def vec_desc(base, n_heads, n_rows, stride_h, BLOCK: tl.constexpr, USE_TMA: tl.constexpr):
+    """Handle on a batch's float32 (heads, rows) matrix (lse, D; rows contiguous) read in
+    BLOCK-row pieces of one head: a TMA descriptor, or the base pointer."""
+    if USE_TMA:
+        d = tl.make_tensor_descriptor(base, shape=[n_heads, n_rows], strides=[stride_h, 1], block_shape=[1, BLOCK])
+    else:
+        d = base
+    return d
+
+
+@triton.jit
+def load_vec(handle, h, stride_h, stride_r, s0, n_rows, other, BLOCK: tl.constexpr, USE_TMA: tl.constexpr):
+    """Rows [s0, s0 + BLOCK) of head ``h`` through a :func:`vec_desc` handle; past the end 0
+    (TMA) or ``other`` (pointers)."""
+    if USE_TMA:
+        x = handle.load([h, s0]).reshape(BLOCK)
+    else:
+        offs = s0 + tl.arange(0, BLOCK)
+        x = tl.load(handle + h * stride_h + offs * stride_r, mask=offs < n_rows, other=other)
+    return x
 
 
 @triton.jit
