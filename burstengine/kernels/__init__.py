@@ -40,10 +40,10 @@ AUTO_TABLE = {
 
 # A MaskSpec block whose FULL/CAUSAL pieces (kernels/pieces.py) are mostly large goes to cuDNN
 # piece by piece rather than to Triton: "mostly" = at least half the visible pairs lie in pieces
-# with at least this many query rows and keys.  Measured on one H200 at 128K tokens
-# (benchmarks/results/sparse_1gpu_{auto,cudnn}.json, fwd+bwd): sliding window 32K, cuDNN pieces
-# 455 ms vs Triton 585; packed documents of 1K-64K tokens 200 vs 248; window 4K (pieces of at
-# most 4K rows, many launches and merges) 134 vs Triton 103.
+# with at least this many query rows and keys.  Measured on one H200 at 128K tokens, fwd+bwd,
+# Triton vs cuDNN pieces (benchmarks/results/sparse_1gpu_{triton,cudnn}.json): window 4K 89 vs
+# 132 ms (many small pieces, a launch and a merge each), 16K 283 vs 285, 32K 512 vs 465; packed
+# documents of 1K-64K tokens 217 vs 201.
 SPEC_PIECE_ROWS = 8192
 
 
