@@ -36,7 +36,7 @@ from .. import costmodel as cm
 from ..comm import topology as topo
 from ..comm.ring import Ring
 from ..kernels import get_kernel
-from .attention import timed as timed_cuda
+from .attention import timed
 
 SCHEMES = ("burst", "ring", "burst_double", "ring_double", "ulysses", "hybrid")
 
@@ -60,26 +60,6 @@ def build_parser(p=None):
     p.add_argument("--name", default=None, help="record name [topo_bench_<world>gpu]")
     p.add_argument("--out-dir", default=None)
     return p
-
-
-# --- timing -----------------------------------------------------------------------------------
-
-def timed(fn, group, device, warmup, iters) -> list[float]:
-    """Seconds per call, each the slowest rank's (the ranks start together after a barrier)."""
-    if device.type == "cuda":
-        return timed_cuda(fn, warmup, iters, group)
-    # on CPU the host clock (bench/attention.py's timed does the same on main: use it there)
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        dist.barrier(group=group)
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    t = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return t.tolist()
 
 
 def median(xs):
@@ -107,7 +87,7 @@ def measure_link(group, sizes, device, warmup, iters):
     raw = []
     for nbytes in sizes:
         buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        raw.append(median(timed(lambda: ring.shift([buf], "forward", ["x"]).wait(), group, device, warmup, iters)))
+        raw.append(median(timed(lambda: ring.shift([buf], "forward", ["x"]).wait(), warmup, iters, group, device)))
     return fit_link(sizes, raw), raw
 
 
@@ -119,7 +99,7 @@ def measure_a2a(group, sizes, device, warmup, iters):
         nbytes -= nbytes % G
         x = torch.empty(nbytes, dtype=torch.uint8, device=device)
         y = torch.empty_like(x)
-        raw.append(median(timed(lambda: dist.all_to_all_single(y, x, group=group), group, device, warmup, iters)))
+        raw.append(median(timed(lambda: dist.all_to_all_single(y, x, group=group), warmup, iters, group, device)))
     return fit_link([s * (G - 1) / G for s in sizes], raw), raw
 
 
@@ -148,7 +128,7 @@ def measure_kernel(kernel, device, dtype, B, sq, sk, H, Hkv, D, mask, group, war
     def bwd():
         kernel.backward_into(do, q, k, v, lse0, delta, scale, mask, dq, dk, dv)
 
-    return median(timed(fwd, group, device, warmup, iters)), median(timed(bwd, group, device, warmup, iters))
+    return median(timed(fwd, warmup, iters, group, device)), median(timed(bwd, warmup, iters, group, device))
 
 
 # --- what runs --------------------------------------------------------------------------------
@@ -308,7 +288,7 @@ def run(group, args, log=print) -> dict | None:
             def step(fn=fn):
                 fn(*qkv[:3]).backward(qkv[3])
 
-            meas = timed(step, group, device, args.warmup, args.iters)
+            meas = timed(step, args.warmup, args.iters, group, device)
             p = predict(scheme, opts, single, double, attn)
             m = median(meas)
             rows.append(dict(label=label, scheme=scheme, S=S, H=H, Hkv=Hkv, D=D, causal=args.causal, world=G,
