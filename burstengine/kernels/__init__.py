@@ -12,7 +12,7 @@ import torch
 
 from ..attention.schedule import CAUSAL, FULL, STRICT
 from .base import Kernel, MaskSpec
-from .pieces import cached_pieces
+from .pieces import large_pairs
 from .reference import ReferenceKernel
 from .sdpa import CudnnKernel, FlashKernel
 from .triton_kernel import TritonKernel
@@ -48,11 +48,7 @@ SPEC_PIECE_ROWS = 8192
 
 
 def _large_pieces(mask: MaskSpec, sq: int, sk: int) -> bool:
-    pieces = cached_pieces(mask, sq, sk)
-    if not pieces:
-        return False
-    total = sum(p.pairs() for p in pieces)
-    big = sum(p.pairs() for p in pieces if min(p.q1 - p.q0, p.nk) >= SPEC_PIECE_ROWS)
+    big, total = large_pairs(mask, sq, sk, SPEC_PIECE_ROWS)
     return 2 * big >= total > 0
 
 

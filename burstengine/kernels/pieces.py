@@ -61,6 +61,11 @@ class Piece:
         n = self.q1 - self.q0
         return n * self.nk if self.kind == FULL else n * (n + 1) // 2
 
+    @property
+    def side(self) -> int:
+        """The smaller of its query rows and keys."""
+        return min(self.q1 - self.q0, self.nk)
+
 
 def band(i0: int, i1: int, j0: int, j1: int, clo: int | None, chi: int | None, max_rows: int) -> list[Piece]:
     """Pieces for rows [i0, i1) x keys [j0, j1) where row i sees keys j with clo <= j - i <= chi
@@ -201,14 +206,28 @@ def _block_pieces(spec: MaskSpec, sq: int, sk: int, max_rows: int) -> list[Piece
 _CACHE: "weakref.WeakKeyDictionary[MaskSpec, dict]" = weakref.WeakKeyDictionary()
 
 
-def cached_pieces(spec: MaskSpec, sq: int, sk: int, max_rows: int = MAX_ROWS):
-    """decompose(), remembered per MaskSpec object (the schedule caches its tasks, so a spec is
-    reused by every layer and step that meets the same block pair)."""
+def _remembered(spec: MaskSpec, key, make):
+    # per MaskSpec object: the schedule caches its tasks, so a spec is reused by every layer and
+    # step that meets the same block pair
     per = _CACHE.setdefault(spec, {})
-    key = (sq, sk, max_rows)
     if key not in per:
-        per[key] = decompose(spec, sq, sk, max_rows)
+        per[key] = make()
     return per[key]
+
+
+def cached_pieces(spec: MaskSpec, sq: int, sk: int, max_rows: int = MAX_ROWS):
+    """decompose(), remembered per MaskSpec object."""
+    return _remembered(spec, (sq, sk, max_rows), lambda: decompose(spec, sq, sk, max_rows))
+
+
+def large_pairs(spec: MaskSpec, sq: int, sk: int, min_side: int) -> tuple[int, int]:
+    """(visible pairs in pieces with at least ``min_side`` query rows and keys, all visible
+    pairs) of cached_pieces(); (0, 0) when there is no cut.  Remembered like it."""
+    def count():
+        pieces = cached_pieces(spec, sq, sk) or ()
+        return sum(p.pairs() for p in pieces if p.side >= min_side), sum(p.pairs() for p in pieces)
+
+    return _remembered(spec, ("large", sq, sk, min_side), count)
 
 
 def _gather(x: torch.Tensor, kr) -> torch.Tensor:
@@ -245,7 +264,7 @@ class PiecewiseMasks(Kernel):
         return ReferenceKernel()
 
     def _small(self, p) -> bool:
-        return min(p.q1 - p.q0, p.nk) < self.min_side
+        return p.side < self.min_side
 
     def forward(self, q, k, v, scale, mask):
         if not isinstance(mask, MaskSpec):
