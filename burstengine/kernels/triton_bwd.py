@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_tiles import (add_rows, load_rows, load_vec, q_tile_work, row_desc, store_rows, tile_ranges,
+from .triton_tiles import (add_rows, load_rows, load_vec, q_tile_work, row_desc, store_rows, tile_work,
                            vec_desc, visible, zero_rows)
 
 
@@ -73,19 +73,8 @@ def kv_kernel(Q, K, V, DO, LSE2, DL, DQ, DK, DV,
     hk = bh % Hkv
     j0 = pid_n * BLOCK_N
     n_qt = tl.cdiv(Sq, BLOCK_M)
-    if HAS_BLOCK:
-        a = 0
-        c = 0
-        d = 0
-        e = 0
-        n_list = tl.load(CNT + pid_n)
-        todo = n_list > 0
-    else:
-        k_lo = k_start + j0 * k_step
-        k_hi = k_start + (tl.minimum(j0 + BLOCK_N, Sk) - 1) * k_step
-        a, c, d, e = tile_ranges(k_lo, k_hi, lo, hi, q_start, q_step, Sq, BOUNDS, pid_n, BLOCK_M, HAS_DOC)
-        n_list = 0
-        todo = a < e
+    a, c, d, e, n_list, todo = tile_work(pid_n, Sk, k_start, k_step, lo, hi, q_start, q_step, Sq, BOUNDS, CNT,
+                                         BLOCK_N, BLOCK_M, HAS_DOC, HAS_BLOCK)
     if todo:
         b64 = b.to(tl.int64)
         H = Hkv * GROUP

@@ -140,6 +140,30 @@ def tile_ranges(o_min, o_max, lo, hi, start, step, n_rows, BOUNDS, tile, BLOCK: 
 
 
 @triton.jit
+def tile_work(t, n_rows, start, step, lo, hi, o_start, o_step, o_rows, BOUNDS, CNT, BLOCK: tl.constexpr,
+              O_BLOCK: tl.constexpr, HAS_DOC: tl.constexpr, HAS_BLOCK: tl.constexpr):
+    """What the program owning tile ``t`` of one side (row r at start + r * step) walks on the
+    other side, where a pair is visible iff other - own position in [lo, hi]: returns (the
+    other side's tile runs a, c, d, e of :func:`tile_ranges`, block-list length, any work).
+    With a block mask the runs are 0 and ``CNT[t]`` counts the listed tiles instead."""
+    r0 = t * BLOCK
+    if HAS_BLOCK:
+        a = 0
+        c = 0
+        d = 0
+        e = 0
+        n_list = tl.load(CNT + t)
+        todo = n_list > 0
+    else:
+        p_lo = start + r0 * step
+        p_hi = start + (tl.minimum(r0 + BLOCK, n_rows) - 1) * step
+        a, c, d, e = tile_ranges(p_lo, p_hi, lo, hi, o_start, o_step, o_rows, BOUNDS, t, O_BLOCK, HAS_DOC)
+        n_list = 0
+        todo = a < e
+    return a, c, d, e, n_list, todo
+
+
+@triton.jit
 def q_tile_work(Sq, Sk, H, q_start, q_step, k_start, k_step, lo, hi, BOUNDS, CNT, reverse,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DOC: tl.constexpr, HAS_BLOCK: tl.constexpr):
     """What a program owning one (q tile, batch x head) of a grid (q tiles, B * H) does: returns
@@ -149,22 +173,10 @@ def q_tile_work(Sq, Sk, H, q_start, q_step, k_start, k_step, lo, hi, BOUNDS, CNT
     if reverse:
         pid_m = tl.cdiv(Sq, BLOCK_M) - 1 - pid_m
     bh = tl.program_id(1)
-    i0 = pid_m * BLOCK_M
-    if HAS_BLOCK:
-        a = 0
-        c = 0
-        d = 0
-        e = 0
-        n_list = tl.load(CNT + pid_m)
-        todo = n_list > 0
-    else:
-        q_lo = q_start + i0 * q_step
-        q_hi = q_start + (tl.minimum(i0 + BLOCK_M, Sq) - 1) * q_step
-        # visible iff q - k in [lo, hi], i.e. k - q in [-hi, -lo]
-        a, c, d, e = tile_ranges(q_lo, q_hi, -hi, -lo, k_start, k_step, Sk, BOUNDS, pid_m, BLOCK_N, HAS_DOC)
-        n_list = 0
-        todo = a < e
-    return pid_m, bh // H, bh % H, i0, a, c, d, e, n_list, todo
+    # visible iff q - k in [lo, hi], i.e. k - q in [-hi, -lo]
+    a, c, d, e, n_list, todo = tile_work(pid_m, Sq, q_start, q_step, -hi, -lo, k_start, k_step, Sk, BOUNDS, CNT,
+                                         BLOCK_M, BLOCK_N, HAS_DOC, HAS_BLOCK)
+    return pid_m, bh // H, bh % H, pid_m * BLOCK_M, a, c, d, e, n_list, todo
 
 
 @triton.jit
