@@ -33,8 +33,9 @@ def _stamp(text, tag):
     return float(m.group(1)) if m else None
 
 
-@pytest.fixture(scope="module")
-def jobs():
+def run_jobs():
+    """Every JOBS mode side by side: {(mode, rank): rc, out, err, end (host clock), hung}.
+    benchmarks/fault_times.py runs this too, for its record of the detection times."""
     procs = {}
     for mode, (world, extra, _) in JOBS.items():
         port = _port()
@@ -61,6 +62,11 @@ def jobs():
         stdout, stderr = p.communicate()
         out[key] = dict(rc=p.returncode, out=stdout, err=stderr, end=ends.get(key), hung=key not in ends)
     return out
+
+
+@pytest.fixture(scope="module")
+def jobs():
+    return run_jobs()
 
 
 def _survivors(jobs, mode):
