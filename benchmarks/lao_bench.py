@@ -34,7 +34,7 @@ from burstengine.attention.schedule import CAUSAL, FULL, STRICT
 from burstengine.bench.kernels import attn_flops, load_configs, log, median, timed, warm_variants
 from burstengine.bench.record import write_record
 from burstengine.kernels import KERNELS
-from burstengine.kernels.triton_kernel import CONFIGS, Config, Tiles, TritonKernel, bwd_rows
+from burstengine.kernels.triton_kernel import CONFIGS, Config, Tiles, TritonKernel, bwd_rows, gluon_takes
 
 T = Tiles
 # candidates per head dim, each timed on its own: forward tiles; dK/dV tiles with dQ from the
@@ -457,6 +457,9 @@ def main_stage(args):
     sweep_path = args.sweep_record or (args.configs + ".sweep.json" if args.configs else None)
     sweep_rec = json.load(open(sweep_path)) if sweep_path and os.path.exists(sweep_path) else None
     single, ring = [], []
+    x = torch.empty(1, 16384, 32, 128, dtype=torch.bfloat16, device="cuda")
+    # which kernel "ours" runs for the plain full/causal forward (fwd rows, and fwd of fwd+bwd)
+    plain_forward = "gluon (kernels/gluon_fwd.py)" if gluon_takes(x, x, x) else "triton (kernels/triton_fwd.py)"
 
     def record(done):
         summary, ring_summary, table = summarize(single, ring)
@@ -464,7 +467,7 @@ def main_stage(args):
             complete=done, configs={str(D): c.to_dict() for D, c in ours.config.items()}, sweep=sweep_rec,
             single_launch=dict(heads=32, head_dim=128, dtype="bfloat16", batch=1, rows=single, summary=summary),
             ring_step=dict(heads=32, head_dim=128, dtype="bfloat16", rows=ring, summary=ring_summary),
-            table=table, seconds=time.time() - t0,
+            table=table, seconds=time.time() - t0, plain_forward=plain_forward,
             flops="forward 4*S^2*H*d (x0.5 causal), forward+backward 3.5x; ring backward_into 2.5x forward"))
         return path, table
 

@@ -26,8 +26,8 @@ from burstengine.attention.schedule import CAUSAL, FULL, STRICT
 from burstengine.bench.kernels import load_configs, warm_variants
 from burstengine.bench.record import write_record
 from burstengine.kernels.base import MaskSpec
-from burstengine.kernels.triton_kernel import TritonKernel
-from burstengine.kernels.verify import NAMES, run_case
+from burstengine.kernels.triton_kernel import TritonKernel, gluon_takes
+from burstengine.kernels.verify import NAMES, run_case, run_plain_forward
 
 
 def docs(n, seed, mean=150):
@@ -74,6 +74,10 @@ def cases():
             hkv = (8, 2, 1, 4)[(i + D // 64) % 4]
             out.append((f"{name}-d{D}-gqa{H // hkv}", dict(B=1 + (i % 2), Sq=sq, Sk=sk, H=H, Hkv=hkv, D=D,
                                                            dtype=torch.bfloat16, mask=spec)))
+    for mask, D, dtype, hkv in itertools.product((FULL, CAUSAL), (64, 128), (torch.bfloat16, torch.float16), (8, 2)):
+        # larger plain-forward shapes for the Gluon kernel (several kv tiles, batch > 1, GQA)
+        out.append((f"plain-{mask}-d{D}-{str(dtype)[6:]}-gqa{H // hkv}-S4096",
+                    dict(B=2, Sq=4096, Sk=4096, H=H, Hkv=hkv, D=D, dtype=dtype, mask=mask)))
     out.append(("window-causal-d128-fp16", dict(B=1, Sq=S, Sk=S, H=H, Hkv=2, D=128, dtype=torch.float16,
                                                  mask=specs["window-causal"][2])))
     return out
@@ -111,6 +115,13 @@ def main():
             assert kern.supports(q, kk, kk, c["mask"]), "case would take the fallback"
             r = run_case(kern, device=args.device, seed=len(rows) + 1, poison_kv=gran, **c)
             r["ok"] = not r["nan"] and all(r[n] <= args.tol for n in NAMES)
+            if c["mask"] in (FULL, CAUSAL) and c["Sq"] == c["Sk"]:
+                # the plain forward: Gluon on Hopper where the shape allows it (S a multiple of 128)
+                p = run_plain_forward(kern, c["B"], c["Sq"], c["H"], c["Hkv"], D, c["dtype"], c["mask"], args.device,
+                                      seed=len(rows) + 1)
+                p["gluon"] = gluon_takes(q, kk, kk)
+                r.update(p)
+                r["ok"] = r["ok"] and not p["fwd_nan"] and p["fwd_out"] <= args.tol and p["fwd_lse"] <= args.tol
         except Exception as e:
             r = dict(ok=False, error=f"{type(e).__name__}: {e}"[:500])
         failed += not r["ok"]

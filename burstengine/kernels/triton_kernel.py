@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ..attention.schedule import CAUSAL, FULL
 from .base import Kernel, MaskSpec, as_spec
 from .reference import ReferenceKernel
 from .sdpa import CudnnKernel
@@ -168,6 +169,9 @@ class TritonKernel(Kernel):
     def forward(self, q, k, v, scale, mask):
         if not self.supports(q, k, v, mask):
             return self.fallback(q, mask).forward(q, k, v, scale, mask)
+        fast = _gluon_forward(q, k, v, scale, mask)
+        if fast is not None:
+            return fast
         B, Sq, H, D = q.shape
         # the kernel keeps O in float32 registers and stores it in out's dtype: no float32 round
         # trip; it writes every row (fresh: no running state to read)
@@ -361,3 +365,25 @@ def _prepare(tma: bool = True) -> None:
 
 def _scratch(size: int, align: int, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
+
+def gluon_takes(q, k, v) -> bool:
+    """Whether the plain full/causal forward of these tensors runs in kernels/gluon_fwd.py (Hopper,
+    a Triton with Gluon, shapes it supports, BURST_GLUON not 0)."""
+    if not q.is_cuda or os.environ.get("BURST_GLUON", "1") == "0":
+        return False
+    try:
+        from . import gluon_fwd
+    except ImportError:  # a Triton without Gluon's Hopper API
+        return False
+    return gluon_fwd.supported(q, k, v)
+
+
+def _gluon_forward(q, k, v, scale, mask):
+    """The plain full/causal forward through kernels/gluon_fwd.py (wgmma issued by hand, so the
+    next tile's QK^T runs under this tile's softmax; benchmarks/results/lao_bench.json has its
+    speed), or None where it does not apply."""
+    if mask not in (FULL, CAUSAL) or not gluon_takes(q, k, v):
+        return None
+    from . import gluon_fwd
+
+    return gluon_fwd.forward(q, k, v, scale, mask == CAUSAL)

@@ -80,3 +80,16 @@ def run_case(kernel, B, Sq, Sk, H, Hkv, D, dtype, mask, device, seed=0, poison_k
     errs["visible_frac"] = vis.float().mean().item()
     errs["poisoned_kv_rows"] = int(dead.sum())
     return errs
+
+
+def run_plain_forward(kernel, B, S, H, Hkv, D, dtype, mask, device, seed=0) -> dict:
+    """Normwise errors of ``kernel.forward`` (a fresh output, no running state) against float64:
+    {"fwd_out", "fwd_lse", "fwd_nan"}; every output element must be written (out starts as NaN
+    in no caller's buffer, so a row left unwritten shows up as garbage or NaN)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    q, k, v = (torch.randn(B, S, h, D, generator=g).to(device=device, dtype=dtype) for h in (H, Hkv, Hkv))
+    scale = D ** -0.5
+    out, lse = kernel.forward(q, k, v, scale, mask)
+    ro, rl = ReferenceKernel().forward(q.double(), k.double(), v.double(), scale, mask)
+    return {"fwd_out": fro_err(out, ro), "fwd_lse": fro_err(lse, rl),
+            "fwd_nan": not bool(torch.isfinite(out).all() and torch.isfinite(lse).all())}
