@@ -84,7 +84,8 @@ def run_case(group, case):
     steps = ring_steps(layout, pattern, world, n)
     hops = len(steps) - 1
     elem = ql.element_size()
-    scheme = backward if backward != "auto" else choose_backward(B, n, H, Hkv, D, elem, world, hops)
+    scheme = backward if backward != "auto" else choose_backward(B, n, H, Hkv, D, elem, world, hops, layout=layout,
+                                                                 mask=pattern)
     empty = ~loc(seen, 0)
     lse_seen = loc(ref_lse.detach(), 2)[:, :, ~empty]
     grads = (ql.grad, kl.grad, vl.grad)
@@ -97,8 +98,12 @@ def run_case(group, case):
         empty_ok=bool((out[:, empty] == 0).all() and torch.isneginf(lse[:, :, empty]).all()
                       and (ql.grad[:, empty] == 0).all()),
         fwd_bytes=st.forward_bytes, bwd_bytes=st.backward_bytes,
-        want_fwd=forward_bytes(B, n, Hkv, D, elem, world, hops),
-        want_bwd=backward_bytes(scheme, B, n, H, Hkv, D, elem, world, hops),
+        want_fwd=forward_bytes(B, n, Hkv, D, elem, world, layout=layout, mask=pattern, rank=rank),
+        want_bwd=backward_bytes(scheme, B, n, H, Hkv, D, elem, world, layout=layout, mask=pattern, rank=rank),
+        # what whole shards would have cost (the ring before it trimmed its messages)
+        full_fwd=forward_bytes(B, n, Hkv, D, elem, world, hops),
+        full_bwd=backward_bytes(scheme, B, n, H, Hkv, D, elem, world, hops),
+        by_tensor=dict(st.by_tensor),
         hops=hops, steps=steps,
     )
 

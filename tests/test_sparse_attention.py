@@ -81,12 +81,42 @@ def test_contiguous_window_skips_steps_and_bytes(pool):
     world = 4
     cases = [dict(layout="contiguous", n=N, backward=b, window=W, seed=W) for W in (3, N, N + 1, N + 2, 3 * N)
              for b in ("burst", "ring")]
-    rows = pool.run(sparse_cases.run_cases, cases, world=world)[0]
-    _check(cases, [rows])
-    assert [r["hops"] for r in rows] == [1, 1, 1, 1, 1, 1, 2, 2, 3, 3]
-    # one hop of K and V in the forward instead of three
-    assert rows[0]["fwd_bytes"] * 3 == pool.run(sparse_cases.run_cases, [dict(cases[0], window=None)],
-                                                world=world)[0][0]["fwd_bytes"]
+    per_rank = pool.run(sparse_cases.run_cases, cases, world=world)
+    _check(cases, per_rank)
+    assert [r["hops"] for r in per_rank[0]] == [1, 1, 1, 1, 1, 1, 2, 2, 3, 3]
+    # the trimmed ring sends less than whole shards would, and never more
+    for rows in per_rank:
+        for r in rows:
+            assert r["fwd_bytes"] <= r["full_fwd"] and r["bwd_bytes"] <= r["full_bwd"]
+
+
+@pytest.mark.parametrize("hkv", (4, 1))
+def test_contiguous_short_window_sends_only_the_tail(pool, hkv):
+    """W <= n, contiguous: step 1 reads the last W-1 rows of the previous shard, so that is all
+    that travels (closed forms, not the schedule's code): forward K, V of rank r < G-1 to r+1;
+    burst backward Q, dO (input dtype) + lse, D (fp32) of rank r >= 1 to r-1 and dQ's partial
+    (first W-1 rows, fp32) from r-1 home to r; ring backward K, V forward and the dK, dV
+    partial (last W-1 rows, fp32) home.  Rank 0 receives no K/V, rank G-1 sends none."""
+    world, H, D, e = 4, 4, 16, 4
+    cases = [dict(layout="contiguous", n=N, backward=b, window=W, seed=W, hkv=hkv) for W in (2, 5, N)
+             for b in ("burst", "ring")]
+    per_rank = pool.run(sparse_cases.run_cases, cases, world=world)
+    _check(cases, per_rank)
+    for rank, rows in enumerate(per_rank):
+        for c, r in zip(cases, rows):
+            t = c["window"] - 1  # rows that travel
+            kv_out = rank < world - 1  # rank r's K/V go to r+1, the Q side to r-1
+            q_out = rank > 0
+            kv = t * hkv * D * e * 2 * kv_out
+            assert r["fwd_bytes"] == kv, (rank, c)
+            if c["backward"] == "burst":
+                assert r["bwd_bytes"] == t * H * (2 * D * e + 8) * q_out + t * H * D * 4 * kv_out, (rank, c)
+                want = {"q": t * H * D * e * q_out, "delta": t * H * 4 * q_out, "dq": t * H * D * 4 * kv_out}
+            else:
+                assert r["bwd_bytes"] == kv + t * hkv * D * 4 * 2 * q_out, (rank, c)
+                want = {"k": t * hkv * D * e * kv_out, "dv": t * hkv * D * 4 * q_out}
+            for name, nbytes in want.items():
+                assert r["by_tensor"].get(f"backward.{name}", 0) == nbytes, (rank, c, name, r["by_tensor"])
 
 
 def test_zigzag_window_jumps_idle_steps(pool):
