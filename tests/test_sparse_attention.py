@@ -16,7 +16,10 @@ N = 8  # local tokens
 
 def _window_cases(world):
     S = N * world
-    for i, (layout, W, bwd) in enumerate(itertools.product(LAYOUTS, (3, N, N + 3, S + 5), ("burst", "ring"))):
+    # shorter than a shard, one shard, into the shard before, spanning 2.5 shards (a tail that
+    # shrinks hop by hop), the whole sequence
+    for i, (layout, W, bwd) in enumerate(itertools.product(LAYOUTS, (3, N, N + 3, 2 * N + N // 2, S + 5),
+                                                           ("burst", "ring"))):
         yield dict(layout=layout, n=N, backward=bwd, window=W, seed=100 + i, hkv=(4, 2, 1)[i % 3], B=1 + i % 2)
 
 
@@ -117,6 +120,18 @@ def test_contiguous_short_window_sends_only_the_tail(pool, hkv):
                 want = {"k": t * hkv * D * e * kv_out, "dv": t * hkv * D * 4 * q_out}
             for name, nbytes in want.items():
                 assert r["by_tensor"].get(f"backward.{name}", 0) == nbytes, (rank, c, name, r["by_tensor"])
+
+
+def test_sparse_on_the_double_ring_moves_whole_shards(pool):
+    """A sparse mask that runs every step may run on the double ring (2 emulated nodes x 2):
+    exact, and whole shards travel there (its three buffers and delayed hops are unchanged)."""
+    world, S = 4, 4 * N
+    cases = [dict(layout="striped", n=N, backward=b, topology="2x2", seed=20 + i, **m)
+             for i, (b, m) in enumerate(itertools.product(("burst", "ring"),
+                                                           (dict(window=5), dict(cu_seqlens=[0, 3, N + 2, S]))))]
+    per_rank = pool.run(sparse_cases.run_cases, cases, world=world)
+    _check(cases, per_rank)
+    assert all(r["steps"] == tuple(range(world)) and r["fwd_bytes"] == r["full_fwd"] for rows in per_rank for r in rows)
 
 
 def test_zigzag_window_jumps_idle_steps(pool):
