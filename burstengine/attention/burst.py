@@ -17,7 +17,11 @@ step s pairs the same blocks in all three loops.  With a sparse mask the loops r
 steps schedule.ring_steps lists (those where some rank has work): a skipped step costs neither
 compute nor transfer, since the travelling shards jump straight to where the next step that
 runs needs them (a send ``gap`` ranks on), and a travelling accumulator goes home in one
-message from wherever it stopped.  Every rank derives the same steps from shared arguments.
+message from wherever it stopped.  The hops of a sparse mask's single ring carry only the rows
+later steps read (schedule.travel_rows): the receiver holds that part of the shard and the
+tasks subtract its offset; the travelling gradient partial covers only the rows remote steps
+touched, and the step on a rank's own shard stays home.  Every rank derives the same steps and
+message sizes from shared arguments.
 
 The loops run on a :class:`~burstengine.comm.topology.RingComm`: one ring, or the
 topology-aware double ring (intra-node rounds, inter-node hops overlapping a whole round; it runs
@@ -331,7 +335,9 @@ def burst_attn_func(q, k, v, *, group=None, causal=False, layout="contiguous", s
 
     Block pairs with nothing visible are not computed, and ring steps no rank needs are not run,
     neither compute nor transfer (e.g. "contiguous" with a window of W <= local length runs 2 of
-    the G steps; see schedule.ring_steps); a call that skips steps runs on the single ring.
+    the G steps; see schedule.ring_steps); a call that skips steps runs on the single ring.  On
+    the single ring each hop carries only the rows later steps read (W <= local length: the
+    last W - 1 rows of K/V; see schedule.travel_rows).
     Rows with no visible key get a zero output, lse = -inf and zero gradients.
     """
     pattern = check_args(q, k, v, group, causal, layout, softmax_scale, backward, kernel,

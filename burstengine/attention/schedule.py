@@ -14,7 +14,10 @@ rank's shard is a few affine *segments* of global positions (one for contiguous 
 two for zigzag); for each (q segment, kv segment) pair the visible pairs are counted exactly,
 the task is trimmed to the bounding box of its visible rows and keys, and a pair with nothing
 visible gives no task.  Steps at which no rank has work are not run at all
-(:func:`ring_steps`): no compute and no transfer.  Everything here is a function of arguments
+(:func:`ring_steps`): no compute and no transfer.  The transfers are trimmed the same way
+(:func:`travel_rows`, :func:`partial_rows`): a hop carries only the rows of a shard that its
+step and the later ones read, and a travelling gradient partial only the rows remote steps
+touched.  Everything here is a function of arguments
 every rank shares (layout, pattern, world, local length), never of local data, so all ranks
 agree on which steps run.
 

@@ -250,7 +250,8 @@ class RingComm:
     ``steps``: the ring steps the loops run (schedule.ring_steps; all of them unless a sparse
     mask leaves some with no work anywhere).  A skipped step costs neither compute nor
     transfer: the travelling shards jump straight to the rank that needs them next (a send
-    ``gap`` ranks on).  Only the single ring skips steps.
+    ``gap`` ranks on).  Only the single ring skips steps, and only it trims messages to the
+    rows later steps read (Mover / Reducer ``rows``).
 
     Loops index the steps that run, i = 0 .. len(steps) - 1; ``direction`` (+1 or -1) is the
     way a loop's data travels, r -> r + direction (the burst backward's Q side travels -1 so
