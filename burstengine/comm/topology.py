@@ -361,6 +361,18 @@ def _with_rows(shape, dim: int, rows: tuple[int, int]):
     return tuple(shape[:dim]) + (rows[1] - rows[0],) + tuple(shape[dim + 1:])
 
 
+def _rows_of(comm: RingComm, rows, direction: int, owner_index: int, i: int) -> tuple[int, int]:
+    """rows[j][i] for j the owner of the shard this rank holds at loop index ``owner_index``."""
+    return rows[comm.source(owner_index, direction)][i]
+
+
+def _add_rows(dst, src, at: int) -> None:
+    """Rows [at, at + len) of each ``dst`` tensor (dim 1) += the matching ``src`` tensor."""
+    for d, x in zip(dst, src):
+        if x.shape[1]:
+            d.narrow(1, at, x.shape[1]).add_(x)
+
+
 class Mover:
     """The travelling shard of one loop: ``held`` is what this index computes on; the hops in
     flight bring the next index's shard (and on the double ring, the next round's).
@@ -381,8 +393,7 @@ class Mover:
         self._next_offset = 0
 
     def _span(self, owner_index: int, i: int) -> tuple[int, int]:
-        """Rows index ``i`` holds of the shard this rank holds at ``owner_index``."""
-        return self.rows[self.comm.source(owner_index, self.direction)][i]
+        return _rows_of(self.comm, self.rows, self.direction, owner_index, i)
 
     def post(self, i: int) -> None:
         for key, gap in self.comm.plan[i].data:
@@ -425,24 +436,20 @@ class Reducer:
         self._pending: dict[str, object] = {}
 
     def _rows(self, owner_index: int, i: int) -> tuple[int, int]:
-        return self.rows[self.comm.source(owner_index, self.direction)][i]
+        return _rows_of(self.comm, self.rows, self.direction, owner_index, i)
 
     def span(self, i: int) -> tuple[int, int] | None:
         """The shard rows a contribution at index ``i`` covers (None: all of them)."""
         return None if self.rows is None or i == 0 else self._rows(i, i)
 
-    def _recv(self, owner_index: int, i: int):
-        if self.rows is None:
-            return None
-        rows = self._rows(owner_index, i)
-        return [_with_rows(t.shape, 1, rows) for t in self._done]
-
     def post(self, i: int) -> None:
         out = self.comm.plan[i].grad_out
         if out is not None:
             key, gap = out
-            # receive the partial of the shard held now, as the last holder finished it
-            recv = self._recv(i, i - 1)
+            recv = None
+            if self.rows is not None:
+                # the partial of the shard held now, as its last holder finished it
+                recv = [_with_rows(t.shape, 1, self._rows(i, i - 1)) for t in self._done]
             self._pending[key] = self.comm.shift(key, self._done, self.phase, self.names, gap, self.direction, recv)
             self._done = None
 
@@ -458,11 +465,7 @@ class Reducer:
                 for c, r in zip(contrib, recv):
                     c.add_(r)
             else:
-                lo, hi = self._rows(i, i - 1)
-                if hi > lo:
-                    at = lo - self.span(i)[0]
-                    for c, r in zip(contrib, recv):
-                        c.narrow(1, at, hi - lo).add_(r)
+                _add_rows(contrib, recv, self._rows(i, i - 1)[0] - self.span(i)[0])
         if self.rows is not None and i == 0:
             # this rank's own step: its contribution waits at home for the partial to return
             self._own, self._done = contrib, self.zeros((0, 0))
@@ -480,12 +483,10 @@ class Reducer:
         if self.comm.world == 1 or last == 0:
             return own
         # the partial of this rank's shard, from the rank that held it last
-        lo, hi = self.rows[self.comm.rank][last]
+        rows = self.rows[self.comm.rank][last]
         back = self.comm.home(self._done, self.phase, self.names, self.direction,
-                              [_with_rows(t.shape, 1, (lo, hi)) for t in self._done])
-        if hi > lo:
-            for o, r in zip(own, back):
-                o.narrow(1, lo, hi - lo).add_(r)
+                              [_with_rows(t.shape, 1, rows) for t in self._done])
+        _add_rows(own, back, rows[0])
         return own
 
 
