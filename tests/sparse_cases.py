@@ -46,7 +46,7 @@ def random_block_mask(nb, seed, density=0.5, empty_rows=1):
 
 def run_case(group, case):
     """One call of burst_attn_func with case = dict(layout, n, backward, hkv, seed, causal,
-    window, cu_seqlens, block=(nb, density, empty_rows) or None, B, D)."""
+    window, cu_seqlens, block=(nb, density, empty_rows) or None, B, D, kernel, topology)."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     layout, n, backward = case["layout"], case["n"], case["backward"]
     B, H, Hkv, D = case.get("B", 1), 4, case.get("hkv", 2), case.get("D", 16)
@@ -76,7 +76,7 @@ def run_case(group, case):
     with be.comm_stats() as st:
         out, lse = be.burst_attn_func(ql, kl, vl, group=group, causal=causal, layout=layout, backward=backward,
                                       return_lse=True, window=window, cu_seqlens=cu, block_mask=bm,
-                                      kernel=case.get("kernel"))
+                                      kernel=case.get("kernel"), topology=case.get("topology", "auto"))
         ((out * loc(do).float()).sum() + (torch.where(torch.isinf(lse), 0.0, lse) * loc(dlse, 2).float()).sum()).backward()
     bs = 0 if bm is None else S // bm.shape[0]
     pattern = Pattern(causal=causal, window=window, cu_seqlens=None if cu is None else tuple(cu), block_mask=bm,
@@ -84,7 +84,12 @@ def run_case(group, case):
     steps = ring_steps(layout, pattern, world, n)
     hops = len(steps) - 1
     elem = ql.element_size()
-    scheme = backward if backward != "auto" else choose_backward(B, n, H, Hkv, D, elem, world, hops)
+    scheme = backward if backward != "auto" else choose_backward(B, n, H, Hkv, D, elem, world, hops, layout=layout,
+                                                                 mask=pattern)
+    # the double ring (a pattern that runs every step, on a topology of several nodes) moves
+    # whole shards; the single ring only the rows later steps read
+    double = case.get("topology") is not None and len(steps) == world
+    trim = {} if double else dict(layout=layout, mask=pattern, rank=rank)
     empty = ~loc(seen, 0)
     lse_seen = loc(ref_lse.detach(), 2)[:, :, ~empty]
     grads = (ql.grad, kl.grad, vl.grad)
@@ -97,8 +102,12 @@ def run_case(group, case):
         empty_ok=bool((out[:, empty] == 0).all() and torch.isneginf(lse[:, :, empty]).all()
                       and (ql.grad[:, empty] == 0).all()),
         fwd_bytes=st.forward_bytes, bwd_bytes=st.backward_bytes,
-        want_fwd=forward_bytes(B, n, Hkv, D, elem, world, hops),
-        want_bwd=backward_bytes(scheme, B, n, H, Hkv, D, elem, world, hops),
+        want_fwd=forward_bytes(B, n, Hkv, D, elem, world, hops, **trim),
+        want_bwd=backward_bytes(scheme, B, n, H, Hkv, D, elem, world, hops, **trim),
+        # what whole shards would have cost (the ring before it trimmed its messages)
+        full_fwd=forward_bytes(B, n, Hkv, D, elem, world, hops),
+        full_bwd=backward_bytes(scheme, B, n, H, Hkv, D, elem, world, hops),
+        by_tensor=dict(st.by_tensor),
         hops=hops, steps=steps,
     )
 

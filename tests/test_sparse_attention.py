@@ -16,7 +16,10 @@ N = 8  # local tokens
 
 def _window_cases(world):
     S = N * world
-    for i, (layout, W, bwd) in enumerate(itertools.product(LAYOUTS, (3, N, N + 3, S + 5), ("burst", "ring"))):
+    # shorter than a shard, one shard, into the shard before, spanning 2.5 shards (a tail that
+    # shrinks hop by hop), the whole sequence
+    for i, (layout, W, bwd) in enumerate(itertools.product(LAYOUTS, (3, N, N + 3, 2 * N + N // 2, S + 5),
+                                                           ("burst", "ring"))):
         yield dict(layout=layout, n=N, backward=bwd, window=W, seed=100 + i, hkv=(4, 2, 1)[i % 3], B=1 + i % 2)
 
 
@@ -81,12 +84,54 @@ def test_contiguous_window_skips_steps_and_bytes(pool):
     world = 4
     cases = [dict(layout="contiguous", n=N, backward=b, window=W, seed=W) for W in (3, N, N + 1, N + 2, 3 * N)
              for b in ("burst", "ring")]
-    rows = pool.run(sparse_cases.run_cases, cases, world=world)[0]
-    _check(cases, [rows])
-    assert [r["hops"] for r in rows] == [1, 1, 1, 1, 1, 1, 2, 2, 3, 3]
-    # one hop of K and V in the forward instead of three
-    assert rows[0]["fwd_bytes"] * 3 == pool.run(sparse_cases.run_cases, [dict(cases[0], window=None)],
-                                                world=world)[0][0]["fwd_bytes"]
+    per_rank = pool.run(sparse_cases.run_cases, cases, world=world)
+    _check(cases, per_rank)
+    assert [r["hops"] for r in per_rank[0]] == [1, 1, 1, 1, 1, 1, 2, 2, 3, 3]
+    # the trimmed ring sends less than whole shards would, and never more
+    for rows in per_rank:
+        for r in rows:
+            assert r["fwd_bytes"] <= r["full_fwd"] and r["bwd_bytes"] <= r["full_bwd"]
+
+
+@pytest.mark.parametrize("hkv", (4, 1))
+def test_contiguous_short_window_sends_only_the_tail(pool, hkv):
+    """W <= n, contiguous: step 1 reads the last W-1 rows of the previous shard, so that is all
+    that travels (closed forms, not the schedule's code): forward K, V of rank r < G-1 to r+1;
+    burst backward Q, dO (input dtype) + lse, D (fp32) of rank r >= 1 to r-1 and dQ's partial
+    (first W-1 rows, fp32) from r-1 home to r; ring backward K, V forward and the dK, dV
+    partial (last W-1 rows, fp32) home.  Rank 0 receives no K/V, rank G-1 sends none."""
+    world, H, D, e = 4, 4, 16, 4
+    cases = [dict(layout="contiguous", n=N, backward=b, window=W, seed=W, hkv=hkv) for W in (2, 5, N)
+             for b in ("burst", "ring")]
+    per_rank = pool.run(sparse_cases.run_cases, cases, world=world)
+    _check(cases, per_rank)
+    for rank, rows in enumerate(per_rank):
+        for c, r in zip(cases, rows):
+            t = c["window"] - 1  # rows that travel
+            kv_out = rank < world - 1  # rank r's K/V go to r+1, the Q side to r-1
+            q_out = rank > 0
+            kv = t * hkv * D * e * 2 * kv_out
+            assert r["fwd_bytes"] == kv, (rank, c)
+            if c["backward"] == "burst":
+                assert r["bwd_bytes"] == t * H * (2 * D * e + 8) * q_out + t * H * D * 4 * kv_out, (rank, c)
+                want = {"q": t * H * D * e * q_out, "delta": t * H * 4 * q_out, "dq": t * H * D * 4 * kv_out}
+            else:
+                assert r["bwd_bytes"] == kv + t * hkv * D * 4 * 2 * q_out, (rank, c)
+                want = {"k": t * hkv * D * e * kv_out, "dv": t * hkv * D * 4 * q_out}
+            for name, nbytes in want.items():
+                assert r["by_tensor"].get(f"backward.{name}", 0) == nbytes, (rank, c, name, r["by_tensor"])
+
+
+def test_sparse_on_the_double_ring_moves_whole_shards(pool):
+    """A sparse mask that runs every step may run on the double ring (2 emulated nodes x 2):
+    exact, and whole shards travel there (its three buffers and delayed hops are unchanged)."""
+    world, S = 4, 4 * N
+    cases = [dict(layout="striped", n=N, backward=b, topology="2x2", seed=20 + i, **m)
+             for i, (b, m) in enumerate(itertools.product(("burst", "ring"),
+                                                           (dict(window=5), dict(cu_seqlens=[0, 3, N + 2, S]))))]
+    per_rank = pool.run(sparse_cases.run_cases, cases, world=world)
+    _check(cases, per_rank)
+    assert all(r["steps"] == tuple(range(world)) and r["fwd_bytes"] == r["full_fwd"] for rows in per_rank for r in rows)
 
 
 def test_zigzag_window_jumps_idle_steps(pool):

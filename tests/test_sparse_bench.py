@@ -31,6 +31,17 @@ def test_sparse_bench_tiny(pool, tmp_path):
         assert r["ideal_speedup"] == rows[("causal" if r["group"] == "window" else "one-doc", "zigzag")]["visible_pairs"] / r["visible_pairs"]
         assert r["speedup"] > 0 and r["balance"] >= 1.0 and r["ideal_balance"] >= 1.0
         n = r["S"] // world
-        for p_ in r["per_rank"]:
-            assert p_["fwd_bytes"] == forward_bytes(1, n, H, D, 4, world, r["steps"] - 1)
-            assert p_["bwd_bytes"] == backward_bytes("burst", 1, n, H, H, D, 4, world, r["steps"] - 1)
+        trim = dict(layout=r["layout"], mask=p)  # a sparse mask's hops carry only the rows later steps read
+        whole = forward_bytes(1, n, H, D, 4, world, r["steps"] - 1) + \
+            backward_bytes("burst", 1, n, H, H, D, 4, world, r["steps"] - 1)
+        assert r["backward"] == "burst" and r["whole_shard_bytes"] == whole
+        for rank, p_ in enumerate(r["per_rank"]):
+            assert p_["fwd_bytes"] == p_["model_fwd_bytes"] == forward_bytes(1, n, H, D, 4, world, rank=rank, **trim)
+            assert p_["bwd_bytes"] == p_["model_bwd_bytes"] == \
+                backward_bytes("burst", 1, n, H, H, D, 4, world, rank=rank, **trim)
+            assert p_["fwd_bytes"] + p_["bwd_bytes"] <= whole
+        if r["name"] == "swa-16":
+            # contiguous, W = 16 <= n: K/V of rank 0 to rank 1, the last 15 rows; Q side of rank 1 to rank 0
+            kv = 15 * H * D * 4 * 2
+            assert [p_["fwd_bytes"] for p_ in r["per_rank"]] == [kv, 0]
+            assert [p_["bwd_bytes"] for p_ in r["per_rank"]] == [15 * H * D * 4, 15 * H * (2 * D * 4 + 8)]

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import burstengine as be
-from burstengine.attention.schedule import (Pattern, attention_flops, block_tasks, ring_source, ring_steps, segments,
-                                            step_work, visible_pairs)
+from burstengine.attention.schedule import (Pattern, attention_flops, block_tasks, partial_rows, ring_source, ring_steps,
+                                            segments, sent_rows, step_work, travel_rows, visible_pairs)
 from burstengine.kernels.base import MaskSpec, visible_mask
 from burstengine.testing import sparse_mask
 from sparse_cases import random_block_mask
@@ -180,3 +180,95 @@ def test_zigzag_window_jumps_over_idle_steps(world):
     n = 8
     assert ring_steps("zigzag", Pattern(causal=True, window=3), world, n) == (0, 1, world - 1)
     assert ring_steps("zigzag", Pattern(causal=True), world, n) == tuple(range(world))
+
+
+# --- what travels: the rows each hop carries ------------------------------------------------------
+
+def _reads(layout, p, world, n, side):
+    """reads[j][i]: the set of shard-j rows the holder at loop index i touches, straight from
+    the tasks (not from schedule.read_rows)."""
+    steps = ring_steps(layout, p, world, n)
+    out = []
+    for j in range(world):
+        row = []
+        for s in steps:
+            if side == "kv":
+                tasks = block_tasks(layout, p, (j + s) % world, j, world, n)
+                row.append({x for t in tasks for x in range(t.k0, t.k1)})
+            else:
+                tasks = block_tasks(layout, p, j, (j - s) % world, world, n)
+                row.append({x for t in tasks for x in range(t.q0, t.q1)})
+        out.append(row)
+    return steps, out
+
+
+def _width(rng):
+    return rng[1] - rng[0]
+
+
+def _tight(rng, rows):
+    """rng is exactly the bounding box of the set rows ((0, 0) when empty)."""
+    return rng == ((min(rows), max(rows) + 1) if rows else (0, 0))
+
+
+@pytest.mark.parametrize("layout", be.LAYOUTS)
+@pytest.mark.parametrize("world", (1, 2, 3, 4))
+def test_travel_rows_hold_exactly_what_later_steps_read(world, layout):
+    """Every hop carries the bounding box of the rows its step and every later one read (so
+    nothing a task reads is missing), the ranges only shrink, and the gradient partial covers
+    the rows the remote steps so far touched; sent_rows is what a rank sends walking the ring."""
+    n = 8
+    pats = list(_patterns(n, world)) + list(_block_patterns(layout, n, world, 11 * world))
+    for p, side in itertools.product(pats, ("kv", "q")):
+        steps, reads = _reads(layout, p, world, n, side)
+        travel = travel_rows(layout, p, world, n, side)
+        partial = partial_rows(layout, p, world, n, side)
+        where = f"{layout} {p} {side}"
+        for j in range(world):
+            assert travel[j][0] == (0, n) and partial[j][0] == (0, 0), where
+            for i in range(1, len(steps)):
+                assert _tight(travel[j][i], set().union(*reads[j][i:])), (where, j, i, travel[j])
+                assert _tight(partial[j][i], set().union(*reads[j][1:i + 1])), (where, j, i, partial[j])
+                lo, hi = travel[j][i]
+                plo, phi = travel[j][i - 1]
+                assert hi == lo or plo <= lo <= hi <= phi, (where, j, travel[j])  # a part of what is held
+        back = -1 if side == "kv" else 1
+        for r, (data, grad) in enumerate(sent_rows(layout, p, world, n, side)):
+            src = [(r + back * s) % world for s in steps]
+            assert data == sum(_width(travel[src[i]][i + 1]) for i in range(len(steps) - 1)), where
+            assert grad == (sum(_width(partial[src[i]][i]) for i in range(len(steps))) if world > 1 else 0), where
+
+
+@pytest.mark.parametrize("world", (2, 3, 4))
+def test_dense_patterns_travel_whole_shards(world):
+    n = 8
+    for layout, causal in itertools.product(be.LAYOUTS, (False, True)):
+        p = Pattern(causal=causal)
+        assert travel_rows(layout, p, world, n) == (((0, n),) * world,) * world
+        assert partial_rows(layout, p, world, n, "q") is None
+        assert sent_rows(layout, p, world, n, "q") == (((world - 1) * n, world * n),) * world
+
+
+@pytest.mark.parametrize("world", (2, 3, 4, 5))
+def test_contiguous_window_tail_shrinks_hop_by_hop(world):
+    """Closed form: shard j's rows read at step s (by rank j+s, whose first query sits s*n
+    positions later) are [max(0, s*n - W + 1), n); a hop carries what it and the later steps
+    read, so W <= n sends the last W - 1 rows once and W = 2.5 n a tail that shrinks."""
+    n = 8
+    for W in (1, 2, 5, n, n + 3, 2 * n + n // 2, 3 * n + 1):
+        p = Pattern(causal=True, window=W)
+        steps = ring_steps("contiguous", p, world, n)
+        kv, q = travel_rows("contiguous", p, world, n), travel_rows("contiguous", p, world, n, "q")
+        for j in range(world):
+            for i, s in enumerate(steps[1:], 1):
+                want = (max(0, s * n - W + 1), n) if j + s < world else (0, 0)
+                assert kv[j][i] == want, (W, j, s, kv[j])
+                # the Q side of shard j goes to rank j-s: its first W - 1 - (s-1)*n rows see it
+                want_q = (0, min(n, W - 1 - (s - 1) * n)) if j - s >= 0 else (0, 0)
+                assert q[j][i] == want_q, (W, j, s, q[j])
+        if W <= n:
+            assert all(kv[j][1:] == (((n - W + 1, n),) if W > 1 else ()) for j in range(world - 1))
+    if world >= 4:
+        W = 2 * n + n // 2  # the query at the start of shard 3 looks back into shard 0's last W - 1 - 2n rows
+        assert [r[1] - r[0] for r in travel_rows("contiguous", Pattern(causal=True, window=W), world, n)[0]] == \
+            [n, n, n, W - 1 - 2 * n]

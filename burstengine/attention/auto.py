@@ -26,14 +26,16 @@ def plan_call(q, k, group, pattern, layout: str, backward: str, topology) -> tup
     steps = ring_steps(layout, pattern, world, n)
     if len(steps) < world:
         # a sparse mask leaves steps with no work anywhere: the single ring skips them (the
-        # double ring runs every step), and the bytes it saves decide the backward
+        # double ring runs every step) and trims its messages, and the bytes it sends decide
+        # the backward
         if topology not in (None, "auto", "single"):
             topo.resolve(topology, group)  # still reject a malformed topology
         labels = topo.detect(group) if world > 1 else topo.single(1)
         if backward == "auto":
             from .burst import choose_backward
 
-            backward = choose_backward(B, n, H, k.shape[2], D, q.element_size(), world, len(steps) - 1)
+            backward = choose_backward(B, n, H, k.shape[2], D, q.element_size(), world, layout=layout,
+                                       mask=pattern)
         return RingComm(group, topo.single(world), labels, steps=steps), backward
     if topology is None or topology == "single":
         labels = topo.detect(group) if world > 1 else topo.single(1)

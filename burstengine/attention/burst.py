@@ -17,7 +17,11 @@ step s pairs the same blocks in all three loops.  With a sparse mask the loops r
 steps schedule.ring_steps lists (those where some rank has work): a skipped step costs neither
 compute nor transfer, since the travelling shards jump straight to where the next step that
 runs needs them (a send ``gap`` ranks on), and a travelling accumulator goes home in one
-message from wherever it stopped.  Every rank derives the same steps from shared arguments.
+message from wherever it stopped.  The hops of a sparse mask's single ring carry only the rows
+later steps read (schedule.travel_rows): the receiver holds that part of the shard and the
+tasks subtract its offset; the travelling gradient partial covers only the rows remote steps
+touched, and the step on a rank's own shard stays home.  Every rank derives the same steps and
+message sizes from shared arguments.
 
 The loops run on a :class:`~burstengine.comm.topology.RingComm`: one ring, or the
 topology-aware double ring (intra-node rounds, inter-node hops overlapping a whole round; it runs
@@ -34,12 +38,23 @@ import torch
 from ..comm.topology import RingComm
 from ..kernels import Kernel, get_kernel
 from .checks import check_args, check_sparse
-from .schedule import Pattern, block_tasks
+from .schedule import Pattern, as_pattern, block_tasks, partial_rows, sent_rows, travel_rows
 
 
 def _acc(x):
     # float32 accumulation for everything but float64 inputs (which the tests use as an oracle)
     return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _zeros(x, rows=None):
+    """Float32 (float64 for float64 x) zeros shaped like x with rows [lo, hi) of dim 1 (None: all)."""
+    n = x.shape[1] if rows is None else rows[1] - rows[0]
+    return torch.zeros((x.shape[0], n) + tuple(x.shape[2:]), dtype=_acc(x), device=x.device)
+
+
+def _rel(start: int, lo: int, hi: int) -> slice:
+    """Shard rows [lo, hi) of a buffer that holds the shard's rows from ``start`` on."""
+    return slice(lo - start, hi - start)
 
 
 @dataclass
@@ -51,38 +66,53 @@ class _Config:
     scale: float
     backward: str
 
+    def trim(self, side: str, n: int):
+        """(travel rows, partial rows) of this call's messages (schedule.travel_rows /
+        partial_rows) for the side that travels; (None, None) where whole shards travel: dense
+        masks, and the double ring."""
+        if self.ring.double or self.ring.world == 1 or not self.pattern.sparse:
+            return None, None
+        args = (self.layout, self.pattern, self.ring.world, n, side)
+        return travel_rows(*args), partial_rows(*args)
+
 
 def _forward(q, k, v, cfg: _Config):
     ring, G = cfg.ring, cfg.ring.world
     B, n, H, _ = q.shape
     out = torch.zeros(B, n, H, v.shape[-1], dtype=_acc(q), device=q.device)
     lse = torch.full((B, H, n), float("-inf"), dtype=_acc(q), device=q.device)
-    kv = ring.mover((k, v), "forward", ("k", "v"))
+    # a sparse mask's hops carry only the K/V rows later steps read; kv.offset places them
+    kv = ring.mover((k, v), "forward", ("k", "v"), rows=cfg.trim("kv", n)[0])
     for i in range(len(ring.steps)):
         kv.post(i)  # the next step's (and at a round start the next round's) shards travel now
         kh, vh = kv.held
         for t in block_tasks(cfg.layout, cfg.pattern, ring.rank, ring.source(i), G, n):
-            cfg.kernel.forward_into(q[:, t.q0:t.q1], kh[:, t.k0:t.k1], vh[:, t.k0:t.k1], cfg.scale, t.mask,
+            ks = _rel(kv.offset, t.k0, t.k1)
+            cfg.kernel.forward_into(q[:, t.q0:t.q1], kh[:, ks], vh[:, ks], cfg.scale, t.mask,
                                     out[:, t.q0:t.q1], lse[:, :, t.q0:t.q1])
         kv.advance(i)
     return out, lse
 
 
-def _travel(ring: RingComm, moving, moving_names, acc_names, compute, zeros, direction: int):
+def _travel(ring: RingComm, moving, moving_names, acc_names, compute, zeros, direction: int, trim=(None, None),
+            dims=None):
     """The backward ring loop shared by both schemes.
 
-    ``moving`` travels r -> r + ``direction``.  ``compute(src, moving)`` does this rank's work
-    on the block whose travelling side belongs to rank ``src`` and returns fresh float32
-    contributions to that side's gradients, or None when it has no work there.  Those
-    contributions are summed along the ring one step behind the data and finally sent home;
-    the return value is this rank's own fully summed gradients of its travelling side.
+    ``moving`` travels r -> r + ``direction``.  ``compute(src, moving, offset, span)`` does this
+    rank's work on the block whose travelling side belongs to rank ``src`` (``moving`` holds
+    that side's rows from ``offset`` on) and returns fresh float32 contributions to that side's
+    gradients covering shard rows ``span`` (None: all), or None when it has no work there.
+    Those contributions are summed along the ring one step behind the data and finally sent
+    home; the return value is this rank's own fully summed gradients of its travelling side.
+    ``trim``: (travel rows, partial rows) of a sparse mask's single ring (cfg.trim), ``dims``
+    the row dimension of each moving tensor; ``zeros(rows)`` makes zero partials.
     """
-    data = ring.mover(moving, "backward", moving_names, direction)
-    acc = ring.reducer("backward", acc_names, lambda: zeros(moving), direction)
+    data = ring.mover(moving, "backward", moving_names, direction, rows=trim[0], dims=dims)
+    acc = ring.reducer("backward", acc_names, zeros, direction, rows=trim[1])
     for i in range(len(ring.steps)):
         data.post(i)
         acc.post(i)  # the partial finished at the previous step, one step behind the data
-        acc.add(i, compute(ring.source(i, direction), data.held))
+        acc.add(i, compute(ring.source(i, direction), data.held, data.offset, acc.span(i)))
         data.advance(i)
     return acc.home()
 
@@ -90,51 +120,53 @@ def _travel(ring: RingComm, moving, moving_names, acc_names, compute, zeros, dir
 def _backward_burst(dout, q, k, v, lse, delta, cfg: _Config):
     ring, G = cfg.ring, cfg.ring.world
     n = q.shape[1]
-    dk = torch.zeros(k.shape, dtype=_acc(k), device=k.device)
-    dv = torch.zeros(v.shape, dtype=_acc(v), device=v.device)
+    dk, dv = _zeros(k), _zeros(v)
 
-    def zeros(moving):
-        return (torch.zeros(moving[0].shape, dtype=_acc(moving[0]), device=moving[0].device),)
+    def zeros(rows):
+        return (_zeros(q, rows),)
 
-    def compute(src, moving):
+    def compute(src, moving, off, span):
         tasks = block_tasks(cfg.layout, cfg.pattern, src, ring.rank, G, n)
         if not tasks:
             return None
         mq, mdo, mlse, mdelta = moving
-        (dq,) = zeros(moving)
+        (dq,) = zeros(span)
+        g0 = 0 if span is None else span[0]
         for t in tasks:
-            qs, ks = slice(t.q0, t.q1), slice(t.k0, t.k1)
+            qs, gs, ks = _rel(off, t.q0, t.q1), _rel(g0, t.q0, t.q1), slice(t.k0, t.k1)
             cfg.kernel.backward_into(mdo[:, qs], mq[:, qs], k[:, ks], v[:, ks], mlse[:, :, qs], mdelta[:, :, qs],
-                                     cfg.scale, t.mask, dq[:, qs], dk[:, ks], dv[:, ks])
+                                     cfg.scale, t.mask, dq[:, gs], dk[:, ks], dv[:, ks])
         return (dq,)
 
     # the Q side travels r -> r-1, so step s pairs the same blocks as the forward's step s
-    (dq,) = _travel(ring, (q, dout, lse, delta), ("q", "dout", "lse", "delta"), ("dq",), compute, zeros, -1)
+    (dq,) = _travel(ring, (q, dout, lse, delta), ("q", "dout", "lse", "delta"), ("dq",), compute, zeros, -1,
+                    cfg.trim("q", n), dims=(1, 1, 2, 2))
     return dq, dk, dv
 
 
 def _backward_ring(dout, q, k, v, out, lse, delta, cfg: _Config):
     ring, G = cfg.ring, cfg.ring.world
     n = q.shape[1]
-    dq = torch.zeros(q.shape, dtype=_acc(q), device=q.device)
+    dq = _zeros(q)
 
-    def zeros(moving):
-        return tuple(torch.zeros(m.shape, dtype=_acc(m), device=m.device) for m in moving)
+    def zeros(rows):
+        return _zeros(k, rows), _zeros(v, rows)
 
-    def compute(src, moving):
+    def compute(src, moving, off, span):
         tasks = block_tasks(cfg.layout, cfg.pattern, ring.rank, src, G, n)
         if not tasks:
             return None
         mk, mv = moving
-        dk, dv = zeros(moving)
+        dk, dv = zeros(span)
+        g0 = 0 if span is None else span[0]
         for t in tasks:
-            qs, ks = slice(t.q0, t.q1), slice(t.k0, t.k1)
+            qs, ks, gs = slice(t.q0, t.q1), _rel(off, t.k0, t.k1), _rel(g0, t.k0, t.k1)
             cfg.kernel.backward_into(dout[:, qs], q[:, qs], mk[:, ks], mv[:, ks], lse[:, :, qs], delta[:, :, qs],
-                                     cfg.scale, t.mask, dq[:, qs], dk[:, ks], dv[:, ks],
+                                     cfg.scale, t.mask, dq[:, qs], dk[:, gs], dv[:, gs],
                                      out=None if out is None else out[:, qs])
         return dk, dv
 
-    dk, dv = _travel(ring, (k, v), ("k", "v"), ("dk", "dv"), compute, zeros, 1)
+    dk, dv = _travel(ring, (k, v), ("k", "v"), ("dk", "dv"), compute, zeros, 1, cfg.trim("kv", n))
     return dq, dk, dv
 
 
@@ -152,12 +184,29 @@ def hop_bytes(scheme: str, B: int, n: int, H: int, Hkv: int, D: int, elem: int) 
     raise ValueError(f"unknown scheme {scheme!r}")
 
 
+def _trimmed_bytes(scheme: str, B, n, H, Hkv, D, elem, world, layout, mask) -> list[int] | None:
+    """Per rank, the bytes of one loop on a sparse mask's single ring (schedule.sent_rows times
+    the bytes of one row); None for dense masks."""
+    if mask is None or not as_pattern(mask).sparse:
+        return None
+    if layout is None:
+        raise ValueError("the bytes of a sparse mask depend on the layout: pass layout=")
+    data, grad = hop_bytes(scheme, B, 1, H, Hkv, D, elem)
+    return [d * data + g * grad for d, g in sent_rows(layout, mask, world, n, "q" if scheme == "burst" else "kv")]
+
+
 def backward_bytes(scheme: str, B: int, n: int, H: int, Hkv: int, D: int, elem: int, world: int,
-                   hops: int | None = None) -> int:
-    """Bytes one rank sends in the backward of one call (what comm_stats will report): the data
-    makes ``hops`` hops, the gradient partials one more (the last one home), on any ring
-    topology.  ``hops``: len(schedule.ring_steps) - 1, i.e. world - 1 unless a sparse mask lets
-    the ring skip steps."""
+                   hops: int | None = None, *, layout: str | None = None, mask=None, rank: int = 0) -> int:
+    """Bytes one rank sends in the backward of one call (what comm_stats will report).
+
+    Whole shards (dense masks, any ring topology): the data makes ``hops`` hops, the gradient
+    partials one more (the last one home); ``hops``: len(schedule.ring_steps) - 1, i.e. world - 1
+    unless a sparse mask lets the ring skip steps.  With ``layout`` and a sparse ``mask``
+    (Pattern): the trimmed messages of the single ring, which differ from rank to rank, for
+    rank ``rank`` (``hops`` is then ignored)."""
+    trimmed = _trimmed_bytes(scheme, B, n, H, Hkv, D, elem, world, layout, mask)
+    if trimmed is not None:
+        return trimmed[rank]
     h = world - 1 if hops is None else hops
     if world == 1 or h == 0:
         return 0
@@ -165,17 +214,26 @@ def backward_bytes(scheme: str, B: int, n: int, H: int, Hkv: int, D: int, elem: 
     return h * data + (h + 1) * grad
 
 
-def forward_bytes(B: int, n: int, Hkv: int, D: int, elem: int, world: int, hops: int | None = None) -> int:
-    """Bytes one rank sends in the forward: K and V, once per ring step that runs after the first."""
+def forward_bytes(B: int, n: int, Hkv: int, D: int, elem: int, world: int, hops: int | None = None, *,
+                  layout: str | None = None, mask=None, rank: int = 0) -> int:
+    """Bytes one rank sends in the forward: K and V, once per ring step that runs after the
+    first; with ``layout`` and a sparse ``mask``, just the rows later steps read (see
+    :func:`backward_bytes`)."""
+    trimmed = _trimmed_bytes("forward", B, n, 0, Hkv, D, elem, world, layout, mask)
+    if trimmed is not None:
+        return trimmed[rank]
     h = world - 1 if hops is None else hops
     return hop_bytes("forward", B, n, 0, Hkv, D, elem)[0] * h
 
 
-def choose_backward(B, n, H, Hkv, D, elem, world, hops=None) -> str:
-    """The scheme that sends fewer bytes (the cost model's choice when no link figures are known)."""
-    burst = backward_bytes("burst", B, n, H, Hkv, D, elem, world, hops)
-    ring = backward_bytes("ring", B, n, H, Hkv, D, elem, world, hops)
-    return "burst" if burst <= ring else "ring"
+def choose_backward(B, n, H, Hkv, D, elem, world, hops=None, *, layout=None, mask=None) -> str:
+    """The scheme that sends fewer bytes (the cost model's choice when no link figures are known);
+    with ``layout`` and a sparse ``mask``, by the busiest rank's trimmed bytes."""
+    def most(scheme):
+        trimmed = _trimmed_bytes(scheme, B, n, H, Hkv, D, elem, world, layout, mask)
+        return max(trimmed) if trimmed is not None else backward_bytes(scheme, B, n, H, Hkv, D, elem, world, hops)
+
+    return "burst" if most("burst") <= most("ring") else "ring"
 
 
 class _BurstAttn(torch.autograd.Function):
@@ -277,7 +335,9 @@ def burst_attn_func(q, k, v, *, group=None, causal=False, layout="contiguous", s
 
     Block pairs with nothing visible are not computed, and ring steps no rank needs are not run,
     neither compute nor transfer (e.g. "contiguous" with a window of W <= local length runs 2 of
-    the G steps; see schedule.ring_steps); a call that skips steps runs on the single ring.
+    the G steps; see schedule.ring_steps); a call that skips steps runs on the single ring.  On
+    the single ring each hop carries only the rows later steps read (W <= local length: the
+    last W - 1 rows of K/V; see schedule.travel_rows).
     Rows with no visible key get a zero output, lse = -inf and zero gradients.
     """
     pattern = check_args(q, k, v, group, causal, layout, softmax_scale, backward, kernel,

@@ -14,7 +14,10 @@ rank's shard is a few affine *segments* of global positions (one for contiguous 
 two for zigzag); for each (q segment, kv segment) pair the visible pairs are counted exactly,
 the task is trimmed to the bounding box of its visible rows and keys, and a pair with nothing
 visible gives no task.  Steps at which no rank has work are not run at all
-(:func:`ring_steps`): no compute and no transfer.  Everything here is a function of arguments
+(:func:`ring_steps`): no compute and no transfer.  The transfers are trimmed the same way
+(:func:`travel_rows`, :func:`partial_rows`): a hop carries only the rows of a shard that its
+step and the later ones read, and a travelling gradient partial only the rows remote steps
+touched.  Everything here is a function of arguments
 every rank shares (layout, pattern, world, local length), never of local data, so all ranks
 agree on which steps run.
 
@@ -238,6 +241,127 @@ def visible_pairs(seq_len: int, mask) -> int:
             W = p.window
             total += W * (W + 1) // 2 + (L - W) * W
     return total
+
+
+# --- what travels: the rows of a shard that later steps still read -------------------------------
+
+SIDES = ("kv", "q")  # "kv": K/V travel r -> r+1 (forward, ring backward); "q": the Q side r -> r-1
+
+
+def read_rows(layout: str, mask, world: int, n: int, side: str = "kv") -> tuple[tuple[tuple[int, int], ...], ...]:
+    """rows[j][i] = [lo, hi): the rows of owner j's travelling shard that the rank holding it at
+    loop index i (the i-th of :func:`ring_steps`) reads, the bounding box of its tasks' key rows
+    (``side`` "kv") or query rows ("q"); (0, 0) when it reads none."""
+    return _read_rows(layout, as_pattern(mask), world, n, side)
+
+
+def travel_rows(layout: str, mask, world: int, n: int, side: str = "kv") -> tuple[tuple[tuple[int, int], ...], ...]:
+    """rows[j][i] = [lo, hi): the part of owner j's shard held at loop index i, i.e. what the
+    hop into index i (i >= 1) carries: the rows that step and every later one still read (the
+    bounding box of their :func:`read_rows`), (0, 0) when none does.  Index 0 holds the whole
+    shard; the ranges only shrink hop by hop, so a rank always sends a part of what it holds.
+    Dense patterns: the whole shard at every index (nothing is trimmed).
+
+    E.g. ``contiguous`` with a window W <= n: hop 1 of K/V carries the last W - 1 rows; with
+    W = 2.5 n the tail shrinks hop by hop.  Depends only on shared arguments, so every rank
+    agrees on the size of every message."""
+    return _travel_rows(layout, as_pattern(mask), world, n, side)
+
+
+def partial_rows(layout: str, mask, world: int, n: int, side: str = "kv"):
+    """rows[j][i] = [lo, hi): the rows of owner j's travelling gradient partial (dK/dV for
+    ``side`` "kv", dQ for "q") after loop index i: the bounding box of what the remote steps
+    1..i touched.  Index 0's contribution (the owner's own step) stays home, so its partial is
+    empty.  None for dense patterns: there the partial covers the whole shard from index 0
+    on and travels with it (the plain scheme, unchanged)."""
+    p = as_pattern(mask)
+    return _partial_rows(layout, p, world, n, side) if p.sparse else None
+
+
+def sent_rows(layout: str, mask, world: int, n: int, side: str = "kv") -> tuple[tuple[int, int], ...]:
+    """Per rank: (rows of travelling data, rows of gradient partials) it sends in one loop of the
+    single ring, the last partial's hop home included; multiply by the bytes of one row of each
+    message (burst.hop_bytes with n = 1) for the bytes comm_stats reports."""
+    return _sent_rows(layout, as_pattern(mask), world, n, side)
+
+
+def _holder(owner: int, step: int, world: int, side: str) -> int:
+    if side not in SIDES:
+        raise ValueError(f"side must be one of {SIDES}, got {side!r}")
+    return (owner + step) % world if side == "kv" else (owner - step) % world
+
+
+def _box(ranges):
+    ranges = [r for r in ranges if r[1] > r[0]]
+    return (min(r[0] for r in ranges), max(r[1] for r in ranges)) if ranges else (0, 0)
+
+
+@functools.lru_cache(maxsize=64)
+def _read_rows(layout, pattern, world, n, side):
+    steps = ring_steps(layout, pattern, world, n)
+    out = []
+    for j in range(world):
+        row = []
+        for s in steps:
+            h = _holder(j, s, world, side)
+            tasks = block_tasks(layout, pattern, h, j, world, n) if side == "kv" else \
+                block_tasks(layout, pattern, j, h, world, n)
+            row.append(_box([(t.k0, t.k1) if side == "kv" else (t.q0, t.q1) for t in tasks]))
+        out.append(tuple(row))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=64)
+def _travel_rows(layout, pattern, world, n, side):
+    steps = ring_steps(layout, pattern, world, n)
+    if not pattern.sparse:
+        return tuple(((0, n),) * len(steps) for _ in range(world))
+    out = []
+    for row in _read_rows(layout, pattern, world, n, side):
+        # suffix unions: what index i and every later index read
+        held, acc = [], (0, 0)
+        for r in reversed(row[1:]):
+            acc = _box([acc, r])
+            held.append(acc)
+        out.append(((0, n),) + tuple(reversed(held)))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=64)
+def _partial_rows(layout, pattern, world, n, side):
+    out = []
+    for row in _read_rows(layout, pattern, world, n, side):
+        acc, spans = (0, 0), [(0, 0)]
+        for r in row[1:]:
+            acc = _box([acc, r])
+            spans.append(acc)
+        out.append(tuple(spans))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=64)
+def _sent_rows(layout, pattern, world, n, side):
+    steps = ring_steps(layout, pattern, world, n)
+    last = len(steps) - 1
+    if world == 1 or last == 0:
+        return ((0, 0),) * world
+    if not pattern.sparse:
+        return ((last * n, (last + 1) * n),) * world
+    travel = _travel_rows(layout, pattern, world, n, side)
+    partial = _partial_rows(layout, pattern, world, n, side)
+    back = -1 if side == "kv" else 1  # the owner held at step s is the holder's rank - s (kv), + s (q)
+
+    def width(r):
+        return r[1] - r[0]
+
+    out = []
+    for r in range(world):
+        src = [(r + back * s) % world for s in steps]
+        data = sum(width(travel[src[i]][i + 1]) for i in range(last))
+        # the partial finished at index i leaves at index i + 1, the last one goes home
+        grad = sum(width(partial[src[i]][i]) for i in range(last + 1))
+        out.append((data, grad))
+    return tuple(out)
 
 
 # --- the sparse path ------------------------------------------------------------------------------

@@ -18,7 +18,9 @@ rank (median of --iters after --warmup, CUDA events on GPUs), and reports:
 * balance: max / mean over ranks of each rank's compute time alone (its tasks at every step
   that runs, replayed without communication), beside the schedule's ideal (max / mean of the
   visible pairs per rank); and the measured wall time per rank;
-* the steps the ring ran and the bytes each rank sent.
+* the steps the ring ran and the bytes each rank sent (comm_stats), beside the byte model's
+  count for that rank and what whole shards would have cost (the ring sends only the rows
+  later steps read, so a short window moves a thin tail of each shard).
 
 ``--check`` also runs every case once at a small length (--check-seq) with the chosen kernel
 and with the reference kernel (float32, dense masks) and reports the normwise error of out,
@@ -39,6 +41,8 @@ import torch
 import torch.distributed as dist
 
 import burstengine as be
+from burstengine.attention import backward_bytes, forward_bytes
+from burstengine.attention.auto import plan_call
 from burstengine.attention.checks import check_sparse
 from burstengine.attention.schedule import attention_flops, block_tasks, ring_source, ring_steps, visible_pairs
 from burstengine.kernels import get_kernel
@@ -192,6 +196,7 @@ def run_case(case, args, group, device, dtype):
         comp_b = timer(cb, args.warmup, args.iters, group)
     per_rank = _gather([_median(fwd_t), _median(fwdbwd_t), _median(comp_f), _median(comp_b), st.forward_bytes,
                         st.backward_bytes], group, device)
+    model = byte_model(q, k, group, layout, pattern, args.backward)
     raw = _gather(fwd_t + fwdbwd_t, group, device)
     flops = attention_flops(layout, pattern, G, n, B, H, D, backward=True)
     # the slowest rank sets the pace of each iteration
@@ -208,7 +213,8 @@ def run_case(case, args, group, device, dtype):
         balance=max(comp) / (sum(comp) / G), ideal_balance=max(flops) / (sum(flops) / G),
         wall_balance=max(r[1] for r in per_rank) / (sum(r[1] for r in per_rank) / G),
         per_rank=[dict(fwd_s=r[0], fwdbwd_s=r[1], compute_fwd_s=r[2], compute_bwd_s=r[3], fwd_bytes=int(r[4]),
-                       bwd_bytes=int(r[5])) for r in per_rank],
+                       bwd_bytes=int(r[5]), **m) for r, m in zip(per_rank, model["per_rank"])],
+        backward=model["backward"], whole_shard_bytes=model["whole_shard_bytes"],
         raw_fwd_s=[r[:it] for r in raw], raw_fwdbwd_s=[r[it:] for r in raw],
     )
     if "cu_seqlens" in mask:
@@ -217,6 +223,22 @@ def run_case(case, args, group, device, dtype):
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return rec
+
+
+def byte_model(q, k, group, layout, pattern, backward) -> dict:
+    """What the byte model says each rank sends in one fwd+bwd call (the call's own ring and
+    backward scheme), and what one rank would send if whole shards travelled."""
+    G = dist.get_world_size(group)
+    B, n, H, D = q.shape
+    Hkv, e = k.shape[2], q.element_size()
+    ring, scheme = plan_call(q, k, group, pattern, layout, backward, "auto")
+    hops = len(ring.steps) - 1
+    trim = {} if ring.double else dict(layout=layout, mask=pattern)
+    per_rank = [dict(model_fwd_bytes=forward_bytes(B, n, Hkv, D, e, G, hops, rank=r, **trim),
+                     model_bwd_bytes=backward_bytes(scheme, B, n, H, Hkv, D, e, G, hops, rank=r, **trim))
+                for r in range(G)]
+    whole = forward_bytes(B, n, Hkv, D, e, G, hops) + backward_bytes(scheme, B, n, H, Hkv, D, e, G, hops)
+    return dict(backward=scheme, per_rank=per_rank, whole_shard_bytes=whole)
 
 
 def check_case(case, args, group, device, dtype):
@@ -249,7 +271,7 @@ def check_case(case, args, group, device, dtype):
 def print_table(rows, file=sys.stdout):
     base = {r["group"]: r for r in rows if r["name"] in ("causal", "one-doc")}
     hdr = (f"{'case':12s} {'layout':10s} {'S':>8s} {'steps':>5s} {'fwd ms':>9s} {'f+b ms':>9s} {'TF/s':>7s} "
-           f"{'speedup':>7s} {'ideal':>7s} {'eff':>5s} {'balance':>7s} {'ideal':>6s} {'MB sent':>8s}")
+           f"{'speedup':>7s} {'ideal':>7s} {'eff':>5s} {'balance':>7s} {'ideal':>6s} {'MB sent':>8s} {'whole':>8s}")
     print(hdr, file=file)
     print("-" * len(hdr), file=file)
     for r in rows:
@@ -260,7 +282,8 @@ def print_table(rows, file=sys.stdout):
         sent = max(p["fwd_bytes"] + p["bwd_bytes"] for p in r["per_rank"]) / 2**20
         print(f"{r['name']:12s} {r['layout']:10s} {r['S']:>8d} {r['steps']:>2d}/{r['world']:<2d} {r['fwd_s'] * 1e3:9.1f} "
               f"{r['fwdbwd_s'] * 1e3:9.1f} {r['fwdbwd_tflops']:7.1f} {sp:7.2f} {ideal:7.2f} {sp / ideal:5.2f} "
-              f"{r['balance']:7.3f} {r['ideal_balance']:6.3f} {sent:8.1f}", file=file)
+              f"{r['balance']:7.3f} {r['ideal_balance']:6.3f} {sent:8.1f} {r['whole_shard_bytes'] / 2**20:8.1f}",
+              file=file)
 
 
 def _ints(s):

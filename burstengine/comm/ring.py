@@ -48,12 +48,15 @@ class Ring:
         """Global rank of the group member ``offset`` places after this one (mod the world)."""
         return dist.get_global_rank(self.group or dist.group.WORLD, (self.rank + offset) % self.world)
 
-    def shift(self, tensors, phase: str, names, offset: int = 1, link: str | None = None) -> Pending:
+    def shift(self, tensors, phase: str, names, offset: int = 1, link: str | None = None, recv=None) -> Pending:
         """Send ``tensors`` to the rank ``offset`` places on (the next one by default), receive
-        same-shaped ones from the rank ``offset`` places back.  Every rank must use the same
-        offset at the same call.  A ring built with ``peers`` knows only those two: offset +1
-        sends to the first and receives from the second, -1 the other way.  ``link`` labels the
-        bytes (default: the ring's own label)."""
+        tensors from the rank ``offset`` places back: of the shapes ``recv`` (default: those of
+        the sent ones).  Every rank must use the same offset at the same call.  A tensor of no
+        elements is neither sent nor received: both ends know its shape, so it is made here
+        (the trimmed rings of sparse masks send nothing where no later step reads anything).
+        A ring built with ``peers`` knows only those two: offset +1 sends to the first and
+        receives from the second, -1 the other way.  ``link`` labels the bytes (default: the
+        ring's own label)."""
         if self.peers is not None:
             if offset not in (1, -1):
                 raise ValueError(f"a ring with fixed peers shifts by +1 or -1, not {offset}")
@@ -62,17 +65,22 @@ class Ring:
             dst, src = self.next, self.prev
         else:
             dst, src = self.peer(offset), self.peer(-offset)
-        ops, bufs = [], []
-        for t, name in zip(tensors, names):
+        shapes = [t.shape for t in tensors] if recv is None else list(recv)
+        ops, bufs, peers = [], [], []
+        for t, shape, name in zip(tensors, shapes, names):
             t = t.contiguous()
-            buf = torch.empty_like(t)
-            ops.append(dist.P2POp(dist.isend, t, dst, self.group))
-            ops.append(dist.P2POp(dist.irecv, buf, src, self.group))
+            buf = t.new_empty(shape)
+            if t.numel():
+                ops.append(dist.P2POp(dist.isend, t, dst, self.group))
+                peers.append(("sending to", dst))
+                stats.record(phase, name, t.numel() * t.element_size(), link or self.link)
+            if buf.numel():
+                ops.append(dist.P2POp(dist.irecv, buf, src, self.group))
+                peers.append(("receiving from", src))
             bufs.append(buf)
-            stats.record(phase, name, t.numel() * t.element_size(), link or self.link)
+        if not ops:
+            return Pending([], bufs)
         # CPU transfers (gloo) block the host in wait(), so a deadline can be enforced there; CUDA
         # ones (NCCL) do not, and must not be made to
-        op = fault.Op(f"{phase} ring shift of {', '.join(names)}",
-                      (("sending to", dst), ("receiving from", src)) * len(bufs),
-                      blocking=bufs[0].device.type == "cpu")
+        op = fault.Op(f"{phase} ring shift of {', '.join(names)}", tuple(peers), blocking=bufs[0].device.type == "cpu")
         return Pending(fault.post(lambda: dist.batch_isend_irecv(ops), op), bufs, op)

@@ -250,7 +250,8 @@ class RingComm:
     ``steps``: the ring steps the loops run (schedule.ring_steps; all of them unless a sparse
     mask leaves some with no work anywhere).  A skipped step costs neither compute nor
     transfer: the travelling shards jump straight to the rank that needs them next (a send
-    ``gap`` ranks on).  Only the single ring skips steps.
+    ``gap`` ranks on).  Only the single ring skips steps, and only it trims messages to the
+    rows later steps read (Mover / Reducer ``rows``).
 
     Loops index the steps that run, i = 0 .. len(steps) - 1; ``direction`` (+1 or -1) is the
     way a loop's data travels, r -> r + direction (the burst backward's Q side travels -1 so
@@ -294,29 +295,30 @@ class RingComm:
         """Rank whose travelling shard this rank holds at loop index ``i``."""
         return ring_source(self.rank, self.steps[i], self.world, direction, self.shape.nodes)
 
-    def shift(self, key: str, tensors, phase: str, names, gap: int, direction: int):
-        """Post one hop on ring ``key``, ``gap`` steps along the travel."""
+    def shift(self, key: str, tensors, phase: str, names, gap: int, direction: int, recv=None):
+        """Post one hop on ring ``key``, ``gap`` steps along the travel (``recv``: the shapes to
+        receive, when they differ from the sent ones; see Ring.shift)."""
         ring = self.rings[key]
         offset = direction * gap
         if key == "ring":
             label = self.link or self.labels.link(self.rank, (self.rank + offset) % self.world)
-            return ring.shift(tensors, phase, names, offset, link=label)
-        return ring.shift(tensors, phase, names, offset)
+            return ring.shift(tensors, phase, names, offset, link=label, recv=recv)
+        return ring.shift(tensors, phase, names, offset, recv=recv)
 
-    def home(self, tensors, phase: str, names, direction: int):
+    def home(self, tensors, phase: str, names, direction: int, recv=None):
         """Send the last partial of a loop to its owner; return this rank's own."""
         if self.world == 1 or self.steps == (0,):
             return tensors  # nothing travelled: the partial is this rank's own
         if self.double:
-            return self.shift("home", tensors, phase, names, 1, direction).wait()
+            return self.shift("home", tensors, phase, names, 1, direction, recv).wait()
         # from steps[-1] places along the travel, one hop back
-        return self.shift("ring", tensors, phase, names, -self.steps[-1], direction).wait()
+        return self.shift("ring", tensors, phase, names, -self.steps[-1], direction, recv).wait()
 
-    def mover(self, tensors, phase: str, names, direction: int = 1) -> "Mover":
-        return Mover(self, tensors, phase, names, direction)
+    def mover(self, tensors, phase: str, names, direction: int = 1, rows=None, dims=None) -> "Mover":
+        return Mover(self, tensors, phase, names, direction, rows, dims)
 
-    def reducer(self, phase: str, names, zeros=None, direction: int = 1) -> "Reducer":
-        return Reducer(self, phase, names, zeros, direction)
+    def reducer(self, phase: str, names, zeros=None, direction: int = 1, rows=None) -> "Reducer":
+        return Reducer(self, phase, names, zeros, direction, rows)
 
 
 @dataclass(frozen=True)
@@ -350,58 +352,142 @@ def _double_plan(nodes: int, per_node: int) -> list[_Hops]:
     return out
 
 
+def _trimmed(comm: RingComm, rows) -> None:
+    if rows is not None and comm.double:
+        raise ValueError("the double ring moves whole shards; trimmed messages need the single ring")
+
+
+def _with_rows(shape, dim: int, rows: tuple[int, int]):
+    return tuple(shape[:dim]) + (rows[1] - rows[0],) + tuple(shape[dim + 1:])
+
+
+def _rows_of(comm: RingComm, rows, direction: int, owner_index: int, i: int) -> tuple[int, int]:
+    """rows[j][i] for j the owner of the shard this rank holds at loop index ``owner_index``."""
+    return rows[comm.source(owner_index, direction)][i]
+
+
+def _add_rows(dst, src, at: int) -> None:
+    """Rows [at, at + len) of each ``dst`` tensor (dim 1) += the matching ``src`` tensor."""
+    for d, x in zip(dst, src):
+        if x.shape[1]:
+            d.narrow(1, at, x.shape[1]).add_(x)
+
+
 class Mover:
     """The travelling shard of one loop: ``held`` is what this index computes on; the hops in
-    flight bring the next index's shard (and on the double ring, the next round's)."""
+    flight bring the next index's shard (and on the double ring, the next round's).
 
-    def __init__(self, comm: RingComm, tensors, phase, names, direction):
+    ``rows`` (single ring only; schedule.travel_rows): rows[j][i] = [lo, hi) of owner j's
+    shard that index i holds; each hop then carries just that part (a rank sends a part of
+    what it holds, and nothing when no later step reads the shard), ``held`` is rows
+    [offset, offset + len) of the shard and the caller subtracts ``offset`` from its row
+    indices.  ``dims``: the row dimension of each tensor (default 1).  None: whole shards."""
+
+    def __init__(self, comm: RingComm, tensors, phase, names, direction, rows=None, dims=None):
+        _trimmed(comm, rows)
         self.comm, self.phase, self.names, self.direction = comm, phase, names, direction
+        self.rows, self.dims = rows, tuple(dims) if dims is not None else (1,) * len(tensors)
         self.held = tuple(tensors)
+        self.offset = 0
         self._pending: dict[str, object] = {}
+        self._next_offset = 0
+
+    def _span(self, owner_index: int, i: int) -> tuple[int, int]:
+        return _rows_of(self.comm, self.rows, self.direction, owner_index, i)
 
     def post(self, i: int) -> None:
         for key, gap in self.comm.plan[i].data:
-            self._pending[key] = self.comm.shift(key, self.held, self.phase, self.names, gap, self.direction)
+            send, recv = self.held, None
+            if self.rows is not None:
+                # the part of what this rank holds that index i + 1 (and later) reads, and the
+                # part of the next shard it will hold
+                lo, hi = self._span(i, i + 1)
+                at = lo - self.offset if hi > lo else 0
+                send = tuple(t.narrow(d, at, hi - lo) for t, d in zip(self.held, self.dims))
+                nxt = self._span(i + 1, i + 1)
+                recv = [_with_rows(t.shape, d, nxt) for t, d in zip(self.held, self.dims)]
+                self._next_offset = nxt[0]
+            self._pending[key] = self.comm.shift(key, send, self.phase, self.names, gap, self.direction, recv)
 
     def advance(self, i: int) -> None:
         key = self.comm.plan[i].next_from
         if key is not None:
             self.held = tuple(self._pending.pop(key).wait())
+            self.offset = self._next_offset
 
 
 class Reducer:
-    """Partial sums of the travelling side's gradients, one step behind the data (Fig. 5)."""
+    """Partial sums of the travelling side's gradients, one step behind the data (Fig. 5).
 
-    def __init__(self, comm: RingComm, phase, names, zeros, direction):
+    ``zeros(rows)``: fresh zero partials covering shard rows ``rows`` = (lo, hi), None for the
+    whole shard; partials have their rows on dim 1.  ``rows`` (single ring only;
+    schedule.partial_rows): rows[j][i] = [lo, hi) of owner j's partial after index i; the
+    contribution at index 0 (this rank's own shard) then stays home, a partial covers just the
+    rows the remote steps touched so far (nothing is sent while it is empty), and ``span(i)``
+    tells the caller which rows its contribution at index i must cover.  None: every partial
+    covers the whole shard and index 0's travels too."""
+
+    def __init__(self, comm: RingComm, phase, names, zeros, direction, rows=None):
+        _trimmed(comm, rows)
         self.comm, self.phase, self.names, self.direction = comm, phase, names, direction
-        self.zeros = zeros
+        self.zeros, self.rows = zeros, rows
         self._done = None
+        self._own = None
         self._pending: dict[str, object] = {}
+
+    def _rows(self, owner_index: int, i: int) -> tuple[int, int]:
+        return _rows_of(self.comm, self.rows, self.direction, owner_index, i)
+
+    def span(self, i: int) -> tuple[int, int] | None:
+        """The shard rows a contribution at index ``i`` covers (None: all of them)."""
+        return None if self.rows is None or i == 0 else self._rows(i, i)
 
     def post(self, i: int) -> None:
         out = self.comm.plan[i].grad_out
         if out is not None:
             key, gap = out
-            self._pending[key] = self.comm.shift(key, self._done, self.phase, self.names, gap, self.direction)
+            recv = None
+            if self.rows is not None:
+                # the partial of the shard held now, as its last holder finished it
+                recv = [_with_rows(t.shape, 1, self._rows(i, i - 1)) for t in self._done]
+            self._pending[key] = self.comm.shift(key, self._done, self.phase, self.names, gap, self.direction, recv)
             self._done = None
 
     def add(self, i: int, contrib) -> None:
-        """``contrib``: this index's fresh contributions (summed into in place), or None when this
-        rank had no work there (the partials that arrived pass on as they are)."""
+        """``contrib``: this index's fresh contributions covering ``span(i)`` (summed into in
+        place), or None when this rank had no work there (the partials that arrived pass on as
+        they are)."""
         for key in self.comm.plan[i].grad_in:
             recv = self._pending.pop(key).wait()
             if contrib is None:
                 contrib = recv
-            else:
+            elif self.rows is None:
                 for c, r in zip(contrib, recv):
                     c.add_(r)
-        # every rank sends a partial at the next index, work or not
-        self._done = contrib if contrib is not None else self.zeros()
+            else:
+                _add_rows(contrib, recv, self._rows(i, i - 1)[0] - self.span(i)[0])
+        if self.rows is not None and i == 0:
+            # this rank's own step: its contribution waits at home for the partial to return
+            self._own, self._done = contrib, self.zeros((0, 0))
+            return
+        # every rank sends a partial at the next index, work or not (an empty one is not sent)
+        self._done = contrib if contrib is not None else self.zeros(self.span(i))
 
     def home(self):
         """Send the last partial (now the full gradient of the last source) home; return this
         rank's own full gradient."""
-        return self.comm.home(self._done, self.phase, self.names, self.direction)
+        last = len(self.comm.steps) - 1
+        if self.rows is None:
+            return self.comm.home(self._done, self.phase, self.names, self.direction)
+        own = self._own if self._own is not None else self.zeros(None)
+        if self.comm.world == 1 or last == 0:
+            return own
+        # the partial of this rank's shard, from the rank that held it last
+        rows = self.rows[self.comm.rank][last]
+        back = self.comm.home(self._done, self.phase, self.names, self.direction,
+                              [_with_rows(t.shape, 1, rows) for t in self._done])
+        _add_rows(own, back, rows[0])
+        return own
 
 
 def link_hops(nodes: int, per_node: int) -> dict[str, dict[str, int]]:
