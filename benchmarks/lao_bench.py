@@ -460,6 +460,10 @@ def main_stage(args):
     x = torch.empty(1, 16384, 32, 128, dtype=torch.bfloat16, device="cuda")
     # which kernel "ours" runs for the plain full/causal forward (fwd rows, and fwd of fwd+bwd)
     plain_forward = "gluon (kernels/gluon_fwd.py)" if gluon_takes(x, x, x) else "triton (kernels/triton_fwd.py)"
+    st = (torch.empty(1, 16384, 32, 128, device="cuda"), torch.empty(1, 32, 16384, device="cuda"))
+    ring_forward_into = ("gluon (kernels/gluon_fwd.py) for full/causal/strict" if gluon_takes(x, x, x, FULL, *st)
+                         else "triton (kernels/triton_fwd.py)")
+    del x, st
 
     def record(done):
         summary, ring_summary, table = summarize(single, ring)
@@ -467,7 +471,7 @@ def main_stage(args):
             complete=done, configs={str(D): c.to_dict() for D, c in ours.config.items()}, sweep=sweep_rec,
             single_launch=dict(heads=32, head_dim=128, dtype="bfloat16", batch=1, rows=single, summary=summary),
             ring_step=dict(heads=32, head_dim=128, dtype="bfloat16", rows=ring, summary=ring_summary),
-            table=table, seconds=time.time() - t0, plain_forward=plain_forward,
+            table=table, seconds=time.time() - t0, plain_forward=plain_forward, ring_forward_into=ring_forward_into,
             flops="forward 4*S^2*H*d (x0.5 causal), forward+backward 3.5x; ring backward_into 2.5x forward"))
         return path, table
 

@@ -115,11 +115,14 @@ def main():
             assert kern.supports(q, kk, kk, c["mask"]), "case would take the fallback"
             r = run_case(kern, device=args.device, seed=len(rows) + 1, poison_kv=gran, **c)
             r["ok"] = not r["nan"] and all(r[n] <= args.tol for n in NAMES)
+            state = (torch.empty(1, c["Sq"], c["H"], D, device=args.device),
+                     torch.empty(1, c["H"], c["Sq"], device=args.device))
+            r["gluon_into"] = gluon_takes(q, kk, kk, c["mask"], *state)  # forward_into ran in gluon_fwd.py
             if c["mask"] in (FULL, CAUSAL) and c["Sq"] == c["Sk"]:
                 # the plain forward: Gluon on Hopper where the shape allows it (S a multiple of 128)
                 p = run_plain_forward(kern, c["B"], c["Sq"], c["H"], c["Hkv"], D, c["dtype"], c["mask"], args.device,
                                       seed=len(rows) + 1)
-                p["gluon"] = gluon_takes(q, kk, kk)
+                p["gluon"] = gluon_takes(q, kk, kk, c["mask"])
                 r.update(p)
                 r["ok"] = r["ok"] and not p["fwd_nan"] and p["fwd_out"] <= args.tol and p["fwd_lse"] <= args.tol
         except Exception as e:

@@ -36,42 +36,58 @@ STAGES = {128: 2, 64: 2}
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, qk_scale, offs_m, kv0, DIAG: gl.constexpr, BLOCK_N: gl.constexpr,
-                  s_layout: gl.constexpr):
-    # scores of one kv tile -> (p, alpha, new m, new l), all in base 2
-    if DIAG:
-        offs_n = kv0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        s = gl.where(offs_m[:, None] >= offs_n[None, :], s * qk_scale, float("-inf"))
+def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, mask_lo, MASKED: gl.constexpr):
+    # scores of one kv tile -> (p, alpha, new m, new l), all in base 2; MASKED: a pair is visible
+    # iff q index - k index >= mask_lo, and rows that still see nothing keep m = -inf, p = 0
+    if MASKED:
+        s = gl.where((offs_m[:, None] - offs_n[None, :]) >= mask_lo, s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         s = s * qk_scale
-    m_new = gl.maximum(m_i, gl.max(s, 1))
-    p = gl.exp2(s - m_new[:, None])
-    alpha = gl.exp2(m_i - m_new)
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_use = m_new
+    p = gl.exp2(s - m_use[:, None])
+    alpha = gl.exp2(m_i - m_use)
     l_new = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_new
 
 
-def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, diag: bool, *state) -> bool:
     """Whether the fast path takes this call (else the caller uses the Triton kernel): Hopper,
-    bf16/fp16, d 64/128, Sq = Sk a multiple of the tile, heads side by side in 16-byte aligned rows."""
-    B, S, H, D = q.shape
+    bf16/fp16, d 64/128, lengths multiples of 128 (Sq = Sk for a diagonal mask), heads side by
+    side in 16-byte aligned rows; ``state`` (out, lse): float32, rows of heads side by side."""
+    B, Sq, H, D = q.shape
+    Sk = k.shape[1]
     if not (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9):
         return False
     if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
         return False
-    if k.shape[1] != S or S == 0 or S % BLOCK.value or D not in STAGES or k.shape[-1] != D or v.shape[-1] != D:
+    if 0 in (Sq, Sk) or Sq % BLOCK.value or Sk % BLOCK.value or (diag and Sq != Sk):
         return False
-    if H % k.shape[2] or v.shape[2] != k.shape[2]:
+    if D not in STAGES or k.shape[-1] != D or v.shape[-1] != D or H % k.shape[2] or v.shape[2] != k.shape[2]:
         return False
-    return all(t.stride(-1) == 1 and t.stride(-2) == D and t.data_ptr() % 16 == 0 for t in (q, k, v))
+    if not all(t.stride(-1) == 1 and t.stride(-2) == D and t.data_ptr() % 16 == 0 for t in (q, k, v)):
+        return False
+    if state:
+        out, lse = state
+        if out.dtype != torch.float32 or lse.dtype != torch.float32 or out.data_ptr() % 16:
+            return False
+        # written in place through a (rows, heads * D) view: one batch, or batches back to back
+        if out.stride(-1) != 1 or out.stride(-2) != D or out.stride(1) != H * D:
+            return False
+        if B > 1 and out.stride(0) != Sq * H * D:
+            return False
+    return True
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
-    # (B, S, heads, D) -> (B * S, heads * D) without a copy when the layout allows one
+    # (B, S, heads, D) -> (B * S, heads * D), without a copy when the layout allows one (a slice of
+    # rows of a single batch does)
     B, S, Hx, D = x.shape
-    if x.stride(2) != D or x.stride(1) != Hx * D or x.stride(0) != S * Hx * D:
-        x = x.contiguous()
-    return x.view(B * S, Hx * D)
+    if x.stride(2) == D and x.stride(1) == Hx * D and (B == 1 or x.stride(0) == S * Hx * D):
+        return x.as_strided((B * S, Hx * D), (Hx * D, 1))
+    return x.contiguous().view(B * S, Hx * D)
 
 
 WG_ROWS = gl.constexpr(64)
@@ -81,11 +97,11 @@ WS_MAXNREG = 168
 
 
 @gluon.jit
-def _ws_loader(descs, bufs, bars, scal, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+def _ws_loader(descs, bufs, bars, scal, ptrs, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr):
     q_desc, k_desc, v_desc, o_desc = descs
-    q_bufs, k_bufs, v_bufs = bufs
-    q_bar, k_ready, k_empty, v_ready, v_empty = bars
-    q_row, kv_row, q_col, kv_col, n_kv, causal, qk_scale, lse_base, S = scal
+    q_bufs, k_bufs, v_bufs, o_bufs = bufs
+    q_bar, k_ready, k_empty, v_ready, v_empty, o_bar = bars
+    q_row, kv_row, q_col, kv_col, n_kv, q_pos0, mask_lo, qk_scale, lse_off, sls = scal
     for w in gl.static_range(2):
         mbarrier.expect(q_bar.index(w), WG_ROWS * HEAD_DIM * 2)
         tma.async_copy_global_to_shared(q_desc, [q_row + w * WG_ROWS, q_col], q_bar.index(w), q_bufs.index(w))
@@ -93,37 +109,53 @@ def _ws_loader(descs, bufs, bars, scal, HEAD_DIM: gl.constexpr, BLOCK_N: gl.cons
         st = i % STAGES
         ph = (i // STAGES) & 1
         mbarrier.wait(k_empty.index(st), ph ^ 1)
-        mbarrier.expect(k_ready.index(st), BLOCK_N * HEAD_DIM * 2)
-        tma.async_copy_global_to_shared(k_desc, [kv_row + i * BLOCK_N, kv_col], k_ready.index(st), k_bufs.index(st))
+        mbarrier.expect(k_ready.index(st), BLOCK * HEAD_DIM * 2)
+        tma.async_copy_global_to_shared(k_desc, [kv_row + i * BLOCK, kv_col], k_ready.index(st), k_bufs.index(st))
         mbarrier.wait(v_empty.index(st), ph ^ 1)
-        mbarrier.expect(v_ready.index(st), BLOCK_N * HEAD_DIM * 2)
-        tma.async_copy_global_to_shared(v_desc, [kv_row + i * BLOCK_N, kv_col], v_ready.index(st), v_bufs.index(st))
+        mbarrier.expect(v_ready.index(st), BLOCK * HEAD_DIM * 2)
+        tma.async_copy_global_to_shared(v_desc, [kv_row + i * BLOCK, kv_col], v_ready.index(st), v_bufs.index(st))
 
 
 @gluon.jit
-def _ws_compute(descs, bufs, bars, scal, W: gl.constexpr, LSE, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                STAGES: gl.constexpr):
+def _ws_compute(descs, bufs, bars, scal, ptrs, W: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                ACC: gl.constexpr):
     # rows [W * 64, W * 64 + 64) of the q tile, in one warpgroup
     q_desc, k_desc, v_desc, o_desc = descs
-    q_bufs, k_bufs, v_bufs = bufs
-    q_bar, k_ready, k_empty, v_ready, v_empty = bars
-    q_row, kv_row, q_col, kv_col, n_kv, causal, qk_scale, lse_base, S = scal
+    q_bufs, k_bufs, v_bufs, o_bufs = bufs
+    q_bar, k_ready, k_empty, v_ready, v_empty, o_bar = bars
+    q_row, kv_row, q_col, kv_col, n_kv, q_pos0, mask_lo, qk_scale, lse_off, sls = scal
+    LSE = ptrs
     dtype: gl.constexpr = q_desc.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
+                                                       instr_shape=[16, BLOCK, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     q_smem = q_bufs.index(W)
+    o_smem = o_bufs.index(W)
 
-    row0 = q_row - kv_row + W * WG_ROWS  # this warpgroup's first query position
-    offs_m = row0 + gl.arange(0, WG_ROWS, layout=row_s)
-    m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, row_s)
-    l_i = gl.zeros([WG_ROWS], gl.float32, row_s)
-    acc = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, o_layout)
-    s_zero = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, s_layout)
+    first = q_pos0 + W * WG_ROWS  # this warpgroup's first q row in the block
+    offs_m = first + gl.arange(0, WG_ROWS, layout=row_s)
+    l_ptrs = LSE + lse_off + offs_m.to(gl.int64) * sls
+    if ACC:
+        # start from the running state: true O = acc / l, lse = (m + log2 l) / log2(e)
+        lse_old = gl.load(l_ptrs)
+        m_i = lse_old * 1.4426950408889634
+        l_i = gl.where(lse_old == float("-inf"), 0.0, 1.0)
+        mbarrier.expect(o_bar.index(W), WG_ROWS * HEAD_DIM * 4)
+        tma.async_copy_global_to_shared(o_desc, [q_row + W * WG_ROWS, q_col], o_bar.index(W), o_smem)
+        mbarrier.wait(o_bar.index(W), 0)
+        acc = o_smem.load(o_layout)
+        acc = gl.where(gl.convert_layout(l_i, row_o)[:, None] > 0, acc, 0.0)
+    else:
+        m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, row_s)
+        l_i = gl.zeros([WG_ROWS], gl.float32, row_s)
+        acc = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, o_layout)
+    s_zero = gl.zeros([WG_ROWS, BLOCK], gl.float32, s_layout)
+    cols = gl.arange(0, BLOCK, layout=col_s)
 
     mbarrier.wait(q_bar.index(W), 0)
     mbarrier.wait(k_ready.index(0), 0)
@@ -131,13 +163,14 @@ def _ws_compute(descs, bufs, bars, scal, W: gl.constexpr, LSE, HEAD_DIM: gl.cons
     s_cur = warpgroup_mma_wait(0, deps=(s_tok, ))
     mbarrier.arrive(k_empty.index(0), count=1)
 
+    # every tile but the last is fully visible (the last holds the causal/strict diagonal)
     for j in range(n_kv - 1):
         st = j % STAGES
         nxt = j + 1
         nst = nxt % STAGES
         mbarrier.wait(k_ready.index(nst), (nxt // STAGES) & 1)
         s_tok = warpgroup_mma(q_smem, k_bufs.index(nst).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, qk_scale, offs_m, j * BLOCK_N, False, BLOCK_N, s_layout)
+        p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, qk_scale, offs_m, cols, mask_lo, False)
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
@@ -148,8 +181,7 @@ def _ws_compute(descs, bufs, bars, scal, W: gl.constexpr, LSE, HEAD_DIM: gl.cons
 
     j = n_kv - 1
     st = j % STAGES
-    diag0 = j * BLOCK_N - gl.where(causal != 0, 0, S)
-    p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, qk_scale, offs_m, diag0, True, BLOCK_N, s_layout)
+    p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, qk_scale, offs_m, j * BLOCK + cols, mask_lo, True)
     acc = acc * gl.convert_layout(alpha, row_o)[:, None]
     p_op = gl.convert_layout(p.to(dtype), p_layout)
     mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
@@ -157,85 +189,115 @@ def _ws_compute(descs, bufs, bars, scal, W: gl.constexpr, LSE, HEAD_DIM: gl.cons
     acc = warpgroup_mma_wait(0, deps=(acc_tok, ))
     mbarrier.arrive(v_empty.index(st), count=1)
 
-    l_o = gl.convert_layout(l_i, row_o)
-    out = acc / l_o[:, None]
-    lse = (m_i + gl.log2(l_i)) / 1.4426950408889634
-    gl.store(LSE + lse_base + offs_m, lse)
-    q_smem.store(out.to(dtype))
+    seen = l_i > 0
+    l_safe = gl.where(seen, l_i, 1.0)
+    out = acc / gl.convert_layout(l_safe, row_o)[:, None]
+    gl.store(l_ptrs, gl.where(seen, (m_i + gl.log2(l_safe)) / 1.4426950408889634, float("-inf")))
+    # through shared memory and TMA: in q's dtype into q's buffer (fresh), or float32 into the
+    # running state's (as pointer tensors the float32 rows spilled registers)
+    if ACC:
+        o_smem.store(out)
+    else:
+        o_smem.store(out.to(dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [q_row + W * WG_ROWS, q_col], q_smem)
+    tma.async_copy_shared_to_global(o_desc, [q_row + W * WG_ROWS, q_col], o_smem)
     tma.store_wait(0)
 
 
 @gluon.jit
-def _ws_compute0(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    _ws_compute(descs, bufs, bars, scal, 0, LSE, HEAD_DIM, BLOCK_N, STAGES)
+def _ws_compute0(descs, bufs, bars, scal, ptrs, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr):
+    _ws_compute(descs, bufs, bars, scal, ptrs, 0, HEAD_DIM, STAGES, ACC)
 
 
 @gluon.jit
-def _ws_compute1(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    _ws_compute(descs, bufs, bars, scal, 1, LSE, HEAD_DIM, BLOCK_N, STAGES)
+def _ws_compute1(descs, bufs, bars, scal, ptrs, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr):
+    _ws_compute(descs, bufs, bars, scal, ptrs, 1, HEAD_DIM, STAGES, ACC)
 
 
-@gluon.jit
-def _ws_load(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    _ws_loader(descs, bufs, bars, scal, HEAD_DIM, BLOCK_N, STAGES)
-
-
-@gluon.jit(do_not_specialize=["S", "H", "GROUP", "causal"])
-def fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, S, H, GROUP, qk_scale, causal,
-                  HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, LOAD_REGS: gl.constexpr,
-                  num_warps: gl.constexpr):
+@gluon.jit(do_not_specialize=["Sq", "Sk", "H", "GROUP", "mask_lo", "diag", "slb", "slh", "sls"])
+def fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, Sq, Sk, H, GROUP, qk_scale, mask_lo, diag, slb, slh, sls,
+               HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr, LOAD_REGS: gl.constexpr,
+               num_warps: gl.constexpr):
+    """One program per (128-row q tile, batch x head).  ``diag``: causal-like (Sq = Sk, kv tiles up
+    to the q tile's own, the diagonal masked by ``mask_lo``: 0 causal, 1 strict); else every kv tile.
+    ``ACC``: start from and write back the running float32 (O, lse) instead of a fresh output
+    (``o_desc`` then reads and writes float32 rows)."""
     dtype: gl.constexpr = q_desc.dtype
-    n_m = S // BLOCK
-    pid_m = n_m - 1 - gl.program_id(0)
+    pid_m = Sq // BLOCK - 1 - gl.program_id(0)  # the longest rows first
     bh = gl.program_id(1)
     b = bh // H
     h = bh % H
-    n_kv = gl.where(causal != 0, pid_m + 1, n_m)
+    n_kv = gl.where(diag != 0, pid_m + 1, Sk // BLOCK)
     q_bufs = gl.allocate_shared_memory(dtype, [2, WG_ROWS, HEAD_DIM], q_desc.layout)
-    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK, HEAD_DIM], k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK, HEAD_DIM], v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    o_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    if ACC:
+        o_bufs = gl.allocate_shared_memory(gl.float32, [2, WG_ROWS, HEAD_DIM], o_desc.layout)
+    else:
+        o_bufs = q_bufs  # the fresh output leaves through q's buffer
     for i in gl.static_range(2):
         mbarrier.init(q_bar.index(i), count=1)
+        mbarrier.init(o_bar.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=2)  # both compute warpgroups release a buffer
         mbarrier.init(v_empty.index(i), count=2)
     descs = (q_desc, k_desc, v_desc, o_desc)
-    bufs = (q_bufs, k_bufs, v_bufs)
-    bars = (q_bar, k_ready, k_empty, v_ready, v_empty)
-    scal = (b * S + pid_m * BLOCK, b * S, h * HEAD_DIM, (h // GROUP) * HEAD_DIM, n_kv, causal, qk_scale,
-            bh.to(gl.int64) * S, S)
+    bufs = (q_bufs, k_bufs, v_bufs, o_bufs)
+    bars = (q_bar, k_ready, k_empty, v_ready, v_empty, o_bar)
+    scal = (b * Sq + pid_m * BLOCK, b * Sk, h * HEAD_DIM, (h // GROUP) * HEAD_DIM, n_kv, pid_m * BLOCK, mask_lo,
+            qk_scale, b.to(gl.int64) * slb + h * slh, sls)
+    ptrs = LSE
     gl.warp_specialize([
-        (_ws_compute0, (descs, bufs, bars, scal, LSE, HEAD_DIM, BLOCK_N, STAGES)),
-        (_ws_compute1, (descs, bufs, bars, scal, LSE, HEAD_DIM, BLOCK_N, STAGES)),
-        (_ws_load, (descs, bufs, bars, scal, LSE, HEAD_DIM, BLOCK_N, STAGES)),
+        (_ws_compute0, (descs, bufs, bars, scal, ptrs, HEAD_DIM, STAGES, ACC)),
+        (_ws_compute1, (descs, bufs, bars, scal, ptrs, HEAD_DIM, STAGES, ACC)),
+        (_ws_loader, (descs, bufs, bars, scal, ptrs, HEAD_DIM, STAGES, ACC)),
     ], [4, 1], [240, LOAD_REGS])
+
+
+BIG = 1 << 30  # "no bound" for mask_lo
+
+
+def _launch(q, k, v, scale, mask_lo, diag, lse, out=None, out_lo=None, stages=None, load_regs=24):
+    B, Sq, H, D = q.shape
+    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    q_layout = gl.NVMMASharedLayout.get_default_for([WG_ROWS.value, D], gdt)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([BLOCK.value, D], gdt)
+    q_desc = TensorDescriptor.from_tensor(_rows(q), [WG_ROWS.value, D], q_layout)
+    k_desc, v_desc = (TensorDescriptor.from_tensor(_rows(x), [BLOCK.value, D], kv_layout) for x in (k, v))
+    acc = out is not None
+    if acc:  # the running float32 O, read and written in place (a view of its rows, never a copy)
+        o_desc = TensorDescriptor.from_tensor(_rows(out), [WG_ROWS.value, D],
+                                              gl.NVMMASharedLayout.get_default_for([WG_ROWS.value, D], gl.float32))
+    else:
+        o_desc = TensorDescriptor.from_tensor(_rows(out_lo), [WG_ROWS.value, D], q_layout)
+    grid = (Sq // BLOCK.value, B * H)
+    fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, Sq, k.shape[1], H, H // k.shape[2], scale * LOG2E,
+                     mask_lo, int(diag), *lse.stride(), HEAD_DIM=D, STAGES=stages or STAGES[D], ACC=acc,
+                     LOAD_REGS=load_regs, num_warps=4,
+                     maxnreg=WS_MAXNREG)
 
 
 def forward(q, k, v, scale: float, causal: bool, stages: int | None = None, load_regs: int = 24):
     """(out (B, S, H, D) in q's dtype, lse (B, H, S) float32) of softmax(q k^T * scale) v, causal
     (query i sees keys j <= i) or full; the tensors must pass :func:`supported`."""
     B, S, H, D = q.shape
-    block_n = BLOCK.value
-    stages = stages or STAGES[D]
-    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    q_layout = gl.NVMMASharedLayout.get_default_for([WG_ROWS.value, D], gdt)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, D], gdt)
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    out = torch.empty(B, S, H, D, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, H, S, dtype=torch.float32, device=q.device)
-    descs = [TensorDescriptor.from_tensor(_rows(q), [WG_ROWS.value, D], q_layout),
-             TensorDescriptor.from_tensor(_rows(k), [block_n, D], kv_layout),
-             TensorDescriptor.from_tensor(_rows(v), [block_n, D], kv_layout),
-             TensorDescriptor.from_tensor(_rows(out), [WG_ROWS.value, D], q_layout)]
-    grid = (S // BLOCK.value, B * H)
-    fwd_kernel[grid](*descs, lse, S, H, H // k.shape[2], scale * LOG2E, int(bool(causal)), HEAD_DIM=D,
-                        BLOCK_N=block_n, STAGES=stages, LOAD_REGS=load_regs, num_warps=4, maxnreg=WS_MAXNREG)
+    _launch(q, k, v, scale, 0 if causal else -BIG, causal, lse, out_lo=out, stages=stages, load_regs=load_regs)
     return out, lse
+
+
+def forward_into(q, k, v, scale: float, mask_lo: int | None, out: torch.Tensor, lse: torch.Tensor,
+                 stages: int | None = None) -> None:
+    """Merge this block into the running float32 (out, lse) in place (the ring step).
+    ``mask_lo``: None for a full block, 0 causal, 1 strict (query i sees keys j < i)."""
+    diag = mask_lo is not None
+    _launch(q, k, v, scale, mask_lo if diag else -BIG, diag, lse, out=out, stages=stages)

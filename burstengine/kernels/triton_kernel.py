@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..attention.schedule import CAUSAL, FULL
+from ..attention.schedule import CAUSAL, FULL, STRICT
 from .base import Kernel, MaskSpec, as_spec
 from .reference import ReferenceKernel
 from .sdpa import CudnnKernel
@@ -185,6 +185,10 @@ class TritonKernel(Kernel):
         return out, lse
 
     def forward_into(self, q, k, v, scale, mask, out, lse) -> None:
+        if gluon_takes(q, k, v, mask, out, lse):
+            from . import gluon_fwd
+
+            return gluon_fwd.forward_into(q, k, v, scale, _MASK_LO[mask], out, lse)
         if not self.supports(q, k, v, mask, out):
             return self.fallback(q, mask).forward_into(q, k, v, scale, mask, out, lse)
         self._forward(q, k, v, scale, mask, out, lse)
@@ -366,23 +370,29 @@ def _prepare(tma: bool = True) -> None:
 def _scratch(size: int, align: int, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
-def gluon_takes(q, k, v) -> bool:
-    """Whether the plain full/causal forward of these tensors runs in kernels/gluon_fwd.py (Hopper,
-    a Triton with Gluon, shapes it supports, BURST_GLUON not 0)."""
+def gluon_takes(q, k, v, mask=FULL, *state) -> bool:
+    """Whether this full/causal/strict block runs in kernels/gluon_fwd.py (Hopper, a Triton with
+    Gluon, shapes it supports, BURST_GLUON not 0): the plain forward, or with ``state`` = (out,
+    lse) the ring step's merge into the running float32 state."""
+    if mask not in (FULL, CAUSAL, STRICT) or (mask == STRICT and not state):
+        return False
     if not q.is_cuda or os.environ.get("BURST_GLUON", "1") == "0":
         return False
     try:
         from . import gluon_fwd
     except ImportError:  # a Triton without Gluon's Hopper API
         return False
-    return gluon_fwd.supported(q, k, v)
+    return gluon_fwd.supported(q, k, v, mask != FULL, *state)
+
+
+_MASK_LO = {FULL: None, CAUSAL: 0, STRICT: 1}  # gluon_fwd: visible iff q index - k index >= mask_lo
 
 
 def _gluon_forward(q, k, v, scale, mask):
-    """The plain full/causal forward through kernels/gluon_fwd.py (wgmma issued by hand, so the
-    next tile's QK^T runs under this tile's softmax; benchmarks/results/lao_bench.json has its
-    speed), or None where it does not apply."""
-    if mask not in (FULL, CAUSAL) or not gluon_takes(q, k, v):
+    """The plain full/causal forward through kernels/gluon_fwd.py (FlashAttention-3's shape:
+    warp-specialised, QK^T of the next tile under this tile's softmax), or None where it does not
+    apply."""
+    if not gluon_takes(q, k, v, mask):
         return None
     from . import gluon_fwd
 
