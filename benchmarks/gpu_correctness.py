@@ -55,6 +55,9 @@ def main():
     ap.add_argument("--seq-local", type=int, default=8192)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--tol", type=float, default=1e-2)
+    ap.add_argument("--kernels", default="flash,cudnn", help="local kernels for the ring, e.g. auto,triton "
+                    "(on Hopper the ring step of auto/triton runs kernels/gluon_fwd.py)")
+    ap.add_argument("--name", default=None, help="record name (default gpu_correctness_<world>gpu)")
     args = ap.parse_args()
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -63,6 +66,7 @@ def main():
     worlds = [w for w in (2, 4, 8) if w <= world]
     groups = {w: (None if w == world else dist.new_group(list(range(w)))) for w in worlds}
     rows, t0 = [], time.time()
+    kern_names = tuple(args.kernels.split(","))
     H, n = args.heads, args.seq_local
     for w in worlds:
         g, active = groups[w], rank < w
@@ -77,8 +81,8 @@ def main():
                 continue
             r_out, r_lse, r_dq, r_dk, r_dv = reference(q, k, v, do, causal)
             base = {name: kernel_only(KERNELS[name], q, k, v, do, causal, (r_out, r_lse, r_dq, r_dk, r_dv))
-                    for name in ("flash", "cudnn")}
-            for layout, backward, kernel in itertools.product(be.LAYOUTS, ("burst", "ring"), ("flash", "cudnn")):
+                    for name in kern_names}
+            for layout, backward, kernel in itertools.product(be.LAYOUTS, ("burst", "ring"), kern_names):
                 def loc(t, dim=1):
                     return be.shard(t, layout, rank, w, dim=dim)
                 ql, kl, vl = (loc(t).to(torch.bfloat16).requires_grad_() for t in (q, k, v))
@@ -111,7 +115,7 @@ def main():
     if rank == 0:
         worst = {x: max(r[x] for r in rows) for x in NAMES}
         n_ok = sum(r["ok"] for r in rows)
-        path = write_record(f"gpu_correctness_{world}gpu", dict(tolerance=args.tol, cases=len(rows), passed=n_ok,
+        path = write_record(args.name or f"gpu_correctness_{world}gpu", dict(tolerance=args.tol, cases=len(rows), passed=n_ok,
                                                                 worst=worst, rows=rows))
         print(f"{n_ok}/{len(rows)} cases within {args.tol}; worst rel err {worst}; wrote {path}")
     dist.barrier()

@@ -152,3 +152,32 @@ def test_auto_picks_by_block_size_and_falls_back_off_cuda(monkeypatch):
     table[("forward", "spec")] = [(None, "triton")]
     assert AutoKernel(table).pick("forward", MaskSpec(window=3), large, large).name == "reference"
     assert not auto.available("cpu")
+
+
+def test_auto_ring_step_goes_to_gluon_where_it_takes_the_block(monkeypatch):
+    """AutoKernel.forward_into sends a block the Gluon kernel takes to the triton kernel (which runs
+    it there) before its table; blocks it does not take follow the table.  gluon_takes itself needs
+    a Hopper GPU, so it is replaced here by a rule on the block's length."""
+    import burstengine.kernels as kernels
+    from burstengine.kernels import AutoKernel
+
+    seen = []
+
+    class Spy:
+        def __init__(self, name):
+            self.name = name
+
+        def forward_into(self, *a):
+            seen.append(self.name)
+
+        def available(self, device):
+            return True
+
+    monkeypatch.setattr(kernels, "gluon_takes", lambda q, k, v, mask, *st: q.shape[1] % 128 == 0)
+    monkeypatch.setitem(kernels.KERNELS, "triton", Spy("triton"))
+    monkeypatch.setitem(kernels.KERNELS, "cudnn", Spy("cudnn"))
+    auto = AutoKernel()
+    for n in (256, 200):
+        q = torch.empty(1, n, 2, 16)
+        auto.forward_into(q, q, q, 1.0, "full", torch.empty(1, n, 2, 16), torch.empty(1, 2, n))
+    assert seen == ["triton", "cudnn"]

@@ -15,17 +15,18 @@ from .base import Kernel, MaskSpec
 from .pieces import large_pairs
 from .reference import ReferenceKernel
 from .sdpa import CudnnKernel, FlashKernel
-from .triton_kernel import TritonKernel
+from .triton_kernel import TritonKernel, gluon_takes
 
 KERNELS: dict[str, Kernel] = {k.name: k for k in (ReferenceKernel(), FlashKernel(), CudnnKernel(), TritonKernel())}
 
 # Which kernel "auto" runs on CUDA for each (direction, mask): (most query rows in the block, kernel)
-# pairs, first match wins; "spec" is any MaskSpec (windows, documents, block masks), which SDPA
-# cannot express.  From the ring step in benchmarks/results/lao_bench.json ("ring_step": H200, bf16,
-# d=128, 32 heads, GQA 1 and 4, non-empty running state): our fused forward_into beats cuDNN + the
-# torch merge only on STRICT blocks of 8K rows (1.03-1.09x: SDPA pays a shifted call there), ties
-# on causal 8K blocks (0.95-1.00x) and loses elsewhere (0.79-0.93x); cuDNN's backward (fed an
-# `out` rebuilt from D) still beats ours on every mask (ours 0.77-0.91x, up from 0.58-0.73x).
+# pairs, first match wins; before the table, a forward_into (ring step) of a full/causal/strict block
+# that kernels/gluon_fwd.py takes (Hopper, lengths multiples of 128) runs there: 1.06-1.37x cuDNN +
+# the torch merge on every ring-step case of benchmarks/results/lao_bench.json.  The table:
+# "spec" is any MaskSpec (windows, documents, block masks), which SDPA cannot express.  Elsewhere
+# the Triton forward_into beats cuDNN + merge only on STRICT blocks of up to 8K rows (SDPA pays a
+# shifted call there); the plain forward in gluon runs at 0.93-1.06x cuDNN, so cuDNN keeps it; and
+# cuDNN's backward (fed an `out` rebuilt from D) beats ours on every mask (ours 0.76-0.92x).
 AUTO_TABLE = {
     ("forward", FULL): [(None, "cudnn")],
     ("forward", CAUSAL): [(None, "cudnn")],
@@ -87,6 +88,8 @@ class AutoKernel(Kernel):
         return KERNELS["triton"].delta(out, dout, dtype)
 
     def forward_into(self, q, k, v, scale, mask, out, lse):
+        if gluon_takes(q, k, v, mask, out, lse):
+            return KERNELS["triton"].forward_into(q, k, v, scale, mask, out, lse)
         return self.pick("forward", mask, q, k).forward_into(q, k, v, scale, mask, out, lse)
 
     def backward(self, dout, q, k, v, lse, delta, scale, mask, out=None):
