@@ -22,7 +22,7 @@ import burstengine as be
 from burstengine.attention.schedule import CAUSAL, FULL
 from burstengine.bench.record import write_record
 from burstengine.kernels.reference import ReferenceKernel
-from burstengine.kernels import KERNELS
+from burstengine.kernels import KERNELS, get_kernel
 from burstengine.testing import fro_err, rel_err
 
 NAMES = ("out", "lse", "dq", "dk", "dv")
@@ -80,7 +80,7 @@ def main():
             if not active:
                 continue
             r_out, r_lse, r_dq, r_dk, r_dv = reference(q, k, v, do, causal)
-            base = {name: kernel_only(KERNELS[name], q, k, v, do, causal, (r_out, r_lse, r_dq, r_dk, r_dv))
+            base = {name: kernel_only(get_kernel(name, dev), q, k, v, do, causal, (r_out, r_lse, r_dq, r_dk, r_dv))
                     for name in kern_names}
             for layout, backward, kernel in itertools.product(be.LAYOUTS, ("burst", "ring"), kern_names):
                 def loc(t, dim=1):
