@@ -22,7 +22,7 @@ import burstengine as be
 from burstengine.attention.schedule import CAUSAL, FULL
 from burstengine.bench.record import write_record
 from burstengine.kernels.reference import ReferenceKernel
-from burstengine.kernels import KERNELS, get_kernel
+from burstengine.kernels import get_kernel
 from burstengine.testing import fro_err, rel_err
 
 NAMES = ("out", "lse", "dq", "dk", "dv")
