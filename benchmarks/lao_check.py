@@ -17,10 +17,16 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import os
 import sys
 import time
 
-import torch
+if "cpu" in sys.argv:
+    # the smoke run: Triton's interpreter with the test suite's fixes to it, before triton loads
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    import triton_interp  # noqa: F401,E402
+
+import torch  # noqa: E402
 
 from burstengine.attention.schedule import CAUSAL, FULL, STRICT
 from burstengine.bench.kernels import load_configs, warm_variants
