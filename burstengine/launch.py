@@ -66,6 +66,13 @@ def _rank_main(rank, world, port, pg_timeout, threads, backend_name, entry, entr
         results.put((rank, 1))
         raise
     results.put((rank, code))
+    if code == 0:
+        # done and reported: leave without the interpreter's teardown, where a C++ thread left
+        # in torch.distributed's objects can still abort the process (seen once in CI as
+        # "terminate called without an active exception" after a successful run)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def spawn(entry, entry_args: tuple, world: int, timeout: float, threads: int | None = None,
