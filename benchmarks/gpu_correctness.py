@@ -115,8 +115,8 @@ def main():
     if rank == 0:
         worst = {x: max(r[x] for r in rows) for x in NAMES}
         n_ok = sum(r["ok"] for r in rows)
-        path = write_record(args.name or f"gpu_correctness_{world}gpu", dict(tolerance=args.tol, cases=len(rows), passed=n_ok,
-                                                                worst=worst, rows=rows))
+        path = write_record(args.name or f"gpu_correctness_{world}gpu",
+                            dict(tolerance=args.tol, cases=len(rows), passed=n_ok, worst=worst, rows=rows))
         print(f"{n_ok}/{len(rows)} cases within {args.tol}; worst rel err {worst}; wrote {path}")
     dist.barrier()
     dist.destroy_process_group()

@@ -155,13 +155,19 @@ def test_auto_picks_by_block_size_and_falls_back_off_cuda(monkeypatch):
 
 
 def test_auto_ring_step_goes_to_gluon_where_it_takes_the_block(monkeypatch):
-    """AutoKernel.forward_into sends a block the Gluon kernel takes to the triton kernel (which runs
-    it there) before its table; blocks it does not take follow the table.  gluon_takes itself needs
-    a Hopper GPU, so it is replaced here by a rule on the block's length."""
+    """AutoKernel.forward_into runs a block the Gluon kernel takes there, before its table; blocks
+    it does not take follow the table.  The Gluon kernel itself needs a Hopper GPU, so it is
+    replaced here by one that takes blocks of a length divisible by 128."""
     import burstengine.kernels as kernels
     from burstengine.kernels import AutoKernel
 
     seen = []
+
+    def gluon(q, *a):
+        if q.shape[1] % 128:
+            return False
+        seen.append("gluon")
+        return True
 
     class Spy:
         def __init__(self, name):
@@ -173,11 +179,10 @@ def test_auto_ring_step_goes_to_gluon_where_it_takes_the_block(monkeypatch):
         def available(self, device):
             return True
 
-    monkeypatch.setattr(kernels, "gluon_takes", lambda q, k, v, mask, *st: q.shape[1] % 128 == 0)
-    monkeypatch.setitem(kernels.KERNELS, "triton", Spy("triton"))
+    monkeypatch.setattr(kernels, "gluon_forward_into", gluon)
     monkeypatch.setitem(kernels.KERNELS, "cudnn", Spy("cudnn"))
     auto = AutoKernel()
     for n in (256, 200):
         q = torch.empty(1, n, 2, 16)
         auto.forward_into(q, q, q, 1.0, "full", torch.empty(1, n, 2, 16), torch.empty(1, 2, n))
-    assert seen == ["triton", "cudnn"]
+    assert seen == ["gluon", "cudnn"]

@@ -461,11 +461,10 @@ class Reducer:
             recv = self._pending.pop(key).wait()
             if contrib is None:
                 contrib = recv
-            elif self.rows is None:
-                for c, r in zip(contrib, recv):
-                    c.add_(r)
             else:
-                _add_rows(contrib, recv, self._rows(i, i - 1)[0] - self.span(i)[0])
+                # whole shards: row 0 of both; trimmed: where the arrived rows sit in this span
+                at = 0 if self.rows is None else self._rows(i, i - 1)[0] - self.span(i)[0]
+                _add_rows(contrib, recv, at)
         if self.rows is not None and i == 0:
             # this rank's own step: its contribution waits at home for the partial to return
             self._own, self._done = contrib, self.zeros((0, 0))

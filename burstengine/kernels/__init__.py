@@ -15,7 +15,7 @@ from .base import Kernel, MaskSpec
 from .pieces import large_pairs
 from .reference import ReferenceKernel
 from .sdpa import CudnnKernel, FlashKernel
-from .triton_kernel import TritonKernel, gluon_takes
+from .triton_kernel import TritonKernel, gluon_forward_into
 
 KERNELS: dict[str, Kernel] = {k.name: k for k in (ReferenceKernel(), FlashKernel(), CudnnKernel(), TritonKernel())}
 
@@ -88,8 +88,8 @@ class AutoKernel(Kernel):
         return KERNELS["triton"].delta(out, dout, dtype)
 
     def forward_into(self, q, k, v, scale, mask, out, lse):
-        if gluon_takes(q, k, v, mask, out, lse):
-            return KERNELS["triton"].forward_into(q, k, v, scale, mask, out, lse)
+        if gluon_forward_into(q, k, v, scale, mask, out, lse):
+            return
         return self.pick("forward", mask, q, k).forward_into(q, k, v, scale, mask, out, lse)
 
     def backward(self, dout, q, k, v, lse, delta, scale, mask, out=None):

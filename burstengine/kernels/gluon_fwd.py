@@ -1,5 +1,6 @@
-"""Hopper forward in Gluon (Triton's explicit dialect) for the plain attention forward: full or
-causal, one (batch x head, 128-row q tile) per program, output and lse written fresh.
+"""Hopper attention forward in Gluon (Triton's explicit dialect), one (batch x head, 128-row q
+tile) per program: the plain forward (full or causal, output and lse written fresh) and the ring
+step's merge of a full, causal or strict block into the running float32 (O, lse).
 
 Why a second forward: Triton's pipeliner waits for each wgmma before the softmax that reads it,
 so inside a warpgroup the exponentials and the tensor cores take turns (about 500-520 TFLOP/s on
@@ -14,9 +15,9 @@ H200 at d=128).  This kernel is FlashAttention-3's shape, written out by hand:
 Two things ptxas punishes, found by building for sm_90a on CPU and reading its warnings: an
 accumulator still in flight across the loop's back edge (C7514) and, for a causal build of its
 own, register pressure (C7511); either makes ptxas run every wgmma synchronously.  So the PV is
-waited for at the end of each step, and causal is a runtime flag of the one build (the causal
-diagonal is the last tile, always taken through the masked softmax; for full attention its
-mask keeps everything).
+waited for at the end of each step, and the mask is a runtime value of the one build (the
+diagonal is the last tile, always taken through the masked softmax; for a full block its mask
+keeps everything).
 
 Only what the fast path needs (see :func:`supported`); everything else goes to the Triton kernel.
 """
@@ -29,7 +30,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
     warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-LOG2E = 1.4426950408889634
+LOG2E = gl.constexpr(1.4426950408889634)
 BLOCK = gl.constexpr(128)   # q rows per program: two compute warpgroups of 64
 # K/V buffers per head dim (kv tiles are BLOCK rows too); a third buffer did not help (H200 probes)
 STAGES = {128: 2, 64: 2}
@@ -94,10 +95,11 @@ WG_ROWS = gl.constexpr(64)
 # 12 warps (two compute warpgroups + the loader's, rounded up): 65536 registers / 384 threads; the
 # compiler hands the loader's share to the compute partitions (240 each)
 WS_MAXNREG = 168
+LOADER_REGS = 24  # the loader warp's registers: the minimum, it holds only scalars
 
 
 @gluon.jit
-def _ws_loader(descs, bufs, bars, scal, ptrs, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr):
+def _ws_loader(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr):
     q_desc, k_desc, v_desc, o_desc = descs
     q_bufs, k_bufs, v_bufs, o_bufs = bufs
     q_bar, k_ready, k_empty, v_ready, v_empty, o_bar = bars
@@ -117,14 +119,13 @@ def _ws_loader(descs, bufs, bars, scal, ptrs, HEAD_DIM: gl.constexpr, STAGES: gl
 
 
 @gluon.jit
-def _ws_compute(descs, bufs, bars, scal, ptrs, W: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+def _ws_compute(descs, bufs, bars, scal, LSE, W: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                 ACC: gl.constexpr):
     # rows [W * 64, W * 64 + 64) of the q tile, in one warpgroup
     q_desc, k_desc, v_desc, o_desc = descs
     q_bufs, k_bufs, v_bufs, o_bufs = bufs
     q_bar, k_ready, k_empty, v_ready, v_empty, o_bar = bars
     q_row, kv_row, q_col, kv_col, n_kv, q_pos0, mask_lo, qk_scale, lse_off, sls = scal
-    LSE = ptrs
     dtype: gl.constexpr = q_desc.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK, 16])
@@ -143,7 +144,7 @@ def _ws_compute(descs, bufs, bars, scal, ptrs, W: gl.constexpr, HEAD_DIM: gl.con
     if ACC:
         # start from the running state: true O = acc / l, lse = (m + log2 l) / log2(e)
         lse_old = gl.load(l_ptrs)
-        m_i = lse_old * 1.4426950408889634
+        m_i = lse_old * LOG2E
         l_i = gl.where(lse_old == float("-inf"), 0.0, 1.0)
         mbarrier.expect(o_bar.index(W), WG_ROWS * HEAD_DIM * 4)
         tma.async_copy_global_to_shared(o_desc, [q_row + W * WG_ROWS, q_col], o_bar.index(W), o_smem)
@@ -192,7 +193,7 @@ def _ws_compute(descs, bufs, bars, scal, ptrs, W: gl.constexpr, HEAD_DIM: gl.con
     seen = l_i > 0
     l_safe = gl.where(seen, l_i, 1.0)
     out = acc / gl.convert_layout(l_safe, row_o)[:, None]
-    gl.store(l_ptrs, gl.where(seen, (m_i + gl.log2(l_safe)) / 1.4426950408889634, float("-inf")))
+    gl.store(l_ptrs, gl.where(seen, (m_i + gl.log2(l_safe)) / LOG2E, float("-inf")))
     # through shared memory and TMA: in q's dtype into q's buffer (fresh), or float32 into the
     # running state's (as pointer tensors the float32 rows spilled registers)
     if ACC:
@@ -205,13 +206,13 @@ def _ws_compute(descs, bufs, bars, scal, ptrs, W: gl.constexpr, HEAD_DIM: gl.con
 
 
 @gluon.jit
-def _ws_compute0(descs, bufs, bars, scal, ptrs, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr):
-    _ws_compute(descs, bufs, bars, scal, ptrs, 0, HEAD_DIM, STAGES, ACC)
+def _ws_compute0(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr):
+    _ws_compute(descs, bufs, bars, scal, LSE, 0, HEAD_DIM, STAGES, ACC)
 
 
 @gluon.jit
-def _ws_compute1(descs, bufs, bars, scal, ptrs, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr):
-    _ws_compute(descs, bufs, bars, scal, ptrs, 1, HEAD_DIM, STAGES, ACC)
+def _ws_compute1(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr):
+    _ws_compute(descs, bufs, bars, scal, LSE, 1, HEAD_DIM, STAGES, ACC)
 
 
 @gluon.jit(do_not_specialize=["Sq", "Sk", "H", "GROUP", "mask_lo", "diag", "slb", "slh", "sls"])
@@ -254,50 +255,46 @@ def fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, Sq, Sk, H, GROUP, qk_scale, 
     bars = (q_bar, k_ready, k_empty, v_ready, v_empty, o_bar)
     scal = (b * Sq + pid_m * BLOCK, b * Sk, h * HEAD_DIM, (h // GROUP) * HEAD_DIM, n_kv, pid_m * BLOCK, mask_lo,
             qk_scale, b.to(gl.int64) * slb + h * slh, sls)
-    ptrs = LSE
     gl.warp_specialize([
-        (_ws_compute0, (descs, bufs, bars, scal, ptrs, HEAD_DIM, STAGES, ACC)),
-        (_ws_compute1, (descs, bufs, bars, scal, ptrs, HEAD_DIM, STAGES, ACC)),
-        (_ws_loader, (descs, bufs, bars, scal, ptrs, HEAD_DIM, STAGES, ACC)),
+        (_ws_compute0, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC)),
+        (_ws_compute1, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC)),
+        (_ws_loader, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC)),
     ], [4, 1], [240, LOAD_REGS])
 
 
 BIG = 1 << 30  # "no bound" for mask_lo
 
 
-def _launch(q, k, v, scale, mask_lo, diag, lse, out=None, out_lo=None, stages=None, load_regs=24):
+def _launch(q, k, v, scale, mask_lo, diag, out, lse, acc: bool):
+    """``acc``: ``out`` is the running float32 O, read and written in place; else the fresh output
+    in q's dtype."""
     B, Sq, H, D = q.shape
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     q_layout = gl.NVMMASharedLayout.get_default_for([WG_ROWS.value, D], gdt)
     kv_layout = gl.NVMMASharedLayout.get_default_for([BLOCK.value, D], gdt)
-    q_desc = TensorDescriptor.from_tensor(_rows(q), [WG_ROWS.value, D], q_layout)
+    o_layout = gl.NVMMASharedLayout.get_default_for([WG_ROWS.value, D], gl.float32) if acc else q_layout
+    q_desc, o_desc = (TensorDescriptor.from_tensor(_rows(x), [WG_ROWS.value, D], lay)
+                      for x, lay in ((q, q_layout), (out, o_layout)))
     k_desc, v_desc = (TensorDescriptor.from_tensor(_rows(x), [BLOCK.value, D], kv_layout) for x in (k, v))
-    acc = out is not None
-    if acc:  # the running float32 O, read and written in place (a view of its rows, never a copy)
-        o_desc = TensorDescriptor.from_tensor(_rows(out), [WG_ROWS.value, D],
-                                              gl.NVMMASharedLayout.get_default_for([WG_ROWS.value, D], gl.float32))
-    else:
-        o_desc = TensorDescriptor.from_tensor(_rows(out_lo), [WG_ROWS.value, D], q_layout)
     grid = (Sq // BLOCK.value, B * H)
-    fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, Sq, k.shape[1], H, H // k.shape[2], scale * LOG2E,
-                     mask_lo, int(diag), *lse.stride(), HEAD_DIM=D, STAGES=stages or STAGES[D], ACC=acc,
-                     LOAD_REGS=load_regs, num_warps=4,
-                     maxnreg=WS_MAXNREG)
+    fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, Sq, k.shape[1], H, H // k.shape[2], scale * LOG2E.value,
+                     mask_lo, int(diag), *lse.stride(), HEAD_DIM=D, STAGES=STAGES[D], ACC=acc,
+                     LOAD_REGS=LOADER_REGS, num_warps=4, maxnreg=WS_MAXNREG)
 
 
-def forward(q, k, v, scale: float, causal: bool, stages: int | None = None, load_regs: int = 24):
+def forward(q, k, v, scale: float, causal: bool):
     """(out (B, S, H, D) in q's dtype, lse (B, H, S) float32) of softmax(q k^T * scale) v, causal
     (query i sees keys j <= i) or full; the tensors must pass :func:`supported`."""
     B, S, H, D = q.shape
     out = torch.empty(B, S, H, D, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, H, S, dtype=torch.float32, device=q.device)
-    _launch(q, k, v, scale, 0 if causal else -BIG, causal, lse, out_lo=out, stages=stages, load_regs=load_regs)
+    _launch(q, k, v, scale, 0 if causal else -BIG, causal, out, lse, acc=False)
     return out, lse
 
 
-def forward_into(q, k, v, scale: float, mask_lo: int | None, out: torch.Tensor, lse: torch.Tensor,
-                 stages: int | None = None) -> None:
+def forward_into(q, k, v, scale: float, mask_lo: int | None, out: torch.Tensor, lse: torch.Tensor) -> None:
     """Merge this block into the running float32 (out, lse) in place (the ring step).
-    ``mask_lo``: None for a full block, 0 causal, 1 strict (query i sees keys j < i)."""
+    ``mask_lo``: None for a full block, 0 causal, 1 strict (query i sees keys j < i); ``out`` is
+    written through a view of its rows (see :func:`supported`), never a copy."""
     diag = mask_lo is not None
-    _launch(q, k, v, scale, mask_lo if diag else -BIG, diag, lse, out=out, stages=stages)
+    _launch(q, k, v, scale, mask_lo if diag else -BIG, diag, out, lse, acc=True)

@@ -185,10 +185,8 @@ class TritonKernel(Kernel):
         return out, lse
 
     def forward_into(self, q, k, v, scale, mask, out, lse) -> None:
-        if gluon_takes(q, k, v, mask, out, lse):
-            from . import gluon_fwd
-
-            return gluon_fwd.forward_into(q, k, v, scale, _MASK_LO[mask], out, lse)
+        if gluon_forward_into(q, k, v, scale, mask, out, lse):
+            return
         if not self.supports(q, k, v, mask, out):
             return self.fallback(q, mask).forward_into(q, k, v, scale, mask, out, lse)
         self._forward(q, k, v, scale, mask, out, lse)
@@ -370,6 +368,7 @@ def _prepare(tma: bool = True) -> None:
 def _scratch(size: int, align: int, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
+
 def gluon_takes(q, k, v, mask=FULL, *state) -> bool:
     """Whether this full/causal/strict block runs in kernels/gluon_fwd.py (Hopper, a Triton with
     Gluon, shapes it supports, BURST_GLUON not 0): the plain forward, or with ``state`` = (out,
@@ -397,3 +396,15 @@ def _gluon_forward(q, k, v, scale, mask):
     from . import gluon_fwd
 
     return gluon_fwd.forward(q, k, v, scale, mask == CAUSAL)
+
+
+def gluon_forward_into(q, k, v, scale, mask, out, lse) -> bool:
+    """The ring step's merge into the running (out, lse) through kernels/gluon_fwd.py where it
+    takes the block (1.06-1.37x cuDNN + the torch merge, benchmarks/results/lao_bench.json);
+    False, with nothing done, where it does not."""
+    if not gluon_takes(q, k, v, mask, out, lse):
+        return False
+    from . import gluon_fwd
+
+    gluon_fwd.forward_into(q, k, v, scale, _MASK_LO[mask], out, lse)
+    return True

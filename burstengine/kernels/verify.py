@@ -84,8 +84,9 @@ def run_case(kernel, B, Sq, Sk, H, Hkv, D, dtype, mask, device, seed=0, poison_k
 
 def run_plain_forward(kernel, B, S, H, Hkv, D, dtype, mask, device, seed=0) -> dict:
     """Normwise errors of ``kernel.forward`` (a fresh output, no running state) against float64:
-    {"fwd_out", "fwd_lse", "fwd_nan"}; every output element must be written (out starts as NaN
-    in no caller's buffer, so a row left unwritten shows up as garbage or NaN)."""
+    {"fwd_out", "fwd_lse", "fwd_nan"}.  The kernel allocates its output uninitialised, so a row
+    it left unwritten holds stale memory: that shows in the errors or as NaN, though not
+    with certainty (run_case's poisoned buffers are the sure check for forward_into)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     q, k, v = (torch.randn(B, S, h, D, generator=g).to(device=device, dtype=dtype) for h in (H, Hkv, Hkv))
     scale = D ** -0.5
