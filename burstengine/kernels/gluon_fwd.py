@@ -3,8 +3,9 @@ tile) per program: the plain forward (full or causal, output and lse written fre
 step's merge of a full, causal or strict block into the running float32 (O, lse).
 
 Why a second forward: Triton's pipeliner waits for each wgmma before the softmax that reads it,
-so inside a warpgroup the exponentials and the tensor cores take turns (about 500-520 TFLOP/s on
-H200 at d=128).  This kernel is FlashAttention-3's shape, written out by hand:
+so inside a warpgroup the exponentials and the tensor cores take turns (490-509 TFLOP/s on
+H200 at d=128, benchmarks/results/lao_bench.json as of commit 997daae).  This kernel is
+FlashAttention-3's shape, written out by hand:
 
 * warp specialisation: a loader warp issues the TMA loads of Q and of the K/V tiles into a ring
   of shared buffers (``ready`` / ``empty`` mbarriers per buffer); two compute partitions of one
