@@ -10,7 +10,10 @@ reference kernel on the same inputs (burstengine/kernels/verify.py): normwise er
 at odd and tile-aligned lengths; MaskSpec windows (causal and not), striped positions, Sq != Sk,
 documents, block masks (aligned and ragged block sizes), their combinations, and a block that
 sees nothing; K/V rows in whole tiles that no query sees are poisoned with NaN, so a kernel
-that loads a tile it should skip fails.  Writes benchmarks/results/lao_check.json.
+that loads a tile it should skip fails.  Square full/causal cases also run the plain forward and
+backward (fresh outputs).  On Hopper the shapes kernels/gluon_fwd.py and gluon_bwd.py take run
+there (lengths multiples of 128; the backward at d=128): the record marks each case.
+Writes benchmarks/results/lao_check.json.
 """
 from __future__ import annotations
 
@@ -32,8 +35,8 @@ from burstengine.attention.schedule import CAUSAL, FULL, STRICT
 from burstengine.bench.kernels import load_configs, warm_variants
 from burstengine.bench.record import write_record
 from burstengine.kernels.base import MaskSpec
-from burstengine.kernels.triton_kernel import TritonKernel, gluon_takes
-from burstengine.kernels.verify import NAMES, run_case, run_plain_forward
+from burstengine.kernels.triton_kernel import TritonKernel, gluon_bwd_takes, gluon_takes
+from burstengine.kernels.verify import NAMES, run_case, run_plain_backward, run_plain_forward
 
 
 def docs(n, seed, mean=150):
@@ -96,13 +99,18 @@ def main():
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1 (with --limit)")
     ap.add_argument("--limit", type=int, default=0, help="run every n-th case only")
-    ap.add_argument("--small", action="store_true", help="shrink the cases (with --device cpu)")
+    ap.add_argument("--small", action="store_true", help="mask-kind cases only, shrunk (with --device cpu)")
     args = ap.parse_args()
     kern = TritonKernel(load_configs(args.configs))
     t0 = time.time()
     all_cases = cases()
     if args.limit:
         all_cases = all_cases[::args.limit]
+    if args.small:
+        # the interpreter's size: the mask-kind cases at 2 heads and 200 or 256 rows (odd or whole tiles)
+        all_cases = [(n, dict(c, H=2, Hkv=min(c["Hkv"], 2), Sq=256 if c["Sq"] % 128 == 0 else 200,
+                              Sk=256 if c["Sq"] % 128 == 0 else 200))
+                     for n, c in all_cases if not isinstance(c["mask"], MaskSpec)]
     variants = {(c["D"], str(c["dtype"])[6:], isinstance(c["mask"], MaskSpec) and c["mask"].q_doc is not None,
                  isinstance(c["mask"], MaskSpec) and c["mask"].block_mask is not None) for _, c in all_cases}
     errs = warm_variants([dict(config=kern.config[D].to_dict(), D=D, dtype=dt, doc=doc, block=blk)
@@ -124,13 +132,20 @@ def main():
             state = (torch.empty(1, c["Sq"], c["H"], D, device=args.device),
                      torch.empty(1, c["H"], c["Sq"], device=args.device))
             r["gluon_into"] = gluon_takes(q, kk, kk, c["mask"], *state)  # forward_into ran in gluon_fwd.py
+            grads = (torch.empty(1, c["Sq"], c["H"], D, device=args.device),
+                     *(torch.empty(1, c["Sk"], c["Hkv"], D, device=args.device) for _ in range(2)))
+            r["gluon_bwd_into"] = gluon_bwd_takes(q, kk, kk, c["mask"], q, *grads)  # backward_into in gluon_bwd.py
             if c["mask"] in (FULL, CAUSAL) and c["Sq"] == c["Sk"]:
                 # the plain forward: Gluon on Hopper where the shape allows it (S a multiple of 128)
                 p = run_plain_forward(kern, c["B"], c["Sq"], c["H"], c["Hkv"], D, c["dtype"], c["mask"], args.device,
                                       seed=len(rows) + 1)
                 p["gluon"] = gluon_takes(q, kk, kk, c["mask"])
+                p.update(run_plain_backward(kern, c["B"], c["Sq"], c["H"], c["Hkv"], D, c["dtype"], c["mask"],
+                                            args.device, seed=len(rows) + 1))
+                p["gluon_bwd"] = gluon_bwd_takes(q, kk, kk, c["mask"], q)
                 r.update(p)
-                r["ok"] = r["ok"] and not p["fwd_nan"] and p["fwd_out"] <= args.tol and p["fwd_lse"] <= args.tol
+                r["ok"] = (r["ok"] and not p["fwd_nan"] and not p["bwd_nan"]
+                           and all(p[n] <= args.tol for n in ("fwd_out", "fwd_lse", "bwd_dq", "bwd_dk", "bwd_dv")))
         except Exception as e:
             r = dict(ok=False, error=f"{type(e).__name__}: {e}"[:500])
         failed += not r["ok"]

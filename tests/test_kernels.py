@@ -186,3 +186,58 @@ def test_auto_ring_step_goes_to_gluon_where_it_takes_the_block(monkeypatch):
         q = torch.empty(1, n, 2, 16)
         auto.forward_into(q, q, q, 1.0, "full", torch.empty(1, n, 2, 16), torch.empty(1, 2, n))
     assert seen == ["gluon", "cudnn"]
+
+
+def test_triton_backward_goes_to_gluon_where_it_takes_the_block(monkeypatch):
+    """TritonKernel hands the backward of a block that kernels/gluon_bwd.py takes to it: the plain
+    backward with a fresh, zeroed float32 dQ (returned in q's dtype) and ``fresh`` set, the ring
+    step's backward_into with the caller's accumulators, each with its mask's bound.  The Gluon
+    kernel needs a Hopper GPU, so a stand-in that takes lengths divisible by 128 answers here."""
+    pytest.importorskip("triton")
+    import types
+
+    import burstengine.kernels as kernels
+    import burstengine.kernels.triton_kernel as tk
+    from burstengine.attention.schedule import CAUSAL, FULL, STRICT
+
+    calls = []
+
+    def backward_into(dout, q, k, v, lse2, delta, scale, mask_lo, dq, dk, dv, fresh):
+        calls.append(dict(mask_lo=mask_lo, fresh=fresh, dq=dq, zero=bool((dq == 0).all()), lse2=lse2.clone()))
+        dq.add_(1.0)
+        dk.fill_(2.0)
+        dv.fill_(3.0)
+
+    fake = types.SimpleNamespace(backward_into=backward_into)
+    monkeypatch.setattr(kernels, "gluon_bwd", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "burstengine.kernels.gluon_bwd", fake)
+    monkeypatch.setattr(tk, "gluon_bwd_takes",
+                        lambda q, k, v, mask, dout, *g: mask in (FULL, CAUSAL, STRICT) and q.shape[1] % 128 == 0)
+    kern = tk.TritonKernel()
+    S, H, D = 256, 2, 64
+    q, k, v, do = (torch.randn(1, S, H, D).to(torch.bfloat16) for _ in range(4))
+    lse, delta = torch.randn(1, H, S), torch.randn(1, H, S)
+    lse[0, 0, 0] = float("-inf")
+    dq, dk, dv = kern.backward(do, q, k, v, lse, delta, D ** -0.5, CAUSAL)
+    c = calls[-1]
+    assert (c["mask_lo"], c["fresh"], c["dq"].dtype, c["zero"]) == (0, True, torch.float32, True)
+    # lse reaches the kernel in base 2, +inf where a row saw nothing
+    assert c["lse2"][0, 0, 0] == float("inf")
+    assert torch.allclose(c["lse2"][0, 1], lse[0, 1] / torch.log(torch.tensor(2.0)))
+    assert dq.dtype == q.dtype and bool((dq == 1).all()) and bool((dk == 2).all()) and bool((dv == 3).all())
+    acc = [torch.ones(t.shape) for t in (q, k, v)]
+    for mask, lo in ((STRICT, 1), (FULL, None)):
+        kern.backward_into(do, q, k, v, lse, delta, D ** -0.5, mask, *acc)
+        c = calls[-1]
+        assert (c["mask_lo"], c["fresh"]) == (lo, False) and c["dq"] is acc[0]
+    assert bool((acc[0] == 3).all())
+
+
+def test_gluon_backward_declines_what_it_cannot_run():
+    """The real check: never on CPU tensors, never for a MaskSpec (those stay in the Triton kernels)."""
+    from burstengine.attention.schedule import CAUSAL
+    from burstengine.kernels.triton_kernel import gluon_bwd_takes
+
+    q = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
+    assert not gluon_bwd_takes(q, q, q, CAUSAL, q)
+    assert not gluon_bwd_takes(q, q, q, MaskSpec(window=8), q)

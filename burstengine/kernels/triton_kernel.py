@@ -196,7 +196,7 @@ class TritonKernel(Kernel):
             return self.fallback(q, mask).backward(dout, q, k, v, lse, delta, scale, mask, out=out)
         # dK/dV are summed in registers and stored (every row, fresh: nothing to add to), dQ too
         # unless it goes out by atomics (which need a zeroed float32 buffer)
-        atomic = self.config[q.shape[-1]].dq is None
+        atomic = self.config[q.shape[-1]].dq is None or gluon_bwd_takes(q, k, v, mask, dout)
         empty = q.shape[1] == 0 or k.shape[1] == 0
         dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic or empty else torch.empty_like(q)
         dk, dv = (torch.zeros_like(t) if empty else torch.empty_like(t) for t in (k, v))
@@ -297,9 +297,14 @@ class TritonKernel(Kernel):
         """``fresh``: dQ/dK/dV hold nothing yet (the plain backward): stored, not added to."""
         if q.shape[1] == 0 or k.shape[1] == 0:
             return
+        lse2, delta = bwd_rows(lse, delta)
+        if gluon_bwd_takes(q, k, v, mask, dout, dq, dk, dv):
+            from . import gluon_bwd
+
+            gluon_bwd.backward_into(dout, q, k, v, lse2, delta, scale, _MASK_LO[mask], dq, dk, dv, fresh)
+            return
         cfg = self.config[q.shape[-1]]
         atomic = cfg.dq is None and dq.dtype == torch.float32
-        lse2, delta = bwd_rows(lse, delta)
         self._launch_kv(cfg.kv, atomic, dout, q, k, v, lse2, delta, scale, mask, dq, dk, dv, fresh)
         if not atomic:
             self._launch_dq(cfg.dq or cfg.fwd, dout, q, k, v, lse2, delta, scale, mask, dq, fresh)
@@ -408,3 +413,16 @@ def gluon_forward_into(q, k, v, scale, mask, out, lse) -> bool:
 
     gluon_fwd.forward_into(q, k, v, scale, _MASK_LO[mask], out, lse)
     return True
+
+
+def gluon_bwd_takes(q, k, v, mask, dout, *grads) -> bool:
+    """Whether this full/causal/strict block's backward runs in kernels/gluon_bwd.py (Hopper,
+    d=128, shapes gluon_fwd takes, BURST_GLUON not 0); ``grads`` (dq, dk, dv) when adding into
+    existing ones (dq float32), else fresh ones are made for it."""
+    if mask not in (FULL, CAUSAL, STRICT) or not q.is_cuda or os.environ.get("BURST_GLUON", "1") == "0":
+        return False
+    try:
+        from . import gluon_bwd
+    except ImportError:
+        return False
+    return gluon_bwd.supported(q, k, v, mask != FULL, dout, *grads)

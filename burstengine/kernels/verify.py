@@ -94,3 +94,23 @@ def run_plain_forward(kernel, B, S, H, Hkv, D, dtype, mask, device, seed=0) -> d
     ro, rl = ReferenceKernel().forward(q.double(), k.double(), v.double(), scale, mask)
     return {"fwd_out": fro_err(out, ro), "fwd_lse": fro_err(lse, rl),
             "fwd_nan": not bool(torch.isfinite(out).all() and torch.isfinite(lse).all())}
+
+
+def run_plain_backward(kernel, B, S, H, Hkv, D, dtype, mask, device, seed=0) -> dict:
+    """Normwise errors of ``kernel.backward`` (fresh gradients, from the global lse and D) against
+    float64: {"bwd_dq", "bwd_dk", "bwd_dv", "bwd_nan"}.  The gradients come back in buffers the
+    kernel allocated: as in :func:`run_plain_forward`, a row left unwritten shows as an error or
+    NaN, though not with certainty."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    q, k, v = (torch.randn(B, S, h, D, generator=g).to(device=device, dtype=dtype) for h in (H, Hkv, Hkv))
+    do = torch.randn(B, S, H, D, generator=g).to(device=device, dtype=dtype)
+    scale = D ** -0.5
+    ref = ReferenceKernel()
+    q64, k64, v64, do64 = (t.double() for t in (q, k, v, do))
+    o, lse = ref.forward(q64, k64, v64, scale, mask)
+    delta = (do64 * o).sum(-1).transpose(1, 2)
+    got = kernel.backward(do, q, k, v, lse.float(), delta.float(), scale, mask)
+    want = ref.backward(do64, q64, k64, v64, lse, delta, scale, mask)
+    errs = {f"bwd_{n}": fro_err(a, r) for n, a, r in zip(("dq", "dk", "dv"), got, want)}
+    errs["bwd_nan"] = not all(bool(torch.isfinite(t).all()) for t in got)
+    return errs

@@ -1,0 +1,301 @@
+"""Hopper attention backward in Gluon, from the global lse and D = rowsum(dO * O) (no O), for
+full, causal and strict blocks: one program per (128-row kv tile, batch x kv head) adds its
+dK, dV and sends dQ out by TMA reduce-add, 5 matmuls per tile pair (the Triton kernels use 7, or
+spill when they send dQ by atomics).
+
+FlashAttention-3's backward shape, written out:
+
+* a loader warp brings K and V of the kv tile once, then Q and dO of each 64-row q tile into a
+  two-buffer ring (``ready`` / ``empty`` mbarriers);
+* two compute warpgroups each own 64 of the kv rows (so their dK, dV never meet) and see the
+  whole q tile: S = Q K_w^T and dP = dO V_w^T are issued together as async wgmmas, rows are q
+  rows, so lse and D are two registers a thread;
+* P and dS go to shared memory (the dV = P^T dO and dK = dS^T Q wgmmas read them transposed, no
+  register shuffle); the two halves of dS make the whole (q tile x kv tile) dS, and each
+  warpgroup computes half of dQ = dS K (its 64 columns of the head dim) and reduce-adds it into
+  the float32 dQ through TMA: the same bytes once, no per-element atomics.
+
+As in gluon_fwd.py, every wgmma is waited for within its step (an accumulator in flight across
+the loop's back edge makes ptxas serialise them) and the mask is a runtime bound: visible iff
+q index - k index >= mask_lo; only the q tiles that cross the diagonal run the masked step.
+"""
+from __future__ import annotations
+
+import torch
+from triton._C.libtriton import ir
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
+    warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from .gluon_fwd import BIG, _rows
+
+BLOCK_N = gl.constexpr(128)  # kv rows per program: two compute warpgroups of 64
+BLOCK_M = gl.constexpr(64)   # q rows per step
+HALF = gl.constexpr(64)
+STAGES = gl.constexpr(2)
+MAXNREG = 168
+LOADER_REGS = 24
+
+
+@builtin
+def _reduce_add(tensor_desc, coord, src, _semantic=None):
+    # TMA reduce-add of a shared tile into global memory (Gluon 3.6 builds the op but exports no
+    # wrapper for it); completion is tracked like a TMA store (tma.store_wait)
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@gluon.jit
+def _loader(descs, bufs, bars, scal, HEAD_DIM: gl.constexpr):
+    q_desc, k_desc, v_desc, do_desc, dq_desc = descs
+    k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
+    kv_bar, q_ready, q_empty, ds_ready = bars
+    q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale = scal
+    mbarrier.expect(kv_bar, 2 * BLOCK_N * HEAD_DIM * 2)
+    tma.async_copy_global_to_shared(k_desc, [kv_row, kv_col], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [kv_row, kv_col], kv_bar, v_smem)
+    j = 0
+    for g in range(GROUP):
+        for t in range(n_mask):
+            _load_q(j, g, t, descs, bufs, bars, scal, HEAD_DIM)
+            j += 1
+    for g in range(GROUP):
+        for t in range(n_mask, n_q):
+            _load_q(j, g, t, descs, bufs, bars, scal, HEAD_DIM)
+            j += 1
+
+
+@gluon.jit
+def _load_q(j, g, t, descs, bufs, bars, scal, HEAD_DIM: gl.constexpr):
+    q_desc, k_desc, v_desc, do_desc, dq_desc = descs
+    k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
+    kv_bar, q_ready, q_empty, ds_ready = bars
+    q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale = scal
+    st = j % STAGES
+    mbarrier.wait(q_empty.index(st), ((j // STAGES) & 1) ^ 1)
+    mbarrier.expect(q_ready.index(st), 2 * BLOCK_M * HEAD_DIM * 2)
+    row = q_row0 + (q_t0 + t) * BLOCK_M
+    col = (h0 + g) * HEAD_DIM
+    tma.async_copy_global_to_shared(q_desc, [row, col], q_ready.index(st), q_bufs.index(st))
+    tma.async_copy_global_to_shared(do_desc, [row, col], q_ready.index(st), do_bufs.index(st))
+
+
+@gluon.jit
+def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM: gl.constexpr, W: gl.constexpr,
+          MASKED: gl.constexpr):
+    # one (q tile, this warpgroup's 64 kv rows) pair: dK, dV added in registers, dQ's 64 columns
+    # of this warpgroup reduce-added into global memory
+    q_desc, k_desc, v_desc, do_desc, dq_desc = descs
+    k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
+    kv_bar, q_ready, q_empty, ds_ready = bars
+    q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale = scal
+    LSE2, slh = lse_h
+    DL, sdlh = dl_h
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 16])
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+
+    st = j % STAGES
+    q_s = q_bufs.index(st)
+    do_s = do_bufs.index(st)
+    k_w = k_smem.slice(W * HALF, HALF, dim=0)
+    v_w = v_smem.slice(W * HALF, HALF, dim=0)
+    p_s = p_bufs.index(W)
+    ds_all = ds_bufs.index(j % 2)
+    ds_w = ds_all.slice(W * HALF, HALF, dim=1)
+    zero = gl.zeros([BLOCK_M, HALF], gl.float32, s_layout)
+
+    q_t = q_t0 + t
+    offs_m = q_t * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)  # q rows in the block
+    mbarrier.wait(q_ready.index(st), (j // STAGES) & 1)
+    s_tok = warpgroup_mma(q_s, k_w.permute((1, 0)), zero, use_acc=False, is_async=True)
+    dp_tok = warpgroup_mma(do_s, v_w.permute((1, 0)), zero, use_acc=False, is_async=True)
+    lse2 = gl.load(LSE2 + g * slh + offs_m)
+    delta = gl.load(DL + g * sdlh + offs_m)
+    s = warpgroup_mma_wait(1, deps=(s_tok, ))
+    p = gl.exp2(s * scale_log2 - lse2[:, None])
+    if MASKED:
+        offs_n = k_pos0 + W * HALF + gl.arange(0, HALF, layout=col_s)
+        p = gl.where((offs_m[:, None] - offs_n[None, :]) >= mask_lo, p, 0.0)
+    p_s.store(p.to(dtype))
+    fence_async_shared()
+    dv_tok = warpgroup_mma(p_s.permute((1, 0)), do_s, dv, is_async=True)
+    dp = warpgroup_mma_wait(1, deps=(dp_tok, ))
+    ds = p * (dp - delta[:, None])
+    ds_w.store(ds.to(dtype))
+    fence_async_shared()
+    mbarrier.arrive(ds_ready.index(j % 2), count=1)
+    dq_s = dq_bufs.index(W)
+    dk_tok = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
+    # dQ = dS K needs the other warpgroup's half of dS too (dK runs meanwhile)
+    mbarrier.wait(ds_ready.index(j % 2), (j // 2) & 1)
+    dq_tok = warpgroup_mma(ds_all, k_smem.slice(W * HALF, HALF, dim=1), zero, use_acc=False, is_async=True)
+    dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
+    mbarrier.arrive(q_empty.index(st), count=1)
+    tma.store_wait(0)  # the previous reduce has read this buffer
+    dq_s.store(dq * scale)
+    fence_async_shared()
+    _reduce_add(dq_desc, [q_row0 + q_t * BLOCK_M, (h0 + g) * HEAD_DIM + W * HALF], dq_s)
+    return dk, dv
+
+
+@gluon.jit
+def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, W: gl.constexpr,
+             FRESH: gl.constexpr):
+    k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
+    kv_bar, q_ready, q_empty, ds_ready = bars
+    q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale = scal
+    DK, DV, sdk, sdv = out
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, HEAD_DIM, 16])
+    dk = gl.zeros([HALF, HEAD_DIM], gl.float32, acc_layout)
+    dv = gl.zeros([HALF, HEAD_DIM], gl.float32, acc_layout)
+    mbarrier.wait(kv_bar, 0)
+    # the q tiles that cross the diagonal first (masked), then the rest; j counts steps for the
+    # ring's buffers and phases
+    j = 0
+    for g in range(GROUP):
+        for t in range(n_mask):
+            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM, W, True)
+            j += 1
+    for g in range(GROUP):
+        for t in range(n_mask, n_q):
+            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM, W, False)
+            j += 1
+    tma.store_wait(0)
+    # once per program: plain stores from the accumulator layout (fresh) or read-add-store
+    rows = kv_row + W * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, acc_layout))
+    cols = kv_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    dk_ptrs = DK + rows.to(gl.int64)[:, None] * sdk + cols[None, :]
+    dv_ptrs = DV + rows.to(gl.int64)[:, None] * sdv + cols[None, :]
+    dk = dk * scale
+    if not FRESH:
+        dk += gl.load(dk_ptrs).to(gl.float32)
+        dv += gl.load(dv_ptrs).to(gl.float32)
+    gl.store(dk_ptrs, dk.to(DK.dtype.element_ty))
+    gl.store(dv_ptrs, dv.to(DV.dtype.element_ty))
+
+
+@gluon.jit
+def _compute0(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr):
+    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 0, FRESH)
+
+
+@gluon.jit
+def _compute1(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr):
+    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 1, FRESH)
+
+
+@gluon.jit
+def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr):
+    _loader(descs, bufs, bars, scal, HEAD_DIM)
+
+
+@gluon.jit(do_not_specialize=["Sq", "Sk", "H", "GROUP", "mask_lo", "diag", "slb", "slh", "sdlb", "sdlh", "sdk",
+                              "sdv"])
+def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, Sk, H, GROUP, scale_log2, scale,
+               mask_lo, diag, slb, slh, sdlb, sdlh, sdk, sdv,
+               HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, LOAD_REGS: gl.constexpr,
+               num_warps: gl.constexpr):
+    """One program per (128-row kv tile, batch x kv head), over the q tiles of every q head of
+    its group.  ``diag``: Sq = Sk and the q tiles start at the kv tile's (the two that cross its
+    diagonal masked by ``mask_lo``: 0 causal, 1 strict); else every q tile, unmasked.  dQ (float32,
+    through ``dq_desc``) is added to; dK, dV stored (``FRESH``) or added to, in their dtype."""
+    dtype: gl.constexpr = q_desc.dtype
+    n_kt = Sk // BLOCK_N
+    pid_n = gl.program_id(0)
+    bh = gl.program_id(1)
+    Hkv = H // GROUP
+    b = bh // Hkv
+    hk = bh % Hkv
+    h0 = hk * GROUP
+    k_pos0 = pid_n * BLOCK_N
+    q_t0 = gl.where(diag != 0, k_pos0 // BLOCK_M, 0)
+    n_q = Sq // BLOCK_M - q_t0
+    n_mask = gl.where(diag != 0, BLOCK_N // BLOCK_M, 0)
+
+    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    ps_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF], dtype)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
+    p_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HALF], ps_layout)
+    ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, BLOCK_N], ds_layout)
+    dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HALF], dq_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)  # both compute warpgroups release a buffer
+    for i in gl.static_range(2):
+        mbarrier.init(ds_ready.index(i), count=2)  # both halves of dS written
+
+    b64 = b.to(gl.int64)
+    descs = (q_desc, k_desc, v_desc, do_desc, dq_desc)
+    bufs = (k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs)
+    bars = (kv_bar, q_ready, q_empty, ds_ready)
+    scal = (b * Sq, b * Sk + k_pos0, hk * HEAD_DIM, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2,
+            scale)
+    lse_h = (LSE2 + b64 * slb + h0 * slh, slh)
+    dl_h = (DL + b64 * sdlb + h0 * sdlh, sdlh)
+    out = (DK, DV, sdk, sdv)
+    gl.warp_specialize([
+        (_compute0, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH)),
+        (_compute1, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH)),
+        (_loader_part, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH)),
+    ], [4, 1], [240, LOAD_REGS])
+
+
+def supported(q, k, v, diag: bool, dout, dq=None, dk=None, dv=None) -> bool:
+    """Whether this backward runs here (else the Triton kernels): what gluon_fwd takes at d=128
+    (the two warpgroups split dQ's head dim at 64 columns), dO like q, dQ float32, and dQ, dK, dV
+    written through (rows, heads * D) views of themselves (None: made fresh by the caller)."""
+    from . import gluon_fwd
+
+    if q.shape[-1] != 128 or not gluon_fwd.supported(q, k, v, diag):
+        return False
+    if dout.shape != q.shape or dout.dtype != q.dtype or dout.stride() != q.stride() or dout.data_ptr() % 16:
+        return False
+    if dq is None:
+        return True
+    if dq.dtype != torch.float32 or dq.shape != q.shape or dk.shape != k.shape or dv.shape != v.shape:
+        return False
+    return all(_viewable(t) for t in (dq, dk, dv))
+
+
+def _viewable(x: torch.Tensor) -> bool:
+    B, S, Hx, D = x.shape
+    return (x.stride(-1) == 1 and x.stride(2) == D and x.stride(1) == Hx * D and (B == 1 or x.stride(0) == S * Hx * D)
+            and x.data_ptr() % 16 == 0)
+
+
+def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None, dq, dk, dv, fresh: bool) -> None:
+    """Add this block's dQ into float32 ``dq`` and its dK, dV into ``dk``, ``dv`` (or store them:
+    ``fresh``).  ``lse2``: lse in base 2, +inf for rows that saw nothing; ``delta``: D; both
+    (B, H, Sq) with unit stride along rows.  ``mask_lo``: None full, 0 causal, 1 strict."""
+    B, Sq, H, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    q_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M.value, D], gdt)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N.value, D], gdt)
+    dq_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M.value, HALF.value], gl.float32)
+    q_desc, do_desc = (TensorDescriptor.from_tensor(_rows(x), [BLOCK_M.value, D], q_layout) for x in (q, dout))
+    k_desc, v_desc = (TensorDescriptor.from_tensor(_rows(x), [BLOCK_N.value, D], kv_layout) for x in (k, v))
+    dq_desc = TensorDescriptor.from_tensor(_rows(dq), [BLOCK_M.value, HALF.value], dq_layout)
+    dk_rows, dv_rows = _rows(dk), _rows(dv)
+    diag = mask_lo is not None
+    grid = (Sk // BLOCK_N.value, B * Hkv)
+    bwd_kernel[grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse2, delta, dk_rows, dv_rows, Sq, Sk, H, H // Hkv,
+                     scale * 1.4426950408889634, scale, mask_lo if diag else -BIG, int(diag),
+                     lse2.stride(0), lse2.stride(1), delta.stride(0), delta.stride(1),
+                     dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, FRESH=fresh, LOAD_REGS=LOADER_REGS,
+                     num_warps=4, maxnreg=MAXNREG)
