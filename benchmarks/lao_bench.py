@@ -34,7 +34,8 @@ from burstengine.attention.schedule import CAUSAL, FULL, STRICT
 from burstengine.bench.kernels import attn_flops, load_configs, log, median, timed, warm_variants
 from burstengine.bench.record import write_record
 from burstengine.kernels import KERNELS
-from burstengine.kernels.triton_kernel import CONFIGS, Config, Tiles, TritonKernel, bwd_rows, gluon_takes
+from burstengine.kernels.triton_kernel import (CONFIGS, Config, Tiles, TritonKernel, bwd_rows, gluon_bwd_takes,
+                                               gluon_takes)
 
 T = Tiles
 # candidates per head dim, each timed on its own: forward tiles; dK/dV tiles with dQ from the
@@ -463,7 +464,13 @@ def main_stage(args):
     st = (torch.empty(1, 16384, 32, 128, device="cuda"), torch.empty(1, 32, 16384, device="cuda"))
     ring_forward_into = ("gluon (kernels/gluon_fwd.py) for full/causal/strict" if gluon_takes(x, x, x, FULL, *st)
                          else "triton (kernels/triton_fwd.py)")
-    del x, st
+    # and for the backward (bwd of fwd+bwd, and the ring step's backward_into onto float32 grads)
+    grads = (st[0], *(torch.empty(1, 16384, n, 128, device="cuda") for n in (32, 32)))
+    plain_backward = ("gluon (kernels/gluon_bwd.py)" if gluon_bwd_takes(x, x, x, CAUSAL, x)
+                      else "triton (kernels/triton_bwd.py)")
+    ring_backward_into = ("gluon (kernels/gluon_bwd.py) for full/causal/strict"
+                          if gluon_bwd_takes(x, x, x, FULL, x, *grads) else "triton (kernels/triton_bwd.py)")
+    del x, st, grads
 
     def record(done):
         summary, ring_summary, table = summarize(single, ring)
@@ -472,7 +479,7 @@ def main_stage(args):
             single_launch=dict(heads=32, head_dim=128, dtype="bfloat16", batch=1, rows=single, summary=summary),
             ring_step=dict(heads=32, head_dim=128, dtype="bfloat16", rows=ring, summary=ring_summary),
             table=table, seconds=time.time() - t0, plain_forward=plain_forward, ring_forward_into=ring_forward_into,
-            flops="forward 4*S^2*H*d (x0.5 causal), forward+backward 3.5x; ring backward_into 2.5x forward"))
+            plain_backward=plain_backward, ring_backward_into=ring_backward_into, flops="forward 4*S^2*H*d (x0.5 causal), forward+backward 3.5x; ring backward_into 2.5x forward"))
         return path, table
 
     # compile what the main stage runs before timing anything

@@ -21,12 +21,13 @@ KERNELS: dict[str, Kernel] = {k.name: k for k in (ReferenceKernel(), FlashKernel
 
 # Which kernel "auto" runs on CUDA for each (direction, mask): (most query rows in the block, kernel)
 # pairs, first match wins; before the table, a forward_into (ring step) of a full/causal/strict block
-# that kernels/gluon_fwd.py takes (Hopper, lengths multiples of 128) runs there: 1.06-1.37x cuDNN +
+# that kernels/gluon_fwd.py takes (Hopper, lengths multiples of 128) runs there: 1.01-1.38x cuDNN +
 # the torch merge on every ring-step case of benchmarks/results/lao_bench.json.  The table:
 # "spec" is any MaskSpec (windows, documents, block masks), which SDPA cannot express.  Elsewhere
 # the Triton forward_into beats cuDNN + merge only on STRICT blocks of up to 8K rows (SDPA pays a
-# shifted call there); the plain forward in gluon runs at 0.93-1.06x cuDNN, so cuDNN keeps it; and
-# cuDNN's backward (fed an `out` rebuilt from D) beats ours on every mask (ours 0.76-0.92x).
+# shifted call there); the plain forward in gluon runs at 0.94-1.05x cuDNN, so cuDNN keeps it; and
+# cuDNN's backward (fed an `out` rebuilt from D, plus the gradient adds) beats ours on the ring
+# step in 11 of 12 cases (ours, kernels/gluon_bwd.py there, 0.84-1.05x; lao_bench.json).
 AUTO_TABLE = {
     ("forward", FULL): [(None, "cudnn")],
     ("forward", CAUSAL): [(None, "cudnn")],

@@ -405,7 +405,7 @@ def _gluon_forward(q, k, v, scale, mask):
 
 def gluon_forward_into(q, k, v, scale, mask, out, lse) -> bool:
     """The ring step's merge into the running (out, lse) through kernels/gluon_fwd.py where it
-    takes the block (1.06-1.37x cuDNN + the torch merge, benchmarks/results/lao_bench.json);
+    takes the block (1.01-1.38x cuDNN + the torch merge, benchmarks/results/lao_bench.json);
     False, with nothing done, where it does not."""
     if not gluon_takes(q, k, v, mask, out, lse):
         return False
