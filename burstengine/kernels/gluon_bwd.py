@@ -1,7 +1,7 @@
 """Hopper attention backward in Gluon, from the global lse and D = rowsum(dO * O) (no O), for
-full, causal and strict blocks: one program per (128-row kv tile, batch x kv head) adds its
-dK, dV and sends dQ out by TMA reduce-add, 5 matmuls per tile pair (the Triton kernels use 7, or
-spill when they send dQ by atomics).
+full, causal and strict blocks at d=128: one program per (128-row kv tile, batch x kv head)
+stores or adds its dK, dV and sends dQ out by TMA reduce-add, 5 matmuls per tile pair (the
+Triton kernels use 7, or spill when they send dQ by atomics).
 
 FlashAttention-3's backward shape, written out:
 
@@ -22,7 +22,7 @@ q index - k index >= mask_lo; only the q tiles that cross the diagonal run the m
 from __future__ import annotations
 
 import torch
-from triton._C.libtriton import ir
+from triton._C.libtriton import gluon_ir, ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
@@ -30,14 +30,19 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
     warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .gluon_fwd import BIG, _rows
+from .gluon_fwd import BIG, LOADER_REGS, LOG2E, WS_MAXNREG, _rows
+
+if not (hasattr(ir, "DESCRIPTOR_REDUCE_KIND") and hasattr(gluon_ir.GluonOpBuilder, "create_async_tma_reduce")):
+    # _reduce_add below builds the op through Triton internals: a Triton without them gets the
+    # Triton kernels instead (the caller treats ImportError as "not here")
+    raise ImportError("this Triton's Gluon cannot build a TMA reduce-add")
 
 BLOCK_N = gl.constexpr(128)  # kv rows per program: two compute warpgroups of 64
 BLOCK_M = gl.constexpr(64)   # q rows per step
+# 64 = the kv rows of one warpgroup = the S/dP tile width = the dQ columns of one warpgroup (half
+# of d=128); one number because BLOCK_N = d = 128 (supported() takes d=128 only)
 HALF = gl.constexpr(64)
 STAGES = gl.constexpr(2)
-MAXNREG = 168
-LOADER_REGS = 24
 
 
 @builtin
@@ -129,6 +134,8 @@ def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM: gl.co
     ds = p * (dp - delta[:, None])
     ds_w.store(ds.to(dtype))
     fence_async_shared()
+    # one thread arrives; the compiler puts a warpgroup barrier before it (Triton 3.6 treats an
+    # arrive as touching all shared memory), so the whole half of dS is written when it lands
     mbarrier.arrive(ds_ready.index(j % 2), count=1)
     dq_s = dq_bufs.index(W)
     dk_tok = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
@@ -207,7 +214,6 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
     diagonal masked by ``mask_lo``: 0 causal, 1 strict); else every q tile, unmasked.  dQ (float32,
     through ``dq_desc``) is added to; dK, dV stored (``FRESH``) or added to, in their dtype."""
     dtype: gl.constexpr = q_desc.dtype
-    n_kt = Sk // BLOCK_N
     pid_n = gl.program_id(0)
     bh = gl.program_id(1)
     Hkv = H // GROUP
@@ -258,18 +264,18 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
 def supported(q, k, v, diag: bool, dout, dq=None, dk=None, dv=None) -> bool:
     """Whether this backward runs here (else the Triton kernels): what gluon_fwd takes at d=128
     (the two warpgroups split dQ's head dim at 64 columns), dO like q, dQ float32, and dQ, dK, dV
-    written through (rows, heads * D) views of themselves (None: made fresh by the caller)."""
+    written through (rows, heads * D) views of themselves (dq None: a zeroed float32 buffer the
+    caller makes)."""
     from . import gluon_fwd
 
     if q.shape[-1] != 128 or not gluon_fwd.supported(q, k, v, diag):
         return False
-    if dout.shape != q.shape or dout.dtype != q.dtype or dout.stride() != q.stride() or dout.data_ptr() % 16:
+    if (dout.shape != q.shape or dout.dtype != q.dtype or dout.stride(-1) != 1 or dout.stride(-2) != q.shape[-1]
+            or dout.data_ptr() % 16):
         return False
-    if dq is None:
-        return True
-    if dq.dtype != torch.float32 or dq.shape != q.shape or dk.shape != k.shape or dv.shape != v.shape:
+    if dq is not None and (dq.dtype != torch.float32 or dq.shape != q.shape or not _viewable(dq)):
         return False
-    return all(_viewable(t) for t in (dq, dk, dv))
+    return all(t is None or (t.shape == k.shape and _viewable(t)) for t in (dk, dv))
 
 
 def _viewable(x: torch.Tensor) -> bool:
@@ -295,7 +301,7 @@ def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None,
     diag = mask_lo is not None
     grid = (Sk // BLOCK_N.value, B * Hkv)
     bwd_kernel[grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse2, delta, dk_rows, dv_rows, Sq, Sk, H, H // Hkv,
-                     scale * 1.4426950408889634, scale, mask_lo if diag else -BIG, int(diag),
+                     scale * LOG2E.value, scale, mask_lo if diag else -BIG, int(diag),
                      lse2.stride(0), lse2.stride(1), delta.stride(0), delta.stride(1),
                      dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, FRESH=fresh, LOAD_REGS=LOADER_REGS,
-                     num_warps=4, maxnreg=MAXNREG)
+                     num_warps=4, maxnreg=WS_MAXNREG)

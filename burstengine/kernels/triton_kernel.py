@@ -4,7 +4,8 @@
 ``backward_into`` adds into the caller's dQ/dK/dV from the global lse and D; the plain
 ``forward``/``backward`` start from an empty state.  Every mask kind and any MaskSpec
 (positions, windows, documents, block masks) is computed in the kernel, and tiles that see
-nothing are skipped unloaded.
+nothing are skipped unloaded.  On Hopper, full/causal/strict blocks with lengths multiples of
+128 run the Gluon kernels instead (gluon_fwd.py; gluon_bwd.py at d=128), unless BURST_GLUON=0.
 
 What the kernels don't take goes to a fallback, so callers never need to check: CPU tensors,
 dtypes other than bf16/fp16, head dims other than 64/128, inner dims that are not contiguous
@@ -195,11 +196,12 @@ class TritonKernel(Kernel):
         if not self.supports(q, k, v, mask, dout):
             return self.fallback(q, mask).backward(dout, q, k, v, lse, delta, scale, mask, out=out)
         # dK/dV are summed in registers and stored (every row, fresh: nothing to add to), dQ too
-        # unless it goes out by atomics (which need a zeroed float32 buffer)
-        atomic = self.config[q.shape[-1]].dq is None or gluon_bwd_takes(q, k, v, mask, dout)
+        # unless it is added up across programs (Triton's atomics, Gluon's TMA reduce-add), which
+        # needs a zeroed float32 buffer
         empty = q.shape[1] == 0 or k.shape[1] == 0
-        dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic or empty else torch.empty_like(q)
         dk, dv = (torch.zeros_like(t) if empty else torch.empty_like(t) for t in (k, v))
+        summed = self.config[q.shape[-1]].dq is None or gluon_bwd_takes(q, k, v, mask, dout, None, dk, dv)
+        dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if summed or empty else torch.empty_like(q)
         self._backward(dout, q, k, v, lse, delta, scale, mask, dq, dk, dv, fresh=True)
         return dq.to(q.dtype), dk, dv
 
@@ -415,14 +417,14 @@ def gluon_forward_into(q, k, v, scale, mask, out, lse) -> bool:
     return True
 
 
-def gluon_bwd_takes(q, k, v, mask, dout, *grads) -> bool:
+def gluon_bwd_takes(q, k, v, mask, dout, dq=None, dk=None, dv=None) -> bool:
     """Whether this full/causal/strict block's backward runs in kernels/gluon_bwd.py (Hopper,
-    d=128, shapes gluon_fwd takes, BURST_GLUON not 0); ``grads`` (dq, dk, dv) when adding into
-    existing ones (dq float32), else fresh ones are made for it."""
+    d=128, shapes gluon_fwd takes, BURST_GLUON not 0), writing into ``dq`` (float32; None: a
+    zeroed one made for it), ``dk``, ``dv``."""
     if mask not in (FULL, CAUSAL, STRICT) or not q.is_cuda or os.environ.get("BURST_GLUON", "1") == "0":
         return False
     try:
         from . import gluon_bwd
     except ImportError:
         return False
-    return gluon_bwd.supported(q, k, v, mask != FULL, dout, *grads)
+    return gluon_bwd.supported(q, k, v, mask != FULL, dout, dq, dk, dv)
