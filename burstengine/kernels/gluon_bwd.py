@@ -28,9 +28,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
     warpgroup_mma_wait
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .gluon_fwd import BIG, LOADER_REGS, LOG2E, WS_MAXNREG, _rows
+from .gluon_fwd import BIG, LOADER_REGS, LOG2E, WS_MAXNREG, _rows, row_desc, writable_rows
 
 if not (hasattr(ir, "DESCRIPTOR_REDUCE_KIND") and hasattr(gluon_ir.GluonOpBuilder, "create_async_tma_reduce")):
     # _reduce_add below builds the op through Triton internals: a Triton without them gets the
@@ -273,15 +272,9 @@ def supported(q, k, v, diag: bool, dout, dq=None, dk=None, dv=None) -> bool:
     if (dout.shape != q.shape or dout.dtype != q.dtype or dout.stride(-1) != 1 or dout.stride(-2) != q.shape[-1]
             or dout.data_ptr() % 16):
         return False
-    if dq is not None and (dq.dtype != torch.float32 or dq.shape != q.shape or not _viewable(dq)):
+    if dq is not None and (dq.dtype != torch.float32 or dq.shape != q.shape or not writable_rows(dq)):
         return False
-    return all(t is None or (t.shape == k.shape and _viewable(t)) for t in (dk, dv))
-
-
-def _viewable(x: torch.Tensor) -> bool:
-    B, S, Hx, D = x.shape
-    return (x.stride(-1) == 1 and x.stride(2) == D and x.stride(1) == Hx * D and (B == 1 or x.stride(0) == S * Hx * D)
-            and x.data_ptr() % 16 == 0)
+    return all(t is None or (t.shape == k.shape and writable_rows(t)) for t in (dk, dv))
 
 
 def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None, dq, dk, dv, fresh: bool) -> None:
@@ -290,13 +283,9 @@ def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None,
     (B, H, Sq) with unit stride along rows.  ``mask_lo``: None full, 0 causal, 1 strict."""
     B, Sq, H, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
-    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    q_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M.value, D], gdt)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N.value, D], gdt)
-    dq_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M.value, HALF.value], gl.float32)
-    q_desc, do_desc = (TensorDescriptor.from_tensor(_rows(x), [BLOCK_M.value, D], q_layout) for x in (q, dout))
-    k_desc, v_desc = (TensorDescriptor.from_tensor(_rows(x), [BLOCK_N.value, D], kv_layout) for x in (k, v))
-    dq_desc = TensorDescriptor.from_tensor(_rows(dq), [BLOCK_M.value, HALF.value], dq_layout)
+    q_desc, do_desc = (row_desc(x, (BLOCK_M.value, D)) for x in (q, dout))
+    k_desc, v_desc = (row_desc(x, (BLOCK_N.value, D)) for x in (k, v))
+    dq_desc = row_desc(dq, (BLOCK_M.value, HALF.value))
     dk_rows, dv_rows = _rows(dk), _rows(dv)
     diag = mask_lo is not None
     grid = (Sk // BLOCK_N.value, B * Hkv)

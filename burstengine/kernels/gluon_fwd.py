@@ -73,23 +73,41 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, diag: bool, *st
         return False
     if state:
         out, lse = state
-        if out.dtype != torch.float32 or lse.dtype != torch.float32 or out.data_ptr() % 16:
-            return False
-        # written in place through a (rows, heads * D) view: one batch, or batches back to back
-        if out.stride(-1) != 1 or out.stride(-2) != D or out.stride(1) != H * D:
-            return False
-        if B > 1 and out.stride(0) != Sq * H * D:
+        # written in place through a (rows, heads * D) view of itself
+        if out.shape != q.shape or out.dtype != torch.float32 or lse.dtype != torch.float32 or not writable_rows(out):
             return False
     return True
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    # (B, S, heads, D) -> (B * S, heads * D), without a copy when the layout allows one (a slice of
-    # rows of a single batch does)
+def rows_view(x: torch.Tensor) -> bool:
+    """Whether (B, S, heads, D) ``x`` is a (B * S, heads * D) matrix without a copy: one batch
+    (a slice of its rows too), or batches back to back."""
     B, S, Hx, D = x.shape
-    if x.stride(2) == D and x.stride(1) == Hx * D and (B == 1 or x.stride(0) == S * Hx * D):
+    return x.stride(-1) == 1 and x.stride(2) == D and x.stride(1) == Hx * D and (B == 1 or x.stride(0) == S * Hx * D)
+
+
+def writable_rows(x: torch.Tensor) -> bool:
+    """Whether a kernel can write ``x`` in place through TMA or pointers: a rows view of itself
+    (see :func:`rows_view`), 16-byte aligned."""
+    return rows_view(x) and x.data_ptr() % 16 == 0
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    # (B, S, heads, D) -> (B * S, heads * D), a copy only where rows_view says it must be
+    B, S, Hx, D = x.shape
+    if rows_view(x):
         return x.as_strided((B * S, Hx * D), (Hx * D, 1))
     return x.contiguous().view(B * S, Hx * D)
+
+
+_GL_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
+
+
+def row_desc(x: torch.Tensor, block) -> TensorDescriptor:
+    """A TMA descriptor of ``block`` tiles over the (rows, heads * D) matrix of ``x``, in the
+    default NVMMA shared layout for its dtype."""
+    return TensorDescriptor.from_tensor(_rows(x), list(block),
+                                        gl.NVMMASharedLayout.get_default_for(list(block), _GL_DTYPE[x.dtype]))
 
 
 WG_ROWS = gl.constexpr(64)
@@ -270,13 +288,8 @@ def _launch(q, k, v, scale, mask_lo, diag, out, lse, acc: bool):
     """``acc``: ``out`` is the running float32 O, read and written in place; else the fresh output
     in q's dtype."""
     B, Sq, H, D = q.shape
-    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    q_layout = gl.NVMMASharedLayout.get_default_for([WG_ROWS.value, D], gdt)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([BLOCK.value, D], gdt)
-    o_layout = gl.NVMMASharedLayout.get_default_for([WG_ROWS.value, D], gl.float32) if acc else q_layout
-    q_desc, o_desc = (TensorDescriptor.from_tensor(_rows(x), [WG_ROWS.value, D], lay)
-                      for x, lay in ((q, q_layout), (out, o_layout)))
-    k_desc, v_desc = (TensorDescriptor.from_tensor(_rows(x), [BLOCK.value, D], kv_layout) for x in (k, v))
+    q_desc, o_desc = (row_desc(x, (WG_ROWS.value, D)) for x in (q, out))
+    k_desc, v_desc = (row_desc(x, (BLOCK.value, D)) for x in (k, v))
     grid = (Sq // BLOCK.value, B * H)
     fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, Sq, k.shape[1], H, H // k.shape[2], scale * LOG2E.value,
                      mask_lo, int(diag), *lse.stride(), HEAD_DIM=D, STAGES=STAGES[D], ACC=acc,

@@ -380,9 +380,7 @@ def gluon_takes(q, k, v, mask=FULL, *state) -> bool:
     """Whether this full/causal/strict block runs in kernels/gluon_fwd.py (Hopper, a Triton with
     Gluon, shapes it supports, BURST_GLUON not 0): the plain forward, or with ``state`` = (out,
     lse) the ring step's merge into the running float32 state."""
-    if mask not in (FULL, CAUSAL, STRICT) or (mask == STRICT and not state):
-        return False
-    if not q.is_cuda or os.environ.get("BURST_GLUON", "1") == "0":
+    if not _gluon_on(q, mask) or (mask == STRICT and not state):
         return False
     try:
         from . import gluon_fwd
@@ -392,6 +390,11 @@ def gluon_takes(q, k, v, mask=FULL, *state) -> bool:
 
 
 _MASK_LO = {FULL: None, CAUSAL: 0, STRICT: 1}  # gluon_fwd: visible iff q index - k index >= mask_lo
+
+
+def _gluon_on(q, mask) -> bool:
+    """What both Gluon kernels ask first: a mask kind they compute, a CUDA tensor, BURST_GLUON not 0."""
+    return mask in (FULL, CAUSAL, STRICT) and q.is_cuda and os.environ.get("BURST_GLUON", "1") != "0"
 
 
 def _gluon_forward(q, k, v, scale, mask):
@@ -421,7 +424,7 @@ def gluon_bwd_takes(q, k, v, mask, dout, dq=None, dk=None, dv=None) -> bool:
     """Whether this full/causal/strict block's backward runs in kernels/gluon_bwd.py (Hopper,
     d=128, shapes gluon_fwd takes, BURST_GLUON not 0), writing into ``dq`` (float32; None: a
     zeroed one made for it), ``dk``, ``dv``."""
-    if mask not in (FULL, CAUSAL, STRICT) or not q.is_cuda or os.environ.get("BURST_GLUON", "1") == "0":
+    if not _gluon_on(q, mask):
         return False
     try:
         from . import gluon_bwd

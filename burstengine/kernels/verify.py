@@ -82,13 +82,18 @@ def run_case(kernel, B, Sq, Sk, H, Hkv, D, dtype, mask, device, seed=0, poison_k
     return errs
 
 
+def _plain_inputs(B, S, H, Hkv, D, dtype, device, seed):
+    # q, k, v, then dO (drawn last, so q, k, v are the same whether or not dO is used)
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return tuple(torch.randn(B, S, h, D, generator=g).to(device=device, dtype=dtype) for h in (H, Hkv, Hkv, H))
+
+
 def run_plain_forward(kernel, B, S, H, Hkv, D, dtype, mask, device, seed=0) -> dict:
     """Normwise errors of ``kernel.forward`` (a fresh output, no running state) against float64:
     {"fwd_out", "fwd_lse", "fwd_nan"}.  The kernel allocates its output uninitialised, so a row
     it left unwritten holds stale memory: that shows in the errors or as NaN, though not
     with certainty (run_case's poisoned buffers are the sure check for forward_into)."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    q, k, v = (torch.randn(B, S, h, D, generator=g).to(device=device, dtype=dtype) for h in (H, Hkv, Hkv))
+    q, k, v, _ = _plain_inputs(B, S, H, Hkv, D, dtype, device, seed)
     scale = D ** -0.5
     out, lse = kernel.forward(q, k, v, scale, mask)
     ro, rl = ReferenceKernel().forward(q.double(), k.double(), v.double(), scale, mask)
@@ -101,9 +106,7 @@ def run_plain_backward(kernel, B, S, H, Hkv, D, dtype, mask, device, seed=0) -> 
     float64: {"bwd_dq", "bwd_dk", "bwd_dv", "bwd_nan"}.  The gradients come back in buffers the
     kernel allocated: as in :func:`run_plain_forward`, a row left unwritten shows as an error or
     NaN, though not with certainty."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    q, k, v = (torch.randn(B, S, h, D, generator=g).to(device=device, dtype=dtype) for h in (H, Hkv, Hkv))
-    do = torch.randn(B, S, H, D, generator=g).to(device=device, dtype=dtype)
+    q, k, v, do = _plain_inputs(B, S, H, Hkv, D, dtype, device, seed)
     scale = D ** -0.5
     ref = ReferenceKernel()
     q64, k64, v64, do64 = (t.double() for t in (q, k, v, do))
