@@ -1,0 +1,163 @@
+"""Where one training step's time goes: a torch.profiler trace of one step, broken down.
+
+    torchrun --nproc_per_node 1 -m burstengine bench profile --model llama-8b \\
+        --set model.dim=3072 --set model.n_layers=28 ... --seq 131072
+
+Builds the same Trainer as `burstengine bench train`, runs --warmup steps, then profiles one
+step and sorts every GPU kernel of it into a category by its name (attention forward/backward,
+GEMMs, elementwise/norm/RoPE, loss, collectives, optimizer, copies, other).  Host gaps are the
+step's wall time minus the time at least one kernel ran (the union of kernel intervals), i.e.
+time the GPU sat idle waiting for the host.  Writes a JSON record with the step's wall time,
+each category's kernel time, the top kernels, and the config it came from.  On CPU (no CUDA) it
+profiles CPU ops instead, so the path can be tried anywhere.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+# first match wins; names are lower-cased kernel names
+CATEGORIES = (
+    ("collective", r"nccl|allgather|reducescatter|all_reduce|allreduce"),
+    ("attention backward", r"(fmha|flash|sdpa|attn|attention|_bwd_|gluon).*(bprop|bwd|backward|dq|dkdv)|"
+                           r"(bprop|bwd|backward).*(fmha|flash|sdpa|attn)|_attn_bwd|_bwd_kernel|_bwd_preprocess|"
+                           r"_delta"),
+    ("attention forward", r"fmha|flash|sdpa|cudnn_generated|attn|attention|_fwd_kernel|gluon|_merge"),
+    ("loss", r"cross_entropy|log_softmax|softmax_backward|_ce_|nll_loss|logsumexp|fused_ce|lce"),
+    ("optimizer", r"multi_tensor|adam|foreach|_amp_|clip|norm_kernel"),
+    ("gemm", r"gemm|nvjet|cutlass|xmma|sm90_|sm80_|ampere|cublas|wgmma|matmul|splitk"),
+    ("copy", r"memcpy|memset|copy|cat_|catarray|fill"),
+    ("elementwise/norm/rope", r"elementwise|vectorized|reduce|rms|norm|silu|mul|add|triton_|pow|rsqrt|neg|index|"
+                              r"unrolled|where|embedding|scatter|gather"),
+)
+_PATTERNS = [(name, re.compile(rx)) for name, rx in CATEGORIES]
+
+
+def category(kernel_name: str) -> str:
+    n = kernel_name.lower()
+    return next((c for c, rx in _PATTERNS if rx.search(n)), "other")
+
+
+def _union(intervals) -> float:
+    """Total length covered by a list of (start, end) intervals."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e <= end:
+            continue
+        total += e - max(s, end)
+        end = e
+    return total
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="preset (default: llama-8b on GPU, tiny on CPU)")
+    p.add_argument("--seq", type=int, default=None, help="total sequence length [131072 on GPU, 512 on CPU]")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="config overrides (e.g. checkpoint=none)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps before the profiled one [%(default)s]")
+    p.add_argument("--name", default=None, help="record name [profile_<model>_<seq>]")
+    p.add_argument("--out-dir", default=None, help="record directory [benchmarks/results or $BURST_RESULTS]")
+    p.add_argument("--top", type=int, default=25, help="kernels listed in the record [%(default)s]")
+    p.add_argument("--trace", default=None, help="also write the Chrome trace to this path")
+    p.add_argument("--world", type=int, default=1, help="ranks to spawn without torchrun [%(default)s]")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds before spawned ranks are stopped")
+
+
+def run_rank(args) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    from ..train import Trainer, load
+    from .record import write_record
+
+    on_gpu = torch.cuda.is_available()
+    model = args.model or ("llama-8b" if on_gpu else "tiny")
+    seq = args.seq or (131072 if on_gpu else 512)
+    over = list(args.overrides) + [f"seq_len={seq}", "cp=0", "progress=false", f"steps={args.warmup + 1}",
+                                   "batch_size=1", "eval_every=0"]
+    cfg = load(model, over)
+    trainer = Trainer(cfg, echo=False)
+    dev = trainer.device
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    for step in range(args.warmup):
+        trainer.train_step(trainer.batch(step), step)
+    batch = trainer.batch(args.warmup)
+    sync()
+    dist.barrier()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        trainer.train_step(batch, args.warmup)
+        sync()
+        wall = time.perf_counter() - t0
+    if args.trace and dist.get_rank() == 0:
+        prof.export_chrome_trace(args.trace)
+    # kernels (GPU) or top-level CPU ops, with their intervals in microseconds
+    want = "cuda" if on_gpu else "cpu"
+    evs = [e for e in prof.events() if (e.device_type.name.lower() == want) and
+           (on_gpu or e.cpu_parent is None)]
+    per_cat: dict[str, float] = {}
+    per_kernel: dict[str, list] = {}
+    spans = []
+    for e in evs:
+        dur = e.time_range.elapsed_us()
+        spans.append((e.time_range.start, e.time_range.end))
+        c = category(e.name)
+        per_cat[c] = per_cat.get(c, 0.0) + dur
+        k = per_kernel.setdefault(e.name, [c, 0.0, 0])
+        k[1] += dur
+        k[2] += 1
+    busy_us = _union(spans)
+    wall_us = wall * 1e6
+    tokens = seq // dist.get_world_size()
+    row = {
+        "model": model, "seq_len": seq, "overrides": args.overrides, "world": dist.get_world_size(),
+        "step_wall_s": wall, "gpu_busy_s" if on_gpu else "cpu_busy_s": busy_us / 1e6,
+        "host_gap_s": max(0.0, wall_us - busy_us) / 1e6,
+        "tokens_per_s_per_gpu": tokens / wall, "flops_per_token": trainer.flops_per_token,
+        "mfu": tokens / wall * trainer.flops_per_token / trainer.peak if trainer.peak else None,
+        "peak_mem_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if on_gpu else None,
+        "categories_s": {c: v / 1e6 for c, v in sorted(per_cat.items(), key=lambda kv: -kv[1])},
+        "top_kernels": [{"name": n[:160], "category": c, "total_s": t / 1e6, "calls": k}
+                        for n, (c, t, k) in sorted(per_kernel.items(), key=lambda kv: -kv[1][1])[:args.top]],
+    }
+    if dist.get_rank() == 0:
+        print(f"{model} S={seq} on {torch.cuda.get_device_name() if on_gpu else 'cpu'}: step {wall:.3f} s, "
+              f"busy {busy_us / 1e6:.3f} s, host gaps {row['host_gap_s']:.3f} s"
+              + (f", MFU {row['mfu']:.1%}" if row["mfu"] else ""))
+        print(f"{'category':<24} {'s':>8} {'share of step':>14}")
+        for c, s in row["categories_s"].items():
+            print(f"{c:<24} {s:>8.3f} {s / wall:>14.1%}")
+        print(f"{'host gaps':<24} {row['host_gap_s']:>8.3f} {row['host_gap_s'] / wall:>14.1%}")
+        name = args.name or f"profile_{model}_{seq}"
+        print("record:", write_record(name, row, out_dir=args.out_dir))
+    return 0
+
+
+def main(argv=None) -> int:
+    from ..launch import init_from_env, spawn, under_launcher
+
+    p = argparse.ArgumentParser(prog="burstengine bench profile", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    args = p.parse_args(argv)
+    if under_launcher():
+        own = init_from_env(args.timeout)
+        try:
+            return run_rank(args)
+        finally:
+            if own:
+                dist.destroy_process_group()
+    return spawn(run_rank, (args,), args.world, args.timeout, prog="burstengine bench profile")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
