@@ -62,3 +62,18 @@ def variants(group, data, extra, variants, fused_chunk=None):
     finally:
         losses.FUSED_CHUNK_TOKENS = old
     return out if dist.get_rank(group) == 0 else None
+
+
+def resume_outcome(group, out_dir, steps, extra=()):
+    """Resume in out_dir; rank 0 returns ("ok", step records, log lines) or ("error", message)."""
+    cfg = small_config(list(extra) + [f"out_dir={out_dir}", f"steps={steps}", "eval_every=0", "log_every=1"])
+    t = Trainer(cfg, group=group, echo=False)
+    said = []
+    t.log.say = said.append
+    try:
+        t.fit(resume=True)
+    except ValueError as e:
+        return ("error", str(e)) if dist.get_rank(group) == 0 else None
+    if dist.get_rank(group) == 0:
+        return "ok", [r for r in read_jsonl(t.log.path) if r["kind"] == "step"], said
+    return None

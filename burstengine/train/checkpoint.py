@@ -3,17 +3,21 @@
 Layout under ``<run_dir>/checkpoints``::
 
     step_00000100/          a finished checkpoint: DCP shards of model + optimizer,
-        meta.json           step, data position, config (written last, by rank 0)
+        meta.json           step, data position, config, size + SHA-256 of every other file
+                            (written last, by rank 0)
         rng_<rank>.pt       each rank's torch / numpy / python RNG states
     step_00000200.tmp/      a save in progress (or killed): never read
 
 A save writes everything into ``step_N.tmp`` and rank 0 renames it to ``step_N`` only after
 every rank has finished, so a job killed mid-save leaves the previous checkpoint as the
-latest one.  Model and optimizer state are saved sharded (each rank writes its FSDP shards),
+latest one.  A resume verifies every file against meta.json first (the ranks share the
+hashing) and falls back to the newest intact checkpoint, saying which file was bad, so a flipped,
+truncated or deleted shard never becomes the state a run continues from.  Model and optimizer state are saved sharded (each rank writes its FSDP shards),
 so a run can resume on a different number of ranks (RNG states then start fresh).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -28,13 +32,81 @@ _STEP_DIR = re.compile(r"^step_(\d{8})$")
 FAULT_ENV = "BURST_FAULT_KILL_IN_SAVE"  # tests: SIGKILL rank 0 inside the save of this step
 
 
-def latest(ckpt_dir: str) -> str | None:
-    """The newest finished checkpoint in ``ckpt_dir`` (None if there is none)."""
+def finished(ckpt_dir: str) -> list[str]:
+    """The finished checkpoints in ``ckpt_dir``, newest first."""
     if not os.path.isdir(ckpt_dir):
-        return None
+        return []
     done = sorted(d for d in os.listdir(ckpt_dir)
                   if _STEP_DIR.match(d) and os.path.exists(os.path.join(ckpt_dir, d, "meta.json")))
-    return os.path.join(ckpt_dir, done[-1]) if done else None
+    return [os.path.join(ckpt_dir, d) for d in reversed(done)]
+
+
+def latest(ckpt_dir: str) -> str | None:
+    """The newest finished checkpoint in ``ckpt_dir`` (None if there is none)."""
+    done = finished(ckpt_dir)
+    return done[0] if done else None
+
+
+def _sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _share(names: list[str], group) -> list[str]:
+    """This rank's share of ``names`` (sorted, dealt round-robin): hashing is split over the ranks."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    return sorted(names)[rank::world]
+
+
+def _gather(obj, group) -> list:
+    out = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def _checksums(path: str, group) -> dict:
+    """{file name: {"bytes", "sha256"}} of every file of a checkpoint but meta.json."""
+    names = [n for n in os.listdir(path) if n != "meta.json"]
+    mine = {n: {"bytes": os.path.getsize(os.path.join(path, n)), "sha256": _sha256(os.path.join(path, n))}
+            for n in _share(names, group)}
+    return {n: v for part in _gather(mine, group) for n, v in part.items()}
+
+
+def read_meta(path: str) -> dict:
+    """A checkpoint's meta.json; ValueError naming the file when it is unreadable."""
+    f = os.path.join(path, "meta.json")
+    try:
+        with open(f) as fh:
+            meta = json.load(fh)
+        if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
+            raise ValueError("no integer 'step'")
+        return meta
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{f} is corrupt ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+
+
+def verify(path: str, group=None) -> str | None:
+    """None when every file of the checkpoint at ``path`` matches the size and SHA-256 recorded at
+    save (or the checkpoint predates checksums), else one line naming the first bad file.  The
+    same answer on every rank (each hashes its share, the verdicts are gathered)."""
+    try:
+        files = read_meta(path).get("files")
+        problem = None
+    except ValueError as e:
+        files, problem = None, str(e)
+    if problem is None and files is not None:
+        for n in _share(list(files), group):
+            f = os.path.join(path, n)
+            if not os.path.exists(f):
+                problem = f"{f} is missing"
+            elif os.path.getsize(f) != files[n]["bytes"]:
+                problem = f"{f} has {os.path.getsize(f)} bytes, {files[n]['bytes']} were saved (truncated?)"
+            elif _sha256(f) != files[n]["sha256"]:
+                problem = f"{f} does not match its SHA-256 recorded at save (corrupted)"
+            if problem:
+                break
+    problems = [p for p in _gather(problem, group) if p]
+    return min(problems) if problems else None
 
 
 def _rng_state() -> dict:
@@ -71,9 +143,10 @@ def save(ckpt_dir: str, step: int, model, optimizer, extra: dict, group=None, ke
     if os.environ.get(FAULT_ENV) == str(step) and rank == 0:
         os.kill(os.getpid(), 9)
     dist.barrier(group)
+    files = _checksums(tmp, group)
     if rank == 0:
         with open(os.path.join(tmp, "meta.json"), "w") as f:
-            json.dump({"step": step, "world": dist.get_world_size(group), **extra}, f, indent=1)
+            json.dump({"step": step, "world": dist.get_world_size(group), **extra, "files": files}, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
         if os.path.exists(final):  # the same step saved again (after a resume)
@@ -90,16 +163,41 @@ def load(path: str, model, optimizer, group=None) -> dict:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    with open(os.path.join(path, "meta.json")) as f:
-        meta = json.load(f)
+    meta = read_meta(path)
     msd, osd = get_state_dict(model, optimizer)
     state = {"model": msd, "optim": osd}
-    dcp.load(state, checkpoint_id=path, process_group=group)
+    try:
+        dcp.load(state, checkpoint_id=path, process_group=group)
+    except Exception as e:  # DCP's own errors are multi-rank tracebacks; say which checkpoint
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        raise ValueError(f"checkpoint {path} could not be loaded ({type(e).__name__}: {first})") from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     rng = os.path.join(path, f"rng_{dist.get_rank(group)}.pt")
     if meta.get("world") == dist.get_world_size(group) and os.path.exists(rng):
         _set_rng_state(torch.load(rng, weights_only=False))
     return meta
+
+
+def load_intact(ckpt_dir: str, model, optimizer, group=None, say=print, accept=None) -> tuple[str, dict] | None:
+    """Load the newest checkpoint in ``ckpt_dir`` that passes :func:`verify` (saying which ones
+    were skipped and why); returns (its path, its meta.json), None when there is none at all;
+    ValueError when none is intact.  ``accept(meta)`` runs before the load and may raise
+    ValueError (a checkpoint of another run: same on every rank, as meta.json is shared)."""
+    bad = []
+    for path in finished(ckpt_dir):
+        problem = verify(path, group)
+        if problem is None:
+            if bad:
+                say(f"resuming from {path} instead, the newest intact checkpoint")
+            if accept is not None:
+                accept(read_meta(path))
+            return path, load(path, model, optimizer, group)
+        say(f"checkpoint {path} is not intact: {problem}")
+        bad.append(f"{os.path.basename(path)}: {problem}")
+    if bad:
+        raise ValueError(f"no intact checkpoint in {ckpt_dir} to resume from ({'; '.join(bad)}); "
+                         "start again with --overwrite")
+    return None
 
 
 def _fsync_dir(path: str) -> None:

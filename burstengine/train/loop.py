@@ -71,6 +71,36 @@ def _full(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+# settings that change the data stream or the model: a resume must not change them (the
+# checkpoint's weights and data position would belong to another run); the rest (lr, steps,
+# schedule, checkpoint and logging knobs, parallelism) only changes how the run goes on
+FIXED_ON_RESUME = ("model", "data", "tokenizer", "token_dtype", "seq_len", "batch_size", "seed", "passkey_len",
+                   "passkey_symbols", "precision")
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def resume_changes(saved: dict, now: dict) -> list[str]:
+    """Lines to log for the settings a resume changes; ValueError naming the first fixed one
+    (FIXED_ON_RESUME) that differs from the checkpoint's."""
+    a, b = _flat(saved), _flat(now)
+    changed = [k for k in sorted(set(a) | set(b)) if k in a and k in b and a[k] != b[k]]
+    fixed = [k for k in changed if k.split(".")[0] in FIXED_ON_RESUME]
+    if fixed:
+        raise ValueError("--resume with changed " + ", ".join(f"{k} ({a[k]!r} -> {b[k]!r})" for k in fixed)
+                         + ": these change the data stream or the model, so the checkpoint belongs to another "
+                         "run; restore them, or start a new run (another name / out_dir, or --overwrite)")
+    return [f"resume changes {k}: {a[k]!r} -> {b[k]!r}" for k in changed]
+
+
 class Trainer:
     """A training job on the ranks of ``group`` (default: the world)."""
 
@@ -230,7 +260,15 @@ class Trainer:
         found = ckpt.latest(self.ckpt_dir)
         self.activity = "loading the checkpoint" if resume and found else "start-up"
         if resume and found:
-            meta = ckpt.load(found, self.model, self.optimizer, self.group)
+            changes = []
+
+            def accept(meta):
+                changes.extend(resume_changes(meta.get("config") or {}, self.cfg.to_dict()))
+
+            found, meta = ckpt.load_intact(self.ckpt_dir, self.model, self.optimizer, self.group,
+                                           say=self.log.say, accept=accept)
+            for line in changes:
+                self.log.say(line)
             self.step = meta["step"]
             self.log.say(f"resumed from {found} (step {self.step})")
             return
