@@ -15,6 +15,7 @@ COMMANDS = {
     "train": "burstengine.train.cli",
     "plot": "burstengine.train.plot",
     "prefill": "burstengine.inference.cli",
+    "report": "burstengine.report",
 }
 
 

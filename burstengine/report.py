@@ -1,0 +1,611 @@
+"""`burstengine report`: docs/results.md, generated from the JSON records in benchmarks/results/.
+
+Every figure the docs quote comes from a record a run wrote (command, commit, device, raw
+numbers). This command reads the records and writes one section per benchmark family, one table
+per record, built from the record's raw fields; every ratio is computed here from raw times of
+the same record. It also rewrites the marked blocks ``<!-- report:NAME -->`` ... ``<!-- /report -->``
+in README.md and docs/*.md (the few headline figures quoted outside results.md).
+
+    burstengine report            # rewrite docs/results.md and the marked blocks
+    burstengine report --check    # exit 1 when they differ from what the records give
+
+Run it from the repository root (the defaults are relative paths). A record whose structure a
+family's table does not know is listed in a compact generic table instead, never dropped.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+HELP = "write docs/results.md (and the figures marked in the docs) from benchmarks/results/*.json; --check compares"
+
+RECORDS_LABEL = "benchmarks/results"  # how tables name a record, wherever --records points
+GIB = 1024 ** 3
+MIB = 1024 ** 2
+
+
+# ---------------------------------------------------------------- formatting helpers
+
+def med(xs) -> float:
+    return statistics.median(xs)
+
+
+def num(x, digits: int = 3) -> str:
+    """A number with ``digits`` significant digits (no exponent for ordinary magnitudes)."""
+    if x is None:
+        return "—"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return str(x)
+    if x == 0:
+        return "0"
+    if abs(x) < 1e-3 or abs(x) >= 1e7:
+        return f"{x:.{max(digits - 1, 0)}e}"
+    return f"{x:.{digits}g}" if abs(x) < 10 ** digits else f"{x:.0f}"
+
+
+def fixed(x, places: int = 2) -> str:
+    return "—" if x is None else f"{x:.{places}f}"
+
+
+def ms(seconds) -> str:
+    return "—" if seconds is None else num(seconds * 1e3, 4)
+
+
+def gib(nbytes) -> str:
+    return "—" if nbytes is None else f"{nbytes / GIB:.1f}"
+
+
+def ratio(a, b, places: int = 2) -> str:
+    return "—" if a is None or b in (None, 0) else f"{a / b:.{places}f}"
+
+
+def span(values, places: int = 2) -> str:
+    """'lo–hi' of some ratios (one value when they agree to the places shown)."""
+    lo, hi = f"{min(values):.{places}f}", f"{max(values):.{places}f}"
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def table(header, rows) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |" for r in rows]
+    return out + [""]
+
+
+def device_of(rec) -> str:
+    env = rec.get("env", {})
+    dev = env.get("device", "?")
+    count = env.get("device_count")
+    if dev != "cpu" and count and count > 1:
+        used = rec.get("world") or rec.get("env", {}).get("WORLD_SIZE")
+        if used and int(used) < count:
+            return f"{int(used)}× {dev} (of {count})"
+        return f"{count}× {dev}"
+    return dev
+
+
+def provenance(name, rec) -> list[str]:
+    env = rec.get("env", {})
+    commit = str(rec.get("commit", "unknown"))[:10]
+    bits = [f"record `{RECORDS_LABEL}/{name}`", f"commit `{commit}`", f"device {device_of(rec)}"]
+    if env.get("torch"):
+        bits.append(f"torch {env['torch']}")
+    if env.get("date"):
+        bits.append(env["date"][:10])
+    for k in ("NCCL_P2P_DISABLE", "BURST_KERNEL"):
+        if k in env:
+            bits.append(f"{k}={env[k]}")
+    lines = [" · ".join(bits), f"command: `{rec.get('command', '?')}`"]
+    lines += [f"{k.replace('_', ' ')}: {rec[k]}" for k in ("commit_note", "note", "path_note") if rec.get(k)]
+    return [line + "  " for line in lines[:-1]] + [lines[-1], ""]  # two spaces: a markdown line break
+
+
+# ---------------------------------------------------------------- one renderer per family
+# Each takes (record) and returns markdown lines; a KeyError/TypeError/... falls back to the
+# generic table, so a new record shape is listed rather than breaking the report.
+
+def attention(rec):
+    rows = rec["rows"]
+    out = []
+    base_of = {}
+    for r in rows:
+        key = (r["S"], r["Hkv"], r["causal"])
+        if r["method"].startswith("burst") and key not in base_of:
+            base_of[key] = r
+    body = []
+    for r in rows:
+        base = base_of.get((r["S"], r["Hkv"], r["causal"]))
+        comparable = base is not None and base is not r and base["S_run"] == r["S_run"]
+        body.append([r["method"], r["S"], r["S_run"], f"{r['H']}/{r['Hkv']}", "causal" if r["causal"] else "full",
+                     ms(med(r["fwd_s"])), ms(med(r["fwdbwd_s"])), num(r.get("fwd_tflops"), 4),
+                     num(r.get("fwdbwd_tflops"), 4), gib(r.get("peak_bytes")),
+                     ratio(med(r["fwdbwd_s"]), med(base["fwdbwd_s"])) if comparable else "—"])
+    out += table(["method", "S", "S run", "H/Hkv", "mask", "fwd ms", "fwd+bwd ms", "fwd TFLOP/s/GPU",
+                  "fwd+bwd TFLOP/s/GPU", "peak GiB", "fwd+bwd time ÷ burst's"], body)
+    out.append("Times are medians of the record's raw times; \"÷ burst's\" divides by the first `burst-*` row of "
+               "the same S, KV heads and mask (only where the per-GPU work, S run, is the same).")
+    out.append("")
+    if rec.get("profile"):
+        out += table(["S", "layout", "backward", "step ms", "NCCL ms", "exposed ms"],
+                     [[p["S"], p["layout"], p["backward"], num(p["step_ms"], 5), num(p["nccl_ms"], 4),
+                       num(p["exposed_ms"], 3)] for p in rec["profile"]])
+    return out
+
+
+def probe_speed(rec):
+    return table(["S", "mask", "layout", "backward", "kernel", "fwd ms", "fwd+bwd ms (median of raw)",
+                  "fwd TFLOP/s", "fwd+bwd TFLOP/s", "peak GiB"],
+                 [[r["S"], "causal" if r["causal"] else "full", r["layout"], r["backward"], r["kernel"],
+                   ms(r["fwd_s"]), ms(med(r["raw"])), num(r["fwd_tflops"], 4), num(r["fwdbwd_tflops"], 4),
+                   fixed(r["peak_gib"], 1)] for r in rec["rows"]])
+
+
+def gpu_correctness(rec):
+    groups: dict = {}
+    for r in rec["rows"]:
+        groups.setdefault((r["kernel"], r["backward"]), []).append(r)
+    body = [[k, b, len(rs), sum(bool(r["ok"]) for r in rs)] + [num(max(r[q] for r in rs)) for q in
+                                                                ("out", "lse", "dq", "dk", "dv")]
+            for (k, b), rs in sorted(groups.items())]
+    head = [f"{rec['passed']}/{rec['cases']} cases within {num(rec['tolerance'])} (normwise relative error against "
+            "float64, bf16 over NCCL).", ""]
+    return head + table(["kernel", "backward", "cases", "passed", "worst out", "lse", "dQ", "dK", "dV"], body)
+
+
+def _by(rows, *keys):
+    out = {}
+    for r in rows:
+        out[tuple(r[k] for k in keys)] = r
+    return out
+
+
+def lao_bench(rec):
+    out = []
+    sl = rec["single_launch"]
+    rows = _by(sl["rows"], "S", "mask", "method", "what")
+    cases = sorted({(r["S"], r["mask"]) for r in sl["rows"]}, key=lambda c: (c[0], c[1] != "full"))
+    body = []
+    for S, mask in cases:
+        line = [S, mask]
+        for what in ("fwd", "fwd+bwd"):
+            ours = rows.get((S, mask, "ours", what))
+            line.append(num(ours["tflops"], 4) if ours else "—")
+            for peer in ("cudnn", "flash", "flex"):
+                p = rows.get((S, mask, peer, what))
+                line.append(num(p["tflops"], 4) if p else "—")
+            for peer in ("cudnn", "flex"):
+                p = rows.get((S, mask, peer, what))
+                line.append(ratio(med(p["times"]), med(ours["times"])) if p and ours else "—")
+        body.append(line)
+    out.append(f"One launch, {sl.get('dtype', '?')}, d={sl.get('head_dim', '?')}, {sl.get('heads', '?')} heads, "
+               f"batch {sl.get('batch', '?')}: TFLOP/s and our speed relative to a peer (the peer's median time "
+               "÷ ours).")
+    out.append("")
+    out += table(["S", "mask", "fwd ours", "cuDNN", "flash", "Flex", "ours/cuDNN", "ours/Flex",
+                  "f+b ours", "cuDNN", "flash", "Flex", "ours/cuDNN", "ours/Flex"], body)
+    rs = rec.get("ring_step") or {}
+    if rs.get("rows"):
+        rrows = _by(rs["rows"], "n", "hkv", "mask", "kernel", "what")
+        keys = sorted({(r["n"], r["hkv"], r["mask"], r["what"]) for r in rs["rows"]})
+        body = []
+        for n, hkv, mask, what in keys:
+            o, c = rrows.get((n, hkv, mask, "ours", what)), rrows.get((n, hkv, mask, "cudnn", what))
+            body.append([n, f"{rs.get('heads', '?')}/{hkv}", mask, what, ms(med(o["times"])) if o else "—",
+                         ms(med(c["times"])) if c else "—",
+                         ratio(med(c["times"]), med(o["times"])) if o and c else "—"])
+        out.append("Ring step (one block pair onto the running float32 state), n rows per block: our kernel "
+                   "against cuDNN plus the torch merge or gradient adds.")
+        out.append("")
+        out += table(["n", "H/Hkv", "mask", "call", "ours ms", "cuDNN(+merge) ms", "ours speed ÷ cuDNN's"], body)
+    notes = [f"{k.replace('_', ' ')}: {rec[k]}" for k in ("plain_forward", "plain_backward", "ring_forward_into",
+                                                          "ring_backward_into", "flops") if rec.get(k)]
+    if notes:
+        out += ["- " + n for n in notes] + [""]
+    return out
+
+
+def lao_check(rec):
+    groups: dict = {}
+    for r in rec["rows"]:
+        groups.setdefault(r["case"].split("-d")[0], []).append(r)
+    body = []
+    for kind, rs in sorted(groups.items()):
+        worst = [num(max(r.get(q) or 0.0 for r in rs)) for q in ("out", "lse", "dq", "dk", "dv")]
+        gluon = sum(bool(r.get("gluon") or r.get("gluon_bwd") or r.get("gluon_into") or r.get("gluon_bwd_into"))
+                    for r in rs)
+        body.append([kind, len(rs), sum(bool(r["ok"]) for r in rs), gluon] + worst)
+    head = [f"{rec['passed']}/{rec['total']} cases within {num(rec['tol'])} of float64 "
+            f"({len(rec.get('compile_errors') or [])} compile errors).", ""]
+    return head + table(["mask kind", "cases", "passed", "ran Gluon", "worst out", "lse", "dQ", "dK", "dV"], body)
+
+
+def sparse(rec):
+    base = {}
+    for r in rec["rows"]:
+        base.setdefault(r["group"], r)
+    body = []
+    for r in rec["rows"]:
+        b = base[r["group"]]
+        speed = b["fwdbwd_s"] / r["fwdbwd_s"]
+        ideal = b["visible_pairs"] / r["visible_pairs"]
+        sent = max(p["fwd_bytes"] + p["bwd_bytes"] for p in r["per_rank"]) if r.get("per_rank") else None
+        body.append([r["name"], r["layout"], r.get("window") or "—", r.get("documents", "—"), r["steps"],
+                     ms(r["fwdbwd_s"]), fixed(speed), fixed(ideal), fixed(speed / ideal) if r is not b else "",
+                     fixed(r["balance"], 3), "—" if sent is None else f"{sent / MIB:.0f}",
+                     "—" if r.get("whole_shard_bytes") is None else f"{r['whole_shard_bytes'] / MIB:.0f}",
+                     num(r.get("check_err"))])
+    a = rec.get("args", {})
+    head = [f"S={a.get('seq')}, H={a.get('heads')}, Hkv={a.get('kv_heads') or a.get('heads')}, "
+            f"d={a.get('head_dim')}, world {rec.get('world')}. Speedup: the fwd+bwd time (slowest rank's median) of "
+            "the first row of the group (causal; one document) ÷ this row's; ideal: the ratio of visible pairs; "
+            "balance: the slowest rank's compute time ÷ the mean over ranks.", ""]
+    return head + table(["case", "layout", "window", "documents", "steps run", "fwd+bwd ms", "speedup",
+                         "ideal", "efficiency", "balance", "MiB sent per rank", "whole shards MiB",
+                         "error vs reference"], body)
+
+
+def prefill(rec):
+    rows = rec["rows"]
+    base = {(r["model"], r["S"]): r for r in rows if r["method"] == "burst"}
+    body = [[r["model"], r["method"], r["S"], r["world"], ms(med(r["seconds"])), num(r["S"] / med(r["seconds"]), 4),
+             gib(r.get("peak_bytes")), num(r.get("logits_rel_diff_vs_burst")),
+             ratio(med(r["seconds"]), med(base[(r["model"], r["S"])]["seconds"])) if (r["model"], r["S"]) in base
+             else "—"] for r in rows if "seconds" in r]
+    out = table(["model", "method", "S", "world", "first-token ms", "tokens/s", "peak GiB",
+                 "logits vs burst", "time ÷ burst's"], body)
+    if rec.get("longest_fit"):
+        out += table(["method@model", "longest prompt that fit"], [[k, v] for k, v in rec["longest_fit"].items()])
+    return out
+
+
+def train(rec):
+    if "summary" in rec:  # a `burstengine train` run: summary + held-out evaluations
+        s = rec["summary"]
+        out = [f"{s['steps']} steps, world {s['world']} (dp {s['dp']} × cp {s['cp']}), seq {s['seq_len']}, "
+               f"layout {s.get('layout')}: loss {fixed(s['first_loss'], 3)} → {fixed(s['final_loss'], 3)}, "
+               f"{num(s['mean_step_time_s'])} s per step, {num(s['mean_tokens_per_s_per_gpu'], 4)} tokens/s per rank.",
+               ""]
+        body = [[e["step"], e["samples"], fixed(e["passkey_acc"], 3), fixed(e["chance_passkey_acc"], 3),
+                 " / ".join(fixed(x, 2) for x in e["passkey_acc_by_depth"])] for e in rec.get("evals", [])]
+        return out + table(["step", "samples", "passkey accuracy", "chance", "by depth quartile"], body)
+    body = [[r["method"], r.get("seq_len", "—"), num(r.get("ok")),
+             num(med(r["step_times_s"]), 4) if r.get("step_times_s") else "—",
+             num(r.get("tokens_per_s_per_gpu"), 4), fixed(r.get("mfu"), 3), fixed(r.get("peak_mem_gib"), 1),
+             fixed(r.get("first_loss"), 4)] for r in rec["rows"]]
+    head = [f"model {rec.get('model', '?')}, world {rec.get('world', '?')}, {rec.get('steps', '?')} steps after "
+            f"{rec.get('warmup', '?')} warm-up.", ""]
+    return head + table(["method", "seq", "ok", "median step s", "tokens/s/GPU", "MFU", "peak GiB", "step-0 loss"],
+                        body)
+
+
+def seqckpt(rec):
+    return table(["mode", "split", "held GiB", "peak GiB", "median ms", "dx error vs none"],
+                 [[r["mode"], "—" if r["split"] is None else r["split"], fixed(r["held_gib"], 3),
+                   fixed(r["peak_gib"], 3), ms(med(r["times_s"])), num(r["dx_err_vs_none"])] for r in rec["rows"]])
+
+
+def longest(rec):
+    body = []
+    for r in rec["rows"]:
+        tries = "; ".join(f"S={t['S']}: " + (f"{t['peak_gib']} GiB" if t.get("peak_gib") else "OOM")
+                          for t in r.get("tries", []))
+        body.append([r["method"], r.get("longest", "—"), tries or r.get("error", "")])
+    return table(["method", "longest S", "tries"], body)
+
+
+def topo(rec):
+    body = [[r["label"], r["S"], f"{r['H']}/{r['Hkv']}", r["topology"], ms(med(r["raw_s"])), ms(r["predicted_s"]),
+             f"{(r['predicted_s'] - med(r['raw_s'])) / med(r['raw_s']):+.1%}"] for r in rec["rows"]]
+    c = rec.get("cluster") or {}
+    head = []
+    if c:
+        head = [f"Calibrated: intra {num(c['intra']['gbps'])} GB/s + {num(c['intra']['latency_us'])} µs, "
+                f"inter {num(c['inter']['gbps'])} GB/s + {num(c['inter']['latency_us'])} µs, kernels "
+                f"{num(c['fwd_tflops'])} / {num(c['bwd_tflops'])} TFLOP/s fwd / bwd.", ""]
+    return head + table(["scheme", "S", "H/Hkv", "topology", "measured ms", "predicted ms", "prediction error"], body)
+
+
+def plan(rec):
+    a, c = rec["attn"], rec["cluster"]
+    head = [f"{c['nodes']} nodes × {c['gpus_per_node']} GPUs ({c.get('name', '')}), S={a['seq']}, "
+            f"{a['heads']} heads × {a['head_dim']}, {'causal' if a['causal'] else 'full'}; "
+            f"choice: `{rec['choice']['call']}`.", ""]
+    body = [[p["scheme"], fixed(p["total_s"], 3) if p["feasible"] else f"— ({p['why']})",
+             fixed(p["compute_s"], 3) if p["feasible"] else "", fixed(p["comm_only_s"], 3) if p["feasible"] else "",
+             fixed(p.get("exposed_s"), 3) if p["feasible"] else "",
+             f"{p['inter_bytes'] / 1e9:.1f}" if p["feasible"] else ""] for p in rec["predictions"]]
+    out = head + table(["scheme", "fwd+bwd s", "compute s", "communication only s", "exposed s", "inter-node GB"],
+                       body)
+    t = rec.get("table1")
+    if t:
+        out += [f"Table 1 relations of the paper, same figures: ring {fixed(t['ring'], 3)} s, double ring "
+                f"{fixed(t['double_ring'], 3)} s, Burst on the double ring {fixed(t['burst_double'], 3)} s.", ""]
+    return out
+
+
+def check_cost(rec):
+    body = []
+    for r in rec["rows"]:
+        m = r["median_s"]
+        body.append([r["world"], r["shape"], "×".join(map(str, r["B_n_H_Hkv_D"]))]
+                    + [ms(m[f"check_{lv}"]) for lv in ("local", "agree", "full")]
+                    + [ms(m[f"forward_{lv}"]) for lv in ("local", "agree", "full")]
+                    + [f"{m['check_full'] / m['forward_local']:.1%}"])
+    head = [f"{rec.get('what', '')}; medians of {rec.get('iters', '?')} calls, "
+            f"{rec.get('threads_per_rank', '?')} thread(s) per rank.", ""]
+    return head + table(["world", "shape", "B×n×H×Hkv×D", "check local ms", "check agree ms", "check full ms",
+                         "forward local ms", "forward agree ms", "forward full ms", "check full ÷ forward local"],
+                        body)
+
+
+def fault_times(rec):
+    body = []
+    if "ring_kill" in rec:
+        r = rec["ring_kill"]
+        body.append(["rank SIGKILLed mid ring step", r["world"], f"BURST_TIMEOUT {num(r['burst_timeout_s'])} s",
+                      r["victim"], ", ".join(f"rank {k} raised RankLost after {fixed(v, 3)} s"
+                                            for k, v in sorted(r["seconds_to_raise"].items()))])
+    if "watchdog_freeze" in rec:
+        r = rec["watchdog_freeze"]
+        body.append(["rank frozen (SIGSTOP) mid step", r["world"], f"watchdog {num(r['watchdog_timeout_s'])} s",
+                     r["victim"], ", ".join(f"rank {k} exited after {fixed(v, 2)} s"
+                                           for k, v in sorted(r["seconds_to_exit"].items()))])
+    if "different_groups" in rec:
+        r = rec["different_groups"]
+        body.append(["ranks pass different groups", r["world"], f"BURST_TIMEOUT {num(r['burst_timeout_s'])} s",
+                     "—", ", ".join(f"rank {k} exit code {v}" for k, v in sorted(r["exit_codes"].items()))])
+    if "train_kill" in rec:
+        r = rec["train_kill"]
+        body.append([f"rank SIGKILLed in training step {r['step']}", r["world"],
+                     f"fault_timeout {num(r['fault_timeout_s'])} s", r["victim"],
+                     ", ".join(f"rank {k} exit {v['rc']} after {fixed(v['seconds'], 2)} s"
+                               for k, v in sorted(r["survivors"].items()))])
+    return table(["fault", "world", "deadline", "victim", "what the others did (seconds after the fault)"], body)
+
+
+def soak(rec):
+    head = [f"{rec['steps']} training steps on {rec['world']} ranks, evaluation and checkpoint every "
+            f"{rec['eval_and_ckpt_every']} steps, {ms(rec['wall_s'] / rec['steps'])} ms per step; growth of resident "
+            f"memory from step {rec['from_step']} against a bound of {num(rec['bound_mib'])} MiB per rank: "
+            f"{'pass' if rec['pass'] else 'FAIL'}.", ""]
+    body = [[i, p["from_step"], p["to_step"], fixed(p["rss_from_mib"], 1), fixed(p["rss_to_mib"], 1),
+             fixed(p["growth_mib"], 2), fixed(p["slope_kib_per_step"], 2), fixed(p["late_slope_kib_per_step"], 3)]
+            for i, p in enumerate(rec["per_rank"])]
+    return head + table(["rank", "from step", "to step", "RSS from MiB", "RSS to MiB", "growth MiB",
+                         "KiB/step", "KiB/step, last steps"], body)
+
+
+def lce_bench(rec):
+    rows = rec["rows"]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    by = _by(rows, "vocab", "tokens", "method")
+    shapes = sorted({(r["vocab"], r["tokens"]) for r in rows}, key=lambda s: (-s[0], s[1]))
+    body = []
+    for v, t in shapes:
+        line = [f"{v} × {t}"]
+        for m in methods:
+            r = by.get((v, t, m))
+            line.append(f"{ms(med(r['times_s']))} ms, {fixed(r['peak_gib'], 1)} GiB" if r and r.get("times_s") else "—")
+        body.append(line)
+    a = rec.get("args", {})
+    out = [f"hidden {a.get('hidden')}, {a.get('dtype')}, forward + backward; median of the raw times, peak = most "
+           "allocated beyond the inputs.", ""]
+    out += table(["vocab × tokens"] + methods, body)
+    chk = rec.get("check")
+    if chk and chk.get("rows"):
+        tol = chk.get("tol")
+        tol = ", ".join(f"{k.replace('torch.', '')} {num(v)}" for k, v in tol.items()) if isinstance(tol, dict) else num(tol)
+        out += [f"Check against float64 (tolerance {tol}; passed: {num(chk.get('passed'))}):", ""]
+        out += table(["method", "dtype", "options", "loss error", "dh error", "dW error"],
+                     [[r["method"], r["dtype"], r.get("opt", ""), num(r["loss"]), num(r["dh"]), num(r["dw"])]
+                      for r in chk["rows"]])
+    return out
+
+
+def delta_error(rec):
+    body = [[r["kernel"], "causal" if r["causal"] else "full", r["D"], r["gqa"], r["S"], num(r["delta_rebuild_err"]),
+             num(max(r["true_out"].values())), num(max(r["rebuilt_out"].values()))] for r in rec["rows"]]
+    return table(["kernel", "mask", "D", "GQA", "S", "D rebuild error", "worst grad error (true O)",
+                  "worst grad error (rebuilt O)"], body)
+
+
+# family: (title, file-name pattern, renderer, one-line description)
+FAMILIES = [
+    ("Attention on 1-2 GPUs beside the peers", r"^attention_", attention,
+     "`burstengine bench attention`: BurstAttention against torch's context parallelism, Ulysses and one GPU."),
+    ("Per-call speed inside the ring", r"^probe_speed", probe_speed,
+     "`benchmarks/probe_speed.py`: one configuration of the ring, repeated."),
+    ("Correctness on GPUs", r"^gpu_correctness", gpu_correctness,
+     "`benchmarks/gpu_correctness.py`: the bf16 correctness matrix over NCCL against float64."),
+    ("LAO kernels: speed", r"^lao_bench", lao_bench,
+     "`benchmarks/lao_bench.py`: our kernels against cuDNN, flash and FlexAttention on one GPU."),
+    ("LAO kernels: correctness", r"^lao_check", lao_check,
+     "`benchmarks/lao_check.py`: every mask kind, MaskSpec flag, GQA ratio, head dim and dtype against float64."),
+    ("Sparse masks", r"^sparse_", sparse,
+     "`burstengine bench sparse`: sliding windows and packed documents against their causal baseline."),
+    ("Prefill", r"^prefill", prefill,
+     "`burstengine bench prefill`: first-token latency beside tensor and torch-native context parallelism."),
+    ("Training", r"^(train_|ablation)", train,
+     "`burstengine train` and `burstengine bench train` (throughput, ablation)."),
+    ("Sequence-level checkpointing", r"^seqckpt", seqckpt,
+     "`benchmarks/seqckpt_memory.py`: memory and time of one block against the split."),
+    ("Longest sequence", r"^longest", longest, "`benchmarks/longest.py`: the longest sequence each method fits."),
+    ("Topology: measured against the cost model", r"^topo_bench", topo,
+     "`burstengine bench topo`: every scheme timed, beside the cost model calibrated on the same machine."),
+    ("Cost model predictions", r"^plan_", plan, "`burstengine plan --json`: predictions, no run."),
+    ("Argument-check cost", r"^check_cost", check_cost, "`benchmarks/check_cost.py`: the cost of `BURST_CHECKS` levels."),
+    ("Fault times", r"^fault_times", fault_times,
+     "`benchmarks/fault_times.py`: the fault jobs of the tests, timed once."),
+    ("Soak", r"^soak", soak, "`burstengine bench soak`: resident memory over many tiny training steps."),
+    ("Fused LM head + cross-entropy", r"^lce_bench", lce_bench,
+     "`benchmarks/lce_bench.py`: forward + backward time and peak memory against the peers."),
+    ("Backward from a rebuilt D", r"^delta_error", delta_error,
+     "`benchmarks/delta_error.py`: gradient error when D = rowsum(dO·O) comes from the merged O."),
+]
+
+
+def generic(rows) -> list[str]:
+    """The compact table for records no family renders: provenance and the top-level keys."""
+    body = []
+    for name, rec in rows:
+        keys = ", ".join(k for k in rec if k not in ("command", "commit", "env"))
+        body.append([f"`{name}`", f"`{rec.get('command', '?')}`", f"`{str(rec.get('commit', '?'))[:10]}`",
+                     device_of(rec), rec.get("env", {}).get("date", "")[:10], keys])
+    return table(["record", "command", "commit", "device", "date", "fields"], body)
+
+
+def load_records(records_dir: str) -> list[tuple[str, dict]]:
+    paths = sorted(glob.glob(os.path.join(records_dir, "*.json")))
+    if not paths:
+        raise SystemExit(f"burstengine report: no records (*.json) in {records_dir}")
+    out = []
+    for p in paths:
+        with open(p) as f:
+            try:
+                out.append((os.path.basename(p), json.load(f)))
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"burstengine report: {p} is not valid JSON: {e}") from None
+    return out
+
+
+def results_md(records) -> str:
+    lines = ["# Results", "",
+             "<!-- generated by `burstengine report` from benchmarks/results/*.json: do not edit by hand; "
+             "`burstengine report --check` fails when this file and the records disagree -->", "",
+             "Every table below is built from one JSON record in `benchmarks/results/`, written by the run it "
+             "describes (its command, commit, device and raw numbers). Times are medians of the record's raw "
+             "times; ratios are computed from times of the same record. To add a result, run the benchmark "
+             "(it writes the record), then `burstengine report`.", ""]
+    done = set()
+    leftovers = []
+    for title, pattern, render, what in FAMILIES:
+        members = [(n, r) for n, r in records if re.match(pattern, n)]
+        if not members:
+            continue
+        lines += [f"## {title}", "", what, ""]
+        for name, rec in members:
+            done.add(name)
+            try:
+                body = render(rec)
+            except (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError,
+                    statistics.StatisticsError):
+                leftovers.append((name, rec))
+                continue
+            lines += [f"### {name[:-5]}", ""] + provenance(name, rec) + body
+    leftovers += [(n, r) for n, r in records if n not in done]
+    if leftovers:
+        lines += ["## Other records", "",
+                  "Records whose structure no table above knows, listed with their provenance and fields.", ""]
+        lines += generic(leftovers)
+    while lines and lines[-1] == "":
+        lines.pop()
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- headline blocks in the docs
+
+def _rec(records, name):
+    for n, r in records:
+        if n == name:
+            return r
+    raise KeyError(f"record {name} is missing")
+
+
+def _lao_ratios(rec, what, peer):
+    rows = _by(rec["single_launch"]["rows"], "S", "mask", "method", "what")
+    return [med(p["times"]) / med(rows[(S, m, "ours", w)]["times"])
+            for (S, m, meth, w), p in rows.items() if meth == peer and w == what and (S, m, "ours", w) in rows]
+
+
+def block_lao(records):
+    h200 = _rec(records, "lao_bench.json")
+    h100 = _rec(records, "lao_bench_h100.json")
+    parts = []
+    for rec, name in ((h200, "lao_bench.json"), (h100, "lao_bench_h100.json")):
+        parts.append(f"on {device_of(rec)} (`{name}`) the forward runs at {span(_lao_ratios(rec, 'fwd', 'cudnn'))}× "
+                     f"cuDNN's speed and {span(_lao_ratios(rec, 'fwd', 'flex'))}× FlexAttention's, forward + backward "
+                     f"at {span(_lao_ratios(rec, 'fwd+bwd', 'cudnn'))}× cuDNN and "
+                     f"{span(_lao_ratios(rec, 'fwd+bwd', 'flex'))}× Flex")
+    sl = h200["single_launch"]
+    dtype = {"bfloat16": "bf16", "float16": "fp16"}.get(sl.get("dtype"), sl.get("dtype"))
+    return f"In one launch ({dtype}, d={sl.get('head_dim')}), " + "; ".join(parts) + "."
+
+
+def block_headline(records):
+    att = _rec(records, "attention_2gpu_128k_gluon.json")
+    rows = {r["method"]: r for r in att["rows"]}
+    b, t = rows["burst-zigzag"], rows["torch-cp-cudnn"]
+    lao = _rec(records, "lao_check.json")
+    soak_rec = _rec(records, "soak_cpu.json")
+    return (f"On {device_of(att)} at {b['S'] // 1024}K tokens, {'causal' if b['causal'] else 'full'}, "
+            f"BurstAttention's forward + backward takes "
+            f"{ratio(med(b['fwdbwd_s']), med(t['fwdbwd_s']))}× the time of torch's context parallelism on cuDNN "
+            f"(`attention_2gpu_128k_gluon.json`); our Triton/Gluon kernels pass {lao['passed']}/{lao['total']} "
+            f"checks against float64 (`lao_check.json`); {soak_rec['steps']} tiny training steps grow no rank's memory "
+            f"beyond {num(soak_rec['bound_mib'])} MiB (`soak_cpu.json`).")
+
+
+BLOCKS = {"headline": block_headline, "lao": block_lao}
+BLOCK_RE = re.compile(r"(<!-- report:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
+
+
+def rewrite_blocks(text: str, records, path: str) -> str:
+    def sub(m):
+        name = m.group("name")
+        if name not in BLOCKS:
+            raise SystemExit(f"burstengine report: {path}: unknown block report:{name} (known: {', '.join(BLOCKS)})")
+        try:
+            body = BLOCKS[name](records)
+        except KeyError as e:
+            raise SystemExit(f"burstengine report: {path}: block report:{name}: {e.args[0]}") from None
+        return m.group(1) + body + "\n" + m.group(4)
+    return BLOCK_RE.sub(sub, text)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--records", default="benchmarks/results", help="folder of JSON records (default: %(default)s)")
+    p.add_argument("--out", default="docs/results.md", help="the results page to write (default: %(default)s)")
+    p.add_argument("--docs", nargs="*", default=None, metavar="FILE",
+                   help="markdown files whose <!-- report:NAME --> blocks are rewritten (default: README.md and "
+                        "docs/*.md; give --docs with no file for none)")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file differs from the records")
+
+
+def run(args) -> int:
+    records = load_records(args.records)
+    docs = args.docs
+    if docs is None:
+        docs = [p for p in ["README.md"] + sorted(glob.glob("docs/*.md")) if os.path.exists(p)]
+    wanted = {args.out: results_md(records)}
+    for path in docs:
+        if os.path.abspath(path) == os.path.abspath(args.out):
+            continue
+        with open(path) as f:
+            wanted[path] = rewrite_blocks(f.read(), records, path)
+    stale = []
+    for path, text in wanted.items():
+        try:
+            with open(path) as f:
+                current = f.read()
+        except FileNotFoundError:
+            current = None
+        if current == text:
+            continue
+        stale.append(path)
+        if not args.check:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
+    if args.check:
+        for path in stale:
+            print(f"burstengine report --check: {path} differs from what {args.records} gives; "
+                  "run `burstengine report`", file=sys.stderr)
+        return 1 if stale else 0
+    print(f"burstengine report: {len(records)} records; " + (f"rewrote {', '.join(stale)}" if stale else "up to date"))
+    return 0
