@@ -415,6 +415,19 @@ def delta_error(rec):
                   "worst grad error (rebuilt O)"], body)
 
 
+def profile(rec):
+    wall = rec["step_wall_s"]
+    busy = rec.get("gpu_busy_s", rec.get("cpu_busy_s"))
+    mfu = f", MFU {rec['mfu'] * 100:.1f}%" if rec.get("mfu") else ""
+    mem = f", peak {fixed(rec['peak_mem_gib'], 1)} GiB" if rec.get("peak_mem_gib") else ""
+    head = [f"{rec['model']} at {rec['seq_len']} tokens on {rec['world']} rank(s), overrides "
+            f"`{' '.join(rec.get('overrides') or []) or 'none'}`: one step {fixed(wall, 3)} s, kernels busy "
+            f"{fixed(busy, 3)} s{mfu}{mem}.", ""]
+    body = [[c, fixed(t, 3), f"{100 * t / wall:.1f}%"] for c, t in rec["categories_s"].items()]
+    body.append(["host gaps (nothing running)", fixed(rec["host_gap_s"], 3), f"{100 * rec['host_gap_s'] / wall:.1f}%"])
+    return head + table(["category", "seconds", "share of the step"], body)
+
+
 # family: (title, file-name pattern, renderer, one-line description)
 FAMILIES = [
     ("Attention on 1-2 GPUs beside the peers", r"^attention_", attention,
@@ -442,6 +455,8 @@ FAMILIES = [
     ("Argument-check cost", r"^check_cost", check_cost, "`benchmarks/check_cost.py`: the cost of `BURST_CHECKS` levels."),
     ("Fault times", r"^fault_times", fault_times,
      "`benchmarks/fault_times.py`: the fault jobs of the tests, timed once."),
+    ("Where a training step's time goes", r"^profile_", profile,
+     "`burstengine bench profile`: one step under torch.profiler, kernel time by category."),
     ("Soak", r"^soak", soak, "`burstengine bench soak`: resident memory over many tiny training steps."),
     ("Fused LM head + cross-entropy", r"^lce_bench", lce_bench,
      "`benchmarks/lce_bench.py`: forward + backward time and peak memory against the peers."),
