@@ -21,6 +21,12 @@ under whatever recomputation it wants.  Adding one is a function and a line in P
   burstengine/train/seqckpt.py.  With no CP group the block's attention runs as BurstAttention
   on a one-rank ring (``LOCAL``), never through a ring of the whole job; torch's native CP
   (which patches SDPA) cannot be checkpointed this way.
+* ``auto``: a policy per layer from a memory budget (:func:`plan_layers`): every layer starts at
+  ``full``; layers keep their attention output (``sequence`` at split 1: the ring is never
+  recomputed, the most expensive recompute at long sequence) while the kept activations fit,
+  then keep everything (``none``) while they still fit.  The budget is the ``activation_memory_gib``
+  config knob, or by default what the device has left after the parameters, gradients and AdamW
+  states (:func:`default_budget`).
 """
 from __future__ import annotations
 
@@ -66,11 +72,57 @@ POLICIES = {
     "selective": selective,
     "sequence": sequence,
 }
+AUTO = "auto"  # not a function: Transformer resolves it into one of the above per layer
+
+
+def activation_bytes(args, elem: int) -> dict[str, int]:
+    """Bytes a layer keeps for backward per local token under each policy ``auto`` chooses from
+    (activations of ``elem`` bytes; lse and norm statistics in float32).  ``none`` counts what
+    autograd saves with model/fused.py's kernels: input, normed input, q/k/v before and after
+    RoPE, attention output + lse, the residual, the second norm, and the MLP's three ffn-wide
+    tensors."""
+    d, a = args.dim, args.n_heads * args.head_dim
+    kv, f, H = args.n_kv_heads * args.head_dim, args.ffn_dim, args.n_heads
+    return {"full": d * elem,
+            "sequence": (d + a) * elem + 4 * H,
+            "none": (4 * d + 3 * a + 3 * kv + 3 * f) * elem + 4 * H + 8}
+
+
+def plan_layers(n_layers: int, per_layer: dict[str, int], budget: int) -> list[str]:
+    """The policy of each layer: as little recompute as fits in ``budget`` bytes of kept
+    activations (``per_layer``: bytes one layer keeps under full / sequence / none).  A backward
+    that recomputes a layer holds that layer's ``none`` activations on top of what is kept, so one
+    such layer's worth is set aside while any layer still recomputes."""
+    if per_layer["none"] * n_layers <= budget:
+        return ["none"] * n_layers  # nothing recomputed, so no transient either
+    plan = ["full"] * n_layers
+    for policy in ("sequence", "none"):
+        for i in range(n_layers):
+            trial = plan[:i] + [policy] + plan[i + 1:]
+            kept = sum(per_layer[p] for p in trial)
+            transient = per_layer["none"] if any(p != "none" for p in trial) else 0
+            if kept + transient > budget:
+                break
+            plan = trial
+    return plan
+
+
+def default_budget(local_params: int, device) -> int | None:
+    """Bytes for kept activations on ``device``: 90% of its memory less the parameters' float32
+    master copy, gradients and AdamW moments (16 bytes per local parameter) and 3 GiB for the
+    gathered bf16 layers, the loss and the kernels' workspace.  None where the device's memory is
+    not known (CPU): keep everything."""
+    import torch
+
+    if getattr(device, "type", device) != "cuda" or not torch.cuda.is_available():
+        return None
+    total = torch.cuda.get_device_properties(device).total_memory
+    return max(0, int(0.9 * total) - 16 * local_params - 3 * 2**30)
 
 
 def check(name: str, split: float = 0.5) -> None:
-    if name not in POLICIES:
-        raise ValueError(f"unknown checkpoint policy {name!r}; expected one of {sorted(POLICIES)}")
+    if name not in POLICIES and name != AUTO:
+        raise ValueError(f"unknown checkpoint policy {name!r}; expected one of {sorted([*POLICIES, AUTO])}")
     if isinstance(split, bool) or not isinstance(split, (int, float)) or not 0.0 <= split <= 1.0:
         raise ValueError(f"checkpoint_split must be a number in [0, 1] (the fraction of each rank's tokens whose "
                          f"attention output is kept: 0 = recompute all, 1 = keep all), got {split!r}")

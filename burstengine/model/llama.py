@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..attention import burst_attn_func
-from . import checkpointing, losses
+from . import checkpointing, fused, losses
 
 
 @dataclass
@@ -70,6 +70,9 @@ class ModelArgs:
 PRESETS: dict[str, ModelArgs] = {
     "tiny": ModelArgs(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=512, ffn_dim=352,
                       rope_theta=10000.0),
+    # Llama-3.2-3B's shapes
+    "llama-3b": ModelArgs(dim=3072, n_layers=28, n_heads=24, n_kv_heads=8, vocab_size=128256, ffn_dim=8192,
+                          rope_theta=500000.0, tie_embeddings=True),
     "llama-7b": ModelArgs(dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, vocab_size=32000, ffn_dim=11008),
     "llama-8b": ModelArgs(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128256, ffn_dim=14336,
                           rope_theta=500000.0),
@@ -97,10 +100,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        # normalise in fp32 whatever the activation dtype
-        xf = x.to(_acc(x))
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.to(xf.dtype)).to(x.dtype)
+        # normalise in fp32 whatever the activation dtype (one kernel on GPUs: model/fused.py)
+        return fused.rms_norm(x, self.weight, self.eps)
 
 
 def _acc(x: torch.Tensor) -> torch.dtype:
@@ -119,11 +120,7 @@ def rope_tables(positions: torch.Tensor, head_dim: int, theta: float):
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x (B, n, H, D) rotated by half-split pairs (the HF LLaMA convention), in fp32."""
-    xf = x.to(_acc(x))
-    h = xf.shape[-1] // 2
-    rot = torch.cat([-xf[..., h:], xf[..., :h]], dim=-1)
-    c, s = cos[None, :, None, :], sin[None, :, None, :]
-    return (xf * c + rot * s).to(x.dtype)
+    return fused.rope(x, cos, sin)
 
 
 class Attention(nn.Module):
@@ -164,7 +161,7 @@ class FeedForward(nn.Module):
         self.w3 = nn.Linear(a.dim, a.ffn_dim, bias=False)
 
     def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(fused.swiglu(self.w1(x), self.w3(x)))
 
 
 class Block(nn.Module):
@@ -197,15 +194,22 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, args: ModelArgs, checkpoint: str = "none", loss: str = "naive", checkpoint_split: float = 0.5):
+    def __init__(self, args: ModelArgs, checkpoint: str = "none", loss: str = "naive", checkpoint_split: float = 0.5,
+                 activation_budget: int | None = None):
         super().__init__()
         args.validate()
         checkpointing.check(checkpoint, checkpoint_split)
         losses.check(loss)
         self.args = args
         self.loss_name = loss
+        # checkpoint="auto": per-layer policies planned from this budget (bytes; None: the device's
+        # default) when the local token count is first seen (checkpointing.plan_layers)
+        self.auto_checkpoint = checkpoint == checkpointing.AUTO
+        self.activation_budget = activation_budget
+        self._planned_for = None
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleList(Block(args, checkpoint, checkpoint_split) for _ in range(args.n_layers))
+        self.layers = nn.ModuleList(Block(args, "full" if self.auto_checkpoint else checkpoint, checkpoint_split)
+                                    for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
         self.cp = ContextParallel()
@@ -223,6 +227,9 @@ class Transformer(nn.Module):
         """Final-norm hidden states (B, n, dim) of this rank's tokens (B, n) at global
         ``positions`` (n,)."""
         h = self.tok_embeddings(tokens)
+        if self.auto_checkpoint and self._planned_for != h.shape[:2]:
+            self.plan_checkpointing(h.shape[0] * h.shape[1], h.element_size(), h.device)
+            self._planned_for = h.shape[:2]
         cos, sin = (t.to(_acc(h)) for t in rope_tables(positions, self.args.head_dim, self.args.rope_theta))
         for b in self.layers:
             h = b(h, cos, sin)
@@ -244,6 +251,26 @@ class Transformer(nn.Module):
             preds[keep] = (hk @ self.head_weight.to(hk.dtype).t()).argmax(-1)
             return preds
         return losses.LOSSES[self.loss_name](h.flatten(0, 1), self.head_weight, labels.flatten(), ignore_index)
+
+    def plan_checkpointing(self, tokens: int, elem: int, device) -> list[str]:
+        """Set each layer's policy for ``tokens`` local tokens of ``elem``-byte activations from
+        the activation budget (checkpoint="auto"); returns the plan."""
+        from torch.distributed.tensor import DTensor
+
+        local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in self.parameters())
+        budget = self.activation_budget
+        if budget is None:
+            budget = checkpointing.default_budget(local, device)
+        per_token = checkpointing.activation_bytes(self.args, elem)
+        per_layer = {k: v * tokens for k, v in per_token.items()}
+        plan = (["none"] * len(self.layers) if budget is None
+                else checkpointing.plan_layers(len(self.layers), per_layer, budget))
+        for b, p in zip(self.layers, plan):
+            b.policy = p
+            if p == "sequence":
+                b.checkpoint_split = 1.0
+        self.checkpoint_plan = plan
+        return plan
 
     # --- initialisation -----------------------------------------------------------------------
 

@@ -47,6 +47,11 @@ class TrainConfig:
     attn_backward: str = "auto"      # BurstAttention backward: burst / ring / auto
     kernel: str = "auto"             # local attention kernel (see burstengine.kernels)
     checkpoint: str = "none"         # activation checkpointing policy (see burstengine.model.checkpointing)
+    # checkpoint="auto": bytes of activations a layer may keep, planned per layer (see
+    # burstengine.model.checkpointing.plan_layers); 0 = what the device has left after the
+    # parameters, gradients and optimizer states
+    activation_memory_gib: float = 0.0
+    fused_ops: bool = True           # RMSNorm, RoPE and SwiGLU as one compiled kernel each on GPUs
     checkpoint_split: float = 0.5    # checkpoint="sequence": share of each rank's tokens whose attention
                                      # output is kept (0 = recompute all attention, 1 = keep all)
     loss: str = "naive"              # hidden states -> loss (see burstengine.model.losses)
@@ -93,7 +98,10 @@ class TrainConfig:
         _choice("layout", self.layout, LAYOUTS)
         _choice("attention", self.attention, ATTENTIONS)
         _choice("attn_backward", self.attn_backward, ATTN_BACKWARDS)
-        _choice("checkpoint", self.checkpoint, tuple(POLICIES))
+        _choice("checkpoint", self.checkpoint, (*POLICIES, "auto"))
+        if not (0.0 <= self.activation_memory_gib < float("inf")):
+            raise ValueError(f"activation_memory_gib must be a finite number >= 0 (0 = from the device's memory), "
+                             f"got {self.activation_memory_gib}")
         _choice("loss", self.loss, tuple(LOSSES))
         if not 0.0 <= self.checkpoint_split <= 1.0:
             raise ValueError(f"checkpoint_split must be in [0, 1] (0 = recompute all attention, 1 = keep all "
@@ -167,16 +175,18 @@ def _train(model: str, **kw) -> TrainConfig:
 
 
 # tiny: the CPU default (2 gloo ranks, CP=2) on the passkey task; the others: GPU nodes, CP over
-# all ranks, bf16, full-layer checkpointing (at 100K+ tokens per GPU even the block inputs of 32
-# layers take tens of GB), logits chunked
+# all ranks, bf16, activation checkpointing planned per layer from the device's memory (at 100K+
+# tokens per GPU even the block inputs of 32 layers take tens of GB), the fused LM head + loss
 PRESETS: dict[str, TrainConfig] = {
     "tiny": _train("tiny", cp=2, seq_len=256, batch_size=16, steps=400, lr=3e-3, warmup_steps=20, weight_decay=0.0,
                    passkey_len=1, passkey_symbols=32, eval_every=50, eval_samples=128, ckpt_every=100),
-    "llama-7b": _train("llama-7b", seq_len=131072, steps=20, lr=3e-4, checkpoint="full", loss="chunked",
+    "llama-3b": _train("llama-3b", seq_len=131072, steps=20, lr=3e-4, checkpoint="auto", loss="fused",
                        log_every=1),
-    "llama-8b": _train("llama-8b", seq_len=131072, steps=20, lr=3e-4, checkpoint="full", loss="chunked",
+    "llama-7b": _train("llama-7b", seq_len=131072, steps=20, lr=3e-4, checkpoint="auto", loss="fused",
                        log_every=1),
-    "llama-14b": _train("llama-14b", seq_len=131072, steps=20, lr=3e-4, checkpoint="full", loss="chunked",
+    "llama-8b": _train("llama-8b", seq_len=131072, steps=20, lr=3e-4, checkpoint="auto", loss="fused",
+                       log_every=1),
+    "llama-14b": _train("llama-14b", seq_len=131072, steps=20, lr=3e-4, checkpoint="auto", loss="fused",
                         log_every=1),
 }
 

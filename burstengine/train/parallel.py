@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from ..model import fused
 from ..model.llama import ContextParallel, Transformer
 
 _MESHES: dict = {}
@@ -108,7 +109,9 @@ def build_model(cfg, m: Mesh) -> Transformer:
     """The config's model, created on the meta device, sharded, then materialised on this
     rank's device and initialised identically whatever the mesh."""
     with torch.device("meta"):
-        model = Transformer(cfg.model, checkpoint=cfg.checkpoint, loss=cfg.loss, checkpoint_split=cfg.checkpoint_split)
+        model = Transformer(cfg.model, checkpoint=cfg.checkpoint, loss=cfg.loss, checkpoint_split=cfg.checkpoint_split,
+                            activation_budget=int(cfg.activation_memory_gib * 2**30) or None)
+    fused.set_compiled(cfg.fused_ops)
     parallelize(model, m, cfg.precision, cfg.layout, cfg.attn_backward, cfg.kernel, cfg.attention)
     model.to_empty(device=m.device)
     model.init_weights(cfg.seed)
