@@ -161,13 +161,13 @@ def run_case(model_args, seq: int, ac: str, warmup: int, steps: int, device, com
                     times.append(time.perf_counter() - t0)
         med = sorted(times)[len(times) // 2]
         tgs = seq / med
-        from ..train.metrics import peak_flops
+        from ..train.metrics import peak_flops, peak_memory_gib
 
         peak = peak_flops(device)
         fpt = model_args.flops_per_token(seq)
         row.update(ok=True, step_times_s=times, median_step_s=med, tokens_per_s_per_gpu=tgs,
                    mfu=tgs * fpt / peak if peak else None, flops_per_token=fpt, first_loss=first,
-                   peak_mem_gib=torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None)
+                   peak_mem_gib=peak_memory_gib(device))
     except torch.OutOfMemoryError:
         row.update(ok=False, error="out of memory")
     finally:
@@ -187,7 +187,7 @@ def best_case(model_args, seq: int, warmup: int, steps: int, device, say=print) 
         rows.append(row)
         say(f"plain-{ac:<9} S={seq}: " + (f"{row['median_step_s']:.3f} s/step, {row['tokens_per_s_per_gpu']:,.0f} "
                                           f"tok/s/GPU, MFU {row['mfu']:.1%}, peak {row['peak_mem_gib']:.1f} GiB"
-                                          if row["ok"] and row["mfu"] is not None else row.get("error", "ok")))
+                                          if row["ok"] and row["mfu"] is not None else row.get("error", "ok (no MFU on CPU)")))
         if row["ok"]:
             break
     if dist.is_initialized():

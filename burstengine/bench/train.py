@@ -36,7 +36,7 @@ import time
 import torch
 import torch.distributed as dist
 
-METHODS = ("burst", "torch-cp")
+METHODS = ("burst", "torch-cp", "plain")  # plain: bench/plain_llama.py, one GPU, no CP
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -188,7 +188,22 @@ def run_rank(args) -> int:
         todo = list(seqs)
         while todo:
             seq = todo.pop(0)
-            row = run_case(model, method, seq, args)
+            if method == "plain":
+                if world > 1:
+                    _say("plain: the plain-PyTorch baseline runs on one GPU (no context parallelism); skipped")
+                    break
+                from ..train import load
+                from .plain_llama import best_case
+
+                cfg = load(model, list(args.overrides))
+                tried = best_case(cfg.model, seq, args.warmup, args.steps, torch.device(
+                    "cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu"), say=_say)
+                rows += tried[:-1]
+                row = tried[-1]
+                row["method"] = "plain"
+                row["plain_ac"] = tried[-1].get("method")
+            else:
+                row = run_case(model, method, seq, args)
             rows.append(row)
             if row["ok"]:
                 mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "-"
@@ -201,12 +216,12 @@ def run_rank(args) -> int:
     # the table, and ratios to torch-cp at the same sequence
     by = {(r["method"], r["seq_len"]): r for r in rows}
     if dist.get_rank() == 0:
-        print(f"\n{'method':>9} {'seq':>9} {'s/step':>8} {'TGS':>9} {'MFU':>7} {'GiB':>7} {'TGS/torch-cp':>13}")
+        print(f"\n{'method':>9} {'seq':>9} {'s/step':>8} {'TGS':>9} {'MFU':>7} {'GiB':>7} {'TGS/peer':>13}")
         for r in rows:
             if not r["ok"]:
                 print(f"{r['method']:>9} {r['seq_len']:>9} {r['error']}")
                 continue
-            base = by.get(("torch-cp", r["seq_len"]))
+            base = by.get(("torch-cp", r["seq_len"])) or by.get(("plain", r["seq_len"]))
             ratio = f"{r['tokens_per_s_per_gpu'] / base['tokens_per_s_per_gpu']:.2f}x" if base and base["ok"] else "-"
             mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
             print(f"{r['method']:>9} {r['seq_len']:>9} {r['median_step_s']:>8.3f} {r['tokens_per_s_per_gpu']:>9,.0f} "
