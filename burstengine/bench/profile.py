@@ -27,7 +27,7 @@ CATEGORIES = (
     ("attention backward", r"(fmha|flash|sdpa|attn|attention|_bwd_|gluon).*(bprop|bwd|backward|dq|dkdv)|"
                            r"(bprop|bwd|backward).*(fmha|flash|sdpa|attn)|_attn_bwd|_bwd_kernel|_bwd_preprocess|"
                            r"_delta"),
-    ("attention forward", r"fmha|flash|sdpa|cudnn_generated|attn|attention|_fwd_kernel|gluon|_merge"),
+    ("attention forward", r"fmha|flash|sdpa|cudnn_generated|attn|attention|fwd_kernel|gluon|_merge"),
     ("loss", r"cross_entropy|log_softmax|softmax_backward|_ce_|nll_loss|logsumexp|fused_ce|lce"),
     ("optimizer", r"multi_tensor|adam|foreach|_amp_|clip|norm_kernel"),
     ("gemm", r"gemm|nvjet|cutlass|xmma|sm90_|sm80_|ampere|cublas|wgmma|matmul|splitk"),
