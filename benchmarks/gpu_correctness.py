@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 
 import burstengine as be
-from burstengine.attention.schedule import CAUSAL, FULL
-from burstengine.bench.record import write_record
+from burstengine.masks import CAUSAL, FULL
+from burstengine.records import write_record
 from burstengine.kernels.reference import ReferenceKernel
 from burstengine.kernels import get_kernel
 from burstengine.testing import fro_err, rel_err

@@ -30,12 +30,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from burstengine.attention.schedule import CAUSAL, FULL, STRICT
+from burstengine.masks import CAUSAL, FULL, STRICT
 from burstengine.bench.kernels import attn_flops, load_configs, log, median, timed, warm_variants
-from burstengine.bench.record import write_record
+from burstengine.records import write_record
 from burstengine.kernels import KERNELS
-from burstengine.kernels.triton_kernel import (CONFIGS, Config, Tiles, TritonKernel, bwd_rows, gluon_bwd_takes,
-                                               gluon_takes)
+from burstengine.kernels.triton.kernel import (CONFIGS, TileConfig, Tiles, TritonKernel, bwd_rows, gluon_bwd_takes, gluon_takes)
 
 T = Tiles
 # candidates per head dim, each timed on its own: forward tiles; dK/dV tiles with dQ from the
@@ -67,20 +66,20 @@ def rand(*shape, dtype=torch.bfloat16):
 
 
 def _candidates(D):
-    """(part, tiles, Config that runs them) for every candidate of head dim D."""
+    """(part, tiles, TileConfig that runs them) for every candidate of head dim D."""
     base, s = CONFIGS[D], SWEEP[D]
     dq0 = base.dq or T(128, 64, 8, 2, tma=True)
-    out = [("fwd", t, Config(fwd=t, kv=base.kv, dq=base.dq)) for t in s["fwd"]]
-    out += [("kv", t, Config(fwd=base.fwd, kv=t, dq=dq0)) for t in s["kv"]]
-    out += [("atomic", t, Config(fwd=base.fwd, kv=t, dq=None)) for t in s["atomic"]]
-    out += [("dq", t, Config(fwd=base.fwd, kv=base.kv, dq=t)) for t in s["dq"]]
+    out = [("fwd", t, TileConfig(fwd=t, kv=base.kv, dq=base.dq)) for t in s["fwd"]]
+    out += [("kv", t, TileConfig(fwd=base.fwd, kv=t, dq=dq0)) for t in s["kv"]]
+    out += [("atomic", t, TileConfig(fwd=base.fwd, kv=t, dq=None)) for t in s["atomic"]]
+    out += [("dq", t, TileConfig(fwd=base.fwd, kv=base.kv, dq=t)) for t in s["dq"]]
     return out
 
 
 def _spot_check(kern, D):
     """Worst normwise error of forward_into/backward_into against float64 on a ragged GQA block,
     causal and a sliding window (NaN counts as inf)."""
-    from burstengine.kernels.base import MaskSpec
+    from burstengine.masks import MaskSpec
     from burstengine.kernels.verify import NAMES, run_case
 
     worst = 0.0
@@ -205,11 +204,11 @@ def sweep(args):
         f, kv, dq, at = best("fwd"), best("kv"), best("dq"), best("atomic")
         fwd = f[1] if f else base.fwd
         if kv and dq and (not at or cost(kv) + cost(dq) <= cost(at)):
-            chosen[D] = Config(fwd=fwd, kv=kv[1], dq=dq[1])
+            chosen[D] = TileConfig(fwd=fwd, kv=kv[1], dq=dq[1])
         elif at:
-            chosen[D] = Config(fwd=fwd, kv=at[1], dq=None)
+            chosen[D] = TileConfig(fwd=fwd, kv=at[1], dq=None)
         else:
-            chosen[D] = Config(fwd=fwd, kv=base.kv, dq=base.dq)
+            chosen[D] = TileConfig(fwd=fwd, kv=base.kv, dq=base.dq)
     out = {str(D): c.to_dict() for D, c in chosen.items()}
     with open(args.configs_out, "w") as fh:
         json.dump(out, fh, indent=1)

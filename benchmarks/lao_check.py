@@ -31,11 +31,11 @@ if "cpu" in sys.argv:
 
 import torch  # noqa: E402
 
-from burstengine.attention.schedule import CAUSAL, FULL, STRICT
+from burstengine.masks import CAUSAL, FULL, STRICT
 from burstengine.bench.kernels import load_configs, warm_variants
-from burstengine.bench.record import write_record
-from burstengine.kernels.base import MaskSpec
-from burstengine.kernels.triton_kernel import TritonKernel, gluon_bwd_takes, gluon_takes
+from burstengine.records import write_record
+from burstengine.masks import MaskSpec
+from burstengine.kernels.triton.kernel import TritonKernel, gluon_bwd_takes, gluon_takes
 from burstengine.kernels.verify import NAMES, run_case, run_plain_backward, run_plain_forward
 
 

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 import burstengine as be
-from burstengine.bench.record import write_record
+from burstengine.records import write_record
 from burstengine.testing import fro_err
 
 

@@ -140,7 +140,7 @@ def run(args) -> int:
     if args.json:
         import os
 
-        from .bench.record import write_record
+        from .records import write_record
 
         path = write_record(os.path.splitext(os.path.basename(args.json))[0], rec, os.path.dirname(args.json) or ".")
         print(f"wrote {path}")

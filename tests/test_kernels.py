@@ -11,7 +11,7 @@ import torch
 import triton_cases
 
 from burstengine.kernels import KERNELS
-from burstengine.kernels.base import MaskSpec
+from burstengine.masks import MaskSpec
 from burstengine.kernels.verify import run_case
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -197,8 +197,8 @@ def test_triton_backward_goes_to_gluon_where_it_takes_the_block(monkeypatch):
     import types
 
     import burstengine.kernels as kernels
-    import burstengine.kernels.triton_kernel as tk
-    from burstengine.attention.schedule import CAUSAL, FULL, STRICT
+    import burstengine.kernels.triton.kernel as tk
+    from burstengine.masks import CAUSAL, FULL, STRICT
 
     calls = []
 
@@ -235,8 +235,8 @@ def test_triton_backward_goes_to_gluon_where_it_takes_the_block(monkeypatch):
 
 def test_gluon_backward_declines_what_it_cannot_run():
     """The real check: never on CPU tensors, never for a MaskSpec (those stay in the Triton kernels)."""
-    from burstengine.attention.schedule import CAUSAL
-    from burstengine.kernels.triton_kernel import gluon_bwd_takes
+    from burstengine.masks import CAUSAL
+    from burstengine.kernels.triton.kernel import gluon_bwd_takes
 
     q = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
     assert not gluon_bwd_takes(q, q, q, CAUSAL, q)

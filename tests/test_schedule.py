@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import burstengine as be
-from burstengine.attention.schedule import CAUSAL, FULL, MASKS, STRICT, block_tasks, ring_source, step_work
+from burstengine.masks import CAUSAL, FULL, MASKS, STRICT
+from burstengine.schedule import block_tasks, ring_source, step_work
 
 WORLDS = range(1, 9)
 LOCALS = (2, 4, 6)

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 import burstengine as be
 
-from .record import write_record
+from ..records import write_record
 
 METHODS = ("burst-zigzag", "burst-striped", "burst-contiguous", "ringbwd-zigzag", "torch-cp-cudnn", "torch-cp-flash",
            "ulysses-cudnn", "megatron-tp-cudnn", "single-gpu-cudnn")

@@ -39,10 +39,10 @@ def attn_flops(B, S_q, S_k, H, D, visible_frac=1.0):
 def _warm(task):
     """Run one kernel variant on tiny inputs so Triton compiles it (in a worker process)."""
     try:
-        from burstengine.kernels.base import MaskSpec
-        from burstengine.kernels.triton_kernel import Config, TritonKernel
+        from burstengine.masks import MaskSpec
+        from burstengine.kernels.triton.kernel import TileConfig, TritonKernel
 
-        cfg = Config.from_dict(task["config"])
+        cfg = TileConfig.from_dict(task["config"])
         D, dtype = task["D"], getattr(torch, task["dtype"])
         kern = TritonKernel({D: cfg})
         dev = torch.device("cuda")
@@ -85,6 +85,6 @@ def load_configs(path):
     if not path or not os.path.exists(path):
         log(f"no configs at {path!r}: using the CONFIGS table")
         return None
-    from burstengine.kernels.triton_kernel import Config
+    from burstengine.kernels.triton.kernel import TileConfig
 
-    return {int(D): Config.from_dict(c) for D, c in json.load(open(path)).items()}
+    return {int(D): TileConfig.from_dict(c) for D, c in json.load(open(path)).items()}

@@ -38,7 +38,7 @@ import torch.distributed as dist
 from ..inference.engine import peak_bytes, prefill, reduce_max, reset_peak, timed
 from ..inference.models import OurLlama, random_llama
 from ..model import PRESETS, ModelArgs
-from .record import write_record
+from ..records import write_record
 
 # LLaMA-2 7B and 13B (the paper's models), and a CPU-sized one
 SHAPES: dict[str, ModelArgs] = {

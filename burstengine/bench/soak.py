@@ -92,7 +92,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_rank(args) -> int:
     import tempfile
 
-    from .record import write_record
+    from ..records import write_record
 
     rank, world = dist.get_rank(), dist.get_world_size()
     if rank == 0:

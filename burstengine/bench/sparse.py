@@ -41,14 +41,14 @@ import torch
 import torch.distributed as dist
 
 import burstengine as be
-from burstengine.attention import backward_bytes, forward_bytes
-from burstengine.attention.auto import plan_call
+from burstengine.schedule import backward_bytes, forward_bytes
+from burstengine.attention.planning import plan_call
 from burstengine.attention.checks import check_sparse
-from burstengine.attention.schedule import attention_flops, block_tasks, ring_source, ring_steps, visible_pairs
+from burstengine.schedule import attention_flops, block_tasks, ring_source, run_steps, visible_pairs
 from burstengine.kernels import get_kernel
 from burstengine.testing import fro_err
 
-from .record import write_record
+from ..records import write_record
 
 
 def mixed_documents(seq_len: int, lo: int, hi: int, seed: int = 0) -> list[int]:
@@ -137,7 +137,7 @@ def compute_only(q, k, v, do, layout, pattern, kernel, scale, group):
     that runs, on its own tensors (the shapes and tasks of the real call, no communication)."""
     G, r = dist.get_world_size(group), dist.get_rank(group)
     n = q.shape[1]
-    steps = ring_steps(layout, pattern, G, n)
+    steps = run_steps(layout, pattern, G, n)
     B, _, H, D = q.shape
     lse = torch.full((B, H, n), float("-inf"), device=q.device)
     delta = torch.randn(B, H, n, device=q.device)
@@ -207,7 +207,7 @@ def run_case(case, args, group, device, dtype):
     rec = dict(
         name=case["name"], group=case["group"], S=S, layout=layout, world=G, B=B, H=H, Hkv=Hkv, D=D,
         window=mask.get("window"), documents=len(mask["cu_seqlens"]) - 1 if "cu_seqlens" in mask else 1,
-        steps=len(ring_steps(layout, pattern, G, n)), visible_pairs=visible_pairs(S, pattern),
+        steps=len(run_steps(layout, pattern, G, n)), visible_pairs=visible_pairs(S, pattern),
         fwd_s=_median(step_fwd), fwdbwd_s=_median(step_fb),
         fwdbwd_tflops=sum(flops) / G / _median(step_fb) / 1e12,
         balance=max(comp) / (sum(comp) / G), ideal_balance=max(flops) / (sum(flops) / G),
@@ -231,7 +231,8 @@ def byte_model(q, k, group, layout, pattern, backward) -> dict:
     G = dist.get_world_size(group)
     B, n, H, D = q.shape
     Hkv, e = k.shape[2], q.element_size()
-    ring, scheme = plan_call(q, k, group, pattern, layout, backward, "auto")
+    plan = plan_call(q, k, group, G, pattern, layout, backward, "auto")
+    ring, scheme = plan.ring(group), plan.backward
     hops = len(ring.steps) - 1
     trim = {} if ring.double else dict(layout=layout, mask=pattern)
     per_rank = [dict(model_fwd_bytes=forward_bytes(B, n, Hkv, D, e, G, hops, rank=r, **trim),

@@ -331,7 +331,7 @@ def main(argv=None):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // dist.get_world_size()))
     rec = run(None, args)
     if rec is not None:
-        from .record import write_record
+        from ..records import write_record
 
         print_table(rec)
         path = write_record(args.name or f"topo_bench_{rec['world']}gpu", rec, args.out_dir)

@@ -123,7 +123,7 @@ def _save_kv(path, out, rank, world, layout, seq):
 
 def run_rank(args) -> int:
     """The prefill on this rank of an initialised default group; returns the exit code."""
-    from ..bench.record import write_record
+    from ..records import write_record
     from .engine import check_prefill, median, peak_bytes, prefill, reset_peak, timed
     from .models import load_model, resolve_dtype
 

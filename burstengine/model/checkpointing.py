@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from torch.utils.checkpoint import checkpoint
 
-from ..comm.topology import LOCAL
+from ..attention.seqckpt import seq_checkpoint
+from ..comm.dist import LOCAL
 
 
 def _ckpt(fn, *args):
@@ -50,8 +51,6 @@ def selective(block, x, cos, sin):
 
 
 def sequence(block, x, cos, sin):
-    from ..train.seqckpt import seq_checkpoint  # train/ imports the model: import at call time
-
     cp = block.cp
     local = cp.group is None
     return seq_checkpoint(x, lambda t: block.pre_attention(t, cos, sin), block.post_attention,

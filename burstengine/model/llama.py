@@ -21,6 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..attention import burst_attn_func
+from ..kernels import acc_dtype
 from . import checkpointing, losses
 
 
@@ -98,14 +99,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):
         # normalise in fp32 whatever the activation dtype
-        xf = x.to(_acc(x))
+        xf = x.to(acc_dtype(x))
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (y * self.weight.to(xf.dtype)).to(x.dtype)
-
-
-def _acc(x: torch.Tensor) -> torch.dtype:
-    # fp32 for bf16/fp16/fp32 activations; fp64 stays fp64 (the tests' reference model)
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float):
@@ -119,7 +115,7 @@ def rope_tables(positions: torch.Tensor, head_dim: int, theta: float):
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x (B, n, H, D) rotated by half-split pairs (the HF LLaMA convention), in fp32."""
-    xf = x.to(_acc(x))
+    xf = x.to(acc_dtype(x))
     h = xf.shape[-1] // 2
     rot = torch.cat([-xf[..., h:], xf[..., :h]], dim=-1)
     c, s = cos[None, :, None, :], sin[None, :, None, :]
@@ -143,7 +139,7 @@ class Attention(nn.Module):
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
-def attend(q, k, v, cp: ContextParallel):
+def context_parallel_attention(q, k, v, cp: ContextParallel):
     """Causal attention of this rank's (B, n, H, D) shard over the whole sequence."""
     if cp.group is not None:
         return burst_attn_func(q, k, v, group=cp.group, causal=True, layout=cp.layout, backward=cp.backward,
@@ -186,7 +182,7 @@ class Block(nn.Module):
         return self.attention.qkv(self.attention_norm(x), cos, sin)
 
     def attend(self, q, k, v):
-        return attend(q, k, v, self.cp)
+        return context_parallel_attention(q, k, v, self.cp)
 
     def post_attention(self, x, o):
         h = x + self.attention.wo(o.flatten(2))
@@ -223,7 +219,7 @@ class Transformer(nn.Module):
         """Final-norm hidden states (B, n, dim) of this rank's tokens (B, n) at global
         ``positions`` (n,)."""
         h = self.tok_embeddings(tokens)
-        cos, sin = (t.to(_acc(h)) for t in rope_tables(positions, self.args.head_dim, self.args.rope_theta))
+        cos, sin = (t.to(acc_dtype(h)) for t in rope_tables(positions, self.args.head_dim, self.args.rope_theta))
         for b in self.layers:
             h = b(h, cos, sin)
         return self.norm(h)

@@ -25,7 +25,6 @@ import torch
 import torch.distributed as dist
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
-FAULT_ENV = "BURST_FAULT_KILL_IN_SAVE"  # tests: SIGKILL rank 0 inside the save of this step
 
 
 def latest(ckpt_dir: str) -> str | None:
@@ -52,8 +51,10 @@ def _set_rng_state(st: dict) -> None:
         torch.cuda.set_rng_state(st["cuda"])
 
 
-def save(ckpt_dir: str, step: int, model, optimizer, extra: dict, group=None, keep: int = 2) -> str:
-    """Save at ``step`` (the number of steps done); returns the checkpoint's path."""
+def save(ckpt_dir: str, step: int, model, optimizer, extra: dict, group=None, keep: int = 2,
+         kill_in_save: int | None = None) -> str:
+    """Save at ``step`` (the number of steps done); returns the checkpoint's path.  ``kill_in_save``
+    (tests): rank 0 SIGKILLs itself inside the save of that step."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -68,7 +69,7 @@ def save(ckpt_dir: str, step: int, model, optimizer, extra: dict, group=None, ke
     msd, osd = get_state_dict(model, optimizer)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=tmp, process_group=group)
     torch.save(_rng_state(), os.path.join(tmp, f"rng_{rank}.pt"))
-    if os.environ.get(FAULT_ENV) == str(step) and rank == 0:
+    if kill_in_save == step and rank == 0:
         os.kill(os.getpid(), 9)
     dist.barrier(group)
     if rank == 0:

@@ -29,7 +29,8 @@ from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
     warpgroup_mma_wait
 
-from .gluon_fwd import BIG, LOADER_REGS, LOG2E, WS_MAXNREG, _rows, row_desc, writable_rows
+from . import fwd as gluon_fwd
+from .fwd import BIG, LOADER_REGS, LOG2E, WS_MAXNREG, _rows, row_desc, writable_rows
 
 if not (hasattr(ir, "DESCRIPTOR_REDUCE_KIND") and hasattr(gluon_ir.GluonOpBuilder, "create_async_tma_reduce")):
     # _reduce_add below builds the op through Triton internals: a Triton without them gets the
@@ -261,12 +262,10 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
 
 
 def supported(q, k, v, diag: bool, dout, dq=None, dk=None, dv=None) -> bool:
-    """Whether this backward runs here (else the Triton kernels): what gluon_fwd takes at d=128
+    """Whether this backward runs here (else the Triton kernels): what gluon/fwd.py takes at d=128
     (the two warpgroups split dQ's head dim at 64 columns), dO like q, dQ float32, and dQ, dK, dV
     written through (rows, heads * D) views of themselves (dq None: a zeroed float32 buffer the
     caller makes)."""
-    from . import gluon_fwd
-
     if q.shape[-1] != 128 or not gluon_fwd.supported(q, k, v, diag):
         return False
     if (dout.shape != q.shape or dout.dtype != q.dtype or dout.stride(-1) != 1 or dout.stride(-2) != q.shape[-1]
