@@ -31,8 +31,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from burstengine.masks import CAUSAL, FULL, STRICT
-from burstengine.bench.kernels import attn_flops, load_configs, log, median, timed, warm_variants
+from burstengine.bench.kernels import attn_flops, load_configs, log, warm_variants
 from burstengine.records import write_record
+from burstengine.timing import median, timed
 from burstengine.kernels import KERNELS
 from burstengine.kernels.triton.kernel import (CONFIGS, TileConfig, Tiles, TritonKernel, bwd_rows, gluon_bwd_takes, gluon_takes)
 
@@ -126,8 +127,8 @@ def _cudnn_rows(S, D, H=32):
         causal = mask == CAUSAL
         fl = attn_flops(1, S, S, H, D, 0.5 if causal else 1.0)
         with torch.no_grad():
-            tf = median(timed(lambda: f(q, k, v, causal), 1, 5))
-        tfb = median(timed(lambda: backward(f(qg, kg, vg, causal), do, (qg, kg, vg)), 1, 5))
+            tf = median(timed(lambda: f(q, k, v, causal), "cuda", warmup=1, iters=5))
+        tfb = median(timed(lambda: backward(f(qg, kg, vg, causal), do, (qg, kg, vg)), "cuda", warmup=1, iters=5))
         out[mask] = dict(fwd_s=tf, fwdbwd_s=tfb, bwd_s=tfb - tf, fwd_tflops=fl / tf / 1e12,
                          fwdbwd_tflops=3.5 * fl / tfb / 1e12)
     return out
@@ -140,7 +141,7 @@ def _time_parts(cands, S, D, iters, tag):
         r = row.setdefault(tag, {})
         try:
             for mask in (FULL, CAUSAL):
-                ts = timed(_part_fn(part, kern, tiles, S, D, mask, data[mask]), 1, iters)
+                ts = timed(_part_fn(part, kern, tiles, S, D, mask, data[mask]), "cuda", warmup=1, iters=iters)
                 r[mask] = median(ts)
             r["total_s"] = r[FULL] + r[CAUSAL]
         except Exception as e:
@@ -235,8 +236,8 @@ def _end_to_end(ours, cudnn, args, H=32, D=128):
                 o, lse = ours.forward(q, k, v, D ** -0.5, mask)
                 return ours.backward(do, q, k, v, lse, ours.delta(o, do), D ** -0.5, mask)
 
-            tf = median(timed(lambda: ours.forward(q, k, v, D ** -0.5, mask), 1, args.sweep_iters))
-            tfb = median(timed(fwdbwd, 1, args.sweep_iters))
+            tf = median(timed(lambda: ours.forward(q, k, v, D ** -0.5, mask), "cuda", warmup=1, iters=args.sweep_iters))
+            tfb = median(timed(fwdbwd, "cuda", warmup=1, iters=args.sweep_iters))
             c = cudnn[S][mask]
             # the full-size output against cuDNN's (a race at this size would show here)
             with torch.no_grad():
@@ -363,7 +364,7 @@ def _single_case(args, ours, flex, S, causal, rows):
         for what, fn, fl in (("fwd", fwd, flops), ("fwd+bwd", fwdbwd, 3.5 * flops)):
             try:
                 with torch.no_grad() if what == "fwd" else torch.enable_grad():
-                    ts = timed(fn, args.warmup, args.iters)
+                    ts = timed(fn, "cuda", warmup=args.warmup, iters=args.iters)
                 r = dict(times=ts, tflops=fl / median(ts) / 1e12)
             except Exception as e:
                 r = dict(error=f"{type(e).__name__}: {e}"[:400])
@@ -398,7 +399,7 @@ def _ring_case(args, ours, n, hkv, rows):
                     ("backward_into", lambda: kern.backward_into(do, q, k, v, lse, delta, scale, mask, *g),
                      2.5 * flops)):
                 try:
-                    ts = timed(fn, args.warmup, args.iters)
+                    ts = timed(fn, "cuda", warmup=args.warmup, iters=args.iters)
                     r = dict(times=ts, tflops=fl / median(ts) / 1e12)
                 except Exception as e:
                     r = dict(error=f"{type(e).__name__}: {e}"[:400])

@@ -43,7 +43,7 @@ def environment() -> dict:
     else:
         env["device"] = "cpu"
     try:
-        import triton
+        import triton  # optional dependency: recorded when installed
 
         env["triton"] = triton.__version__
     except Exception:

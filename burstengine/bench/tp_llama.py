@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ..comm.dist import rank_of, world_of
 from ..model.llama import apply_rope, rope_tables
 from .peers import _sdpa
 
@@ -65,8 +66,7 @@ class TPLlama:
         if mode not in MODES:
             raise ValueError(f"unknown TP mode {mode!r}; expected one of {MODES}")
         a = model.args
-        G = dist.get_world_size(group) if dist.is_initialized() else 1
-        r = dist.get_rank(group) if dist.is_initialized() else 0
+        G, r = world_of(group), rank_of(group)
         if a.n_heads % G or a.ffn_dim % G:
             raise ValueError(f"tensor parallelism over {G} ranks needs heads ({a.n_heads}) and ffn ({a.ffn_dim}) "
                              f"divisible by {G}")

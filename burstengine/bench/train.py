@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import statistics
 import sys
 import time
 
@@ -38,6 +37,7 @@ import torch.distributed as dist
 
 from ..launch import init_from_env, spawn, under_launcher
 from ..records import write_record
+from ..timing import median
 from ..train import Trainer, load
 from ..train.metrics import peak_memory_gib
 from . import ablation
@@ -122,7 +122,7 @@ def run_case(model: str, method: str, seq: int, args, config: list[str] = (), ro
         dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace of a step
         mem = torch.tensor([peak_memory_gib(dev)], device=dev)
         dist.all_reduce(mem, op=dist.ReduceOp.MAX)
-        med = statistics.median(t.tolist())
+        med = median(t.tolist())
         world = dist.get_world_size()
         tgs = seq / world / med
         peak = trainer.peak

@@ -37,7 +37,7 @@ def _build(interpret: bool):
     # interpret is part of the cache key: triton.jit decides between the compiler and the
     # interpreter when it decorates, from TRITON_INTERPRET at that moment
     import triton  # optional heavy dependency: imported when the kernel is first built
-    import triton.language as tl
+    import triton.language as tl  # optional heavy dependency: as above
 
     @triton.jit
     def ce_rows_kernel(logits_ptr, row_stride, labels_ptr, loss_ptr, scale_ptr, scale_stride, ignore_index,

@@ -249,7 +249,7 @@ class Transformer(nn.Module):
         each full parameter is drawn from a generator seeded by (seed, its name), on the
         parameter's device, and this rank keeps its shard.  Linear and embedding weights
         ~ N(0, 0.02); output projections of attention and MLP scaled by 1/sqrt(2 n_layers)."""
-        from torch.distributed.tensor import DTensor, distribute_tensor
+        from torch.distributed.tensor import DTensor, distribute_tensor  # only for DTensor (FSDP-sharded) weights
 
         for name, p in self.named_parameters():
             local = p.to_local() if isinstance(p, DTensor) else p

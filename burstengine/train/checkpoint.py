@@ -55,8 +55,8 @@ def save(ckpt_dir: str, step: int, model, optimizer, extra: dict, group=None, ke
          kill_in_save: int | None = None) -> str:
     """Save at ``step`` (the number of steps done); returns the checkpoint's path.  ``kill_in_save``
     (tests): rank 0 SIGKILLs itself inside the save of that step."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    import torch.distributed.checkpoint as dcp  # heavy: only when a checkpoint is saved
+    from torch.distributed.checkpoint.state_dict import get_state_dict  # heavy: only when a checkpoint is saved
 
     rank = dist.get_rank(group)
     final = os.path.join(ckpt_dir, f"step_{step:08d}")
@@ -88,6 +88,7 @@ def save(ckpt_dir: str, step: int, model, optimizer, extra: dict, group=None, ke
 
 def load(path: str, model, optimizer, group=None) -> dict:
     """Load ``path`` into the (sharded) model and optimizer; returns its meta.json."""
+    # heavy: only when a checkpoint is loaded
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 

@@ -120,6 +120,7 @@ class Trainer:
         """torch-cp: shard the batch in place and patch SDPA into torch's ring for the step."""
         if not self.torch_cp:
             return contextlib.nullcontext()
+        # torch's experimental CP API: only for the torch-native baseline
         from torch.distributed.tensor.experimental import context_parallel
 
         bufs = [batch.tokens, batch.labels, batch.positions]

@@ -372,7 +372,7 @@ def _prepare(tma: bool = True) -> None:
     dK/dV launch of the sparse benchmark's backward failed without it), and a kernel compiled
     without TMA loads can still ask for scratch."""
     if not _interpreting():
-        import triton
+        import triton  # optional heavy dependency: only when a kernel runs
 
         triton.set_allocator(_scratch)
 
