@@ -56,7 +56,7 @@ def main():
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--tol", type=float, default=1e-2)
     ap.add_argument("--kernels", default="flash,cudnn", help="local kernels for the ring, e.g. auto,triton "
-                    "(on Hopper the ring step of auto/triton runs kernels/gluon_fwd.py)")
+                    "(on Hopper the ring step of auto/triton runs kernels/gluon/fwd.py)")
     ap.add_argument("--name", default=None, help="record name (default gpu_correctness_<world>gpu)")
     args = ap.parse_args()
     dist.init_process_group("nccl")

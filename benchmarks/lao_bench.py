@@ -460,16 +460,16 @@ def main_stage(args):
     single, ring = [], []
     x = torch.empty(1, 16384, 32, 128, dtype=torch.bfloat16, device="cuda")
     # which kernel "ours" runs for the plain full/causal forward (fwd rows, and fwd of fwd+bwd)
-    plain_forward = "gluon (kernels/gluon_fwd.py)" if gluon_takes(x, x, x) else "triton (kernels/triton_fwd.py)"
+    plain_forward = "gluon (kernels/gluon/fwd.py)" if gluon_takes(x, x, x) else "triton (kernels/triton/fwd.py)"
     st = (torch.empty(1, 16384, 32, 128, device="cuda"), torch.empty(1, 32, 16384, device="cuda"))
-    ring_forward_into = ("gluon (kernels/gluon_fwd.py) for full/causal/strict" if gluon_takes(x, x, x, FULL, *st)
-                         else "triton (kernels/triton_fwd.py)")
+    ring_forward_into = ("gluon (kernels/gluon/fwd.py) for full/causal/strict" if gluon_takes(x, x, x, FULL, *st)
+                         else "triton (kernels/triton/fwd.py)")
     # and for the backward (bwd of fwd+bwd, and the ring step's backward_into onto float32 grads)
     grads = (st[0], *(torch.empty(1, 16384, n, 128, device="cuda") for n in (32, 32)))
-    plain_backward = ("gluon (kernels/gluon_bwd.py)" if gluon_bwd_takes(x, x, x, CAUSAL, x)
-                      else "triton (kernels/triton_bwd.py)")
-    ring_backward_into = ("gluon (kernels/gluon_bwd.py) for full/causal/strict"
-                          if gluon_bwd_takes(x, x, x, FULL, x, *grads) else "triton (kernels/triton_bwd.py)")
+    plain_backward = ("gluon (kernels/gluon/bwd.py)" if gluon_bwd_takes(x, x, x, CAUSAL, x)
+                      else "triton (kernels/triton/bwd.py)")
+    ring_backward_into = ("gluon (kernels/gluon/bwd.py) for full/causal/strict"
+                          if gluon_bwd_takes(x, x, x, FULL, x, *grads) else "triton (kernels/triton/bwd.py)")
     del x, st, grads
 
     def record(done):

@@ -1,4 +1,4 @@
-"""The ring schedule (burstengine/attention/schedule.py), enumerated without running attention.
+"""The ring schedule (burstengine/schedule/), enumerated without running attention.
 
 A coverage map built from the tasks and the layout's global positions proves that the
 forward (q home, kv travelling) and the burst backward (kv home, q travelling) each compute

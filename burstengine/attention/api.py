@@ -83,4 +83,4 @@ def prepare_call(q, k, v, *, group=None, causal=False, layout="contiguous", soft
         return {"sparse mask": pattern, "topology": shape, PLANNED_BACKWARD: plans[0].backward}
 
     check_args(q, k, v, group, causal, layout, softmax_scale, backward, extra=plan)
-    return RingRun(plans[0].ring(group), plans[0])
+    return RingRun.of(plans[0].ring(group), plans[0])

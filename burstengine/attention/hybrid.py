@@ -97,7 +97,7 @@ def hybrid_attn_func(q, k, v, *, ulysses: int, group=None, causal=False, layout=
     me = ring_members.index(rank)
     ring = RingComm(LOCAL) if R == 1 else RingComm(
         rg, link=nodes.link(rank, ring_members[(me + 1) % R]), timeout=call.timeout)
-    run = RingRun(ring, call)
+    run = RingRun.of(ring, call)
     if U == 1:
         out, lse = run_attention(q, k.contiguous(), v.contiguous(), run)
         return (out, lse) if return_lse else out

@@ -54,30 +54,19 @@ def _rel(start: int, lo: int, hi: int) -> slice:
 
 @dataclass(frozen=True)
 class RingRun:
-    """What the loops run: one call's ring (it knows the steps that run, ring.steps) and its plan."""
+    """What the loops run: one call's ring (it knows the steps that run, ring.steps) and what
+    its plan (attention/planning.py) decided: kernel, mask pattern, layout, scale, backward."""
 
     ring: RingComm
-    plan: CallPlan
+    kernel: Kernel
+    pattern: Pattern
+    layout: str
+    scale: float
+    backward: str
 
-    @property
-    def kernel(self) -> Kernel:
-        return self.plan.kernel
-
-    @property
-    def pattern(self) -> Pattern:
-        return self.plan.pattern
-
-    @property
-    def layout(self) -> str:
-        return self.plan.layout
-
-    @property
-    def scale(self) -> float:
-        return self.plan.scale
-
-    @property
-    def backward(self) -> str:
-        return self.plan.backward
+    @classmethod
+    def of(cls, ring: RingComm, plan: CallPlan) -> "RingRun":
+        return cls(ring, plan.kernel, plan.pattern, plan.layout, plan.scale, plan.backward)
 
     def trim(self, side: str, n: int):
         """(travel rows, partial rows) of this call's messages (schedule.travel_rows /

@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..comm.dist import rank_of, world_of
+from ..kernels import acc_dtype
 from ..model.llama import apply_rope, rope_tables
 from .peers import _sdpa
 
@@ -121,7 +122,7 @@ class TPLlama:
         if S % G:
             raise ValueError(f"sequence {S} is not divisible by the TP size {G}")
         ids = input_ids.to(self.device)
-        acc = torch.float64 if self.dtype == torch.float64 else torch.float32  # as the model rotates
+        acc = acc_dtype(self.dtype)  # as the model rotates
         cos, sin = (t.to(acc) for t in rope_tables(torch.arange(S, device=self.device), self.args.head_dim,
                                                    self.args.rope_theta))
         if self.mode == "v3":

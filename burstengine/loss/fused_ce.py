@@ -117,8 +117,8 @@ def _chunk_loop(h, w, labels, scale, opts, need_dh: bool, need_dw: bool):
     dh = torch.empty_like(h) if need_dh else None
     dw_acc = None
     if need_dw:
-        acc_dtype = opts.accum_dtype or (torch.float32 if w.dtype in (torch.float16, torch.bfloat16) else w.dtype)
-        dw_acc = torch.zeros(V, d, dtype=acc_dtype, device=w.device)
+        dw_dtype = opts.accum_dtype or (torch.float32 if w.dtype in (torch.float16, torch.bfloat16) else w.dtype)
+        dw_acc = torch.zeros(V, d, dtype=dw_dtype, device=w.device)
     ws = buf = hc = torch.empty(C, V, dtype=h.dtype, device=h.device)
     wt = w.t()
     for c0 in range(0, N, C):

@@ -15,7 +15,7 @@ FlashAttention-3's backward shape, written out:
   warpgroup computes half of dQ = dS K (its 64 columns of the head dim) and reduce-adds it into
   the float32 dQ through TMA: the same bytes once, no per-element atomics.
 
-As in gluon_fwd.py, every wgmma is waited for within its step (an accumulator in flight across
+As in fwd.py, every wgmma is waited for within its step (an accumulator in flight across
 the loop's back edge makes ptxas serialise them) and the mask is a runtime bound: visible iff
 q index - k index >= mask_lo; only the q tiles that cross the diagonal run the masked step.
 """
