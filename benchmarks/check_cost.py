@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 import burstengine as be
 from burstengine.attention.checks import check_args
-from burstengine.bench.record import write_record
+from burstengine.records import write_record
 from burstengine.testing import DistPool
 
 SHAPES = {"tiny": (1, 64, 4, 2, 32), "moderate": (1, 1024, 8, 8, 64)}  # B, n (local), H, Hkv, D

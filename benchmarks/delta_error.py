@@ -14,8 +14,8 @@ import itertools
 
 import torch
 
-from burstengine.attention.schedule import CAUSAL, FULL
-from burstengine.bench.record import write_record
+from burstengine.masks import CAUSAL, FULL
+from burstengine.records import write_record
 from burstengine.kernels import KERNELS
 from burstengine.kernels.reference import ReferenceKernel
 from burstengine.kernels.sdpa import out_from_delta

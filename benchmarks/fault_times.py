@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import test_fault as tf  # noqa: E402
 import test_train_fault as ttf  # noqa: E402
 
-from burstengine.bench.record import write_record  # noqa: E402
+from burstengine.records import write_record  # noqa: E402
 
 
 def main():

@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 
 import burstengine as be
-from burstengine.attention.schedule import CAUSAL, FULL
-from burstengine.bench.record import write_record
+from burstengine.masks import CAUSAL, FULL
+from burstengine.records import write_record
 from burstengine.kernels.reference import ReferenceKernel
 from burstengine.kernels import get_kernel
 from burstengine.testing import fro_err, rel_err
@@ -56,7 +56,7 @@ def main():
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--tol", type=float, default=1e-2)
     ap.add_argument("--kernels", default="flash,cudnn", help="local kernels for the ring, e.g. auto,triton "
-                    "(on Hopper the ring step of auto/triton runs kernels/gluon_fwd.py)")
+                    "(on Hopper the ring step of auto/triton runs kernels/gluon/fwd.py)")
     ap.add_argument("--name", default=None, help="record name (default gpu_correctness_<world>gpu)")
     args = ap.parse_args()
     dist.init_process_group("nccl")

@@ -30,12 +30,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from burstengine.attention.schedule import CAUSAL, FULL, STRICT
-from burstengine.bench.kernels import attn_flops, load_configs, log, median, timed, warm_variants
-from burstengine.bench.record import write_record
+from burstengine.masks import CAUSAL, FULL, STRICT
+from burstengine.bench.kernels import attn_flops, load_configs, log, warm_variants
+from burstengine.records import write_record
+from burstengine.timing import median, timed
 from burstengine.kernels import KERNELS
-from burstengine.kernels.triton_kernel import (CONFIGS, Config, Tiles, TritonKernel, bwd_rows, gluon_bwd_takes,
-                                               gluon_takes)
+from burstengine.kernels.triton.kernel import (CONFIGS, TileConfig, Tiles, TritonKernel, bwd_rows, gluon_bwd_takes, gluon_takes)
 
 T = Tiles
 # candidates per head dim, each timed on its own: forward tiles; dK/dV tiles with dQ from the
@@ -67,20 +67,20 @@ def rand(*shape, dtype=torch.bfloat16):
 
 
 def _candidates(D):
-    """(part, tiles, Config that runs them) for every candidate of head dim D."""
+    """(part, tiles, TileConfig that runs them) for every candidate of head dim D."""
     base, s = CONFIGS[D], SWEEP[D]
     dq0 = base.dq or T(128, 64, 8, 2, tma=True)
-    out = [("fwd", t, Config(fwd=t, kv=base.kv, dq=base.dq)) for t in s["fwd"]]
-    out += [("kv", t, Config(fwd=base.fwd, kv=t, dq=dq0)) for t in s["kv"]]
-    out += [("atomic", t, Config(fwd=base.fwd, kv=t, dq=None)) for t in s["atomic"]]
-    out += [("dq", t, Config(fwd=base.fwd, kv=base.kv, dq=t)) for t in s["dq"]]
+    out = [("fwd", t, TileConfig(fwd=t, kv=base.kv, dq=base.dq)) for t in s["fwd"]]
+    out += [("kv", t, TileConfig(fwd=base.fwd, kv=t, dq=dq0)) for t in s["kv"]]
+    out += [("atomic", t, TileConfig(fwd=base.fwd, kv=t, dq=None)) for t in s["atomic"]]
+    out += [("dq", t, TileConfig(fwd=base.fwd, kv=base.kv, dq=t)) for t in s["dq"]]
     return out
 
 
 def _spot_check(kern, D):
     """Worst normwise error of forward_into/backward_into against float64 on a ragged GQA block,
     causal and a sliding window (NaN counts as inf)."""
-    from burstengine.kernels.base import MaskSpec
+    from burstengine.masks import MaskSpec
     from burstengine.kernels.verify import NAMES, run_case
 
     worst = 0.0
@@ -127,8 +127,8 @@ def _cudnn_rows(S, D, H=32):
         causal = mask == CAUSAL
         fl = attn_flops(1, S, S, H, D, 0.5 if causal else 1.0)
         with torch.no_grad():
-            tf = median(timed(lambda: f(q, k, v, causal), 1, 5))
-        tfb = median(timed(lambda: backward(f(qg, kg, vg, causal), do, (qg, kg, vg)), 1, 5))
+            tf = median(timed(lambda: f(q, k, v, causal), "cuda", warmup=1, iters=5))
+        tfb = median(timed(lambda: backward(f(qg, kg, vg, causal), do, (qg, kg, vg)), "cuda", warmup=1, iters=5))
         out[mask] = dict(fwd_s=tf, fwdbwd_s=tfb, bwd_s=tfb - tf, fwd_tflops=fl / tf / 1e12,
                          fwdbwd_tflops=3.5 * fl / tfb / 1e12)
     return out
@@ -141,7 +141,7 @@ def _time_parts(cands, S, D, iters, tag):
         r = row.setdefault(tag, {})
         try:
             for mask in (FULL, CAUSAL):
-                ts = timed(_part_fn(part, kern, tiles, S, D, mask, data[mask]), 1, iters)
+                ts = timed(_part_fn(part, kern, tiles, S, D, mask, data[mask]), "cuda", warmup=1, iters=iters)
                 r[mask] = median(ts)
             r["total_s"] = r[FULL] + r[CAUSAL]
         except Exception as e:
@@ -205,11 +205,11 @@ def sweep(args):
         f, kv, dq, at = best("fwd"), best("kv"), best("dq"), best("atomic")
         fwd = f[1] if f else base.fwd
         if kv and dq and (not at or cost(kv) + cost(dq) <= cost(at)):
-            chosen[D] = Config(fwd=fwd, kv=kv[1], dq=dq[1])
+            chosen[D] = TileConfig(fwd=fwd, kv=kv[1], dq=dq[1])
         elif at:
-            chosen[D] = Config(fwd=fwd, kv=at[1], dq=None)
+            chosen[D] = TileConfig(fwd=fwd, kv=at[1], dq=None)
         else:
-            chosen[D] = Config(fwd=fwd, kv=base.kv, dq=base.dq)
+            chosen[D] = TileConfig(fwd=fwd, kv=base.kv, dq=base.dq)
     out = {str(D): c.to_dict() for D, c in chosen.items()}
     with open(args.configs_out, "w") as fh:
         json.dump(out, fh, indent=1)
@@ -236,8 +236,8 @@ def _end_to_end(ours, cudnn, args, H=32, D=128):
                 o, lse = ours.forward(q, k, v, D ** -0.5, mask)
                 return ours.backward(do, q, k, v, lse, ours.delta(o, do), D ** -0.5, mask)
 
-            tf = median(timed(lambda: ours.forward(q, k, v, D ** -0.5, mask), 1, args.sweep_iters))
-            tfb = median(timed(fwdbwd, 1, args.sweep_iters))
+            tf = median(timed(lambda: ours.forward(q, k, v, D ** -0.5, mask), "cuda", warmup=1, iters=args.sweep_iters))
+            tfb = median(timed(fwdbwd, "cuda", warmup=1, iters=args.sweep_iters))
             c = cudnn[S][mask]
             # the full-size output against cuDNN's (a race at this size would show here)
             with torch.no_grad():
@@ -364,7 +364,7 @@ def _single_case(args, ours, flex, S, causal, rows):
         for what, fn, fl in (("fwd", fwd, flops), ("fwd+bwd", fwdbwd, 3.5 * flops)):
             try:
                 with torch.no_grad() if what == "fwd" else torch.enable_grad():
-                    ts = timed(fn, args.warmup, args.iters)
+                    ts = timed(fn, "cuda", warmup=args.warmup, iters=args.iters)
                 r = dict(times=ts, tflops=fl / median(ts) / 1e12)
             except Exception as e:
                 r = dict(error=f"{type(e).__name__}: {e}"[:400])
@@ -399,7 +399,7 @@ def _ring_case(args, ours, n, hkv, rows):
                     ("backward_into", lambda: kern.backward_into(do, q, k, v, lse, delta, scale, mask, *g),
                      2.5 * flops)):
                 try:
-                    ts = timed(fn, args.warmup, args.iters)
+                    ts = timed(fn, "cuda", warmup=args.warmup, iters=args.iters)
                     r = dict(times=ts, tflops=fl / median(ts) / 1e12)
                 except Exception as e:
                     r = dict(error=f"{type(e).__name__}: {e}"[:400])
@@ -460,16 +460,16 @@ def main_stage(args):
     single, ring = [], []
     x = torch.empty(1, 16384, 32, 128, dtype=torch.bfloat16, device="cuda")
     # which kernel "ours" runs for the plain full/causal forward (fwd rows, and fwd of fwd+bwd)
-    plain_forward = "gluon (kernels/gluon_fwd.py)" if gluon_takes(x, x, x) else "triton (kernels/triton_fwd.py)"
+    plain_forward = "gluon (kernels/gluon/fwd.py)" if gluon_takes(x, x, x) else "triton (kernels/triton/fwd.py)"
     st = (torch.empty(1, 16384, 32, 128, device="cuda"), torch.empty(1, 32, 16384, device="cuda"))
-    ring_forward_into = ("gluon (kernels/gluon_fwd.py) for full/causal/strict" if gluon_takes(x, x, x, FULL, *st)
-                         else "triton (kernels/triton_fwd.py)")
+    ring_forward_into = ("gluon (kernels/gluon/fwd.py) for full/causal/strict" if gluon_takes(x, x, x, FULL, *st)
+                         else "triton (kernels/triton/fwd.py)")
     # and for the backward (bwd of fwd+bwd, and the ring step's backward_into onto float32 grads)
     grads = (st[0], *(torch.empty(1, 16384, n, 128, device="cuda") for n in (32, 32)))
-    plain_backward = ("gluon (kernels/gluon_bwd.py)" if gluon_bwd_takes(x, x, x, CAUSAL, x)
-                      else "triton (kernels/triton_bwd.py)")
-    ring_backward_into = ("gluon (kernels/gluon_bwd.py) for full/causal/strict"
-                          if gluon_bwd_takes(x, x, x, FULL, x, *grads) else "triton (kernels/triton_bwd.py)")
+    plain_backward = ("gluon (kernels/gluon/bwd.py)" if gluon_bwd_takes(x, x, x, CAUSAL, x)
+                      else "triton (kernels/triton/bwd.py)")
+    ring_backward_into = ("gluon (kernels/gluon/bwd.py) for full/causal/strict"
+                          if gluon_bwd_takes(x, x, x, FULL, x, *grads) else "triton (kernels/triton/bwd.py)")
     del x, st, grads
 
     def record(done):

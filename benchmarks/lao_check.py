@@ -11,7 +11,7 @@ at odd and tile-aligned lengths; MaskSpec windows (causal and not), striped posi
 documents, block masks (aligned and ragged block sizes), their combinations, and a block that
 sees nothing; K/V rows in whole tiles that no query sees are poisoned with NaN, so a kernel
 that loads a tile it should skip fails.  Square full/causal cases also run the plain forward and
-backward (fresh outputs).  On Hopper the shapes kernels/gluon_fwd.py and gluon_bwd.py take run
+backward (fresh outputs).  On Hopper the shapes kernels/gluon/fwd.py and gluon/bwd.py take run
 there (lengths multiples of 128; the backward at d=128): the record marks each case.
 Writes benchmarks/results/lao_check.json.
 """
@@ -31,11 +31,11 @@ if "cpu" in sys.argv:
 
 import torch  # noqa: E402
 
-from burstengine.attention.schedule import CAUSAL, FULL, STRICT
+from burstengine.masks import CAUSAL, FULL, STRICT
 from burstengine.bench.kernels import load_configs, warm_variants
-from burstengine.bench.record import write_record
-from burstengine.kernels.base import MaskSpec
-from burstengine.kernels.triton_kernel import TritonKernel, gluon_bwd_takes, gluon_takes
+from burstengine.records import write_record
+from burstengine.masks import MaskSpec
+from burstengine.kernels.triton.kernel import TritonKernel, gluon_bwd_takes, gluon_takes
 from burstengine.kernels.verify import NAMES, run_case, run_plain_backward, run_plain_forward
 
 
@@ -131,10 +131,10 @@ def main():
             r["ok"] = not r["nan"] and all(r[n] <= args.tol for n in NAMES)
             state = (torch.empty(1, c["Sq"], c["H"], D, device=args.device),
                      torch.empty(1, c["H"], c["Sq"], device=args.device))
-            r["gluon_into"] = gluon_takes(q, kk, kk, c["mask"], *state)  # forward_into ran in gluon_fwd.py
+            r["gluon_into"] = gluon_takes(q, kk, kk, c["mask"], *state)  # forward_into ran in gluon/fwd.py
             grads = (torch.empty(1, c["Sq"], c["H"], D, device=args.device),
                      *(torch.empty(1, c["Sk"], c["Hkv"], D, device=args.device) for _ in range(2)))
-            r["gluon_bwd_into"] = gluon_bwd_takes(q, kk, kk, c["mask"], q, *grads)  # backward_into in gluon_bwd.py
+            r["gluon_bwd_into"] = gluon_bwd_takes(q, kk, kk, c["mask"], q, *grads)  # backward_into in gluon/bwd.py
             if c["mask"] in (FULL, CAUSAL) and c["Sq"] == c["Sk"]:
                 # the plain forward: Gluon on Hopper where the shape allows it (S a multiple of 128)
                 p = run_plain_forward(kern, c["B"], c["Sq"], c["H"], c["Hkv"], D, c["dtype"], c["mask"], args.device,

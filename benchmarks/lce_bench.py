@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 
 import burstengine as be
-from burstengine.bench.record import write_record
+from burstengine.records import write_record
+from burstengine.timing import timed
 from burstengine.testing import fro_err
 
 
@@ -116,19 +117,6 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def timed(fn, device):
-    if device.type == "cuda":
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        return a.elapsed_time(b) / 1e3
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
-
-
 def run_one(fn, h, w, y, device, warmup, iters):
     """Warm-up calls (the first one timed on its own: it holds compilation), the second of
     them measured for peak memory, then ``iters`` timed calls."""
@@ -136,7 +124,7 @@ def run_one(fn, h, w, y, device, warmup, iters):
         h.grad = w.grad = None
         fn(h, w, y).backward()
 
-    first = timed(step, device)
+    first = timed(step, device, warmup=0)[0]
     h.grad = w.grad = None
     gc.collect()
     peak = None
@@ -150,7 +138,7 @@ def run_one(fn, h, w, y, device, warmup, iters):
         peak = (torch.cuda.max_memory_allocated() - base) / 2**30
     for _ in range(max(0, warmup - 2)):
         step()
-    times = [timed(step, device) for _ in range(iters)]
+    times = [timed(step, device, warmup=0)[0] for _ in range(iters)]
     h.grad = w.grad = None
     return dict(first_s=first, peak_gib=peak, times_s=times, median_s=statistics.median(times))
 

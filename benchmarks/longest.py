@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from burstengine.bench.attention import make_method
-from burstengine.bench.record import write_record
+from burstengine.records import write_record
 
 
 def _try(method, S, args, group, dev):

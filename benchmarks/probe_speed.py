@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 import burstengine as be
-from burstengine.bench.record import write_record
+from burstengine.records import write_record
 
 
 def bench(fn, warm=2, iters=5):

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import burstengine as be
-from burstengine.bench.record import write_record
+from burstengine.records import write_record
 from burstengine.testing import fro_err
 
 

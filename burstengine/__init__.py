@@ -1,10 +1,8 @@
 """BurstEngine: exact sequence-parallel attention (BurstAttention) and long-context training."""
-from .attention import burst_attn_func, hybrid_attn_func
-from .attention.checks import arg_checks
+from .attention import arg_checks, burst_attn_func, hybrid_attn_func, seq_checkpoint
 from .comm import CommStats, Topology, comm_stats
-from .kernels.fused_ce import fused_linear_cross_entropy
 from .layout import LAYOUTS, position_ids, shard, unshard
-from .train.seqckpt import seq_checkpoint
+from .loss import fused_linear_cross_entropy
 
 __version__ = "0.1.0"
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from . import __version__
+
 COMMANDS = {
     "demo": "burstengine.demo",
     "bench": "burstengine.bench.command",
@@ -20,8 +22,6 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-
     p = argparse.ArgumentParser(prog="burstengine",
                                 description="BurstEngine: exact sequence-parallel attention (BurstAttention) and long-context training.")
     p.add_argument("--version", action="version", version=f"burstengine {__version__}")

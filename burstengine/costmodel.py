@@ -2,7 +2,7 @@
 
 Inputs: a :class:`Cluster` (nodes, GPUs per node, per-link bandwidth and latency, local kernel
 throughput or measured kernel times) and an :class:`Attn` shape.  The ring schemes are
-simulated step by step on the same step plan the code runs (comm/topology.ring_steps), with
+simulated step by step on the same steps the code runs (schedule.order.double_ring_steps), with
 the overlap rules of the implementation:
 
 * each link ("intra", "inter") is one NCCL stream: transfers posted on it run one after the
@@ -32,10 +32,11 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from .comm.topology import Topology, ring_steps
+from .schedule.order import Topology, double_ring_steps
+from .schedule.traffic import backward_by_bytes, hop_bytes
 
 GB = 1e9
-ENV = "BURST_CLUSTER"
+ENV = "BURST_CLUSTER"  # read by attention/planning.py (cluster_from_env)
 
 
 @dataclass(frozen=True)
@@ -151,22 +152,6 @@ def load_cluster(spec: str) -> Cluster:
     return Cluster.from_dict(d.get("cluster", d))
 
 
-_ENV_CACHE: dict = {}
-
-
-def env_cluster() -> Cluster | None:
-    """The cluster named by BURST_CLUSTER, or None (cached per value)."""
-    spec = os.environ.get(ENV)
-    if not spec:
-        return None
-    if spec not in _ENV_CACHE:
-        try:
-            _ENV_CACHE[spec] = load_cluster(spec)
-        except (OSError, ValueError, TypeError, KeyError) as e:
-            raise ValueError(f"{ENV}={spec!r}: {e}") from None
-    return _ENV_CACHE[spec]
-
-
 @dataclass(frozen=True)
 class Attn:
     """One attention call: global sequence, heads, ... (elem: bytes per element of q, k, v)."""
@@ -246,8 +231,8 @@ def _step_blocks(attn: Attn, G: int) -> list[tuple[int, int, str]]:
     return [(n, n, "causal")] + [(n, n, "full")] * (G - 1)  # contiguous: the last rank's full blocks
 
 
-def _simulate(plan, comp, data, grad, links: dict, home: Link, grads="overlap") -> tuple[float, float, dict]:
-    """Run the step plan on the clock: -> (time, link busy time, bytes sent per link)."""
+def _simulate(steps, comp, data, grad, links: dict, home: Link, grads="overlap") -> tuple[float, float, dict]:
+    """Run the steps on the clock: -> (time, link busy time, bytes sent per link)."""
     now, busy = 0.0, 0.0
     free = {"intra": 0.0, "inter": 0.0}
     sent = {"intra": 0, "inter": 0}
@@ -262,7 +247,7 @@ def _simulate(plan, comp, data, grad, links: dict, home: Link, grads="overlap") 
         sent[link] += nbytes
         return free[link]
 
-    for i, p in enumerate(plan):
+    for i, p in enumerate(steps):
         if p.data_inter:
             data_at["inter"] = send("inter", data, now)
         if p.data_intra:
@@ -273,34 +258,32 @@ def _simulate(plan, comp, data, grad, links: dict, home: Link, grads="overlap") 
         if grad and grads == "overlap":
             for link in p.grad_in:
                 t = max(t, grad_at.pop(link))
-        elif grad and i + 1 < len(plan):
+        elif grad and i + 1 < len(steps):
             # not overlapped: the partial leaves after the compute and lands before the next step
-            t = send(plan[i + 1].grad_out, grad, t)
+            t = send(steps[i + 1].grad_out, grad, t)
         if p.next_from:
             t = max(t, data_at.pop(p.next_from))
         now = t
-    if grad and len(plan) > 1:
+    if grad and len(steps) > 1:
         dt = home.time(grad)
         busy += dt
-        sent[home_link_name(plan)] += grad
+        sent[home_link_name(steps)] += grad
         now += dt
     return now, busy, sent
 
 
-def home_link_name(plan) -> str:
-    return "inter" if plan[-1].round > 0 else "intra"
+def home_link_name(steps) -> str:
+    return "inter" if steps[-1].round > 0 else "intra"
 
 
 def _ring(cluster: Cluster, attn: Attn, backward: str, double: bool, grads="overlap", scheme="") -> Prediction:
-    from .attention.burst import hop_bytes  # the byte formulas the code's accounting uses
-
     G = cluster.world
     if attn.seq % G or (attn.layout == "zigzag" and (attn.seq // G) % 2):
         return Prediction(scheme, False, f"sequence {attn.seq} does not split over {G} ranks in layout {attn.layout}")
     if attn.heads % attn.hkv:
         return Prediction(scheme, False, "heads not a multiple of kv heads")
     nodes, m = (cluster.nodes, cluster.gpus_per_node) if double else (1, G)
-    plan = ring_steps(nodes, m)
+    steps = double_ring_steps(nodes, m)
     if double:
         links = {"intra": cluster.intra, "inter": cluster.inter}
         home = cluster.inter if nodes > 1 else cluster.intra
@@ -317,10 +300,10 @@ def _ring(cluster: Cluster, attn: Attn, backward: str, double: bool, grads="over
     cb = [cluster.kernel_time("bwd", B, sq, sk, H, Hkv, D, mk) for sq, sk, mk in blocks]
     fdata, _ = hop_bytes("forward", B, n, H, Hkv, D, e)
     bdata, bgrad = hop_bytes(backward, B, n, H, Hkv, D, e)
-    tf, busy_f, sf = _simulate(plan, cf, fdata, 0, links, home)
-    tb, busy_b, sb = _simulate(plan, cb, bdata, bgrad, links, home, grads)
+    tf, busy_f, sf = _simulate(steps, cf, fdata, 0, links, home)
+    tb, busy_b, sb = _simulate(steps, cb, bdata, bgrad, links, home, grads)
     zero = [0.0] * G
-    only = _simulate(plan, zero, fdata, 0, links, home)[0] + _simulate(plan, zero, bdata, bgrad, links, home, grads)[0]
+    only = _simulate(steps, zero, fdata, 0, links, home)[0] + _simulate(steps, zero, bdata, bgrad, links, home, grads)[0]
     labels = cluster.topology if double else None
     intra, inter = _split(sf, sb, labels, cluster)
     return Prediction(scheme, True, "", tf, tb, sum(cf) + sum(cb), busy_f + busy_b, only, intra, inter,
@@ -475,10 +458,8 @@ def choose_call(detected: Topology, B: int, n: int, H: int, Hkv: int, D: int, el
     Without link figures: the detected node shape (double ring across nodes) and the backward
     that sends fewer bytes.  With them: the candidate the model predicts fastest; candidates
     are tried in a fixed order and a tie keeps the earlier one."""
-    from .attention.burst import choose_backward
-
     G = detected.world
-    by_bytes = choose_backward(B, n, H, Hkv, D, elem, G)
+    by_bytes = backward_by_bytes(B, n, H, Hkv, D, elem, G)
     backs = [backward] if backward != "auto" else [by_bytes, "ring" if by_bytes == "burst" else "burst"]
     if cluster is None:
         return detected, backs[0]

@@ -16,15 +16,21 @@ import time
 import torch
 import torch.distributed as dist
 
+import burstengine as be
+
+from .kernels.base import merge_
+from .kernels.reference import ReferenceKernel
 from .launch import run_command
+from .layout import LAYOUTS, position_ids
+from .masks import CAUSAL, FULL
+from .schedule import backward_bytes, forward_bytes
+from .testing import rel_err
 
 HELP = "run BurstAttention fwd+bwd on local CPU ranks; check it against a reference and report time and bytes"
 SCHEMES = ("burst", "ring")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .layout import LAYOUTS
-
     p.add_argument("--world", type=int, default=4, help="ranks to spawn (ignored under torchrun) [%(default)s]")
     p.add_argument("--seq", type=int, default=16384, help="global sequence length [%(default)s]")
     p.add_argument("--batch", type=int, default=1, help="batch size [%(default)s]")
@@ -62,8 +68,6 @@ def _mb(nbytes: int) -> str:
 
 def validate(args) -> str | None:
     """A message for arguments that cannot work, else None (checked before any process starts)."""
-    from .layout import position_ids
-
     if args.world < 1:
         return f"--world must be >= 1, got {args.world}"
     for name in ("seq", "batch", "heads", "kv_heads", "head_dim"):
@@ -88,10 +92,6 @@ def _reference(q, k, v, do, causal, scale, rank, world, log):
     [a, b) meets keys [0, a) with the FULL mask and keys [a, b) with CAUSAL (all keys FULL
     when not causal), forward merged by log-sum-exp, then backward with the chunk's global lse
     and delta = rowsum(dO * O).  The partial results are summed over the ranks."""
-    from .attention.schedule import CAUSAL, FULL
-    from .kernels.base import merge_
-    from .kernels.reference import ReferenceKernel
-
     kern = ReferenceKernel()
     B, S, H, D = q.shape
     q, k, v, do = (t.double() for t in (q, k, v, do))
@@ -135,10 +135,6 @@ def _reference(q, k, v, do, causal, scale, rank, world, log):
 
 def run_rank(args, group=None) -> int:
     """The demo on this rank of an initialised process group; returns the exit code (same on all)."""
-    import burstengine as be
-    from .attention import forward_bytes, backward_bytes
-    from .testing import rel_err
-
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     log = _Log(rank)
     B, S, H, Hkv, D = args.batch, args.seq, args.heads, args.kv_heads, args.head_dim

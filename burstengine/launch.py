@@ -18,10 +18,12 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from .comm.dist import initialized
+
 
 def under_launcher() -> bool:
     """True when torchrun (or an initialised process group) already provides the ranks."""
-    return ("RANK" in os.environ and "WORLD_SIZE" in os.environ) or (dist.is_available() and dist.is_initialized())
+    return ("RANK" in os.environ and "WORLD_SIZE" in os.environ) or initialized()
 
 
 def free_port() -> int:
@@ -39,7 +41,7 @@ def init_from_env(timeout: float, backend: str | None = None) -> bool:
     rank's GPU.  Returns True when this call created the group (the caller destroys it)."""
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    if dist.is_initialized():
+    if initialized():
         return False
     dist.init_process_group(backend or default_backend(), timeout=timedelta(seconds=timeout))
     return True
@@ -82,7 +84,7 @@ def spawn(entry, entry_args: tuple, world: int, timeout: float, threads: int | N
     (default: this machine's cores shared out); ``backend``: default NCCL with GPUs, else gloo;
     ``pg_timeout``: the process group's timeout (default ``timeout``).  A rank that dies or
     raises ends the job at once: the others are stopped, and the message names it."""
-    import torch.multiprocessing as mp
+    import torch.multiprocessing as mp  # only when spawning local ranks
 
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // world)

@@ -17,6 +17,10 @@ import argparse
 import dataclasses
 import sys
 
+from .costmodel import Attn, Cluster, Link, PRESETS, SCHEMES, best, compare, load_cluster, table1
+from .records import write_record
+import os
+
 HELP = "predict each context-parallel scheme's attention time on a cluster and say which to use"
 
 ELEM = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -33,8 +37,6 @@ def parse_tokens(s: str) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .costmodel import PRESETS
-
     c = p.add_argument_group("cluster")
     c.add_argument("--preset", choices=sorted(PRESETS), default=None, help="start from these figures")
     c.add_argument("--cluster", default=None, help="start from a cluster JSON (e.g. written by topo_bench)")
@@ -59,8 +61,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_cluster(args):
-    from .costmodel import Cluster, Link, PRESETS, load_cluster
-
     base = load_cluster(args.cluster) if args.cluster else PRESETS[args.preset] if args.preset else Cluster()
     kw = {}
     for f in ("nodes", "gpus_per_node", "fwd_tflops", "bwd_tflops"):
@@ -84,8 +84,6 @@ def call_for(p) -> str:
 
 
 def report(cluster, attn, out=sys.stdout) -> dict:
-    from .costmodel import SCHEMES, best, compare, table1
-
     preds = compare(cluster, attn)
     G = cluster.world
     flops = attn.flops() / G
@@ -123,8 +121,6 @@ def report(cluster, attn, out=sys.stdout) -> dict:
 
 
 def run(args) -> int:
-    from .costmodel import Attn
-
     try:
         cluster = build_cluster(args)
         if cluster.world < 1:
@@ -138,10 +134,6 @@ def run(args) -> int:
         return 2
     rec = report(cluster, attn)
     if args.json:
-        import os
-
-        from .bench.record import write_record
-
         path = write_record(os.path.splitext(os.path.basename(args.json))[0], rec, os.path.dirname(args.json) or ".")
         print(f"wrote {path}")
     return 0

@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 
 import burstengine as be
-from burstengine.attention import backward_bytes, forward_bytes
+from burstengine.schedule import backward_by_bytes, backward_bytes, forward_bytes
 from burstengine.testing import dense_attention, rel_err
 
 
@@ -40,8 +40,7 @@ def attention_matrix(group, seed, causal, layout, backward, n=12, dtype=torch.fl
             out, lse = be.burst_attn_func(ql, kl, vl, group=group, causal=causal, layout=layout, backward=backward,
                                           return_lse=True, kernel=kernel)
             ((out * loc(do)).sum() + (lse * loc(dlse, dim=2)).sum()).backward()
-        scheme = backward if backward != "auto" else be.attention.choose_backward(B, n, H, hkv, D, ql.element_size(),
-                                                                                 world)
+        scheme = backward if backward != "auto" else backward_by_bytes(B, n, H, hkv, D, ql.element_size(), world)
         rows.append(dict(
             hkv=hkv, D=D, B=B,
             out=rel_err(out, loc(ref.detach(), 1)), lse=rel_err(lse, loc(ref_lse.detach(), 2)),

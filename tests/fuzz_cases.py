@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import burstengine as be
-from burstengine.attention import choose_backward
+from burstengine.schedule import backward_by_bytes
 from burstengine.testing import dense_attention, rel_err
 
 
@@ -224,7 +224,7 @@ def _apply(case, rank, world):
             c.kw["layout"] = next(l for l in be.LAYOUTS if l != base["layout"])
         elif name == "other_backward":
             B, n, H, D = base["B"], base["n"], base["H"], base["D"]
-            resolved = base["backward"] if base["backward"] != "auto" else choose_backward(
+            resolved = base["backward"] if base["backward"] != "auto" else backward_by_bytes(
                 B, n, H, base["Hkv"], D, 4, world)
             c.kw["backward"] = "ring" if resolved == "burst" else "burst"
         elif name == "wrong_world_shard":
@@ -249,7 +249,7 @@ def _good(c, name, base, rank, world, rng):
     elif name == "explicit_default_scale_one" and rank == 0:
         c.kw["softmax_scale"] = 1.0 / math.sqrt(base["D"])
     elif name == "resolved_backward_one" and rank == 0 and c.kw["backward"] == "auto":
-        c.kw["backward"] = choose_backward(base["B"], base["n"], base["H"], base["Hkv"], base["D"],
+        c.kw["backward"] = backward_by_bytes(base["B"], base["n"], base["H"], base["Hkv"], base["D"],
                                            c.q.element_size(), world)
     elif name == "explicit_kernel_one" and rank == 0:
         c.kw["kernel"] = "reference"

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 import burstengine as be
+from burstengine.schedule import forward_bytes
 from burstengine.testing import rel_err
 
 VOCAB = 256
@@ -92,7 +93,7 @@ def hf_vs_eager(group, path, layout, seed, batch=2, seq_per_rank=12, setup="cont
         errs[n] = rel_err(grad, ref_grads[n])
     cfg = burst.config
     D = cfg.hidden_size // cfg.num_attention_heads
-    want = cfg.num_hidden_layers * be.attention.forward_bytes(batch, seq_per_rank, cfg.num_key_value_heads, D, 4, world)
+    want = cfg.num_hidden_layers * forward_bytes(batch, seq_per_rank, cfg.num_key_value_heads, D, 4, world)
     return errs, fwd_bytes, want
 
 

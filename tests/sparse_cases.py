@@ -11,7 +11,8 @@ import torch
 import torch.distributed as dist
 
 import burstengine as be
-from burstengine.attention import Pattern, backward_bytes, choose_backward, forward_bytes, ring_steps
+from burstengine.masks import Pattern
+from burstengine.schedule import backward_by_bytes, backward_bytes, forward_bytes, run_steps
 from burstengine.testing import dense_attention, rel_err, sparse_mask
 
 
@@ -81,10 +82,10 @@ def run_case(group, case):
     bs = 0 if bm is None else S // bm.shape[0]
     pattern = Pattern(causal=causal, window=window, cu_seqlens=None if cu is None else tuple(cu), block_mask=bm,
                       block_size=bs)
-    steps = ring_steps(layout, pattern, world, n)
+    steps = run_steps(layout, pattern, world, n)
     hops = len(steps) - 1
     elem = ql.element_size()
-    scheme = backward if backward != "auto" else choose_backward(B, n, H, Hkv, D, elem, world, hops, layout=layout,
+    scheme = backward if backward != "auto" else backward_by_bytes(B, n, H, Hkv, D, elem, world, hops, layout=layout,
                                                                  mask=pattern)
     # the double ring (a pattern that runs every step, on a topology of several nodes) moves
     # whole shards; the single ring only the rows later steps read

@@ -12,7 +12,7 @@ from burstengine.bench import ablation as A
 
 
 def test_plan_is_cumulative_and_shares_runs():
-    runs = A.plan(0.5, [0.0, 0.5, 1.0], A.DEFAULT_ROWS)
+    runs = A.row_runs(0.5, [0.0, 0.5, 1.0], A.DEFAULT_ROWS)
     by = {n: r for r in runs for n in r["rows"]}
     assert [r["rows"] for r in runs] == [["baseline"], ["+burst-bwd"], ["+fused-loss"], ["+seq-ckpt", "split=0.5"],
                                          ["store-all", "split=1"], ["split=0"]]
@@ -21,11 +21,11 @@ def test_plan_is_cumulative_and_shares_runs():
     assert by["split=0"]["config"] == {"attn_backward": "burst", "loss": "fused", "checkpoint": "sequence",
                                        "checkpoint_split": "0.0"}
     assert by["store-all"]["config"]["checkpoint_split"] == "1" and "selective" not in by
-    only = A.plan(0.25, [], ["selective", "+seq-ckpt"])
+    only = A.row_runs(0.25, [], ["selective", "+seq-ckpt"])
     assert [r["rows"] for r in only] == [["+seq-ckpt"], ["selective"]]
     assert only[0]["config"]["checkpoint_split"] == "0.25"
     with pytest.raises(ValueError, match="unknown ablation rows"):
-        A.plan(0.5, [], ["baseline", "turbo"])
+        A.row_runs(0.5, [], ["baseline", "turbo"])
 
 
 def test_append_replaces_rerun_rows():
@@ -50,7 +50,7 @@ def test_ablation_runs_every_row_on_cpu(tmp_path):
     assert rc == 0, out
     rec = json.loads((tmp_path / "ablation_tiny_2xcpu.json").read_text())
     rows = rec["rows"]
-    assert [r["rows"] for r in rows] == [r["rows"] for r in A.plan(0.5, [0.0, 0.5, 1.0], A.DEFAULT_ROWS)]
+    assert [r["rows"] for r in rows] == [r["rows"] for r in A.row_runs(0.5, [0.0, 0.5, 1.0], A.DEFAULT_ROWS)]
     assert all(r["ok"] and r["tokens_per_s_per_gpu"] > 0 and len(r["step_times_s"]) == 1 for r in rows), rows
     # same weights and batch in every row: the optimisations change how, not what, is computed
     losses = [r["first_loss"] for r in rows]

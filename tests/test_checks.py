@@ -1,12 +1,13 @@
 """Bad calls to burst_attn_func fail fast and alike on every rank (after at most the one small
 agreement collective, never inside the ring, so no rank is left waiting), and the kernel
-choice honours kernel= and BURST_KERNEL."""
+choice honours kernel= and BURST_KERNEL (read by attention/planning.py, never by the kernels)."""
 import pytest
 import torch
 
 import burstengine as be
 import dist_cases
 from burstengine import kernels
+from burstengine.attention import planning
 from burstengine.kernels.reference import ReferenceKernel
 
 # case -> a word or phrase the ValueError message must contain (case-insensitive)
@@ -102,11 +103,11 @@ def _qkv():
 
 
 def test_auto_is_reference_on_cpu(no_env):
-    assert kernels.get_kernel(None, "cpu").name == "reference"
-    assert kernels.get_kernel("auto", "cpu").name == "reference"
-    assert kernels.get_kernel("reference", torch.device("cpu")).name == "reference"
+    assert planning.resolve_kernel(None, "cpu").name == "reference"
+    assert planning.resolve_kernel("auto", "cpu").name == "reference"
+    assert planning.resolve_kernel("reference", torch.device("cpu")).name == "reference"
     no_env.setenv("BURST_KERNEL", "auto")
-    assert kernels.get_kernel(None, "cpu").name == "reference"
+    assert planning.resolve_kernel(None, "cpu").name == "reference"
 
 
 @pytest.mark.parametrize("source", ["arg", "env"])
@@ -114,7 +115,7 @@ def test_unknown_kernel(no_env, source):
     if source == "env":
         no_env.setenv("BURST_KERNEL", "magic")
     with pytest.raises(ValueError, match="unknown kernel 'magic'"):
-        kernels.get_kernel("magic" if source == "arg" else None, "cpu")
+        planning.resolve_kernel("magic" if source == "arg" else None, "cpu")
     with pytest.raises(ValueError, match="unknown kernel 'magic'"):
         be.burst_attn_func(*_qkv(), kernel="magic" if source == "arg" else None)
 
@@ -125,9 +126,17 @@ def test_gpu_kernel_on_cpu(no_env, name, source):
     if source == "env":
         no_env.setenv("BURST_KERNEL", name)
     with pytest.raises(ValueError, match=f"kernel '{name}' cannot run on device cpu"):
-        kernels.get_kernel(name if source == "arg" else None, "cpu")
+        planning.resolve_kernel(name if source == "arg" else None, "cpu")
     with pytest.raises(ValueError, match="cannot run on device"):
         be.burst_attn_func(*_qkv(), kernel=name if source == "arg" else None)
+
+
+def test_kernels_read_no_environment(no_env):
+    no_env.setenv("BURST_KERNEL", "magic")
+    assert kernels.get_kernel(None, "cpu").name == "reference"
+    assert planning.resolve_kernel("reference", "cpu").name == "reference"
+    with pytest.raises(ValueError, match="unknown kernel 'magic'"):
+        planning.resolve_kernel(None, "cpu")
 
 
 def test_kernel_argument_is_used(spy):
@@ -144,9 +153,9 @@ def test_env_is_used(spy, no_env):
 
 def test_argument_beats_env(spy, no_env):
     no_env.setenv("BURST_KERNEL", "spy")
-    assert kernels.get_kernel("reference", "cpu").name == "reference"
+    assert planning.resolve_kernel("reference", "cpu").name == "reference"
     be.burst_attn_func(*_qkv(), kernel="reference").sum().backward()
     assert spy.calls == []
     # and a bad env value does not matter when the argument names a kernel
     no_env.setenv("BURST_KERNEL", "magic")
-    assert kernels.get_kernel("reference", "cpu").name == "reference"
+    assert planning.resolve_kernel("reference", "cpu").name == "reference"

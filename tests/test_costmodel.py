@@ -7,9 +7,10 @@ import json
 import pytest
 
 from burstengine import costmodel as cm
-from burstengine.attention import backward_bytes, choose_backward, forward_bytes, hop_bytes
+from burstengine.attention import planning
+from burstengine.schedule import backward_by_bytes, backward_bytes, forward_bytes, hop_bytes
 from burstengine.cli import main
-from burstengine.comm.topology import Topology
+from burstengine.schedule import Topology
 
 GBs = 1e9
 
@@ -118,9 +119,9 @@ def test_cluster_json_round_trip_and_loading(tmp_path, monkeypatch):
         cm.Cluster.from_dict({"nodes": 1, "bandwidth": 3})
     monkeypatch.setenv(cm.ENV, str(tmp_path / "missing.json"))
     with pytest.raises(ValueError, match="BURST_CLUSTER"):
-        cm.env_cluster()
+        planning.cluster_from_env()
     monkeypatch.setenv(cm.ENV, "a800-paper")
-    assert cm.env_cluster() is cm.PRESETS["a800-paper"]
+    assert planning.cluster_from_env() is cm.PRESETS["a800-paper"]
 
 
 @pytest.mark.parametrize("H,Hkv", [(8, 8), (8, 2), (8, 1)])
@@ -128,7 +129,7 @@ def test_cluster_json_round_trip_and_loading(tmp_path, monkeypatch):
 def test_auto_without_figures_is_the_byte_choice(shape, H, Hkv):
     args = (1, 512, H, Hkv, 64, 2, True, "zigzag")
     got = cm.choose_call(shape, *args, "auto", None)
-    assert got == (shape, choose_backward(1, 512, H, Hkv, 64, 2, shape.world))
+    assert got == (shape, backward_by_bytes(1, 512, H, Hkv, 64, 2, shape.world))
     assert cm.choose_call(shape, *args, "ring", None) == (shape, "ring")
 
 

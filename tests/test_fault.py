@@ -112,6 +112,7 @@ def test_ranks_on_different_groups_time_out(jobs):
 
 import torch.distributed as dist  # noqa: E402
 
+from burstengine.attention import planning  # noqa: E402
 from burstengine.comm import fault  # noqa: E402
 
 
@@ -152,11 +153,11 @@ def test_failed_receive_names_the_peer_and_posts_a_notice(store):
 
 def test_timeout_is_read_from_the_environment(monkeypatch):
     monkeypatch.setenv("BURST_TIMEOUT", "2.5")
-    assert fault.configured_timeout() == 2.5
+    assert planning.configured_timeout() == 2.5
     for bad in ("soon", "-1", "0"):
         monkeypatch.setenv("BURST_TIMEOUT", bad)
         with pytest.raises(ValueError, match="BURST_TIMEOUT"):
-            fault.configured_timeout()
+            planning.configured_timeout()
 
 
 def test_watchdog_names_a_silent_rank_and_not_a_finished_one(store):

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import burstengine as be
 import lce_cases
-from burstengine.kernels.fused_ce_triton import triton_available
+from burstengine.loss.fused_ce_triton import triton_available
 
 TOL = {torch.float64: 1e-12, torch.float32: 2e-5, torch.bfloat16: 1.5e-2}
 OPTIONS = {"plain": {}, "softcap_z": {"softcap": 3.0, "z_loss": 1e-2}}
@@ -57,8 +57,8 @@ def test_triton_path(interpret, dtype, reduction, option):
 
 def test_triton_matches_torch_rows(interpret):
     """The per-chunk kernels side by side on the same logits: losses and gradients agree."""
-    from burstengine.kernels.fused_ce import ce_rows_torch
-    from burstengine.kernels.fused_ce_triton import ce_rows_triton
+    from burstengine.loss.fused_ce import ce_rows_torch
+    from burstengine.loss.fused_ce_triton import ce_rows_triton
 
     g = torch.Generator().manual_seed(5)
     logits = torch.randn(6, 300, generator=g) * 4

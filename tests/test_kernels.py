@@ -11,7 +11,7 @@ import torch
 import triton_cases
 
 from burstengine.kernels import KERNELS
-from burstengine.kernels.base import MaskSpec
+from burstengine.masks import MaskSpec
 from burstengine.kernels.verify import run_case
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -115,7 +115,7 @@ def test_auto_table_covers_every_call():
 def test_auto_sends_masks_with_large_pieces_to_cudnn():
     """A MaskSpec block goes to cuDNN piece by piece when most of its visible pairs lie in
     large FULL/CAUSAL pieces (wide windows, long documents), to Triton otherwise."""
-    from burstengine.kernels import SPEC_PIECE_ROWS, AUTO_TABLE, AutoKernel
+    from burstengine.kernels.registry import AUTO_TABLE, SPEC_PIECE_ROWS, AutoKernel
 
     auto = AutoKernel()
     n = 8 * SPEC_PIECE_ROWS
@@ -159,11 +159,11 @@ def test_auto_ring_step_goes_to_gluon_where_it_takes_the_block(monkeypatch):
     it does not take follow the table.  The Gluon kernel itself needs a Hopper GPU, so it is
     replaced here by one that takes blocks of a length divisible by 128."""
     import burstengine.kernels as kernels
-    from burstengine.kernels import AutoKernel
+    from burstengine.kernels import AutoKernel, registry
 
     seen = []
 
-    def gluon(q, *a):
+    def gluon(q, *a, **kw):
         if q.shape[1] % 128:
             return False
         seen.append("gluon")
@@ -179,7 +179,7 @@ def test_auto_ring_step_goes_to_gluon_where_it_takes_the_block(monkeypatch):
         def available(self, device):
             return True
 
-    monkeypatch.setattr(kernels, "gluon_forward_into", gluon)
+    monkeypatch.setattr(registry, "gluon_forward_into", gluon)
     monkeypatch.setitem(kernels.KERNELS, "cudnn", Spy("cudnn"))
     auto = AutoKernel()
     for n in (256, 200):
@@ -189,16 +189,16 @@ def test_auto_ring_step_goes_to_gluon_where_it_takes_the_block(monkeypatch):
 
 
 def test_triton_backward_goes_to_gluon_where_it_takes_the_block(monkeypatch):
-    """TritonKernel hands the backward of a block that kernels/gluon_bwd.py takes to it: the plain
+    """TritonKernel hands the backward of a block that kernels/gluon/bwd.py takes to it: the plain
     backward with a fresh, zeroed float32 dQ (returned in q's dtype) and ``fresh`` set, the ring
     step's backward_into with the caller's accumulators, each with its mask's bound.  The Gluon
     kernel needs a Hopper GPU, so a stand-in that takes lengths divisible by 128 answers here."""
     pytest.importorskip("triton")
     import types
 
-    import burstengine.kernels as kernels
-    import burstengine.kernels.triton_kernel as tk
-    from burstengine.attention.schedule import CAUSAL, FULL, STRICT
+    import burstengine.kernels.gluon as gluon
+    import burstengine.kernels.triton.kernel as tk
+    from burstengine.masks import CAUSAL, FULL, STRICT
 
     calls = []
 
@@ -209,10 +209,10 @@ def test_triton_backward_goes_to_gluon_where_it_takes_the_block(monkeypatch):
         dv.fill_(3.0)
 
     fake = types.SimpleNamespace(backward_into=backward_into)
-    monkeypatch.setattr(kernels, "gluon_bwd", fake, raising=False)
-    monkeypatch.setitem(sys.modules, "burstengine.kernels.gluon_bwd", fake)
+    monkeypatch.setattr(gluon, "bwd", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "burstengine.kernels.gluon.bwd", fake)
     monkeypatch.setattr(tk, "gluon_bwd_takes",
-                        lambda q, k, v, mask, dout, *g: mask in (FULL, CAUSAL, STRICT) and q.shape[1] % 128 == 0)
+                        lambda q, k, v, mask, dout, *g, **kw: mask in (FULL, CAUSAL, STRICT) and q.shape[1] % 128 == 0)
     kern = tk.TritonKernel()
     S, H, D = 256, 2, 64
     q, k, v, do = (torch.randn(1, S, H, D).to(torch.bfloat16) for _ in range(4))
@@ -235,8 +235,8 @@ def test_triton_backward_goes_to_gluon_where_it_takes_the_block(monkeypatch):
 
 def test_gluon_backward_declines_what_it_cannot_run():
     """The real check: never on CPU tensors, never for a MaskSpec (those stay in the Triton kernels)."""
-    from burstengine.attention.schedule import CAUSAL
-    from burstengine.kernels.triton_kernel import gluon_bwd_takes
+    from burstengine.masks import CAUSAL
+    from burstengine.kernels.triton.kernel import gluon_bwd_takes
 
     q = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
     assert not gluon_bwd_takes(q, q, q, CAUSAL, q)

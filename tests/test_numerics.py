@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import numerics_cases
-from burstengine.kernels.base import MaskSpec, merge_
+from burstengine.kernels.base import merge_
+from burstengine.masks import MaskSpec
 from burstengine.kernels.reference import ReferenceKernel
 
 TOL = {"logits_1e4": 1e-4, "bf16_large": 2e-2, "f16_large": 5e-3, "scale_tiny": 1e-5, "scale_subnormal": 1e-3,

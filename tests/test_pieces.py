@@ -11,8 +11,9 @@ import random
 import pytest
 import torch
 
-from burstengine.attention.schedule import CAUSAL, FULL, Pattern, block_tasks, ring_source, ring_steps
-from burstengine.kernels.base import MaskSpec, visible_mask
+from burstengine.masks import CAUSAL, FULL, Pattern
+from burstengine.schedule import block_tasks, ring_source, run_steps
+from burstengine.masks import MaskSpec, visible_mask
 from burstengine.kernels.pieces import PiecewiseMasks, band, decompose
 from burstengine.kernels.reference import ReferenceKernel
 from sparse_cases import random_block_mask
@@ -81,7 +82,7 @@ def _schedule_specs():
             if p.block_mask is not None and layout != "striped":
                 # contiguous / zigzag need blocks that divide the local segments
                 p = Pattern(causal=p.causal, block_mask=random_block_mask(S // 2, S, 0.5, 1), block_size=2)
-            for qr, s in itertools.product(range(world), ring_steps(layout, p, world, n)):
+            for qr, s in itertools.product(range(world), run_steps(layout, p, world, n)):
                 for t in block_tasks(layout, p, qr, ring_source(qr, s, world), world, n):
                     if isinstance(t.mask, MaskSpec):
                         yield t.mask, t.q1 - t.q0, t.k1 - t.k0

@@ -1,4 +1,4 @@
-"""The ring schedule (burstengine/attention/schedule.py), enumerated without running attention.
+"""The ring schedule (burstengine/schedule/), enumerated without running attention.
 
 A coverage map built from the tasks and the layout's global positions proves that the
 forward (q home, kv travelling) and the burst backward (kv home, q travelling) each compute
@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import burstengine as be
-from burstengine.attention.schedule import CAUSAL, FULL, MASKS, STRICT, block_tasks, ring_source, step_work
+from burstengine.masks import CAUSAL, FULL, MASKS, STRICT
+from burstengine.schedule import block_tasks, ring_source, step_work
 
 WORLDS = range(1, 9)
 LOCALS = (2, 4, 6)

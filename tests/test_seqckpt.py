@@ -6,7 +6,7 @@ import torch
 import burstengine as be
 import seqckpt_cases
 from burstengine.attention.prefix import prefix_kv_rows, prefix_tasks
-from burstengine.attention.schedule import ring_source
+from burstengine.schedule import ring_source
 
 SPLITS = (0.0, 0.25, 0.5, 0.75, 1.0)
 

@@ -3,7 +3,8 @@ sparse path against the reference kernel, and writes a record whose steps, ideal
 bytes agree with the schedule and the byte model."""
 import json
 
-from burstengine.attention import Pattern, backward_bytes, forward_bytes, visible_pairs
+from burstengine.masks import Pattern
+from burstengine.schedule import backward_bytes, forward_bytes, visible_pairs
 
 import sparse_cases
 

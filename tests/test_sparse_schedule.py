@@ -3,7 +3,7 @@
 A coverage map built from the tasks of every rank at every step that runs, mapped to global
 positions, must hit every visible pair of the dense mask (testing.sparse_mask, written from
 the definitions) exactly once and no other pair, in the forward / ring backward (kv travels
-r -> r+1) and the burst backward (q travels r -> r-1).  Steps not in ring_steps must have no
+r -> r+1) and the burst backward (q travels r -> r-1).  Steps not in run_steps must have no
 work anywhere; the counts, FLOPs and the skipped steps are checked against closed forms, and
 the striped block-sparse layout against the balance of BurstEngine Fig. 11.
 """
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import burstengine as be
-from burstengine.attention.schedule import (Pattern, attention_flops, block_tasks, partial_rows, ring_source, ring_steps,
-                                            segments, sent_rows, step_work, travel_rows, visible_pairs)
-from burstengine.kernels.base import MaskSpec, visible_mask
+from burstengine.masks import Pattern
+from burstengine.schedule import (attention_flops, block_tasks, partial_rows, ring_source, run_steps, segments, sent_rows, step_work, travel_rows, visible_pairs)
+from burstengine.masks import MaskSpec, visible_mask
 from burstengine.testing import sparse_mask
 from sparse_cases import random_block_mask
 
@@ -33,7 +33,7 @@ def _coverage(layout, p, world, n, direction):
     S = n * world
     pos = [be.position_ids(S, layout, r, world) for r in range(world)]
     cov = torch.zeros(S, S, dtype=torch.int64)
-    run = ring_steps(layout, p, world, n)
+    run = run_steps(layout, p, world, n)
     assert run[0] == 0 and list(run) == sorted(set(run))
     for s, r in itertools.product(range(world), range(world)):
         src = ring_source(r, s, world, direction)
@@ -109,7 +109,7 @@ def test_contiguous_window_runs_only_the_steps_it_needs(world):
         # the query at the start of a shard looks back W - 1 positions
         want = min(world - 1, (W - 2) // n + 1) if W >= 2 else 0
         p = Pattern(causal=True, window=W)
-        assert ring_steps("contiguous", p, world, n) == tuple(range(want + 1)), W
+        assert run_steps("contiguous", p, world, n) == tuple(range(want + 1)), W
         assert want + 1 <= min(world, math.ceil(W / n) + 1)  # the bound the issue states
     # the first shard has no earlier one: its later steps are idle, the others' are not
     work = step_work("contiguous", Pattern(causal=True, window=n), world, n)
@@ -122,11 +122,11 @@ def test_documents_within_shards_need_no_ring(world):
     n = 8
     S = n * world
     inside = tuple(range(0, S + 1, n // 2))
-    assert ring_steps("contiguous", Pattern(causal=True, cu_seqlens=inside), world, n) == (0,)
+    assert run_steps("contiguous", Pattern(causal=True, cu_seqlens=inside), world, n) == (0,)
     one_crossing = (0, n - 1, n + 1) + tuple(range(2 * n, S + 1, n))
-    assert ring_steps("contiguous", Pattern(causal=True, cu_seqlens=one_crossing), world, n) == (0, 1)
+    assert run_steps("contiguous", Pattern(causal=True, cu_seqlens=one_crossing), world, n) == (0, 1)
     # the same documents striped over the ranks do need the whole ring (balanced, but no skipping)
-    assert ring_steps("striped", Pattern(causal=True, cu_seqlens=inside), world, n) == tuple(range(world))
+    assert run_steps("striped", Pattern(causal=True, cu_seqlens=inside), world, n) == tuple(range(world))
 
 
 @pytest.mark.parametrize("world", (2, 3, 4, 8))
@@ -178,8 +178,8 @@ def test_zigzag_window_jumps_over_idle_steps(world):
     """Under zigzag a short window needs the previous chunk (step 1) and, for the late chunk, the
     next rank's late chunk (step G-1): the steps between run nothing and are jumped over."""
     n = 8
-    assert ring_steps("zigzag", Pattern(causal=True, window=3), world, n) == (0, 1, world - 1)
-    assert ring_steps("zigzag", Pattern(causal=True), world, n) == tuple(range(world))
+    assert run_steps("zigzag", Pattern(causal=True, window=3), world, n) == (0, 1, world - 1)
+    assert run_steps("zigzag", Pattern(causal=True), world, n) == tuple(range(world))
 
 
 # --- what travels: the rows each hop carries ------------------------------------------------------
@@ -187,7 +187,7 @@ def test_zigzag_window_jumps_over_idle_steps(world):
 def _reads(layout, p, world, n, side):
     """reads[j][i]: the set of shard-j rows the holder at loop index i touches, straight from
     the tasks (not from schedule.read_rows)."""
-    steps = ring_steps(layout, p, world, n)
+    steps = run_steps(layout, p, world, n)
     out = []
     for j in range(world):
         row = []
@@ -257,7 +257,7 @@ def test_contiguous_window_tail_shrinks_hop_by_hop(world):
     n = 8
     for W in (1, 2, 5, n, n + 3, 2 * n + n // 2, 3 * n + 1):
         p = Pattern(causal=True, window=W)
-        steps = ring_steps("contiguous", p, world, n)
+        steps = run_steps("contiguous", p, world, n)
         kv, q = travel_rows("contiguous", p, world, n), travel_rows("contiguous", p, world, n, "q")
         for j in range(world):
             for i, s in enumerate(steps[1:], 1):

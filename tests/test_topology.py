@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import burstengine as be
-from burstengine.attention.schedule import ring_source, step_work
+from burstengine.schedule import ring_source, step_work
 from burstengine.comm import topology as topo
-from burstengine.comm.topology import Topology, hop_peers, link_hops, ring_steps
+from burstengine.schedule import Topology, double_ring_steps, hop_peers, link_hops
 
 from test_schedule import _coverage, _visible
 
@@ -25,7 +25,7 @@ def _replay(nodes, m):
     """Run the plan on symbols: -> (held[step][rank], final gradient of each rank as a Counter of
     (contributing rank, step, source))."""
     G = nodes * m
-    plan = ring_steps(nodes, m)
+    plan = double_ring_steps(nodes, m)
     held = list(range(G))
     seen = []
     data_pending, grad_pending = {}, {}
@@ -88,7 +88,7 @@ def test_gradient_partials_sum_every_contribution_once_and_go_home(nodes, m):
 
 @pytest.mark.parametrize("nodes,m", SHAPES)
 def test_inter_hop_overlaps_a_whole_round(nodes, m):
-    plan = ring_steps(nodes, m)
+    plan = double_ring_steps(nodes, m)
     for p in plan:
         if p.data_inter:  # posted at a round start, used only after the round's last step
             assert p.inner == 0

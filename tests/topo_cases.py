@@ -6,8 +6,8 @@ import torch
 import torch.distributed as dist
 
 import burstengine as be
-from burstengine.attention import backward_bytes, forward_bytes, hop_bytes
-from burstengine.comm.topology import Topology, link_hops
+from burstengine.schedule import backward_bytes, forward_bytes, hop_bytes
+from burstengine.schedule import Topology, link_hops
 from burstengine.testing import dense_attention, rel_err
 
 
@@ -176,7 +176,7 @@ def bad_hybrid(group, ulysses, H, Hkv):
 def bench_tiny(group, out_dir):
     """benchmarks/topo_bench.py's run at a tiny size; rank 0 writes the record and returns it."""
     from burstengine.bench import topo as tb
-    from burstengine.bench.record import write_record
+    from burstengine.records import write_record
 
     args = tb.build_parser().parse_args(["--device", "cpu", "--seqs", "64,128", "--heads", "4", "--head-dim", "8",
                                          "--warmup", "0", "--iters", "1", "--link-sizes", "1024,8192,65536"])

@@ -5,8 +5,8 @@ import sys
 
 import torch
 
-from burstengine.attention.schedule import CAUSAL, FULL, STRICT
-from burstengine.kernels.base import MaskSpec
+from burstengine.masks import CAUSAL, FULL, STRICT
+from burstengine.masks import MaskSpec
 
 QDOC = torch.tensor([0] * 10 + [1] * 20 + [3] * 7)
 KDOC = torch.tensor([0] * 5 + [1] * 11 + [3] * 16 + [4] * 5)  # rows 32.. are a document no query has
@@ -48,14 +48,14 @@ CASE_IDS = [f"{c[0]}-d{c[1]}-{str(c[2])[6:]}-b{c[3]}-kv{c[4]}-sk{c[5]}" for c in
 
 
 def kernel():
-    from burstengine.kernels.triton_kernel import Config, Tiles, TritonKernel
+    from burstengine.kernels.triton.kernel import TileConfig, Tiles, TritonKernel
 
     # tiny tiles so that 37-row blocks span several tiles and a ragged one; d=64 sends dQ out of
     # the dK/dV kernel with atomics and loads through TMA descriptors, d=128 runs the separate
     # dQ kernel with pointer loads and different tile shapes per kernel (forward_into too)
     t16 = Tiles(16, 16, 4, 1, tma=True)
-    return TritonKernel({64: Config(fwd=t16, kv=t16),
-                         128: Config(fwd=Tiles(16, 32, 4, 1), kv=Tiles(16, 16, 4, 1), dq=Tiles(32, 16, 4, 1),
+    return TritonKernel({64: TileConfig(fwd=t16, kv=t16),
+                         128: TileConfig(fwd=Tiles(16, 32, 4, 1), kv=Tiles(16, 16, 4, 1), dq=Tiles(32, 16, 4, 1),
                                      fwd_into=Tiles(32, 16, 4, 1))})
 
 

@@ -1,8 +1,9 @@
-from .burst import backward_bytes, burst_attn_func, choose_backward, forward_bytes, hop_bytes
+"""The attention runtime: the public calls (api.py: burst_attn_func; hybrid.py: hybrid_attn_func;
+seqckpt.py: seq_checkpoint), their checks (checks.py), the one planning module (planning.py)
+and the ring loops (loops.py).  The schedule they run is burstengine.schedule."""
+from .api import burst_attn_func
+from .checks import arg_checks
 from .hybrid import hybrid_attn_func
-from .schedule import (Pattern, Task, attention_flops, block_tasks, forward_schedule, partial_rows, ring_source, ring_steps,
-                       sent_rows, step_work, travel_rows, visible_pairs)
+from .seqckpt import seq_checkpoint
 
-__all__ = ["burst_attn_func", "hybrid_attn_func", "backward_bytes", "forward_bytes", "hop_bytes", "choose_backward",
-           "Task", "block_tasks", "forward_schedule", "ring_source", "step_work", "Pattern", "ring_steps",
-           "attention_flops", "visible_pairs", "travel_rows", "partial_rows", "sent_rows"]
+__all__ = ["burst_attn_func", "hybrid_attn_func", "seq_checkpoint", "arg_checks"]

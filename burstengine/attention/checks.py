@@ -6,12 +6,13 @@ arguments are fine but they differ (another causal flag, a shard cut for another
 the ring then hangs or, worse, returns a wrong answer.  So checking is done in two stages.
 
 1. Local: this rank's own arguments (types, shapes, dtypes, devices, layout, heads, scale,
-   backward, kernel and, at level ``full``, NaN/inf in q, k, v).  A group that cannot be used
-   at all (not a process group, torch.distributed not initialised, this rank not a member)
-   raises here at once: no collective is possible over it.
+   backward and, at level ``full``, NaN/inf in q, k, v), then the caller's own (``extra``:
+   masks, topology, and the call's plan, kernel included: attention/planning.py).  A group
+   that cannot be used at all (not a process group, torch.distributed not initialised, this
+   rank not a member) raises here at once: no collective is possible over it.
 2. Agreement: one all-gather over the group of a fixed-size int64 signature holding this
    rank's verdict (its error message, if any) and every value the ranks must share (local
-   shapes, dtype, device type, causal, layout, backward scheme, softmax scale).  If any rank
+   shapes, dtype, device type, causal, layout, the planned backward scheme, softmax scale).  If any rank
    failed or any value differs, every rank raises the same ValueError naming the ranks and
    what they passed.  It is the only communication before the ring, so a bad call, made
    alike on every rank or not, leaves no rank waiting and the group in step.
@@ -20,7 +21,8 @@ The rule, then: a bad call raises on every rank after exactly one small collecti
 one rank, none at level ``local``), never in the middle of the ring.  The kernel is not
 agreed on: it is local work and may differ between ranks.
 
-Levels (env ``BURST_CHECKS``, or ``with arg_checks(level):``), the same on every rank:
+Levels (env ``BURST_CHECKS``, read by attention/planning.py, or ``with arg_checks(level):``),
+the same on every rank:
 
 * ``full`` (default): local checks, a NaN/inf scan of q, k, v (one ``aminmax`` pass, no
   temporaries; on a NCCL group its result rides in the signature, so it adds no host sync of
@@ -39,14 +41,15 @@ sync per call (see README, "Bad input and faults").  Gradients (dout) are not ch
 
 Arguments this module does not know (sparse masks, topology) join both stages through
 ``check_args(..., extra=fn)``: ``fn(world)`` validates them locally and returns the values the
-ranks must agree on.
+ranks must agree on; under the key :data:`PLANNED_BACKWARD` it returns the concrete backward
+scheme the call will run (``backward="auto"`` resolved once, by attention/planning.py), which is
+what the "backward scheme" field then carries.  Without it the field carries the argument as given.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 import operator
-import os
 import struct
 import zlib
 from contextlib import contextmanager
@@ -55,10 +58,12 @@ import torch
 import torch.distributed as dist
 
 from ..comm import fault
+from ..comm.dist import group_info
 from ..layout import LAYOUTS
+from ..masks import Pattern
+from .planning import LEVELS, checks_from_env, configured_timeout
 
 BACKWARDS = ("auto", "burst", "ring")
-LEVELS = ("full", "agree", "local")
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _DEVICES = ("cpu", "cuda", "meta")
 
@@ -76,6 +81,7 @@ _FIELDS = (
     ("backward scheme", 1, lambda x: repr(BACKWARDS[x[0]])),
     ("softmax_scale", 1, lambda x: repr(struct.unpack("<d", struct.pack("<q", x[0]))[0])),
 )
+PLANNED_BACKWARD = "backward scheme"  # extra's key for the planned backward (not an extra slot)
 _EXTRA = 8  # slots for the caller's own values (check_args(extra=...)): one int64 each
 _MSG_WORDS = 48  # 384 bytes of the local error message
 SIG_LEN = _HEADER + sum(w for _, w, _ in _FIELDS) + _EXTRA + _MSG_WORDS
@@ -83,10 +89,7 @@ _level_override: list[str] = []
 
 
 def check_level() -> str:
-    level = _level_override[-1] if _level_override else (os.environ.get("BURST_CHECKS") or "full")
-    if level not in LEVELS:
-        raise ValueError(f"BURST_CHECKS must be one of {LEVELS}, got {level!r}")
-    return level
+    return _level_override[-1] if _level_override else checks_from_env()
 
 
 @contextmanager
@@ -103,27 +106,6 @@ def arg_checks(level: str):
         _level_override.pop()
 
 
-def _group_info(group):
-    """(rank, world, backend) of this rank in ``group``; raises at once if the group is unusable
-    (every rank that passes it fails alike, and no collective is possible over it)."""
-    from ..comm.topology import LOCAL
-
-    if group is LOCAL:  # a one-rank ring inside any job (or none): nothing to agree on
-        return 0, 1, None
-    initialized = dist.is_available() and dist.is_initialized()
-    if group is not None and not initialized:
-        raise ValueError("a process group was given but torch.distributed is not initialized")
-    if not initialized:
-        return 0, 1, None
-    try:
-        rank = dist.get_rank(group)
-    except Exception as e:  # a group object from another run, or not a group at all
-        raise ValueError(f"group is not a usable process group: {e}") from None
-    if rank < 0:
-        raise ValueError("this rank is not a member of the given process group")
-    return rank, dist.get_world_size(group), str(dist.get_backend(group)).lower()
-
-
 def _backends(backend: str) -> dict[str, str]:
     """Device type -> backend of a group: "gloo", "nccl", or a mixed "cpu:gloo,cuda:nccl"."""
     if ":" in backend:
@@ -131,7 +113,7 @@ def _backends(backend: str) -> dict[str, str]:
     return {"cuda": backend} if backend == "nccl" else {"cpu": backend}
 
 
-def _check_local(q, k, v, world, backend, causal, layout, softmax_scale, backward, kernel) -> None:
+def _check_local(q, k, v, world, backend, causal, layout, softmax_scale, backward) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -176,9 +158,6 @@ def _check_local(q, k, v, world, backend, causal, layout, softmax_scale, backwar
         if backend == "gloo":
             raise ValueError(f"the group uses gloo but the tensors are on {q.device}; use NCCL for CUDA tensors")
         raise ValueError(f"the group ({backend}) has no backend for tensors on {q.device}")
-    from ..kernels import get_kernel  # kernels import the schedule, which imports this package
-
-    get_kernel(kernel, q.device)
 
 
 def _nonfinite_mask(q, k, v) -> torch.Tensor:
@@ -198,12 +177,7 @@ def _ranks(rs) -> str:
     return f"rank {rs[0]}" if len(rs) == 1 else "ranks " + ", ".join(map(str, rs))
 
 
-def _shared_values(q, k, causal, layout, scale, backward, world) -> list[int]:
-    if backward == "auto":
-        from .burst import choose_backward  # burst imports this module
-
-        B, n, H, D = q.shape
-        backward = choose_backward(B, n, H, k.shape[2], D, q.element_size(), world)
+def _shared_values(q, k, causal, layout, scale, backward) -> list[int]:
     dev = _DEVICES.index(q.device.type) if q.device.type in _DEVICES else len(_DEVICES)
     return [*q.shape, *k.shape, _DTYPES.index(q.dtype), dev, int(causal), LAYOUTS.index(layout),
             BACKWARDS.index(backward), struct.unpack("<q", struct.pack("<d", scale))[0]]
@@ -284,7 +258,7 @@ def _verdict(rows: list[list[int]], ranks: list[int], extra_names=()) -> str | N
     return None
 
 
-def check_args(q, k, v, group, causal, layout, softmax_scale, backward, kernel=None, extra=None):
+def check_args(q, k, v, group, causal, layout, softmax_scale, backward, extra=None):
     """Raise ValueError on every rank of ``group`` if any rank's call is bad or the ranks'
     calls disagree (see the module docstring for the levels and the rule).
 
@@ -292,14 +266,17 @@ def check_args(q, k, v, group, causal, layout, softmax_scale, backward, kernel=N
     topology...).  It runs in the local stage, after the built-in checks pass: a ValueError it
     raises is this rank's verdict, and the values it returns (at most 8; ints, None, floats,
     tensors, sequences, dataclasses; same keys on every rank) must agree across the group.
-    Returns that dict (None without ``extra``)."""
+    Its value under :data:`PLANNED_BACKWARD`, the planned scheme, is signed in place of
+    ``backward``.  Returns that dict (None without ``extra``)."""
     level = check_level()
-    rank, world, backend = _group_info(group)
+    rank, world, backend = group_info(group)
     values = None
+    planned = backward
     try:
-        _check_local(q, k, v, world, backend, causal, layout, softmax_scale, backward, kernel)
+        _check_local(q, k, v, world, backend, causal, layout, softmax_scale, backward)
         if extra is not None:
             values = dict(extra(world))
+            planned = values.pop(PLANNED_BACKWARD, backward)
             if len(values) > _EXTRA:
                 raise RuntimeError(f"check_args(extra=...) returned {len(values)} values, at most {_EXTRA} fit")
         error = None
@@ -321,7 +298,7 @@ def check_args(q, k, v, group, causal, layout, softmax_scale, backward, kernel=N
     if error is None:
         scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
         mine = [digest(x) for x in (values or {}).values()]
-        host = [_MAGIC, 0, 0, *_shared_values(q, k, causal, layout, scale, backward, world),
+        host = [_MAGIC, 0, 0, *_shared_values(q, k, causal, layout, scale, planned),
                 *mine, *[0] * (_EXTRA - len(mine)), *_pack("")]
     else:
         host = [_MAGIC, 1, 0, *[0] * (SIG_LEN - _HEADER - _MSG_WORDS), *_pack(error)]
@@ -334,7 +311,7 @@ def check_args(q, k, v, group, causal, layout, softmax_scale, backward, kernel=N
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
     op = fault.Op(f"burst_attn_func's argument check (an all-gather over global ranks {ranks})",
-                  blocking=dev.type == "cpu", group_ranks=tuple(ranks))
+                  blocking=dev.type == "cpu", group_ranks=tuple(ranks), deadline=configured_timeout())
     fault.wait([fault.post(lambda: gather(out, sig, group=group, async_op=True), op)], op)
     rows = out.view(world, SIG_LEN).tolist()
     msg = _verdict(rows, ranks, list(values or ()))
@@ -348,8 +325,6 @@ def check_sparse(causal, layout, world, n, window, cu_seqlens, block_mask, block
 
     Every value is global (the whole sequence of ``n * world`` tokens) and must be the same on
     every rank: the ring steps that run are derived from them."""
-    from .schedule import Pattern
-
     S = n * world
     if window is not None:
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:

@@ -20,14 +20,15 @@ rank gets one (the usual Ulysses rule); otherwise the call is refused.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from ..comm import topology as topo
 from ..comm.alltoall import HeadsToSeq, SeqToHeads
-from ..comm.topology import LOCAL, RingComm
+from ..comm.dist import LOCAL, rank_of
+from ..comm.topology import RingComm
 from ..layout import position_ids
-from .burst import attend
-from .checks import check_args
+from . import planning
+from .checks import PLANNED_BACKWARD, check_args
+from .loops import RingRun, run_attention
 
 
 def hybrid_mesh(layout: str, world: int, ulysses: int) -> tuple[list[list[int]], list[list[int]]]:
@@ -72,12 +73,19 @@ def hybrid_attn_func(q, k, v, *, ulysses: int, group=None, causal=False, layout=
     head-parallel degree U (1: the plain Burst ring; the group size: pure Ulysses).  U must
     divide the group size and the heads.
     """
-    check_args(q, k, v, group, causal, layout, softmax_scale, backward)
-    world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
-    hkv = check_hybrid(q, k, world, ulysses)
+    plans = []
+
+    def plan(world):  # the local stage of the checks: the head split, then the call's plan
+        hkv = check_hybrid(q, k, world, ulysses)
+        plans.append((world, hkv, planning.plan_hybrid(q, k, world, ulysses, hkv, causal, layout, backward, kernel,
+                                                       softmax_scale)))
+        return {PLANNED_BACKWARD: plans[0][2].backward}
+
+    check_args(q, k, v, group, causal, layout, softmax_scale, backward, extra=plan)
+    world, hkv, call = plans[0]
     U, R = ulysses, world // ulysses
-    rank = dist.get_rank(group) if world > 1 else 0
-    B, n, H, D = q.shape
+    rank = rank_of(group) if world > 1 else 0
+    n = q.shape[1]
     S = n * world
     u_blocks, r_blocks = hybrid_mesh(layout, world, U)
     members = next(b for b in u_blocks if rank in b)
@@ -85,26 +93,21 @@ def hybrid_attn_func(q, k, v, *, ulysses: int, group=None, causal=False, layout=
     # sub-groups: every rank makes them in the same order (see topology.block_group)
     ug = topo.block_group(group, u_blocks) if world > 1 else None
     rg = topo.block_group(group, r_blocks) if world > 1 else None
-    nodes = topo.detect(group) if world > 1 else topo.single(1)
+    nodes = planning.detect_topology(group) if world > 1 else topo.single(1)
     me = ring_members.index(rank)
     ring = RingComm(LOCAL) if R == 1 else RingComm(
-        rg, link=nodes.link(rank, ring_members[(me + 1) % R]))
-
-    from .. import costmodel
-
-    backward = costmodel.choose_call(topo.single(R), B, U * n, H // U, hkv // U, D, q.element_size(), causal, layout,
-                                     backward, costmodel.env_cluster())[1]
+        rg, link=nodes.link(rank, ring_members[(me + 1) % R]), timeout=call.timeout)
+    run = RingRun.of(ring, call)
     if U == 1:
-        return attend(q, k, v, ring, causal=causal, layout=layout, softmax_scale=softmax_scale, backward=backward,
-                      return_lse=return_lse, kernel=kernel)
+        out, lse = run_attention(q, k.contiguous(), v.contiguous(), run)
+        return (out, lse) if return_lse else out
     if hkv != k.shape[2]:
         k, v = (t.repeat_interleave(hkv // t.shape[2], dim=2) for t in (k, v))
     acct = ("a2a", [None if m == rank else nodes.link(rank, m) for m in members])
     order = token_order(S, layout, members, world).to(q.device)
     back = torch.argsort(order)
     qh, kh, vh = (SeqToHeads.apply(t, ug, acct).index_select(1, order) for t in (q, k, v))
-    out, lse = attend(qh, kh, vh, ring, causal=causal, layout=layout, softmax_scale=softmax_scale, backward=backward,
-                      return_lse=True, kernel=kernel)
+    out, lse = run_attention(qh, kh.contiguous(), vh.contiguous(), run)
     out = HeadsToSeq.apply(out.index_select(1, back), ug, acct)
     if not return_lse:
         return out

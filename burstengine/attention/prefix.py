@@ -1,5 +1,5 @@
 """Attention of the first ``m`` local query rows of every rank (the "front" of each shard),
-forward only.  Sequence-level selective checkpointing (train/seqckpt.py) stores the attention
+forward only.  Sequence-level selective checkpointing (attention/seqckpt.py) stores the attention
 output of the back of each shard and rebuilds the front with this in the backward.
 
 Within a rank, tokens are in increasing global position in every layout, so the first m rows
@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from .burst import _acc, _Config
-from .schedule import FULL, Task, block_tasks
+from ..kernels import acc_dtype
+from ..masks import FULL
+from ..schedule import Task, block_tasks
+from .loops import RingRun
 
 
 def prefix_tasks(layout: str, causal: bool, q_rank: int, kv_rank: int, world: int, n: int, m: int) -> list[Task]:
@@ -40,14 +42,14 @@ def prefix_kv_rows(layout: str, causal: bool, world: int, n: int, m: int) -> int
                 for t in prefix_tasks(layout, causal, r, s, world, n, m)), default=0)
 
 
-def prefix_forward(q, k, v, cfg: _Config, m: int):
+def prefix_forward(q, k, v, cfg: RingRun, m: int):
     """(out, lse) of query rows [0, m) of this rank's shard: out (B, m, H, D) in q's dtype,
     lse float32 (B, H, m) (float64 for float64 inputs).  Collective over cfg.ring: every rank
     calls it with the same m."""
     ring, G = cfg.ring, cfg.ring.world
     B, n, H, _ = q.shape
-    out = torch.zeros(B, m, H, v.shape[-1], dtype=_acc(q), device=q.device)
-    lse = torch.full((B, H, m), float("-inf"), dtype=_acc(q), device=q.device)
+    out = torch.zeros(B, m, H, v.shape[-1], dtype=acc_dtype(q), device=q.device)
+    lse = torch.full((B, H, m), float("-inf"), dtype=acc_dtype(q), device=q.device)
     if m == 0:
         return out.to(q.dtype), lse
     kk = prefix_kv_rows(cfg.layout, cfg.pattern, G, n, m)

@@ -34,7 +34,11 @@ from __future__ import annotations
 import json
 import os
 
+import torch
 import torch.distributed as dist
+
+from ..records import write_record
+from ..train import load
 
 # (name, what it adds, config overrides); each row keeps the ones before it
 TABLE = (
@@ -59,7 +63,7 @@ def _merge(assignments) -> dict:
     return dict(kv.split("=", 1) for kv in assignments)
 
 
-def plan(split: float, splits: list[float], names) -> list[dict]:
+def row_runs(split: float, splits: list[float], names) -> list[dict]:
     """The runs for row ``names``: dicts with ``rows`` (the names it stands for: a table row and
     the curve's ``split=x`` may be one run), ``what`` and ``config`` (key -> value)."""
     unknown = [n for n in names if n not in ROW_NAMES]
@@ -103,8 +107,6 @@ def runs_of(args, model: str, seqs=(), world: int | None = None) -> tuple[list[d
     """The runs the arguments ask for and the curve's splits.  ValueError, before any rank
     starts a run, if a row name, a split, or a row's config (with --set's overrides, at each of
     ``seqs`` on ``world`` ranks) is bad."""
-    from ..train import load
-
     names = [n for n in (args.rows or ",".join(DEFAULT_ROWS)).split(",") if n]
     try:
         splits = [float(s) for s in args.splits.split(",") if s] if args.splits else []
@@ -113,7 +115,7 @@ def runs_of(args, model: str, seqs=(), world: int | None = None) -> tuple[list[d
     for s in [args.split] + splits:
         if not 0.0 <= s <= 1.0:
             raise ValueError(f"split {s} is not in [0, 1]")
-    runs = plan(args.split, splits, names)
+    runs = row_runs(args.split, splits, names)
     for r in runs:
         for seq in seqs or [None]:
             cfg = load(model, list(args.overrides) + [f"{k}={v}" for k, v in r["config"].items()]
@@ -123,16 +125,14 @@ def runs_of(args, model: str, seqs=(), world: int | None = None) -> tuple[list[d
     return runs, splits
 
 
-def run(args, model: str, seqs: list[int], run_case, record_name: str) -> int:
-    """All ranks: every run of the ablation at every sequence, the tables, the record (rank 0)."""
-    from .record import write_record
-    from .train import _say
-
+def run(args, model: str, seqs: list[int], run_case, record_name: str, say) -> int:
+    """All ranks: every run of the ablation at every sequence, the tables, the record (rank 0);
+    ``run_case`` and ``say`` (print on rank 0) are bench/train.py's."""
     world = dist.get_world_size()
     try:
         runs, splits = runs_of(args, model, seqs, world)
     except ValueError as e:
-        _say(f"error: {e}")
+        say(f"error: {e}")
         return 2
     out_dir = args.out_dir or os.environ.get("BURST_RESULTS", "benchmarks/results")
     path = os.path.join(out_dir, f"{record_name}.json")
@@ -141,7 +141,7 @@ def run(args, model: str, seqs: list[int], run_case, record_name: str) -> int:
         with open(path) as f:
             old = json.load(f)
         done, earlier = old.get("rows", []), old.get("earlier_commands", []) + [old.get("command")]
-    _say(f"ablation of {model} on {world} ranks at S={', '.join(map(str, seqs))}: "
+    say(f"ablation of {model} on {world} ranks at S={', '.join(map(str, seqs))}: "
          f"{', '.join('/'.join(r['rows']) for r in runs)}; {args.warmup} warm-up + {args.steps} timed steps each; "
          f"overrides {args.overrides or 'none'}" + (f"; appending to {path} ({len(done)} rows)" if done else ""))
     results = []
@@ -152,7 +152,7 @@ def run(args, model: str, seqs: list[int], run_case, record_name: str) -> int:
                            {"rows": r["rows"], "what": r["what"], "config": r["config"], "overrides": args.overrides,
                             "warmup": args.warmup, "steps": args.steps})
             results.append(row)
-            _say(f"{'/'.join(r['rows']):>24} S={seq}: " + (
+            say(f"{'/'.join(r['rows']):>24} S={seq}: " + (
                 f"{row['median_step_s']:.3f} s/step, {row['tokens_per_s_per_gpu']:,.0f} tok/s/GPU, "
                 f"MFU {_pct(row['mfu'])}, peak {row['peak_mem_gib']:.2f} GiB, step-0 loss {row['first_loss']:.5f}"
                 if row["ok"] else row["error"]))
@@ -176,8 +176,6 @@ def _combine(done: list[dict], new: list[dict]) -> list[dict]:
 
 
 def _mem_kind() -> str:
-    import torch
-
     return ("max allocated per GPU (max over ranks)" if torch.cuda.is_available()
             else "process peak RSS (grows over the runs of a launch: not per row)")
 

@@ -22,7 +22,10 @@ import torch.distributed as dist
 
 import burstengine as be
 
-from .record import write_record
+from ..comm.dist import initialized
+from ..records import write_record
+from ..timing import median, timed
+from . import peers
 
 METHODS = ("burst-zigzag", "burst-striped", "burst-contiguous", "ringbwd-zigzag", "torch-cp-cudnn", "torch-cp-flash",
            "ulysses-cudnn", "megatron-tp-cudnn", "single-gpu-cudnn")
@@ -37,8 +40,6 @@ def attn_flops(S, H, D, causal, B=1):
 
 def make_method(name, group, causal, kernel):
     """-> (fn(q, k, v) -> out, context manager factory or None)."""
-    from . import peers
-
     if name.startswith("burst-") or name.startswith("ringbwd-"):
         scheme, layout = name.split("-", 1)
         bwd = "burst" if scheme == "burst" else "ring"
@@ -57,36 +58,6 @@ def make_method(name, group, causal, kernel):
         backend = name.rsplit("-", 1)[1]
         return (lambda q, k, v: peers._sdpa(q, k, v, causal, backend)), None
     raise ValueError(f"unknown method {name!r}; known: {METHODS}")
-
-
-def _sync(dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(fn, warmup, iters, group, dev=torch.device("cuda")):
-    """Seconds per call on every timed iteration, max over ranks (the slowest rank sets the
-    pace of a step): CUDA events on GPUs, the host clock after a barrier on CPU."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        _sync(dev)
-        dist.barrier(group=group)
-        if dev.type == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    t = torch.tensor(times, device=dev, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return t.tolist()
 
 
 def _peak_reset(dev):
@@ -127,9 +98,9 @@ def run_case(method, S, H, Hkv, D, causal, args, group):
         def fwdbwd():
             fn(q, k, v).backward(do)
 
-        rec["fwd_s"] = timed(fwd, args.warmup, args.iters, group, dev)
+        rec["fwd_s"] = timed(fwd, dev, group, args.warmup, args.iters)
         _peak_reset(dev)
-        rec["fwdbwd_s"] = timed(fwdbwd, args.warmup, args.iters, group, dev)
+        rec["fwdbwd_s"] = timed(fwdbwd, dev, group, args.warmup, args.iters)
         peak = torch.tensor([_peak(dev)], device=dev, dtype=torch.float64)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
         rec["peak_bytes"] = int(peak.item())
@@ -137,17 +108,12 @@ def run_case(method, S, H, Hkv, D, causal, args, group):
         if ctx:
             ctx.__exit__(None, None, None)
     flops = attn_flops(S_run, H, D, causal) / (1 if single else world)
-    rec["fwd_tflops"] = flops / _median(rec["fwd_s"]) / 1e12
-    rec["fwdbwd_tflops"] = 3.5 * flops / _median(rec["fwdbwd_s"]) / 1e12
+    rec["fwd_tflops"] = flops / median(rec["fwd_s"]) / 1e12
+    rec["fwdbwd_tflops"] = 3.5 * flops / median(rec["fwdbwd_s"]) / 1e12
     del q, k, v, do
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     return rec
-
-
-def _median(xs):
-    xs = sorted(xs)
-    return xs[len(xs) // 2]
 
 
 def exposed_comm(trace_path):
@@ -183,7 +149,7 @@ def _union(iv):
 
 
 def profile_step(S, H, Hkv, D, causal, layout, backward, kernel, group, out_dir):
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile  # only with --profile
 
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     n = S // world
@@ -223,15 +189,15 @@ def print_table(rows, file=sys.stdout):
         b = base.get(key(r))
         ratio = f"{r['fwdbwd_tflops'] / b['fwdbwd_tflops']:6.3f}" if b else "   -  "
         print(f"{r['method']:20s} {r['world']:>2d} {r['S']:>8d} {'causal' if r['causal'] else 'full':6s} "
-              f"{r['Hkv']:>4d} {r['fwd_tflops']:9.1f} {r['fwdbwd_tflops']:9.1f} {_median(r['fwdbwd_s']) * 1e3:9.1f} {ratio} "
+              f"{r['Hkv']:>4d} {r['fwd_tflops']:9.1f} {r['fwdbwd_tflops']:9.1f} {median(r['fwdbwd_s']) * 1e3:9.1f} {ratio} "
               f"{r['peak_bytes'] / 2**30:8.1f}", file=file)
 
 
 def plot(json_path, out_png):
-    import matplotlib
+    import matplotlib  # optional dependency: only for the plot
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency: only for the plot
 
     recs = json.load(open(json_path))
     recs = recs if isinstance(recs, list) else [recs]
@@ -294,7 +260,7 @@ def main(argv=None):
     bad = [m for m in methods if m not in METHODS and not any(m.startswith(p) for p in _FAMILIES)]
     if bad:
         raise SystemExit(f"unknown method(s) {bad}; known: {', '.join(METHODS)} (and -math/-flash variants of the peers)")
-    own = not dist.is_initialized()
+    own = not initialized()
     if own:
         dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -6,29 +6,11 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import statistics
 
 import torch
 
-
-def timed(fn, warmup: int = 2, iters: int = 5) -> list[float]:
-    """Seconds per call of ``fn``: ``iters`` CUDA-event timings after ``warmup`` calls."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b) / 1e3)
-    return out
-
-
-def median(xs):
-    return statistics.median(xs)
+from burstengine.kernels.triton.kernel import TileConfig, TritonKernel
+from burstengine.masks import MaskSpec
 
 
 def attn_flops(B, S_q, S_k, H, D, visible_frac=1.0):
@@ -39,10 +21,7 @@ def attn_flops(B, S_q, S_k, H, D, visible_frac=1.0):
 def _warm(task):
     """Run one kernel variant on tiny inputs so Triton compiles it (in a worker process)."""
     try:
-        from burstengine.kernels.base import MaskSpec
-        from burstengine.kernels.triton_kernel import Config, TritonKernel
-
-        cfg = Config.from_dict(task["config"])
+        cfg = TileConfig.from_dict(task["config"])
         D, dtype = task["D"], getattr(torch, task["dtype"])
         kern = TritonKernel({D: cfg})
         dev = torch.device("cuda")
@@ -85,6 +64,4 @@ def load_configs(path):
     if not path or not os.path.exists(path):
         log(f"no configs at {path!r}: using the CONFIGS table")
         return None
-    from burstengine.kernels.triton_kernel import Config
-
-    return {int(D): Config.from_dict(c) for D, c in json.load(open(path)).items()}
+    return {int(D): TileConfig.from_dict(c) for D, c in json.load(open(path)).items()}

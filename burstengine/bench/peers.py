@@ -40,6 +40,7 @@ def torch_cp_context(group, seq_len: int, device, causal: bool):
     """Enter torch's CP for a global sequence of seq_len; SDPA calls inside run the CP ring.
     Its head-tail load balancer is on for causal (as users run it) and must be off for full
     attention, which it refuses to balance."""
+    # torch's experimental CP API: only for these baselines
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.experimental import context_parallel
     from torch.distributed.tensor.experimental._attention import _cp_options

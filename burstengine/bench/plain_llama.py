@@ -24,6 +24,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from ..train.metrics import peak_flops, peak_memory_gib
+
 AC_OPTIONS = ("none", "selective", "full")  # fastest first
 LOSS_CHUNK = 8192
 
@@ -163,8 +165,6 @@ def run_case(model_args, seq: int, ac: str, warmup: int, steps: int, device, com
                     times.append(time.perf_counter() - t0)
         med = sorted(times)[len(times) // 2]
         tgs = seq / med
-        from ..train.metrics import peak_flops, peak_memory_gib
-
         peak = peak_flops(device)
         fpt = model_args.flops_per_token(seq)
         row.update(ok=True, step_times_s=times, median_step_s=med, tokens_per_s_per_gpu=tgs,

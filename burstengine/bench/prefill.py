@@ -28,6 +28,7 @@ of every method makes the usual case; set PYTORCH_CUDA_ALLOC_CONF=expandable_seg
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -35,10 +36,15 @@ import time
 import torch
 import torch.distributed as dist
 
-from ..inference.engine import peak_bytes, prefill, reduce_max, reset_peak, timed
+from ..inference.engine import peak_bytes, prefill, reset_peak
 from ..inference.models import OurLlama, random_llama
 from ..model import PRESETS, ModelArgs
-from .record import write_record
+from ..records import write_record
+from ..timing import median, reduce_max, timed
+from . import peers
+from ..launch import run_command
+from ..layout import LAYOUTS
+from .tp_llama import TPLlama
 
 # LLaMA-2 7B and 13B (the paper's models), and a CPU-sized one
 SHAPES: dict[str, ModelArgs] = {
@@ -74,8 +80,6 @@ def build_parser(p=None):
 
 
 def parse_methods(spec: str) -> list[str]:
-    from ..layout import LAYOUTS
-
     out = []
     for m in (x for x in spec.split(",") if x):
         if m not in METHODS and not (m.startswith("burst-") and m[6:] in LAYOUTS):
@@ -120,9 +124,7 @@ def _oom(e: BaseException) -> bool:
 
 def _case(method, S, ids, ours, tp, group, args, device):
     """-> (fn, context manager factory or None) running one prefill of ``ids`` with ``method``."""
-    from torch.nn.attention import sdpa_kernel
-
-    from . import peers
+    from torch.nn.attention import sdpa_kernel  # only for the SDPA baselines
 
     backend = args.sdpa or ("cudnn" if device.type == "cuda" else "math")
     if method == "burst" or method.startswith("burst-"):
@@ -142,10 +144,6 @@ def _case(method, S, ids, ours, tp, group, args, device):
 def run_rank(args, group=None) -> list[dict]:
     """Every case on this rank of an initialised group; rank 0 prints and writes the record.
     Returns the rows (on every rank)."""
-    import contextlib
-
-    from .tp_llama import TPLlama
-
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" \
         else torch.device("cpu")
@@ -198,7 +196,7 @@ def run_rank(args, group=None) -> list[dict]:
                 reset_peak(device)
                 try:
                     with ctx() if ctx else contextlib.nullcontext():
-                        secs = timed(step, device, group, warmup, iters)
+                        secs = timed(step, device, group, warmup, iters, events=False)
                 except Exception as e:  # noqa: BLE001  (an OOM, or a kernel refusing a shape)
                     first = (str(e).splitlines() or [""])[0][:160]
                     err = f"OOM: {first}" if _oom(e) else f"{type(e).__name__}: {first}"
@@ -220,11 +218,11 @@ def run_rank(args, group=None) -> list[dict]:
                 elif S in reference:
                     ref = reference[S]
                     row["logits_rel_diff_vs_burst"] = ((logits - ref).abs().max() / ref.abs().max()).item()
-                if statistics.median(secs) > args.long:
+                if median(secs) > args.long:
                     warmup, iters = 0, 1
-                row.update(seconds=secs, median_s=statistics.median(secs),
+                row.update(seconds=secs, median_s=median(secs),
                            std_s=statistics.pstdev(secs) if len(secs) > 1 else 0.0, peak_bytes=peak, peak_kind=what,
-                           tokens_per_s=S / statistics.median(secs))
+                           tokens_per_s=S / median(secs))
                 log(f"{name} {method} S={S}: {row['median_s']:.3f}s, peak {peak / 2**30:.1f} GiB"
                     + (f", logits vs burst {row['logits_rel_diff_vs_burst']:.1e}" if "logits_rel_diff_vs_burst" in row
                        else ""))
@@ -272,8 +270,6 @@ def print_tables(rows, methods, seqs, file=sys.stdout):
 
 
 def main(argv=None) -> int:
-    from ..launch import run_command
-
     return run_command(_entry, build_parser().parse_args(argv), validate, "prefill bench")
 
 

@@ -20,6 +20,11 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
+
+from ..launch import init_from_env, spawn, under_launcher
+from ..records import write_record
+from ..train import Trainer, load
 
 # first match wins; names are lower-cased kernel names
 CATEGORIES = (
@@ -69,11 +74,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_rank(args) -> int:
-    from torch.profiler import ProfilerActivity, profile
-
-    from ..train import Trainer, load
-    from .record import write_record
-
     on_gpu = torch.cuda.is_available()
     model = args.model or ("llama-8b" if on_gpu else "tiny")
     seq = args.seq or (131072 if on_gpu else 512)
@@ -143,8 +143,6 @@ def run_rank(args) -> int:
 
 
 def main(argv=None) -> int:
-    from ..launch import init_from_env, spawn, under_launcher
-
     p = argparse.ArgumentParser(prog="burstengine bench profile", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)

@@ -22,9 +22,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 
 import torch.distributed as dist
+
+from ..launch import run_command
+from ..records import write_record
+from ..train import Trainer, load
 
 SOAK_MODEL = ["model.dim=32", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2", "model.vocab_size=64",
               "model.ffn_dim=48", "seq_len=32", "batch_size=2", "passkey_symbols=8", "passkey_len=3",
@@ -63,8 +68,6 @@ def soak_rank(group, steps: int, out_dir: str, extra=(), every: int = 0) -> list
     """Train ``steps`` tiny steps on the ranks of ``group`` in ``out_dir``, evaluating and saving
     a checkpoint every ``every`` steps (0: only the evaluation at the end); this rank's RSS after
     each step (and its evaluation and save), in bytes."""
-    from ..train import Trainer, load
-
     cfg = load("tiny", SOAK_MODEL + [f"steps={steps}", f"out_dir={out_dir}", f"ckpt_every={every}",
                                      f"eval_every={every}", "ckpt_keep=1", *extra])
     samples: list[int] = []
@@ -90,10 +93,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_rank(args) -> int:
-    import tempfile
-
-    from .record import write_record
-
     rank, world = dist.get_rank(), dist.get_world_size()
     if rank == 0:
         print(f"soak: {args.steps} steps on {world} ranks, RSS growth from step {args.start} bounded by "
@@ -139,8 +138,6 @@ def _validate(args) -> str | None:
 
 
 def main(argv=None) -> int:
-    from ..launch import run_command
-
     p = argparse.ArgumentParser(prog="burstengine bench soak", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)

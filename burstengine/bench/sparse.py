@@ -33,7 +33,6 @@ import argparse
 import math
 import os
 import random
-import statistics
 import sys
 import time
 
@@ -41,14 +40,14 @@ import torch
 import torch.distributed as dist
 
 import burstengine as be
-from burstengine.attention import backward_bytes, forward_bytes
-from burstengine.attention.auto import plan_call
 from burstengine.attention.checks import check_sparse
-from burstengine.attention.schedule import attention_flops, block_tasks, ring_source, ring_steps, visible_pairs
+from burstengine.attention.planning import plan_call
 from burstengine.kernels import get_kernel
+from burstengine.records import write_record
+from burstengine.schedule import (attention_flops, backward_bytes, block_tasks, forward_bytes, ring_source, run_steps,
+                                  visible_pairs)
 from burstengine.testing import fro_err
-
-from .record import write_record
+from burstengine.timing import median
 
 
 def mixed_documents(seq_len: int, lo: int, hi: int, seed: int = 0) -> list[int]:
@@ -128,16 +127,12 @@ def _gather(x, group, device):
     return [p.tolist() for p in parts]
 
 
-def _median(xs):
-    return statistics.median(xs)
-
-
 def compute_only(q, k, v, do, layout, pattern, kernel, scale, group):
     """This rank's attention work alone: its forward tasks and burst-backward tasks at every step
     that runs, on its own tensors (the shapes and tasks of the real call, no communication)."""
     G, r = dist.get_world_size(group), dist.get_rank(group)
     n = q.shape[1]
-    steps = ring_steps(layout, pattern, G, n)
+    steps = run_steps(layout, pattern, G, n)
     B, _, H, D = q.shape
     lse = torch.full((B, H, n), float("-inf"), device=q.device)
     delta = torch.randn(B, H, n, device=q.device)
@@ -194,7 +189,7 @@ def run_case(case, args, group, device, dtype):
         cf, cb = compute_only(q.detach(), k.detach(), v.detach(), do, layout, pattern, kernel, 1 / math.sqrt(D), group)
         comp_f = timer(cf, args.warmup, args.iters, group)
         comp_b = timer(cb, args.warmup, args.iters, group)
-    per_rank = _gather([_median(fwd_t), _median(fwdbwd_t), _median(comp_f), _median(comp_b), st.forward_bytes,
+    per_rank = _gather([median(fwd_t), median(fwdbwd_t), median(comp_f), median(comp_b), st.forward_bytes,
                         st.backward_bytes], group, device)
     model = byte_model(q, k, group, layout, pattern, args.backward)
     raw = _gather(fwd_t + fwdbwd_t, group, device)
@@ -207,9 +202,9 @@ def run_case(case, args, group, device, dtype):
     rec = dict(
         name=case["name"], group=case["group"], S=S, layout=layout, world=G, B=B, H=H, Hkv=Hkv, D=D,
         window=mask.get("window"), documents=len(mask["cu_seqlens"]) - 1 if "cu_seqlens" in mask else 1,
-        steps=len(ring_steps(layout, pattern, G, n)), visible_pairs=visible_pairs(S, pattern),
-        fwd_s=_median(step_fwd), fwdbwd_s=_median(step_fb),
-        fwdbwd_tflops=sum(flops) / G / _median(step_fb) / 1e12,
+        steps=len(run_steps(layout, pattern, G, n)), visible_pairs=visible_pairs(S, pattern),
+        fwd_s=median(step_fwd), fwdbwd_s=median(step_fb),
+        fwdbwd_tflops=sum(flops) / G / median(step_fb) / 1e12,
         balance=max(comp) / (sum(comp) / G), ideal_balance=max(flops) / (sum(flops) / G),
         wall_balance=max(r[1] for r in per_rank) / (sum(r[1] for r in per_rank) / G),
         per_rank=[dict(fwd_s=r[0], fwdbwd_s=r[1], compute_fwd_s=r[2], compute_bwd_s=r[3], fwd_bytes=int(r[4]),
@@ -231,7 +226,8 @@ def byte_model(q, k, group, layout, pattern, backward) -> dict:
     G = dist.get_world_size(group)
     B, n, H, D = q.shape
     Hkv, e = k.shape[2], q.element_size()
-    ring, scheme = plan_call(q, k, group, pattern, layout, backward, "auto")
+    plan = plan_call(q, k, group, G, pattern, layout, backward, "auto")
+    ring, scheme = plan.ring(group), plan.backward
     hops = len(ring.steps) - 1
     trim = {} if ring.double else dict(layout=layout, mask=pattern)
     per_rank = [dict(model_fwd_bytes=forward_bytes(B, n, Hkv, D, e, G, hops, rank=r, **trim),

@@ -33,10 +33,13 @@ import torch.distributed as dist
 import burstengine as be
 
 from .. import costmodel as cm
+from ..attention.hybrid import check_hybrid
 from ..comm import topology as topo
 from ..comm.ring import Ring
 from ..kernels import get_kernel
-from .attention import timed
+from ..records import write_record
+from ..timing import median, timed
+from . import peers
 
 SCHEMES = ("burst", "ring", "burst_double", "ring_double", "ulysses", "hybrid")
 
@@ -62,11 +65,6 @@ def build_parser(p=None):
     return p
 
 
-def median(xs):
-    xs = sorted(xs)
-    return xs[len(xs) // 2]
-
-
 def fit_link(sizes, secs) -> cm.Link:
     """Least squares t = latency + bytes / bandwidth."""
     n = len(sizes)
@@ -87,7 +85,7 @@ def measure_link(group, sizes, device, warmup, iters):
     raw = []
     for nbytes in sizes:
         buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        raw.append(median(timed(lambda: ring.shift([buf], "forward", ["x"]).wait(), warmup, iters, group, device)))
+        raw.append(median(timed(lambda: ring.shift([buf], "forward", ["x"]).wait(), device, group, warmup, iters)))
     return fit_link(sizes, raw), raw
 
 
@@ -99,7 +97,7 @@ def measure_a2a(group, sizes, device, warmup, iters):
         nbytes -= nbytes % G
         x = torch.empty(nbytes, dtype=torch.uint8, device=device)
         y = torch.empty_like(x)
-        raw.append(median(timed(lambda: dist.all_to_all_single(y, x, group=group), warmup, iters, group, device)))
+        raw.append(median(timed(lambda: dist.all_to_all_single(y, x, group=group), device, group, warmup, iters)))
     return fit_link([s * (G - 1) / G for s in sizes], raw), raw
 
 
@@ -128,14 +126,12 @@ def measure_kernel(kernel, device, dtype, B, sq, sk, H, Hkv, D, mask, group, war
     def bwd():
         kernel.backward_into(do, q, k, v, lse0, delta, scale, mask, dq, dk, dv)
 
-    return median(timed(fwd, warmup, iters, group, device)), median(timed(bwd, warmup, iters, group, device))
+    return median(timed(fwd, device, group, warmup, iters)), median(timed(bwd, device, group, warmup, iters))
 
 
 # --- what runs --------------------------------------------------------------------------------
 
 def hybrid_degrees(H, Hkv, G):
-    from ..attention.hybrid import check_hybrid
-
     q, k = torch.empty(1, 1, H, 1, device="meta"), torch.empty(1, 1, Hkv, 1, device="meta")
     out = []
     for U in range(2, G + 1):
@@ -163,8 +159,6 @@ def runs(schemes, H, Hkv, G, nodes):
 
 
 def make_fn(scheme, opts, group, shape, causal, layout, kernel, device):
-    from . import peers
-
     kw = dict(group=group, causal=causal, layout=layout, kernel=kernel)
     if scheme in ("burst", "ring"):
         return lambda q, k, v: be.burst_attn_func(q, k, v, backward=scheme, topology=None, **kw)
@@ -288,7 +282,7 @@ def run(group, args, log=print) -> dict | None:
             def step(fn=fn):
                 fn(*qkv[:3]).backward(qkv[3])
 
-            meas = timed(step, args.warmup, args.iters, group, device)
+            meas = timed(step, device, group, args.warmup, args.iters)
             p = predict(scheme, opts, single, double, attn)
             m = median(meas)
             rows.append(dict(label=label, scheme=scheme, S=S, H=H, Hkv=Hkv, D=D, causal=args.causal, world=G,
@@ -331,8 +325,6 @@ def main(argv=None):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // dist.get_world_size()))
     rec = run(None, args)
     if rec is not None:
-        from .record import write_record
-
         print_table(rec)
         path = write_record(args.name or f"topo_bench_{rec['world']}gpu", rec, args.out_dir)
         print(f"wrote {path}")

@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ..comm.dist import rank_of, world_of
+from ..kernels import acc_dtype
 from ..model.llama import apply_rope, rope_tables
 from .peers import _sdpa
 
@@ -65,8 +67,7 @@ class TPLlama:
         if mode not in MODES:
             raise ValueError(f"unknown TP mode {mode!r}; expected one of {MODES}")
         a = model.args
-        G = dist.get_world_size(group) if dist.is_initialized() else 1
-        r = dist.get_rank(group) if dist.is_initialized() else 0
+        G, r = world_of(group), rank_of(group)
         if a.n_heads % G or a.ffn_dim % G:
             raise ValueError(f"tensor parallelism over {G} ranks needs heads ({a.n_heads}) and ffn ({a.ffn_dim}) "
                              f"divisible by {G}")
@@ -121,7 +122,7 @@ class TPLlama:
         if S % G:
             raise ValueError(f"sequence {S} is not divisible by the TP size {G}")
         ids = input_ids.to(self.device)
-        acc = torch.float64 if self.dtype == torch.float64 else torch.float32  # as the model rotates
+        acc = acc_dtype(self.dtype)  # as the model rotates
         cos, sin = (t.to(acc) for t in rope_tables(torch.arange(S, device=self.device), self.args.head_dim,
                                                    self.args.rope_theta))
         if self.mode == "v3":

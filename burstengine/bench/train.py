@@ -29,12 +29,19 @@ from __future__ import annotations
 
 import argparse
 import gc
-import statistics
 import sys
 import time
 
 import torch
 import torch.distributed as dist
+
+from ..launch import init_from_env, spawn, under_launcher
+from ..records import write_record
+from ..timing import median
+from ..train import Trainer, load
+from ..train.metrics import peak_memory_gib
+from . import ablation
+from .plain_llama import best_case
 
 METHODS = ("burst", "torch-cp", "plain")  # plain: bench/plain_llama.py, one GPU, no CP
 
@@ -84,8 +91,6 @@ def _sync(device):
 def run_case(model: str, method: str, seq: int, args, config: list[str] = (), row: dict | None = None) -> dict:
     """One (method, sequence): a fresh trainer, warm-up + timed steps; OOM is reported, not raised.
     ``config``: overrides after --set's (an ablation row's); ``row``: the fields the result starts from."""
-    from ..train import Trainer, load
-
     over = list(args.overrides) + list(config) + [
         f"seq_len={seq}", "cp=0", f"attention={method}", "progress=false", f"steps={args.warmup + args.steps}",
         "batch_size=1", "eval_every=0"]
@@ -114,13 +119,11 @@ def run_case(model: str, method: str, seq: int, args, config: list[str] = (), ro
                 first_loss = (total / count).item()
             if step >= args.warmup:
                 times.append(dt)
-        from ..train.metrics import peak_memory_gib
-
         t = torch.tensor(times, dtype=torch.float64, device=dev)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace of a step
         mem = torch.tensor([peak_memory_gib(dev)], device=dev)
         dist.all_reduce(mem, op=dist.ReduceOp.MAX)
-        med = statistics.median(t.tolist())
+        med = median(t.tolist())
         world = dist.get_world_size()
         tgs = seq / world / med
         peak = trainer.peak
@@ -155,14 +158,10 @@ def _ablation_seqs(args) -> list[int]:
 
 
 def run_rank(args) -> int:
-    from .record import write_record
-
     on_gpu = torch.cuda.is_available()
     model = args.model or ("llama-7b" if on_gpu else "tiny")
     world = dist.get_world_size()
     if args.ablation:
-        from . import ablation
-
         if args.longest:
             _say("error: --longest does not apply to --ablation")
             return 2
@@ -172,7 +171,7 @@ def run_rank(args) -> int:
             _say(f"error: {e}")
             return 2
         name = args.name or f"ablation_{model}_{world}x{'gpu' if on_gpu else 'cpu'}"
-        return ablation.run(args, model, seqs, run_case, name)
+        return ablation.run(args, model, seqs, run_case, name, _say)
     seqs = [int(s) for s in (args.seqs or ("131072,262144,524288" if on_gpu else "512,1024")).split(",")]
     max_seq = args.max_seq or (4194304 if on_gpu else 2048)
     methods = [m for m in args.methods.split(",") if m]
@@ -192,9 +191,6 @@ def run_rank(args) -> int:
                 if world > 1:
                     _say("plain: the plain-PyTorch baseline runs on one GPU (no context parallelism); skipped")
                     break
-                from ..train import load
-                from .plain_llama import best_case
-
                 cfg = load(model, list(args.overrides))
                 tried = best_case(cfg.model, seq, args.warmup, args.steps, torch.device(
                     "cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu"), say=_say)
@@ -241,17 +237,13 @@ def run_rank(args) -> int:
 
 
 def main(argv=None) -> int:
-    from ..launch import init_from_env, spawn, under_launcher
-
     p = argparse.ArgumentParser(prog="python -m burstengine.bench.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     args = p.parse_args(argv)
     if args.ablation and not under_launcher():
-        from .ablation import runs_of
-
         try:  # a bad row, split or length fails here, before any rank is spawned
-            runs_of(args, args.model or ("llama-7b" if torch.cuda.is_available() else "tiny"), _ablation_seqs(args),
+            ablation.runs_of(args, args.model or ("llama-7b" if torch.cuda.is_available() else "tiny"), _ablation_seqs(args),
                     args.world)
         except ValueError as e:
             print(f"burstengine bench train: error: {e}", file=sys.stderr)

@@ -6,8 +6,9 @@ module turns that into a clear failure on every rank.  The pieces are independen
 
 * :func:`wait` / :func:`post`: the ring (``comm.ring``) posts and waits its point-to-point ops
   through them.  An op that fails (peer process gone) or outlives the deadline becomes
-  :class:`RankLost`, naming the peer's global rank.  The deadline is ``BURST_TIMEOUT``
-  seconds (:func:`configured_timeout`), else the process group's own timeout; it is enforced on CPU
+  :class:`RankLost`, naming the peer's global rank.  The deadline is the op's (``Op.deadline``:
+  ``BURST_TIMEOUT`` seconds, which attention/planning.py reads and hands to the rings and the
+  argument check), else the process group's own timeout; it is enforced on CPU
   backends (gloo), where waits block the host.  On NCCL the host does not wait for the
   transfer, and NCCL's own watchdog aborts a collective that outlives the group's timeout.
 * Fault notices in the c10d store: the first rank that sees a peer fail posts "rank P lost"
@@ -22,7 +23,7 @@ module turns that into a clear failure on every rank.  The pieces are independen
   peer", which names an address, not a rank) into a :class:`RankLost` naming the ranks whose
   heartbeats stopped.
 * :func:`init_process_group`: ``torch.distributed.init_process_group`` with the group timeout
-  taken from ``BURST_TIMEOUT``, so one variable sets every deadline of a job.
+  given (pass BURST_TIMEOUT's value), so one variable sets every deadline of a job.
 
 Exit codes: an uncaught :class:`RankLost` exits with Python's usual 1; the watchdog exits with
 :data:`EXIT_LOST` (75, EX_TEMPFAIL: worth a restart from the last checkpoint).
@@ -37,6 +38,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import torch.distributed as dist
+
+from .dist import rank_of
 
 EXIT_LOST = 75
 DEFAULT_TIMEOUT = 600.0  # like NCCL's default group timeout: long enough for a slow checkpoint save
@@ -55,35 +58,19 @@ class RankLost(RuntimeError):
         self.lost, self.peer = lost, peer
 
 
-def configured_timeout() -> float | None:
-    """The deadline in seconds for ring waits and the argument check (env ``BURST_TIMEOUT``);
-    None: the process group's own timeout."""
-    v = os.environ.get("BURST_TIMEOUT")
-    if not v:
-        return None
-    try:
-        t = float(v)
-    except ValueError:
-        raise ValueError(f"BURST_TIMEOUT must be a number of seconds, got {v!r}") from None
-    if not t > 0:
-        raise ValueError(f"BURST_TIMEOUT must be positive, got {v!r}")
-    return t
-
-
-def job_timeout(seconds: float = 0.0) -> float:
-    """The fault deadline of a job: ``seconds`` if positive, else ``BURST_TIMEOUT``, else
-    :data:`DEFAULT_TIMEOUT`."""
-    return float(seconds) if seconds and seconds > 0 else configured_timeout() or DEFAULT_TIMEOUT
+def job_timeout(seconds: float = 0.0, configured: float | None = None) -> float:
+    """The fault deadline of a job: ``seconds`` if positive, else ``configured`` (BURST_TIMEOUT,
+    read by attention/planning.py's :func:`configured_timeout`), else :data:`DEFAULT_TIMEOUT`."""
+    return float(seconds) if seconds and seconds > 0 else configured or DEFAULT_TIMEOUT
 
 
 def init_process_group(backend: str | None = None, *, timeout_s: float | None = None, **kwargs) -> None:
-    """``dist.init_process_group`` whose timeout is ``timeout_s``, else ``BURST_TIMEOUT``, else
-    torch's default.  The group timeout bounds every gloo op and arms NCCL's watchdog (which
+    """``dist.init_process_group`` whose timeout is ``timeout_s`` (e.g. BURST_TIMEOUT's, from
+    attention/planning.py's ``configured_timeout()``), else torch's default.  The group timeout bounds every gloo op and arms NCCL's watchdog (which
     aborts the process on a collective that outlives it: keep ``TORCH_NCCL_ASYNC_ERROR_HANDLING``
     at torch's default, 3)."""
-    t = timeout_s if timeout_s is not None else configured_timeout()
-    if t is not None:
-        kwargs.setdefault("timeout", timedelta(seconds=t))
+    if timeout_s is not None:
+        kwargs.setdefault("timeout", timedelta(seconds=timeout_s))
     dist.init_process_group(backend, **kwargs)
 
 
@@ -169,10 +156,11 @@ class Op:
     peers: tuple = ()
     blocking: bool = True  # the backend blocks the host in wait(): a deadline can be enforced
     group_ranks: tuple = ()
+    deadline: float | None = None  # seconds a blocking wait may take (None: the group's own timeout)
 
 
 def _me() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    return rank_of()
 
 
 def _reason(e: BaseException) -> str:
@@ -216,7 +204,7 @@ def describe(op: Op, index: int, n: int, e: BaseException, deadline: float | Non
 
 def wait(works, op: Op) -> None:
     """Wait for every work; a failure or a missed deadline raises :class:`RankLost`."""
-    deadline = configured_timeout() if op.blocking else None
+    deadline = op.deadline if op.blocking else None
     for i, w in enumerate(works):
         try:
             if deadline is None:
@@ -261,7 +249,7 @@ class Watchdog:
 
     def __init__(self, timeout: float | None = None, interval: float | None = None, grace: float | None = None,
                  *, store=None, rank: int | None = None, world: int | None = None, on_fault=None):
-        self.timeout = float(timeout or configured_timeout() or 300.0)
+        self.timeout = float(timeout or 300.0)
         self.interval = float(interval or min(1.0, self.timeout / 10))
         self.grace = float(grace if grace is not None else min(5.0, self.timeout / 2))
         self._store, self.rank, self.world, self.on_fault = store, rank, world, on_fault

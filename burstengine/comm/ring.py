@@ -3,7 +3,7 @@
 ``shift`` posts the sends and receives at once and returns a handle; the caller computes on
 what it holds and calls ``wait`` only when it needs the new buffers.  The same code runs on
 NCCL (GPU) and gloo (CPU).  Posting and waiting go through ``fault``: a peer that died or
-missed the deadline (``BURST_TIMEOUT``) raises ``RankLost`` naming it instead of hanging.
+missed the deadline (``timeout``: BURST_TIMEOUT's seconds) raises ``RankLost`` naming it instead of hanging.
 
 ``peers=(next, prev)`` (group ranks) replaces the neighbours for hops that are not rank+1
 (the double ring's last gradient hop, comm/topology.py); ``link`` labels the bytes this rank
@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from . import fault, stats
+from .dist import rank_of, world_of
 
 
 class Pending:
@@ -30,15 +31,13 @@ class Pending:
 
 
 class Ring:
-    def __init__(self, group=None, link: str = "intra", peers: tuple[int, int] | None = None):
+    def __init__(self, group=None, link: str = "intra", peers: tuple[int, int] | None = None,
+                 timeout: float | None = None):
         self.group = group
         self.link = link
         self.peers = peers
-        if dist.is_available() and dist.is_initialized():
-            self.world = dist.get_world_size(group)
-            self.rank = dist.get_rank(group)
-        else:
-            self.world, self.rank = 1, 0
+        self.timeout = timeout  # the deadline of a blocking wait (BURST_TIMEOUT; None: the group's)
+        self.world, self.rank = world_of(group), rank_of(group)
         if self.world > 1:
             nxt, prv = peers if peers is not None else ((self.rank + 1) % self.world, (self.rank - 1) % self.world)
             self.next = dist.get_global_rank(group or dist.group.WORLD, nxt)
@@ -82,5 +81,6 @@ class Ring:
             return Pending([], bufs)
         # CPU transfers (gloo) block the host in wait(), so a deadline can be enforced there; CUDA
         # ones (NCCL) do not, and must not be made to
-        op = fault.Op(f"{phase} ring shift of {', '.join(names)}", tuple(peers), blocking=bufs[0].device.type == "cpu")
+        op = fault.Op(f"{phase} ring shift of {', '.join(names)}", tuple(peers), blocking=bufs[0].device.type == "cpu",
+                      deadline=self.timeout)
         return Pending(fault.post(lambda: dist.batch_isend_irecv(ops), op), bufs, op)

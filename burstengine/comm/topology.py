@@ -1,13 +1,14 @@
 """Nodes, and the topology-aware double ring (BurstEngine §3.1, Fig. 4-5).
 
 Ranks are grouped into ``nodes`` nodes of ``gpus_per_node`` ranks, node-major (group rank =
-node * gpus_per_node + local), as torchrun numbers them.  The grouping comes from, first
-match wins: an explicit ``Topology`` (or "NxM" string, or a 2-D DeviceMesh), the
-``BURST_TOPOLOGY`` environment variable ("2x4": 2 nodes of 4 ranks; this is how 2 nodes x 2
-GPUs are emulated on one host, or 2 x 2 gloo processes on a CPU), then ``LOCAL_WORLD_SIZE``
-(set by torchrun); with none of them the group is one node.
+node * gpus_per_node + local), as torchrun numbers them (schedule/order.py's :class:`Topology`).
+The grouping comes from, first match wins: an explicit ``Topology`` (or "NxM" string, or a 2-D
+DeviceMesh), the ``BURST_TOPOLOGY`` environment variable ("2x4": 2 nodes of 4 ranks; this is how
+2 nodes x 2 GPUs are emulated on one host, or 2 x 2 gloo processes on a CPU), then
+``LOCAL_WORLD_SIZE`` (set by torchrun); with none of them the group is one node.  The
+environment is read by attention/planning.py and handed to :func:`detect`.
 
-The double ring (``ring_steps``) runs a round of m = gpus_per_node steps around the node
+The double ring (schedule/order.py's ``double_ring_steps``) runs a round of m = gpus_per_node steps around the node
 (intra-node hops), then takes one inter-node hop, ``nodes`` rounds in all.  Three buffers: the
 shard being computed on, the intra-node transfer of the next step's shard, and the inter-node
 transfer of the next round's shard, which is posted at the start of a round and so overlaps
@@ -17,76 +18,36 @@ to the next node where the next round's partial of the same shard is finished a 
 and from the last round straight home.  A one-node ring and a ring of one-rank nodes are the
 plain single ring, with exactly its messages in exactly its order.
 
-Everything here except ``RingComm`` and ``block_group`` is plain Python that tests enumerate.
+The plain step data lives in schedule/order.py; here are the process groups and the rings that run it.
 """
 from __future__ import annotations
 
-import os
-import re
 from dataclasses import dataclass
 
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
-from ..attention.schedule import ring_source
+from ..schedule.order import Topology, double_ring_steps, hop_peers, node_blocks, ring_source, single
+from .dist import LOCAL, rank_of, world_of
 from .ring import Ring
 
-ENV = "BURST_TOPOLOGY"
-LOCAL = "local"  # the group of a one-rank ring or block, whatever the job: nothing is communicated
+ENV = "BURST_TOPOLOGY"  # read by attention/planning.py, passed to detect() as ``spec``
 
 
-@dataclass(frozen=True)
-class Topology:
-    """``nodes`` nodes of ``gpus_per_node`` ranks each, node-major."""
+def detect(group=None, spec: str | None = None, local_world_size: str | int | None = None) -> Topology:
+    """The node grouping of ``group`` from ``spec`` (BURST_TOPOLOGY's value), else
+    ``local_world_size`` (LOCAL_WORLD_SIZE's), else one node.
 
-    nodes: int
-    gpus_per_node: int
-
-    def __post_init__(self):
-        for name in ("nodes", "gpus_per_node"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"Topology.{name} must be a positive int, got {v!r}")
-
-    @property
-    def world(self) -> int:
-        return self.nodes * self.gpus_per_node
-
-    def node_of(self, rank: int) -> int:
-        return rank // self.gpus_per_node
-
-    def link(self, src: int, dst: int) -> str:
-        """"intra" when ranks ``src`` and ``dst`` share a node, else "inter"."""
-        return "intra" if self.node_of(src) == self.node_of(dst) else "inter"
-
-    @classmethod
-    def parse(cls, spec: str) -> "Topology":
-        """"2x4" -> 2 nodes of 4 ranks."""
-        m = re.fullmatch(r"\s*(\d+)\s*[xX*]\s*(\d+)\s*", str(spec))
-        if not m:
-            raise ValueError(f"topology {spec!r} is not of the form 'NODESxGPUS_PER_NODE', e.g. '2x4'")
-        return cls(int(m.group(1)), int(m.group(2)))
-
-    def __str__(self) -> str:
-        return f"{self.nodes}x{self.gpus_per_node}"
-
-
-def single(world: int) -> Topology:
-    return Topology(1, world)
-
-
-def detect(group=None) -> Topology:
-    """The node grouping of ``group`` from BURST_TOPOLOGY, else LOCAL_WORLD_SIZE, else one node.
-
-    Uses only environment and group membership, which torchrun gives every rank alike, so all
-    ranks of the group reach the same answer without communicating."""
-    world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
-    spec = os.environ.get(ENV)
+    Uses only the environment (read by the caller, attention/planning.py) and group
+    membership, which torchrun gives every rank alike, so all ranks of the group reach the same
+    answer without communicating."""
+    world = world_of(group)
     if spec:
         topo = Topology.parse(spec)
         if topo.world != world:
             raise ValueError(f"{ENV}={spec!r} describes {topo.world} ranks but the group has {world}")
         return topo
-    lws = os.environ.get("LOCAL_WORLD_SIZE")
+    lws = local_world_size
     if not lws or world == 1:
         return single(world)
     lws = int(lws)
@@ -102,7 +63,7 @@ def detect(group=None) -> Topology:
 
 def resolve(topology, group=None) -> Topology:
     """A Topology from the ``topology=`` argument forms (Topology, "NxM", 2-D DeviceMesh)."""
-    world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+    world = world_of(group)
     if isinstance(topology, Topology):
         topo = topology
     elif isinstance(topology, str):
@@ -122,66 +83,7 @@ def resolve(topology, group=None) -> Topology:
 
 
 def is_mesh(x) -> bool:
-    try:
-        from torch.distributed.device_mesh import DeviceMesh
-    except ImportError:  # pragma: no cover
-        return False
     return isinstance(x, DeviceMesh)
-
-
-# --- the step plan: plain data, the same on every rank ---------------------------------------
-
-@dataclass(frozen=True)
-class StepPlan:
-    """What every rank does around the compute of one step of the double ring.
-
-    data_inter / data_intra: post an inter-node / intra-node hop of the shard held now (the
-    inter hop at the start of a round; it is waited for at the end of the round).
-    next_from: the link the next step's shard arrives on (None after the last step).
-    grad_out: the link on which the partial gradient finished at the previous step leaves,
-    posted now so it travels during this step's compute.
-    grad_in: the links whose partials are added to this step's contribution, after it.
-    """
-
-    step: int
-    round: int
-    inner: int
-    data_inter: bool
-    data_intra: bool
-    next_from: str | None
-    grad_out: str | None
-    grad_in: tuple[str, ...]
-
-
-def ring_steps(nodes: int, per_node: int) -> list[StepPlan]:
-    """The double ring's steps; after the last one each rank sends its last partial home on
-    the "home" hop (to rank (node+1, local+1), the owner of its last source)."""
-    m = per_node
-    out = []
-    for s in range(nodes * m):
-        o, i = divmod(s, m)
-        last_inner = i == m - 1
-        if s == nodes * m - 1:
-            nxt = None
-        else:
-            nxt = "inter" if last_inner else "intra"
-        if s == 0:
-            gout = None
-        else:
-            gout = "inter" if (s - 1) % m == m - 1 else "intra"
-        gin = (("intra",) if i >= 1 else ()) + (("inter",) if last_inner and o >= 1 else ())
-        out.append(StepPlan(step=s, round=o, inner=i, data_inter=i == 0 and o < nodes - 1,
-                            data_intra=i < m - 1, next_from=nxt, grad_out=gout, grad_in=gin))
-    return out
-
-
-def hop_peers(rank: int, nodes: int, per_node: int, link: str) -> tuple[int, int]:
-    """(send to, receive from) of ``rank`` on ``link``: "intra" (local + 1), "inter" (node + 1)
-    or "home" (both + 1: where the last partial of the double ring belongs)."""
-    m = per_node
-    a, b = divmod(rank, m)
-    da, db = {"intra": (0, 1), "inter": (1, 0), "home": (1, 1)}[link]
-    return ((a + da) % nodes) * m + (b + db) % m, ((a - da) % nodes) * m + (b - db) % m
 
 
 # --- process groups ---------------------------------------------------------------------------
@@ -230,14 +132,6 @@ def block_group(group, blocks: list[list[int]]):
     return _GROUPS[key][tuple(mine)]
 
 
-def node_blocks(topo: Topology) -> tuple[list[list[int]], list[list[int]]]:
-    """(intra-node blocks, inter-node blocks) of group ranks."""
-    m = topo.gpus_per_node
-    intra = [[a * m + b for b in range(m)] for a in range(topo.nodes)]
-    inter = [[a * m + b for a in range(topo.nodes)] for b in range(m)]
-    return intra, inter
-
-
 # --- the rings one call runs on ---------------------------------------------------------------
 
 class RingComm:
@@ -245,9 +139,9 @@ class RingComm:
     ring when ``shape`` has one node, or one rank per node).  ``labels`` says which node each
     rank is on, for the byte accounting of a single ring that crosses nodes; ``link`` gives
     the single ring's label directly (a ring whose ranks are not node-major, as the hybrid's).
-    ``group=LOCAL``: a one-rank ring.
+    ``group=LOCAL``: a one-rank ring.  ``timeout``: the deadline of every blocking wait (BURST_TIMEOUT).
 
-    ``steps``: the ring steps the loops run (schedule.ring_steps; all of them unless a sparse
+    ``steps``: the ring steps the loops run (schedule.run_steps; all of them unless a sparse
     mask leaves some with no work anywhere).  A skipped step costs neither compute nor
     transfer: the travelling shards jump straight to the rank that needs them next (a send
     ``gap`` ranks on).  Only the single ring skips steps, and only it trims messages to the
@@ -258,12 +152,10 @@ class RingComm:
     that its step s pairs the same blocks as the forward's)."""
 
     def __init__(self, group=None, shape: Topology | None = None, labels: Topology | None = None, mesh=None,
-                 link: str | None = None, steps=None):
+                 link: str | None = None, steps=None, timeout: float | None = None):
         self.group = group
-        if group is LOCAL or not (dist.is_available() and dist.is_initialized()):
-            self.world, self.rank = 1, 0
-        else:
-            self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.world = world_of(group)
+        self.rank = rank_of(group)
         self.shape = shape or single(self.world)
         self.labels = labels or self.shape
         self.link = link
@@ -272,13 +164,13 @@ class RingComm:
         self.steps = tuple(range(self.world)) if steps is None else tuple(steps)
         if self.double and self.steps != tuple(range(self.world)):
             raise ValueError(f"the double ring runs every step; a ring that skips steps {self.steps} must be single")
-        self.plan = _double_plan(nodes, m) if self.double else _single_plan(self.steps)
+        self.hops = _double_hops(nodes, m) if self.double else _single_hops(self.steps)
         self.rings: dict[str, Ring] = {}
         if self.world == 1:
             pass
         elif not self.double:
             # one ring: the plain r -> r+1 ring over the group (its hops labelled per send)
-            self.rings["ring"] = Ring(group)
+            self.rings["ring"] = Ring(group, timeout=timeout)
         else:
             if mesh is not None:
                 inter_g, intra_g = mesh.get_group(0), mesh.get_group(1)
@@ -287,9 +179,9 @@ class RingComm:
                 # every rank makes the groups in the same order: intra blocks, then inter ones
                 intra_g = block_group(group, intra_b)
                 inter_g = block_group(group, inter_b)
-            self.rings["intra"] = Ring(intra_g, link="intra")
-            self.rings["inter"] = Ring(inter_g, link="inter")
-            self.rings["home"] = Ring(group, link="inter", peers=hop_peers(self.rank, nodes, m, "home"))
+            self.rings["intra"] = Ring(intra_g, link="intra", timeout=timeout)
+            self.rings["inter"] = Ring(inter_g, link="inter", timeout=timeout)
+            self.rings["home"] = Ring(group, link="inter", peers=hop_peers(self.rank, nodes, m, "home"), timeout=timeout)
 
     def source(self, i: int, direction: int = 1) -> int:
         """Rank whose travelling shard this rank holds at loop index ``i``."""
@@ -323,7 +215,7 @@ class RingComm:
 
 @dataclass(frozen=True)
 class _Hops:
-    """What a loop does around the compute of loop index i (the step plan in ring terms):
+    """What a loop does around the compute of loop index i (the double ring's step in ring terms):
     ``data``: (ring, gap) hops of the shard held now; ``next_from``: the ring the next held
     shard arrives on; ``grad_out``: the (ring, gap) hop of the partial finished at the last
     index; ``grad_in``: the rings whose partials are added to this index's contribution."""
@@ -334,7 +226,7 @@ class _Hops:
     grad_in: tuple[str, ...]
 
 
-def _single_plan(steps) -> list[_Hops]:
+def _single_hops(steps) -> list[_Hops]:
     out = []
     for i, s in enumerate(steps):
         last = i + 1 == len(steps)
@@ -343,9 +235,9 @@ def _single_plan(steps) -> list[_Hops]:
     return out
 
 
-def _double_plan(nodes: int, per_node: int) -> list[_Hops]:
+def _double_hops(nodes: int, per_node: int) -> list[_Hops]:
     out = []
-    for p in ring_steps(nodes, per_node):
+    for p in double_ring_steps(nodes, per_node):
         data = ((("inter", 1),) if p.data_inter else ()) + ((("intra", 1),) if p.data_intra else ())
         out.append(_Hops(data=data, next_from=p.next_from, grad_out=(p.grad_out, 1) if p.grad_out else None,
                          grad_in=p.grad_in))
@@ -396,7 +288,7 @@ class Mover:
         return _rows_of(self.comm, self.rows, self.direction, owner_index, i)
 
     def post(self, i: int) -> None:
-        for key, gap in self.comm.plan[i].data:
+        for key, gap in self.comm.hops[i].data:
             send, recv = self.held, None
             if self.rows is not None:
                 # the part of what this rank holds that index i + 1 (and later) reads, and the
@@ -410,7 +302,7 @@ class Mover:
             self._pending[key] = self.comm.shift(key, send, self.phase, self.names, gap, self.direction, recv)
 
     def advance(self, i: int) -> None:
-        key = self.comm.plan[i].next_from
+        key = self.comm.hops[i].next_from
         if key is not None:
             self.held = tuple(self._pending.pop(key).wait())
             self.offset = self._next_offset
@@ -443,7 +335,7 @@ class Reducer:
         return None if self.rows is None or i == 0 else self._rows(i, i)
 
     def post(self, i: int) -> None:
-        out = self.comm.plan[i].grad_out
+        out = self.comm.hops[i].grad_out
         if out is not None:
             key, gap = out
             recv = None
@@ -457,7 +349,7 @@ class Reducer:
         """``contrib``: this index's fresh contributions covering ``span(i)`` (summed into in
         place), or None when this rank had no work there (the partials that arrived pass on as
         they are)."""
-        for key in self.comm.plan[i].grad_in:
+        for key in self.comm.hops[i].grad_in:
             recv = self._pending.pop(key).wait()
             if contrib is None:
                 contrib = recv
@@ -487,19 +379,3 @@ class Reducer:
                               [_with_rows(t.shape, 1, rows) for t in self._done])
         _add_rows(own, back, rows[0])
         return own
-
-
-def link_hops(nodes: int, per_node: int) -> dict[str, dict[str, int]]:
-    """Hops each rank makes per loop: {"data": {"intra": x, "inter": y}, "grad": {...}}; the
-    byte accounting of the double ring (multiply by the message sizes)."""
-    data = {"intra": 0, "inter": 0}
-    grad = {"intra": 0, "inter": 0}
-    plan = ring_steps(nodes, per_node)
-    for p in plan:
-        data["inter"] += p.data_inter
-        data["intra"] += p.data_intra
-        if p.grad_out:
-            grad[p.grad_out] += 1
-    if nodes * per_node > 1:
-        grad["inter" if nodes > 1 else "intra"] += 1  # home
-    return {"data": data, "grad": grad}

@@ -23,14 +23,19 @@ import time
 import torch
 import torch.distributed as dist
 
+from ..comm.dist import initialized
+from ..launch import run_command
+from ..layout import LAYOUTS
+from ..model import PRESETS
+from ..records import write_record
+from ..timing import median, timed
+from .engine import check_prefill, peak_bytes, prefill, reset_peak
+from .models import IMPLS, check_spec, load_model, resolve_dtype
+
 HELP = "prefill a long prompt across ranks (BurstAttention): next-token logits, first-token latency, peak memory"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..layout import LAYOUTS
-    from ..model import PRESETS
-    from .models import IMPLS
-
     p.add_argument("--model", default="tiny",
                    help=f"a preset ({', '.join(PRESETS)}; random weights) or a local HF LLaMA directory [%(default)s]")
     p.add_argument("--impl", choices=IMPLS, default="ours",
@@ -61,9 +66,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def validate(args) -> str | None:
     """A message for arguments that cannot work on ``args.world`` ranks, else None."""
-    from .engine import check_prefill
-    from .models import check_spec
-
     world = args.world
 
     msg = check_spec(args.model, args.impl)
@@ -76,7 +78,7 @@ def validate(args) -> str | None:
         return f"--warmup must be >= 0, got {args.warmup}"
     if world < 1:
         return f"--world must be >= 1, got {world}"
-    if not dist.is_initialized() and torch.cuda.is_available() and world > torch.cuda.device_count():
+    if not initialized() and torch.cuda.is_available() and world > torch.cuda.device_count():
         return f"--world {world} is more than the {torch.cuda.device_count()} GPU(s) here (one rank per GPU)"
     if args.prompt_file:
         if not os.path.isfile(args.prompt_file):
@@ -98,7 +100,7 @@ class _Log:
 
 def _prompt(args, vocab: int) -> torch.Tensor:
     if args.prompt_file:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # optional dependency (transformers): only for a text prompt
 
         tok = AutoTokenizer.from_pretrained(args.model)
         with open(args.prompt_file) as f:
@@ -109,7 +111,7 @@ def _prompt(args, vocab: int) -> torch.Tensor:
 
 
 def _save_kv(path, out, rank, world, layout, seq):
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # only when --save-kv asks for it
 
     os.makedirs(path, exist_ok=True)
     tensors = {"positions": out.positions.cpu().contiguous()}
@@ -123,10 +125,6 @@ def _save_kv(path, out, rank, world, layout, seq):
 
 def run_rank(args) -> int:
     """The prefill on this rank of an initialised default group; returns the exit code."""
-    from ..bench.record import write_record
-    from .engine import check_prefill, median, peak_bytes, prefill, reset_peak, timed
-    from .models import load_model, resolve_dtype
-
     rank, world = dist.get_rank(), dist.get_world_size()
     log = _Log(rank)
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
@@ -151,7 +149,7 @@ def run_rank(args) -> int:
 
     reset_peak(device)
     secs = timed(step, device, warmup=args.warmup, iters=args.iters,
-                 on_iter=lambda i, s: log(f"timed prefill {i + 1}/{args.iters}: {s:.3f}s (rank 0)"))
+                 on_iter=lambda i, s: log(f"timed prefill {i + 1}/{args.iters}: {s:.3f}s (rank 0)"), events=False)
     peak, what = peak_bytes(device)
     out = box["out"]
     lat = median(secs)
@@ -179,8 +177,6 @@ def run_rank(args) -> int:
 
 
 def run(args) -> int:
-    from ..launch import run_command
-
     return run_command(run_rank, args, validate, "burstengine prefill")
 
 

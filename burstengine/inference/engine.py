@@ -9,15 +9,15 @@ broadcasts the (batch, vocab) result, so the N x vocab logits never exist anywhe
 from __future__ import annotations
 
 import resource
-import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from ..comm.dist import rank_of, world_of
 from ..layout import position_ids as layout_positions
 from ..layout import shard
+from ..timing import reduce_max
 from .models import PrefillModel, Sharding
 
 
@@ -34,9 +34,7 @@ def last_token_rank(layout: str, world: int) -> int:
 
 
 def _world(group):
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(group), dist.get_world_size(group)
-    return 0, 1
+    return rank_of(group), world_of(group)
 
 
 def check_prefill(seq: int, layout: str, world: int, batch: int = 1) -> str | None:
@@ -83,40 +81,6 @@ def prefill(model: PrefillModel, input_ids: torch.Tensor, group=None, layout: st
 
 # --- measuring --------------------------------------------------------------------------------
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn, device, group=None, warmup: int = 1, iters: int = 1, on_iter=None):
-    """Wall seconds of ``fn()`` per timed iteration, each the slowest rank's (all ranks start
-    together after a barrier; the clock stops when the device is done).  ``on_iter(i, s)`` is
-    called on every rank after each timed iteration (progress display)."""
-    device = torch.device(device)
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    times = []
-    for i in range(iters):
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier(group=group)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-        if on_iter:
-            on_iter(i, times[-1])
-    return reduce_max(times, device, group)
-
-
-def reduce_max(values, device, group=None) -> list[float]:
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
-        return list(values)
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return t.tolist()
-
-
 def reset_peak(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -133,5 +97,3 @@ def peak_bytes(device, group=None) -> tuple[int, str]:
     return int(reduce_max([mine], device, group)[0]), what
 
 
-def median(xs):
-    return statistics.median(xs) if xs else float("nan")

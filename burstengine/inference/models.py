@@ -18,7 +18,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..comm.dist import world_of
 from ..model import PRESETS, ContextParallel, Transformer
+from .weights import hf_config_from_args, load_hf_llama, ours_to_hf
 
 IMPLS = ("ours", "hf")
 
@@ -75,7 +77,7 @@ class OurLlama(PrefillModel):
     def context_parallel(how: Sharding) -> ContextParallel:
         if how.attention == "burst":
             group = how.group
-            if group is None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            if group is None and world_of() > 1:
                 group = dist.group.WORLD  # the model reads group=None as "the whole sequence is here"
             return ContextParallel(group=group, layout=how.layout, backward=how.backward, kernel=how.kernel)
         if how.attention != "sdpa":
@@ -127,7 +129,7 @@ class HFCausalLM(PrefillModel):
 
     @torch.no_grad()
     def hidden(self, ids, positions, how, keep_kv=False):
-        from ..integrations.hf import burst_context
+        from ..integrations.hf import burst_context  # needs transformers (optional): only for its models
 
         if how.attention != "burst":
             raise ValueError(f"the transformers model runs attention 'burst' only, not {how.attention!r}")
@@ -187,16 +189,12 @@ def load_model(spec: str, impl: str = "ours", device="cpu", dtype=torch.float32,
         if spec in PRESETS:
             return OurLlama(random_llama(PRESETS[spec], device, dtype, seed),
                             f"preset {spec} (random weights, seed {seed})")
-        from .weights import load_hf_llama
-
         return OurLlama(load_hf_llama(spec, device, dtype), spec)
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoModelForCausalLM, LlamaConfig  # optional dependency: only for the transformers models
 
     import burstengine.integrations.hf  # noqa: F401
 
     if spec in PRESETS:
-        from .weights import hf_config_from_args, ours_to_hf
-
         cfg = hf_config_from_args(PRESETS[spec])
         cfg.pop("model_type")
         with torch.device(device):

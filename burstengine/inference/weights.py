@@ -15,6 +15,8 @@ import re
 
 import torch
 
+from ..model import ModelArgs, Transformer
+
 # HF parameter name -> ours; {i} is the layer index
 _LAYER = {
     "input_layernorm.weight": "attention_norm.weight",
@@ -84,8 +86,6 @@ def _rope(cfg: dict) -> tuple[float, dict | None]:
 
 def args_from_hf_config(cfg: dict):
     """ModelArgs for an HF LLaMA config.json (a dict), or a ValueError saying what differs."""
-    from ..model import ModelArgs
-
     kind = cfg.get("model_type")
     if kind not in ("llama", "mistral"):
         raise ValueError(f"model_type {kind!r} is not a LLaMA model; our model reproduces 'llama' (and 'mistral' "
@@ -135,7 +135,7 @@ def _tensor_files(path: str) -> dict[str, str]:
     if not os.path.isfile(single):
         raise ValueError(f"no model.safetensors or model.safetensors.index.json in {path!r} (only safetensors "
                          f"checkpoints are read)")
-    from safetensors import safe_open
+    from safetensors import safe_open  # only when loading a checkpoint
 
     with safe_open(single, framework="pt") as f:
         return {k: single for k in f.keys()}
@@ -147,9 +147,7 @@ def load_hf_llama(path: str, device="cpu", dtype=torch.float32):
 
     Parameters are created on the meta device and filled tensor by tensor straight from the
     safetensors files onto ``device``, so a model is never held twice in memory."""
-    from safetensors import safe_open
-
-    from ..model import Transformer
+    from safetensors import safe_open  # only when loading a checkpoint
 
     args = args_from_hf_config(read_config(path))
     with torch.device("meta"):

@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from ..attention import burst_attn_func
 from ..attention.checks import BACKWARDS
+from ..comm.dist import rank_of, world_of
 from ..layout import LAYOUTS, position_ids as layout_positions
 
 NAME = "burst"
@@ -63,9 +64,7 @@ class BurstSettings:
             raise ValueError(f"unknown backward {self.backward!r}; expected one of {BACKWARDS}")
 
     def world(self) -> tuple[int, int]:
-        if not (dist.is_available() and dist.is_initialized()):
-            return 0, 1
-        return dist.get_rank(self.group), dist.get_world_size(self.group)
+        return rank_of(self.group), world_of(self.group)
 
 
 # A process-wide stack rather than a contextvar: autograd runs backward (and any activation
@@ -104,7 +103,7 @@ def current_settings() -> BurstSettings:
         return _stack[-1]
     if _configured is not None:
         return _configured
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    if world_of() > 1:
         raise ValueError('attn_implementation="burst" runs inside a context-parallel group: wrap the forward in '
                          'burstengine.integrations.hf.burst_context(group=..., layout=...) or call configure(...)')
     return BurstSettings()
@@ -136,7 +135,7 @@ def _mask_kind(fn) -> str | None:
     sequence handling (which it adds when a rank's positions jump, as zigzag and striped shards'
     do; the positions themselves are checked against the layout in the attention); 'packed' for
     the packing part alone; None for anything else."""
-    from transformers import masking_utils as mu
+    from transformers import masking_utils as mu  # optional dependency: imported when used
 
     if fn is mu.causal_mask_function:
         return "causal"
@@ -232,8 +231,8 @@ def burst_attention_forward(module, query, key, value, attention_mask, dropout: 
 
 def register() -> None:
     """Register "burst" with transformers (done on import; safe to repeat)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
+    from transformers import AttentionInterface  # optional dependency: imported when used
+    from transformers.masking_utils import AttentionMaskInterface  # optional dependency: imported when used
 
     AttentionInterface.register(NAME, burst_attention_forward)
     AttentionMaskInterface.register(NAME, burst_mask)

@@ -2,8 +2,8 @@
 
 Tensors follow the flash-attn convention: q (B, Sq, H, D), k/v (B, Sk, Hkv, D) with H a
 multiple of Hkv (query head h uses kv head h // (H // Hkv)).  ``lse`` and ``delta`` are
-float32 (B, H, Sq).  ``mask`` is one of ``schedule.MASKS`` (CAUSAL and STRICT blocks are
-square) or a :class:`MaskSpec` for anything else (windows, documents, block sparsity).
+float32 (B, H, Sq).  ``mask`` is one of ``masks.MASKS`` (CAUSAL and STRICT blocks are
+square) or a :class:`~burstengine.masks.MaskSpec` for anything else (windows, documents, block sparsity).
 Kernels know nothing about rings: they see one (q block, kv block) pair.
 
 Two entry points per direction: ``forward``/``backward`` return fresh block results, and
@@ -13,79 +13,16 @@ defaults here call the plain ones and merge in torch).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from ..attention.schedule import CAUSAL, FULL, STRICT
+from ..masks import CAUSAL, STRICT
 
 
-@dataclass(frozen=True, eq=False)
-class MaskSpec:
-    """Visibility of (query row i, key row j) in one block, from global positions.
-
-    Row i of the q block is global position ``q_start + i * q_step``; row j of the k block is
-    ``k_start + j * k_step`` (every layout's block pairs are affine in this way, striped
-    included).  A pair is visible when all of these hold:
-
-    * ``causal``: q_pos >= k_pos
-    * ``window`` W: q_pos - k_pos < W (with causal: the W most recent keys, itself included)
-    * ``q_doc``/``k_doc`` (int tensors, one document id per row, non-decreasing): same document
-    * ``block_mask`` (bool (ceil(Sq/bs), ceil(Sk/bs)), bs = ``block_size`` local rows): the
-      block of (i // bs, j // bs) is on
-
-    FULL is ``MaskSpec()``, CAUSAL ``MaskSpec(causal=True)``, STRICT ``MaskSpec(causal=True,
-    k_start=1)``.
-    """
-
-    causal: bool = False
-    q_start: int = 0
-    q_step: int = 1
-    k_start: int = 0
-    k_step: int = 1
-    window: int | None = None
-    q_doc: torch.Tensor | None = None
-    k_doc: torch.Tensor | None = None
-    block_mask: torch.Tensor | None = None
-    block_size: int = 0
-
-    def dense(self, sq: int, sk: int, device) -> torch.Tensor | None:
-        """Boolean (sq, sk) visibility, None when everything is visible."""
-        vis = None
-
-        def both(m):
-            return m if vis is None else vis & m
-
-        if self.causal or self.window is not None:
-            qp = self.q_start + self.q_step * torch.arange(sq, device=device)
-            kp = self.k_start + self.k_step * torch.arange(sk, device=device)
-            diff = qp[:, None] - kp[None, :]
-            if self.causal:
-                vis = both(diff >= 0)
-            if self.window is not None:
-                vis = both(diff < self.window)
-        if self.q_doc is not None:
-            vis = both(self.q_doc.to(device)[:, None] == self.k_doc.to(device)[None, :])
-        if self.block_mask is not None:
-            bs = self.block_size
-            bm = self.block_mask.to(device)
-            rows = torch.arange(sq, device=device) // bs
-            cols = torch.arange(sk, device=device) // bs
-            vis = both(bm[rows[:, None], cols[None, :]])
-        return vis
-
-
-def as_spec(mask) -> MaskSpec:
-    """The MaskSpec of a mask kind (FULL / CAUSAL / STRICT) or a MaskSpec itself."""
-    if isinstance(mask, MaskSpec):
-        return mask
-    if mask == FULL:
-        return MaskSpec()
-    if mask == CAUSAL:
-        return MaskSpec(causal=True)
-    if mask == STRICT:
-        return MaskSpec(causal=True, k_start=1)
-    raise ValueError(f"unknown mask {mask!r}")
+def acc_dtype(x) -> torch.dtype:
+    """The accumulation dtype of a tensor (or a dtype): float32 for everything but float64
+    inputs, which the tests use as an oracle and which keep float64."""
+    dtype = x if isinstance(x, torch.dtype) else x.dtype
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def merge_(out: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, l: torch.Tensor) -> None:
@@ -177,14 +114,3 @@ class ShiftStrict(Kernel):
             dk[:, :-1] = b
             dv[:, :-1] = c
         return dq, dk, dv
-
-
-def visible_mask(mask, sq: int, sk: int, device) -> torch.Tensor | None:
-    """Boolean (sq, sk) visibility for a mask kind or MaskSpec, None when everything is visible."""
-    if isinstance(mask, MaskSpec):
-        return mask.dense(sq, sk, device)
-    if mask == FULL:
-        return None
-    if sq != sk:
-        raise ValueError(f"mask {mask!r} needs a square block, got {sq} x {sk}")
-    return torch.ones(sq, sk, dtype=torch.bool, device=device).tril(0 if mask == CAUSAL else -1)

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..attention.schedule import CAUSAL, FULL
-from .base import Kernel, MaskSpec, merge_
+from ..masks import CAUSAL, FULL, MaskSpec
+from .base import Kernel, acc_dtype, merge_
+from .reference import ReferenceKernel
 
 
 # tallest piece: every piece costs one merge pass over its output rows, so pieces are as tall
@@ -259,8 +260,6 @@ class PiecewiseMasks(Kernel):
 
     @staticmethod
     def _dense():
-        from .reference import ReferenceKernel
-
         return ReferenceKernel()
 
     def _small(self, p) -> bool:
@@ -270,7 +269,7 @@ class PiecewiseMasks(Kernel):
         if not isinstance(mask, MaskSpec):
             return super().forward(q, k, v, scale, mask)
         B, Sq, H, _ = q.shape
-        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        acc = acc_dtype(q)
         out = torch.zeros(B, Sq, H, v.shape[-1], dtype=acc, device=q.device)
         lse = torch.full((B, H, Sq), float("-inf"), dtype=acc, device=q.device)
         self.forward_into(q, k, v, scale, mask, out, lse)
@@ -297,7 +296,7 @@ class PiecewiseMasks(Kernel):
     def backward(self, dout, q, k, v, lse, delta, scale, mask, out=None):
         if not isinstance(mask, MaskSpec):
             return super().backward(dout, q, k, v, lse, delta, scale, mask, out=out)
-        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        acc = acc_dtype(q)
         dq = torch.zeros(q.shape, dtype=acc, device=q.device)
         dk = torch.zeros(k.shape, dtype=acc, device=k.device)
         dv = torch.zeros(v.shape, dtype=acc, device=v.device)

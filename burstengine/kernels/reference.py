@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from .base import Kernel, visible_mask
+from ..masks import visible_mask
+from .base import Kernel, acc_dtype
 
 _MAX_SCORES = 1 << 25
-
-
-def _acc_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def _heads_first(x, acc, groups=1):
@@ -40,7 +37,7 @@ class ReferenceKernel(Kernel):
         return True
 
     def forward(self, q, k, v, scale, mask):
-        acc = _acc_dtype(q)
+        acc = acc_dtype(q)
         B, Sq, H, _ = q.shape
         g = H // k.shape[2]
         qh, kh, vh = _heads_first(q, acc), _heads_first(k, acc, g), _heads_first(v, acc, g)
@@ -60,7 +57,7 @@ class ReferenceKernel(Kernel):
         return out.transpose(1, 2), lse.to(torch.float32) if acc == torch.float32 else lse
 
     def backward(self, dout, q, k, v, lse, delta, scale, mask, out=None):
-        acc = _acc_dtype(q)
+        acc = acc_dtype(q)
         B, Sq, H, _ = q.shape
         Hkv = k.shape[2]
         g = H // Hkv

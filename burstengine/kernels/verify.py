@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from ..testing import fro_err
-from .base import merge_, visible_mask
+from ..masks import visible_mask
+from .base import merge_
 from .reference import ReferenceKernel
 
 NAMES = ("out", "lse", "dq", "dk", "dv")

@@ -18,7 +18,7 @@ under whatever recomputation it wants.  Adding one is a function and a line in P
   Split 0 is ``full`` (attention recomputed whole), split 1 is selective checkpointing++ in its
   lean form: the attention output is kept but not its q/k/v, which are re-projected from the
   input (``selective`` keeps those too).  What "front" means under zigzag and striped:
-  burstengine/train/seqckpt.py.  With no CP group the block's attention runs as BurstAttention
+  burstengine/attention/seqckpt.py.  With no CP group the block's attention runs as BurstAttention
   on a one-rank ring (``LOCAL``), never through a ring of the whole job; torch's native CP
   (which patches SDPA) cannot be checkpointed this way.
 * ``auto``: a policy per layer from a memory budget (:func:`plan_layers`): every layer starts at
@@ -30,9 +30,11 @@ under whatever recomputation it wants.  Adding one is a function and a line in P
 """
 from __future__ import annotations
 
+import torch
 from torch.utils.checkpoint import checkpoint
 
-from ..comm.topology import LOCAL
+from ..attention.seqckpt import seq_checkpoint
+from ..comm.dist import LOCAL
 
 
 def _ckpt(fn, *args):
@@ -56,8 +58,6 @@ def selective(block, x, cos, sin):
 
 
 def sequence(block, x, cos, sin):
-    from ..train.seqckpt import seq_checkpoint  # train/ imports the model: import at call time
-
     cp = block.cp
     local = cp.group is None
     return seq_checkpoint(x, lambda t: block.pre_attention(t, cos, sin), block.post_attention,
@@ -112,8 +112,6 @@ def default_budget(local_params: int, device) -> int | None:
     master copy, gradients and AdamW moments (16 bytes per local parameter) and 3 GiB for the
     gathered bf16 layers, the loss and the kernels' workspace.  None where the device's memory is
     not known (CPU): keep everything."""
-    import torch
-
     if getattr(device, "type", device) != "cuda" or not torch.cuda.is_available():
         return None
     total = torch.cuda.get_device_properties(device).total_memory

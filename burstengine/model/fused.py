@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..kernels import acc_dtype
+
 _enabled = {"on": True}
 
 
@@ -21,20 +23,15 @@ def set_compiled(on: bool) -> None:
     _enabled["on"] = bool(on)
 
 
-def _acc(x: torch.Tensor) -> torch.dtype:
-    # float32 for bf16/fp16/fp32 activations; float64 stays float64 (the tests' reference model)
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
 def rms_norm_eager(x, weight, eps: float):
-    xf = x.to(_acc(x))
+    xf = x.to(acc_dtype(x))
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (y * weight.to(xf.dtype)).to(x.dtype)
 
 
 def rope_eager(x, cos, sin):
     """x (B, n, H, D) rotated by half-split pairs (the HF LLaMA convention); cos/sin (n, D)."""
-    xf = x.to(_acc(x))
+    xf = x.to(acc_dtype(x))
     h = xf.shape[-1] // 2
     rot = torch.cat([-xf[..., h:], xf[..., :h]], dim=-1)
     c, s = cos[None, :, None, :].to(xf.dtype), sin[None, :, None, :].to(xf.dtype)

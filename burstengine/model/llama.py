@@ -21,6 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..attention import burst_attn_func
+from ..kernels import acc_dtype
 from . import checkpointing, fused, losses
 
 
@@ -104,11 +105,6 @@ class RMSNorm(nn.Module):
         return fused.rms_norm(x, self.weight, self.eps)
 
 
-def _acc(x: torch.Tensor) -> torch.dtype:
-    # fp32 for bf16/fp16/fp32 activations; fp64 stays fp64 (the tests' reference model)
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float):
     """cos, sin (float64, shape (n, head_dim)) for integer global ``positions`` (n,).  Angles are
     formed in float64: at positions near 1M a float32 product is off by ~0.1 rad."""
@@ -140,7 +136,7 @@ class Attention(nn.Module):
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
-def attend(q, k, v, cp: ContextParallel):
+def context_parallel_attention(q, k, v, cp: ContextParallel):
     """Causal attention of this rank's (B, n, H, D) shard over the whole sequence."""
     if cp.group is not None:
         return burst_attn_func(q, k, v, group=cp.group, causal=True, layout=cp.layout, backward=cp.backward,
@@ -183,7 +179,7 @@ class Block(nn.Module):
         return self.attention.qkv(self.attention_norm(x), cos, sin)
 
     def attend(self, q, k, v):
-        return attend(q, k, v, self.cp)
+        return context_parallel_attention(q, k, v, self.cp)
 
     def post_attention(self, x, o):
         h = x + self.attention.wo(o.flatten(2))
@@ -230,7 +226,7 @@ class Transformer(nn.Module):
         if self.auto_checkpoint and self._planned_for != h.shape[:2]:
             self.plan_checkpointing(h.shape[0] * h.shape[1], h.element_size(), h.device)
             self._planned_for = h.shape[:2]
-        cos, sin = (t.to(_acc(h)) for t in rope_tables(positions, self.args.head_dim, self.args.rope_theta))
+        cos, sin = (t.to(acc_dtype(h)) for t in rope_tables(positions, self.args.head_dim, self.args.rope_theta))
         for b in self.layers:
             h = b(h, cos, sin)
         return self.norm(h)
@@ -280,7 +276,7 @@ class Transformer(nn.Module):
         each full parameter is drawn from a generator seeded by (seed, its name), on the
         parameter's device, and this rank keeps its shard.  Linear and embedding weights
         ~ N(0, 0.02); output projections of attention and MLP scaled by 1/sqrt(2 n_layers)."""
-        from torch.distributed.tensor import DTensor, distribute_tensor
+        from torch.distributed.tensor import DTensor, distribute_tensor  # only for DTensor (FSDP-sharded) weights
 
         for name, p in self.named_parameters():
             local = p.to_local() if isinstance(p, DTensor) else p

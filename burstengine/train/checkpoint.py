@@ -29,7 +29,6 @@ import torch
 import torch.distributed as dist
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
-FAULT_ENV = "BURST_FAULT_KILL_IN_SAVE"  # tests: SIGKILL rank 0 inside the save of this step
 
 
 def finished(ckpt_dir: str) -> list[str]:
@@ -124,10 +123,12 @@ def _set_rng_state(st: dict) -> None:
         torch.cuda.set_rng_state(st["cuda"])
 
 
-def save(ckpt_dir: str, step: int, model, optimizer, extra: dict, group=None, keep: int = 2) -> str:
-    """Save at ``step`` (the number of steps done); returns the checkpoint's path."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+def save(ckpt_dir: str, step: int, model, optimizer, extra: dict, group=None, keep: int = 2,
+         kill_in_save: int | None = None) -> str:
+    """Save at ``step`` (the number of steps done); returns the checkpoint's path.  ``kill_in_save``
+    (tests): rank 0 SIGKILLs itself inside the save of that step."""
+    import torch.distributed.checkpoint as dcp  # heavy: only when a checkpoint is saved
+    from torch.distributed.checkpoint.state_dict import get_state_dict  # heavy: only when a checkpoint is saved
 
     rank = dist.get_rank(group)
     final = os.path.join(ckpt_dir, f"step_{step:08d}")
@@ -140,7 +141,7 @@ def save(ckpt_dir: str, step: int, model, optimizer, extra: dict, group=None, ke
     msd, osd = get_state_dict(model, optimizer)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=tmp, process_group=group)
     torch.save(_rng_state(), os.path.join(tmp, f"rng_{rank}.pt"))
-    if os.environ.get(FAULT_ENV) == str(step) and rank == 0:
+    if kill_in_save == step and rank == 0:
         os.kill(os.getpid(), 9)
     dist.barrier(group)
     files = _checksums(tmp, group)
@@ -160,6 +161,7 @@ def save(ckpt_dir: str, step: int, model, optimizer, extra: dict, group=None, ke
 
 def load(path: str, model, optimizer, group=None) -> dict:
     """Load ``path`` into the (sharded) model and optimizer; returns its meta.json."""
+    # heavy: only when a checkpoint is loaded
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 

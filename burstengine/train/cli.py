@@ -11,13 +11,43 @@ it, --world local processes are spawned.  Metrics go to <out_dir>/metrics.jsonl 
 step, eval lines, a final summary), checkpoints to <out_dir>/checkpoints.
 
 A rank that dies or stops answering ends the job within ``fault_timeout`` seconds (default
-$BURST_TIMEOUT, else 600) on every rank, each naming the lost rank and exiting with 75; the
+$BURST_TIMEOUT, else 600; the ring's waits and the argument checks get the same deadline) on every rank, each naming the lost rank and exiting with 75; the
 same command with --resume continues from the last complete checkpoint.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+import torch.distributed as dist
+
+from ..attention.planning import call_timeout, configured_timeout
+from ..comm import fault
+from ..launch import init_from_env, spawn, under_launcher
+from ..records import write_record
+from .checkpoint import latest
+from .config import load
+from .loop import Trainer
+from .metrics import read_jsonl
+
+# fault injection for the tests, read here (the CLI) and handed to the Trainer:
+# "RANK:STEP" makes that rank SIGKILL itself in the middle of step STEP (1-based), after its
+# forward, while the other ranks go on into the backward's ring and FSDP collectives
+KILL_ENV = "BURST_FAULT_KILL_IN_STEP"
+FAULT_ENV = "BURST_FAULT_KILL_IN_SAVE"  # STEP: SIGKILL rank 0 inside the save of this step
+
+
+def _kill_in_step(rank: int) -> int | None:
+    spec = os.environ.get(KILL_ENV, "")
+    r, _, s = spec.partition(":")
+    return int(s) if spec and int(r) == rank else None
+
+
+def _kill_in_save() -> int | None:
+    v = os.environ.get(FAULT_ENV)
+    return int(v) if v else None
+
 
 HELP = "train a LLaMA-style model (FSDP2 + BurstAttention context parallelism)"
 
@@ -48,21 +78,14 @@ def run_rank(cfg, resume: bool, overwrite: bool) -> int:
     """The job on this rank of an initialised default group, under a watchdog: a rank that
     dies or stops answering ends the job on every rank within ``fault_timeout`` with a message
     naming it and exit code 75 (``fault.EXIT_LOST``), and the run can go on with --resume."""
-    import os
-
-    import torch.distributed as dist
-
-    from ..comm import fault
-    from .loop import Trainer
-
-    timeout = fault.job_timeout(cfg.fault_timeout)
-    os.environ["BURST_TIMEOUT"] = f"{timeout:g}"  # the ring's waits and the argument checks: the same deadline
+    timeout = fault.job_timeout(cfg.fault_timeout, configured_timeout())
     rank, world = dist.get_rank(), dist.get_world_size()
     trainer = None
     try:
-        with fault.Watchdog(timeout) as dog:
+        # the ring's waits and the argument checks: the same deadline as the watchdog's
+        with fault.Watchdog(timeout) as dog, call_timeout(timeout):
             try:
-                trainer = Trainer(cfg)
+                trainer = Trainer(cfg, kill_in_step=_kill_in_step(rank), kill_in_save=_kill_in_save())
                 trainer.fit(resume=resume, overwrite=overwrite)
             except ValueError as e:
                 # config/world mismatches are found on every rank alike, before any collective
@@ -84,10 +107,6 @@ def run_rank(cfg, resume: bool, overwrite: bool) -> int:
 
 
 def _resume_hint(cfg) -> None:
-    import os
-
-    from .checkpoint import latest
-
     found = latest(os.path.join(cfg.run_dir, "checkpoints"))
     if found:
         print(f"burstengine train: the last complete checkpoint is {found}; run the same command with --resume "
@@ -98,9 +117,6 @@ def _resume_hint(cfg) -> None:
 
 
 def run(args) -> int:
-    from ..launch import init_from_env, spawn, under_launcher
-    from .config import load
-
     try:
         cfg = load(args.config, args.overrides)
     except ValueError as e:
@@ -114,12 +130,8 @@ def run(args) -> int:
             else:
                 print(f"{k} = {v!r}")
         return 0
-    from ..comm.fault import job_timeout
-
-    timeout = job_timeout(cfg.fault_timeout)
+    timeout = fault.job_timeout(cfg.fault_timeout, configured_timeout())
     if under_launcher():
-        import torch.distributed as dist
-
         own = init_from_env(timeout)
         try:
             code = run_rank(cfg, args.resume, args.overwrite)
@@ -145,11 +157,6 @@ def run(args) -> int:
 def _record(cfg, name, code: int) -> int:
     if not name or code:
         return code
-    import os
-
-    from ..bench.record import write_record
-    from .metrics import read_jsonl
-
     recs = read_jsonl(os.path.join(cfg.run_dir, "metrics.jsonl"))
     summary = [r for r in recs if r.get("kind") == "summary"][-1]
     evals = [r for r in recs if r.get("kind") == "eval"]

@@ -288,7 +288,7 @@ def _apply_table(cfg: TrainConfig, table: dict, prefix: str = "") -> None:
 def load(spec: str, overrides: list[str] = ()) -> TrainConfig:
     """The validated config for a preset name or TOML path, then ``key=value`` overrides."""
     if spec.endswith(".toml") or os.sep in spec:
-        import tomllib
+        import tomllib  # only when reading a TOML file
 
         if not os.path.exists(spec):
             raise ValueError(f"config file {spec!r} does not exist")

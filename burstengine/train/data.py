@@ -112,7 +112,7 @@ def _eos_id(tok) -> int:
 
 def tokenize_jsonl(path: str, tokenizer: str, field: str = "text") -> np.ndarray:
     """Every document of a jsonl file, tokenized and joined with the end-of-text token."""
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # optional dependency: only for tokenized text data
 
     tok = Tokenizer.from_file(tokenizer)
     eos = _eos_id(tok)

@@ -29,17 +29,6 @@ from .data import IGNORE, Batch, Loader, global_sequences, make_source, shard_ba
 from .metrics import MetricsLog, Progress, peak_flops, peak_memory_gib, read_jsonl, summarize
 from .parallel import build_mesh, build_model, param_dtype
 
-# tests: "RANK:STEP" makes that rank SIGKILL itself in the middle of step STEP (1-based), after
-# its forward, while the other ranks go on into the backward's ring and FSDP collectives
-KILL_ENV = "BURST_FAULT_KILL_IN_STEP"
-
-
-def _kill_point(rank: int) -> int | None:
-    spec = os.environ.get(KILL_ENV, "")
-    r, _, s = spec.partition(":")
-    return int(s) if spec and int(r) == rank else None
-
-
 def default_device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
@@ -102,9 +91,15 @@ def resume_changes(saved: dict, now: dict) -> list[str]:
 
 
 class Trainer:
-    """A training job on the ranks of ``group`` (default: the world)."""
+    """A training job on the ranks of ``group`` (default: the world).
 
-    def __init__(self, cfg, group=None, device=None, echo: bool = True):
+    Fault-injection hooks for the tests (train/cli.py reads them from the environment):
+    ``kill_in_step`` = STEP makes this rank SIGKILL itself in the middle of step STEP (1-based),
+    after its forward, while the other ranks go on into the backward's ring and FSDP
+    collectives; ``kill_in_save`` = STEP kills rank 0 inside the checkpoint save of that step."""
+
+    def __init__(self, cfg, group=None, device=None, echo: bool = True, kill_in_step: int | None = None,
+                 kill_in_save: int | None = None):
         cfg.validate()
         world = dist.get_world_size(group)
         dp, cp = cfg.check_world(world)
@@ -123,7 +118,8 @@ class Trainer:
         self.step = 0
         self.activity = "start-up"  # what the job is doing, for the message when a rank is lost
         self.rank = dist.get_rank(group)
-        self._kill_at = _kill_point(dist.get_rank())
+        self._kill_at = kill_in_step
+        self._kill_in_save = kill_in_save
         self.run_dir = cfg.run_dir
         self.ckpt_dir = os.path.join(self.run_dir, "checkpoints")
         self.log = MetricsLog(os.path.join(self.run_dir, "metrics.jsonl"), self.rank, echo=echo)
@@ -154,6 +150,7 @@ class Trainer:
         """torch-cp: shard the batch in place and patch SDPA into torch's ring for the step."""
         if not self.torch_cp:
             return contextlib.nullcontext()
+        # torch's experimental CP API: only for the torch-native baseline
         from torch.distributed.tensor.experimental import context_parallel
 
         bufs = [batch.tokens, batch.labels, batch.positions]
@@ -350,7 +347,7 @@ class Trainer:
                 self.activity = f"the checkpoint save of step {self.step}"
                 path = ckpt.save(self.ckpt_dir, self.step, self.model, self.optimizer,
                                  {"data": self.loader.state_dict(self.step), "config": cfg.to_dict()},
-                                 group=self.group, keep=cfg.ckpt_keep)
+                                 group=self.group, keep=cfg.ckpt_keep, kill_in_save=self._kill_in_save)
                 self.log.say(f"saved {path}")
                 paused = True
             if on_step is not None:

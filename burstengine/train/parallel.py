@@ -90,7 +90,7 @@ def parallelize(model: Transformer, m: Mesh, precision: str = "auto", layout: st
                 attn_backward: str = "auto", kernel: str | None = None, attention: str = "burst") -> Transformer:
     """Shard ``model`` (on any device, meta included) with FSDP2 over all ranks of ``m`` and
     point its attention at the CP group.  Returns the same module."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # only when the model is sharded
 
     # torch-cp: the model calls plain SDPA, which torch's context_parallel patches into its ring
     model.set_context_parallel(ContextParallel(group=m.cp_group if attention == "burst" else None, layout=layout,

@@ -10,6 +10,8 @@ import argparse
 import os
 import sys
 
+from .metrics import read_jsonl
+
 HELP = "plot loss / throughput / passkey accuracy from a metrics.jsonl to PNG"
 
 
@@ -19,10 +21,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def plot(records: list[dict], path: str, title: str = "") -> str:
-    import matplotlib
+    import matplotlib  # optional dependency: only for the plot
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency: only for the plot
 
     steps = [r for r in records if r.get("kind") == "step"]
     evals = [r for r in records if r.get("kind") == "eval"]
@@ -51,8 +53,6 @@ def plot(records: list[dict], path: str, title: str = "") -> str:
 
 
 def run(args) -> int:
-    from .metrics import read_jsonl
-
     try:
         import matplotlib  # noqa: F401
     except ImportError:

@@ -12,18 +12,21 @@ test (CPU, no GPU) before the first call still selects Triton's interpreter.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
 
 def interpret_mode() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+    """Triton's own interpreter switch (TRITON_INTERPRET), read through Triton's knobs; call
+    only where Triton is installed."""
+    import triton  # optional heavy dependency: imported only when the Triton path is asked about
+
+    return bool(triton.knobs.runtime.interpret)
 
 
 def triton_available() -> bool:
     try:
-        import triton  # noqa: F401
+        import triton  # noqa: F401  (optional dependency: the torch path runs without it)
     except Exception:
         return False
     return True
@@ -33,8 +36,8 @@ def triton_available() -> bool:
 def _build(interpret: bool):
     # interpret is part of the cache key: triton.jit decides between the compiler and the
     # interpreter when it decorates, from TRITON_INTERPRET at that moment
-    import triton
-    import triton.language as tl
+    import triton  # optional heavy dependency: imported when the kernel is first built
+    import triton.language as tl  # optional heavy dependency: as above
 
     @triton.jit
     def ce_rows_kernel(logits_ptr, row_stride, labels_ptr, loss_ptr, scale_ptr, scale_stride, ignore_index,
@@ -91,7 +94,7 @@ def _build(interpret: bool):
 def ce_rows_triton(buf, labels, loss_out, scale, *, ignore_index, softcap, z_loss, write_grad):
     """Same contract as fused_ce.ce_rows_torch: per-row loss into ``loss_out`` (float32) and,
     with ``write_grad``, ``buf`` (C, V, row-major) overwritten by scale_i * d loss_i / d logits."""
-    import triton
+    import triton  # optional heavy dependency: imported only when this path runs
 
     C, V = buf.shape
     if C == 0:

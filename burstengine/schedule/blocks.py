@@ -14,8 +14,8 @@ rank's shard is a few affine *segments* of global positions (one for contiguous 
 two for zigzag); for each (q segment, kv segment) pair the visible pairs are counted exactly,
 the task is trimmed to the bounding box of its visible rows and keys, and a pair with nothing
 visible gives no task.  Steps at which no rank has work are not run at all
-(:func:`ring_steps`): no compute and no transfer.  The transfers are trimmed the same way
-(:func:`travel_rows`, :func:`partial_rows`): a hop carries only the rows of a shard that its
+(:func:`run_steps`): no compute and no transfer.  The transfers are trimmed the same way
+(schedule/traffic.py: :func:`travel_rows`, :func:`partial_rows`): a hop carries only the rows of a shard that its
 step and the later ones read, and a travelling gradient partial only the rows remote steps
 touched.  Everything here is a function of arguments
 every rank shares (layout, pattern, world, local length), never of local data, so all ranks
@@ -28,17 +28,12 @@ from __future__ import annotations
 
 import bisect
 import functools
-import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-# mask kinds understood by every kernel (kernels/base.py)
-FULL = "full"        # every query sees every key
-CAUSAL = "causal"    # square block, query i sees keys j <= i (top-left aligned)
-STRICT = "strict"    # square block, query i sees keys j < i (striped: key rank after query rank)
-MASKS = (FULL, CAUSAL, STRICT)
-
+from ..masks import CAUSAL, FULL, STRICT, MaskSpec, Pattern, as_pattern
+from .order import ring_source
 
 @dataclass(frozen=True)
 class Task:
@@ -63,52 +58,6 @@ class Task:
         if self.mask == CAUSAL:
             return nq * (nq + 1) // 2
         return nq * (nq - 1) // 2
-
-
-@dataclass(frozen=True, eq=False)
-class Pattern:
-    """Visibility of (query at global position p, key at global position t): all of
-
-    * ``causal``: t <= p
-    * ``window`` W (needs causal): p - t < W, i.e. the W most recent keys, the query's own included
-    * ``cu_seqlens`` (0 = c_0 <= c_1 <= ... = S, a tuple): p and t in the same document
-      [c_i, c_{i+1}); causal within it when ``causal``
-    * ``block_mask`` (bool CPU tensor (S/bs, S/bs), bs = ``block_size``): block (p // bs, t // bs)
-      is on; may be combined with ``causal`` only
-
-    Two patterns are equal when they describe the same mask (the block mask by content), so
-    the schedule can be cached across calls and layers.
-    """
-
-    causal: bool = False
-    window: int | None = None
-    cu_seqlens: tuple[int, ...] | None = None
-    block_mask: torch.Tensor | None = None
-    block_size: int = 0
-    key: tuple = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self):
-        bm = None
-        if self.block_mask is not None:
-            m = self.block_mask.to(torch.bool).contiguous()
-            object.__setattr__(self, "block_mask", m)
-            bm = (tuple(m.shape), hashlib.blake2b(m.numpy().tobytes(), digest_size=16).hexdigest())
-        object.__setattr__(self, "key", (self.causal, self.window, self.cu_seqlens, bm, self.block_size))
-
-    def __eq__(self, other):
-        return isinstance(other, Pattern) and self.key == other.key
-
-    def __hash__(self):
-        return hash(self.key)
-
-    @property
-    def sparse(self) -> bool:
-        return self.window is not None or self.cu_seqlens is not None or self.block_mask is not None
-
-
-def as_pattern(mask) -> Pattern:
-    """A Pattern from a Pattern or a bool (the causal flag)."""
-    return mask if isinstance(mask, Pattern) else Pattern(causal=bool(mask))
 
 
 @dataclass(frozen=True)
@@ -136,31 +85,13 @@ def segments(layout: str, rank: int, world: int, n: int) -> tuple[Segment, ...]:
     raise ValueError(f"unknown layout {layout!r}")
 
 
-def ring_source(rank: int, step: int, world: int, direction: int = 1, nodes: int = 1) -> int:
-    """Rank whose travelling shard ``rank`` holds at ``step`` when data moves r -> r + direction.
-
-    One ring (``nodes`` = 1): the shard of (rank - direction * step) mod world.  Double ring of
-    ``nodes`` nodes x m = world / nodes ranks, node-major (rank = node * m + local): step
-    s = o * m + i is inner step i of round o, and the shard held is that of
-    ((node - direction * o) mod nodes, (local - direction * i) mod m): each round goes once
-    around the node, and between rounds the shard a rank started the round with moves on to
-    the next node.
-    """
-    if nodes == 1:
-        return (rank - direction * step) % world
-    m = world // nodes
-    o, i = divmod(step, m)
-    node, local = divmod(rank, m)
-    return ((node - direction * o) % nodes) * m + (local - direction * i) % m
-
-
 def block_tasks(layout: str, mask, q_rank: int, kv_rank: int, world: int, n: int) -> list[Task]:
     """Tasks for the q shard of ``q_rank`` against the kv shard of ``kv_rank``; n = local length.
 
     ``mask``: the causal flag (bool) or a :class:`Pattern`."""
     pattern = as_pattern(mask)
     if pattern.sparse:
-        return list(_plan(layout, pattern, world, n).tasks(q_rank, kv_rank))
+        return list(_sparse_tasks(layout, pattern, world, n).tasks(q_rank, kv_rank))
     if not pattern.causal:
         return [Task(0, n, 0, n, FULL)]
     if q_rank == kv_rank:
@@ -182,7 +113,7 @@ def block_tasks(layout: str, mask, q_rank: int, kv_rank: int, world: int, n: int
 
 def forward_schedule(layout: str, mask, rank: int, world: int, n: int, nodes: int = 1) -> list[list[Task]]:
     """Per step, the tasks rank ``rank`` computes in the forward (its q vs travelling kv); the
-    steps that do not run (see :func:`ring_steps`) have none.  ``nodes`` > 1: the double ring's
+    steps that do not run (see :func:`run_steps`) have none.  ``nodes`` > 1: the double ring's
     order of steps."""
     return [block_tasks(layout, mask, rank, ring_source(rank, s, world, nodes=nodes), world, n)
             for s in range(world)]
@@ -197,11 +128,11 @@ def step_work(layout: str, mask, world: int, n: int, nodes: int = 1) -> list[lis
                                                         world, n)) for r in range(world)] for s in range(world)]
 
 
-def ring_steps(layout: str, mask, world: int, n: int) -> tuple[int, ...]:
+def run_steps(layout: str, mask, world: int, n: int) -> tuple[int, ...]:
     """The ring steps the loops run: step 0 and every step at which some rank has work.
 
     A skipped step costs nothing: the travelling shards jump straight from one step that runs
-    to the next (a send ``gap`` ranks on), so a call sends ``len(ring_steps) - 1`` hops."""
+    to the next (a send ``gap`` ranks on), so a call sends ``len(run_steps) - 1`` hops."""
     pattern = as_pattern(mask)
     if not pattern.sparse:
         return tuple(range(world))
@@ -243,127 +174,6 @@ def visible_pairs(seq_len: int, mask) -> int:
     return total
 
 
-# --- what travels: the rows of a shard that later steps still read -------------------------------
-
-SIDES = ("kv", "q")  # "kv": K/V travel r -> r+1 (forward, ring backward); "q": the Q side r -> r-1
-
-
-def read_rows(layout: str, mask, world: int, n: int, side: str = "kv") -> tuple[tuple[tuple[int, int], ...], ...]:
-    """rows[j][i] = [lo, hi): the rows of owner j's travelling shard that the rank holding it at
-    loop index i (the i-th of :func:`ring_steps`) reads, the bounding box of its tasks' key rows
-    (``side`` "kv") or query rows ("q"); (0, 0) when it reads none."""
-    return _read_rows(layout, as_pattern(mask), world, n, side)
-
-
-def travel_rows(layout: str, mask, world: int, n: int, side: str = "kv") -> tuple[tuple[tuple[int, int], ...], ...]:
-    """rows[j][i] = [lo, hi): the part of owner j's shard held at loop index i, i.e. what the
-    hop into index i (i >= 1) carries: the rows that step and every later one still read (the
-    bounding box of their :func:`read_rows`), (0, 0) when none does.  Index 0 holds the whole
-    shard; the ranges only shrink hop by hop, so a rank always sends a part of what it holds.
-    Dense patterns: the whole shard at every index (nothing is trimmed).
-
-    E.g. ``contiguous`` with a window W <= n: hop 1 of K/V carries the last W - 1 rows; with
-    W = 2.5 n the tail shrinks hop by hop.  Depends only on shared arguments, so every rank
-    agrees on the size of every message."""
-    return _travel_rows(layout, as_pattern(mask), world, n, side)
-
-
-def partial_rows(layout: str, mask, world: int, n: int, side: str = "kv"):
-    """rows[j][i] = [lo, hi): the rows of owner j's travelling gradient partial (dK/dV for
-    ``side`` "kv", dQ for "q") after loop index i: the bounding box of what the remote steps
-    1..i touched.  Index 0's contribution (the owner's own step) stays home, so its partial is
-    empty.  None for dense patterns: there the partial covers the whole shard from index 0
-    on and travels with it (the plain scheme, unchanged)."""
-    p = as_pattern(mask)
-    return _partial_rows(layout, p, world, n, side) if p.sparse else None
-
-
-def sent_rows(layout: str, mask, world: int, n: int, side: str = "kv") -> tuple[tuple[int, int], ...]:
-    """Per rank: (rows of travelling data, rows of gradient partials) it sends in one loop of the
-    single ring, the last partial's hop home included; multiply by the bytes of one row of each
-    message (burst.hop_bytes with n = 1) for the bytes comm_stats reports."""
-    return _sent_rows(layout, as_pattern(mask), world, n, side)
-
-
-def _holder(owner: int, step: int, world: int, side: str) -> int:
-    if side not in SIDES:
-        raise ValueError(f"side must be one of {SIDES}, got {side!r}")
-    return (owner + step) % world if side == "kv" else (owner - step) % world
-
-
-def _box(ranges):
-    ranges = [r for r in ranges if r[1] > r[0]]
-    return (min(r[0] for r in ranges), max(r[1] for r in ranges)) if ranges else (0, 0)
-
-
-@functools.lru_cache(maxsize=64)
-def _read_rows(layout, pattern, world, n, side):
-    steps = ring_steps(layout, pattern, world, n)
-    out = []
-    for j in range(world):
-        row = []
-        for s in steps:
-            h = _holder(j, s, world, side)
-            tasks = block_tasks(layout, pattern, h, j, world, n) if side == "kv" else \
-                block_tasks(layout, pattern, j, h, world, n)
-            row.append(_box([(t.k0, t.k1) if side == "kv" else (t.q0, t.q1) for t in tasks]))
-        out.append(tuple(row))
-    return tuple(out)
-
-
-@functools.lru_cache(maxsize=64)
-def _travel_rows(layout, pattern, world, n, side):
-    steps = ring_steps(layout, pattern, world, n)
-    if not pattern.sparse:
-        return tuple(((0, n),) * len(steps) for _ in range(world))
-    out = []
-    for row in _read_rows(layout, pattern, world, n, side):
-        # suffix unions: what index i and every later index read
-        held, acc = [], (0, 0)
-        for r in reversed(row[1:]):
-            acc = _box([acc, r])
-            held.append(acc)
-        out.append(((0, n),) + tuple(reversed(held)))
-    return tuple(out)
-
-
-@functools.lru_cache(maxsize=64)
-def _partial_rows(layout, pattern, world, n, side):
-    out = []
-    for row in _read_rows(layout, pattern, world, n, side):
-        acc, spans = (0, 0), [(0, 0)]
-        for r in row[1:]:
-            acc = _box([acc, r])
-            spans.append(acc)
-        out.append(tuple(spans))
-    return tuple(out)
-
-
-@functools.lru_cache(maxsize=64)
-def _sent_rows(layout, pattern, world, n, side):
-    steps = ring_steps(layout, pattern, world, n)
-    last = len(steps) - 1
-    if world == 1 or last == 0:
-        return ((0, 0),) * world
-    if not pattern.sparse:
-        return ((last * n, (last + 1) * n),) * world
-    travel = _travel_rows(layout, pattern, world, n, side)
-    partial = _partial_rows(layout, pattern, world, n, side)
-    back = -1 if side == "kv" else 1  # the owner held at step s is the holder's rank - s (kv), + s (q)
-
-    def width(r):
-        return r[1] - r[0]
-
-    out = []
-    for r in range(world):
-        src = [(r + back * s) % world for s in steps]
-        data = sum(width(travel[src[i]][i + 1]) for i in range(last))
-        # the partial finished at index i leaves at index i + 1, the last one goes home
-        grad = sum(width(partial[src[i]][i]) for i in range(last + 1))
-        out.append((data, grad))
-    return tuple(out)
-
-
 # --- the sparse path ------------------------------------------------------------------------------
 
 _BIG = 1 << 60
@@ -371,7 +181,7 @@ _BIG = 1 << 60
 
 def _step_work(layout: str, pattern: Pattern, world: int, n: int) -> tuple[tuple[int, ...], ...]:
     if pattern.sparse:
-        return _plan(layout, pattern, world, n).work()
+        return _sparse_tasks(layout, pattern, world, n).work()
     return _dense_work(layout, pattern.causal, world, n)
 
 
@@ -383,10 +193,10 @@ def _dense_work(layout, causal, world, n):
         for s in range(world))
 
 
-class _Plan:
+class _SparseTasks:
     """The tasks of every (q rank, kv rank) pair for one sparse call, built on first use.
 
-    Plans are cached by (layout, pattern, world, n): every layer of a model and both passes of
+    These tables are cached by (layout, pattern, world, n): every layer of a model and both passes of
     a call share one, and the MaskSpecs in it are the same objects each time (kernels may cache
     per spec).  Only a few are kept, since packed documents change from batch to batch."""
 
@@ -430,8 +240,8 @@ class _Plan:
 
 
 @functools.lru_cache(maxsize=8)
-def _plan(layout: str, pattern: Pattern, world: int, n: int) -> _Plan:
-    return _Plan(layout, pattern, world, n)
+def _sparse_tasks(layout: str, pattern: Pattern, world: int, n: int) -> _SparseTasks:
+    return _SparseTasks(layout, pattern, world, n)
 
 
 def _nothing_visible(p: Pattern, qs: Segment, ks: Segment) -> bool:
@@ -487,8 +297,6 @@ def _interval_task(p: Pattern, qs: Segment, ks: Segment, docs) -> Task | None:
     elif nq == nk and bool((jlo == k0).all() and (jhi == k0 + torch.arange(nq)).all()):
         mask = CAUSAL
     else:
-        from ..kernels.base import MaskSpec
-
         mask = MaskSpec(causal=p.causal, q_start=qs.start + qs.step * q0, q_step=qs.step,
                         k_start=ks.start + ks.step * k0, k_step=ks.step, window=p.window,
                         q_doc=None if qdoc is None else qdoc[q0:q1], k_doc=None if kdoc is None else kdoc[k0:k1])
@@ -529,8 +337,6 @@ def _block_task(p: Pattern, qs: Segment, ks: Segment) -> Task | None:
     elif (q1 - q0, k1 - k0) == (L, L) and diag_pairs == L * (L + 1) // 2 and total == diag_pairs:
         mask = CAUSAL
     else:
-        from ..kernels.base import MaskSpec
-
         mask = MaskSpec(causal=p.causal, q_start=qs.start + qs.step * q0, q_step=qs.step,
                         k_start=ks.start + ks.step * k0, k_step=ks.step, block_mask=sub.contiguous(), block_size=L)
     return Task(qs.row0 + q0, qs.row0 + q1, ks.row0 + k0, ks.row0 + k1, mask, total)

@@ -15,7 +15,7 @@ FlashAttention-3's backward shape, written out:
   warpgroup computes half of dQ = dS K (its 64 columns of the head dim) and reduce-adds it into
   the float32 dQ through TMA: the same bytes once, no per-element atomics.
 
-As in gluon_fwd.py, every wgmma is waited for within its step (an accumulator in flight across
+As in fwd.py, every wgmma is waited for within its step (an accumulator in flight across
 the loop's back edge makes ptxas serialise them) and the mask is a runtime bound: visible iff
 q index - k index >= mask_lo; only the q tiles that cross the diagonal run the masked step.
 """
@@ -29,7 +29,8 @@ from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
     warpgroup_mma_wait
 
-from .gluon_fwd import BIG, LOADER_REGS, LOG2E, WS_MAXNREG, _rows, row_desc, writable_rows
+from . import fwd as gluon_fwd
+from .fwd import BIG, LOADER_REGS, LOG2E, WS_MAXNREG, _rows, row_desc, writable_rows
 
 if not (hasattr(ir, "DESCRIPTOR_REDUCE_KIND") and hasattr(gluon_ir.GluonOpBuilder, "create_async_tma_reduce")):
     # _reduce_add below builds the op through Triton internals: a Triton without them gets the
@@ -261,12 +262,10 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
 
 
 def supported(q, k, v, diag: bool, dout, dq=None, dk=None, dv=None) -> bool:
-    """Whether this backward runs here (else the Triton kernels): what gluon_fwd takes at d=128
+    """Whether this backward runs here (else the Triton kernels): what gluon/fwd.py takes at d=128
     (the two warpgroups split dQ's head dim at 64 columns), dO like q, dQ float32, and dQ, dK, dV
     written through (rows, heads * D) views of themselves (dq None: a zeroed float32 buffer the
     caller makes)."""
-    from . import gluon_fwd
-
     if q.shape[-1] != 128 or not gluon_fwd.supported(q, k, v, diag):
         return False
     if (dout.shape != q.shape or dout.dtype != q.dtype or dout.stride(-1) != 1 or dout.stride(-2) != q.shape[-1]

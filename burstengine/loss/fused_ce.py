@@ -21,12 +21,14 @@ upstream gradient folded into step 2: one GEMM more than the fused path.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from ..attention.planning import ce_impl_from_env
+from ..comm.dist import group_info
+from ..kernels.base import acc_dtype
 from .fused_ce_triton import ce_rows_triton, interpret_mode, triton_available
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -44,10 +46,6 @@ _CPU_WORKSPACE = 32 << 20
 _TORCH_TILE = 1 << 22
 
 
-def _acc(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
 def _cap(x, softcap):
     return x if softcap is None else softcap * torch.tanh(x / softcap)
 
@@ -63,7 +61,7 @@ def ce_rows_torch(buf, labels, loss_out, scale, *, ignore_index, softcap, z_loss
     C, V = buf.shape
     if C == 0:
         return
-    acc = _acc(buf)
+    acc = acc_dtype(buf)
     tile = max(1, min(V, _TORCH_TILE // C))
     valid = labels != ignore_index
     safe = torch.where(valid, labels, 0)
@@ -115,12 +113,12 @@ def _chunk_loop(h, w, labels, scale, opts, need_dh: bool, need_dw: bool):
     C = min(N, opts.chunk) if N else 1
     write_grad = need_dh or need_dw
     ce_rows = _ce_rows(opts.impl)
-    loss_rows = torch.empty(N, dtype=_acc(h), device=h.device)
+    loss_rows = torch.empty(N, dtype=acc_dtype(h), device=h.device)
     dh = torch.empty_like(h) if need_dh else None
     dw_acc = None
     if need_dw:
-        acc_dtype = opts.accum_dtype or (torch.float32 if w.dtype in (torch.float16, torch.bfloat16) else w.dtype)
-        dw_acc = torch.zeros(V, d, dtype=acc_dtype, device=w.device)
+        dw_dtype = opts.accum_dtype or (torch.float32 if w.dtype in (torch.float16, torch.bfloat16) else w.dtype)
+        dw_acc = torch.zeros(V, d, dtype=dw_dtype, device=w.device)
     ws = buf = hc = torch.empty(C, V, dtype=h.dtype, device=h.device)
     wt = w.t()
     for c0 in range(0, N, C):
@@ -177,7 +175,7 @@ class _FusedLinearCE(torch.autograd.Function):
         need_dh, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         n = _count_and_check(labels, w.shape[0], opts)
         grouped = opts.group is not None and dist.get_world_size(opts.group) > 1
-        acc = _acc(h)
+        acc = acc_dtype(h)
         if opts.reduction == "none":
             one = torch.ones(1, dtype=acc, device=h.device)
             loss_rows, _, _ = _chunk_loop(h, w, labels, one, opts, False, False)
@@ -208,7 +206,7 @@ class _FusedLinearCE(torch.autograd.Function):
         if opts.reduction == "none":
             h, w, labels = ctx.saved_tensors
             need_dh, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-            _, dh, dw = _chunk_loop(h, w, labels, g.reshape(-1).to(_acc(h)).contiguous(), opts, need_dh, need_dw)
+            _, dh, dw = _chunk_loop(h, w, labels, g.reshape(-1).to(acc_dtype(h)).contiguous(), opts, need_dh, need_dw)
             return dh, dw, None, None
         if ctx.used:
             raise RuntimeError("fused_linear_cross_entropy finishes its gradients in the forward and scales them in "
@@ -226,7 +224,7 @@ class _FusedLinearCE(torch.autograd.Function):
 
 
 def _pick_impl(impl, device, dtype) -> str:
-    impl = impl or os.environ.get("BURST_CE_IMPL") or "auto"
+    impl = impl or ce_impl_from_env() or "auto"
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; expected one of {IMPLS}")
     usable = triton_available() and (device.type == "cuda" or interpret_mode())
@@ -283,15 +281,7 @@ def _check(hidden, weight, labels, ignore_index, reduction, softcap, z_loss, gro
     if group is not None:
         if reduction == "none":
             raise ValueError("group applies to reduction='mean' or 'sum'; reduction='none' returns per-token losses")
-        if not (dist.is_available() and dist.is_initialized()):
-            raise ValueError("a process group was given but torch.distributed is not initialized")
-        try:
-            rank = dist.get_rank(group)
-        except Exception as e:
-            raise ValueError(f"group is not a usable process group: {e}") from None
-        if rank < 0:
-            raise ValueError("this rank is not a member of the given process group")
-        backend = str(dist.get_backend(group)).lower()
+        backend = group_info(group)[2] or ""
         if "nccl" in backend and hidden.device.type != "cuda":
             raise ValueError(f"the group uses NCCL but the tensors are on {hidden.device}")
         if backend == "gloo" and hidden.device.type != "cpu":

@@ -47,9 +47,9 @@ from __future__ import annotations
 
 import torch
 
-from ..attention.burst import _BurstAttn, _make_config
-from ..attention.checks import check_args
-from ..attention.prefix import prefix_forward
+from .api import prepare_call
+from .loops import run_attention
+from .prefix import prefix_forward
 
 
 def front_length(n: int, split: float) -> int:
@@ -64,23 +64,21 @@ class _SeqCkpt(torch.autograd.Function):
         ctx.autocast = (torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev))
         with torch.no_grad():
             q, k, v = pre_attn(x)
-            # checked here, where q/k/v exist, and still before any communication
-            check_args(q, k, v, attn["group"], attn["causal"], attn["layout"], attn["softmax_scale"],
-                       attn["backward"])
-            cfg = _make_config(q, k, **attn)
-            out, lse = _BurstAttn.apply(q, k.contiguous(), v.contiguous(), cfg)
+            # checked and planned here, where q/k/v exist, and still before any communication
+            run = prepare_call(q, k, v, **attn)
+            out, lse = run_attention(q, k.contiguous(), v.contiguous(), run)
             y = post_attn(x, out)
         m = front_length(q.shape[1], split)
         # clone: a slice would keep the whole output's storage alive
         ctx.save_for_backward(x, out[:, m:].clone(), lse[:, :, m:].clone())
-        ctx.fns, ctx.cfg, ctx.m = (pre_attn, post_attn), cfg, m
+        ctx.fns, ctx.run, ctx.m = (pre_attn, post_attn), run, m
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, out_back, lse_back = ctx.saved_tensors
         pre_attn, post_attn = ctx.fns
-        cfg = ctx.cfg
+        run = ctx.run
         enabled, dtype = ctx.autocast
         xd = x.detach().requires_grad_(x.requires_grad)
         with torch.enable_grad(), torch.autocast(x.device.type, dtype=dtype, enabled=enabled):
@@ -89,12 +87,12 @@ class _SeqCkpt(torch.autograd.Function):
             # would cut k and v off from x
             k, v = k.contiguous(), v.contiguous()
         with torch.no_grad():
-            out_front, lse_front = prefix_forward(q.detach(), k.detach(), v.detach(), cfg, ctx.m)
+            out_front, lse_front = prefix_forward(q.detach(), k.detach(), v.detach(), run, ctx.m)
             out = torch.cat([out_front, out_back], dim=1)
             lse = torch.cat([lse_front, lse_back], dim=2)
         del out_front, lse_front
         with torch.enable_grad(), torch.autocast(x.device.type, dtype=dtype, enabled=enabled):
-            o, _ = _BurstAttn.apply(q, k, v, cfg, (out, lse))
+            o, _ = run_attention(q, k, v, run, (out, lse))
             y = post_attn(xd, o)
         torch.autograd.backward(y, dy)
         return xd.grad if x.requires_grad else None, None, None, None, None, None

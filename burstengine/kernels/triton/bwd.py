@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_tiles import (add_rows, load_rows, load_vec, q_tile_work, row_desc, store_rows, tile_work,
+from .tiles import (add_rows, load_rows, load_vec, q_tile_work, row_desc, store_rows, tile_work,
                            vec_desc, visible, zero_rows)
 
 

@@ -1,11 +1,12 @@
-"""``TritonKernel``: our LAO kernels (triton_fwd.py, triton_bwd.py) behind the Kernel interface.
+"""``TritonKernel``: our LAO kernels (fwd.py, bwd.py here) behind the Kernel interface.
 
 ``forward_into`` merges a block into the running (O, lse) inside the kernel and
 ``backward_into`` adds into the caller's dQ/dK/dV from the global lse and D; the plain
 ``forward``/``backward`` start from an empty state.  Every mask kind and any MaskSpec
 (positions, windows, documents, block masks) is computed in the kernel, and tiles that see
 nothing are skipped unloaded.  On Hopper, full/causal/strict blocks with lengths multiples of
-128 run the Gluon kernels instead (gluon_fwd.py; gluon_bwd.py at d=128), unless BURST_GLUON=0.
+128 run the Gluon kernels instead (kernels/gluon: fwd.py; bwd.py at d=128), unless the kernel
+was made with ``gluon=False`` (attention/planning.py does so for BURST_GLUON=0).
 
 What the kernels don't take goes to a fallback, so callers never need to check: CPU tensors,
 dtypes other than bf16/fp16, head dims other than 64/128, inner dims that are not contiguous
@@ -15,15 +16,14 @@ only when a kernel runs, so the package works without it.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import asdict, dataclass
 
 import torch
 
-from ..attention.schedule import CAUSAL, FULL, STRICT
-from .base import Kernel, MaskSpec, as_spec
-from .reference import ReferenceKernel
-from .sdpa import CudnnKernel
+from ...masks import CAUSAL, FULL, STRICT, MaskSpec, as_spec
+from ..base import Kernel
+from ..reference import ReferenceKernel
+from ..sdpa import CudnnKernel
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class Tiles:
 
 
 @dataclass(frozen=True)
-class Config:
+class TileConfig:
     """Tiles per kernel; ``dq=None`` sends dQ out of the dK/dV kernel with float32 atomics;
     ``fwd_into`` (default ``fwd``): the forward onto a running state (the ring step)."""
 
@@ -63,9 +63,9 @@ class Config:
         return asdict(self)
 
     @staticmethod
-    def from_dict(d: dict) -> "Config":
+    def from_dict(d: dict) -> "TileConfig":
         opt = {n: Tiles(**d[n]) if d.get(n) else None for n in ("dq", "fwd_into")}
-        return Config(fwd=Tiles(**d["fwd"]), kv=Tiles(**d["kv"]), **opt)
+        return TileConfig(fwd=Tiles(**d["fwd"]), kv=Tiles(**d["kv"]), **opt)
 
 
 # Chosen per head dim by the tile sweep of benchmarks/lao_bench.py (H200, bf16, 32 heads, full +
@@ -76,8 +76,8 @@ class Config:
 # 128x128); dK/dV 64x128/8 warps/3 stages and the separate dQ kernel 128x64 (dQ by TMA
 # reduce-add from the dK/dV program spilled and ran at 252-319).
 CONFIGS = {
-    64: Config(fwd=Tiles(64, 64, 4, 3, tma=True), kv=Tiles(64, 64, 4, 2, tma=True), dq=Tiles(64, 64, 4, 2, tma=True)),
-    128: Config(fwd=Tiles(128, 128, 8, 3, tma=True), kv=Tiles(64, 128, 8, 3, tma=True),
+    64: TileConfig(fwd=Tiles(64, 64, 4, 3, tma=True), kv=Tiles(64, 64, 4, 2, tma=True), dq=Tiles(64, 64, 4, 2, tma=True)),
+    128: TileConfig(fwd=Tiles(128, 128, 8, 3, tma=True), kv=Tiles(64, 128, 8, 3, tma=True),
                 dq=Tiles(128, 64, 8, 3, tma=True), fwd_into=Tiles(64, 64, 4, 3, tma=True)),
 }
 
@@ -85,7 +85,11 @@ _POS_LIMIT = 1 << 29
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """Triton's own interpreter switch (TRITON_INTERPRET), read through Triton's knobs; call
+    only where Triton is imported."""
+    import triton  # optional heavy dependency: imported only where a kernel may run
+
+    return bool(triton.knobs.runtime.interpret)
 
 
 def _dims(x):
@@ -126,8 +130,9 @@ def bwd_rows(lse: torch.Tensor, delta: torch.Tensor):
 class TritonKernel(Kernel):
     name = "triton"
 
-    def __init__(self, config: dict[int, Config] | None = None):
+    def __init__(self, config: dict[int, TileConfig] | None = None, gluon: bool = True):
         self.config = dict(CONFIGS if config is None else config)
+        self.gluon = gluon  # full/causal/strict blocks Gluon takes run there (False: BURST_GLUON=0)
         self._dummy = {}
 
     # --- what runs here ---------------------------------------------------------------------
@@ -135,7 +140,7 @@ class TritonKernel(Kernel):
     def available(self, device) -> bool:
         device = torch.device(device)
         try:
-            import triton  # noqa: F401
+            import triton  # noqa: F401  (optional dependency: the package works without it)
         except ImportError:
             return False
         if device.type == "cpu":
@@ -170,7 +175,7 @@ class TritonKernel(Kernel):
     def forward(self, q, k, v, scale, mask):
         if not self.supports(q, k, v, mask):
             return self.fallback(q, mask).forward(q, k, v, scale, mask)
-        fast = _gluon_forward(q, k, v, scale, mask)
+        fast = _gluon_forward(q, k, v, scale, mask, self.gluon)
         if fast is not None:
             return fast
         B, Sq, H, D = q.shape
@@ -186,7 +191,7 @@ class TritonKernel(Kernel):
         return out, lse
 
     def forward_into(self, q, k, v, scale, mask, out, lse) -> None:
-        if gluon_forward_into(q, k, v, scale, mask, out, lse):
+        if gluon_forward_into(q, k, v, scale, mask, out, lse, gluon=self.gluon):
             return
         if not self.supports(q, k, v, mask, out):
             return self.fallback(q, mask).forward_into(q, k, v, scale, mask, out, lse)
@@ -200,7 +205,7 @@ class TritonKernel(Kernel):
         # needs a zeroed float32 buffer
         empty = q.shape[1] == 0 or k.shape[1] == 0
         dk, dv = (torch.zeros_like(t) if empty else torch.empty_like(t) for t in (k, v))
-        summed = self.config[q.shape[-1]].dq is None or gluon_bwd_takes(q, k, v, mask, dout, None, dk, dv)
+        summed = self.config[q.shape[-1]].dq is None or gluon_bwd_takes(q, k, v, mask, dout, None, dk, dv, gluon=self.gluon)
         dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if summed or empty else torch.empty_like(q)
         self._backward(dout, q, k, v, lse, delta, scale, mask, dq, dk, dv, fresh=True)
         return dq.to(q.dtype), dk, dv
@@ -212,7 +217,7 @@ class TritonKernel(Kernel):
         if (dtype != torch.float32 or dout.shape != out.shape or S == 0 or D & (D - 1) or D > 256
                 or not self.available(out.device) or any(t.stride(-1) != 1 or t.stride(-2) != D for t in (out, dout))):
             return super().delta(out, dout, dtype)
-        from .triton_bwd import delta_kernel
+        from .bwd import delta_kernel  # imports triton: only when a kernel runs
 
         dl = _rows_buffer(B, H, S, out.device)
         block = 64
@@ -237,7 +242,7 @@ class TritonKernel(Kernel):
         """Kernel arguments for the mask: (QDOC, KDOC, BOUNDS, BMASK, bs, nbk, CNT, IDX, FULL) and
         the two constexpr flags.  ``tile``/``walk``: rows per tile of the side a program owns and
         of the side it walks; ``q_side``: the program owns q tiles."""
-        from .triton_tiles import doc_bounds, tile_classes, tile_lists
+        from .tiles import doc_bounds, tile_classes, tile_lists  # imports triton: only when a kernel runs
 
         dummy = self._dummy_of(device)
         has_doc = spec.q_doc is not None
@@ -269,14 +274,14 @@ class TritonKernel(Kernel):
 
     @staticmethod
     def _positions(spec: MaskSpec):
-        from .triton_tiles import bounds_of
+        from .tiles import bounds_of  # imports triton: only when a kernel runs
 
         lo, hi = bounds_of(spec)
         # with a lower bound (causal), the last q tiles do the most work
         return (spec.q_start, spec.q_step, spec.k_start, spec.k_step, lo, hi), int(spec.causal)
 
     def _forward(self, q, k, v, scale, mask, out, lse, fresh=False):
-        from .triton_fwd import fwd_kernel
+        from .fwd import fwd_kernel  # imports triton: only when a kernel runs
 
         B, Sq, H, D = q.shape
         Sk, Hkv = k.shape[1], k.shape[2]
@@ -300,8 +305,8 @@ class TritonKernel(Kernel):
         if q.shape[1] == 0 or k.shape[1] == 0:
             return
         lse2, delta = bwd_rows(lse, delta)
-        if gluon_bwd_takes(q, k, v, mask, dout, dq, dk, dv):
-            from . import gluon_bwd
+        if gluon_bwd_takes(q, k, v, mask, dout, dq, dk, dv, gluon=self.gluon):
+            from ..gluon import bwd as gluon_bwd  # imports triton's Gluon: only on Hopper, when it runs
 
             gluon_bwd.backward_into(dout, q, k, v, lse2, delta, scale, _MASK_LO[mask], dq, dk, dv, fresh)
             return
@@ -314,7 +319,7 @@ class TritonKernel(Kernel):
     def _launch_kv(self, t: Tiles, atomic, dout, q, k, v, lse2, delta, scale, mask, dq, dk, dv, fresh=False):
         """dK, dV (and dQ by atomics when ``atomic``): one program per (k tile, batch x kv head);
         ``lse2``, ``delta`` from :func:`bwd_rows`."""
-        from .triton_bwd import kv_kernel
+        from .bwd import kv_kernel  # imports triton: only when a kernel runs
 
         B, Sq, H, D = q.shape
         Sk, Hkv = k.shape[1], k.shape[2]
@@ -334,7 +339,7 @@ class TritonKernel(Kernel):
 
     def _launch_dq(self, t: Tiles, dout, q, k, v, lse2, delta, scale, mask, dq, fresh=False):
         """dQ without atomics: one program per (q tile, batch x q head), P and dP recomputed."""
-        from .triton_bwd import dq_kernel
+        from .bwd import dq_kernel  # imports triton: only when a kernel runs
 
         B, Sq, H, D = q.shape
         Sk, Hkv = k.shape[1], k.shape[2]
@@ -367,7 +372,7 @@ def _prepare(tma: bool = True) -> None:
     dK/dV launch of the sparse benchmark's backward failed without it), and a kernel compiled
     without TMA loads can still ask for scratch."""
     if not _interpreting():
-        import triton
+        import triton  # optional heavy dependency: only when a kernel runs
 
         triton.set_allocator(_scratch)
 
@@ -376,14 +381,14 @@ def _scratch(size: int, align: int, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-def gluon_takes(q, k, v, mask=FULL, *state) -> bool:
-    """Whether this full/causal/strict block runs in kernels/gluon_fwd.py (Hopper, a Triton with
-    Gluon, shapes it supports, BURST_GLUON not 0): the plain forward, or with ``state`` = (out,
-    lse) the ring step's merge into the running float32 state."""
-    if not _gluon_on(q, mask) or (mask == STRICT and not state):
+def gluon_takes(q, k, v, mask=FULL, *state, gluon: bool = True) -> bool:
+    """Whether this full/causal/strict block runs in kernels/gluon/fwd.py (Hopper, a Triton with
+    Gluon, shapes it supports, ``gluon`` on): the plain forward, or with ``state`` = (out, lse)
+    the ring step's merge into the running float32 state."""
+    if not _gluon_on(q, mask, gluon) or (mask == STRICT and not state):
         return False
     try:
-        from . import gluon_fwd
+        from ..gluon import fwd as gluon_fwd  # imports triton's Gluon: only on Hopper, when it runs
     except ImportError:  # a Triton without Gluon's Hopper API
         return False
     return gluon_fwd.supported(q, k, v, mask != FULL, *state)
@@ -392,42 +397,43 @@ def gluon_takes(q, k, v, mask=FULL, *state) -> bool:
 _MASK_LO = {FULL: None, CAUSAL: 0, STRICT: 1}  # gluon_fwd: visible iff q index - k index >= mask_lo
 
 
-def _gluon_on(q, mask) -> bool:
-    """What both Gluon kernels ask first: a mask kind they compute, a CUDA tensor, BURST_GLUON not 0."""
-    return mask in (FULL, CAUSAL, STRICT) and q.is_cuda and os.environ.get("BURST_GLUON", "1") != "0"
+def _gluon_on(q, mask, gluon: bool) -> bool:
+    """What both Gluon kernels ask first: a mask kind they compute, a CUDA tensor, Gluon allowed
+    (``gluon``: False where BURST_GLUON=0, decided by attention/planning.py)."""
+    return gluon and mask in (FULL, CAUSAL, STRICT) and q.is_cuda
 
 
-def _gluon_forward(q, k, v, scale, mask):
-    """The plain full/causal forward through kernels/gluon_fwd.py (FlashAttention-3's shape:
+def _gluon_forward(q, k, v, scale, mask, gluon: bool = True):
+    """The plain full/causal forward through kernels/gluon/fwd.py (FlashAttention-3's shape:
     warp-specialised, QK^T of the next tile under this tile's softmax), or None where it does not
     apply."""
-    if not gluon_takes(q, k, v, mask):
+    if not gluon_takes(q, k, v, mask, gluon=gluon):
         return None
-    from . import gluon_fwd
+    from ..gluon import fwd as gluon_fwd  # imports triton's Gluon: only on Hopper, when it runs
 
     return gluon_fwd.forward(q, k, v, scale, mask == CAUSAL)
 
 
-def gluon_forward_into(q, k, v, scale, mask, out, lse) -> bool:
-    """The ring step's merge into the running (out, lse) through kernels/gluon_fwd.py where it
+def gluon_forward_into(q, k, v, scale, mask, out, lse, gluon: bool = True) -> bool:
+    """The ring step's merge into the running (out, lse) through kernels/gluon/fwd.py where it
     takes the block (1.01-1.38x cuDNN + the torch merge, benchmarks/results/lao_bench.json);
     False, with nothing done, where it does not."""
-    if not gluon_takes(q, k, v, mask, out, lse):
+    if not gluon_takes(q, k, v, mask, out, lse, gluon=gluon):
         return False
-    from . import gluon_fwd
+    from ..gluon import fwd as gluon_fwd  # imports triton's Gluon: only on Hopper, when it runs
 
     gluon_fwd.forward_into(q, k, v, scale, _MASK_LO[mask], out, lse)
     return True
 
 
-def gluon_bwd_takes(q, k, v, mask, dout, dq=None, dk=None, dv=None) -> bool:
-    """Whether this full/causal/strict block's backward runs in kernels/gluon_bwd.py (Hopper,
-    d=128, shapes gluon_fwd takes, BURST_GLUON not 0), writing into ``dq`` (float32; None: a
+def gluon_bwd_takes(q, k, v, mask, dout, dq=None, dk=None, dv=None, gluon: bool = True) -> bool:
+    """Whether this full/causal/strict block's backward runs in kernels/gluon/bwd.py (Hopper,
+    d=128, shapes gluon/fwd.py takes, ``gluon`` on), writing into ``dq`` (float32; None: a
     zeroed one made for it), ``dk``, ``dv``."""
-    if not _gluon_on(q, mask):
+    if not _gluon_on(q, mask, gluon):
         return False
     try:
-        from . import gluon_bwd
+        from ..gluon import bwd as gluon_bwd  # imports triton's Gluon: only on Hopper, when it runs
     except ImportError:
         return False
     return gluon_bwd.supported(q, k, v, mask != FULL, dout, dq, dk, dv)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_tiles import LOG2E, load_rows, q_tile_work, row_desc, store_rows, visible, zero_rows
+from .tiles import LOG2E, load_rows, q_tile_work, row_desc, store_rows, visible, zero_rows
 
 
 @triton.jit

@@ -1,4 +1,8 @@
-"""JSON records for every figure we publish: command, commit, device, versions, raw numbers."""
+"""JSON records for every figure we publish: command, commit, device, versions, raw numbers.
+
+Below train/, inference/ and bench/, which all write records.  It reads the environment it
+records (and BURST_COMMIT, BURST_RESULTS: the commit and the output folder of a run).
+"""
 from __future__ import annotations
 
 import datetime
@@ -39,7 +43,7 @@ def environment() -> dict:
     else:
         env["device"] = "cpu"
     try:
-        import triton
+        import triton  # optional dependency: recorded when installed
 
         env["triton"] = triton.__version__
     except Exception:
