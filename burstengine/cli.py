@@ -13,6 +13,7 @@ COMMANDS = {
     "bench": "burstengine.bench.command",
     "plan": "burstengine.plan",
     "train": "burstengine.train.cli",
+    "export": "burstengine.train.export",
     "plot": "burstengine.train.plot",
     "prefill": "burstengine.inference.cli",
 }

@@ -58,6 +58,16 @@ class ModelArgs:
     def head_dim(self) -> int:
         return self.head_size or self.dim // self.n_heads
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelArgs":
+        """The inverse of dataclasses.asdict (a checkpoint's meta.json); fields it lacks (an older
+        checkpoint) keep their defaults."""
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        if isinstance(kw.get("rope_scaling"), dict):
+            kw["rope_scaling"] = RopeScaling(**kw["rope_scaling"])
+        return cls(**kw)
+
     def validate(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)

@@ -106,10 +106,18 @@ def parallelize(model: Transformer, m: Mesh, precision: str = "auto", layout: st
 
 def build_model(cfg, m: Mesh) -> Transformer:
     """The config's model, created on the meta device, sharded, then materialised on this
-    rank's device and initialised identically whatever the mesh."""
+    rank's device and initialised identically whatever the mesh: from ``cfg.init`` (an HF model
+    directory, each rank reading only the rows it keeps; ``model.load_stats`` says how long it
+    took and this process's peak host memory) or randomly from ``cfg.seed``."""
     with torch.device("meta"):
         model = Transformer(cfg.model, checkpoint=cfg.checkpoint, loss=cfg.loss, checkpoint_split=cfg.checkpoint_split)
     parallelize(model, m, cfg.precision, cfg.layout, cfg.attn_backward, cfg.kernel, cfg.attention)
     model.to_empty(device=m.device)
-    model.init_weights(cfg.seed)
+    model.load_stats = None
+    if getattr(cfg, "init", ""):
+        from ..model.hf import load_weights
+
+        model.load_stats = load_weights(model, cfg.init)
+    else:
+        model.init_weights(cfg.seed)
     return model
