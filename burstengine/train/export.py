@@ -33,6 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "[%(default)s]")
     p.add_argument("--max-shard-gb", type=float, default=5.0,
                    help="largest safetensors file before the weights are split with an index [%(default)s]")
+    p.add_argument("--record", metavar="NAME", default=None,
+                   help="also write the summary (time, peak host RSS, sizes) as benchmarks/results/NAME.json")
 
 
 def find_checkpoint(source: str) -> str:
@@ -53,8 +55,8 @@ def export(source: str, out_dir: str, dtype: str = "auto", max_shard_bytes: int 
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from ..model.hf import DTYPES, SHARD_BYTES, hf_config_from_args, ours_to_hf, param_shapes, read_config, \
-        shard_plan, write_hf_dir
+    from ..model.hf import DTYPES, SHARD_BYTES, hf_config_from_args, ours_to_hf, param_shapes, peak_rss_gib, \
+        read_config, shard_plan, write_hf_dir
     from ..model.llama import ModelArgs
 
     t0 = time.perf_counter()
@@ -99,7 +101,8 @@ def export(source: str, out_dir: str, dtype: str = "auto", max_shard_bytes: int 
     config = hf_config_from_args(args, seq_len=int(cfg.get("seq_len") or 0), base=base, dtype=dtype)
     info = write_hf_dir(out_dir, config, groups(), len(plan), source_dir=init or None)
     return {"checkpoint": ckpt, "step": meta.get("step"), "out_dir": out_dir, "dtype": dtype,
-            "export_s": time.perf_counter() - t0, "max_position_embeddings": config["max_position_embeddings"],
+            "export_s": time.perf_counter() - t0, "peak_rss_gib": peak_rss_gib(),
+            "max_position_embeddings": config["max_position_embeddings"],
             "rope_scaling": config["rope_scaling"], **info}
 
 
@@ -123,5 +126,9 @@ def run(args) -> int:
     print(f"wrote {res['out_dir']} from {res['checkpoint']} (step {res['step']}): {res['files']} safetensors file(s), "
           f"{res['bytes'] / 2 ** 30:.2f} GiB {res['dtype']}, max_position_embeddings {res['max_position_embeddings']}, "
           f"rope_scaling {res['rope_scaling']}, tokenizer files {res['tokenizer_files'] or 'none'}, "
-          f"{res['export_s']:.1f}s")
+          f"{res['export_s']:.1f}s, peak host RSS {res['peak_rss_gib']:.2f} GiB")
+    if args.record:
+        from ..bench.record import write_record
+
+        print("record:", write_record(args.record, {"kind": "export", **res}))
     return 0
