@@ -15,6 +15,7 @@ COMMANDS = {
     "bench": "burstengine.bench.command",
     "plan": "burstengine.plan",
     "train": "burstengine.train.cli",
+    "export": "burstengine.train.export",
     "plot": "burstengine.train.plot",
     "prefill": "burstengine.inference.cli",
     "report": "burstengine.report",

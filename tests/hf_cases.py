@@ -51,10 +51,11 @@ def _world(group):
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def hf_vs_eager(group, path, layout, seed, batch=2, seq_per_rank=12, setup="context"):
+def hf_vs_eager(group, path, layout, seed, batch=2, seq_per_rank=12, setup="context", docs=None):
     """Logits and every parameter's gradient of the "burst" model on this rank's shard, against
     the eager model on the full sequence.  Also checks that K/V travel unexpanded (bytes).
-    ``setup``: the settings come from burst_context ("context") or configure() ("configure")."""
+    ``setup``: the settings come from burst_context ("context") or configure() ("configure").
+    ``docs``: packed documents (global boundaries): positions restart at each, for both models."""
     import contextlib
 
     from burstengine.integrations import hf
@@ -65,15 +66,20 @@ def hf_vs_eager(group, path, layout, seed, batch=2, seq_per_rank=12, setup="cont
     ids = torch.randint(0, VOCAB, (batch, S), generator=g)
     w = torch.randn(batch, S, VOCAB, generator=g)
 
+    if docs is None:
+        full_pos = torch.arange(S)
+    else:
+        full_pos = torch.cat([torch.arange(e - s) for s, e in zip(docs[:-1], docs[1:])])
     eager = load(path, "eager")
     eager.zero_grad(set_to_none=True)
-    ref = eager(input_ids=ids).logits
+    # use_cache=False: transformers looks for packed documents in the positions only without a cache
+    ref = eager(input_ids=ids, position_ids=full_pos[None].expand(batch, -1), use_cache=False).logits
     (ref * w).sum().backward()
     ref_grads = {n: p.grad.clone() for n, p in eager.named_parameters()}
 
     burst = load(path, "burst")
     burst.zero_grad(set_to_none=True)
-    pos = be.position_ids(S, layout, rank, world).unsqueeze(0)
+    pos = full_pos[be.position_ids(S, layout, rank, world)].unsqueeze(0)
     if setup == "configure":
         hf.configure(group=group, layout=layout)
         settings = contextlib.nullcontext()
@@ -94,6 +100,8 @@ def hf_vs_eager(group, path, layout, seed, batch=2, seq_per_rank=12, setup="cont
     cfg = burst.config
     D = cfg.hidden_size // cfg.num_attention_heads
     want = cfg.num_hidden_layers * forward_bytes(batch, seq_per_rank, cfg.num_key_value_heads, D, 4, world)
+    if docs is not None or getattr(cfg, "sliding_window", None):
+        want = None  # a sparse mask's ring sends fewer rows
     return errs, fwd_bytes, want
 
 
@@ -125,8 +133,15 @@ def bad_hf_call(group, path, case):
         kw["position_ids"] = kw["position_ids"][:, : n - 2 * (rank == 0)]
     elif case == "no_context":
         ctx = None
-    elif case == "sliding_window":
-        model = load(path.replace("llama", "mistral"), "burst")
+    elif case == "rows_differ":
+        pos = torch.cat([torch.arange(5), torch.arange(S - 5)])
+        both = torch.stack([torch.arange(S), pos])
+        kw["input_ids"] = be.shard(torch.cat([ids, ids]), layout, rank, world)
+        kw["position_ids"] = be.shard(both, layout, rank, world)
+    elif case == "positions_jump":
+        pos = torch.arange(S)
+        pos[S // 2:] += 3
+        kw["position_ids"] = be.shard(pos[None], layout, rank, world)
     elif case == "decode_step":
         with ctx:
             out = model(**kw, use_cache=True)

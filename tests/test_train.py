@@ -185,7 +185,7 @@ def test_jsonl_with_local_tokenizer(tmp_path):
     (["layout=spiral"], "layout must be one of"),
     (["checkpoint=some"], "checkpoint must be one of"),
     (["loss=fancy"], "loss must be one of"),
-    (["lr=0"], "lr must be > 0"),
+    (["lr=-1"], "lr must be >= 0"),
     (["model.n_kv_heads=3"], "multiple of model.n_kv_heads"),
     (["data=/no/such.bin"], "no such file"),
     (["model.vocab_size=16"], "vocab_size >= 38"),

@@ -97,9 +97,9 @@ class OurLlama(PrefillModel):
         # the keys and values each block hands its attention are exactly what a decoder's
         # cache holds (after RoPE); catch them on the way in, per instance, and let go after
         for i, b in enumerate(blocks):
-            def attend(q, k, v, _b=b, _i=i):
+            def attend(q, k, v, docs=None, _b=b, _i=i):
                 kv[_i] = (k, v)
-                return type(_b).attend(_b, q, k, v)
+                return type(_b).attend(_b, q, k, v, docs)
             b.attend = attend
         try:
             h = self.model.hidden(ids, positions)

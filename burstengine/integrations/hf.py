@@ -18,12 +18,16 @@ shard of the sequence together with the *global* positions of the tokens it hold
         loss(logits).backward()                                            # exact gradients
 
 What is supported, exactly: causal self-attention over the full sharded sequence (prefill and
-training, forward and backward), GQA/MQA without expanding K/V, ``use_cache=True`` (the cache
-then holds this rank's shard of K/V).  What is refused with a ValueError, raised on every rank of
-the group before any ring traffic: a padding ``attention_mask`` with zeros (an all-ones mask is
-accepted), 4-D masks, sliding-window / chunked / bidirectional / packed-document masks, attention
-dropout, softcapping, attention sinks, position_ids that are not the layout's global positions,
-shards of different lengths, and decoding steps against a cache.
+training, forward and backward), GQA/MQA without expanding K/V, sliding-window models (Mistral's
+``sliding_window`` W: each query sees the W most recent keys, itself included), packed documents
+(global position_ids that restart at 0 at each document start, the same boundaries in every row
+of the batch: attention never crosses a document), ``use_cache=True`` (the cache then holds this
+rank's shard of K/V).  What is refused with a ValueError, raised on every rank of the group before
+any ring traffic: a padding ``attention_mask`` with zeros (an all-ones mask is accepted), 4-D
+masks, chunked / bidirectional / multimodal masks, attention dropout, softcapping, attention
+sinks, position_ids that are neither the layout's global positions nor positions restarting per
+document, rows with different document boundaries, shards of different lengths, and decoding
+steps against a cache.
 
 The group and layout come from :func:`burst_context` (a context manager) or :func:`configure`
 (a process-wide setting).  In a single process without torch.distributed neither is needed: the
@@ -41,7 +45,7 @@ import torch.distributed as dist
 from ..attention import burst_attn_func
 from ..attention.checks import BACKWARDS
 from ..comm.dist import rank_of, world_of
-from ..layout import LAYOUTS, position_ids as layout_positions
+from ..layout import LAYOUTS, position_ids as layout_positions, unshard
 
 NAME = "burst"
 
@@ -130,37 +134,40 @@ def _closure(fn, name):
     return cells[name].cell_contents if name in cells else None
 
 
-def _mask_kind(fn) -> str | None:
-    """'causal' for transformers' plain causal mask function, possibly combined with its packed-
-    sequence handling (which it adds when a rank's positions jump, as zigzag and striped shards'
-    do; the positions themselves are checked against the layout in the attention); 'packed' for
-    the packing part alone; None for anything else."""
+def _mask_parts(fn) -> set | None:
+    """The parts of a transformers mask function: {'causal'} for the plain causal mask, with
+    'window' for its sliding-window overlay and 'packed' for its packed-sequence handling (which it
+    adds when a rank's positions jump, as zigzag and striped shards' and restarting documents' do;
+    the positions themselves are read in the attention); None for anything else."""
     from transformers import masking_utils as mu  # optional dependency: imported when used
 
     if fn is mu.causal_mask_function:
-        return "causal"
+        return {"causal"}
     name = getattr(fn, "__qualname__", "")
     if name.startswith("packed_sequence_mask_function."):
-        return "packed"
+        return {"packed"}
+    if name.startswith("sliding_window_overlay."):
+        return {"window"}
     if name.startswith("remap_positions_for_packed_sequence."):
-        return "causal" if _mask_kind(_closure(fn, "mask_function")) == "causal" else None
+        return _mask_parts(_closure(fn, "mask_function"))
     if name.startswith("and_masks."):
-        kinds = [_mask_kind(f) for f in (_closure(fn, "mask_functions") or ())]
-        if "causal" in kinds and all(k in ("causal", "packed") for k in kinds):
-            return "causal"
+        parts = [_mask_parts(f) for f in (_closure(fn, "mask_functions") or ())]
+        if parts and all(p is not None for p in parts):
+            return set().union(*parts)
     return None
 
 
 def burst_mask(batch_size=None, q_length=None, kv_length=None, q_offset=0, kv_offset=0, mask_function=None,
                attention_mask=None, **kwargs):
     """The AttentionMaskInterface entry for "burst": builds nothing (the ring applies causality
-    from the layout), refuses every mask but plain causal."""
-    kind = _mask_kind(mask_function)
-    if kind != "causal":
+    from the layout, the window from the attention's ``sliding_window``, document boundaries
+    from the positions), refuses every other mask."""
+    parts = _mask_parts(mask_function)
+    if parts is None or "causal" not in parts:
         what = getattr(mask_function, "__qualname__", repr(mask_function))
-        raise ValueError(f'attn_implementation="burst" computes plain causal attention only; this model asked for '
-                         f'the mask {what} (sliding window, chunked, bidirectional or multimodal masks are not '
-                         f'supported)')
+        raise ValueError(f'attn_implementation="burst" computes causal attention (with a sliding window or packed '
+                         f'documents) only; this model asked for the mask {what} (chunked, bidirectional or '
+                         f'multimodal masks are not supported)')
     if attention_mask is not None and not bool(attention_mask.all()):
         return PADDED
     return None
@@ -168,23 +175,23 @@ def burst_mask(batch_size=None, q_length=None, kv_length=None, q_offset=0, kv_of
 
 # --- the attention -----------------------------------------------------------------------------
 
-def _agree(settings: BurstSettings, module, query, key, attention_mask, position_ids) -> None:
+# the document boundaries layer 0 found, for the other layers of the same forward
+_docs: tuple | None = None
+
+
+def _agree(settings: BurstSettings, module, query, key, attention_mask, position_ids) -> tuple | None:
     """Checks whose outcome may differ between ranks (padding, positions, shard lengths):
-    every rank gathers every rank's findings, so all raise the same error or none does."""
+    every rank gathers every rank's findings, so all raise the same error or none does.
+    Returns the global document boundaries (cu_seqlens) the positions describe, or None."""
     rank, world = settings.world()
     B, _, n, _ = query.shape
     padded = attention_mask is PADDED
     other_mask = attention_mask is not None and not padded
-    bad_pos = 0
-    if position_ids is not None:
-        try:
-            want = layout_positions(n * world, settings.layout, rank, world, device=position_ids.device)
-            bad_pos = int(not bool((position_ids == want).all()))
-        except (ValueError, RuntimeError):  # a layout that cannot split S, or a shape that does not broadcast
-            bad_pos = 1
-    mine = [B, n, int(padded), int(other_mask), bad_pos]
+    pos_shape = tuple(position_ids.shape) if position_ids is not None else ()
+    pos_ok = len(pos_shape) == 2 and pos_shape[1] == n and pos_shape[0] in (1, B)
+    mine = [B, n, int(padded), int(other_mask), int(not pos_ok)]
+    dev = query.device
     if world > 1:
-        dev = query.device
         parts = [torch.zeros(len(mine), dtype=torch.int64, device=dev) for _ in range(world)]
         dist.all_gather(parts, torch.tensor(mine, dtype=torch.int64, device=dev), group=settings.group)
         table = [p.tolist() for p in parts]
@@ -200,19 +207,47 @@ def _agree(settings: BurstSettings, module, query, key, attention_mask, position
     if ranks(3):
         raise ValueError(f'attn_implementation="burst" takes no explicit attention mask (rank(s) {ranks(3)} passed a '
                          f'{type(attention_mask).__name__}); causality comes from the layout')
+    S = n * world
+    hint = (f"pass burstengine.position_ids(S, {settings.layout!r}, rank, world) for a sequence of S = {S} tokens, or "
+            f"the shards of positions restarting at 0 at each packed document")
     if ranks(4):
         raise ValueError(f"position_ids on rank(s) {ranks(4)} are not the global positions of layout "
-                         f"{settings.layout!r}: pass burstengine.position_ids(S, {settings.layout!r}, rank, world) "
-                         f"for a sequence of S = {n * world} tokens")
+                         f"{settings.layout!r}: {hint}")
+    pos = position_ids.expand(B, n).to(device=dev, dtype=torch.int64).contiguous()
+    if world > 1:  # every rank sees the whole sequence's positions, so all find the same documents
+        shards = [torch.empty_like(pos) for _ in range(world)]
+        dist.all_gather(shards, pos, group=settings.group)
+        pos = unshard(shards, settings.layout)
+    pos = pos.cpu()
+    # positions restarting per document: each is 0 or its predecessor + 1, and the first is 0
+    follows = torch.cat([pos[:, :1] == 0, (pos[:, 1:] == pos[:, :-1] + 1) | (pos[:, 1:] == 0)], dim=1)
+    if not bool(follows.all()):
+        bad = sorted({int(r) for r in _owners(torch.nonzero(~follows)[:, 1], settings.layout, world, S)})
+        raise ValueError(f"position_ids on rank(s) {bad} are not the global positions of layout "
+                         f"{settings.layout!r}: {hint}")
+    starts = pos == 0
+    if not bool((starts == starts[:1]).all()):
+        raise ValueError("the rows of the batch pack documents at different boundaries; burst attention takes one "
+                         "set of document boundaries for the batch: pack every row alike, or run rows apart")
+    cuts = torch.nonzero(starts[0]).flatten().tolist()
+    return None if cuts == [0] else tuple(cuts) + (S,)
+
+
+def _owners(global_idx: torch.Tensor, layout: str, world: int, S: int) -> list[int]:
+    """The ranks holding the given global token indices under ``layout``."""
+    owner = torch.empty(S, dtype=torch.int64)
+    for r in range(world):
+        owner[layout_positions(S, layout, r, world)] = r
+    return owner[global_idx].tolist()
 
 
 def burst_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                             sliding_window=None, softcap=None, s_aux=None, position_ids=None, **kwargs):
     """The AttentionInterface entry for "burst".  query (B, H, n, D), key/value (B, Hkv, n, D):
     this rank's shard; returns (out (B, n, H, D), None)."""
+    global _docs
     settings = current_settings()
     refused = [name for name, bad in (("attention dropout", dropout and dropout > 0),
-                                      ("sliding_window", sliding_window is not None),
                                       ("softcap", softcap is not None),
                                       ("attention sinks (s_aux)", s_aux is not None),
                                       ("non-causal attention", not getattr(module, "is_causal", True))) if bad]
@@ -222,10 +257,12 @@ def burst_attention_forward(module, query, key, value, attention_mask, dropout: 
         raise ValueError(f'attn_implementation="burst" attends within the sharded sequence only: the query has '
                          f'{query.shape[2]} tokens but the keys {key.shape[2]} (a decoding step against a cache?)')
     if getattr(module, "layer_idx", 0) in (0, None):
-        _agree(settings, module, query, key, attention_mask, position_ids)
+        _docs = _agree(settings, module, query, key, attention_mask, position_ids)
+    # transformers' sliding_window W keeps keys with kv > q - W: the W most recent, the query's own
+    # included, which is burst_attn_func's window=W
     out = burst_attn_func(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), group=settings.group,
                           causal=True, layout=settings.layout, softmax_scale=scaling, backward=settings.backward,
-                          kernel=settings.kernel)
+                          kernel=settings.kernel, window=sliding_window or None, cu_seqlens=_docs)
     return out, None
 
 

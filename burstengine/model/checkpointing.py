@@ -1,6 +1,6 @@
 """Activation checkpointing policies for a decoder block: what is kept for backward.
 
-A policy is a function ``policy(block, x, cos, sin) -> y`` that runs the block's three stages
+A policy is a function ``policy(block, x, cos, sin, docs) -> y`` that runs the block's three stages
 (``pre_attention`` -> ``attend`` -> ``post_attention``, see :class:`~burstengine.model.llama.Block`)
 under whatever recomputation it wants.  Adding one is a function and a line in POLICIES.
 
@@ -42,22 +42,26 @@ def _ckpt(fn, *args):
     return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False)
 
 
-def no_checkpoint(block, x, cos, sin):
+def no_checkpoint(block, x, cos, sin, docs=None):
     q, k, v = block.pre_attention(x, cos, sin)
-    return block.post_attention(x, block.attend(q, k, v))
+    return block.post_attention(x, block.attend(q, k, v, docs))
 
 
-def full(block, x, cos, sin):
-    return _ckpt(no_checkpoint, block, x, cos, sin)
+def full(block, x, cos, sin, docs=None):
+    return _ckpt(no_checkpoint, block, x, cos, sin, docs)
 
 
-def selective(block, x, cos, sin):
+def selective(block, x, cos, sin, docs=None):
     q, k, v = _ckpt(block.pre_attention, x, cos, sin)
-    o = block.attend(q, k, v)
+    o = block.attend(q, k, v, docs)
     return _ckpt(block.post_attention, x, o)
 
 
-def sequence(block, x, cos, sin):
+def sequence(block, x, cos, sin, docs=None):
+    if docs is not None or block.window:
+        # seq_checkpoint's ring takes no sparse mask: refuse rather than attend across documents
+        what = "packed documents (cu_seqlens)" if docs is not None else f"a sliding window (model.window={block.window})"
+        raise ValueError(f"checkpoint='sequence' does not support {what} yet; use checkpoint='full' or 'selective'")
     cp = block.cp
     local = cp.group is None
     return seq_checkpoint(x, lambda t: block.pre_attention(t, cos, sin), block.post_attention,

@@ -1,6 +1,10 @@
 """A LLaMA-style decoder whose attention is BurstAttention.
 
-RMSNorm, rotary position embeddings, SwiGLU MLP, grouped-query attention; no biases.  Under
+RMSNorm, rotary position embeddings (optionally scaled: :mod:`.rope`), SwiGLU MLP, grouped-query
+attention; the variations of the Llama 2/3, Qwen2/3 and Mistral families are options of
+:class:`ModelArgs` (q/k/v biases, per-head q/k RMSNorm, a head width that is not dim / heads,
+tied embeddings, a sliding window).  Packed documents are passed as global ``cu_seqlens``, so
+attention never crosses a document boundary.  Under
 context parallelism each rank holds the tokens of its shard of the global sequence (any layout
 of :mod:`burstengine.layout`), so RoPE is computed from the *global* positions those tokens
 have, and attention runs through :func:`burstengine.burst_attn_func` over the CP group.
@@ -14,15 +18,20 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ..attention import burst_attn_func
+from ..comm.dist import LOCAL
 from ..kernels import acc_dtype
 from . import checkpointing, fused, losses
+from .rope import RopeScaling, rope_tables
+
+ARCHS = ("llama", "qwen2", "qwen3", "mistral")
+_ZERO_MEANS_UNSET = ("head_size", "window", "max_position_embeddings")
 
 
 @dataclass
@@ -36,27 +45,52 @@ class ModelArgs:
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     tie_embeddings: bool = False
+    # the variations of pretrained families (model/hf.py reads them from a config.json)
+    arch: str = "llama"              # the HF family the weights are written back as: llama, qwen2, qwen3, mistral
+    head_size: int = 0               # width of one head; 0 = dim / n_heads (Qwen3 sets it apart)
+    qkv_bias: bool = False           # biases on the q, k, v projections (Qwen2)
+    qk_norm: bool = False            # RMSNorm over each head of q and k before RoPE (Qwen3)
+    window: int = 0                  # sliding window: each query sees the W most recent keys, itself included
+                                     # (Mistral's sliding_window = W); 0 = the whole causal prefix
+    max_position_embeddings: int = 0  # the context the weights were trained for (config.json); 0 = unknown
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)  # context extension (see model/rope.py)
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.n_heads
+        return self.head_size or self.dim // self.n_heads
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelArgs":
+        """The inverse of dataclasses.asdict (a checkpoint's meta.json); fields it lacks (an older
+        checkpoint) keep their defaults."""
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        if isinstance(kw.get("rope_scaling"), dict):
+            kw["rope_scaling"] = RopeScaling(**kw["rope_scaling"])
+        return cls(**kw)
 
     def validate(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.type in ("int", int) and v < 1:
-                raise ValueError(f"model.{f.name} must be >= 1, got {v}")
-        if self.dim % self.n_heads:
-            raise ValueError(f"model.dim ({self.dim}) must be a multiple of model.n_heads ({self.n_heads})")
+            least = 0 if f.name in _ZERO_MEANS_UNSET else 1
+            if f.type in ("int", int) and v < least:
+                raise ValueError(f"model.{f.name} must be >= {least}, got {v}")
+        if self.arch not in ARCHS:
+            raise ValueError(f"model.arch must be one of {list(ARCHS)}, got {self.arch!r}")
+        if not self.head_size and self.dim % self.n_heads:
+            raise ValueError(f"model.dim ({self.dim}) must be a multiple of model.n_heads ({self.n_heads}) "
+                             f"(or set model.head_size)")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"model.n_heads ({self.n_heads}) must be a multiple of model.n_kv_heads ({self.n_kv_heads})")
         if self.head_dim % 2:
-            raise ValueError(f"head dim dim/n_heads = {self.head_dim} must be even for RoPE")
+            raise ValueError(f"head dim = {self.head_dim} must be even for RoPE")
+        self.rope_scaling.validate(self.max_position_embeddings)
 
     def num_params(self, embedding: bool = True) -> int:
         d, L, V, f = self.dim, self.n_layers, self.vocab_size, self.ffn_dim
-        kv = self.n_kv_heads * self.head_dim
-        block = d * d * 2 + d * kv * 2 + 3 * d * f + 2 * d
+        q, kv = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        block = d * q * 2 + d * kv * 2 + 3 * d * f + 2 * d
+        block += (q + 2 * kv) * self.qkv_bias + 2 * self.head_dim * self.qk_norm
         head = 0 if self.tie_embeddings else V * d
         return L * block + d + head + (V * d if embedding else 0)
 
@@ -105,15 +139,6 @@ class RMSNorm(nn.Module):
         return fused.rms_norm(x, self.weight, self.eps)
 
 
-def rope_tables(positions: torch.Tensor, head_dim: int, theta: float):
-    """cos, sin (float64, shape (n, head_dim)) for integer global ``positions`` (n,).  Angles are
-    formed in float64: at positions near 1M a float32 product is off by ~0.1 rad."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float64) / head_dim))
-    ang = positions.to(torch.float64)[:, None] * inv[None, :]
-    ang = torch.cat([ang, ang], dim=-1)
-    return ang.cos(), ang.sin()
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x (B, n, H, D) rotated by half-split pairs (the HF LLaMA convention), in fp32."""
     return fused.rope(x, cos, sin)
@@ -123,24 +148,34 @@ class Attention(nn.Module):
     def __init__(self, a: ModelArgs):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = a.n_heads, a.n_kv_heads, a.head_dim
-        self.wq = nn.Linear(a.dim, a.n_heads * a.head_dim, bias=False)
-        self.wk = nn.Linear(a.dim, a.n_kv_heads * a.head_dim, bias=False)
-        self.wv = nn.Linear(a.dim, a.n_kv_heads * a.head_dim, bias=False)
+        self.wq = nn.Linear(a.dim, a.n_heads * a.head_dim, bias=a.qkv_bias)
+        self.wk = nn.Linear(a.dim, a.n_kv_heads * a.head_dim, bias=a.qkv_bias)
+        self.wv = nn.Linear(a.dim, a.n_kv_heads * a.head_dim, bias=a.qkv_bias)
         self.wo = nn.Linear(a.n_heads * a.head_dim, a.dim, bias=False)
+        self.q_norm = RMSNorm(a.head_dim, a.norm_eps) if a.qk_norm else None
+        self.k_norm = RMSNorm(a.head_dim, a.norm_eps) if a.qk_norm else None
 
     def qkv(self, x, cos, sin):
         B, n, _ = x.shape
         q = self.wq(x).view(B, n, self.n_heads, self.head_dim)
         k = self.wk(x).view(B, n, self.n_kv_heads, self.head_dim)
         v = self.wv(x).view(B, n, self.n_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
-def context_parallel_attention(q, k, v, cp: ContextParallel):
-    """Causal attention of this rank's (B, n, H, D) shard over the whole sequence."""
-    if cp.group is not None:
-        return burst_attn_func(q, k, v, group=cp.group, causal=True, layout=cp.layout, backward=cp.backward,
-                               kernel=cp.kernel)
+def context_parallel_attention(q, k, v, cp: ContextParallel, window: int = 0, docs: tuple | None = None):
+    """Causal attention of this rank's (B, n, H, D) shard over the whole sequence, within a
+    sliding ``window`` (0: none) and packed documents ``docs`` (global cu_seqlens, or None).
+
+    A mask with no CP group runs as BurstAttention on a one-rank ring (``LOCAL``), which takes
+    both masks without building an n x n one."""
+    if cp.group is not None or window or docs is not None:
+        local = cp.group is None
+        return burst_attn_func(q, k, v, group=LOCAL if local else cp.group, causal=True,
+                               layout="contiguous" if local else cp.layout, backward=cp.backward, kernel=cp.kernel,
+                               window=window or None, cu_seqlens=docs)
     qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     if kh.shape[1] != qh.shape[1]:
         # torch-native CP's ring does not take enable_gqa: expand K/V as its users must
@@ -173,20 +208,21 @@ class Block(nn.Module):
         self.feed_forward = FeedForward(a)
         self.policy = policy
         self.checkpoint_split = checkpoint_split  # the "sequence" policy's: attention outputs kept
+        self.window = a.window
         self.cp = ContextParallel()
 
     def pre_attention(self, x, cos, sin):
         return self.attention.qkv(self.attention_norm(x), cos, sin)
 
-    def attend(self, q, k, v):
-        return context_parallel_attention(q, k, v, self.cp)
+    def attend(self, q, k, v, docs=None):
+        return context_parallel_attention(q, k, v, self.cp, self.window, docs)
 
     def post_attention(self, x, o):
         h = x + self.attention.wo(o.flatten(2))
         return h + self.feed_forward(self.ffn_norm(h))
 
-    def forward(self, x, cos, sin):
-        return checkpointing.POLICIES[self.policy](self, x, cos, sin)
+    def forward(self, x, cos, sin, docs=None):
+        return checkpointing.POLICIES[self.policy](self, x, cos, sin, docs)
 
 
 class Transformer(nn.Module):
@@ -219,25 +255,40 @@ class Transformer(nn.Module):
     def head_weight(self) -> torch.Tensor:
         return self.tok_embeddings.weight if self.output is None else self.output.weight
 
-    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens=None) -> torch.Tensor:
         """Final-norm hidden states (B, n, dim) of this rank's tokens (B, n) at global
-        ``positions`` (n,)."""
+        ``positions`` (n,).  ``cu_seqlens``: packed documents, the GLOBAL boundaries
+        0 = c_0 < ... < c_m = global length (the same on every CP rank; positions then restart
+        per document, as the batch provides them); attention never crosses a boundary."""
+        a = self.args
+        docs = _docs(cu_seqlens)
+        seq_len = 0
+        if a.rope_scaling.type == "dynamic":  # the global length, the same on every rank
+            if docs is not None:
+                seq_len = max(e - s for s, e in zip(docs[:-1], docs[1:]))
+            else:
+                import torch.distributed as dist
+
+                world = 1 if self.cp.group is None else dist.get_world_size(self.cp.group)
+                seq_len = tokens.shape[1] * world
         h = self.tok_embeddings(tokens)
-        if self.auto_checkpoint and self._planned_for != h.shape[:2]:
-            self.plan_checkpointing(h.shape[0] * h.shape[1], h.element_size(), h.device)
-            self._planned_for = h.shape[:2]
-        cos, sin = (t.to(acc_dtype(h)) for t in rope_tables(positions, self.args.head_dim, self.args.rope_theta))
+        if self.auto_checkpoint and self._planned_for != (h.shape[:2], docs is not None):
+            self.plan_checkpointing(h.shape[0] * h.shape[1], h.element_size(), h.device, sparse=docs is not None)
+            self._planned_for = (h.shape[:2], docs is not None)
+        cos, sin = (t.to(acc_dtype(h)) for t in rope_tables(positions, a.head_dim, a.rope_theta, a.rope_scaling,
+                                                             a.max_position_embeddings, seq_len))
         for b in self.layers:
-            h = b(h, cos, sin)
+            h = b(h, cos, sin, docs)
         return self.norm(h)
 
-    def forward(self, tokens, positions, labels=None, ignore_index: int = -100, predict: bool = False):
+    def forward(self, tokens, positions, labels=None, ignore_index: int = -100, predict: bool = False,
+                cu_seqlens=None):
         """With ``labels`` (B, n): the float32 *sum* of the losses of this rank's labelled tokens
         (the caller divides by the global count).  With ``predict`` too: the argmax prediction
         (B, n) at labelled positions, ``ignore_index`` elsewhere.  Without labels: the hidden
         states.  The LM head runs here, inside the root module, so a sharded head weight is
-        gathered for it."""
-        h = self.hidden(tokens, positions)
+        gathered for it.  ``cu_seqlens``: see :meth:`hidden`."""
+        h = self.hidden(tokens, positions, cu_seqlens)
         if labels is None:
             return h
         if predict:
@@ -248,9 +299,11 @@ class Transformer(nn.Module):
             return preds
         return losses.LOSSES[self.loss_name](h.flatten(0, 1), self.head_weight, labels.flatten(), ignore_index)
 
-    def plan_checkpointing(self, tokens: int, elem: int, device) -> list[str]:
+    def plan_checkpointing(self, tokens: int, elem: int, device, sparse: bool = False) -> list[str]:
         """Set each layer's policy for ``tokens`` local tokens of ``elem``-byte activations from
-        the activation budget (checkpoint="auto"); returns the plan."""
+        the activation budget (checkpoint="auto"); returns the plan.  ``sparse`` (packed documents,
+        or a model with a sliding window): the layers that keep their attention output use
+        ``selective``, since sequence-level checkpointing's ring takes no sparse mask."""
         from torch.distributed.tensor import DTensor
 
         local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in self.parameters())
@@ -258,9 +311,14 @@ class Transformer(nn.Module):
         if budget is None:
             budget = checkpointing.default_budget(local, device)
         per_token = checkpointing.activation_bytes(self.args, elem)
+        if sparse or self.args.window:  # "selective" keeps the roped q, k, v as well
+            a = self.args
+            per_token["sequence"] += (a.n_heads + 2 * a.n_kv_heads) * a.head_dim * elem
         per_layer = {k: v * tokens for k, v in per_token.items()}
         plan = (["none"] * len(self.layers) if budget is None
                 else checkpointing.plan_layers(len(self.layers), per_layer, budget))
+        if sparse or self.args.window:
+            plan = ["selective" if p == "sequence" else p for p in plan]
         for b, p in zip(self.layers, plan):
             b.policy = p
             if p == "sequence":
@@ -283,6 +341,8 @@ class Transformer(nn.Module):
             dev = local.device
             if name.endswith("norm.weight"):
                 full = torch.ones(p.shape, device=dev, dtype=torch.float32)
+            elif name.endswith(".bias"):
+                full = torch.zeros(p.shape, device=dev, dtype=torch.float32)
             else:
                 std = 0.02
                 if name.endswith("wo.weight") or name.endswith("w2.weight"):
@@ -293,6 +353,15 @@ class Transformer(nn.Module):
             if isinstance(p, DTensor):
                 full = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
             local.copy_(full.to(local.dtype))
+
+
+def _docs(cu_seqlens) -> tuple | None:
+    """Global document boundaries as a tuple of ints (one host read of a tensor), or None."""
+    if cu_seqlens is None:
+        return None
+    if isinstance(cu_seqlens, torch.Tensor):
+        return tuple(int(c) for c in cu_seqlens.tolist())
+    return tuple(int(c) for c in cu_seqlens)
 
 
 def _param_seed(seed: int, name: str) -> int:

@@ -121,6 +121,9 @@ def run(args) -> int:
         cfg = load(args.config, args.overrides)
     except ValueError as e:
         return _err(str(e))
+    if cfg.init:
+        print(f"burstengine train: note: the model's shape comes from {cfg.init}/config.json (a preset's [model] "
+              f"table is ignored)", file=sys.stderr)
     if args.print_config:
         for k, v in cfg.to_dict().items():
             if isinstance(v, dict):

@@ -26,6 +26,7 @@ from ..model.checkpointing import POLICIES
 from ..model.llama import PRESETS as MODEL_PRESETS
 from ..model.llama import ModelArgs
 from ..model.losses import LOSSES
+from ..model.hf import args_from_hf_config, read_config
 
 SCHEDULES = ("cosine", "linear", "constant")
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -84,6 +85,11 @@ class TrainConfig:
     eval_samples: int = 64
     peak_tflops: float = 0.0         # per-device peak for MFU; 0 = known GPUs' bf16 dense peak
     progress: bool = True            # progress bar (only ever on an interactive terminal)
+    # starting from a pretrained model: an HF model directory (config.json + safetensors, see
+    # burstengine/model/hf.py), "" = random init.  The model's shape comes from its config.json (a
+    # preset's [model] table is ignored); model.rope_theta, model.rope_scaling.* and model.window
+    # may still be set, to extend the context (e.g. --set model.rope_scaling.type=yarn).
+    init: str = ""
     # faults: seconds after which a rank that died, froze or stopped answering counts as lost
     # (process-group timeout, ring deadlines, watchdog); 0 = $BURST_TIMEOUT, else 600
     fault_timeout: float = 0.0
@@ -119,8 +125,17 @@ class TrainConfig:
         for name in ("cp", "warmup_steps", "ckpt_every", "eval_every", "seed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not self.lr >= 0:  # 0: a step that changes nothing (tests that init -> export round-trips)
+            raise ValueError(f"lr must be >= 0, got {self.lr}")
+        if self.model.window and self.attention == "torch-cp":
+            raise ValueError(f"model.window={self.model.window} (a sliding window) needs attention='burst': torch's "
+                             f"context_parallel attends over the whole causal prefix")
+        if self.model.window and self.checkpoint == "sequence":
+            raise ValueError(f"checkpoint='sequence' does not support a sliding window (model.window="
+                             f"{self.model.window}) yet; use checkpoint='full' or 'selective'")
+        if self.model.rope_scaling.type == "dynamic" and self.attention == "torch-cp":
+            raise ValueError("dynamic rope scaling needs the global sequence length, which torch's context_parallel "
+                             "hides from the model: use attention='burst'")
         for name in ("min_lr_ratio", "beta1", "beta2"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
@@ -273,20 +288,45 @@ def set_value(cfg: TrainConfig, assignment: str) -> None:
     setattr(obj, name, _parse(key, text.strip(), typ))
 
 
-def _apply_table(cfg: TrainConfig, table: dict, prefix: str = "") -> None:
+def _apply_table(cfg: TrainConfig, table: dict, prefix: str = "", keys: set | None = None) -> None:
     for k, v in table.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
-            if prefix or k != "model":
-                raise ValueError(f"unknown config table {key!r} (only [model] is a table)")
-            _apply_table(cfg, v, prefix="model.")
+            if key not in ("model", "model.rope_scaling"):
+                raise ValueError(f"unknown config table {key!r} (only [model] and [model.rope_scaling] are tables)")
+            _apply_table(cfg, v, prefix=f"{key}.", keys=keys)
             continue
         obj, name, typ = _lookup(cfg, key)
         setattr(obj, name, _coerce(key, v, typ))
+        if keys is not None:
+            keys.add(key)
+
+
+# model fields that may be set on top of an init model's config.json: how its context is extended
+INIT_OVERRIDES = ("model.rope_theta", "model.rope_scaling.", "model.window")
+
+
+def _from_init(cfg: TrainConfig, keys: set) -> None:
+    """Replace cfg.model by the shape of cfg.init's config.json, keeping the rope / window
+    fields the file or --set gave explicitly (any other explicit model field is an error)."""
+
+    user = {}
+    for key in sorted(k for k in keys if k.startswith("model.")):
+        if not key.startswith(INIT_OVERRIDES):
+            raise ValueError(f"{key} is set, but with init={cfg.init!r} the model's shape comes from its config.json; "
+                             f"only model.rope_theta, model.rope_scaling.* and model.window may be changed")
+        obj, name, _ = _lookup(cfg, key)
+        user[key] = getattr(obj, name)
+    cfg.model = args_from_hf_config(read_config(cfg.init), os.path.join(cfg.init, "config.json"))
+    for key, value in user.items():
+        obj, name, _ = _lookup(cfg, key)
+        setattr(obj, name, value)
 
 
 def load(spec: str, overrides: list[str] = ()) -> TrainConfig:
-    """The validated config for a preset name or TOML path, then ``key=value`` overrides."""
+    """The validated config for a preset name or TOML path, then ``key=value`` overrides; with
+    ``init``, the model's shape from that directory's config.json."""
+    keys: set[str] = set()  # the keys the file and the overrides set explicitly
     if spec.endswith(".toml") or os.sep in spec:
         import tomllib  # only when reading a TOML file
 
@@ -302,12 +342,15 @@ def load(spec: str, overrides: list[str] = ()) -> TrainConfig:
             raise ValueError(f"config file {spec!r}: base must be a preset name, got {base!r}")
         cfg = preset(base)
         try:
-            _apply_table(cfg, table)
+            _apply_table(cfg, table, keys=keys)
         except ValueError as e:
             raise ValueError(f"config file {spec!r}: {e}") from None
     else:
         cfg = preset(spec)
     for a in overrides:
         set_value(cfg, a)
+        keys.add(a.split("=", 1)[0].strip())
+    if cfg.init:
+        _from_init(cfg, keys)
     cfg.validate()
     return cfg

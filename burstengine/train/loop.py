@@ -123,6 +123,10 @@ class Trainer:
         self.run_dir = cfg.run_dir
         self.ckpt_dir = os.path.join(self.run_dir, "checkpoints")
         self.log = MetricsLog(os.path.join(self.run_dir, "metrics.jsonl"), self.rank, echo=echo)
+        if self.model.load_stats:  # init: how long the pretrained weights took, and rank 0's peak host memory
+            st = self.model.load_stats
+            self.log.say(f"loaded {cfg.init} in {st['load_s']:.1f}s (rank 0 read {st['read_gib']:.2f} GiB, peak host "
+                         f"RSS {st['peak_rss_gib']:.2f} GiB)")
         self.flops_per_token = cfg.model.flops_per_token(cfg.seq_len)
         self.peak = peak_flops(self.device, cfg.peak_tflops)
 

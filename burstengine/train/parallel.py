@@ -21,6 +21,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ..model import fused
 from ..model.llama import ContextParallel, Transformer
+from ..model.hf import load_weights
 
 _MESHES: dict = {}
 
@@ -107,12 +108,19 @@ def parallelize(model: Transformer, m: Mesh, precision: str = "auto", layout: st
 
 def build_model(cfg, m: Mesh) -> Transformer:
     """The config's model, created on the meta device, sharded, then materialised on this
-    rank's device and initialised identically whatever the mesh."""
+    rank's device and initialised identically whatever the mesh: from ``cfg.init`` (an HF model
+    directory, each rank reading only the rows it keeps; ``model.load_stats`` says how long it
+    took and this process's peak host memory) or randomly from ``cfg.seed``."""
     with torch.device("meta"):
         model = Transformer(cfg.model, checkpoint=cfg.checkpoint, loss=cfg.loss, checkpoint_split=cfg.checkpoint_split,
                             activation_budget=int(cfg.activation_memory_gib * 2**30) or None)
     fused.set_compiled(cfg.fused_ops)
     parallelize(model, m, cfg.precision, cfg.layout, cfg.attn_backward, cfg.kernel, cfg.attention)
     model.to_empty(device=m.device)
-    model.init_weights(cfg.seed)
+    model.load_stats = None
+    if getattr(cfg, "init", ""):
+
+        model.load_stats = load_weights(model, cfg.init)
+    else:
+        model.init_weights(cfg.seed)
     return model

@@ -1,0 +1,274 @@
+"""Fine-tuning pretrained models: tiny random Llama (plain; llama3 scaling + tied embeddings),
+Qwen2, Qwen3 and Mistral made and saved by transformers are loaded with ``init`` (sharded over
+the gloo ranks), give transformers' loss at CP 1/2/4, come back bitwise from init -> 1 step at
+lr 0 -> export, and the export loads in transformers with the engine's loss and logits.  Rope
+scaling equals transformers' for every type; packed documents give the loss of the documents
+run alone."""
+import json
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import finetune_cases as fc  # noqa: E402
+from burstengine.model import RopeScaling  # noqa: E402
+from burstengine.model.rope import inv_freq, rope_tables  # noqa: E402
+
+TOL = 2e-6
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pretrained")
+    return {arch: fc.save_tiny(root / arch, arch, seed=i) for i, arch in enumerate(fc.ARCHS)}
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory):
+    return fc.token_file(tmp_path_factory.mktemp("data") / "tokens.bin")
+
+
+# --- rope ---------------------------------------------------------------------------------------
+
+ROPES = {
+    "none": None,
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 3.0},
+    "yarn": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64},
+    "yarn-betas-af": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "beta_fast": 16.0,
+                      "beta_slow": 2.0, "attention_factor": 1.3},
+    "yarn-mscale": {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 64, "mscale": 0.9,
+                    "mscale_all_dim": 0.5, "truncate": False},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ROPES))
+def test_rope_matches_transformers(kind):
+    """Our float64 frequencies / attention factor equal transformers' ROPE_INIT_FUNCTIONS (float32),
+    and our cos/sin its rotary embedding's on the same positions, beyond the original context
+    (dynamic: at a length the model recomputes for)."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from burstengine.model.hf import args_from_hf_config
+
+    hf = LlamaConfig(hidden_size=256, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64, vocab_size=64,
+                     max_position_embeddings=128, rope_scaling=ROPES[kind], rope_theta=20000.0)
+    args = args_from_hf_config(hf.to_dict())
+    assert args.rope_scaling.type == ("none" if kind == "none" else kind.split("-")[0])
+    S = 300  # beyond max_position_embeddings and the original context
+    seq = S if kind == "dynamic" else 0
+    ours, attn = inv_freq(args.head_dim, args.rope_theta, args.rope_scaling, args.max_position_embeddings, seq)
+    if kind != "none":
+        theirs, their_attn = ROPE_INIT_FUNCTIONS[hf.rope_parameters["rope_type"]](hf, "cpu", seq_len=seq or None)
+        assert torch.allclose(ours, theirs.double(), rtol=1e-6, atol=0), (ours, theirs)
+        assert attn == pytest.approx(their_attn, rel=1e-12)
+        if kind.startswith("yarn"):
+            assert attn != 1.0
+        assert not torch.allclose(ours, inv_freq(args.head_dim, args.rope_theta)[0])  # it did scale
+    pos = torch.arange(S)
+    cos, sin = rope_tables(pos, args.head_dim, args.rope_theta, args.rope_scaling, args.max_position_embeddings, seq)
+    rot = LlamaRotaryEmbedding(hf)
+    hc, hs = rot(torch.zeros(1, S, 8, dtype=torch.float32), pos[None])
+    # transformers forms angles in float32: position x frequency is off by ~S * 6e-8
+    assert torch.allclose(cos, hc[0].double(), atol=4e-5, rtol=0) and torch.allclose(sin, hs[0].double(), atol=4e-5,
+                                                                                      rtol=0)
+    # the global positions a rank holds give the rows of the whole table
+    from burstengine.layout import position_ids
+
+    idx = position_ids(S - 4, "zigzag", 1, 4)
+    c1, _ = rope_tables(idx, args.head_dim, args.rope_theta, args.rope_scaling, args.max_position_embeddings, seq)
+    assert torch.equal(c1, cos[idx])
+
+
+def test_rope_scaling_errors():
+    with pytest.raises(ValueError, match="rope_scaling.type must be one of"):
+        RopeScaling(type="ntk").validate(128)
+    with pytest.raises(ValueError, match="needs the original context length"):
+        RopeScaling(type="yarn", factor=4.0).validate(0)
+    with pytest.raises(ValueError, match="factor must be >= 1"):
+        RopeScaling(type="linear", factor=0.5).validate(128)
+
+
+# --- model numerics vs transformers (one process) -------------------------------------------------
+
+@pytest.mark.parametrize("arch", sorted(fc.ARCHS))
+def test_logits_match_transformers(models, arch):
+    from burstengine.inference.weights import load_hf_llama
+
+    ids = torch.randint(0, fc.VOCAB, (2, 61), generator=torch.Generator().manual_seed(1))  # 61: prime, > context
+    ours = load_hf_llama(models[arch])
+    with torch.no_grad():
+        got = ours(ids, torch.arange(61)) @ ours.head_weight.t()
+        ref = fc.hf_model(models[arch])(input_ids=ids).logits
+    err = ((got - ref).abs().max() / ref.abs().max()).item()
+    assert err < 1e-5, err
+    assert ref.std() > 0.1  # not a degenerate model
+
+
+def test_mistral_window_is_hf_sliding_window(models):
+    """HF's sliding_window W: kv > q - W, so W keys including the query's own: our window=W.
+    A window one wider or narrower gives other logits."""
+    from burstengine.inference.weights import load_hf_llama
+
+    ids = torch.randint(0, fc.VOCAB, (1, 23), generator=torch.Generator().manual_seed(2))
+    ref = fc.hf_model(models["mistral"])(input_ids=ids).logits
+    ours = load_hf_llama(models["mistral"])
+    assert ours.args.window == 5
+    errs = {}
+    for w in (4, 5, 6):
+        for b in ours.layers:
+            b.window = w
+        with torch.no_grad():
+            errs[w] = ((ours(ids, torch.arange(23)) @ ours.head_weight.t() - ref).abs().max()).item()
+    assert errs[5] < 1e-5 and errs[4] > 1e-3 and errs[6] > 1e-3, errs
+
+
+# --- init -> train -> export, on the gloo ranks -------------------------------------------------
+
+@pytest.mark.parametrize("arch", sorted(fc.ARCHS))
+def test_first_loss_matches_transformers_cp124(pool, models, tokens, arch):
+    """(a) the trainer's first loss = transformers' on the same batch, (d) at CP 1, 2, 4; the
+    sequence (56 tokens) is longer than the model's 32-token context."""
+    losses = []
+    for world, layout in ((1, "contiguous"), (2, "zigzag"), (4, "striped")):
+        loss, ref, gmax = pool.run(fc.first_loss, models[arch], tokens, 56, [f"layout={layout}"], world=world)[0]
+        assert abs(loss - ref) <= TOL * ref, (world, loss, ref)
+        assert gmax > 0
+        losses.append(loss)
+    assert max(losses) - min(losses) <= TOL * losses[0], losses
+
+
+@pytest.mark.parametrize("arch,extra,world", [
+    ("llama", [], 2), ("llama3-tied", [], 4), ("qwen2", [], 2), ("qwen3", [], 3), ("mistral", [], 2),
+    # context extension set on the command line, with the export carrying it
+    ("llama", ["model.rope_scaling.type=yarn", "model.rope_scaling.factor=4",
+               "model.rope_scaling.original_max_position_embeddings=32"], 2),
+    ("qwen2", ["model.rope_scaling.type=dynamic", "model.rope_scaling.factor=2", "model.rope_theta=50000"], 2),
+    ("llama3-tied", ["model.rope_scaling.factor=4"], 2),
+])
+def test_init_step_export_roundtrip(pool, models, tokens, tmp_path, arch, extra, world):
+    """(b) init -> 1 step at lr 0 -> export gives back the original tensors bitwise, (c) the export
+    loads in transformers with the trainer's loss, and config.json carries the rope settings and
+    the trained length."""
+    from safetensors.torch import load_file
+
+    src = models[arch]
+    out = tmp_path / "export"
+    res, loss, hf = pool.run(fc.train_and_export, src, tokens, 48, str(tmp_path / "run"), str(out),
+                             [f"cp={world}", "layout=contiguous", *extra], world=world)[0]
+    assert res["step"] == 1
+    a, b = load_file(os.path.join(src, "model.safetensors")), load_file(out / "model.safetensors")
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+    assert abs(loss - hf) <= TOL * hf, (loss, hf)
+    cfg = json.loads((out / "config.json").read_text())
+    with open(os.path.join(src, "config.json")) as f:
+        assert cfg["architectures"] == json.load(f)["architectures"]
+    over = dict(e.split("=", 1) for e in extra)
+    if "model.rope_scaling.type" in over:
+        assert cfg["rope_scaling"]["rope_type"] == over["model.rope_scaling.type"]
+        if over["model.rope_scaling.type"] == "dynamic":
+            assert cfg["max_position_embeddings"] == 32 and cfg["rope_theta"] == 50000.0
+        else:
+            assert cfg["max_position_embeddings"] == 48
+    elif arch == "llama3-tied":
+        assert cfg["rope_scaling"]["rope_type"] == "llama3"
+        assert cfg["rope_scaling"]["factor"] == float(over.get("model.rope_scaling.factor", 8.0))
+        assert "lm_head.weight" not in b
+
+
+def test_sharded_in_and_out(pool, tokens, tmp_path):
+    """A sharded input (index + several files) loads; an export above the size limit is sharded
+    with an index that transformers reads, and its logits equal ours."""
+    from burstengine.inference.weights import load_hf_llama
+
+    src = fc.save_tiny(tmp_path / "src", "qwen2", max_shard_size="40KB")
+    assert os.path.exists(os.path.join(src, "model.safetensors.index.json"))
+    out = tmp_path / "out"
+    res, loss, hf = pool.run(fc.train_and_export, src, tokens, 40, str(tmp_path / "run"), str(out), ["cp=2"],
+                             max_shard_bytes=50_000, world=2)[0]
+    assert res["files"] > 1 and (out / "model.safetensors.index.json").exists()
+    assert abs(loss - hf) <= TOL * hf
+    ids = torch.randint(0, fc.VOCAB, (1, 37), generator=torch.Generator().manual_seed(3))
+    ours = load_hf_llama(str(out))
+    with torch.no_grad():
+        got = ours(ids, torch.arange(37)) @ ours.head_weight.t()
+        ref = fc.hf_model(str(out))(input_ids=ids).logits
+    assert ((got - ref).abs().max() / ref.abs().max()).item() < 1e-5
+
+
+# --- packed documents ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch,world,layout", [("llama", 1, "contiguous"), ("llama", 2, "zigzag"),
+                                               ("mistral", 2, "striped"), ("qwen3", 4, "contiguous")])
+def test_packed_documents_equal_documents_alone(pool, models, arch, world, layout):
+    docs = [0, 7, 30, 31, 56]  # boundaries that cross shards, a one-token document
+    got, alone = pool.run(fc.packed_vs_alone, models[arch], 56, docs, layout, world=world)[0]
+    assert abs(got - alone) <= 1e-5 * abs(alone), (got, alone)
+
+
+def test_sequence_checkpoint_refuses_masks(models):
+    from burstengine.inference.weights import load_hf_llama
+
+    m = load_hf_llama(models["llama"])
+    for b in m.layers:
+        b.policy = "sequence"
+    ids = torch.randint(0, fc.VOCAB, (1, 16))
+    with pytest.raises(ValueError, match="checkpoint='sequence' does not support packed documents"):
+        m(ids, torch.arange(16), ids, cu_seqlens=[0, 8, 16])
+
+
+# --- config and errors --------------------------------------------------------------------------
+
+def test_init_config(models, tmp_path):
+    from burstengine.train import load
+
+    cfg = load("tiny", [f"init={models['qwen3']}", "model.rope_scaling.type=yarn", "model.rope_scaling.factor=4",
+                        "model.rope_theta=20000"])
+    m = cfg.model
+    assert (m.arch, m.dim, m.head_dim, m.qk_norm, m.max_position_embeddings) == ("qwen3", 64, 32, True, 32)
+    assert (m.rope_scaling.type, m.rope_scaling.factor, m.rope_theta) == ("yarn", 4.0, 20000.0)
+    toml = tmp_path / "ft.toml"
+    toml.write_text(f'init = "{models["mistral"]}"\n[model.rope_scaling]\ntype = "linear"\nfactor = 2.0\n')
+    cfg = load(str(toml))
+    assert cfg.model.window == 5 and cfg.model.rope_scaling.type == "linear"
+    with pytest.raises(ValueError, match="model.n_layers is set, but with init="):
+        load("tiny", [f"init={models['llama']}", "model.n_layers=4"])
+    with pytest.raises(ValueError, match="needs attention='burst'"):
+        load("tiny", [f"init={models['mistral']}", "attention=torch-cp"])
+
+
+def test_unsupported_architecture(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from burstengine.train import load
+
+    GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64)).save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(ValueError) as e:
+        load("tiny", [f"init={tmp_path / 'gpt2'}"])
+    msg = str(e.value)
+    assert "architecture 'GPT2LMHeadModel' is not supported" in msg and "config.json" in msg
+    for arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"):
+        assert arch in msg
+    with pytest.raises(ValueError, match="has no config.json"):
+        load("tiny", [f"init={tmp_path}"])
+    fc.save_tiny(tmp_path / "q", "qwen2")
+    cfg = json.loads((tmp_path / "q" / "config.json").read_text())
+    cfg["use_sliding_window"] = True
+    (tmp_path / "q" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="use_sliding_window=true"):
+        load("tiny", [f"init={tmp_path / 'q'}"])
+
+
+def test_export_cli_errors(tmp_path, capsys):
+    from burstengine.cli import main
+
+    assert main(["export", str(tmp_path), str(tmp_path / "out")]) == 2
+    assert "neither a checkpoint" in capsys.readouterr().err
