@@ -62,3 +62,35 @@ def variants(group, data, extra, variants, fused_chunk=None):
     finally:
         losses.FUSED_CHUNK_TOKENS = old
     return out if dist.get_rank(group) == 0 else None
+
+
+def _full(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def accum_step(group, data, extra=()):
+    """Loss and gradients of step 0 (all its micro-batches), then the parameters after one
+    optimizer step on them (rank 0 returns full tensors)."""
+    torch.manual_seed(0)
+    t = Trainer(small_config(extra, data), group=group, echo=False)
+    loss, grads = t.loss_and_grads(t.batches(0))
+    t.train_step(t.batches(0), 0)
+    params = {n: _full(p).detach().clone() for n, p in t.model.named_parameters()}
+    return (loss, grads, params) if dist.get_rank(group) == 0 else None
+
+
+def tokenize_calls(group, data, extra=()):
+    """How often this rank tokenized while two trainers on ``data`` were built: (first, second)."""
+    from burstengine.train import corpus
+
+    calls = []
+    orig = corpus._tokenize
+    corpus._tokenize = lambda *a: (calls.append(1), orig(*a))[1]
+    try:
+        cfg = small_config(extra, data)
+        Trainer(cfg, group=group, echo=False)
+        first = len(calls)
+        Trainer(cfg, group=group, echo=False)
+    finally:
+        corpus._tokenize = orig
+    return first, len(calls) - first

@@ -33,6 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=86400.0,
                    help="seconds before spawned ranks are stopped [%(default)s]; the deadline for a lost rank is "
                         "the config's fault_timeout")
+    p.add_argument("--prepare-data", action="store_true",
+                   help="tokenize the config's text data into its cache (one process) and exit: for corpora whose "
+                        "tokenization would outlast fault_timeout while the other ranks of a torchrun job wait")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as TOML-like lines and exit")
     p.add_argument("--record", metavar="NAME", default=None,
                    help="after a successful run, write its summary and config as a JSON record "
@@ -114,6 +117,11 @@ def run(args) -> int:
             else:
                 print(f"{k} = {v!r}")
         return 0
+    if args.prepare_data or not under_launcher():
+        # spawned ranks find the corpus tokenized: done here, once, before any rank waits on it
+        code = _prepare_data(cfg, verbose=args.prepare_data)
+        if code or args.prepare_data:
+            return code
     from ..comm.fault import job_timeout
 
     timeout = job_timeout(cfg.fault_timeout)
@@ -140,6 +148,30 @@ def run(args) -> int:
     if code not in (0, 2):
         _resume_hint(cfg)
     return _record(cfg, args.record, code)
+
+
+def _prepare_data(cfg, verbose: bool) -> int:
+    if cfg.data == "passkey" or cfg.data.endswith(".bin"):
+        if verbose:
+            print(f"data {cfg.data!r} needs no tokenization")
+        return 0
+    import time
+
+    from . import corpus
+
+    t0 = time.perf_counter()
+    try:
+        sp = corpus.spec(cfg)
+        fresh = not corpus.exists(sp)
+        if fresh:
+            print(f"tokenizing {len(sp.files)} file(s) of {cfg.data} into {sp.cache}", flush=True)
+        c = corpus.open_cache(corpus.build(sp))
+    except ValueError as e:
+        return _err(str(e))
+    if fresh or verbose:
+        print(f"{cfg.data}: {c.meta['tokens']:,} tokens in {c.meta['documents']:,} documents "
+              f"({'tokenized in %.1fs' % (time.perf_counter() - t0) if fresh else 'cached'}: {c.path})", flush=True)
+    return 0
 
 
 def _record(cfg, name, code: int) -> int:
