@@ -82,7 +82,7 @@ def text_cfg(root, *extra):
                          "seq_len=32", "model.vocab_size=64", *extra])
 
 
-def small_text(root, data, *extra):
+def small_text(root, *extra):
     """train_cases.small_config overrides for a corpus in ``root``."""
     return [f"tokenizer={root / 'tok'}", f"data_cache={root / 'cache'}", *extra]
 
@@ -213,7 +213,8 @@ def test_data_errors_are_one_line_naming_the_file(corpus_dir, tmp_path, what, ms
 def test_bin_errors(tmp_path):
     (tmp_path / "e.bin").write_bytes(b"")
     (tmp_path / "o.bin").write_bytes(b"\x01\x02\x03")
-    for name, msg in [("e.bin", "e.bin: empty token file"), ("o.bin", "o.bin: 3 bytes is not a whole number of uint16")]:
+    for name, msg in [("e.bin", "e.bin: empty token file"),
+                      ("o.bin", "o.bin: 3 bytes is not a whole number of uint16")]:
         cfg = load("tiny", [f"data={tmp_path / name}"])
         with pytest.raises(ValueError, match=msg):
             D.make_source(cfg)
@@ -317,7 +318,7 @@ def test_grad_accum_equals_one_big_batch(pool, corpus_dir, world, cp):
     """accum 2 x batch 1 == accum 1 x batch 2 on instruct data, whose micro-batches hold different
     numbers of labelled tokens (a mean of micro-batch means would differ)."""
     data = str(corpus_dir / "inst.jsonl")
-    base = small_text(corpus_dir, data, "data_format=instruct", "prompt_field=q", "completion_field=a", f"cp={cp}",
+    base = small_text(corpus_dir, "data_format=instruct", "prompt_field=q", "completion_field=a", f"cp={cp}",
                       "grad_clip=0", "warmup_steps=0", "lr=1e-3", "schedule=constant")
     big = pool.run(tc.accum_step, data, base + ["batch_size=2", "grad_accum=1"], world=world)[0]
     acc = pool.run(tc.accum_step, data, base + ["batch_size=1", "grad_accum=2"], world=world)[0]
@@ -432,7 +433,8 @@ def test_missing_sink_package_names_the_extra(monkeypatch):
     monkeypatch.setattr("importlib.util.find_spec",
                         lambda name, *a: None if name in ("tensorboard", "wandb") else real(name, *a))
     for key in ("tensorboard", "wandb"):
-        with pytest.raises(ValueError, match=rf"{key}=true needs the {key} package: pip install 'burstengine\[{key}\]'"):
+        want = rf"{key}=true needs the {key} package: pip install 'burstengine\[{key}\]'"
+        with pytest.raises(ValueError, match=want):
             load("tiny", [f"{key}=true"])
 
 
@@ -495,7 +497,7 @@ def test_doc_mask_equals_documents_one_by_one(pool, corpus_dir, cp, layout):
     from test_train import check_same
 
     data = str(corpus_dir / "text")
-    over = small_text(corpus_dir, data, f"cp={cp}", f"layout={layout}", "doc_mask=true", "batch_size=2")
+    over = small_text(corpus_dir, f"cp={cp}", f"layout={layout}", "doc_mask=true", "batch_size=2")
     got = pool.run(tc.loss_and_grads, data, over, world=cp)[0]
     # reference: every document (piece of one within a sequence) alone, float64, no CP
     cfg = tc.small_config(over, data)
@@ -524,7 +526,7 @@ def test_doc_mask_equals_documents_one_by_one(pool, corpus_dir, cp, layout):
                                        "it); the integrator un-skips after merging")
 def test_fit_with_doc_mask_and_accumulation(pool, corpus_dir, tmp_path):
     data = str(corpus_dir / "text")
-    over = small_text(corpus_dir, data, "cp=2", "doc_mask=true", "grad_accum=2", "batch_size=1", f"data={data}")
+    over = small_text(corpus_dir, "cp=2", "doc_mask=true", "grad_accum=2", "batch_size=1", f"data={data}")
     recs = pool.run(tc.run_steps, str(tmp_path / "r"), 2, over, world=2)[0]
     assert [r["step"] for r in recs] == [1, 2]
     # every token is a target but the last of each document (and a sequence's last: its label is
@@ -537,3 +539,19 @@ def test_fit_with_doc_mask_and_accumulation(pool, corpus_dir, tmp_path):
         assert np.isfinite(r["loss"]) and r["tokens"] == r["step"] * 64
     # passkey sequences are one document each: evaluation runs unpacked
     pool.run(tc.run_steps, str(tmp_path / "p"), 1, ["cp=2", "doc_mask=true", "batch_size=2"], world=2)
+
+
+def test_cli_tokenizes_once_before_spawning(corpus_dir, tmp_path):
+    from test_train import _cli
+
+    sets = tc.SMALL + [f"data={corpus_dir / 'text'}", f"tokenizer={corpus_dir / 'tok'}",
+                       f"data_cache={tmp_path / 'cache'}", "steps=2", "cp=2", f"out_dir={tmp_path / 'run'}"]
+    args = ["train", "--config", "tiny", "--world", "2"] + [a for s in sets for a in ("--set", s)]
+    rc, out = _cli(*args, "--prepare-data")
+    assert rc == 0 and "tokenizing 21 file(s)" in out and "documents (tokenized in" in out, out
+    assert not (tmp_path / "run").exists()  # nothing trained
+    rc, out = _cli(*args)
+    assert rc == 0 and "tokenizing" not in out, out
+    assert [r["step"] for r in M.read_jsonl(str(tmp_path / "run" / "metrics.jsonl")) if r["kind"] == "step"] == [1, 2]
+    rc, out = _cli(*args, "--set", f"data={tmp_path / 'none'}")
+    assert rc == 2 and "no such file or directory" in out, out

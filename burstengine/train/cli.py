@@ -8,7 +8,9 @@
 --config takes a preset (tiny, llama-7b, llama-8b, llama-14b) or a TOML file (see
 burstengine/train/config.py).  Under torchrun the ranks are torchrun's (NCCL on GPUs); without
 it, --world local processes are spawned.  Metrics go to <out_dir>/metrics.jsonl (one line per
-step, eval lines, a final summary), checkpoints to <out_dir>/checkpoints.
+step, eval lines, a final summary; TensorBoard / W&B too when enabled), checkpoints to
+<out_dir>/checkpoints.  Text data is tokenized once into a cache: here before the ranks are
+spawned, under torchrun by rank 0 (``--prepare-data`` does it alone and exits).
 
 A rank that dies or stops answering ends the job within ``fault_timeout`` seconds (default
 $BURST_TIMEOUT, else 600) on every rank, each naming the lost rank and exiting with 75; the

@@ -11,9 +11,10 @@ One step on every rank, over its ``grad_accum`` micro-batches::
 
 so the gradient is that of the global mean loss over every labelled token of the step,
 whatever the dp x cp split and however the step is cut into micro-batches (a token-weighted
-mean: micro-batches with more labelled tokens weigh more, exactly as in one big batch).  (FSDP's average is undone by scaling the loss rather than by a
-gradient divide factor of 1, which needs PREMUL_SUM reductions that gloo lacks.)  Nothing in the step waits on the host; the loss is read back
-only on logged steps.
+mean: micro-batches with more labelled tokens weigh more, exactly as in one big batch).
+(FSDP's average is undone by scaling the loss rather than by a gradient divide factor of 1,
+which needs PREMUL_SUM reductions that gloo lacks.)  Nothing in the step waits on the host;
+the loss is read back only on logged steps.
 """
 from __future__ import annotations
 

@@ -45,6 +45,8 @@ class Progress:
 
     def __init__(self, total: int, enabled: bool, initial: int = 0, file=None):
         file = sys.stderr if file is None else file
+        # log lines go where they always go (stdout) when the bar is on stderr
+        self.out = sys.stdout if file is sys.stderr else file
         self.bar = None
         if enabled and file.isatty():
             try:
@@ -69,7 +71,7 @@ class Progress:
         if self.bar is None:
             print(msg, flush=True)
         else:
-            self.bar.write(msg, file=self.bar.fp)
+            self.bar.write(msg, file=self.out)
 
     def close(self) -> None:
         if self.bar is not None:
