@@ -555,3 +555,11 @@ def test_cli_tokenizes_once_before_spawning(corpus_dir, tmp_path):
     assert [r["step"] for r in M.read_jsonl(str(tmp_path / "run" / "metrics.jsonl")) if r["kind"] == "step"] == [1, 2]
     rc, out = _cli(*args, "--set", f"data={tmp_path / 'none'}")
     assert rc == 2 and "no such file or directory" in out, out
+
+
+def test_a_sink_that_fails_to_open_stops_every_rank(pool, tmp_path):
+    pytest.importorskip("tensorboard")
+    os.makedirs(tmp_path / "r")
+    (tmp_path / "r" / "tensorboard").write_text("a file where the event directory goes")
+    got = pool.run(tc.fit_error, str(tmp_path / "r"), ["cp=2", "tensorboard=true"], world=2)
+    assert all(g is not None and g.startswith("opening the metrics sinks: FileExistsError") for g in got), got

@@ -94,3 +94,13 @@ def tokenize_calls(group, data, extra=()):
     finally:
         corpus._tokenize = orig
     return first, len(calls) - first
+
+
+def fit_error(group, out_dir, extra=()):
+    """The ValueError a fit raises on this rank (None if it does not)."""
+    cfg = small_config(list(extra) + [f"out_dir={out_dir}", "steps=1", "eval_every=0"])
+    try:
+        Trainer(cfg, group=group, echo=False).fit(overwrite=True)
+    except ValueError as e:
+        return str(e)
+    return None

@@ -301,13 +301,27 @@ class Trainer:
         progress = Progress(self.cfg.steps, self.cfg.progress and self.rank == 0, initial=self.step)
         self.log.progress = progress
         try:
-            if self.rank == 0:
-                self.log.sinks = open_sinks(self.cfg, self.run_dir, self.step)
+            self._open_sinks()
             return self._fit(progress, stop_after, on_step)
         finally:
             progress.close()
             self.log.progress = None
             self.log.close()
+
+    def _open_sinks(self) -> None:
+        """Rank 0 opens the TensorBoard / W&B sinks; a failure (say, W&B online without a network)
+        ends the job on every rank alike rather than leaving the others in the first step."""
+        if not (self.cfg.tensorboard or self.cfg.wandb):
+            return
+        err = [None]
+        if self.rank == 0:
+            try:
+                self.log.sinks = open_sinks(self.cfg, self.run_dir, self.step)
+            except Exception as e:  # whatever the packages raise
+                err = [f"opening the metrics sinks: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"]
+        dist.broadcast_object_list(err, group=self.group, group_src=0)
+        if err[0] is not None:
+            raise ValueError(err[0])
 
     def _attention_pairs(self, batch) -> float:
         """Sum over this rank's sequences (documents, when masked) of length^2: what the causal

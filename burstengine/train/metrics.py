@@ -130,8 +130,7 @@ class WandbSink:
         if module is None:
             import wandb as module
         os.makedirs(run_dir, exist_ok=True)
-        self.run = module.init(project=project, name=name, dir=run_dir, mode=mode or None, config=config or {},
-                               reinit="create_new")
+        self.run = module.init(project=project, name=name, dir=run_dir, mode=mode or None, config=config or {})
 
     def log(self, record: dict) -> None:
         got = scalars(record)
