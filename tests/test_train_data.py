@@ -563,3 +563,23 @@ def test_a_sink_that_fails_to_open_stops_every_rank(pool, tmp_path):
     (tmp_path / "r" / "tensorboard").write_text("a file where the event directory goes")
     got = pool.run(tc.fit_error, str(tmp_path / "r"), ["cp=2", "tensorboard=true"], world=2)
     assert all(g is not None and g.startswith("opening the metrics sinks: FileExistsError") for g in got), got
+
+
+def test_tokenizer_and_eos_from_the_init_directory(tmp_path):
+    """init=DIR (an HF model directory): its tokenizer.json, and EOS from its config files (here
+    only config.json names one, as for many base models)."""
+    from types import SimpleNamespace
+
+    init = tmp_path / "model"
+    make_tokenizer(str(init), config=False)
+    (init / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "eos_token_id": 4}))
+    cfg = SimpleNamespace(data="x", tokenizer="", init=str(init))
+    path = corpus.tokenizer_path(cfg)
+    assert path == str(init / "tokenizer.json")
+    assert corpus.eos_id(path, corpus.load_tokenizer(path)) == 4
+    # an explicit tokenizer wins over init's
+    other = make_tokenizer(str(tmp_path / "other"))
+    assert corpus.tokenizer_path(SimpleNamespace(data="x", tokenizer=other, init=str(init))) == other
+    os.remove(init / "tokenizer.json")
+    with pytest.raises(ValueError, match=r"init '.*model': no tokenizer\.json at"):
+        corpus.tokenizer_path(cfg)
