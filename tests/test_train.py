@@ -153,6 +153,8 @@ def test_jsonl_with_local_tokenizer(tmp_path):
     tokenizers = pytest.importorskip("tokenizers")
     from tokenizers import models, pre_tokenizers, trainers
 
+    from burstengine.train import corpus
+
     docs = ["the cat sat on the mat", "a dog ran far away", "the end of the story"]
     tok = tokenizers.Tokenizer(models.WordLevel(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -161,16 +163,18 @@ def test_jsonl_with_local_tokenizer(tmp_path):
     with open(tmp_path / "d.jsonl", "w") as f:
         for d in docs:
             f.write(json.dumps({"text": d}) + "\n")
-    ids = D.tokenize_jsonl(str(tmp_path / "d.jsonl"), str(tmp_path / "tokenizer.json"))
+    over = [f"data={tmp_path / 'd.jsonl'}", f"tokenizer={tmp_path / 'tokenizer.json'}", "seq_len=8",
+            f"data_cache={tmp_path / 'cache'}"]
+    ids = np.asarray(corpus.prepare(load("tiny", over)).tokens)
+    # no config file beside it: EOS is the tokenizer's special end-of-text token
     eos = tok.token_to_id("<|endoftext|>")
     assert ids.tolist().count(eos) == 3 and ids[-1] == eos
     assert ids[:6].tolist() == tok.encode(docs[0]).ids
-    cfg = load("tiny", [f"data={tmp_path / 'd.jsonl'}", f"tokenizer={tmp_path / 'tokenizer.json'}", "seq_len=8"])
-    assert D.make_source(cfg).windows == (len(ids) - 1) // 8
+    assert D.make_source(load("tiny", over)).windows == (len(ids) - 1) // 8
     with open(tmp_path / "bad.jsonl", "w") as f:
         f.write('{"txt": 1}\n')
     with pytest.raises(ValueError, match="bad.jsonl:1"):
-        D.tokenize_jsonl(str(tmp_path / "bad.jsonl"), str(tmp_path / "tokenizer.json"))
+        corpus.prepare(load("tiny", over + [f"data={tmp_path / 'bad.jsonl'}"]))
 
 
 # --- config -------------------------------------------------------------------------------------
@@ -188,6 +192,8 @@ def test_jsonl_with_local_tokenizer(tmp_path):
     (["lr=-1"], "lr must be >= 0"),
     (["model.n_kv_heads=3"], "multiple of model.n_kv_heads"),
     (["data=/no/such.bin"], "no such file"),
+    (["grad_accum=0"], "grad_accum must be >= 1"),
+    (["eos_id=-2"], "eos_id must be >= 0"),
     (["model.vocab_size=16"], "vocab_size >= 38"),
 ])
 def test_config_errors(over, msg):
@@ -241,15 +247,20 @@ def test_cli_train_killed_in_save_then_resume_and_plot(tmp_path):
     assert ck == ["step_00000002", "step_00000004.tmp"], ck
     rc, out = _cli(*args)
     assert rc == 2 and "--resume" in out, out               # refuses to clobber the run
+    killed = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    killed = {r["step"]: r["loss"] for r in killed if r["kind"] == "step"}
+    assert sorted(killed) == [1, 2, 3, 4]
     rc, out = _cli(*args, "--resume", "--record", "rec", env_extra={"BURST_RESULTS": str(tmp_path)})
     assert rc == 0, out
     assert "resumed from" in out and "step_00000002" in out
     rec = json.loads((tmp_path / "rec.json").read_text())
-    assert rec["summary"]["steps"] == 6 and rec["config"]["steps"] == 4 and "--resume" in rec["command"]
+    assert rec["summary"]["steps"] == 4 and rec["config"]["steps"] == 4 and "--resume" in rec["command"]
     recs = [json.loads(line) for line in open(run / "metrics.jsonl")]
     steps = [r for r in recs if r["kind"] == "step"]
-    assert [r["step"] for r in steps] == [1, 2, 3, 4, 3, 4]
-    assert [r["loss"] for r in steps[2:4]] == pytest.approx([r["loss"] for r in steps[4:]], rel=1e-6)
+    # the lines the killed run logged past its checkpoint were dropped on resume: each step once
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert [r["loss"] for r in steps] == pytest.approx([killed[s] for s in (1, 2, 3, 4)], rel=1e-6)
+    assert [r["step"] for r in recs if r["kind"] == "eval"] == [2, 4]
     summary = recs[-1]
     assert summary["kind"] == "summary" and summary["cp"] == 2 and "eval" in summary
     assert sorted(os.listdir(run / "checkpoints")) == ["step_00000002", "step_00000004"]

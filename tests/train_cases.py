@@ -86,3 +86,45 @@ def auto_plan(group, budget_gib, extra=()):
     t = Trainer(cfg, group=group, echo=False)
     loss, grads = t.loss_and_grads(t.batch(0))
     return (t.model.checkpoint_plan, loss, grads) if dist.get_rank(group) == 0 else None
+
+
+def _full(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def accum_step(group, data, extra=()):
+    """Loss and gradients of step 0 (all its micro-batches), then the parameters after one
+    optimizer step on them (rank 0 returns full tensors)."""
+    torch.manual_seed(0)
+    t = Trainer(small_config(extra, data), group=group, echo=False)
+    loss, grads = t.loss_and_grads(t.batches(0))
+    t.train_step(t.batches(0), 0)
+    params = {n: _full(p).detach().clone() for n, p in t.model.named_parameters()}
+    return (loss, grads, params) if dist.get_rank(group) == 0 else None
+
+
+def tokenize_calls(group, data, extra=()):
+    """How often this rank tokenized while two trainers on ``data`` were built: (first, second)."""
+    from burstengine.train import corpus
+
+    calls = []
+    orig = corpus._tokenize
+    corpus._tokenize = lambda *a: (calls.append(1), orig(*a))[1]
+    try:
+        cfg = small_config(extra, data)
+        Trainer(cfg, group=group, echo=False)
+        first = len(calls)
+        Trainer(cfg, group=group, echo=False)
+    finally:
+        corpus._tokenize = orig
+    return first, len(calls) - first
+
+
+def fit_error(group, out_dir, extra=()):
+    """The ValueError a fit raises on this rank (None if it does not)."""
+    cfg = small_config(list(extra) + [f"out_dir={out_dir}", "steps=1", "eval_every=0"])
+    try:
+        Trainer(cfg, group=group, echo=False).fit(overwrite=True)
+    except ValueError as e:
+        return str(e)
+    return None

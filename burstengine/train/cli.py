@@ -8,7 +8,9 @@
 --config takes a preset (tiny, llama-7b, llama-8b, llama-14b) or a TOML file (see
 burstengine/train/config.py).  Under torchrun the ranks are torchrun's (NCCL on GPUs); without
 it, --world local processes are spawned.  Metrics go to <out_dir>/metrics.jsonl (one line per
-step, eval lines, a final summary), checkpoints to <out_dir>/checkpoints.
+step, eval lines, a final summary; TensorBoard / W&B too when enabled), checkpoints to
+<out_dir>/checkpoints.  Text data is tokenized once into a cache: here before the ranks are
+spawned, under torchrun by rank 0 (``--prepare-data`` does it alone and exits).
 
 A rank that dies or stops answering ends the job within ``fault_timeout`` seconds (default
 $BURST_TIMEOUT, else 600; the ring's waits and the argument checks get the same deadline) on every rank, each naming the lost rank and exiting with 75; the
@@ -30,6 +32,7 @@ from .checkpoint import latest
 from .config import load
 from .loop import Trainer
 from .metrics import read_jsonl
+from . import corpus
 
 # fault injection for the tests, read here (the CLI) and handed to the Trainer:
 # "RANK:STEP" makes that rank SIGKILL itself in the middle of step STEP (1-based), after its
@@ -63,6 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=86400.0,
                    help="seconds before spawned ranks are stopped [%(default)s]; the deadline for a lost rank is "
                         "the config's fault_timeout")
+    p.add_argument("--prepare-data", action="store_true",
+                   help="tokenize the config's text data into its cache (one process) and exit: for corpora whose "
+                        "tokenization would outlast fault_timeout while the other ranks of a torchrun job wait")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as TOML-like lines and exit")
     p.add_argument("--record", metavar="NAME", default=None,
                    help="after a successful run, write its summary and config as a JSON record "
@@ -133,6 +139,11 @@ def run(args) -> int:
             else:
                 print(f"{k} = {v!r}")
         return 0
+    if args.prepare_data or not under_launcher():
+        # spawned ranks find the corpus tokenized: done here, once, before any rank waits on it
+        code = _prepare_data(cfg, verbose=args.prepare_data)
+        if code or args.prepare_data:
+            return code
     timeout = fault.job_timeout(cfg.fault_timeout, configured_timeout())
     if under_launcher():
         own = init_from_env(timeout)
@@ -155,6 +166,29 @@ def run(args) -> int:
     if code not in (0, 2):
         _resume_hint(cfg)
     return _record(cfg, args.record, code)
+
+
+def _prepare_data(cfg, verbose: bool) -> int:
+    if cfg.data == "passkey" or cfg.data.endswith(".bin"):
+        if verbose:
+            print(f"data {cfg.data!r} needs no tokenization")
+        return 0
+    import time
+
+
+    t0 = time.perf_counter()
+    try:
+        sp = corpus.spec(cfg)
+        fresh = not corpus.exists(sp)
+        if fresh:
+            print(f"tokenizing {len(sp.files)} file(s) of {cfg.data} into {sp.cache}", flush=True)
+        c = corpus.open_cache(corpus.build(sp))
+    except ValueError as e:
+        return _err(str(e))
+    if fresh or verbose:
+        print(f"{cfg.data}: {c.meta['tokens']:,} tokens in {c.meta['documents']:,} documents "
+              f"({'tokenized in %.1fs' % (time.perf_counter() - t0) if fresh else 'cached'}: {c.path})", flush=True)
+    return 0
 
 
 def _record(cfg, name, code: int) -> int:

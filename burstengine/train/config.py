@@ -17,6 +17,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import importlib.util
+import inspect
 import os
 import typing
 from dataclasses import dataclass, field
@@ -24,9 +26,10 @@ from dataclasses import dataclass, field
 from ..layout import LAYOUTS
 from ..model.checkpointing import POLICIES
 from ..model.llama import PRESETS as MODEL_PRESETS
-from ..model.llama import ModelArgs
+from ..model.llama import ModelArgs, Transformer
 from ..model.losses import LOSSES
 from ..model.hf import args_from_hf_config, read_config
+from .corpus import FORMATS, list_files
 
 SCHEDULES = ("cosine", "linear", "constant")
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -58,8 +61,9 @@ class TrainConfig:
     loss: str = "naive"              # hidden states -> loss (see burstengine.model.losses)
     precision: str = "auto"          # auto: bf16 params / fp32 reduce on CUDA, fp32 on CPU
     # data
-    data: str = "passkey"            # "passkey" (synthetic), a .bin token file or a .jsonl text file
-    tokenizer: str = ""              # tokenizer.json for .jsonl data
+    data: str = "passkey"            # "passkey" (synthetic), a .bin token file, or text: .jsonl / .parquet /
+                                     # .txt files or a directory of them (see burstengine.train.corpus)
+    tokenizer: str = ""              # tokenizer.json (or its directory) for text data; default: init's
     token_dtype: str = "uint16"      # element type of a .bin token file
     seq_len: int = 1024              # tokens per sequence (global, split over cp ranks)
     batch_size: int = 1              # sequences per step per data-parallel rank
@@ -90,6 +94,22 @@ class TrainConfig:
     # preset's [model] table is ignored); model.rope_theta, model.rope_scaling.* and model.window
     # may still be set, to extend the context (e.g. --set model.rope_scaling.type=yarn).
     init: str = ""
+
+    # --- corpora, document masking, accumulation, metrics sinks (issue 20) ---
+    data_format: str = "text"        # text data: "text" (every token a target) or "instruct" (prompt +
+                                     # completion rows, loss on the completion and its EOS only)
+    text_field: str = "text"         # jsonl key / parquet column of a text document
+    prompt_field: str = "prompt"     # instruct rows: the prompt ...
+    completion_field: str = "completion"  # ... and the completion
+    data_cache: str = ""             # where tokenized corpora are cached; "" = <out_dir's parent>/token_cache
+    eos_id: int = -1                 # EOS ending each document; -1 = from the tokenizer's config files
+    doc_mask: bool = False           # attention never crosses packed documents; positions restart per document
+    grad_accum: int = 1              # micro-batches (of batch_size sequences per dp rank) per optimizer step
+    tensorboard: bool = False        # also log to TensorBoard (<run_dir>/tensorboard; the tensorboard extra)
+    wandb: bool = False              # also log to Weights & Biases (the wandb extra)
+    wandb_project: str = "burstengine"
+    wandb_name: str = ""             # the W&B run's name; "" = name
+    wandb_mode: str = ""             # "online" / "offline" (no network) / "disabled"; "" = wandb's default
     # faults: seconds after which a rank that died, froze or stopped answering counts as lost
     # (process-group timeout, ring deadlines, watchdog); 0 = $BURST_TIMEOUT, else 600
     fault_timeout: float = 0.0
@@ -119,7 +139,7 @@ class TrainConfig:
         _choice("schedule", self.schedule, SCHEDULES)
         _choice("token_dtype", self.token_dtype, TOKEN_DTYPES)
         for name in ("seq_len", "batch_size", "steps", "log_every", "eval_samples", "passkey_len", "passkey_symbols",
-                     "ckpt_keep"):
+                     "ckpt_keep", "grad_accum"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("cp", "warmup_steps", "ckpt_every", "eval_every", "seed"):
@@ -155,15 +175,47 @@ class TrainConfig:
                 raise ValueError(f"seq_len {self.seq_len} is too short for a passkey of {self.passkey_len} tokens")
         else:
             if not os.path.exists(self.data):
-                raise ValueError(f"data {self.data!r}: no such file (or use data = \"passkey\")")
-            if self.data.endswith(".jsonl") and not self.tokenizer:
-                raise ValueError("jsonl data needs tokenizer = path to a tokenizer.json")
+                raise ValueError(f"data {self.data!r}: no such file or directory (or use data = \"passkey\")")
             if self.tokenizer and not os.path.exists(self.tokenizer):
-                raise ValueError(f"tokenizer {self.tokenizer!r}: no such file")
+                raise ValueError(f"tokenizer {self.tokenizer!r}: no such file or directory")
+            if not self.data.endswith(".bin"):
+                self._validate_corpus()
+        if self.eos_id < -1:
+            raise ValueError(f"eos_id must be >= 0, or -1 for the tokenizer's own, got {self.eos_id}")
+        if self.doc_mask:
+            if self.attention == "torch-cp":
+                raise ValueError("doc_mask=true needs attention='burst' or 'sdpa' (torch's context_parallel has no "
+                                 "document mask)")
+            if "cu_seqlens" not in inspect.signature(Transformer.forward).parameters:
+                raise ValueError("doc_mask=true needs a model that takes document boundaries (cu_seqlens); this "
+                                 "build's Transformer does not")
+        self._validate_sinks()
         try:
             self.run_dir
         except (KeyError, IndexError, ValueError) as e:
             raise ValueError(f"out_dir {self.out_dir!r}: only {{name}} may be substituted ({e})") from None
+
+    def _validate_corpus(self) -> None:
+
+        _choice("data_format", self.data_format, FORMATS)
+        for name in ("text_field", "prompt_field", "completion_field"):
+            if not getattr(self, name):
+                raise ValueError(f"{name} must not be empty")
+        files = list_files(self.data)
+        if not (self.tokenizer or getattr(self, "init", "")):
+            raise ValueError(f"text data {self.data!r} needs a tokenizer: set tokenizer=PATH/tokenizer.json or "
+                             f"init=HF_MODEL_DIR")
+        if any(f.endswith(".parquet") for f in files):
+            _need("pyarrow", "data", f"parquet data ({self.data})")
+
+    def _validate_sinks(self) -> None:
+        if self.tensorboard:
+            _need("tensorboard", "tensorboard", "tensorboard=true")
+        if self.wandb:
+            _need("wandb", "wandb", "wandb=true")
+            if self.wandb_mode not in ("", "online", "offline", "disabled"):
+                raise ValueError(f"wandb_mode must be one of ['', 'online', 'offline', 'disabled'], got "
+                                 f"{self.wandb_mode!r}")
 
     def check_world(self, world: int) -> tuple[int, int]:
         """(dp, cp) for ``world`` ranks; ValueError if the sizes do not fit."""
@@ -178,6 +230,11 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _need(module: str, extra: str, what: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        raise ValueError(f"{what} needs the {module} package: pip install 'burstengine[{extra}]'")
 
 
 def _choice(name, value, choices):

@@ -1,16 +1,20 @@
 """The training loop: AdamW, gradient clipping, learning-rate schedule, the step, evaluation.
 
-One step on every rank::
+One step on every rank, over its ``grad_accum`` micro-batches::
 
-    count = number of labelled tokens on all ranks        (all-reduce, stays on the device)
-    loss  = model(tokens, positions, labels) / count      (this rank's sum / the global count)
-    (loss * world).backward()                             (FSDP averages gradients over ranks)
+    count = labelled tokens of every micro-batch on all ranks   (one all-reduce, on the device)
+    for each micro-batch:
+        loss = model(tokens, positions, labels) / count         (this rank's sum / the step's count)
+        (loss * world).backward()                               (FSDP averages gradients over ranks;
+                                                                 micro-batches' gradients add up)
     clip, set lr, AdamW step
 
 so the gradient is that of the global mean loss over every labelled token of the step,
-whatever the dp x cp split.  (FSDP's average is undone by scaling the loss rather than by a
-gradient divide factor of 1, which needs PREMUL_SUM reductions that gloo lacks.)  Nothing in the step waits on the host; the loss is read back
-only on logged steps.
+whatever the dp x cp split and however the step is cut into micro-batches (a token-weighted
+mean: micro-batches with more labelled tokens weigh more, exactly as in one big batch).
+(FSDP's average is undone by scaling the loss rather than by a gradient divide factor of 1,
+which needs PREMUL_SUM reductions that gloo lacks.)  Nothing in the step waits on the host;
+the loss is read back only on logged steps.
 """
 from __future__ import annotations
 
@@ -25,8 +29,9 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint as ckpt
-from .data import IGNORE, Batch, Loader, global_sequences, make_source, shard_batch
-from .metrics import MetricsLog, Progress, peak_flops, peak_memory_gib, read_jsonl, summarize
+from .data import IGNORE, Batch, Loader, global_sequences, make_source, packed_sequences, shard_batch
+from .metrics import (MetricsLog, Progress, open_sinks, peak_flops, peak_memory_gib, read_jsonl, repair_jsonl,
+                      summarize)
 from .parallel import build_mesh, build_model, param_dtype
 
 def default_device() -> torch.device:
@@ -112,9 +117,11 @@ class Trainer:
         self.device = device or default_device()
         self.mesh = build_mesh(dp, cp, self.device, group)
         self.group = self.mesh.group
+        self.activity = "reading the data"
+        # before the model: rank 0 may tokenize a corpus while the others wait
+        self.loader = Loader(make_source(cfg, self.group), cfg.batch_size, dp, self.mesh.dp_rank, cfg.grad_accum)
         self.model = build_model(cfg, self.mesh)
         self.optimizer = build_optimizer(self.model, cfg)
-        self.loader = Loader(make_source(cfg), cfg.batch_size, dp, self.mesh.dp_rank)
         self.step = 0
         self.activity = "start-up"  # what the job is doing, for the message when a rank is lost
         self.rank = dist.get_rank(group)
@@ -127,7 +134,7 @@ class Trainer:
             st = self.model.load_stats
             self.log.say(f"loaded {cfg.init} in {st['load_s']:.1f}s (rank 0 read {st['read_gib']:.2f} GiB, peak host "
                          f"RSS {st['peak_rss_gib']:.2f} GiB)")
-        self.flops_per_token = cfg.model.flops_per_token(cfg.seq_len)
+        self.flops_per_token = cfg.model.flops_per_token(cfg.seq_len)  # documents as long as the sequence
         self.peak = peak_flops(self.device, cfg.peak_tflops)
 
     # --- batches ----------------------------------------------------------------------------
@@ -136,19 +143,30 @@ class Trainer:
     def torch_cp(self) -> bool:
         return self.cfg.attention == "torch-cp" and self.mesh.cp > 1
 
-    def make_batch(self, indices, stream: int = 0):
+    def make_batch(self, indices, stream: int = 0, pack: bool | None = None):
         """This rank's batch of the given sequences: its shard under our layout, or, for
-        torch-cp, the whole sequences (torch's context_parallel shards them in the step)."""
+        torch-cp, the whole sequences (torch's context_parallel shards them in the step).
+        ``pack`` (default: the config's doc_mask): one row of packed documents with their
+        boundaries."""
+        m = self.mesh
+        if self.cfg.doc_mask if pack is None else pack:
+            toks, labs, depths, cu, pos = packed_sequences(self.loader.source, indices, stream)
+            return shard_batch(toks, labs, depths, self.cfg.layout, m.cp_rank, m.cp, self.device, positions=pos,
+                               cu_seqlens=cu)
         toks, labs, depths = global_sequences(self.loader.source, indices, stream)
         if self.torch_cp:
             S = toks.shape[1]
             return Batch(tokens=toks.to(self.device), labels=labs.to(self.device),
                          positions=torch.arange(S, device=self.device), depth=depths)
-        m = self.mesh
         return shard_batch(toks, labs, depths, self.cfg.layout, m.cp_rank, m.cp, self.device)
 
-    def batch(self, step: int):
-        return self.make_batch(self.loader.indices(step))
+    def batch(self, step: int, micro: int = 0):
+        """One micro-batch of step ``step`` (the whole step when grad_accum = 1)."""
+        return self.make_batch(self.loader.indices(step, micro))
+
+    def batches(self, step: int) -> list:
+        """The ``grad_accum`` micro-batches of step ``step``."""
+        return [self.batch(step, micro) for micro in range(self.cfg.grad_accum)]
 
     def cp_context(self, batch):
         """torch-cp: shard the batch in place and patch SDPA into torch's ring for the step."""
@@ -163,17 +181,39 @@ class Trainer:
 
     # --- one step ---------------------------------------------------------------------------
 
+    def loss_sum(self, batch, **kw):
+        """The model's loss sum over this rank's labelled tokens of ``batch`` (its document
+        boundaries passed on when it has them)."""
+        if batch.cu_seqlens is not None:
+            kw["cu_seqlens"] = batch.cu_seqlens
+        return self.model(batch.tokens, batch.positions, batch.labels, ignore_index=IGNORE, **kw)
+
+    def forward_backward(self, batches, step: int | None = None):
+        """Gradients of the step's global mean loss over ``batches`` (its micro-batches), summed
+        into the parameters' .grad.  Returns device tensors (this rank's loss sum, the step's
+        global labelled-token count)."""
+        # every micro-batch's count first: each backward needs the whole step's
+        count = sum((b.labels != IGNORE).sum() for b in batches).to(torch.float32)
+        if self.torch_cp:
+            count = count / self.mesh.cp  # whole sequences on every CP rank until the context shards them
+        dist.all_reduce(count, group=self.group)
+        scale = self.mesh.world / count.clamp_min(1.0)
+        total = None
+        for i, b in enumerate(batches):
+            with self.cp_context(b):
+                loss_sum = self.loss_sum(b)
+                if i == 0 and step is not None and self._kill_at == step + 1:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                (loss_sum * scale).backward()
+            total = loss_sum.detach() if total is None else total + loss_sum.detach()
+        return total, count
+
     def train_step(self, batch, step: int):
-        """Forward, backward, clip, AdamW.  Returns device tensors (this rank's loss sum, global
-        labelled-token count, global grad norm) without waiting for them."""
+        """Forward, backward, clip, AdamW over one batch or a list of micro-batches (gradient
+        accumulation).  Returns device tensors (this rank's loss sum, global labelled-token
+        count, global grad norm) without waiting for them."""
         cfg = self.cfg
-        with self.cp_context(batch):
-            count = (batch.labels != IGNORE).sum().to(torch.float32)
-            dist.all_reduce(count, group=self.group)
-            loss_sum = self.model(batch.tokens, batch.positions, batch.labels, ignore_index=IGNORE)
-            if self._kill_at == step + 1:
-                os.kill(os.getpid(), signal.SIGKILL)
-            (loss_sum * (self.mesh.world / count.clamp_min(1.0))).backward()
+        loss_sum, count = self.forward_backward([batch] if isinstance(batch, Batch) else list(batch), step)
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"),
                                               foreach=True)
@@ -182,16 +222,13 @@ class Trainer:
             g["lr"] = lr
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss_sum.detach(), count, _full(norm)
+        return loss_sum, count, _full(norm)
 
     def loss_and_grads(self, batch):
-        """(global mean loss, {name: full gradient}) of one batch, no optimizer step (tests)."""
-        with self.cp_context(batch):
-            count = (batch.labels != IGNORE).sum().to(torch.float32)
-            dist.all_reduce(count, group=self.group)
-            loss_sum = self.model(batch.tokens, batch.positions, batch.labels, ignore_index=IGNORE)
-            (loss_sum * (self.mesh.world / count.clamp_min(1.0))).backward()
-        total = loss_sum.detach().clone()
+        """(global mean loss, {name: full gradient}) of one batch or list of micro-batches, no
+        optimizer step (tests)."""
+        loss_sum, count = self.forward_backward([batch] if isinstance(batch, Batch) else list(batch))
+        total = loss_sum.clone()
         dist.all_reduce(total, group=self.group)
         grads = {n: _full(p.grad).detach().clone() for n, p in self.model.named_parameters()}
         self.optimizer.zero_grad(set_to_none=True)
@@ -219,10 +256,10 @@ class Trainer:
                 idx, count_it = [0], False
             else:
                 count_it = True
-            b = self.make_batch(idx, stream=1)
+            b = self.make_batch(idx, stream=1, pack=False)  # a passkey sequence is one document
             depths = b.depth
             with self.cp_context(b):
-                preds = self.model(b.tokens, b.positions, b.labels, ignore_index=IGNORE, predict=True)
+                preds = self.loss_sum(b, predict=True)
                 keep = b.labels != IGNORE
                 per_seq = torch.stack([((preds == b.labels) & keep).sum(1), keep.sum(1)], 1).to(torch.float64)
             if m.cp_group is not None:  # an answer may be split over the cp ranks
@@ -271,6 +308,14 @@ class Trainer:
             for line in changes:
                 self.log.say(line)
             self.step = meta["step"]
+            if "data" in meta:
+                self.loader.load_state_dict(meta["data"])
+            if self.rank == 0:
+                # what a killed run logged past this checkpoint is logged again from here on
+                dropped = repair_jsonl(self.log.path, self.step)
+                if dropped:
+                    self.log.say(f"{self.log.path}: dropped {dropped} line(s) logged after step {self.step} "
+                                 f"(or cut off mid-write)")
             self.log.say(f"resumed from {found} (step {self.step})")
             return
         if resume:
@@ -291,51 +336,93 @@ class Trainer:
         """Train to ``cfg.steps`` (or stop, as a preempted job would, once ``stop_after`` steps are
         done); returns the summary on rank 0 ({} elsewhere).  ``on_step(trainer)`` is called after
         each step and its logging, evaluation and checkpoint (e.g. to sample memory)."""
-        cfg, m = self.cfg, self.mesh
         self.prepare_run_dir(resume, overwrite)
-        tokens_per_step = cfg.batch_size * cfg.seq_len * m.dp
+        progress = Progress(self.cfg.steps, self.cfg.progress and self.rank == 0, initial=self.step)
+        self.log.progress = progress
+        try:
+            self._open_sinks()
+            return self._fit(progress, stop_after, on_step)
+        finally:
+            progress.close()
+            self.log.progress = None
+            self.log.close()
+
+    def _open_sinks(self) -> None:
+        """Rank 0 opens the TensorBoard / W&B sinks; a failure (say, W&B online without a network)
+        ends the job on every rank alike rather than leaving the others in the first step."""
+        if not (self.cfg.tensorboard or self.cfg.wandb):
+            return
+        err = [None]
+        if self.rank == 0:
+            try:
+                self.log.sinks = open_sinks(self.cfg, self.run_dir, self.step)
+            except Exception as e:  # whatever the packages raise
+                err = [f"opening the metrics sinks: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"]
+        dist.broadcast_object_list(err, group=self.group, group_src=0)
+        if err[0] is not None:
+            raise ValueError(err[0])
+
+    def _attention_pairs(self, batch) -> float:
+        """Sum over this rank's sequences (documents, when masked) of length^2: what the causal
+        attention FLOPs of a batch scale with, counted once per CP row."""
+        if batch.cu_seqlens is not None:
+            cu = batch.cu_seqlens
+            pairs = float(sum((b - a) ** 2 for a, b in zip(cu[:-1], cu[1:])))
+        else:
+            pairs = float(batch.tokens.shape[0] * self.cfg.seq_len ** 2)
+        return pairs / self.mesh.cp
+
+    def _fit(self, progress, stop_after, on_step) -> dict:
+        cfg, m = self.cfg, self.mesh
+        tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.seq_len * m.dp
+        accum = f" ({cfg.grad_accum} micro-batches)" if cfg.grad_accum > 1 else ""
         self.log.say(f"training {cfg.name}: {cfg.model.num_params() / 1e6:.1f}M params, {m.world} ranks "
-                     f"(dp {m.dp} x cp {m.cp}, {cfg.layout}), seq {cfg.seq_len}, {tokens_per_step} tokens/step, "
-                     f"{self.device.type} ({str(param_dtype(cfg.precision, self.device))[6:]} compute)")
-        progress = Progress(cfg.steps, cfg.progress and self.rank == 0)
+                     f"(dp {m.dp} x cp {m.cp}, {cfg.layout}), seq {cfg.seq_len}, {tokens_per_step} tokens/step{accum}, "
+                     f"{self.device.type} ({str(param_dtype(cfg.precision, self.device))[6:]} compute)"
+                     f"{', documents masked' if cfg.doc_mask else ''}")
+        # training FLOPs = tokens x (6 x dense params) + (6 x layers x dim) x sum of causal length^2
+        dense_flops = cfg.model.flops_per_token(0)
+        attn_flops = cfg.model.flops_per_token(1) - dense_flops
         say_every = max(1, cfg.steps // 20)
         t_run = time.perf_counter()
-        window_t, window_steps = time.perf_counter(), 0
+        window_t, window_steps, window_pairs = time.perf_counter(), 0, 0.0
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         acc_loss, acc_count = None, None
         end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
         while self.step < end:
             self.activity = f"step {self.step + 1}"
-            batch = self.batch(self.step)
-            loss_sum, count, norm = self.train_step(batch, self.step)
+            batches = self.batches(self.step)
+            window_pairs += sum(self._attention_pairs(b) for b in batches)
+            loss_sum, count, norm = self.train_step(batches, self.step)
             self.step += 1
             window_steps += 1
             acc_loss = loss_sum if acc_loss is None else acc_loss + loss_sum
             acc_count = count if acc_count is None else acc_count + count
             last = self.step == cfg.steps
             if self.step % cfg.log_every == 0 or last:
-                stats = torch.stack([acc_loss.float(), torch.tensor(peak_memory_gib(self.device),
-                                                                     device=acc_loss.device)])
-                dist.all_reduce(stats[:1], group=self.group)
-                mem = stats[1:].clone()
+                stats = torch.stack([acc_loss.float(), torch.tensor(window_pairs, device=acc_loss.device),
+                                     torch.tensor(peak_memory_gib(self.device), device=acc_loss.device)])
+                dist.all_reduce(stats[:2], group=self.group)
+                mem = stats[2:].clone()
                 dist.all_reduce(mem, op=dist.ReduceOp.MAX, group=self.group)
                 loss = (stats[0] / acc_count).item()  # the one host sync of a logged step
                 dt = (time.perf_counter() - window_t) / window_steps
                 tgs = tokens_per_step / m.world / dt
+                flops = window_steps * tokens_per_step * dense_flops + attn_flops * stats[1].item()
+                mfu = flops / (dt * window_steps * m.world) / self.peak if self.peak else None
                 rec = {"kind": "step", "step": self.step, "loss": loss, "lr": lr_at(cfg, self.step - 1),
-                       "grad_norm": norm.item(), "step_time_s": dt, "tokens_per_s_per_gpu": tgs,
-                       "mfu": tgs * self.flops_per_token / self.peak if self.peak else None,
+                       "grad_norm": norm.item(), "step_time_s": dt, "tokens_per_s_per_gpu": tgs, "mfu": mfu,
                        "peak_mem_gib": mem.item(), "tokens": self.step * tokens_per_step,
-                       "elapsed_s": time.perf_counter() - t_run}
+                       "target_tokens": int(acc_count.item()), "elapsed_s": time.perf_counter() - t_run}
                 self.log.write(rec)
                 progress.update(self.step, f"loss {loss:.4f} {tgs:,.0f} tok/s/gpu")
-                if not progress.on and (self.step % say_every == 0 or last or self.step == 1):
+                if self.step % say_every == 0 or last or self.step == 1:
                     mfu = f" mfu {rec['mfu']:.1%}" if rec["mfu"] is not None else ""
                     self.log.say(f"step {self.step:>6}/{cfg.steps}  loss {loss:.4f}  lr {rec['lr']:.2e}  "
                                  f"|g| {rec['grad_norm']:.3f}  {dt:.3f}s/step  {tgs:,.0f} tok/s/gpu{mfu}  "
                                  f"mem {rec['peak_mem_gib']:.2f} GiB")
-                acc_loss, acc_count, window_steps = None, None, 0
+                acc_loss, acc_count, window_steps, window_pairs = None, None, 0, 0.0
                 window_t = time.perf_counter()
             paused = False
             if cfg.data == "passkey" and ((cfg.eval_every and self.step % cfg.eval_every == 0) or last):
@@ -358,7 +445,6 @@ class Trainer:
                 on_step(self)
             if paused:  # keep evaluation and saving out of the step times
                 window_t = time.perf_counter()
-        progress.close()
         self.activity = "the end of the run"
         dist.barrier(self.group)
         summary = {"kind": "summary", **summarize(read_jsonl(self.log.path))} if self.rank == 0 else {}
