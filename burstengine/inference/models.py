@@ -18,7 +18,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..model import PRESETS, ContextParallel, Transformer
+import burstengine as be
+
+from ..model import PRESETS, ContextParallel, Transformer, rope_tables
+from ..model.llama import attend as llama_attend
 
 IMPLS = ("ours", "hf")
 
@@ -35,6 +38,22 @@ class Sharding:
     backward: str = "auto"
     kernel: str | None = None
     attention: str = "burst"
+
+
+def _by_rows(fn, n: int, chunk: int | None):
+    """The tuple of tensors ``fn(a, z)`` gives for token rows [a, z) (dim 1), for all n rows:
+    in one call, or ``chunk`` rows at a time into preallocated outputs."""
+    if not chunk or n <= chunk:
+        return fn(0, n)
+    outs = None
+    for a in range(0, n, chunk):
+        z = min(n, a + chunk)
+        part = fn(a, z)
+        if outs is None:
+            outs = tuple(t.new_empty((t.shape[0], n) + tuple(t.shape[2:])) for t in part)
+        for o, t in zip(outs, part):
+            o[:, a:z] = t
+    return outs
 
 
 def _count(n: int) -> str:
@@ -67,7 +86,12 @@ class OurLlama(PrefillModel):
         self.vocab_size, self.n_layers = a.vocab_size, a.n_layers
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
-        self.describe = (f"{describe}: burstengine LLaMA, {a.n_layers} layers, dim {a.dim}, heads {a.n_heads}/"
+        # a Mistral checkpoint's sliding window (weights.load_hf_llama): every query sees the
+        # `window` most recent keys, itself included
+        self.window = getattr(model, "sliding_window", None)
+        self.local_sdpa = False
+        extra = f", sliding window {self.window}" if self.window else ""
+        self.describe = (f"{describe}: burstengine LLaMA{extra}, {a.n_layers} layers, dim {a.dim}, heads {a.n_heads}/"
                          f"{a.n_kv_heads} kv, ffn {a.ffn_dim}, vocab {a.vocab_size}, "
                          f"{_count(a.num_params())} params")
 
@@ -85,26 +109,51 @@ class OurLlama(PrefillModel):
         names = {f.name for f in fields(ContextParallel)}
         return ContextParallel(group=None, layout=how.layout, **({"attention": "sdpa"} if "attention" in names else {}))
 
+    def attend(self, q, k, v, cp: ContextParallel):
+        """Causal attention of this rank's shard over the sequence, with the checkpoint's sliding
+        window when it has one (the model's own attention has none)."""
+        if self.window is None:
+            return llama_attend(q, k, v, cp)
+        if cp.group is None:
+            if self.local_sdpa:
+                raise ValueError("plain SDPA attention has no sliding window; this model needs attention 'burst'")
+            from ..comm.topology import LOCAL  # the whole sequence is here: a one-rank ring
+
+            return be.burst_attn_func(q, k, v, group=LOCAL, causal=True, window=self.window, kernel=cp.kernel)
+        return be.burst_attn_func(q, k, v, group=cp.group, causal=True, layout=cp.layout, backward=cp.backward,
+                                  kernel=cp.kernel, window=self.window)
+
+    @torch.no_grad()
+    def run_layers(self, ids, positions, how: Sharding, kv_sink=None, chunk: int | None = None):
+        """Every block on this rank's tokens (B, n) at global ``positions`` (n,); the last block's
+        output (B, n, dim), before the final norm.  ``kv_sink(layer, k, v)`` receives each
+        layer's (B, n, kv_heads, head_dim) keys (after RoPE) and values as they are made (the
+        decode cache copies them and lets them go).  ``chunk``: run the token-wise parts of a
+        block (norms, projections, MLP) this many tokens at a time, so a long prompt's MLP
+        intermediates never exist whole; attention always sees the whole shard."""
+        m = self.model
+        cp = self.context_parallel(how)
+        self.local_sdpa = how.attention == "sdpa"
+        h = m.tok_embeddings(ids)
+        acc = torch.float64 if h.dtype == torch.float64 else torch.float32
+        cos, sin = (t.to(acc) for t in rope_tables(positions, m.args.head_dim, m.args.rope_theta))
+        n = h.shape[1]
+        for i, b in enumerate(m.layers):
+            q, k, v = _by_rows(lambda a, z, b=b: b.pre_attention(h[:, a:z], cos[a:z], sin[a:z]), n, chunk)
+            o = self.attend(q, k, v, cp)
+            del q
+            if kv_sink is not None:
+                kv_sink(i, k, v)
+            del k, v
+            (h,) = _by_rows(lambda a, z, b=b: (b.post_attention(h[:, a:z], o[:, a:z]),), n, chunk)
+            del o
+        return h
+
     @torch.no_grad()
     def hidden(self, ids, positions, how, keep_kv=False):
-        self.model.set_context_parallel(self.context_parallel(how))
-        if not keep_kv:
-            return self.model.hidden(ids, positions), None
-        kv = [None] * self.n_layers
-        blocks = list(self.model.layers)
-        # the keys and values each block hands its attention are exactly what a decoder's
-        # cache holds (after RoPE); catch them on the way in, per instance, and let go after
-        for i, b in enumerate(blocks):
-            def attend(q, k, v, _b=b, _i=i):
-                kv[_i] = (k, v)
-                return type(_b).attend(_b, q, k, v)
-            b.attend = attend
-        try:
-            h = self.model.hidden(ids, positions)
-        finally:
-            for b in blocks:
-                del b.attend
-        return h, kv
+        kv = [None] * self.n_layers if keep_kv else None
+        sink = (lambda i, k, v: kv.__setitem__(i, (k, v))) if keep_kv else None
+        return self.model.norm(self.run_layers(ids, positions, how, sink)), kv
 
     @torch.no_grad()
     def logits(self, h):

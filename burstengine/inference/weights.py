@@ -1,17 +1,21 @@
-"""Hugging Face LLaMA checkpoints (config.json + safetensors) -> :class:`burstengine.model.Transformer`.
+"""Hugging Face LLaMA-family checkpoints (config.json + safetensors) -> :class:`burstengine.model.Transformer`.
 
 Only the files are read (json and safetensors; transformers itself is not needed).  The
 mapping is one name table: HF's rotary convention (rotate the two halves of each head) is the
 one our model uses, so q/k weights are copied as they are, without the permutation that
-Meta-format checkpoints need.  A checkpoint our model cannot reproduce exactly (biases, rope
-scaling, sliding windows, another activation, a head dim that is not hidden/heads) is refused
-with a ValueError naming the field; run such models through ``--impl hf`` instead.
+Meta-format checkpoints need.  Three architectures load: ``llama``, ``mistral`` (its sliding
+window, where set, is :attr:`Extras.window`: inference applies it) and ``qwen2`` (q/k/v
+biases: the loaded model's q/k/v projections get them).  What our model cannot reproduce
+exactly (rope scaling, another activation, a head dim that is not hidden/heads, Qwen2's
+per-layer sliding windows, biases elsewhere) is refused with a ValueError naming the field; run
+such models through ``--impl hf`` instead.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+from dataclasses import dataclass
 
 import torch
 
@@ -26,6 +30,10 @@ _LAYER = {
     "mlp.gate_proj.weight": "feed_forward.w1.weight",
     "mlp.down_proj.weight": "feed_forward.w2.weight",
     "mlp.up_proj.weight": "feed_forward.w3.weight",
+    # Qwen2's q/k/v biases (the loader gives a model that has them the Linear biases to hold them)
+    "self_attn.q_proj.bias": "attention.wq.bias",
+    "self_attn.k_proj.bias": "attention.wk.bias",
+    "self_attn.v_proj.bias": "attention.wv.bias",
 }
 _TOP = {
     "model.embed_tokens.weight": "tok_embeddings.weight",
@@ -82,17 +90,47 @@ def _rope(cfg: dict) -> tuple[float, dict | None]:
     return float(theta), (None if kind == "default" else {"rope_type": kind})
 
 
+ARCHITECTURES = ("llama", "mistral", "qwen2")
+
+
+@dataclass(frozen=True)
+class Extras:
+    """What a checkpoint adds to the LLaMA that ModelArgs describes: q/k/v biases (Qwen2) and a
+    sliding window (Mistral: each query sees the ``window`` most recent keys, itself included,
+    transformers' ``kv_idx > q_idx - sliding_window``)."""
+
+    qkv_bias: bool = False
+    window: int | None = None
+
+
+def extras_from_hf_config(cfg: dict) -> Extras:
+    kind = cfg.get("model_type")
+    window = None
+    if kind == "mistral":
+        window = cfg.get("sliding_window")
+    elif kind == "qwen2":
+        # transformers keeps sliding_window only with use_sliding_window, and then only for the
+        # layers from max_window_layers on; a per-layer mix is not reproduced here
+        types = set(cfg.get("layer_types") or [])
+        if cfg.get("use_sliding_window") or "sliding_attention" in types:
+            raise ValueError("this Qwen2 checkpoint uses sliding-window layers (use_sliding_window / layer_types), "
+                             "which burstengine's LLaMA does not implement; run it with --impl hf")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"sliding_window must be a positive int, got {window!r}")
+    return Extras(qkv_bias=kind == "qwen2", window=window)
+
+
 def args_from_hf_config(cfg: dict):
-    """ModelArgs for an HF LLaMA config.json (a dict), or a ValueError saying what differs."""
+    """ModelArgs for an HF LLaMA-family config.json (a dict), or a ValueError saying what differs
+    (what ModelArgs leaves out is in :func:`extras_from_hf_config`)."""
     from ..model import ModelArgs
 
     kind = cfg.get("model_type")
-    if kind not in ("llama", "mistral"):
-        raise ValueError(f"model_type {kind!r} is not a LLaMA model; our model reproduces 'llama' (and 'mistral' "
-                         f"without a sliding window). Try --impl hf")
+    if kind not in ARCHITECTURES:
+        raise ValueError(f"model_type {kind!r} is not a LLaMA model; our model reproduces {', '.join(ARCHITECTURES)}. "
+                         f"Try --impl hf")
+    extras_from_hf_config(cfg)
     problems = []
-    if cfg.get("sliding_window") is not None:
-        problems.append(f"sliding_window={cfg['sliding_window']}")
     if cfg.get("hidden_act", "silu") != "silu":
         problems.append(f"hidden_act={cfg['hidden_act']!r}")
     for key in ("attention_bias", "mlp_bias"):
@@ -143,7 +181,9 @@ def _tensor_files(path: str) -> dict[str, str]:
 
 @torch.no_grad()
 def load_hf_llama(path: str, device="cpu", dtype=torch.float32):
-    """Our Transformer with the weights of the HF LLaMA checkpoint in directory ``path``.
+    """Our Transformer with the weights of the HF LLaMA-family checkpoint in directory ``path``
+    (Qwen2's q/k/v projections get biases; a Mistral sliding window is the model's
+    ``sliding_window`` attribute, None without one: inference applies it).
 
     Parameters are created on the meta device and filled tensor by tensor straight from the
     safetensors files onto ``device``, so a model is never held twice in memory."""
@@ -151,9 +191,16 @@ def load_hf_llama(path: str, device="cpu", dtype=torch.float32):
 
     from ..model import Transformer
 
-    args = args_from_hf_config(read_config(path))
+    cfg = read_config(path)
+    args, extras = args_from_hf_config(cfg), extras_from_hf_config(cfg)
     with torch.device("meta"):
         model = Transformer(args)
+        if extras.qkv_bias:
+            for b in model.layers:
+                a = b.attention
+                for name in ("wq", "wk", "wv"):
+                    old = getattr(a, name)
+                    setattr(a, name, torch.nn.Linear(old.in_features, old.out_features, bias=True))
     model.to(dtype).to_empty(device=device)
     params = dict(model.named_parameters())
     files = _tensor_files(path)
@@ -164,8 +211,11 @@ def load_hf_llama(path: str, device="cpu", dtype=torch.float32):
                 ours = hf_to_ours(hf_name)
                 if ours is None or (ours == "output.weight" and args.tie_embeddings):
                     continue
+                p = params.get(ours)
+                if p is None:  # e.g. a q_proj bias in a checkpoint whose config says it has none
+                    raise ValueError(f"unexpected tensor {hf_name!r} in {fname!r}: config.json describes a model "
+                                     f"without it")
                 t = f.get_tensor(hf_name)
-                p = params[ours]
                 if tuple(t.shape) != tuple(p.shape):
                     raise ValueError(f"{hf_name}: shape {tuple(t.shape)} in the checkpoint, {tuple(p.shape)} "
                                      f"expected from config.json")
@@ -175,4 +225,5 @@ def load_hf_llama(path: str, device="cpu", dtype=torch.float32):
     if missing:
         raise ValueError(f"the checkpoint in {path!r} lacks {len(missing)} tensor(s), e.g. "
                          f"{[ours_to_hf(m) for m in missing[:3]]}")
+    model.sliding_window = extras.window
     return model
