@@ -90,8 +90,9 @@ def test_name_mapping_round_trips():
         assert weights.hf_to_ours(weights.ours_to_hf(n)) == n
     assert weights.hf_to_ours("model.layers.3.mlp.gate_proj.weight") == "layers.3.feed_forward.w1.weight"
     assert weights.hf_to_ours("model.rotary_emb.inv_freq") is None
+    assert weights.hf_to_ours("model.layers.0.self_attn.q_proj.bias") == "layers.0.attention.wq.bias"  # Qwen2
     with pytest.raises(ValueError, match="unexpected tensor"):
-        weights.hf_to_ours("model.layers.0.self_attn.q_proj.bias")
+        weights.hf_to_ours("model.layers.0.self_attn.o_proj.bias")
 
 
 @pytest.mark.parametrize("change,match", [
@@ -100,8 +101,9 @@ def test_name_mapping_round_trips():
     (dict(attention_bias=True), "attention_bias=true"),
     (dict(hidden_act="gelu"), "hidden_act='gelu'"),
     (dict(head_dim=32), "head_dim=32"),
-    (dict(model_type="qwen2"), "not a LLaMA model"),
-    (dict(model_type="mistral", sliding_window=4096), "sliding_window=4096"),
+    (dict(model_type="gemma"), "not a LLaMA model"),
+    (dict(model_type="qwen2", use_sliding_window=True, sliding_window=64), "sliding-window layers"),
+    (dict(model_type="mistral", sliding_window=0), "sliding_window must be a positive int"),
 ])
 def test_loader_refuses_what_it_cannot_reproduce(change, match):
     cfg = dict(model_type="llama", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,

@@ -34,6 +34,10 @@ except (AttributeError, RuntimeError):  # pragma: no cover
     _flash = None
 
 
+# torch >= 2.13 names it all_gather_single (all_gather_into_tensor warns there)
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def next_owner(lengths: list[int]) -> int:
     """The rank whose shard is shortest (the lowest such rank on ties)."""
     return min(range(len(lengths)), key=lambda r: (lengths[r], r))
@@ -167,6 +171,6 @@ def gather_merge(out: torch.Tensor, lse: torch.Tensor, group=None):
     mine = torch.cat([out, lse[..., None]], dim=-1).contiguous()
     if world == 1:
         return merge(mine[None])
-    parts = mine.new_empty((world,) + tuple(mine.shape))
-    dist.all_gather_into_tensor(parts, mine, group=group)
-    return merge(parts)
+    parts = mine.new_empty((world * mine.shape[0],) + tuple(mine.shape[1:]))
+    _all_gather(parts, mine, group=group)
+    return merge(parts.view((world,) + tuple(mine.shape)))

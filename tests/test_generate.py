@@ -1,0 +1,188 @@
+"""Generation against the sharded KV cache (burstengine/inference/generate.py, kvcache.py,
+sampling.py): greedy tokens equal transformers' generate(do_sample=False) for tiny random
+Llama, Qwen2 and Mistral (sliding window) checkpoints on 1, 2 and 4 gloo ranks, for prompt
+lengths that divide nothing and batches of different lengths; sampling with a seed gives the
+same tokens on 1, 2 and 4 ranks; the cache stays balanced; bad inputs raise clear errors."""
+import functools
+import random
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+
+import generate_cases as gc  # noqa: E402
+from burstengine.inference import Sampling  # noqa: E402
+from burstengine.inference.kvcache import appends, merge, next_owner, shard_attention  # noqa: E402
+from burstengine.inference.sampling import choose, filtered_logits  # noqa: E402
+
+LENGTHS = (997, 613)   # divide nothing: 997 is prime, 613 too; a batch of two lengths
+NEW = 8
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("generate")
+    return {arch: gc.save_tiny(root / arch, arch, seed=1) for arch in ("llama", "qwen2", "mistral")}
+
+
+@functools.lru_cache(maxsize=8)
+def hf_greedy(path, lengths, new, seed=0):
+    """transformers' greedy tokens, each prompt alone (no padding)."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
+    out = []
+    for p in gc.prompts(lengths, seed):
+        with torch.no_grad():
+            r = hf.generate(torch.tensor([p]), max_new_tokens=new, do_sample=False, pad_token_id=0)
+        out.append(r[0, len(p):].tolist())
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_greedy_equals_transformers(pool, model_dirs, arch, world):
+    path = model_dirs[arch]
+    want = hf_greedy(path, LENGTHS, NEW)
+    for rank, (tokens, _) in enumerate(pool.run(gc.run_generate, path, LENGTHS, NEW, world=world)):
+        assert tokens == want, (arch, world, rank)
+
+
+def test_greedy_long_prompt_and_other_layouts(pool, model_dirs):
+    # 4093 tokens (prime) on 4 ranks; the two other layouts on a short batch
+    path = model_dirs["llama"]
+    assert pool.run(gc.run_generate, path, (4093,), 4, world=4)[0][0] == hf_greedy(path, (4093,), 4)
+    want = hf_greedy(path, (61, 3, 100), NEW, seed=5)
+    for layout in ("contiguous", "striped"):
+        assert pool.run(gc.run_generate, path, (61, 3, 100), NEW, 5, layout, world=3)[0][0] == want, layout
+
+
+def test_sampling_gives_the_same_tokens_on_1_2_4_ranks(pool, model_dirs):
+    path = model_dirs["mistral"]
+    s = dict(temperature=1.5, top_k=40, top_p=0.95, seed=11)
+    runs = {w: pool.run(gc.run_generate, path, (301, 150), 16, world=w, **s) for w in (1, 2, 4)}
+    for w, per_rank in runs.items():
+        for tokens, _ in per_rank:
+            assert tokens == runs[1][0][0], w
+    sampled = runs[1][0][0]
+    assert sampled != hf_greedy(path, (301, 150), 16)  # it did sample
+    other = pool.run(gc.run_generate, path, (301, 150), 16, world=2, **dict(s, seed=12))[0][0]
+    assert other != sampled  # and the seed matters
+
+
+def test_stop_tokens_end_one_sequence(pool, model_dirs):
+    path = model_dirs["qwen2"]
+    want = hf_greedy(path, LENGTHS, NEW)
+    stop = want[0][2]
+    assert stop not in want[1] and stop not in want[0][:2]
+    tokens, _ = pool.run(gc.run_generate, path, LENGTHS, NEW, world=2, eos=(stop,))[0]
+    assert tokens == [want[0][:3], want[1]]
+
+
+# --- the cache's balance --------------------------------------------------------------------------
+
+def _check_balance(history):
+    """The guarantee stated in kvcache.py, step by step."""
+    d0 = max(history[0]) - min(history[0])
+    deficit = sum(max(history[0]) - n for n in history[0])
+    for t in range(1, len(history)):
+        prev, cur = history[t - 1], history[t]
+        assert sum(cur) == sum(prev) + 1
+        r = next_owner(prev)
+        assert cur[r] == prev[r] + 1 and min(prev) == prev[r]
+        assert max(cur) - min(cur) <= max(max(prev) - min(prev), 1) <= max(d0, 1)
+        if t >= deficit:
+            assert max(cur) - min(cur) <= 1, (t, deficit, history)
+
+
+def test_cache_stays_balanced(pool, model_dirs):
+    # 997 tokens on 4 ranks: padded to 1000 under zigzag, the 3 pad slots dropped from rank 0
+    path = model_dirs["llama"]
+    for _, history in pool.run(gc.run_generate, path, (997,), 12, world=4):
+        assert history[0] == [247, 250, 250, 250]
+        assert len(history) == 12
+        _check_balance(history)
+        assert max(history[-1]) - min(history[-1]) <= 1
+
+
+def test_balance_guarantee_from_any_start():
+    rng = random.Random(0)
+    for _ in range(200):
+        start = [rng.randrange(0, 9) for _ in range(rng.randrange(1, 6))]
+        hist = [list(start)]
+        for _ in range(rng.randrange(0, 30)):
+            n = list(hist[-1])
+            n[next_owner(n)] += 1
+            hist.append(n)
+        _check_balance(hist)
+        assert [a + b for a, b in zip(start, appends(start, len(hist) - 1))] == hist[-1]
+    assert next_owner([3, 2, 2]) == 1
+
+
+# --- the pieces, against float64 references ----------------------------------------------------
+
+def test_shard_attention_and_merge_are_exact():
+    g = torch.Generator().manual_seed(0)
+    B, H, Hkv, D, n = 2, 4, 2, 16, 37
+    q = torch.randn(B, H, D, generator=g, dtype=torch.float64)
+    k = torch.randn(B, Hkv, n, D, generator=g, dtype=torch.float64)
+    v = torch.randn(B, Hkv, n, D, generator=g, dtype=torch.float64)
+    vis = torch.rand(B, n, generator=g) < 0.7
+    vis[:, 0] = True
+    kk, vv = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
+    s = torch.einsum("bhd,bhnd->bhn", q, kk) / D ** 0.5
+    s = s.masked_fill(~vis[:, None], float("-inf"))
+    ref = torch.einsum("bhn,bhnd->bhd", torch.softmax(s, -1), vv)
+    parts = []
+    for a, z in ((0, 10), (10, 10), (10, 30), (30, n)):  # an empty shard among them
+        o, lse = shard_attention(q, k[:, :, a:z], v[:, :, a:z], vis[:, a:z], D ** -0.5)
+        if z == a:
+            o, lse = torch.zeros(B, H, D), torch.full((B, H), float("-inf"))
+        parts.append(torch.cat([o.double(), lse.double()[..., None]], -1))
+    out, lse = merge(torch.stack(parts))
+    assert (out - ref).abs().max() < 1e-6
+    assert (lse - torch.logsumexp(s, -1)).abs().max() < 1e-6
+
+
+def test_sampling_filters_match_transformers():
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 50, generator=g, dtype=torch.float64) * 3
+    for k, p in ((5, 1.0), (0, 0.7), (10, 0.5), (0, 0.01)):
+        s = Sampling(temperature=0.7, top_k=k, top_p=p)
+        ref = logits / 0.7
+        if k:
+            ref = TopKLogitsWarper(k)(None, ref)
+        if p < 1:
+            ref = TopPLogitsWarper(p)(None, ref)
+        assert torch.equal(torch.isinf(filtered_logits(logits, s)), torch.isinf(ref)), (k, p)
+    greedy = logits.argmax(-1)
+    assert torch.equal(choose(logits, Sampling(), None), greedy)
+    assert torch.equal(choose(logits, Sampling(temperature=1.0, top_k=1), Sampling().generator()), greedy)
+
+
+# --- errors -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("prompts,new,sampling,match", [
+    ([[1, 2], []], 4, {}, "prompt 1 is empty"),
+    ([[1, gc.VOCAB]], 4, {}, f"token id {gc.VOCAB}, outside the model's vocabulary"),
+    ([[1, 2]], 0, {}, "max_new_tokens must be an int >= 1"),
+    ([[1, 2]], 4, dict(temperature=-1.0), "temperature must be a finite number >= 0"),
+    ([[1, 2]], 4, dict(temperature=1.0, top_p=0.0), "top_p must be in"),
+    ([[1, 2]], 4, dict(top_k=5), "need a temperature > 0"),
+    ([[1, 2]], 4, dict(eos=(999,)), "stop token ids must be ints"),
+    ([], 4, {}, "no prompts"),
+])
+def test_bad_inputs_raise_on_every_rank(pool, model_dirs, prompts, new, sampling, match):
+    msgs = pool.run(gc.raises, model_dirs["llama"], "generate", prompts, new, sampling, world=2)
+    assert all(m is not None and match in m for m in msgs), msgs
+
+
+def test_transformers_model_is_refused():
+    from burstengine.inference import generate, load_model
+
+    with pytest.raises(ValueError, match="impl 'ours'"):
+        generate(load_model("tiny", "hf"), [[1, 2, 3]], 2)
