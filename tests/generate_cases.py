@@ -78,3 +78,11 @@ def run_cli(group, argv):
     from burstengine import cli
 
     return cli.main(argv)
+
+
+def run_prefill(group, path, length, layout):
+    """prefill() of one prompt of ``length`` tokens: logits, this rank's kept positions and K/V rows."""
+    from burstengine.inference import prefill
+
+    out = prefill(_model(path), torch.tensor(prompts((length,), 3)), group=group, layout=layout, keep_kv=True)
+    return out.logits, out.positions.tolist(), [k.shape[1] for k, _ in out.kv]

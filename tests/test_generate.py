@@ -81,6 +81,23 @@ def test_stop_tokens_end_one_sequence(pool, model_dirs):
     assert tokens == [want[0][:3], want[1]]
 
 
+@pytest.mark.parametrize("layout", ["zigzag", "striped"])
+def test_prefill_pads_a_prompt_of_any_length(pool, model_dirs, layout):
+    # 61 tokens on 4 ranks: padded to 64 (zigzag) / 64 (striped); the logits are those of token 60
+    from transformers import AutoModelForCausalLM
+
+    path = model_dirs["llama"]
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        want = hf(torch.tensor(gc.prompts((61,), 3))).logits[:, -1]
+    res = pool.run(gc.run_prefill, path, 61, layout, world=4)
+    held = sorted(p for _, pos, _ in res for p in pos)
+    assert held == list(range(61))  # the pad rows are not returned
+    for logits, pos, rows in res:
+        assert (logits - want).abs().max() <= 1e-4 * want.abs().max()
+        assert rows == [len(pos)] * 2
+
+
 # --- the cache's balance --------------------------------------------------------------------------
 
 def _check_balance(history):

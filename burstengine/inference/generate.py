@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from ..layout import position_ids as layout_positions
 from ..layout import shard
+from .engine import padded_length
 from .kvcache import ShardedKVCache, appends, gather_merge, next_owner
 from .models import OurLlama, PrefillModel, Sharding
 from .sampling import Sampling, choose
@@ -44,17 +45,6 @@ def _world(group):
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(group), dist.get_world_size(group)
     return 0, 1
-
-
-def padded_length(seq: int, layout: str, world: int) -> int:
-    """The shortest length >= ``seq`` that ``layout`` shards over ``world`` ranks."""
-    for s in range(seq, seq + 2 * world + 1):
-        try:
-            layout_positions(s, layout, 0, world)
-            return s
-        except ValueError:
-            continue
-    raise ValueError(f"no length in [{seq}, {seq + 2 * world}] shards under layout {layout!r} on {world} ranks")
 
 
 def _as_lists(prompts) -> list[list[int]]:
