@@ -15,6 +15,8 @@ COMMANDS = {
     "train": "burstengine.train.cli",
     "plot": "burstengine.train.plot",
     "prefill": "burstengine.inference.cli",
+    "generate": "burstengine.inference.generate_cli",
+    "eval": "burstengine.inference.eval_cli",
 }
 
 

@@ -86,3 +86,21 @@ def run_prefill(group, path, length, layout):
 
     out = prefill(_model(path), torch.tensor(prompts((length,), 3)), group=group, layout=layout, keep_kv=True)
     return out.logits, out.positions.tolist(), [k.shape[1] for k, _ in out.kv]
+
+
+def save_tokenizer(path, vocab=VOCAB):
+    """A small BPE tokenizer (Metaspace, so text round-trips) trained on the needle's sentences and
+    digits, saved beside a model: a model directory as users have them, tokenizer included."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from burstengine.inference.needle import FILLER, NEEDLE, QUESTION
+
+    t = Tokenizer(models.BPE(unk_token="<unk>"))
+    t.pre_tokenizer = pre_tokenizers.Metaspace()
+    t.decoder = decoders.Metaspace()
+    text = [FILLER * 3, NEEDLE.format(key=12345), QUESTION, " ".join(str(i) for i in range(100)),
+            "Hello world, once upon a time there was a model."]
+    t.train_from_iterator(text, trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<unk>", "<s>", "</s>"]))
+    PreTrainedTokenizerFast(tokenizer_object=t, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(path)
+    return str(path)
