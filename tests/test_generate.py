@@ -203,3 +203,109 @@ def test_transformers_model_is_refused():
 
     with pytest.raises(ValueError, match="impl 'ours'"):
         generate(load_model("tiny", "hf"), [[1, 2, 3]], 2)
+
+
+# --- the commands -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def text_model(model_dirs):
+    gc.save_tokenizer(model_dirs["llama"])  # the llama directory gets a tokenizer
+    return model_dirs["llama"]
+
+
+def _cli(*argv, timeout=300):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    p = subprocess.run([sys.executable, "-m", "burstengine", *argv], capture_output=True, text=True, timeout=timeout,
+                       env=env)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_generate_command_spawns_ranks_and_writes_tokens(text_model, tmp_path):
+    import json
+
+    import numpy as np
+
+    ps = gc.prompts((997, 613))
+    np.save(tmp_path / "p.npy", np.array([np.array(p) for p in ps], dtype=object), allow_pickle=True)
+    rc, out, err = _cli("generate", "--model", text_model, "--prompt-tokens", str(tmp_path / "p.npy"),
+                        "--max-new-tokens", str(NEW), "--world", "2", "--eos", "none", "--output",
+                        str(tmp_path / "o.json"))
+    assert rc == 0, err
+    rec = json.load(open(tmp_path / "o.json"))
+    assert rec["tokens"] == hf_greedy(text_model, LENGTHS, NEW)
+    assert len(rec["timings"]["decode_step_s"]) == NEW - 1 and rec["timings"]["prefill_s"] > 0
+    assert "[0] " in out and "[1] " in out and "first-token latency" in err
+    # text: streamed on rank 0, the same tokens as the API's
+    (tmp_path / "q.txt").write_text("Hello world, once upon a time")
+    rc, out, err = _cli("generate", "--model", text_model, "--prompt-file", str(tmp_path / "q.txt"),
+                        "--max-new-tokens", "6", "--world", "2", "--eos", "none", "--output", str(tmp_path / "t.json"))
+    assert rc == 0, err
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(text_model)
+    toks = json.load(open(tmp_path / "t.json"))["tokens"][0]
+    assert len(toks) == 6 and out.strip() == tok.decode(toks, skip_special_tokens=True).strip()
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--model", "/nowhere", "--prompt-tokens", "x.npy", "--max-new-tokens", "4"], "neither a preset"),
+    (["--model", "tiny", "--prompt-file", "/etc/hostname", "--max-new-tokens", "4"], "needs a tokenizer"),
+    (["--model", "tiny", "--prompt-tokens", "/nowhere.npy", "--max-new-tokens", "4"], "does not exist"),
+    (["--model", "tiny", "--prompt-tokens", "{npy}", "--max-new-tokens", "0"], "--max-new-tokens must be"),
+    (["--model", "tiny", "--prompt-tokens", "{npy}", "--max-new-tokens", "2", "--top-p", "2"], "top_p must be"),
+    (["--model", "tiny", "--prompt-tokens", "{npy}", "--max-new-tokens", "2", "--eos", "x"], "--eos must be"),
+    (["--model", "tiny", "--prompt-tokens", "{bad}", "--max-new-tokens", "2"], "outside the model's vocabulary"),
+])
+def test_generate_command_rejects_bad_arguments(argv, match, tmp_path, capsys):
+    import numpy as np
+
+    from burstengine import cli
+
+    np.save(tmp_path / "p.npy", np.array([1, 2, 3]))
+    np.save(tmp_path / "bad.npy", np.array([[1, 2, 99999]]))
+    argv = [a.format(npy=tmp_path / "p.npy", bad=tmp_path / "bad.npy") for a in argv]
+    assert cli.main(["generate", *argv]) == 2  # before any rank starts
+    assert match in capsys.readouterr().err
+
+
+def test_needle_eval_writes_a_record_and_a_heatmap(text_model, tmp_path):
+    import json
+
+    rc, out, err = _cli("eval", "needle", "--model", text_model, "--lengths", "200,300", "--depths", "0,0.5,1",
+                        "--world", "2", "--out", str(tmp_path))
+    assert rc == 0, err
+    rec = json.load(open(tmp_path / "needle.json"))
+    assert rec["commit"] and rec["tokenizer"] and len(rec["cells"]) == 6 and len(rec["answers"]) == 6
+    assert all(0.0 <= c["accuracy"] <= 1.0 for c in rec["cells"])
+    assert (tmp_path / "needle.png").stat().st_size > 1000 and "mean accuracy" in out
+    rc, _, err = _cli("eval", "needle", "--model", text_model, "--lengths", "4Q", "--world", "2")
+    assert rc == 2 and "not a length" in err
+
+
+def test_needle_cases_and_scoring(text_model):
+    from transformers import AutoTokenizer
+
+    from burstengine.inference import needle
+
+    tok = AutoTokenizer.from_pretrained(text_model)
+    assert needle.parse_lengths("4K,1M,300") == [4096, 1 << 20, 300]
+    for depth in (0.0, 0.5, 1.0):
+        c = needle.text_case(tok, 300, depth, 0, 0)
+        text = tok.decode(c.ids)
+        assert len(c.ids) == 300 and text.count(c.answer) == 2 and text.rstrip().endswith("The pass key is")
+        at = text.index(c.answer) / len(text)
+        assert abs(at - depth) < 0.15, (depth, at)
+        answer = tok(f" {c.answer}. Remember", add_special_tokens=False).input_ids
+        assert needle.correct(c, answer, tok)[0]
+        assert not needle.correct(c, tok(" 12", add_special_tokens=False).input_ids, tok)[0]
+    c = needle.token_case(gc.VOCAB, 100, 0.5, 0, 0)
+    # 88 filler ids: the key at 44 (the middle), the value after it, the key again at the end
+    assert len(c.ids) == 100 and c.ids[-4:] == c.ids[44:48] and c.ids[48:52] == c.answer
+    assert len(set(c.ids[-4:])) > 1
+    assert needle.correct(c, list(c.answer) + [7], None)[0] and not needle.correct(c, [0, 0, 0, 0], None)[0]

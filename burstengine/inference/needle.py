@@ -84,7 +84,8 @@ def text_case(tok, length: int, depth: float, sample: int, seed: int) -> Case:
 def token_case(vocab: int, length: int, depth: float, sample: int, seed: int, key_len: int = 4,
                value_len: int = 4) -> Case:
     rng = random.Random(f"{seed}:{length}:{depth}:{sample}")
-    key = [random.Random(f"{seed}:key").randrange(vocab) for _ in range(key_len)]
+    kr = random.Random(f"{seed}:key")  # the same key in every prompt
+    key = [kr.randrange(vocab) for _ in range(key_len)]
     value = [rng.randrange(vocab) for _ in range(value_len)]
     room = length - 2 * key_len - value_len
     if room < 0:
