@@ -309,3 +309,20 @@ def test_needle_cases_and_scoring(text_model):
     assert len(c.ids) == 100 and c.ids[-4:] == c.ids[44:48] and c.ids[48:52] == c.answer
     assert len(set(c.ids[-4:])) > 1
     assert needle.correct(c, list(c.answer) + [7], None)[0] and not needle.correct(c, [0, 0, 0, 0], None)[0]
+
+
+def test_decode_bench_runs_on_cpu(tmp_path):
+    import json
+
+    rc, out, err = _cli("bench", "decode", "--model", "tiny", "--seqs", "128,200", "--batches", "1,2", "--batch-max",
+                        "128", "--tokens", "3", "--warmup", "1", "--world", "1", "--out-dir", str(tmp_path),
+                        "--name", "d")
+    assert rc == 0, err
+    rec = json.load(open(tmp_path / "d.json"))
+    assert rec["commit"] and rec["env"]["device"] == "cpu" and rec["copy_bandwidth_Bps"] > 0
+    assert [(r["S"], r["batch"]) for r in rec["rows"]] == [(128, 1), (128, 2), (200, 1)]
+    for r in rec["rows"]:
+        assert len(r["decode_step_s"]) == 4 and r["bound_s"] > 0 and r["peak_bytes"] > 0
+        assert ("sdpa_first_token_s" in r) == (r["batch"] == 1)
+        # weights (all but the embedding) + the cache, in bytes
+        assert r["step_bytes"] > 4 * (2 * 128 * 128 + 2 * 128 * 64) * 2

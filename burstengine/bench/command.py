@@ -16,6 +16,7 @@ BENCHES = {
     "train": "burstengine.bench.train",
     "topo": "burstengine.bench.topo",
     "soak": "burstengine.bench.soak",
+    "decode": "burstengine.bench.decode",
 }
 HELP = "run a benchmark (under torchrun on GPUs): " + ", ".join(BENCHES)
 

@@ -158,7 +158,7 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
         t0 = time.perf_counter()
         qpos_host = [L[b] + i - 1 for b in range(B)]                 # the position of the token we feed
         qpos = torch.tensor(qpos_host, device=dev)
-        cache.begin_step(next_owner(cache.lengths), qpos)
+        cache.begin_step(next_owner(cache.lengths), qpos, min(qpos_host))
         cos, sin = (t.to(acc) for t in _rope(qpos, a))
         x = m.tok_embeddings(tok.to(dev))[None]                        # (1, B, dim): B tokens, token-wise
         for li, blk in enumerate(m.layers):

@@ -91,13 +91,14 @@ class ShardedKVCache:
         self.all_visible = all_visible
         self.min_pos = int(pos.min()) if m else None
 
-    def begin_step(self, owner: int, pos: torch.Tensor) -> None:
-        """A decode step whose token (positions (B,)) ``owner`` stores, in its slot n."""
+    def begin_step(self, owner: int, pos: torch.Tensor, pos_min: int) -> None:
+        """A decode step whose token (positions (B,), the smallest ``pos_min``) ``owner``
+        stores, in its slot n."""
         self.owner = owner
         if owner == self.rank:
             self.pos[:, self.n] = pos
             self.visible[:, self.n] = True
-            self.min_pos = int(pos.min()) if self.min_pos is None else min(self.min_pos, int(pos.min()))
+            self.min_pos = pos_min if self.min_pos is None else min(self.min_pos, pos_min)
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """The step's (B, kv_heads, head_dim) K/V of ``layer``, written on the owner only."""
@@ -168,9 +169,9 @@ def gather_merge(out: torch.Tensor, lse: torch.Tensor, group=None):
     """The exact attention over every rank's shard from this rank's (out (B, H, D), lse (B, H)):
     one all-gather of B x H x (D + 1) floats per rank."""
     world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+    if world == 1:  # one shard: its partial is the whole
+        return out, lse
     mine = torch.cat([out, lse[..., None]], dim=-1).contiguous()
-    if world == 1:
-        return merge(mine[None])
     parts = mine.new_empty((world * mine.shape[0],) + tuple(mine.shape[1:]))
     _all_gather(parts, mine, group=group)
     return merge(parts.view((world,) + tuple(mine.shape)))

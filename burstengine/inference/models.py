@@ -99,8 +99,10 @@ class OurLlama(PrefillModel):
     def context_parallel(how: Sharding) -> ContextParallel:
         if how.attention == "burst":
             group = how.group
-            if group is None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-                group = dist.group.WORLD  # the model reads group=None as "the whole sequence is here"
+            if group is None and dist.is_available() and dist.is_initialized():
+                # the model reads group=None as "plain SDPA on the whole sequence"; in a job,
+                # even of one rank, attention "burst" means BurstAttention's kernels
+                group = dist.group.WORLD
             return ContextParallel(group=group, layout=how.layout, backward=how.backward, kernel=how.kernel)
         if how.attention != "sdpa":
             raise ValueError(f"unknown attention {how.attention!r}; expected 'burst' or 'sdpa'")
