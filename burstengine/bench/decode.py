@@ -141,7 +141,10 @@ def run_rank(args) -> dict:
     smax = _lengths(args.sdpa_max)[0] if args.sdpa_max else None
     g = torch.Generator().manual_seed(args.seed + 1)
     # warm-up: kernels chosen / compiled at a short length
-    generate(model, torch.randint(0, model.vocab_size, (1, 256), generator=g), 2, chunk=args.chunk)
+    warm = torch.randint(0, model.vocab_size, (1, 256), generator=g)
+    generate(model, warm, 2, chunk=args.chunk)
+    if world == 1:
+        generate(model, warm, 1, attention="sdpa", chunk=args.chunk)
     rows = []
     name = args.name or f"decode_{args.model}_{world}{device.type}"
     payload = dict(kind="decode", model=args.model, describe=model.describe, world=world, dtype=str(dtype),

@@ -128,6 +128,17 @@ class ShardedKVCache:
         return vis
 
 
+_warned = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        import warnings
+
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
 def shard_attention(q, k, v, visible, scale):
     """Attention of one query per sequence and head, q (B, H, D), over keys k, v
     (B, Hkv, n, D) (grouped-query: query head h reads kv head h // (H / Hkv)), with an
@@ -140,8 +151,13 @@ def shard_attention(q, k, v, visible, scale):
     qg = q.reshape(B, Hkv, g, D)
     if visible is None and _flash is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) \
             and D <= 256 and D % 8 == 0:
-        out, lse = _flash(qg, k, v, 0.0, False, False, scale=scale)[:2]
-        return out.float().reshape(B, H, D), lse.float().reshape(B, H)
+        try:
+            out, lse = _flash(qg, k, v, 0.0, False, False, scale=scale)[:2]
+            return out.float().reshape(B, H, D), lse.float().reshape(B, H)
+        except RuntimeError as e:  # this build / device lacks it: the exact math below, slower
+            _warn_once(f"fused decode attention unavailable ({str(e).splitlines()[0][:120]}); using the math path")
+    # the math path: exact, in float32; on a GPU it reads the shard as float32 copies (slower
+    # than the fused kernel; used where a mask is needed: mixed-length batches, windows)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     s = torch.matmul(qg.to(acc), k.to(acc).transpose(-1, -2)) * scale  # (B, Hkv, g, n)
     if visible is not None:
