@@ -19,6 +19,8 @@ COMMANDS = {
     "plot": "burstengine.train.plot",
     "prefill": "burstengine.inference.cli",
     "report": "burstengine.report",
+    "generate": "burstengine.inference.generate_cli",
+    "eval": "burstengine.inference.eval_cli",
 }
 
 

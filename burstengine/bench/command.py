@@ -18,6 +18,7 @@ BENCHES = {
     "soak": "burstengine.bench.soak",
     "profile": "burstengine.bench.profile",
     "finetune": "burstengine.bench.finetune",
+    "decode": "burstengine.bench.decode",
 }
 HELP = "run a benchmark (under torchrun on GPUs): " + ", ".join(BENCHES)
 

@@ -1,10 +1,12 @@
 """Distributed prefill: one forward pass over a prompt sharded across a context-parallel group.
 
 Every rank holds its shard of the prompt under a layout (:mod:`burstengine.layout`) and runs
-the whole model on it; attention is BurstAttention over the group.  Only the next-token logits
-are computed: the global last token is the last local token of one rank (rank 0 under zigzag,
-the last rank under contiguous and striped), which applies the LM head to that single row and
-broadcasts the (batch, vocab) result, so the N x vocab logits never exist anywhere.
+the whole model on it; attention is BurstAttention over the group.  A prompt of any length
+runs: one the layout cannot split evenly is padded at the end to the next length it can
+(:func:`padded_length`); under the causal mask no real token sees a pad token, and the pad
+rows are dropped from what is returned.  Only the next-token logits are computed: the rank
+holding the last real token applies the LM head to that single row and broadcasts the
+(batch, vocab) result, so the N x vocab logits never exist anywhere.
 """
 from __future__ import annotations
 
@@ -29,8 +31,29 @@ class PrefillOutput:
 
 
 def last_token_rank(layout: str, world: int) -> int:
-    """The rank whose shard ends with the global last token (it is always a shard's last)."""
+    """The rank whose shard ends with the global last token of an unpadded sequence (it is
+    always a shard's last)."""
     return 0 if layout == "zigzag" else world - 1
+
+
+def padded_length(seq: int, layout: str, world: int) -> int:
+    """The shortest length >= ``seq`` that ``layout`` shards over ``world`` ranks."""
+    for s in range(seq, seq + 2 * world + 1):
+        try:
+            layout_positions(s, layout, 0, world)
+            return s
+        except ValueError:
+            continue
+    raise ValueError(f"no length in [{seq}, {seq + 2 * world}] shards under layout {layout!r} on {world} ranks")
+
+
+def holder(pos: int, seq: int, layout: str, world: int) -> tuple[int, int]:
+    """(rank, local row) of global position ``pos`` in a ``seq``-token sequence."""
+    for r in range(world):
+        hit = torch.nonzero(layout_positions(seq, layout, r, world) == pos).flatten()
+        if len(hit):
+            return r, int(hit[0])
+    raise ValueError(f"position {pos} is not in a {seq}-token sequence")
 
 
 def _world(group):
@@ -42,9 +65,9 @@ def check_prefill(seq: int, layout: str, world: int, batch: int = 1) -> str | No
     if seq < 1 or batch < 1:
         return f"the prompt must hold at least one token per sequence, got batch {batch} x {seq} tokens"
     try:
-        layout_positions(seq, layout, 0, world)
+        padded_length(seq, layout, world)
     except ValueError as e:
-        return f"{e} (prefill does not pad: give a prompt whose length the layout can split)"
+        return str(e)
     return None
 
 
@@ -61,21 +84,29 @@ def prefill(model: PrefillModel, input_ids: torch.Tensor, group=None, layout: st
     msg = check_prefill(input_ids.shape[1], layout, world, input_ids.shape[0])
     if msg:
         raise ValueError(msg)
-    S = input_ids.shape[1]
+    real = input_ids.shape[1]
+    S = padded_length(real, layout, world)
+    if S > real:  # pad at the end: causal attention keeps pad tokens out of every real token's view
+        input_ids = torch.cat([input_ids, input_ids.new_zeros(input_ids.shape[0], S - real)], dim=1)
     dev = model.device
     ids = shard(input_ids, layout, rank, world).to(dev)
     pos = layout_positions(S, layout, rank, world, device=dev)
     how = Sharding(group=group, layout=layout, backward=backward, kernel=kernel, attention=attention)
     h, kv = model.hidden(ids, pos, how, keep_kv=keep_kv)
-    owner = last_token_rank(layout, world)
+    owner, row = holder(real - 1, S, layout, world)
     if rank == owner:
-        logits = model.logits(h[:, -1])
+        logits = model.logits(h[:, row])
     else:
         logits = torch.empty(ids.shape[0], model.vocab_size, dtype=torch.float32, device=dev)
     del h
     if world > 1:
         src = dist.get_global_rank(group, owner) if group is not None else owner
         dist.broadcast(logits, src=src, group=group)
+    if S > real:  # what the caller keeps holds real tokens only
+        keep = pos < real
+        pos = pos[keep]
+        if kv is not None:
+            kv = [(k[:, keep], v[:, keep]) for k, v in kv]
     return PrefillOutput(logits=logits, positions=pos, kv=kv)
 
 

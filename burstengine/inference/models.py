@@ -19,7 +19,9 @@ import torch
 import torch.distributed as dist
 
 from ..comm.dist import world_of
+from ..kernels import acc_dtype
 from ..model import PRESETS, ContextParallel, Transformer
+from ..model.llama import context_parallel_attention
 from .weights import hf_config_from_args, load_hf_llama, ours_to_hf
 
 IMPLS = ("ours", "hf")
@@ -37,6 +39,22 @@ class Sharding:
     backward: str = "auto"
     kernel: str | None = None
     attention: str = "burst"
+
+
+def _by_rows(fn, n: int, chunk: int | None):
+    """The tuple of tensors ``fn(a, z)`` gives for token rows [a, z) (dim 1), for all n rows:
+    in one call, or ``chunk`` rows at a time into preallocated outputs."""
+    if not chunk or n <= chunk:
+        return fn(0, n)
+    outs = None
+    for a in range(0, n, chunk):
+        z = min(n, a + chunk)
+        part = fn(a, z)
+        if outs is None:
+            outs = tuple(t.new_empty((t.shape[0], n) + tuple(t.shape[2:])) for t in part)
+        for o, t in zip(outs, part):
+            o[:, a:z] = t
+    return outs
 
 
 def _count(n: int) -> str:
@@ -69,7 +87,12 @@ class OurLlama(PrefillModel):
         self.vocab_size, self.n_layers = a.vocab_size, a.n_layers
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
-        self.describe = (f"{describe}: burstengine LLaMA, {a.n_layers} layers, dim {a.dim}, heads {a.n_heads}/"
+        # a Mistral checkpoint's sliding window: every query sees the `window` most recent keys,
+        # itself included
+        self.window = a.window or None
+        self.local_sdpa = False
+        extra = f", sliding window {self.window}" if self.window else ""
+        self.describe = (f"{describe}: burstengine LLaMA{extra}, {a.n_layers} layers, dim {a.dim}, heads {a.n_heads}/"
                          f"{a.n_kv_heads} kv, ffn {a.ffn_dim}, vocab {a.vocab_size}, "
                          f"{_count(a.num_params())} params")
 
@@ -77,8 +100,10 @@ class OurLlama(PrefillModel):
     def context_parallel(how: Sharding) -> ContextParallel:
         if how.attention == "burst":
             group = how.group
-            if group is None and world_of() > 1:
-                group = dist.group.WORLD  # the model reads group=None as "the whole sequence is here"
+            if group is None and world_of() >= 1 and dist.is_initialized():
+                # the model reads group=None as "plain SDPA on the whole sequence"; in a job,
+                # even of one rank, attention "burst" means BurstAttention's kernels
+                group = dist.group.WORLD
             return ContextParallel(group=group, layout=how.layout, backward=how.backward, kernel=how.kernel)
         if how.attention != "sdpa":
             raise ValueError(f"unknown attention {how.attention!r}; expected 'burst' or 'sdpa'")
@@ -87,26 +112,45 @@ class OurLlama(PrefillModel):
         names = {f.name for f in fields(ContextParallel)}
         return ContextParallel(group=None, layout=how.layout, **({"attention": "sdpa"} if "attention" in names else {}))
 
+    def attend(self, q, k, v, cp: ContextParallel):
+        """Causal attention of this rank's shard over the sequence, within the checkpoint's sliding
+        window when it has one."""
+        if self.window is not None and cp.group is None and self.local_sdpa:
+            raise ValueError("plain SDPA attention has no sliding window; this model needs attention 'burst'")
+        return context_parallel_attention(q, k, v, cp, self.window or 0)
+
+    @torch.no_grad()
+    def run_layers(self, ids, positions, how: Sharding, kv_sink=None, chunk: int | None = None):
+        """Every block on this rank's tokens (B, n) at global ``positions`` (n,); the last block's
+        output (B, n, dim), before the final norm.  ``kv_sink(layer, k, v)`` receives each
+        layer's (B, n, kv_heads, head_dim) keys (after RoPE) and values as they are made (the
+        decode cache copies them and lets them go).  ``chunk``: run the token-wise parts of a
+        block (norms, projections, MLP) this many tokens at a time, so a long prompt's MLP
+        intermediates never exist whole; attention always sees the whole shard."""
+        m = self.model
+        cp = self.context_parallel(how)
+        self.local_sdpa = how.attention == "sdpa"
+        h = m.tok_embeddings(ids)
+        # dynamic RoPE scaling reads the global length: this rank's tokens times the ring's ranks
+        world = world_of(cp.group) if cp.group is not None else 1
+        cos, sin = m.rope(positions, acc_dtype(h), seq_len=h.shape[1] * world)
+        n = h.shape[1]
+        for i, b in enumerate(m.layers):
+            q, k, v = _by_rows(lambda a, z, b=b: b.pre_attention(h[:, a:z], cos[a:z], sin[a:z]), n, chunk)
+            o = self.attend(q, k, v, cp)
+            del q
+            if kv_sink is not None:
+                kv_sink(i, k, v)
+            del k, v
+            (h,) = _by_rows(lambda a, z, b=b: (b.post_attention(h[:, a:z], o[:, a:z]),), n, chunk)
+            del o
+        return h
+
     @torch.no_grad()
     def hidden(self, ids, positions, how, keep_kv=False):
-        self.model.set_context_parallel(self.context_parallel(how))
-        if not keep_kv:
-            return self.model.hidden(ids, positions), None
-        kv = [None] * self.n_layers
-        blocks = list(self.model.layers)
-        # the keys and values each block hands its attention are exactly what a decoder's
-        # cache holds (after RoPE); catch them on the way in, per instance, and let go after
-        for i, b in enumerate(blocks):
-            def attend(q, k, v, docs=None, _b=b, _i=i):
-                kv[_i] = (k, v)
-                return type(_b).attend(_b, q, k, v, docs)
-            b.attend = attend
-        try:
-            h = self.model.hidden(ids, positions)
-        finally:
-            for b in blocks:
-                del b.attend
-        return h, kv
+        kv = [None] * self.n_layers if keep_kv else None
+        sink = (lambda i, k, v: kv.__setitem__(i, (k, v))) if keep_kv else None
+        return self.model.norm(self.run_layers(ids, positions, how, sink)), kv
 
     @torch.no_grad()
     def logits(self, h):
@@ -129,7 +173,7 @@ class HFCausalLM(PrefillModel):
 
     @torch.no_grad()
     def hidden(self, ids, positions, how, keep_kv=False):
-        from ..integrations.hf import burst_context  # needs transformers (optional): only for its models
+        from ..integrations.hf import burst_context  # imports transformers: only for --impl hf
 
         if how.attention != "burst":
             raise ValueError(f"the transformers model runs attention 'burst' only, not {how.attention!r}")
@@ -189,12 +233,14 @@ def load_model(spec: str, impl: str = "ours", device="cpu", dtype=torch.float32,
         if spec in PRESETS:
             return OurLlama(random_llama(PRESETS[spec], device, dtype, seed),
                             f"preset {spec} (random weights, seed {seed})")
+
         return OurLlama(load_hf_llama(spec, device, dtype), spec)
-    from transformers import AutoModelForCausalLM, LlamaConfig  # optional dependency: only for the transformers models
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
     import burstengine.integrations.hf  # noqa: F401
 
     if spec in PRESETS:
+
         cfg = hf_config_from_args(PRESETS[spec])
         cfg.pop("model_type")
         with torch.device(device):

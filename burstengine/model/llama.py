@@ -275,11 +275,17 @@ class Transformer(nn.Module):
         if self.auto_checkpoint and self._planned_for != (h.shape[:2], docs is not None):
             self.plan_checkpointing(h.shape[0] * h.shape[1], h.element_size(), h.device, sparse=docs is not None)
             self._planned_for = (h.shape[:2], docs is not None)
-        cos, sin = (t.to(acc_dtype(h)) for t in rope_tables(positions, a.head_dim, a.rope_theta, a.rope_scaling,
-                                                             a.max_position_embeddings, seq_len))
+        cos, sin = self.rope(positions, acc_dtype(h), seq_len)
         for b in self.layers:
             h = b(h, cos, sin, docs)
         return self.norm(h)
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype, seq_len: int = 0):
+        """cos, sin (n, head_dim) in ``dtype`` for global ``positions`` (n,) under the model's RoPE
+        settings; ``seq_len``: the global sequence length (only dynamic scaling reads it)."""
+        a = self.args
+        return tuple(t.to(dtype) for t in rope_tables(positions, a.head_dim, a.rope_theta, a.rope_scaling,
+                                                      a.max_position_embeddings, seq_len))
 
     def forward(self, tokens, positions, labels=None, ignore_index: int = -100, predict: bool = False,
                 cu_seqlens=None):

@@ -1,0 +1,206 @@
+"""`burstengine bench decode`: generation on one device (or a CP group): first-token latency of our
+prefill beside plain SDPA prefill of the same model, decode time per token beside the bound
+that HBM bandwidth sets, peak memory.
+
+    burstengine bench decode --model tiny --seqs 256,512 --batches 1,2 --world 1        # CPU, seconds
+    torchrun --nproc_per_node 1 -m burstengine bench decode --model llama-3.1-8b \\
+        --seqs 32K,128K --batches 1,8 --batch-max 32K --sdpa-max 128K
+
+For every prompt length S and batch B (B > 1 only up to --batch-max), one generate() call
+prefills B random prompts of S tokens and decodes --warmup + --tokens steps: its prefill time is
+the first-token latency (prompt on the device -> first token chosen, cache allocation
+included), the median of the last --tokens steps the decode time per token.  At B = 1 and
+S <= --sdpa-max a second call with plain SDPA prefill (world 1 only) gives the peer's
+first-token latency.  The bound of a decode step is the bytes it must read once, every
+weight but the embedding table plus every cached K and V of the B sequences, over the
+device-to-device copy bandwidth measured in the same launch (a large tensor copied, read +
+written bytes / time).  Each row records its raw times, and the record (command, commit,
+device, versions) is rewritten after every row, so an interrupted run keeps what it measured.
+
+--model: a preset (random weights made directly on the device, no HF directory needed;
+"llama-3.1-8b" is Llama-3.1-8B's shape without its rope scaling, which does not change the
+time) or a local HF directory.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from ..records import write_record
+from ..inference.needle import parse_lengths
+from ..inference.models import check_spec
+from ..inference.engine import peak_bytes, reset_peak
+from ..inference.generate import generate
+from ..inference.models import load_model, resolve_dtype
+from ..launch import run_command
+
+ALIASES = {"llama-3.1-8b": "llama-8b"}
+
+
+def build_parser(p=None):
+    p = p or argparse.ArgumentParser(prog="burstengine bench decode", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny", help="preset (or llama-3.1-8b) or HF directory [%(default)s]")
+    p.add_argument("--seqs", default="256,512", help="prompt lengths, e.g. 32K,128K,512K [%(default)s]")
+    p.add_argument("--batches", default="1,2", help="batch sizes [%(default)s]")
+    p.add_argument("--batch-max", default=None, help="run batches > 1 only up to this prompt length (e.g. 32K)")
+    p.add_argument("--sdpa-max", default=None, help="run the SDPA prefill peer only up to this length [all]")
+    p.add_argument("--tokens", type=int, default=16, help="timed decode steps [%(default)s]")
+    p.add_argument("--warmup", type=int, default=4, help="untimed decode steps first [%(default)s]")
+    p.add_argument("--chunk", type=int, default=16384, help="prefill token-wise work per chunk [%(default)s]")
+    p.add_argument("--dtype", choices=("auto", "bf16", "fp16", "fp32"), default="auto", help="[%(default)s]")
+    p.add_argument("--copy-mib", type=int, default=None, help="bytes of the bandwidth copy (default 4096 GPU, 64 CPU)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--name", default=None, help="record name [decode_<model>_<world><device>]")
+    p.add_argument("--out-dir", default=None, help="record directory [benchmarks/results]")
+    p.add_argument("--world", type=int, default=1, help="ranks to spawn without torchrun [%(default)s]")
+    p.add_argument("--timeout", type=float, default=3600.0)
+    return p
+
+
+def _lengths(text):
+
+    return parse_lengths(text)
+
+
+def validate(args) -> str | None:
+
+    msg = check_spec(ALIASES.get(args.model, args.model), "ours")
+    if msg:
+        return msg
+    try:
+        _lengths(args.seqs)
+        [int(b) for b in args.batches.split(",")]
+        for v in (args.batch_max, args.sdpa_max):
+            if v is not None:
+                _lengths(v)
+    except ValueError as e:
+        return f"{e}"
+    if args.tokens < 1 or args.warmup < 0:
+        return f"--tokens must be >= 1 and --warmup >= 0, got {args.tokens}, {args.warmup}"
+    return None
+
+
+def copy_bandwidth(device, mib: int) -> float:
+    """Bytes per second of a device-to-device copy (read + written), the best of a few."""
+    n = mib * (1 << 20) // 2
+    a = torch.empty(n, dtype=torch.bfloat16, device=device).fill_(1.0)
+    b = torch.empty_like(a)
+    best = float("inf")
+    for _ in range(5):
+        _sync(device)
+        t0 = time.perf_counter()
+        b.copy_(a)
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    del a, b
+    return 2 * n * 2 / best
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def step_bytes(model, B: int, kv_tokens: int, world: int) -> int:
+    """Bytes one decode step reads at least on one rank: every weight but the embedding table
+    (one row per token is read there), and this rank's share of the cached K/V."""
+    m = model.model
+    w = sum(p.numel() * p.element_size() for n, p in m.named_parameters() if n != "tok_embeddings.weight")
+    if m.output is None:  # tied: the LM head reads the embedding table
+        w += m.tok_embeddings.weight.numel() * m.tok_embeddings.weight.element_size()
+    a = m.args
+    elem = next(m.parameters()).element_size()
+    kv = 2 * a.n_layers * B * a.n_kv_heads * a.head_dim * elem * -(-kv_tokens // world)
+    return w + kv
+
+
+def run_rank(args) -> dict:
+
+    init = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if init else (0, 1)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    dtype = resolve_dtype(args.dtype, device)
+    spec = ALIASES.get(args.model, args.model)
+
+    def log(msg):
+        if rank == 0:
+            print(f"[bench decode] {msg}", flush=True)
+
+    t0 = time.perf_counter()
+    model = load_model(spec, "ours", device, dtype, args.seed)
+    log(f"{model.describe} on {world} rank(s), {device}, {dtype} (made in {time.perf_counter() - t0:.1f}s)")
+    bw = copy_bandwidth(device, args.copy_mib or (4096 if device.type == "cuda" else 64))
+    log(f"device-to-device copy bandwidth {bw / 1e9:.0f} GB/s")
+    seqs, batches = _lengths(args.seqs), [int(b) for b in args.batches.split(",")]
+    bmax = _lengths(args.batch_max)[0] if args.batch_max else None
+    smax = _lengths(args.sdpa_max)[0] if args.sdpa_max else None
+    g = torch.Generator().manual_seed(args.seed + 1)
+    # warm-up: kernels chosen / compiled at a short length
+    warm = torch.randint(0, model.vocab_size, (1, 256), generator=g)
+    generate(model, warm, 2, chunk=args.chunk)
+    if world == 1:
+        generate(model, warm, 1, attention="sdpa", chunk=args.chunk)
+    rows = []
+    name = args.name or f"decode_{args.model}_{world}{device.type}"
+    payload = dict(kind="decode", model=args.model, describe=model.describe, world=world, dtype=str(dtype),
+                   copy_bandwidth_Bps=bw, rows=rows)
+    for S in seqs:
+        for B in batches:
+            if B > 1 and bmax is not None and S > bmax:
+                continue
+            row = dict(S=S, batch=B)
+            ids = torch.randint(0, model.vocab_size, (B, S), generator=g)
+            try:
+                reset_peak(device)
+                out = generate(model, ids, 1 + args.warmup + args.tokens, chunk=args.chunk)
+                steps = out.timings["decode_step_s"][args.warmup:]
+                per = statistics.median(steps)
+                need = step_bytes(model, B, S + args.warmup + args.tokens // 2, world)
+                row.update(first_token_s=out.timings["prefill_s"], decode_step_s=out.timings["decode_step_s"],
+                           decode_s_per_token=per, step_bytes=need, bound_s=need / bw, ratio_to_bound=per / (need / bw),
+                           shard_slots=out.shard_lengths[-1])
+                del out
+                row["peak_bytes"], row["peak_kind"] = peak_bytes(device)
+                if B == 1 and world == 1 and (smax is None or S <= smax):
+                    peer = generate(model, ids, 1, attention="sdpa", chunk=args.chunk)
+                    row["sdpa_first_token_s"] = peer.timings["prefill_s"]
+                    row["first_token_vs_sdpa"] = row["first_token_s"] / row["sdpa_first_token_s"]
+                    del peer
+            except torch.OutOfMemoryError as e:
+                row["error"] = f"OOM: {str(e).splitlines()[0][:160]}"
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            rows.append(row)
+            if "error" in row:
+                log(f"S={S} B={B}: {row['error']}")
+            else:
+                sd = f", SDPA prefill {row['sdpa_first_token_s']:.3f}s" if "sdpa_first_token_s" in row else ""
+                log(f"S={S} B={B}: first token {row['first_token_s']:.3f}s{sd}; decode "
+                    f"{row['decode_s_per_token'] * 1e3:.2f} ms/token, bound {row['bound_s'] * 1e3:.2f} ms "
+                    f"(x{row['ratio_to_bound']:.2f}); peak {row['peak_bytes'] / 2**30:.1f} GiB ({row['peak_kind']})")
+            if rank == 0:
+                path = write_record(name, payload, args.out_dir)
+    if rank == 0:
+        log(f"wrote {path}")
+    return payload
+
+
+def main(argv=None) -> int:
+
+    args = build_parser().parse_args(argv)
+    return run_command(_entry, args, validate, "decode bench")
+
+
+def _entry(args) -> int:
+    run_rank(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""Generation: a sharded prefill of the prompts, then decoding against the sharded KV cache.
+
+:func:`generate` runs on every rank of a context-parallel group (or alone, without one) with
+the same arguments and returns the same tokens on every rank.
+
+Prompts of any length and batches of prompts of different lengths: the batch is padded at the
+end to the shortest length the layout can shard, and each sequence's pad tokens sit after its
+last real token, so under the causal mask no real token sees one; the cache drops the slots
+that are padding for every sequence and hides the rest from the sequence they pad
+(:mod:`.kvcache`).  The first new token of a sequence comes from its last real token's logits,
+the i-th next from the token at position ``length + i`` of that sequence: every sequence gets
+the tokens it would get alone.
+
+Each decode step runs the token-wise parts of the model (embedding, norms, projections, RoPE,
+MLP, LM head) for the step's B tokens on every rank, identically; only attention is sharded:
+each rank attends to its own slots and one all-gather per layer merges the partials exactly.
+The step's K/V are written on one rank (the shortest shard).  Rank 0 chooses the tokens and
+broadcasts them (B ints), so every rank continues with the same tokens.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from ..kernels import acc_dtype
+from ..layout import position_ids as layout_positions
+from ..layout import shard
+from .engine import padded_length
+from .kvcache import ShardedKVCache, appends, gather_merge, next_owner
+from .models import OurLlama, PrefillModel, Sharding
+from .sampling import Sampling, choose
+
+
+@dataclass
+class GenerateOutput:
+    tokens: list[list[int]]      # per prompt, the new tokens (ending at a stop token when one came)
+    timings: dict                # seconds: prefill (first-token latency), per decode step, total
+    shard_lengths: list[list[int]] = field(default_factory=list)  # every rank's cache slots after prefill, each step
+
+
+def _world(group):
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(group), dist.get_world_size(group)
+    return 0, 1
+
+
+def _as_lists(prompts) -> list[list[int]]:
+    if isinstance(prompts, torch.Tensor):
+        if prompts.dim() == 1:
+            prompts = prompts[None]
+        if prompts.dim() != 2:
+            raise ValueError(f"prompts must be a (batch, seq) tensor or a list of token lists, got shape "
+                             f"{tuple(prompts.shape)}")
+        return [[int(t) for t in row] for row in prompts.tolist()]
+    try:
+        out = [[int(t) for t in (p.tolist() if isinstance(p, torch.Tensor) else p)] for p in prompts]
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"prompts must be token id lists (or a (batch, seq) tensor): {e}") from None
+    return out
+
+
+def check_generate(prompts: list[list[int]], vocab: int, max_new_tokens: int, sampling: Sampling) -> str | None:
+    """A message for a generation that cannot run, else None (checked on every rank before any
+    collective; every rank passes the same arguments)."""
+    if not prompts:
+        return "no prompts"
+    for i, p in enumerate(prompts):
+        if not p:
+            return f"prompt {i} is empty: a prompt needs at least one token"
+        lo, hi = min(p), max(p)
+        if lo < 0 or hi >= vocab:
+            return f"prompt {i} has token id {lo if lo < 0 else hi}, outside the model's vocabulary [0, {vocab})"
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        return f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}"
+    return sampling.check(vocab)
+
+
+@torch.no_grad()
+def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampling | None = None, *, group=None,
+             layout: str = "zigzag", attention: str = "burst", kernel: str | None = None,
+             chunk: int | None = None, on_tokens=None) -> GenerateOutput:
+    """New tokens for each prompt (a list of token id lists, or a (batch, seq) tensor).
+
+    ``sampling``: greedy by default (:class:`~.sampling.Sampling`).  ``group``: the
+    context-parallel group (None: the default group when one is initialised, else this process
+    alone).  ``attention="sdpa"`` runs the prefill's attention as plain SDPA (one rank; the
+    benchmark's peer).  ``chunk``: token rows per piece of the prefill's token-wise work.
+    ``on_tokens(step, tokens (B,) list, done (B,) list)`` is called on every rank after each
+    step's tokens are known (streaming)."""
+    sampling = sampling or Sampling()
+    if not isinstance(model, OurLlama):
+        raise ValueError("generate runs burstengine's LLaMA (impl 'ours'); this model is a transformers one")
+    rank, world = _world(group)
+    prompts = _as_lists(prompts)
+    msg = check_generate(prompts, model.vocab_size, max_new_tokens, sampling)
+    if msg:
+        raise ValueError(msg)
+    if attention == "sdpa" and world > 1:
+        raise ValueError("attention 'sdpa' is plain SDPA on one rank; run it with world 1")
+    m = model.model
+    a = m.args
+    dev = model.device
+    B = len(prompts)
+    L = [len(p) for p in prompts]
+    S = padded_length(max(L), layout, world)
+    ids = torch.zeros(B, S, dtype=torch.int64)
+    for b, p in enumerate(prompts):
+        ids[b, :len(p)] = torch.tensor(p)
+    sync = _sync_fn(dev)
+    t_start = time.perf_counter()
+
+    # --- prefill: this rank's shard, every layer's K/V into the cache ----------------------------
+    pos = layout_positions(S, layout, rank, world)                     # (n,) global positions, host
+    kept = [int((layout_positions(S, layout, r, world) < max(L)).sum()) for r in range(world)]
+    keep = torch.nonzero(pos < max(L)).flatten()
+    cap = kept[rank] + appends(kept, max_new_tokens - 1)[rank]
+    cache = ShardedKVCache(a.n_layers, B, a.n_kv_heads, a.head_dim, cap, kept, rank, model.dtype, dev)
+    lens = torch.tensor(L)
+    slot_pos = pos[keep]
+    visible = slot_pos[None, :] < lens[:, None]                        # (B, kept): a real token of b
+    cache.set_slots(slot_pos[None].expand(B, -1).to(dev), visible.to(dev), bool(visible.all()))
+    keep_dev = None if len(keep) == len(pos) else keep.to(dev)
+    how = Sharding(group=group, layout=layout, kernel=kernel, attention=attention)
+    h = model.run_layers(shard(ids, layout, rank, world).to(dev), pos.to(dev), how,
+                         kv_sink=lambda i, k, v: cache.fill(i, k, v, keep_dev), chunk=chunk)
+    # each sequence's last real token: its row on the rank that holds it, zeros elsewhere, and
+    # one sum (x + 0 = x exactly) gives every rank the logits
+    logits = torch.zeros(B, model.vocab_size, dtype=torch.float32, device=dev)
+    rows = [(b, int(i)) for b in range(B) for i in torch.nonzero(pos == L[b] - 1).flatten()]
+    if rows:
+        bi = torch.tensor([r[0] for r in rows], device=dev)
+        li = torch.tensor([r[1] for r in rows], device=dev)
+        logits[bi] = model.logits(m.norm(h[bi, li][None])[0])
+    del h
+    if world > 1:
+        dist.all_reduce(logits, group=group)
+    gen = sampling.generator()
+    tok = _choose(logits, B, sampling, gen, rank, world, group, dev)
+    sync()
+    t_prefill = time.perf_counter() - t_start
+
+    # --- decode ------------------------------------------------------------------------------
+    eos = set(sampling.eos)
+    out = [[t] for t in tok.tolist()]
+    done = [t in eos for t in tok.tolist()]
+    history = [list(cache.lengths)]
+    if on_tokens:
+        on_tokens(0, tok.tolist(), list(done))
+    scale = 1.0 / math.sqrt(a.head_dim)
+    acc = acc_dtype(torch.empty((), dtype=model.dtype))
+    step_s = []
+    for i in range(1, max_new_tokens):
+        if all(done):
+            break
+        t0 = time.perf_counter()
+        qpos_host = [L[b] + i - 1 for b in range(B)]                 # the position of the token we feed
+        qpos = torch.tensor(qpos_host, device=dev)
+        cache.begin_step(next_owner(cache.lengths), qpos, min(qpos_host))
+        cos, sin = m.rope(qpos, acc, seq_len=max(qpos_host) + 1)
+        x = m.tok_embeddings(tok.to(dev))[None]                        # (1, B, dim): B tokens, token-wise
+        for li, blk in enumerate(m.layers):
+            q, k, v = blk.pre_attention(x, cos, sin)                   # (1, B, H|Hkv, D)
+            cache.append(li, k[0], v[0])
+            o, lse = cache.attend(li, q[0], qpos, max(qpos_host), model.window, scale)
+            o, _ = gather_merge(o, lse, group)
+            x = blk.post_attention(x, o.to(x.dtype)[None])
+        cache.end_step()
+        history.append(list(cache.lengths))
+        logits = model.logits(m.norm(x)[0]) if rank == 0 else None
+        tok = _choose(logits, B, sampling, gen, rank, world, group, dev)
+        for b, t in enumerate(tok.tolist()):
+            if not done[b]:
+                out[b].append(t)
+                done[b] = t in eos
+        sync()
+        step_s.append(time.perf_counter() - t0)
+        if on_tokens:
+            on_tokens(i, tok.tolist(), list(done))
+    timings = dict(prefill_s=t_prefill, decode_step_s=step_s, total_s=time.perf_counter() - t_start,
+                   prompt_lengths=L, padded_length=S, world=world)
+    return GenerateOutput(tokens=out, timings=timings, shard_lengths=history)
+
+
+def _choose(logits, B, sampling, gen, rank, world, group, dev):
+    """Rank 0 chooses (B,) tokens from its logits and every rank gets them (CPU int64)."""
+    if rank == 0:
+        tok = choose(logits, sampling, gen)
+        if world == 1:
+            return tok
+        buf = tok.to(dev)
+    else:
+        buf = torch.empty(B, dtype=torch.int64, device=dev)
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    dist.broadcast(buf, src=src, group=group)
+    return buf.cpu()
+
+
+def _sync_fn(dev):
+    if dev.type == "cuda":
+        return lambda: torch.cuda.synchronize(dev)
+    return lambda: None

@@ -1,0 +1,106 @@
+"""Worker functions and models for tests/test_generate.py (run inside the gloo pool).
+
+Tiny random models of three architectures, made with transformers and saved with
+save_pretrained, as a user's checkpoint would be: LlamaForCausalLM, Qwen2ForCausalLM (q/k/v
+biases) and MistralForCausalLM (a sliding window short enough that the prompts cross it).
+"""
+import functools
+
+import torch
+
+VOCAB = 192
+WINDOW = 40  # Mistral's sliding window here: prompts of ~1000 tokens cross it many times
+
+
+def tiny_config(arch: str, **overrides):
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+    kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=8192, rope_theta=10000.0, tie_word_embeddings=False)
+    if arch == "mistral":
+        kw["sliding_window"] = WINDOW
+    kw.update(overrides)
+    return {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}[arch](**kw)
+
+
+def save_tiny(path, arch: str, seed: int = 0, **overrides) -> str:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, **overrides))
+    with torch.no_grad():  # random norms and biases, so that a loader that drops them is seen
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.5)
+            elif name.endswith("embed_tokens.weight") or name.endswith("lm_head.weight"):
+                p.normal_(0.0, 1.0)  # logits far apart: greedy choices are not near-ties
+    model.save_pretrained(path)
+    return str(path)
+
+
+def prompts(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in lengths]
+
+
+@functools.lru_cache(maxsize=4)
+def _model(path):
+    from burstengine.inference import load_model
+
+    return load_model(path)
+
+
+def run_generate(group, path, lengths, max_new, seed=0, layout="zigzag", **sampling):
+    """Our tokens (and every rank's cache lengths per step) for prompts of ``lengths``."""
+    from burstengine.inference import Sampling, generate
+
+    out = generate(_model(path), prompts(lengths, seed), max_new, Sampling(**sampling), group=group, layout=layout)
+    return out.tokens, out.shard_lengths
+
+
+def raises(group, path, fn_name, *args, **kwargs):
+    """The message of the ValueError generate raises (on this rank), None if it did not."""
+    from burstengine.inference import Sampling, generate
+
+    model = _model(path) if path else None
+    try:
+        if fn_name == "generate":
+            prompts_, max_new, s = args
+            generate(model, prompts_, max_new, Sampling(**s), group=group)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def run_cli(group, argv):
+    from burstengine import cli
+
+    return cli.main(argv)
+
+
+def run_prefill(group, path, length, layout):
+    """prefill() of one prompt of ``length`` tokens: logits, this rank's kept positions and K/V rows."""
+    from burstengine.inference import prefill
+
+    out = prefill(_model(path), torch.tensor(prompts((length,), 3)), group=group, layout=layout, keep_kv=True)
+    return out.logits, out.positions.tolist(), [k.shape[1] for k, _ in out.kv]
+
+
+def save_tokenizer(path, vocab=VOCAB):
+    """A small BPE tokenizer (Metaspace, so text round-trips) trained on the needle's sentences and
+    digits, saved beside a model: a model directory as users have them, tokenizer included."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from burstengine.inference.needle import FILLER, NEEDLE, QUESTION
+
+    t = Tokenizer(models.BPE(unk_token="<unk>"))
+    t.pre_tokenizer = pre_tokenizers.Metaspace()
+    t.decoder = decoders.Metaspace()
+    text = [FILLER * 3, NEEDLE.format(key=12345), QUESTION, " ".join(str(i) for i in range(100)),
+            "Hello world, once upon a time there was a model."]
+    t.train_from_iterator(text, trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<unk>", "<s>", "</s>"]))
+    PreTrainedTokenizerFast(tokenizer_object=t, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(path)
+    return str(path)

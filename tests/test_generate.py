@@ -1,0 +1,328 @@
+"""Generation against the sharded KV cache (burstengine/inference/generate.py, kvcache.py,
+sampling.py): greedy tokens equal transformers' generate(do_sample=False) for tiny random
+Llama, Qwen2 and Mistral (sliding window) checkpoints on 1, 2 and 4 gloo ranks, for prompt
+lengths that divide nothing and batches of different lengths; sampling with a seed gives the
+same tokens on 1, 2 and 4 ranks; the cache stays balanced; bad inputs raise clear errors."""
+import functools
+import random
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+
+import generate_cases as gc  # noqa: E402
+from burstengine.inference import Sampling  # noqa: E402
+from burstengine.inference.kvcache import appends, merge, next_owner, shard_attention  # noqa: E402
+from burstengine.inference.sampling import choose, filtered_logits  # noqa: E402
+
+LENGTHS = (997, 613)   # divide nothing: 997 is prime, 613 too; a batch of two lengths
+NEW = 8
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("generate")
+    return {arch: gc.save_tiny(root / arch, arch, seed=1) for arch in ("llama", "qwen2", "mistral")}
+
+
+@functools.lru_cache(maxsize=8)
+def hf_greedy(path, lengths, new, seed=0):
+    """transformers' greedy tokens, each prompt alone (no padding)."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
+    out = []
+    for p in gc.prompts(lengths, seed):
+        with torch.no_grad():
+            r = hf.generate(torch.tensor([p]), max_new_tokens=new, do_sample=False, pad_token_id=0)
+        out.append(r[0, len(p):].tolist())
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_greedy_equals_transformers(pool, model_dirs, arch, world):
+    path = model_dirs[arch]
+    want = hf_greedy(path, LENGTHS, NEW)
+    for rank, (tokens, _) in enumerate(pool.run(gc.run_generate, path, LENGTHS, NEW, world=world)):
+        assert tokens == want, (arch, world, rank)
+
+
+def test_greedy_long_prompt_and_other_layouts(pool, model_dirs):
+    # 4093 tokens (prime) on 4 ranks; the two other layouts on a short batch
+    path = model_dirs["llama"]
+    assert pool.run(gc.run_generate, path, (4093,), 4, world=4)[0][0] == hf_greedy(path, (4093,), 4)
+    want = hf_greedy(path, (61, 3, 100), NEW, seed=5)
+    for layout in ("contiguous", "striped"):
+        assert pool.run(gc.run_generate, path, (61, 3, 100), NEW, 5, layout, world=3)[0][0] == want, layout
+
+
+def test_sampling_gives_the_same_tokens_on_1_2_4_ranks(pool, model_dirs):
+    path = model_dirs["mistral"]
+    s = dict(temperature=1.5, top_k=40, top_p=0.95, seed=11)
+    runs = {w: pool.run(gc.run_generate, path, (301, 150), 16, world=w, **s) for w in (1, 2, 4)}
+    for w, per_rank in runs.items():
+        for tokens, _ in per_rank:
+            assert tokens == runs[1][0][0], w
+    sampled = runs[1][0][0]
+    assert sampled != hf_greedy(path, (301, 150), 16)  # it did sample
+    other = pool.run(gc.run_generate, path, (301, 150), 16, world=2, **dict(s, seed=12))[0][0]
+    assert other != sampled  # and the seed matters
+
+
+def test_stop_tokens_end_one_sequence(pool, model_dirs):
+    path = model_dirs["qwen2"]
+    want = hf_greedy(path, LENGTHS, NEW)
+    stop = want[0][2]
+    assert stop not in want[1] and stop not in want[0][:2]
+    tokens, _ = pool.run(gc.run_generate, path, LENGTHS, NEW, world=2, eos=(stop,))[0]
+    assert tokens == [want[0][:3], want[1]]
+
+
+@pytest.mark.parametrize("layout", ["zigzag", "striped"])
+def test_prefill_pads_a_prompt_of_any_length(pool, model_dirs, layout):
+    # 61 tokens on 4 ranks: padded to 64 (zigzag) / 64 (striped); the logits are those of token 60
+    from transformers import AutoModelForCausalLM
+
+    path = model_dirs["llama"]
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        want = hf(torch.tensor(gc.prompts((61,), 3))).logits[:, -1]
+    res = pool.run(gc.run_prefill, path, 61, layout, world=4)
+    held = sorted(p for _, pos, _ in res for p in pos)
+    assert held == list(range(61))  # the pad rows are not returned
+    for logits, pos, rows in res:
+        assert (logits - want).abs().max() <= 1e-4 * want.abs().max()
+        assert rows == [len(pos)] * 2
+
+
+# --- the cache's balance --------------------------------------------------------------------------
+
+def _check_balance(history):
+    """The guarantee stated in kvcache.py, step by step."""
+    d0 = max(history[0]) - min(history[0])
+    deficit = sum(max(history[0]) - n for n in history[0])
+    for t in range(1, len(history)):
+        prev, cur = history[t - 1], history[t]
+        assert sum(cur) == sum(prev) + 1
+        r = next_owner(prev)
+        assert cur[r] == prev[r] + 1 and min(prev) == prev[r]
+        assert max(cur) - min(cur) <= max(max(prev) - min(prev), 1) <= max(d0, 1)
+        if t >= deficit:
+            assert max(cur) - min(cur) <= 1, (t, deficit, history)
+
+
+def test_cache_stays_balanced(pool, model_dirs):
+    # 997 tokens on 4 ranks: padded to 1000 under zigzag, the 3 pad slots dropped from rank 0
+    path = model_dirs["llama"]
+    for _, history in pool.run(gc.run_generate, path, (997,), 12, world=4):
+        assert history[0] == [247, 250, 250, 250]
+        assert len(history) == 12
+        _check_balance(history)
+        assert max(history[-1]) - min(history[-1]) <= 1
+
+
+def test_balance_guarantee_from_any_start():
+    rng = random.Random(0)
+    for _ in range(200):
+        start = [rng.randrange(0, 9) for _ in range(rng.randrange(1, 6))]
+        hist = [list(start)]
+        for _ in range(rng.randrange(0, 30)):
+            n = list(hist[-1])
+            n[next_owner(n)] += 1
+            hist.append(n)
+        _check_balance(hist)
+        assert [a + b for a, b in zip(start, appends(start, len(hist) - 1))] == hist[-1]
+    assert next_owner([3, 2, 2]) == 1
+
+
+# --- the pieces, against float64 references ----------------------------------------------------
+
+def test_shard_attention_and_merge_are_exact():
+    g = torch.Generator().manual_seed(0)
+    B, H, Hkv, D, n = 2, 4, 2, 16, 37
+    q = torch.randn(B, H, D, generator=g, dtype=torch.float64)
+    k = torch.randn(B, Hkv, n, D, generator=g, dtype=torch.float64)
+    v = torch.randn(B, Hkv, n, D, generator=g, dtype=torch.float64)
+    vis = torch.rand(B, n, generator=g) < 0.7
+    vis[:, 0] = True
+    kk, vv = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
+    s = torch.einsum("bhd,bhnd->bhn", q, kk) / D ** 0.5
+    s = s.masked_fill(~vis[:, None], float("-inf"))
+    ref = torch.einsum("bhn,bhnd->bhd", torch.softmax(s, -1), vv)
+    parts = []
+    for a, z in ((0, 10), (10, 10), (10, 30), (30, n)):  # an empty shard among them
+        o, lse = shard_attention(q, k[:, :, a:z], v[:, :, a:z], vis[:, a:z], D ** -0.5)
+        if z == a:
+            o, lse = torch.zeros(B, H, D), torch.full((B, H), float("-inf"))
+        parts.append(torch.cat([o.double(), lse.double()[..., None]], -1))
+    out, lse = merge(torch.stack(parts))
+    assert (out - ref).abs().max() < 1e-6
+    assert (lse - torch.logsumexp(s, -1)).abs().max() < 1e-6
+
+
+def test_sampling_filters_match_transformers():
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 50, generator=g, dtype=torch.float64) * 3
+    for k, p in ((5, 1.0), (0, 0.7), (10, 0.5), (0, 0.01)):
+        s = Sampling(temperature=0.7, top_k=k, top_p=p)
+        ref = logits / 0.7
+        if k:
+            ref = TopKLogitsWarper(k)(None, ref)
+        if p < 1:
+            ref = TopPLogitsWarper(p)(None, ref)
+        assert torch.equal(torch.isinf(filtered_logits(logits, s)), torch.isinf(ref)), (k, p)
+    greedy = logits.argmax(-1)
+    assert torch.equal(choose(logits, Sampling(), None), greedy)
+    assert torch.equal(choose(logits, Sampling(temperature=1.0, top_k=1), Sampling().generator()), greedy)
+
+
+# --- errors -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("prompts,new,sampling,match", [
+    ([[1, 2], []], 4, {}, "prompt 1 is empty"),
+    ([[1, gc.VOCAB]], 4, {}, f"token id {gc.VOCAB}, outside the model's vocabulary"),
+    ([[1, 2]], 0, {}, "max_new_tokens must be an int >= 1"),
+    ([[1, 2]], 4, dict(temperature=-1.0), "temperature must be a finite number >= 0"),
+    ([[1, 2]], 4, dict(temperature=1.0, top_p=0.0), "top_p must be in"),
+    ([[1, 2]], 4, dict(top_k=5), "need a temperature > 0"),
+    ([[1, 2]], 4, dict(eos=(999,)), "stop token ids must be ints"),
+    ([], 4, {}, "no prompts"),
+])
+def test_bad_inputs_raise_on_every_rank(pool, model_dirs, prompts, new, sampling, match):
+    msgs = pool.run(gc.raises, model_dirs["llama"], "generate", prompts, new, sampling, world=2)
+    assert all(m is not None and match in m for m in msgs), msgs
+
+
+def test_transformers_model_is_refused():
+    from burstengine.inference import generate, load_model
+
+    with pytest.raises(ValueError, match="impl 'ours'"):
+        generate(load_model("tiny", "hf"), [[1, 2, 3]], 2)
+
+
+# --- the commands -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def text_model(model_dirs):
+    gc.save_tokenizer(model_dirs["llama"])  # the llama directory gets a tokenizer
+    return model_dirs["llama"]
+
+
+def _cli(*argv, timeout=300):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    p = subprocess.run([sys.executable, "-m", "burstengine", *argv], capture_output=True, text=True, timeout=timeout,
+                       env=env)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_generate_command_spawns_ranks_and_writes_tokens(text_model, tmp_path):
+    import json
+
+    import numpy as np
+
+    ps = gc.prompts((997, 613))
+    np.save(tmp_path / "p.npy", np.array([np.array(p) for p in ps], dtype=object), allow_pickle=True)
+    rc, out, err = _cli("generate", "--model", text_model, "--prompt-tokens", str(tmp_path / "p.npy"),
+                        "--max-new-tokens", str(NEW), "--world", "2", "--eos", "none", "--output",
+                        str(tmp_path / "o.json"))
+    assert rc == 0, err
+    rec = json.load(open(tmp_path / "o.json"))
+    assert rec["tokens"] == hf_greedy(text_model, LENGTHS, NEW)
+    assert len(rec["timings"]["decode_step_s"]) == NEW - 1 and rec["timings"]["prefill_s"] > 0
+    assert "[0] " in out and "[1] " in out and "first-token latency" in err
+    # text: streamed on rank 0, the same tokens as the API's
+    (tmp_path / "q.txt").write_text("Hello world, once upon a time")
+    rc, out, err = _cli("generate", "--model", text_model, "--prompt-file", str(tmp_path / "q.txt"),
+                        "--max-new-tokens", "6", "--world", "2", "--eos", "none", "--output", str(tmp_path / "t.json"))
+    assert rc == 0, err
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(text_model)
+    toks = json.load(open(tmp_path / "t.json"))["tokens"][0]
+    assert len(toks) == 6 and out.strip() == tok.decode(toks, skip_special_tokens=True).strip()
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--model", "/nowhere", "--prompt-tokens", "x.npy", "--max-new-tokens", "4"], "neither a preset"),
+    (["--model", "tiny", "--prompt-file", "/etc/hostname", "--max-new-tokens", "4"], "needs a tokenizer"),
+    (["--model", "tiny", "--prompt-tokens", "/nowhere.npy", "--max-new-tokens", "4"], "does not exist"),
+    (["--model", "tiny", "--prompt-tokens", "{npy}", "--max-new-tokens", "0"], "--max-new-tokens must be"),
+    (["--model", "tiny", "--prompt-tokens", "{npy}", "--max-new-tokens", "2", "--top-p", "2"], "top_p must be"),
+    (["--model", "tiny", "--prompt-tokens", "{npy}", "--max-new-tokens", "2", "--eos", "x"], "--eos must be"),
+    (["--model", "tiny", "--prompt-tokens", "{bad}", "--max-new-tokens", "2"], "outside the model's vocabulary"),
+])
+def test_generate_command_rejects_bad_arguments(argv, match, tmp_path, capsys):
+    import numpy as np
+
+    from burstengine import cli
+
+    np.save(tmp_path / "p.npy", np.array([1, 2, 3]))
+    np.save(tmp_path / "bad.npy", np.array([[1, 2, 99999]]))
+    argv = [a.format(npy=tmp_path / "p.npy", bad=tmp_path / "bad.npy") for a in argv]
+    assert cli.main(["generate", *argv]) == 2  # before any rank starts
+    assert match in capsys.readouterr().err
+
+
+def test_needle_eval_writes_a_record_and_a_heatmap(text_model, tmp_path):
+    import json
+
+    rc, out, err = _cli("eval", "needle", "--model", text_model, "--lengths", "200,300", "--depths", "0,0.5,1",
+                        "--world", "2", "--out", str(tmp_path))
+    assert rc == 0, err
+    rec = json.load(open(tmp_path / "needle.json"))
+    assert rec["commit"] and rec["tokenizer"] and len(rec["cells"]) == 6 and len(rec["answers"]) == 6
+    assert all(0.0 <= c["accuracy"] <= 1.0 for c in rec["cells"])
+    assert (tmp_path / "needle.png").stat().st_size > 1000 and "mean accuracy" in out
+    rc, _, err = _cli("eval", "needle", "--model", text_model, "--lengths", "4Q", "--world", "2")
+    assert rc == 2 and "not a length" in err
+
+
+def test_needle_cases_and_scoring(text_model):
+    from transformers import AutoTokenizer
+
+    from burstengine.inference import needle
+
+    tok = AutoTokenizer.from_pretrained(text_model)
+    assert needle.parse_lengths("4K,1M,300") == [4096, 1 << 20, 300]
+    for depth in (0.0, 0.5, 1.0):
+        c = needle.text_case(tok, 300, depth, 0, 0)
+        text = tok.decode(c.ids)
+        assert len(c.ids) == 300 and text.count(c.answer) == 2 and text.rstrip().endswith("The pass key is")
+        at = text.index(c.answer) / len(text)
+        assert abs(at - depth) < 0.15, (depth, at)
+        answer = tok(f" {c.answer}. Remember", add_special_tokens=False).input_ids
+        assert needle.correct(c, answer, tok)[0]
+        assert not needle.correct(c, tok(" 12", add_special_tokens=False).input_ids, tok)[0]
+    c = needle.token_case(gc.VOCAB, 100, 0.5, 0, 0)
+    # 88 filler ids: the key at 44 (the middle), the value after it, the key again at the end
+    assert len(c.ids) == 100 and c.ids[-4:] == c.ids[44:48] and c.ids[48:52] == c.answer
+    assert len(set(c.ids[-4:])) > 1
+    assert needle.correct(c, list(c.answer) + [7], None)[0] and not needle.correct(c, [0, 0, 0, 0], None)[0]
+
+
+def test_decode_bench_runs_on_cpu(tmp_path):
+    import json
+
+    rc, out, err = _cli("bench", "decode", "--model", "tiny", "--seqs", "128,200", "--batches", "1,2", "--batch-max",
+                        "128", "--tokens", "3", "--warmup", "1", "--world", "1", "--out-dir", str(tmp_path),
+                        "--name", "d")
+    assert rc == 0, err
+    rec = json.load(open(tmp_path / "d.json"))
+    assert rec["commit"] and rec["env"]["device"] == "cpu" and rec["copy_bandwidth_Bps"] > 0
+    assert [(r["S"], r["batch"]) for r in rec["rows"]] == [(128, 1), (128, 2), (200, 1)]
+    for r in rec["rows"]:
+        assert len(r["decode_step_s"]) == 4 and r["bound_s"] > 0 and r["peak_bytes"] > 0
+        assert ("sdpa_first_token_s" in r) == (r["batch"] == 1)
+        # weights (all but the embedding) + the cache, in bytes
+        assert r["step_bytes"] > 4 * (2 * 128 * 128 + 2 * 128 * 64) * 2
