@@ -176,7 +176,7 @@ def test_cli_spawns_ranks_and_writes_kv_shards(tmp_path):
 
 
 @pytest.mark.parametrize("argv,match", [
-    (["--model", "llama-3b"], "neither a preset"),
+    (["--model", "llama-99b"], "neither a preset"),
     (["--seq", "0", "--world", "4"], "at least one token"),
     (["--iters", "0"], "--iters must be >= 1"),
     (["--model", "tiny", "--prompt-file", "x.txt"], "does not exist"),
