@@ -11,6 +11,7 @@ sequence (split into row chunks, shared out among the ranks).  Rank 0 prints the
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -25,8 +26,9 @@ SCHEMES = ("burst", "ring")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from .layout import LAYOUTS
 
-    p.add_argument("--world", type=int, default=4, help="ranks to spawn (ignored under torchrun) [%(default)s]")
-    p.add_argument("--seq", type=int, default=16384, help="global sequence length [%(default)s]")
+    p.add_argument("--world", type=int, default=default_world(),
+                   help="ranks to spawn (ignored under torchrun) [this machine's cores, 2 to 4: %(default)s]")
+    p.add_argument("--seq", type=int, default=8192, help="global sequence length [%(default)s]")
     p.add_argument("--batch", type=int, default=1, help="batch size [%(default)s]")
     p.add_argument("--heads", type=int, default=4, help="query heads [%(default)s]")
     p.add_argument("--kv-heads", type=int, default=4, help="key/value heads (GQA when < heads) [%(default)s]")
@@ -43,6 +45,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch threads per rank (default: cores / world when spawning, else torch's default)")
     p.add_argument("--timeout", type=float, default=1200.0,
                    help="seconds before the spawned ranks are killed [%(default)s]")
+
+
+def default_world() -> int:
+    """One rank per core, at least 2 (the demo's point is the ring) and at most 4: more ranks
+    than cores only time the oversubscription."""
+    return max(2, min(4, os.cpu_count() or 1))
 
 
 # --- small helpers ------------------------------------------------------------------------------
