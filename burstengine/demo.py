@@ -83,7 +83,9 @@ def validate(args) -> str | None:
         position_ids(args.seq, args.layout, 0, args.world)
     except ValueError as e:
         return str(e)
-    return None
+    from .usage import kernel_error
+
+    return kernel_error(args.kernel, "cpu")
 
 
 # --- the reference ------------------------------------------------------------------------------
