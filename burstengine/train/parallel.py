@@ -108,7 +108,8 @@ def build_model(cfg, m: Mesh) -> Transformer:
     """The config's model, created on the meta device, sharded, then materialised on this
     rank's device and initialised identically whatever the mesh."""
     with torch.device("meta"):
-        model = Transformer(cfg.model, checkpoint=cfg.checkpoint, loss=cfg.loss, checkpoint_split=cfg.checkpoint_split)
+        model = Transformer(cfg.model, checkpoint=cfg.activation_checkpoint, loss=cfg.loss,
+                            checkpoint_split=cfg.activation_checkpoint_split)
     parallelize(model, m, cfg.precision, cfg.layout, cfg.attn_backward, cfg.kernel, cfg.attention)
     model.to_empty(device=m.device)
     model.init_weights(cfg.seed)
