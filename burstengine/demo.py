@@ -45,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch threads per rank (default: cores / world when spawning, else torch's default)")
     p.add_argument("--timeout", type=float, default=1200.0,
                    help="seconds before the spawned ranks are killed [%(default)s]")
+    p.add_argument("--record", metavar="NAME", default=None,
+                   help="also write the table as a JSON record NAME.json in $BURST_RESULTS or ./burst-results, "
+                        "with the command's wall time (a numbered name if that exists)")
 
 
 def default_world() -> int:
@@ -245,12 +248,26 @@ def run_rank(args, group=None) -> int:
             print("FAILED:\n  " + "\n  ".join(failures), flush=True)
         else:
             print(f"OK: every error <= {args.tol:g}, bytes as predicted", flush=True)
+        if args.record:
+            from .bench.record import write_record
+
+            started = getattr(args, "started_at", None)
+            path = write_record(args.record, dict(
+                world=world, threads_per_rank=torch.get_num_threads(), kernel=args.kernel or "default",
+                shape=dict(B=B, S=S, H=H, Hkv=Hkv, D=D), causal=args.causal, layout=args.layout, tol=args.tol,
+                ok=not failures, failures=failures,
+                # from the command's start (after Python's imports) to the table: spawn + work + reference
+                wall_s=None if started is None else time.time() - started,
+                rows=[dict(scheme=sc, **{k: w[k] for k in ("out", "dq", "dk", "dv", "fwd_s", "bwd_s")},
+                           fwd_bytes=fb, bwd_bytes=bb) for sc, w, fb, bb, _, _ in rows]))
+            print(f"record: {path}", flush=True)
     return 1 if failures else 0
 
 
 # --- launching ----------------------------------------------------------------------------------
 
 def run(args) -> int:
+    args.started_at = time.time()  # wall clock: the ranks share it (the record's wall_s)
     return run_command(run_rank, args, validate, "burstengine demo", backend="gloo")
 
 

@@ -214,7 +214,7 @@ def tables(rows: list[dict]) -> str:
                 continue
             lines.append(f"{n:>12} " + _cells(r, base, ref_loss) + f"  {r['what'] if n == r['rows'][0] else ''}")
         curve = sorted(((float(r["config"]["activation_checkpoint_split"]), r) for r in at
-                        if r["config"].get("checkpoint") == "sequence" and r["config"].get("loss") == "fused"
+                        if r["config"].get("activation_checkpoint") == "sequence" and r["config"].get("loss") == "fused"
                         and r["config"].get("attn_backward") == "burst"), key=lambda t: t[0])
         if curve:
             lines.append(f"\nS={seq}: memory vs split (fused loss, burst backward, activation_checkpoint=sequence)")

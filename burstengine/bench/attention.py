@@ -259,10 +259,10 @@ def _group(rows, key):
 
 
 # --device cpu: sizes a laptop finishes in well under a minute, and the methods that run on CPU
-CPU_DEFAULTS = dict(seqs="1024", heads=4, kv_heads="4", head_dim=32, iters=3, warmup=1,
+CPU_DEFAULTS = dict(seqs="1024", heads=4, head_dim=32, iters=3, warmup=1,
                     methods="burst-zigzag,burst-striped,burst-contiguous,ringbwd-zigzag,ulysses-math,"
                             "megatron-tp-math,single-gpu-math")
-GPU_DEFAULTS = dict(seqs="131072,524288", heads=32, kv_heads="32", head_dim=128, iters=5, warmup=2,
+GPU_DEFAULTS = dict(seqs="131072,524288", heads=32, head_dim=128, iters=5, warmup=2,
                     methods=",".join(METHODS))
 
 
@@ -333,12 +333,15 @@ def validate(args) -> str | None:
             return "--profile traces CUDA kernels: it needs --device cuda"
     try:
         seqs = _ints(args.seqs, "--seqs")
-        _ints(args.kv_heads, "--kv-heads")
+        kv_heads = _ints(args.kv_heads, "--kv-heads")
         worlds = _ints(args.worlds, "--worlds") if args.worlds else [args.world]
     except ValueError as e:
         return str(e)
     if min(args.heads, args.head_dim, args.iters) < 1 or args.warmup < 0:
         return "--heads, --head-dim and --iters must be >= 1, --warmup >= 0"
+    bad = [h for h in kv_heads if args.heads % h]
+    if bad:
+        return f"--heads ({args.heads}) must be a multiple of every --kv-heads, not of {bad}"
     if max(worlds) > args.world:
         return f"--worlds {args.worlds}: each must be between 1 and the launch's {args.world} ranks"
     chunks = 2 if any("zigzag" in m for m in methods) else 1
@@ -414,6 +417,13 @@ def main(argv=None):
 
     args = build_parser().parse_args(argv)
     if args.plot:
+        from ..usage import missing_package
+
+        msg = missing_package("matplotlib", "--plot") or (
+            None if os.path.isfile(args.plot) else f"--plot {args.plot!r} does not exist")
+        if msg:
+            print(f"burstengine bench attention: error: {msg}", file=sys.stderr)
+            return 2
         print(plot(args.plot, os.path.splitext(args.plot)[0] + ".png"))
         return 0
     _fill_defaults(args)
