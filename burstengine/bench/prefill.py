@@ -82,9 +82,14 @@ def build_parser(p=None):
 
 
 def fill_defaults(args):
+    """The device's defaults where none were given (idempotent; ``validate`` calls it too)."""
+    from ..launch import default_world
+
     for key, value in (GPU_DEFAULTS if torch.cuda.is_available() else CPU_DEFAULTS).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.world is None:
+        args.world = default_world()
     return args
 
 
@@ -100,7 +105,7 @@ def parse_methods(spec: str) -> list[str]:
 
 
 def validate(args) -> str | None:
-    world = args.world
+    world = fill_defaults(args).world
     try:
         methods = parse_methods(args.methods)
         seqs = [int(s) for s in args.seqs.split(",") if s]
