@@ -5,7 +5,8 @@ the NaN/inf scan), for a tiny and a moderate shape, worlds 2 and 4.
     python benchmarks/check_cost.py [--iters 20]
 
 Times are medians over ``--iters`` calls (rank 0's clock, after a barrier, levels interleaved
-so that load on a shared machine hits them alike).  Writes benchmarks/results/check_cost_cpu.json.
+so that load on a shared machine hits them alike).  Writes check_cost_cpu.json to
+$BURST_RESULTS or ./burst-results (BURST_RESULTS=benchmarks/results to add to the committed ones).
 """
 import argparse
 import os

@@ -4,7 +4,7 @@ groups) and the killed training run of tests/test_train_fault.py, each run once 
 tests' settings.  Seconds from the fault to each survivor's error (ring) or exit (watchdog,
 train).  The tests assert the bounds; this writes what one run measured.
 
-    python benchmarks/fault_times.py        # -> benchmarks/results/fault_times_cpu.json
+    python benchmarks/fault_times.py        # -> $BURST_RESULTS or ./burst-results/fault_times_cpu.json
 """
 import os
 import sys

@@ -8,7 +8,7 @@ three gradients of every rank's shard vs the float64 reference on the full seque
 ||x - ref|| / ||ref|| (the pass criterion) and max|x - ref| / max|ref|.  Beside each, the same
 errors of the single-GPU kernel on the whole sequence in bf16 ("kernel_only"), so the record
 shows what the ring adds to the kernel's own rounding.  Writes
-benchmarks/results/gpu_correctness_<world>gpu.json (or $BURST_RESULTS).
+gpu_correctness_<world>gpu.json in $BURST_RESULTS or ./burst-results.
 """
 import argparse
 import itertools

@@ -14,8 +14,8 @@ bf16, full and causal): forward and forward+backward TFLOP/s of ours, cuDNN, fla
 compiled FlexAttention (4*S^2*H*d FLOPs forward, halved for causal, x3.5 for fwd+bwd), and
 the ring step: our fused ``forward_into`` / ``backward_into`` against cuDNN + the torch merge
 (forward) and cuDNN fed an `out` rebuilt from D (backward), per mask and GQA ratio.  Medians of
-5 timings after 2 warm-ups (sweep: 5 after 1 at 16K, 2 after 1 at 64K).  Writes benchmarks/results/lao_bench.json (or
-$BURST_RESULTS), the sweep included.
+5 timings after 2 warm-ups (sweep: 5 after 1 at 16K, 2 after 1 at 64K).  Writes lao_bench.json to
+$BURST_RESULTS or ./burst-results, the sweep included.
 """
 from __future__ import annotations
 

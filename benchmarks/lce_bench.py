@@ -156,12 +156,13 @@ def main():
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--budget-s", type=float, default=1e9, help="skip the remaining sizes after this many seconds")
     ap.add_argument("--name", default="lce_bench")
-    ap.add_argument("--out", default=None, help="folder for the JSON record (default benchmarks/results)")
+    ap.add_argument("--out", default=None, help="folder for the JSON record (default $BURST_RESULTS or ./burst-results)")
     args = ap.parse_args()
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
     t0 = time.time()
     payload = dict(args=vars(args), rows=[])
+    own = None  # this run's record once written: rewritten after every row
     if args.check:
         impls = ["triton", "torch"] if device.type == "cuda" else ["torch"]
         payload["check"] = check(device, impls)
@@ -194,11 +195,11 @@ def main():
                         torch.cuda.empty_cache()
                 payload["rows"].append(row)
                 show(row)
-                write_record(args.name, payload, args.out)
+                own = write_record(args.name, payload, args.out, path=own)
             del h, y
         del w
     summary(payload["rows"])
-    path = write_record(args.name, payload, args.out)
+    path = write_record(args.name, payload, args.out, path=own)
     print(f"record: {path}  ({time.time() - t0:.0f} s)", flush=True)
 
 

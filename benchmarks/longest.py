@@ -6,7 +6,7 @@ Peak memory of ring-style attention grows linearly with the sequence, so each me
 once at two probe sizes, the line through the two peaks is extended to the memory the GPU
 has (less --headroom), and the method is then run once (fwd+bwd) at the predicted length,
 stepping down by --step on an OOM.  One untimed iteration per size: this finds a size, it
-does not time one (bench attention does).  Writes benchmarks/results/longest_<world>gpu.json.
+does not time one (bench attention does).  Writes longest_<world>gpu.json to $BURST_RESULTS or ./burst-results.
 """
 import argparse
 import os
@@ -74,6 +74,7 @@ def main(argv=None):
     cap = torch.cuda.get_device_properties(dev).total_memory * (1 - args.headroom)
     unit = 2 * world * 1024  # zigzag needs 2G chunks; keep lengths round
     rows, t0 = [], time.time()
+    own = None  # this run's record once written: rewritten after every method
     for m in args.methods.split(","):
         s1, s2 = map(int, args.probes.split(","))
         p1, p2 = _try(m, s1, args, None, dev), _try(m, s2, args, None, dev)
@@ -98,12 +99,14 @@ def main(argv=None):
             S = int(S * (1 - args.step)) // unit * unit
         rows.append(row)
         if rank == 0:  # after every method: a run stopped later still leaves its figures
-            write_record(f"longest_{world}gpu", dict(world=world, args=vars(args), rows=rows, partial=True), args.out_dir)
+            own = write_record(f"longest_{world}gpu", dict(world=world, args=vars(args), rows=rows, partial=True),
+                               args.out_dir, path=own)
     if rank == 0:
         for r in rows:
             print(f"{r['method']:18s} longest fwd+bwd {r.get('longest', 'none')} tokens on {world} GPUs "
                   f"(predicted {r.get('predicted')}; peak grows {r.get('bytes_per_token', 0) / 1024:.0f} KiB per GPU per token)")
-        print("wrote", write_record(f"longest_{world}gpu", dict(world=world, args=vars(args), rows=rows), args.out_dir))
+        print("wrote", write_record(f"longest_{world}gpu", dict(world=world, args=vars(args), rows=rows), args.out_dir,
+                                    path=own))
     dist.destroy_process_group()
 
 

@@ -11,6 +11,7 @@ sequence (split into row chunks, shared out among the ranks).  Rank 0 prints the
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -25,14 +26,18 @@ from .layout import LAYOUTS, position_ids
 from .masks import CAUSAL, FULL
 from .schedule import backward_bytes, forward_bytes
 from .testing import rel_err
+from .usage import kernel_error
+from .records import write_record
 
 HELP = "run BurstAttention fwd+bwd on local CPU ranks; check it against a reference and report time and bytes"
 SCHEMES = ("burst", "ring")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--world", type=int, default=4, help="ranks to spawn (ignored under torchrun) [%(default)s]")
-    p.add_argument("--seq", type=int, default=16384, help="global sequence length [%(default)s]")
+
+    p.add_argument("--world", type=int, default=default_world(),
+                   help="ranks to spawn (ignored under torchrun) [this machine's cores, 2 to 4: %(default)s]")
+    p.add_argument("--seq", type=int, default=8192, help="global sequence length [%(default)s]")
     p.add_argument("--batch", type=int, default=1, help="batch size [%(default)s]")
     p.add_argument("--heads", type=int, default=4, help="query heads [%(default)s]")
     p.add_argument("--kv-heads", type=int, default=4, help="key/value heads (GQA when < heads) [%(default)s]")
@@ -49,6 +54,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch threads per rank (default: cores / world when spawning, else torch's default)")
     p.add_argument("--timeout", type=float, default=1200.0,
                    help="seconds before the spawned ranks are killed [%(default)s]")
+    p.add_argument("--record", metavar="NAME", default=None,
+                   help="also write the table as a JSON record NAME.json in $BURST_RESULTS or ./burst-results, "
+                        "with the command's wall time (a numbered name if that exists)")
+
+
+def default_world() -> int:
+    """One rank per core, at least 2 (the demo's point is the ring) and at most 4: more ranks
+    than cores only time the oversubscription."""
+    return max(2, min(4, os.cpu_count() or 1))
 
 
 # --- small helpers ------------------------------------------------------------------------------
@@ -79,7 +93,8 @@ def validate(args) -> str | None:
         position_ids(args.seq, args.layout, 0, args.world)
     except ValueError as e:
         return str(e)
-    return None
+
+    return kernel_error(args.kernel, "cpu")
 
 
 # --- the reference ------------------------------------------------------------------------------
@@ -231,12 +246,25 @@ def run_rank(args, group=None) -> int:
             print("FAILED:\n  " + "\n  ".join(failures), flush=True)
         else:
             print(f"OK: every error <= {args.tol:g}, bytes as predicted", flush=True)
+        if args.record:
+
+            started = getattr(args, "started_at", None)
+            path = write_record(args.record, dict(
+                world=world, threads_per_rank=torch.get_num_threads(), kernel=args.kernel or "default",
+                shape=dict(B=B, S=S, H=H, Hkv=Hkv, D=D), causal=args.causal, layout=args.layout, tol=args.tol,
+                ok=not failures, failures=failures,
+                # from the command's start (after Python's imports) to the table: spawn + work + reference
+                wall_s=None if started is None else time.time() - started,
+                rows=[dict(scheme=sc, **{k: w[k] for k in ("out", "dq", "dk", "dv", "fwd_s", "bwd_s")},
+                           fwd_bytes=fb, bwd_bytes=bb) for sc, w, fb, bb, _, _ in rows]))
+            print(f"record: {path}", flush=True)
     return 1 if failures else 0
 
 
 # --- launching ----------------------------------------------------------------------------------
 
 def run(args) -> int:
+    args.started_at = time.time()  # wall clock: the ranks share it (the record's wall_s)
     return run_command(run_rank, args, validate, "burstengine demo", backend="gloo")
 
 

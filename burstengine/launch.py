@@ -118,6 +118,18 @@ def spawn(entry, entry_args: tuple, world: int, timeout: float, threads: int | N
     return max(codes.values())
 
 
+def add_launch_arguments(p, timeout: float = 3600.0, world_help: str = "one per GPU, else 2") -> None:
+    """--world and --timeout, what :func:`run_command` reads, for commands that spawn their ranks."""
+    p.add_argument("--world", type=int, default=None, help=f"ranks to spawn without torchrun [{world_help}]")
+    p.add_argument("--timeout", type=float, default=timeout,
+                   help="seconds before the spawned ranks are stopped [%(default)s]")
+
+
+def default_world() -> int:
+    """Ranks a command spawns when not told: one per GPU, else 2 gloo ranks (a ring)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+
+
 def run_command(entry, args, validate, prog: str, backend: str | None = None) -> int:
     """The ranks of a command: under torchrun (or in an initialised group) this process is one
     of them and ``args.world`` becomes the group's size; otherwise ``args.world`` local ranks are
@@ -140,7 +152,9 @@ def run_command(entry, args, validate, prog: str, backend: str | None = None) ->
         if own:
             dist.destroy_process_group()
         return code
-    msg = validate(args)
+    if getattr(args, "world", None) is None:
+        args.world = default_world()
+    msg = f"--world must be >= 1, got {args.world}" if args.world < 1 else validate(args)
     if msg:
         print(f"{prog}: error: {msg}", file=sys.stderr)
         return 2

@@ -54,13 +54,46 @@ def environment() -> dict:
     return env
 
 
-def write_record(name: str, payload: dict, out_dir: str | None = None) -> str:
-    """Write {command, commit, env, **payload} to <out_dir>/<name>.json and return the path."""
-    out_dir = out_dir or os.environ.get("BURST_RESULTS", "benchmarks/results")
-    os.makedirs(out_dir, exist_ok=True)
+# where records go unless told: a folder in the current directory, never the source tree (the
+# committed records under benchmarks/results are evidence; regenerating one is an explicit
+# --out-dir benchmarks/results or BURST_RESULTS=benchmarks/results)
+DEFAULT_DIR = "burst-results"
+
+
+def results_dir(out_dir: str | None = None) -> str:
+    """The record folder: ``out_dir``, else $BURST_RESULTS, else ./burst-results."""
+    return out_dir or os.environ.get("BURST_RESULTS") or DEFAULT_DIR
+
+
+def free_path(out_dir: str, name: str) -> str:
+    """<out_dir>/<name>.json, or <name>-2.json, -3, ... if that exists: a record never replaces
+    another."""
+    path = os.path.join(out_dir, f"{name}.json")
+    i = 2
+    while os.path.exists(path):
+        path = os.path.join(out_dir, f"{name}-{i}.json")
+        i += 1
+    return path
+
+
+def write_record(name: str, payload: dict, out_dir: str | None = None, path: str | None = None) -> str:
+    """Write {command, commit, env, **payload} as JSON and return its path: a new file
+    <out_dir>/<name>.json (a numbered name when that exists, see :func:`free_path`), or
+    ``path`` itself when given (the same run rewriting the record it wrote before)."""
     rec = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv), "commit": git_commit(),
            "env": environment(), **payload}
-    path = os.path.join(out_dir, f"{name}.json")
-    with open(path, "w") as f:
-        json.dump(rec, f, indent=1)
-    return path
+    if path is not None:
+        with open(path, "w") as f:
+            json.dump(rec, f, indent=1)
+        return path
+    out_dir = results_dir(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    while True:
+        path = free_path(out_dir, name)
+        try:
+            # exclusive create: two runs racing for one name cannot both take it
+            with open(path, "x") as f:
+                json.dump(rec, f, indent=1)
+            return path
+        except FileExistsError:
+            continue

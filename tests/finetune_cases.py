@@ -77,7 +77,7 @@ def train_and_export(group, init, data, seq_len, run_dir, out_dir, extra=(), max
     from burstengine.train import data as D
     from burstengine.train.export import export
 
-    cfg = load("tiny", overrides(init, data, seq_len, ["steps=1", "lr=0", "ckpt_every=1", "warmup_steps=0",
+    cfg = load("tiny", overrides(init, data, seq_len, ["steps=1", "lr=0", "save_every=1", "warmup_steps=0",
                                                           f"out_dir={run_dir}", *extra]))
     t = Trainer(cfg, group=group, echo=False)
     t.fit(overwrite=True)

@@ -10,7 +10,7 @@ import train_cases as tc
 from burstengine.train import checkpoint as ckpt
 from burstengine.train.loop import resume_changes
 
-EXTRA = ["cp=2", "ckpt_every=2", "ckpt_keep=3", "layout=zigzag"]
+EXTRA = ["cp=2", "save_every=2", "save_keep=3", "layout=zigzag"]
 
 
 def _flip(path, n=64):

@@ -61,7 +61,7 @@ def test_loss_and_grads_match_single_process(pool, token_file, dp, cp, layout):
     check_same(got, reference(token_file, dp))
 
 
-@pytest.mark.parametrize("extra", [["checkpoint=full"], ["checkpoint=selective"], ["loss=chunked"]],
+@pytest.mark.parametrize("extra", [["activation_checkpoint=full"], ["activation_checkpoint=selective"], ["loss=chunked"]],
                          ids=lambda e: e[0])
 def test_checkpoint_policies_and_chunked_loss_are_exact(pool, token_file, extra):
     got = pool.run(tc.loss_and_grads, token_file, ["cp=2", "layout=striped"] + extra, chunk=5, world=2)[0]
@@ -77,7 +77,7 @@ def test_passkey_labels_only_answer_and_global_mean(pool):
 
 
 def test_resume_continues_exactly(pool, tmp_path):
-    extra = ["cp=2", "ckpt_every=2", "layout=zigzag"]
+    extra = ["cp=2", "save_every=2", "layout=zigzag"]
     full = pool.run(tc.run_steps, str(tmp_path / "a"), 4, extra, world=4)[0]
     pool.run(tc.run_steps, str(tmp_path / "b"), 4, extra, stop_after=2, world=4)
     resumed = pool.run(tc.run_steps, str(tmp_path / "b"), 4, extra, resume=True, world=4)[0]
@@ -187,9 +187,10 @@ def test_jsonl_with_local_tokenizer(tmp_path):
     (["model=3"], "is a table"),
     (["steps"], "key=value"),
     (["layout=spiral"], "layout must be one of"),
-    (["checkpoint=some"], "checkpoint must be one of"),
+    (["activation_checkpoint=some"], "activation_checkpoint must be one of"),
     (["loss=fancy"], "loss must be one of"),
-    (["lr=-1"], "lr must be >= 0"),
+    (["lr=-1"], r"lr must be in \[0, 1\]"),
+    (["lr=1e30"], r"lr must be in \[0, 1\]"),
     (["model.n_kv_heads=3"], "multiple of model.n_kv_heads"),
     (["data=/no/such.bin"], "no such file"),
     (["grad_accum=0"], "grad_accum must be >= 1"),
@@ -238,7 +239,7 @@ def test_cli_train_killed_in_save_then_resume_and_plot(tmp_path):
     reproduces the losses the killed run logged for steps 3 and 4; then the plot."""
     run = tmp_path / "run"
     args = ["train", "--config", "tiny", "--world", "2"] + [a for s in tc.SMALL + [
-        "passkey_symbols=8", "passkey_len=3", "steps=4", "ckpt_every=2", "eval_every=2", "eval_samples=4",
+        "passkey_symbols=8", "passkey_len=3", "steps=4", "save_every=2", "eval_every=2", "eval_samples=4",
         f"out_dir={run}"] for a in ("--set", s)]
     rc, out = _cli(*args, env_extra={"BURST_FAULT_KILL_IN_SAVE": "4"})
     assert rc == 1, out

@@ -338,7 +338,7 @@ def test_grad_accum_equals_one_big_batch(pool, corpus_dir, world, cp):
 
 
 def test_grad_accum_resume_continues_exactly(pool, tmp_path):
-    extra = ["cp=2", "ckpt_every=2", "grad_accum=2", "batch_size=1"]
+    extra = ["cp=2", "save_every=2", "grad_accum=2", "batch_size=1"]
     full = pool.run(tc.run_steps, str(tmp_path / "a"), 4, extra, world=2)[0]
     pool.run(tc.run_steps, str(tmp_path / "b"), 4, extra, stop_after=2, world=2)
     resumed = pool.run(tc.run_steps, str(tmp_path / "b"), 4, extra, resume=True, world=2)[0]
@@ -359,7 +359,7 @@ def test_text_data_tokenized_by_rank_0_only(pool, corpus_dir, tmp_path):
 def test_resume_repairs_metrics_jsonl(pool, tmp_path):
     """A kill mid-write leaves a partial line; the resumed run neither fails on it nor glues its
     first record to it, and the file holds each step once."""
-    extra = ["cp=2", "ckpt_every=2"]
+    extra = ["cp=2", "save_every=2"]
     full = pool.run(tc.run_steps, str(tmp_path / "a"), 4, extra, world=2)[0]
     pool.run(tc.run_steps, str(tmp_path / "b"), 4, extra, stop_after=3, world=2)
     path = tmp_path / "b" / "metrics.jsonl"

@@ -16,7 +16,7 @@ WORLD, VICTIM, KILL_STEP, STEPS, CKPT_EVERY = 4, 2, 5, 6, 3
 TIMEOUT = 10.0        # fault_timeout under test
 INTERVAL, GRACE = 1.0, 5.0  # the watchdog's at this timeout: min(1, T/10), min(5, T/2)
 LIMIT = 180           # a job still running after this long has hung
-EXTRA = ["cp=2", f"ckpt_every={CKPT_EVERY}", "eval_every=0", "eval_samples=4", "log_every=1"]
+EXTRA = ["cp=2", f"save_every={CKPT_EVERY}", "eval_every=0", "eval_samples=4", "log_every=1"]
 
 
 def _port():

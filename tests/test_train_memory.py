@@ -54,7 +54,7 @@ def test_config_path_against_float64(pool, token_file):
     # the same knobs through the config: against a float64 single-process model (no CP)
     from test_train import check_same, reference
 
-    extra = ["cp=2", "layout=striped", "loss=fused", "checkpoint=sequence", "checkpoint_split=0.25"]
+    extra = ["cp=2", "layout=striped", "loss=fused", "activation_checkpoint=sequence", "activation_checkpoint_split=0.25"]
     got = pool.run(tc.loss_and_grads, token_file, extra, world=2)[0]
     check_same(got, reference(token_file, 1))
 
@@ -84,9 +84,9 @@ def test_sequence_policy_stores_input_and_back_of_attention(split):
 
 
 @pytest.mark.parametrize("over,msg", [
-    (["checkpoint_split=1.5"], "checkpoint_split must be in"),
-    (["checkpoint_split=-0.1"], "checkpoint_split must be in"),
-    (["checkpoint=sequence", "attention=torch-cp"], "attention='torch-cp' use"),
+    (["activation_checkpoint_split=1.5"], "activation_checkpoint_split must be in"),
+    (["activation_checkpoint_split=-0.1"], "activation_checkpoint_split must be in"),
+    (["activation_checkpoint=sequence", "attention=torch-cp"], "attention='torch-cp' use"),
 ])
 def test_config_errors(over, msg):
     with pytest.raises(ValueError, match=msg):

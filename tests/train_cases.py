@@ -80,9 +80,9 @@ def resume_outcome(group, out_dir, steps, extra=()):
 
 
 def auto_plan(group, budget_gib, extra=()):
-    """checkpoint=auto under an activation budget: (the per-layer plan, global loss, full grads)."""
+    """activation_checkpoint=auto under an activation budget: (the per-layer plan, global loss, full grads)."""
     torch.manual_seed(0)
-    cfg = small_config(["checkpoint=auto", f"activation_memory_gib={budget_gib}", *extra])
+    cfg = small_config(["activation_checkpoint=auto", f"activation_memory_gib={budget_gib}", *extra])
     t = Trainer(cfg, group=group, echo=False)
     loss, grads = t.loss_and_grads(t.batch(0))
     return (t.model.checkpoint_plan, loss, grads) if dist.get_rank(group) == 0 else None

@@ -20,7 +20,7 @@ output *and* its q, k, v kept, only the norms / projections / MLP recomputed).  
 topology-aware ring row has no counterpart on one node: there the ring is a single ring (on
 several nodes every row runs the double ring, baseline included).
 
-The curve (``--splits``) runs ``+fused-loss`` with ``checkpoint=sequence`` at each split; a split
+The curve (``--splits``) runs ``+fused-loss`` with ``activation_checkpoint=sequence`` at each split; a split
 that equals a table row's (``--split``, 1) reuses that row's run.  Per run: median step time,
 tokens/s per GPU (TGS), MFU, peak allocated memory per GPU (max over ranks; on CPU the process's
 peak RSS, which only grows from row to row and says nothing per row), and the step-0 loss, which
@@ -37,23 +37,23 @@ import os
 import torch
 import torch.distributed as dist
 
-from ..records import write_record
+from ..records import free_path, results_dir, write_record
 from ..train import load
 
 # (name, what it adds, config overrides); each row keeps the ones before it
 TABLE = (
     ("baseline", "RingAttention backward, naive LM head + loss, full checkpointing",
-     ("attn_backward=ring", "loss=naive", "checkpoint=full")),
+     ("attn_backward=ring", "loss=naive", "activation_checkpoint=full")),
     ("+burst-bwd", "+ BurstAttention backward", ("attn_backward=burst",)),
     ("+fused-loss", "+ fused LM head + cross-entropy", ("loss=fused",)),
     ("+seq-ckpt", "+ sequence-level selective checkpointing (split {split:g})",
-     ("checkpoint=sequence", "checkpoint_split={split}")),
+     ("activation_checkpoint=sequence", "activation_checkpoint_split={split}")),
 )
 # rows that replace the last table row's checkpointing (on top of +fused-loss)
 ALTERNATIVES = (
     ("store-all", "selective checkpointing++: all attention outputs kept (split 1)",
-     ("checkpoint=sequence", "checkpoint_split=1")),
-    ("selective", "selective policy: attention output and its q, k, v kept", ("checkpoint=selective",)),
+     ("activation_checkpoint=sequence", "activation_checkpoint_split=1")),
+    ("selective", "selective policy: attention output and its q, k, v kept", ("activation_checkpoint=selective",)),
 )
 DEFAULT_ROWS = ("baseline", "+burst-bwd", "+fused-loss", "+seq-ckpt", "store-all", "curve")
 ROW_NAMES = tuple(n for n, _, _ in TABLE) + tuple(n for n, _, _ in ALTERNATIVES) + ("curve",)
@@ -76,8 +76,9 @@ def row_runs(split: float, splits: list[float], names) -> list[dict]:
     fused = defs[2][2]
     defs += [(name, what, {**fused, **_merge(over)}) for name, what, over in ALTERNATIVES]
     if "curve" in names:
-        defs += [(f"split={s:g}", f"curve: checkpoint=sequence, split {s:g}",
-                  {**fused, **_merge(["checkpoint=sequence", f"checkpoint_split={s}"])}) for s in splits]
+        defs += [(f"split={s:g}", f"curve: activation_checkpoint=sequence, split {s:g}",
+                  {**fused, **_merge(["activation_checkpoint=sequence", f"activation_checkpoint_split={s}"])})
+                 for s in splits]
     runs: list[dict] = []
     for name, what, cfg in defs:
         if name not in names and not (name.startswith("split=") and "curve" in names):
@@ -91,13 +92,13 @@ def row_runs(split: float, splits: list[float], names) -> list[dict]:
 
 
 def _same(a: dict, b: dict) -> bool:
-    # checkpoint_split means nothing without checkpoint=sequence, and 0.50 == 0.5
+    # the split means nothing without activation_checkpoint=sequence, and 0.50 == 0.5
     def norm(c):
         c = dict(c)
-        if c.get("checkpoint") != "sequence":
-            c.pop("checkpoint_split", None)
-        elif "checkpoint_split" in c:
-            c["checkpoint_split"] = float(c["checkpoint_split"])
+        if c.get("activation_checkpoint") != "sequence":
+            c.pop("activation_checkpoint_split", None)
+        elif "activation_checkpoint_split" in c:
+            c["activation_checkpoint_split"] = float(c["activation_checkpoint_split"])
         return c
 
     return norm(a) == norm(b)
@@ -134,13 +135,17 @@ def run(args, model: str, seqs: list[int], run_case, record_name: str, say) -> i
     except ValueError as e:
         say(f"error: {e}")
         return 2
-    out_dir = args.out_dir or os.environ.get("BURST_RESULTS", "benchmarks/results")
+    out_dir = results_dir(args.out_dir)
     path = os.path.join(out_dir, f"{record_name}.json")
     done, earlier = [], []
+    own = None  # the record this launch rewrites after every run: --append's, else its first write's
     if args.append and os.path.exists(path):
         with open(path) as f:
             old = json.load(f)
         done, earlier = old.get("rows", []), old.get("earlier_commands", []) + [old.get("command")]
+        own = path
+    elif os.path.isdir(out_dir):
+        path = free_path(out_dir, record_name)  # a new record never replaces an earlier one
     say(f"ablation of {model} on {world} ranks at S={', '.join(map(str, seqs))}: "
          f"{', '.join('/'.join(r['rows']) for r in runs)}; {args.warmup} warm-up + {args.steps} timed steps each; "
          f"overrides {args.overrides or 'none'}" + (f"; appending to {path} ({len(done)} rows)" if done else ""))
@@ -158,10 +163,10 @@ def run(args, model: str, seqs: list[int], run_case, record_name: str, say) -> i
                 if row["ok"] else row["error"]))
             if dist.get_rank() == 0:  # after every run: a stopped launch keeps what it finished
                 rows = _combine(done, results)
-                write_record(record_name, {"model": model, "world": world, "warmup": args.warmup, "steps": args.steps,
+                path = own = write_record(record_name, {"model": model, "world": world, "warmup": args.warmup, "steps": args.steps,
                                            "overrides": args.overrides, "split": args.split, "splits": splits,
                                            "peak_mem": _mem_kind(), "earlier_commands": earlier, "rows": rows},
-                             out_dir=out_dir)
+                             out_dir=out_dir, path=own)
     if dist.get_rank() == 0:
         rows = _combine(done, results)
         print(tables(rows))
@@ -206,11 +211,11 @@ def tables(rows: list[dict]) -> str:
             if r is None:
                 continue
             lines.append(f"{n:>12} " + _cells(r, base, ref_loss) + f"  {r['what'] if n == r['rows'][0] else ''}")
-        curve = sorted(((float(r["config"]["checkpoint_split"]), r) for r in at
-                        if r["config"].get("checkpoint") == "sequence" and r["config"].get("loss") == "fused"
+        curve = sorted(((float(r["config"]["activation_checkpoint_split"]), r) for r in at
+                        if r["config"].get("activation_checkpoint") == "sequence" and r["config"].get("loss") == "fused"
                         and r["config"].get("attn_backward") == "burst"), key=lambda t: t[0])
         if curve:
-            lines.append(f"\nS={seq}: memory vs split (fused loss, burst backward, checkpoint=sequence)")
+            lines.append(f"\nS={seq}: memory vs split (fused loss, burst backward, activation_checkpoint=sequence)")
             lines.append(f"{'split':>12} {head}")
             for s, r in curve:
                 lines.append(f"{s:>12g} " + _cells(r, base, ref_loss))

@@ -1,6 +1,7 @@
 """`burstengine bench attention`: BurstAttention beside its peers, same GPUs, same launch.
 
     torchrun --nproc_per_node 4 -m burstengine bench attention --seqs 131072,524288 --mask both
+    burstengine bench attention --device cpu          # a smoke run of the harness on 2 gloo ranks
 
 Times forward (no grad) and forward+backward of one attention call, bf16, B=1, for every
 method in --methods, at every total sequence in --seqs, prints a table (TFLOP/s per GPU,
@@ -22,10 +23,13 @@ import torch.distributed as dist
 
 import burstengine as be
 
-from ..comm.dist import initialized
-from ..records import write_record
+from ..records import results_dir, write_record
 from ..timing import median, timed
 from . import peers
+from ..launch import add_launch_arguments
+from ..usage import kernel_error
+from ..launch import run_command
+from ..usage import missing_package
 
 METHODS = ("burst-zigzag", "burst-striped", "burst-contiguous", "ringbwd-zigzag", "torch-cp-cudnn", "torch-cp-flash",
            "ulysses-cudnn", "megatron-tp-cudnn", "single-gpu-cudnn")
@@ -223,55 +227,110 @@ def _group(rows, key):
     return out
 
 
+# --device cpu: sizes a laptop finishes in well under a minute, and the methods that run on CPU
+CPU_DEFAULTS = dict(seqs="1024", heads=4, head_dim=32, iters=3, warmup=1,
+                    methods="burst-zigzag,burst-striped,burst-contiguous,ringbwd-zigzag,ulysses-math,"
+                            "megatron-tp-math,single-gpu-math")
+GPU_DEFAULTS = dict(seqs="131072,524288", heads=32, head_dim=128, iters=5, warmup=2,
+                    methods=",".join(METHODS))
+
+
 def build_parser(p=None):
+
     p = p or argparse.ArgumentParser(prog="burstengine bench attention", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seqs", default="131072,524288", help="total sequence lengths, comma-separated")
+    p.add_argument("--seqs", default=None, help="total sequence lengths, comma-separated "
+                                                f"[cuda: {GPU_DEFAULTS['seqs']}, cpu: {CPU_DEFAULTS['seqs']}]")
     p.add_argument("--mask", choices=("causal", "full", "both"), default="both")
-    p.add_argument("--heads", type=int, default=32)
-    p.add_argument("--kv-heads", default="32", help="comma-separated kv head counts (e.g. 32,8 for a GQA case)")
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--heads", type=int, default=None, help="[cuda: 32, cpu: 4]")
+    p.add_argument("--kv-heads", default=None, help="comma-separated kv head counts (e.g. 32,8 for a GQA case) "
+                                                    "[= --heads]")
+    p.add_argument("--head-dim", type=int, default=None, help="[cuda: 128, cpu: 32]")
+    p.add_argument("--methods", default=None, help=f"[cuda: all of {', '.join(METHODS)}; cpu: "
+                                                   f"{CPU_DEFAULTS['methods']}]")
     p.add_argument("--kernel", default=None, help="local kernel for BurstAttention (default: auto, i.e. cuDNN on GPUs)")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--profile", type=int, default=0, help="also trace one fwd+bwd at this total sequence")
-    p.add_argument("--name", default=None, help="record name (default attention_<world>gpu)")
-    p.add_argument("--out-dir", default=None)
+    p.add_argument("--warmup", type=int, default=None, help="[cuda: 2, cpu: 1]")
+    p.add_argument("--iters", type=int, default=None, help="[cuda: 5, cpu: 3]")
+    p.add_argument("--profile", type=int, default=0, help="also trace one fwd+bwd at this total sequence (GPUs)")
+    p.add_argument("--name", default=None, help="record name (default attention_<world>gpu or _<world>cpu)")
+    p.add_argument("--out-dir", default=None, help="record directory [$BURST_RESULTS or ./burst-results]")
     p.add_argument("--plot", default=None, help="draw the scaling plot from this JSON record and exit")
     p.add_argument("--worlds", default="", help="comma-separated world sizes to run on sub-groups of the launch "
                                                   "(default: the launch's world only)")
     p.add_argument("--skip", default="", help="method@S pairs to skip, e.g. torch-cp-flash@524288")
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None,
                    help="cpu: a smoke run of the harness on gloo ranks (float32, tiny sizes, methods that run on "
-                        "CPU: burst-*, ringbwd-*, *-math peers); figures from it mean nothing")
+                        "CPU: burst-*, ringbwd-*, *-math peers); figures from it mean nothing [cuda when available]")
+    add_launch_arguments(p)
     return p
 
 
-def main(argv=None):
-    args = build_parser().parse_args(argv)
-    if args.plot:
-        print(plot(args.plot, os.path.splitext(args.plot)[0] + ".png"))
-        return 0
+def _fill_defaults(args):
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    for key, value in (CPU_DEFAULTS if args.device == "cpu" else GPU_DEFAULTS).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.kv_heads is None:
+        args.kv_heads = str(args.heads)
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        xs = [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise ValueError(f"{what} takes comma-separated integers, got {text!r}") from None
+    if not xs or min(xs) < 1:
+        raise ValueError(f"{what} takes positive integers, got {text!r}")
+    return xs
+
+
+def validate(args) -> str | None:
+    """One line for arguments that cannot work (checked before any rank starts), else None."""
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("burstengine bench attention needs CUDA GPUs (run it under torchrun on a GPU node; "
-                         "--device cpu only smoke-tests the harness)")
+        return ("--device cuda needs CUDA GPUs (run it under torchrun on a GPU node; --device cpu smoke-tests "
+                "the harness)")
     methods = [m for m in args.methods.split(",") if m]
     bad = [m for m in methods if m not in METHODS and not any(m.startswith(p) for p in _FAMILIES)]
     if bad:
-        raise SystemExit(f"unknown method(s) {bad}; known: {', '.join(METHODS)} (and -math/-flash variants of the peers)")
-    own = not initialized()
-    if own:
-        dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
+        return f"unknown method(s) {bad}; known: {', '.join(METHODS)} (and -math/-flash variants of the peers)"
+    if args.device == "cpu":
+        gpu_only = [m for m in methods if m.endswith(("-cudnn", "-flash")) or m.startswith("torch-cp-")]
+        if gpu_only:
+            return f"method(s) {gpu_only} need CUDA; on CPU use burst-*, ringbwd-* and the *-math peers"
+        if args.profile:
+            return "--profile traces CUDA kernels: it needs --device cuda"
+    try:
+        seqs = _ints(args.seqs, "--seqs")
+        kv_heads = _ints(args.kv_heads, "--kv-heads")
+        worlds = _ints(args.worlds, "--worlds") if args.worlds else [args.world]
+    except ValueError as e:
+        return str(e)
+    if min(args.heads, args.head_dim, args.iters) < 1 or args.warmup < 0:
+        return "--heads, --head-dim and --iters must be >= 1, --warmup >= 0"
+    bad = [h for h in kv_heads if args.heads % h]
+    if bad:
+        return f"--heads ({args.heads}) must be a multiple of every --kv-heads, not of {bad}"
+    if max(worlds) > args.world:
+        return f"--worlds {args.worlds}: each must be between 1 and the launch's {args.world} ranks"
+    chunks = 2 if any("zigzag" in m for m in methods) else 1
+    for w in worlds:
+        for S in seqs:
+            if S % (chunks * w):
+                return f"--seqs: {S} tokens do not split into {chunks * w} equal chunks (world {w})"
+
+    return kernel_error(args.kernel, args.device)
+
+
+def run_rank(args) -> int:
+    """The benchmark on this rank of an initialised default group."""
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    methods = [m for m in args.methods.split(",") if m]
     worlds = sorted({int(w) for w in args.worlds.split(",")}) if args.worlds else [world]
-    if any(w < 1 or w > world for w in worlds):
-        raise SystemExit(f"--worlds {args.worlds}: each must be between 1 and the launch's {world} ranks")
     # sub-groups over the lowest ranks, made by every rank in the same order
     groups = {w: (None if w == world else dist.new_group(list(range(w)))) for w in worlds}
-    out_dir = args.out_dir or os.environ.get("BURST_RESULTS", "benchmarks/results")
+    out_dir = results_dir(args.out_dir)
     skip = set(args.skip.split(",")) if args.skip else set()
     masks = {"causal": [True], "full": [False], "both": [True, False]}[args.mask]
     rows, t0 = [], time.time()
@@ -302,6 +361,7 @@ def main(argv=None):
     group = None
     prof = []
     if args.profile:
+        os.makedirs(out_dir, exist_ok=True)
         for backward in ("burst", "ring"):
             prof.append(profile_step(args.profile, args.heads, args.heads, args.head_dim, True, "zigzag", backward,
                                      args.kernel, group, out_dir))
@@ -311,12 +371,29 @@ def main(argv=None):
                       f"exposed {p['exposed_ms']:.2f} ms", flush=True)
     if rank == 0:
         print_table(rows)
-        path = write_record(args.name or f"attention_{world}gpu", dict(world=world, args=vars(args), rows=rows,
-                                                                        profile=prof), out_dir)
+        unit = "gpu" if args.device == "cuda" else "cpu"
+        record_args = {k: v for k, v in vars(args).items() if not k.startswith("_")}
+        path = write_record(args.name or f"attention_{world}{unit}", dict(world=world, args=record_args, rows=rows,
+                                                                           profile=prof), out_dir)
         print(f"wrote {path}")
-    if own:
-        dist.destroy_process_group()
     return 0
+
+
+def main(argv=None):
+
+    args = build_parser().parse_args(argv)
+    if args.plot:
+
+        msg = missing_package("matplotlib", "--plot") or (
+            None if os.path.isfile(args.plot) else f"--plot {args.plot!r} does not exist")
+        if msg:
+            print(f"burstengine bench attention: error: {msg}", file=sys.stderr)
+            return 2
+        print(plot(args.plot, os.path.splitext(args.plot)[0] + ".png"))
+        return 0
+    _fill_defaults(args)
+    return run_command(run_rank, args, validate, prog="burstengine bench attention",
+                       backend="nccl" if args.device == "cuda" else "gloo")
 
 
 if __name__ == "__main__":

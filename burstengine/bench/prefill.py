@@ -20,7 +20,7 @@ cases run once), records the peak allocated memory and compares its logits with 
 Budget: a 7B prefill of 1M tokens is ~2.9e17 FLOPs, about 2-3 minutes on 4 GPUs per method;
 13B about half as long again.  A method that runs out of memory at some length is not tried at longer
 ones; the summary gives the longest sequence each method fits.  Rank 0 prints the tables and
-writes a JSON record (benchmarks/results/prefill_<world>gpu.json by default).
+writes a JSON record (prefill_<world>gpu.json in $BURST_RESULTS or ./burst-results by default).
 
 Running out of memory is survived when all ranks run out together, which the symmetric work
 of every method makes the usual case; set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
@@ -45,6 +45,8 @@ from . import peers
 from ..launch import run_command
 from ..layout import LAYOUTS
 from .tp_llama import TPLlama
+from ..launch import default_world
+from ..usage import kernel_error
 
 # LLaMA-2 7B and 13B (the paper's models), and a CPU-sized one
 SHAPES: dict[str, ModelArgs] = {
@@ -56,13 +58,21 @@ METHODS = ("burst", "torch-cp", "megatron-v3", "megatron-v1")
 GPU_ONLY = ("torch-cp",)
 
 
+# defaults by device: the paper's shapes on GPUs; a tiny model that finishes in seconds on CPU
+GPU_DEFAULTS = dict(models="7b,13b", seqs="32768,65536,131072,262144,524288,1048576", methods=",".join(METHODS))
+CPU_DEFAULTS = dict(models="tiny", seqs="1024,2048", methods="burst,megatron-v3,megatron-v1")
+
+
 def build_parser(p=None):
-    p = p or argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default="7b,13b", help=f"comma-separated shapes from {sorted(SHAPES)} [%(default)s]")
-    p.add_argument("--seqs", default="32768,65536,131072,262144,524288,1048576",
-                   help="prompt lengths, comma-separated, ascending [%(default)s]")
-    p.add_argument("--methods", default=",".join(METHODS),
-                   help="comma-separated, from %(default)s (and burst-<layout>)")
+    p = p or argparse.ArgumentParser(prog="burstengine bench prefill", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=None, help=f"comma-separated shapes from {sorted(SHAPES)} "
+                                                  f"[cuda: {GPU_DEFAULTS['models']}, cpu: {CPU_DEFAULTS['models']}]")
+    p.add_argument("--seqs", default=None, help="prompt lengths, comma-separated, ascending "
+                                                f"[cuda: {GPU_DEFAULTS['seqs']}, cpu: {CPU_DEFAULTS['seqs']}]")
+    p.add_argument("--methods", default=None,
+                   help=f"comma-separated, from {','.join(METHODS)} (and burst-<layout>) "
+                        f"[cuda: all, cpu: {CPU_DEFAULTS['methods']}]")
     p.add_argument("--kernel", default=None, help="BurstAttention's local kernel (default: auto, cuDNN on GPUs)")
     p.add_argument("--sdpa", default=None, help="SDPA backend of the peers: cudnn, flash, math "
                                                 "(default: cudnn on GPUs, math on CPU)")
@@ -72,11 +82,22 @@ def build_parser(p=None):
                    help="once a method's prefill takes longer than this many seconds, its longer sequences "
                         "run once without warm-up (NCCL and the kernels are warm by then) [%(default)s]")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--world", type=int, default=2, help="CPU ranks to spawn without torchrun [%(default)s]")
+    p.add_argument("--world", type=int, default=None, help="ranks to spawn without torchrun [one per GPU, else 2]")
     p.add_argument("--name", default=None, help="record name (default prefill_<world><gpu|cpu>)")
-    p.add_argument("--out-dir", default=None, help="record directory (default $BURST_RESULTS or benchmarks/results)")
+    p.add_argument("--out-dir", default=None, help="record directory [$BURST_RESULTS or ./burst-results]")
     p.add_argument("--timeout", type=float, default=7200.0)
     return p
+
+
+def fill_defaults(args):
+    """The device's defaults where none were given (idempotent; ``validate`` calls it too)."""
+
+    for key, value in (GPU_DEFAULTS if torch.cuda.is_available() else CPU_DEFAULTS).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.world is None:
+        args.world = default_world()
+    return args
 
 
 def parse_methods(spec: str) -> list[str]:
@@ -89,7 +110,7 @@ def parse_methods(spec: str) -> list[str]:
 
 
 def validate(args) -> str | None:
-    world = args.world
+    world = fill_defaults(args).world
     try:
         methods = parse_methods(args.methods)
         seqs = [int(s) for s in args.seqs.split(",") if s]
@@ -110,7 +131,10 @@ def validate(args) -> str | None:
             return f"{name}: heads {a.n_heads} and ffn {a.ffn_dim} must be divisible by {world} for tensor parallelism"
     if args.iters < 1 or args.warmup < 0:
         return "--iters must be >= 1 and --warmup >= 0"
-    return None
+    if args.sdpa is not None and args.sdpa not in ("cudnn", "flash", "math"):
+        return f"--sdpa must be one of cudnn, flash, math, got {args.sdpa!r}"
+
+    return kernel_error(args.kernel, "cuda" if torch.cuda.is_available() else "cpu")
 
 
 def longest_fit(rows, method: str, model: str) -> int | None:
@@ -270,7 +294,7 @@ def print_tables(rows, methods, seqs, file=sys.stdout):
 
 
 def main(argv=None) -> int:
-    return run_command(_entry, build_parser().parse_args(argv), validate, "prefill bench")
+    return run_command(_entry, fill_defaults(build_parser().parse_args(argv)), validate, "burstengine bench prefill")
 
 
 def _entry(args) -> int:

@@ -9,7 +9,8 @@ reads each rank's resident set size (RSS, /proc/self/statm) after every step.  I
 rank, the growth from step --from to the last step and the least-squares slope over that span,
 and passes when every rank grew by at most --bound-mib.  The first --from steps are left out:
 they fill the allocator's arenas, the optimizer state and the caches of FSDP, gloo and the
-checkpoint planner, and include the first evaluation and save.  Writes a JSON record (benchmarks/results/<name>.json) with every sample.
+checkpoint planner, and include the first evaluation and save.  Writes a JSON record
+(<name>.json in $BURST_RESULTS or ./burst-results, a numbered name if that exists) with every sample.
 
 A leak of one small tensor per step (a kilobyte or two: the tiny model's activations, an
 autograd graph kept alive, a list of per-step records) shows as 1-2 MiB over 900 steps, so
@@ -68,8 +69,8 @@ def soak_rank(group, steps: int, out_dir: str, extra=(), every: int = 0) -> list
     """Train ``steps`` tiny steps on the ranks of ``group`` in ``out_dir``, evaluating and saving
     a checkpoint every ``every`` steps (0: only the evaluation at the end); this rank's RSS after
     each step (and its evaluation and save), in bytes."""
-    cfg = load("tiny", SOAK_MODEL + [f"steps={steps}", f"out_dir={out_dir}", f"ckpt_every={every}",
-                                     f"eval_every={every}", "ckpt_keep=1", *extra])
+    cfg = load("tiny", SOAK_MODEL + [f"steps={steps}", f"out_dir={out_dir}", f"save_every={every}",
+                                     f"eval_every={every}", "save_keep=1", *extra])
     samples: list[int] = []
     trainer = Trainer(cfg, group=group, echo=False)
     trainer.fit(overwrite=True, on_step=lambda t: samples.append(rss_bytes()))

@@ -4,9 +4,8 @@
     # packed documents of mixed lengths at 512K vs one causal document at 512K
     torchrun --nproc_per_node 4 benchmarks/sparse_bench.py
 
-    # CPU / gloo smoke run at a tiny size (what the tests run)
-    torchrun --nproc_per_node 2 benchmarks/sparse_bench.py --device cpu --seq 2048 --doc-seq 1024 \\
-        --windows 64,256 --doc-lengths 16,256 --heads 2 --head-dim 16 --iters 2 --warmup 1
+    # CPU: 2 gloo ranks at a small size (no torchrun needed)
+    burstengine bench sparse --device cpu
 
 Every case times forward (no grad) and forward+backward of one burst_attn_func call on every
 rank (median of --iters after --warmup, CUDA events on GPUs), and reports:
@@ -25,7 +24,7 @@ rank (median of --iters after --warmup, CUDA events on GPUs), and reports:
 ``--check`` also runs every case once at a small length (--check-seq) with the chosen kernel
 and with the reference kernel (float32, dense masks) and reports the normwise error of out,
 dq, dk, dv between them: the GPU check of the sparse path of the SDPA kernels.
-A JSON record (command, commit, devices, versions, raw times) goes to benchmarks/results/.
+A JSON record (command, commit, devices, versions, raw times) goes to --out-dir ($BURST_RESULTS or ./burst-results).
 """
 from __future__ import annotations
 
@@ -48,6 +47,10 @@ from burstengine.schedule import (attention_flops, backward_bytes, block_tasks, 
                                   visible_pairs)
 from burstengine.testing import fro_err
 from burstengine.timing import median
+from ..launch import add_launch_arguments
+from ..layout import LAYOUTS
+from ..usage import kernel_error
+from ..launch import run_command
 
 
 def mixed_documents(seq_len: int, lo: int, hi: int, seed: int = 0) -> list[int]:
@@ -286,44 +289,95 @@ def _ints(s):
     return [int(x) for x in s.split(",") if x]
 
 
+# --device cpu: sizes that finish in well under a minute on 2 cores
+CPU_DEFAULTS = dict(seq=2048, windows=[64, 256], doc_seq=1024, doc_lengths=[16, 256], heads=2, head_dim=16,
+                    warmup=1, iters=2, check_seq=256)
+GPU_DEFAULTS = dict(seq=1 << 20, windows=[4096, 32768], doc_seq=1 << 19, doc_lengths=[1024, 65536], heads=32,
+                    head_dim=128, warmup=2, iters=5, check_seq=16384)
+
+
+def _d(key):
+    def f(v):
+        return ",".join(map(str, v)) if isinstance(v, list) else str(v)
+
+    return f"[cuda: {f(GPU_DEFAULTS[key])}, cpu: {f(CPU_DEFAULTS[key])}]"
+
+
 def build_parser(p=None):
-    p = p or argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu",
-                   help="cuda: NCCL, bf16; cpu: gloo, float32 [%(default)s]")
+
+    p = p or argparse.ArgumentParser(prog="burstengine bench sparse", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                   help="cuda: NCCL, bf16; cpu: gloo, float32 [cuda when available]")
     p.add_argument("--cases", default="window,docs", help="window and/or docs [%(default)s]")
-    p.add_argument("--seq", type=int, default=1 << 20, help="global length of the window cases [%(default)s]")
-    p.add_argument("--windows", type=_ints, default=[4096, 32768], help="window sizes [4096,32768]")
+    p.add_argument("--seq", type=int, default=None, help="global length of the window cases " + _d("seq"))
+    p.add_argument("--windows", type=_ints, default=None, help="window sizes " + _d("windows"))
     p.add_argument("--window-layouts", default="contiguous", help="layouts for the windows [%(default)s]")
-    p.add_argument("--doc-seq", type=int, default=1 << 19, help="global length of the document cases [%(default)s]")
-    p.add_argument("--doc-lengths", type=_ints, default=[1024, 65536],
-                   help="document lengths are log-uniform in [lo,hi] [1024,65536]")
+    p.add_argument("--doc-seq", type=int, default=None, help="global length of the document cases " + _d("doc_seq"))
+    p.add_argument("--doc-lengths", type=_ints, default=None,
+                   help="document lengths are log-uniform in [lo,hi] " + _d("doc_lengths"))
     p.add_argument("--doc-layouts", default="striped,contiguous", help="layouts for the documents [%(default)s]")
     p.add_argument("--causal-layout", default="zigzag", help="layout of the causal baselines [%(default)s]")
-    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--heads", type=int, default=None, help=_d("heads"))
     p.add_argument("--kv-heads", type=int, default=None, help="default: --heads")
-    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--head-dim", type=int, default=None, help=_d("head_dim"))
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--backward", default="burst", choices=("burst", "ring", "auto"))
     p.add_argument("--kernel", default=None, help="local kernel (default: BURST_KERNEL or auto)")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=None, help=_d("warmup"))
+    p.add_argument("--iters", type=int, default=None, help=_d("iters"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--check", action="store_true", help="also check each case against the reference kernel")
-    p.add_argument("--check-seq", type=int, default=16384, help="global length of the --check runs [%(default)s]")
+    p.add_argument("--check-seq", type=int, default=None, help="global length of the --check runs " + _d("check_seq"))
     p.add_argument("--name", default=None, help="record name (default sparse_<world><device>)")
-    p.add_argument("--out-dir", default=None, help="record folder (default BURST_RESULTS or benchmarks/results)")
+    p.add_argument("--out-dir", default=None, help="record folder [$BURST_RESULTS or ./burst-results]")
+    add_launch_arguments(p)
     return p
+
+
+def _fill_defaults(args):
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    for key, value in (CPU_DEFAULTS if args.device == "cpu" else GPU_DEFAULTS).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.kv_heads = args.kv_heads or args.heads
+    for key in ("cases", "window_layouts", "doc_layouts"):
+        if isinstance(getattr(args, key), str):
+            setattr(args, key, getattr(args, key).split(","))
+    return args
+
+
+def validate(args) -> str | None:
+    """One line for arguments that cannot work (before any rank starts), else None."""
+    if args.device == "cuda" and not torch.cuda.is_available():
+        return "--device cuda needs GPUs; use --device cpu for a gloo run"
+    if len(args.doc_lengths) != 2 or not 1 <= args.doc_lengths[0] <= args.doc_lengths[1]:
+        return f"--doc-lengths takes lo,hi with 1 <= lo <= hi, got {args.doc_lengths}"
+    bad = [c for c in args.cases if c not in ("window", "docs")]
+    if bad:
+        return f"--cases: unknown {bad}; known: window, docs"
+
+    for key in ("window_layouts", "doc_layouts"):
+        bad = [x for x in getattr(args, key) if x not in LAYOUTS]
+        if bad:
+            return f"--{key.replace('_', '-')}: unknown layout(s) {bad}; known: {', '.join(LAYOUTS)}"
+    if args.causal_layout not in LAYOUTS:
+        return f"--causal-layout: unknown layout {args.causal_layout!r}; known: {', '.join(LAYOUTS)}"
+    if min(args.heads, args.kv_heads, args.head_dim, args.batch, args.iters, *args.windows) < 1 or args.warmup < 0:
+        return "--heads, --kv-heads, --head-dim, --batch, --iters and --windows must be >= 1, --warmup >= 0"
+    if args.heads % args.kv_heads:
+        return f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads})"
+    for name in ("seq", "doc_seq", "check_seq"):
+        S = getattr(args, name)
+        if S < 1 or S % (2 * args.world):
+            return f"--{name.replace('_', '-')} {S} must be a positive multiple of 2 x {args.world} ranks"
+
+    return kernel_error(args.kernel, args.device)
 
 
 def run(group, argv=None) -> dict:
     """The benchmark on an initialised process group; returns the record (rank 0 writes it)."""
-    args = build_parser().parse_args(argv)
-    args.kv_heads = args.kv_heads or args.heads
-    args.cases = args.cases.split(",")
-    args.window_layouts = args.window_layouts.split(",")
-    args.doc_layouts = args.doc_layouts.split(",")
-    if len(args.doc_lengths) != 2:
-        raise SystemExit("--doc-lengths takes lo,hi")
+    args = _fill_defaults(build_parser().parse_args(argv))
     rank, G = dist.get_rank(group), dist.get_world_size(group)
     device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
@@ -350,21 +404,20 @@ def run(group, argv=None) -> dict:
     return payload
 
 
-def main(argv=None):
-    args, _ = build_parser().parse_known_args(argv)
+def _rank_main(args) -> int:
     if args.device == "cuda":
-        if not torch.cuda.is_available():
-            raise SystemExit("--device cuda needs GPUs; use --device cpu for a gloo run")
-        dist.init_process_group("nccl")
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank())))
-    else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
-        dist.init_process_group("gloo")
-    try:
-        run(None, argv)
-    finally:
-        dist.destroy_process_group()
+    run(None, args.argv)
     return 0
+
+
+def main(argv=None):
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _fill_defaults(build_parser().parse_args(argv))
+    args.argv = argv
+    return run_command(_rank_main, args, validate, prog="burstengine bench sparse",
+                       backend="nccl" if args.device == "cuda" else "gloo")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ for every head-parallel degree that fits; median of ``--iters`` after ``--warmup
 raw times, the calibration and the cluster description (usable as ``BURST_CLUSTER`` or
 ``burstengine plan --cluster``).
 
-``--device cpu`` runs the same on gloo processes at a tiny size (the test suite does).
+``--device cpu`` runs the same on gloo processes at a tiny size (the test suite does); without\ntorchrun ``burstengine bench topo`` spawns --world local ranks itself.
 """
 from __future__ import annotations
 
@@ -40,16 +40,28 @@ from ..kernels import get_kernel
 from ..records import write_record
 from ..timing import median, timed
 from . import peers
+from ..launch import add_launch_arguments
+from ..layout import LAYOUTS
+from ..usage import kernel_error
+from ..launch import run_command
 
 SCHEMES = ("burst", "ring", "burst_double", "ring_double", "ulysses", "hybrid")
 
 
+# --device cpu: sizes that finish in well under a minute on 2 cores
+CPU_DEFAULTS = dict(seqs="512,1024", heads=4, head_dim=16, warmup=1, iters=2)
+GPU_DEFAULTS = dict(seqs="32768,131072", heads=32, head_dim=128, warmup=2, iters=5)
+
+
 def build_parser(p=None):
-    p = p or argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seqs", default="32768,131072", help="global sequence lengths, comma-separated")
-    p.add_argument("--heads", type=int, default=32)
+
+    p = p or argparse.ArgumentParser(prog="burstengine bench topo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seqs", default=None, help="global sequence lengths, comma-separated "
+                                                "[cuda: 32768,131072, cpu: 512,1024]")
+    p.add_argument("--heads", type=int, default=None, help="[cuda: 32, cpu: 4]")
     p.add_argument("--kv-heads", type=int, default=None, help="[= heads]")
-    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--head-dim", type=int, default=None, help="[cuda: 128, cpu: 16]")
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--layout", default="zigzag")
     p.add_argument("--kernel", default=None, help="local kernel [cudnn on CUDA, reference on CPU]")
@@ -57,12 +69,57 @@ def build_parser(p=None):
                    help="nodes x GPUs per node of the double ring, e.g. 2x2 [2 x world/2]")
     p.add_argument("--schemes", default=",".join(SCHEMES))
     p.add_argument("--link-sizes", default=None, help="message sizes (bytes) of the link fit, comma-separated")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=None, help="[cuda: 2, cpu: 1]")
+    p.add_argument("--iters", type=int, default=None, help="[cuda: 5, cpu: 2]")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="[cuda when available]")
-    p.add_argument("--name", default=None, help="record name [topo_bench_<world>gpu]")
-    p.add_argument("--out-dir", default=None)
+    p.add_argument("--name", default=None, help="record name [topo_bench_<world>gpu or _<world>cpu]")
+    p.add_argument("--out-dir", default=None, help="record folder [$BURST_RESULTS or ./burst-results]")
+    add_launch_arguments(p)
     return p
+
+
+def fill_defaults(args):
+    """The device's default sizes where none were given (``run`` calls it too)."""
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    for key, value in (CPU_DEFAULTS if args.device == "cpu" else GPU_DEFAULTS).items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    return args
+
+
+def validate(args) -> str | None:
+    """One line for arguments that cannot work (before any rank starts), else None."""
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        return "--device cuda needs GPUs; use --device cpu for a gloo run"
+    bad = [s for s in args.schemes.split(",") if s and s not in SCHEMES]
+    if bad:
+        return f"--schemes: unknown {bad}; known: {', '.join(SCHEMES)}"
+    if args.layout not in LAYOUTS:
+        return f"--layout: unknown {args.layout!r}; known: {', '.join(LAYOUTS)}"
+    try:
+        seqs = [int(x) for x in str(args.seqs).split(",") if x]
+        sizes = [int(x) for x in str(args.link_sizes).split(",") if x] if args.link_sizes else [1]
+    except ValueError:
+        return f"--seqs and --link-sizes take comma-separated integers, got {args.seqs!r}, {args.link_sizes!r}"
+    if not seqs or min(seqs + sizes) < 1:
+        return "--seqs and --link-sizes must be positive"
+    bad = [S for S in seqs if S % (2 * args.world)]
+    if bad:
+        return f"--seqs {bad}: each must be a multiple of 2 x {args.world} ranks"
+    if min(args.heads, args.head_dim, args.iters) < 1 or args.warmup < 0:
+        return "--heads, --head-dim and --iters must be >= 1, --warmup >= 0"
+    if args.kv_heads is not None and (args.kv_heads < 1 or args.heads % args.kv_heads):
+        return f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads})"
+    if args.topology:
+        try:
+            shape = topo.Topology.parse(args.topology)
+        except ValueError as e:
+            return f"--topology: {e}"
+        if shape.world != args.world:
+            return f"--topology {shape} does not describe the {args.world} ranks"
+
+    return kernel_error(args.kernel, args.device)
 
 
 def fit_link(sizes, secs) -> cm.Link:
@@ -204,8 +261,9 @@ def kernel_shapes(attn: cm.Attn, G: int, hybrid_us) -> set:
 
 def run(group, args, log=print) -> dict | None:
     """Everything above on the ranks of ``group``; rank 0 returns the record."""
+    fill_defaults(args)
     rank, G = dist.get_rank(group), dist.get_world_size(group)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     kernel = get_kernel(args.kernel, device)
     H, Hkv, D = args.heads, args.kv_heads or args.heads, args.head_dim
@@ -315,21 +373,23 @@ def print_table(rec, file=sys.stdout):
     print(f"largest |error|: {100 * worst:.1f}%", file=file)
 
 
-def main(argv=None):
-    args = build_parser().parse_args(argv)
-    cuda = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
-    dist.init_process_group("nccl" if cuda else "gloo")
-    if cuda:
+def _rank_main(args) -> int:
+    if args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank())))
-    else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // dist.get_world_size()))
     rec = run(None, args)
     if rec is not None:
         print_table(rec)
-        path = write_record(args.name or f"topo_bench_{rec['world']}gpu", rec, args.out_dir)
+        unit = "gpu" if args.device == "cuda" else "cpu"
+        path = write_record(args.name or f"topo_bench_{rec['world']}{unit}", rec, args.out_dir)
         print(f"wrote {path}")
-    dist.destroy_process_group()
     return 0
+
+
+def main(argv=None):
+
+    args = fill_defaults(build_parser().parse_args(argv))
+    return run_command(_rank_main, args, validate, prog="burstengine bench topo",
+                       backend="nccl" if args.device == "cuda" else "gloo")
 
 
 if __name__ == "__main__":

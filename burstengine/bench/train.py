@@ -1,6 +1,6 @@
 """End-to-end training throughput: BurstEngine beside torch-native context parallelism.
 
-    torchrun --nproc_per_node 2 -m burstengine.bench.train --model llama-7b \\
+    torchrun --nproc_per_node 2 -m burstengine bench train --model llama-7b \\
         --seqs 131072,262144,524288 --longest
 
 Same model, same FSDP2 setup (parameters sharded over all ranks, bf16 compute, fp32 reduce
@@ -14,16 +14,16 @@ raw step times.  ``--longest`` keeps doubling the sequence after the last one un
 runs out of memory.  The loss of step 0 is printed per method: the same batch and weights give
 the same loss whichever attention runs (a cheap end-to-end correctness check).
 
-On a CPU machine without torchrun it spawns --world gloo ranks (a tiny model by default) so the
-whole path can be tried anywhere; torch-cp is then reported as not supported (torch's CP has no
-rule for the CPU SDPA kernel).
+On a CPU machine without torchrun it spawns --world gloo ranks (a tiny model, burst only, by
+default) so the whole path can be tried anywhere; torch-cp needs CUDA (torch's CP has no rule
+for the CPU SDPA kernel).
 
 ``--ablation`` runs the BurstEngine ablation instead (paper Table 2: baseline, + burst backward,
 + fused LM head/loss, + sequence-level selective checkpointing, vs keeping every attention
 output) and the memory-vs-split curve of sequence-level checkpointing, all with BurstAttention
 (see burstengine/bench/ablation.py):
 
-    torchrun --nproc_per_node 4 -m burstengine.bench.train --ablation --model llama-7b --seqs 524288
+    torchrun --nproc_per_node 4 -m burstengine bench train --ablation --model llama-7b --seqs 524288
 """
 from __future__ import annotations
 
@@ -35,13 +35,14 @@ import time
 import torch
 import torch.distributed as dist
 
-from ..launch import init_from_env, spawn, under_launcher
 from ..records import write_record
 from ..timing import median
 from ..train import Trainer, load
 from ..train.metrics import peak_memory_gib
 from . import ablation
 from .plain_llama import best_case
+from ..launch import run_command
+from .ablation import runs_of
 
 METHODS = ("burst", "torch-cp", "plain")  # plain: bench/plain_llama.py, one GPU, no CP
 
@@ -54,13 +55,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="then double the sequence until a method runs out of memory (or passes --max-seq)")
     p.add_argument("--max-seq", type=int, default=None,
                    help="cap for --longest (default: 4194304 on GPU, 2048 on CPU)")
-    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of %(default)s")
+    p.add_argument("--methods", default=None,
+                   help=f"comma-separated subset of {','.join(METHODS)} [cuda: all, cpu: burst]")
     p.add_argument("--steps", type=int, default=5, help="timed steps per case [%(default)s]")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first [%(default)s]")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="config overrides for every case (e.g. checkpoint=selective)")
+                   help="config overrides for every case (e.g. activation_checkpoint=selective)")
     p.add_argument("--name", default=None, help="record name [train_<model>_<world>x<device>]")
-    p.add_argument("--out-dir", default=None, help="record directory [benchmarks/results or $BURST_RESULTS]")
+    p.add_argument("--out-dir", default=None, help="record directory [$BURST_RESULTS or ./burst-results]")
     p.add_argument("--ablation", action="store_true",
                    help="run the ablation rows (BurstEngine Table 2) and the memory-vs-split curve instead of "
                         "--methods (default seqs: 524288 on GPU, 512 on CPU)")
@@ -68,13 +70,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ablation rows to run, comma-separated, from baseline,+burst-bwd,+fused-loss,+seq-ckpt,"
                         "store-all,selective,curve [all but selective]")
     p.add_argument("--split", type=float, default=0.5,
-                   help="checkpoint_split of the +seq-ckpt row: share of each rank's tokens whose attention "
+                   help="activation_checkpoint_split of the +seq-ckpt row: share of each rank's tokens whose attention "
                         "output is kept [%(default)s]")
     p.add_argument("--splits", default="0,0.25,0.5,0.75,1",
-                   help="checkpoint_split values of the memory-vs-split curve [%(default)s]")
+                   help="activation_checkpoint_split values of the memory-vs-split curve [%(default)s]")
     p.add_argument("--append", action="store_true",
                    help="--ablation: add this launch's rows to the record of the same name instead of replacing it")
-    p.add_argument("--world", type=int, default=2, help="ranks to spawn without torchrun [%(default)s]")
+    p.add_argument("--world", type=int, default=None, help="ranks to spawn without torchrun [one per GPU, else 2]")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds before spawned ranks are stopped")
 
 
@@ -236,26 +238,48 @@ def run_rank(args) -> int:
     return 0
 
 
+def validate(args) -> str | None:
+    """One line for arguments that cannot work (before any rank starts), else None."""
+
+    on_gpu = torch.cuda.is_available()
+    model = args.model or ("llama-7b" if on_gpu else "tiny")
+    try:
+        load(model, list(args.overrides))
+        seqs = _ablation_seqs(args) if args.ablation else \
+            [int(s) for s in (args.seqs or "1").split(",") if s]
+    except ValueError as e:
+        return str(e).replace("invalid literal for int() with base 10", "--seqs takes comma-separated integers")
+    if not seqs or min(seqs) < 1 or (args.max_seq is not None and args.max_seq < 1):
+        return "--seqs and --max-seq must be positive"
+    if args.steps < 1 or args.warmup < 0:
+        return "--steps must be >= 1 and --warmup >= 0"
+    if args.ablation:
+
+        if args.longest:
+            return "--longest does not apply to --ablation"
+        try:  # a bad row, split or length fails here, before any rank is spawned
+            runs_of(args, model, seqs, args.world)
+        except ValueError as e:
+            return str(e)
+        return None
+    methods = [m for m in (args.methods or "").split(",") if m]
+    bad = [m for m in methods if m not in METHODS]
+    if bad or not methods:
+        return f"unknown methods {bad}; expected some of {METHODS}"
+    if "torch-cp" in methods and not on_gpu:
+        return "torch-cp (torch's context_parallel) needs CUDA GPUs: torch has no CPU rule for it; use --methods burst"
+    return None
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m burstengine.bench.train", description=__doc__,
+
+    p = argparse.ArgumentParser(prog="burstengine bench train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     args = p.parse_args(argv)
-    if args.ablation and not under_launcher():
-        try:  # a bad row, split or length fails here, before any rank is spawned
-            ablation.runs_of(args, args.model or ("llama-7b" if torch.cuda.is_available() else "tiny"), _ablation_seqs(args),
-                    args.world)
-        except ValueError as e:
-            print(f"burstengine bench train: error: {e}", file=sys.stderr)
-            return 2
-    if under_launcher():
-        own = init_from_env(args.timeout)
-        try:
-            return run_rank(args)
-        finally:
-            if own:
-                dist.destroy_process_group()
-    return spawn(run_rank, (args,), args.world, args.timeout, prog="burstengine.bench.train")
+    if args.methods is None:
+        args.methods = ",".join(METHODS) if torch.cuda.is_available() else "burst"
+    return run_command(run_rank, args, validate, prog="burstengine bench train")
 
 
 if __name__ == "__main__":

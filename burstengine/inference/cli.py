@@ -31,6 +31,7 @@ from ..records import write_record
 from ..timing import median, timed
 from .engine import check_prefill, peak_bytes, prefill, reset_peak
 from .models import IMPLS, check_spec, load_model, resolve_dtype
+from ..usage import kernel_error, missing_package
 
 HELP = "prefill a long prompt across ranks (BurstAttention): next-token logits, first-token latency, peak memory"
 
@@ -57,7 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-kv", default=None,
                    help="keep every layer's K/V and write each rank's shard to DIR/kv_rank<r>.safetensors "
                         "(memory: 2 x layers x tokens/rank x kv_heads x head_dim values per rank)")
-    p.add_argument("--record", default=None, help="write a JSON record of the run under benchmarks/results/NAME.json")
+    p.add_argument("--record", default=None, help="write a JSON record of the run as NAME.json in $BURST_RESULTS or "
+                                                   "./burst-results (a numbered name if that exists)")
     p.add_argument("--world", type=int, default=2, help="ranks to spawn without torchrun [%(default)s]")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads per spawned CPU rank (default: cores / world)")
@@ -80,6 +82,18 @@ def validate(args) -> str | None:
         return f"--world must be >= 1, got {world}"
     if not initialized() and torch.cuda.is_available() and world > torch.cuda.device_count():
         return f"--world {world} is more than the {torch.cuda.device_count()} GPU(s) here (one rank per GPU)"
+
+    needs = [("safetensors", "--model DIR (HF safetensors weights)") if os.path.isdir(args.model) else None,
+             ("transformers", "--impl hf") if args.impl == "hf" else None,
+             ("transformers", "--prompt-file (the model's tokenizer)") if args.prompt_file else None,
+             ("safetensors", "--save-kv") if args.save_kv else None]
+    for need in filter(None, needs):
+        msg = missing_package(*need)
+        if msg:
+            return msg
+    msg = kernel_error(args.kernel, "cuda" if torch.cuda.is_available() else "cpu")
+    if msg:
+        return msg
     if args.prompt_file:
         if not os.path.isfile(args.prompt_file):
             return f"--prompt-file {args.prompt_file!r} does not exist"

@@ -1,8 +1,9 @@
 """The kernel registry: every local attention kernel by name, and the automatic choice.
 
 :func:`get_kernel` looks a name up ("auto": on CUDA an :class:`AutoKernel` that picks per call,
-by direction, mask and block size, the kernel measured faster (``AUTO_TABLE``); the reference
-kernel elsewhere).  Which name a call uses (the ``kernel=`` argument, else ``BURST_KERNEL``) and
+by direction, mask and block size, the kernel measured faster (``AUTO_TABLE``); on CPU the
+kernel on torch's CPU flash attention op (kernels/cpu_flash.py, which hands float64 calls, the
+tests' oracle, to the reference kernel); the reference kernel elsewhere).  Which name a call uses (the ``kernel=`` argument, else ``BURST_KERNEL``) and
 whether Gluon may run (``BURST_GLUON``) are decided by attention/planning.py, which passes them
 here: kernels read no environment.
 """
@@ -12,12 +13,14 @@ import torch
 
 from ..masks import CAUSAL, FULL, STRICT, MaskSpec
 from .base import Kernel
+from .cpu_flash import CpuFlashKernel
 from .pieces import large_pairs
 from .reference import ReferenceKernel
 from .sdpa import CudnnKernel, FlashKernel
 from .triton.kernel import TritonKernel, gluon_forward_into
 
-KERNELS: dict[str, Kernel] = {k.name: k for k in (ReferenceKernel(), FlashKernel(), CudnnKernel(), TritonKernel())}
+KERNELS: dict[str, Kernel] = {k.name: k for k in (ReferenceKernel(), FlashKernel(), CudnnKernel(), TritonKernel(),
+                                                   CpuFlashKernel())}
 
 # Which kernel "auto" runs on CUDA for each (direction, mask): (most query rows in the block, kernel)
 # pairs, first match wins; before the table, a forward_into (ring step) of a full/causal/strict block
@@ -118,7 +121,9 @@ def get_kernel(name: str | None, device, gluon: bool = True) -> Kernel:
     device = torch.device(device)
     if name == "auto":
         auto = _AUTO[bool(gluon)]
-        return auto if auto.available(device) else KERNELS["reference"]
+        if auto.available(device):
+            return auto
+        return KERNELS["cpu_flash"] if device.type == "cpu" else KERNELS["reference"]
     if name not in KERNELS:
         raise ValueError(f"unknown kernel {name!r}; expected 'auto' or one of {sorted(KERNELS)}")
     k = _named(name, gluon)

@@ -61,7 +61,7 @@ def sequence(block, x, cos, sin, docs=None):
     if docs is not None or block.window:
         # seq_checkpoint's ring takes no sparse mask: refuse rather than attend across documents
         what = "packed documents (cu_seqlens)" if docs is not None else f"a sliding window (model.window={block.window})"
-        raise ValueError(f"checkpoint='sequence' does not support {what} yet; use checkpoint='full' or 'selective'")
+        raise ValueError(f"checkpoint='sequence' does not support {what} yet; use 'full', 'selective' or 'auto'")
     cp = block.cp
     local = cp.group is None
     return seq_checkpoint(x, lambda t: block.pre_attention(t, cos, sin), block.post_attention,

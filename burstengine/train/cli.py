@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 
 import torch.distributed as dist
 
@@ -29,10 +30,12 @@ from ..comm import fault
 from ..launch import init_from_env, spawn, under_launcher
 from ..records import write_record
 from .checkpoint import latest
-from .config import load
+from .config import load, to_toml
 from .loop import Trainer
 from .metrics import read_jsonl
 from . import corpus
+from .config import help_epilog
+from ..usage import kernel_error, missing_package
 
 # fault injection for the tests, read here (the CLI) and handed to the Trainer:
 # "RANK:STEP" makes that rank SIGKILL itself in the middle of step STEP (1-based), after its
@@ -56,10 +59,13 @@ HELP = "train a LLaMA-style model (FSDP2 + BurstAttention context parallelism)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+
+    p.epilog = help_epilog()
     p.add_argument("--config", default="tiny", help="preset name or TOML file [%(default)s]")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one config field (repeatable), e.g. --set steps=10 --set model.dim=256")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in <out_dir>")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the latest saved checkpoint in <out_dir> (nothing to do when it is the last step)")
     p.add_argument("--overwrite", action="store_true", help="start again even if <out_dir> holds a run")
     p.add_argument("--world", type=int, default=None,
                    help="ranks to spawn without torchrun (default: the config's cp, or 1)")
@@ -69,10 +75,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prepare-data", action="store_true",
                    help="tokenize the config's text data into its cache (one process) and exit: for corpora whose "
                         "tokenization would outlast fault_timeout while the other ranks of a torchrun job wait")
-    p.add_argument("--print-config", action="store_true", help="print the resolved config as TOML-like lines and exit")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config as TOML (what --config reads) and exit")
     p.add_argument("--record", metavar="NAME", default=None,
                    help="after a successful run, write its summary and config as a JSON record "
-                        "benchmarks/results/NAME.json (command, commit, versions)")
+                        "NAME.json in $BURST_RESULTS or ./burst-results (command, commit, versions; a numbered name if that "
+                        "exists)")
 
 
 def _err(msg: str) -> int:
@@ -118,27 +126,82 @@ def _resume_hint(cfg) -> None:
         print(f"burstengine train: the last complete checkpoint is {found}; run the same command with --resume "
               f"to continue from it", file=sys.stderr, flush=True)
     else:
-        print("burstengine train: no checkpoint was completed (set ckpt_every to save some); a rerun starts "
+        print("burstengine train: no checkpoint was completed (set save_every to save some); a rerun starts "
               "from step 0", file=sys.stderr, flush=True)
+
+
+def preflight(cfg, world: int | None = None) -> str | None:
+    """What can be told before any rank starts: a one-line message, else None.  ``world``: the
+    ranks to spawn (None under a launcher, where the group's size is checked by the ranks)."""
+    import torch
+
+
+    if world is not None:
+        if world < 1:
+            return f"--world must be >= 1, got {world}"
+        try:
+            cfg.check_world(world)
+        except ValueError as e:
+            return str(e)
+    cuda = torch.cuda.is_available()
+    if cfg.attention == "torch-cp" and not cuda:
+        return ("attention='torch-cp' (torch's context_parallel) needs CUDA GPUs: torch has no CPU rule for it; "
+                "on CPU use attention='burst'")
+    msg = kernel_error(cfg.kernel, "cuda" if cuda else "cpu")
+    if msg:
+        return msg.replace("--kernel", "kernel").replace("BURST_KERNEL", "kernel")
+    if cfg.data.endswith(".jsonl"):
+        msg = missing_package("tokenizers", "jsonl data")
+        if msg:
+            return msg
+        from tokenizers import Tokenizer
+
+        try:
+            Tokenizer.from_file(cfg.tokenizer)
+        except Exception as e:  # the library's own error type varies; any means "cannot use it"
+            return f"tokenizer {cfg.tokenizer!r} cannot be read as a tokenizers JSON file: {str(e).splitlines()[0]}"
+    return None
+
+
+def finished(cfg) -> tuple[str, int] | None:
+    """(path, step) of the latest saved checkpoint when it is at or past ``cfg.steps`` (a
+    --resume has nothing to do), else None."""
+    import json
+    import os
+
+
+    found = latest(os.path.join(cfg.run_dir, "checkpoints"))
+    if not found:
+        return None
+    try:
+        with open(os.path.join(found, "meta.json")) as f:
+            step = json.load(f)["step"]
+    except (OSError, ValueError, KeyError):
+        return None  # the ranks will say what is wrong with it
+    return (found, step) if step >= cfg.steps else None
 
 
 def run(args) -> int:
     try:
-        cfg = load(args.config, args.overrides)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", FutureWarning)
+            cfg = load(args.config, args.overrides)
     except ValueError as e:
         return _err(str(e))
     if cfg.init:
         print(f"burstengine train: note: the model's shape comes from {cfg.init}/config.json (a preset's [model] "
               f"table is ignored)", file=sys.stderr)
+    for w in caught:  # deprecated config names: one line each
+        print(f"burstengine train: note: {w.message}", file=sys.stderr)
     if args.print_config:
-        for k, v in cfg.to_dict().items():
-            if isinstance(v, dict):
-                print(f"[{k}]")
-                for k2, v2 in v.items():
-                    print(f"  {k2} = {v2!r}")
-            else:
-                print(f"{k} = {v!r}")
+        print(to_toml(cfg), end="")
         return 0
+    if args.resume and not args.overwrite:
+        done = finished(cfg)
+        if done:
+            print(f"burstengine train: nothing to do: the run is finished ({done[0]} is step {done[1]}, "
+                  f"steps={cfg.steps}); raise steps (--set steps=N) to train on", file=sys.stderr)
+            return 0
     if args.prepare_data or not under_launcher():
         # spawned ranks find the corpus tokenized: done here, once, before any rank waits on it
         code = _prepare_data(cfg, verbose=args.prepare_data)
@@ -146,6 +209,11 @@ def run(args) -> int:
             return code
     timeout = fault.job_timeout(cfg.fault_timeout, configured_timeout())
     if under_launcher():
+        msg = preflight(cfg)
+        if msg:
+            if int(os.environ.get("RANK", "0")) == 0:
+                _err(msg)
+            return 2
         own = init_from_env(timeout)
         try:
             code = run_rank(cfg, args.resume, args.overwrite)
@@ -154,13 +222,10 @@ def run(args) -> int:
             if own:
                 dist.destroy_process_group()
         return _record(cfg, args.record, code) if rank == 0 else code
-    world = args.world or cfg.cp or 1
-    if world < 1:
-        return _err(f"--world must be >= 1, got {world}")
-    try:
-        cfg.check_world(world)
-    except ValueError as e:
-        return _err(str(e))
+    world = args.world if args.world is not None else (cfg.cp or 1)
+    msg = preflight(cfg, world)
+    if msg:
+        return _err(msg)
     code = spawn(run_rank, (cfg, args.resume, args.overwrite), world, args.timeout, prog="burstengine train",
                  pg_timeout=timeout)
     if code not in (0, 2):

@@ -19,8 +19,10 @@ import dataclasses
 import difflib
 import importlib.util
 import inspect
+import math
 import os
 import typing
+import warnings
 from dataclasses import dataclass, field
 
 from ..layout import LAYOUTS
@@ -40,26 +42,32 @@ TOKEN_DTYPES = ("uint16", "uint32")
 
 @dataclass
 class TrainConfig:
-    """Every knob of ``burstengine train``.  Sizes are global unless they say otherwise."""
+    """Every knob of ``burstengine train``.  Sizes are global unless they say otherwise.
 
-    name: str = "run"
+    The comments below are the help text: ``burstengine train --help`` and ``--print-config``
+    show them (a comment at the class's indentation starts a group; one after a field, on its
+    line or the lines below it, explains the field)."""
+
+    name: str = "run"                # run name; out_dir may use it as {name}
     model: ModelArgs = field(default_factory=lambda: copy.deepcopy(MODEL_PRESETS["tiny"]))
     # parallelism: world = dp_shard x cp; FSDP shards parameters over all of it
     cp: int = 0                      # context-parallel ranks per sequence; 0 = all ranks
-    layout: str = "zigzag"           # how a sequence is split over the cp ranks
-    attention: str = "burst"         # burst (BurstAttention), torch-cp (torch's context_parallel), sdpa (no CP)
+    layout: str = "zigzag"           # how a sequence is split over the cp ranks (zigzag, striped, contiguous)
+    attention: str = "burst"         # burst (BurstAttention), torch-cp (torch's context_parallel, CUDA only),
+                                     # sdpa (no CP)
     attn_backward: str = "auto"      # BurstAttention backward: burst / ring / auto
     kernel: str = "auto"             # local attention kernel (see burstengine.kernels)
-    checkpoint: str = "none"         # activation checkpointing policy (see burstengine.model.checkpointing)
-    # checkpoint="auto": bytes of activations a layer may keep, planned per layer (see
-    # burstengine.model.checkpointing.plan_layers); 0 = what the device has left after the
-    # parameters, gradients and optimizer states
-    activation_memory_gib: float = 0.0
+    # memory: activation checkpointing (recompute in backward; saving checkpoints is save_every)
+    activation_checkpoint: str = "none"  # policy: none, full, selective, sequence, or auto (per layer from
+                                     # activation_memory_gib; see burstengine.model.checkpointing); was "checkpoint"
+    activation_checkpoint_split: float = 0.5  # activation_checkpoint="sequence": share of each rank's tokens
+                                     # whose attention output is kept (0 = recompute all, 1 = keep all)
+    activation_memory_gib: float = 0.0  # activation_checkpoint="auto": GiB of activations the layers may keep,
+                                     # planned per layer; 0 = what the device has left after the parameters,
+                                     # gradients and optimizer states
     fused_ops: bool = True           # RMSNorm, RoPE and SwiGLU as one compiled kernel each on GPUs
-    checkpoint_split: float = 0.5    # checkpoint="sequence": share of each rank's tokens whose attention
-                                     # output is kept (0 = recompute all attention, 1 = keep all)
-    loss: str = "naive"              # hidden states -> loss (see burstengine.model.losses)
-    precision: str = "auto"          # auto: bf16 params / fp32 reduce on CUDA, fp32 on CPU
+    loss: str = "naive"              # hidden states -> loss: naive, chunked, fused (see burstengine.model.losses)
+    precision: str = "auto"          # auto: bf16 params / fp32 reduce on CUDA, fp32 on CPU; or fp32, bf16
     # data
     data: str = "passkey"            # "passkey" (synthetic), a .bin token file, or text: .jsonl / .parquet /
                                      # .txt files or a directory of them (see burstengine.train.corpus)
@@ -69,24 +77,24 @@ class TrainConfig:
     batch_size: int = 1              # sequences per step per data-parallel rank
     passkey_len: int = 4             # tokens in the passkey
     passkey_symbols: int = 16        # distinct passkey tokens (chance = 1 / this per token)
-    # optimisation
-    steps: int = 100
-    lr: float = 3e-4
+    # optimisation (AdamW)
+    steps: int = 100                 # optimizer steps of the whole run
+    lr: float = 3e-4                 # peak learning rate, in (0, 1]
     min_lr_ratio: float = 0.1        # final lr = lr x this (cosine / linear)
-    warmup_steps: int = 10
-    schedule: str = "cosine"
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
+    warmup_steps: int = 10           # linear warm-up from 0 to lr
+    schedule: str = "cosine"         # lr after warm-up: cosine, linear, constant
+    weight_decay: float = 0.1        # AdamW's decoupled weight decay
+    beta1: float = 0.9               # AdamW's first-moment decay
+    beta2: float = 0.95              # AdamW's second-moment decay
     grad_clip: float = 1.0           # max global grad norm; 0 = no clipping
-    seed: int = 0
-    # output, checkpoints, metrics
-    out_dir: str = "runs/{name}"
-    ckpt_every: int = 0              # save every K steps (and at the end); 0 = never
-    ckpt_keep: int = 2               # checkpoints kept on disk
-    log_every: int = 1
+    seed: int = 0                    # weights, data order and passkeys
+    # output, saved checkpoints, metrics
+    out_dir: str = "runs/{name}"     # metrics.jsonl and checkpoints/ go here
+    save_every: int = 0              # save a checkpoint every K steps (and at the end); 0 = never; was "ckpt_every"
+    save_keep: int = 2               # saved checkpoints kept on disk; was "ckpt_keep"
+    log_every: int = 1               # a metrics line every K steps
     eval_every: int = 0              # passkey accuracy every K steps (and at the end); 0 = end only
-    eval_samples: int = 64
+    eval_samples: int = 64           # held-out sequences per evaluation
     peak_tflops: float = 0.0         # per-device peak for MFU; 0 = known GPUs' bf16 dense peak
     progress: bool = True            # progress bar (only ever on an interactive terminal)
     # starting from a pretrained model: an HF model directory (config.json + safetensors, see
@@ -110,9 +118,10 @@ class TrainConfig:
     wandb_project: str = "burstengine"
     wandb_name: str = ""             # the W&B run's name; "" = name
     wandb_mode: str = ""             # "online" / "offline" (no network) / "disabled"; "" = wandb's default
-    # faults: seconds after which a rank that died, froze or stopped answering counts as lost
-    # (process-group timeout, ring deadlines, watchdog); 0 = $BURST_TIMEOUT, else 600
-    fault_timeout: float = 0.0
+    # faults
+    fault_timeout: float = 0.0       # seconds after which a rank that died, froze or stopped answering counts
+                                     # as lost (process-group timeout, ring deadlines, watchdog);
+                                     # 0 = $BURST_TIMEOUT, else 600
 
     @property
     def run_dir(self) -> str:
@@ -121,38 +130,43 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
         self.model.validate()
+        for name in ("norm_eps", "rope_theta"):
+            v = getattr(self.model, name)
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"model.{name} must be a finite number > 0, got {v}")
         _choice("layout", self.layout, LAYOUTS)
         _choice("attention", self.attention, ATTENTIONS)
         _choice("attn_backward", self.attn_backward, ATTN_BACKWARDS)
-        _choice("checkpoint", self.checkpoint, (*POLICIES, "auto"))
+        _choice("activation_checkpoint", self.activation_checkpoint, (*POLICIES, "auto"))
         if not (0.0 <= self.activation_memory_gib < float("inf")):
             raise ValueError(f"activation_memory_gib must be a finite number >= 0 (0 = from the device's memory), "
                              f"got {self.activation_memory_gib}")
         _choice("loss", self.loss, tuple(LOSSES))
-        if not 0.0 <= self.checkpoint_split <= 1.0:
-            raise ValueError(f"checkpoint_split must be in [0, 1] (0 = recompute all attention, 1 = keep all "
-                             f"attention outputs), got {self.checkpoint_split}")
-        if self.checkpoint == "sequence" and self.attention == "torch-cp":
-            raise ValueError("checkpoint='sequence' recomputes part of BurstAttention's ring; with "
-                             "attention='torch-cp' use checkpoint='full' or 'selective'")
+        if not 0.0 <= self.activation_checkpoint_split <= 1.0:
+            raise ValueError(f"activation_checkpoint_split must be in [0, 1] (0 = recompute all attention, 1 = keep "
+                             f"all attention outputs), got {self.activation_checkpoint_split}")
+        if self.activation_checkpoint == "sequence" and self.attention == "torch-cp":
+            raise ValueError("activation_checkpoint='sequence' recomputes part of BurstAttention's ring; with "
+                             "attention='torch-cp' use activation_checkpoint='full' or 'selective'")
         _choice("precision", self.precision, PRECISIONS)
         _choice("schedule", self.schedule, SCHEDULES)
         _choice("token_dtype", self.token_dtype, TOKEN_DTYPES)
         for name in ("seq_len", "batch_size", "steps", "log_every", "eval_samples", "passkey_len", "passkey_symbols",
-                     "ckpt_keep", "grad_accum"):
+                     "save_keep", "grad_accum"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("cp", "warmup_steps", "ckpt_every", "eval_every", "seed"):
+        for name in ("cp", "warmup_steps", "save_every", "eval_every", "seed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not self.lr >= 0:  # 0: a step that changes nothing (tests that init -> export round-trips)
-            raise ValueError(f"lr must be >= 0, got {self.lr}")
+        # floats: NaN passes no comparison, so each test is written to fail on it
+        if not (0 <= self.lr <= 1):  # 0: a step that changes nothing (tests that init -> export round-trips)
+            raise ValueError(f"lr must be in [0, 1], got {self.lr}")
         if self.model.window and self.attention == "torch-cp":
             raise ValueError(f"model.window={self.model.window} (a sliding window) needs attention='burst': torch's "
                              f"context_parallel attends over the whole causal prefix")
-        if self.model.window and self.checkpoint == "sequence":
-            raise ValueError(f"checkpoint='sequence' does not support a sliding window (model.window="
-                             f"{self.model.window}) yet; use checkpoint='full' or 'selective'")
+        if self.model.window and self.activation_checkpoint == "sequence":
+            raise ValueError(f"activation_checkpoint='sequence' does not support a sliding window (model.window="
+                             f"{self.model.window}) yet; use 'full', 'selective' or 'auto'")
         if self.model.rope_scaling.type == "dynamic" and self.attention == "torch-cp":
             raise ValueError("dynamic rope scaling needs the global sequence length, which torch's context_parallel "
                              "hides from the model: use attention='burst'")
@@ -160,8 +174,9 @@ class TrainConfig:
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         for name in ("weight_decay", "grad_clip", "peak_tflops", "fault_timeout"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v}")
         if self.data == "passkey":
             need = 4 + self.passkey_symbols + 2
             if self.model.vocab_size < need:
@@ -251,14 +266,14 @@ def _train(model: str, **kw) -> TrainConfig:
 # tokens per GPU even the block inputs of 32 layers take tens of GB), the fused LM head + loss
 PRESETS: dict[str, TrainConfig] = {
     "tiny": _train("tiny", cp=2, seq_len=256, batch_size=16, steps=400, lr=3e-3, warmup_steps=20, weight_decay=0.0,
-                   passkey_len=1, passkey_symbols=32, eval_every=50, eval_samples=128, ckpt_every=100),
-    "llama-3b": _train("llama-3b", seq_len=131072, steps=20, lr=3e-4, checkpoint="auto", loss="fused",
+                   passkey_len=1, passkey_symbols=32, eval_every=50, eval_samples=128, save_every=100),
+    "llama-3b": _train("llama-3b", seq_len=131072, steps=20, lr=3e-4, activation_checkpoint="auto", loss="fused",
                        log_every=1),
-    "llama-7b": _train("llama-7b", seq_len=131072, steps=20, lr=3e-4, checkpoint="auto", loss="fused",
+    "llama-7b": _train("llama-7b", seq_len=131072, steps=20, lr=3e-4, activation_checkpoint="auto", loss="fused",
                        log_every=1),
-    "llama-8b": _train("llama-8b", seq_len=131072, steps=20, lr=3e-4, checkpoint="auto", loss="fused",
+    "llama-8b": _train("llama-8b", seq_len=131072, steps=20, lr=3e-4, activation_checkpoint="auto", loss="fused",
                        log_every=1),
-    "llama-14b": _train("llama-14b", seq_len=131072, steps=20, lr=3e-4, checkpoint="auto", loss="fused",
+    "llama-14b": _train("llama-14b", seq_len=131072, steps=20, lr=3e-4, activation_checkpoint="auto", loss="fused",
                         log_every=1),
 }
 
@@ -276,8 +291,24 @@ def _fields(cls) -> dict[str, type]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
+# old names still read for one release (they were easy to confuse: "checkpoint" meant activation
+# checkpointing, "ckpt_every" saving checkpoints)
+DEPRECATED = {"checkpoint": "activation_checkpoint", "checkpoint_split": "activation_checkpoint_split",
+              "ckpt_every": "save_every", "ckpt_keep": "save_keep"}
+
+
+def _current_name(key: str) -> str:
+    if key in DEPRECATED:
+        warnings.warn(f"config key {key!r} is deprecated and will be removed in the next release: use "
+                      f"{DEPRECATED[key]!r}", FutureWarning, stacklevel=4)
+        return DEPRECATED[key]
+    return key
+
+
 def _lookup(cfg: TrainConfig, key: str):
-    """(object, field name, field type) for 'name' or 'model.name'."""
+    """(object, field name, field type) for 'name' or 'model.name' (deprecated names map to
+    their new ones, with a FutureWarning)."""
+    key = _current_name(key)
     parts = key.split(".")
     obj, cls = cfg, TrainConfig
     for i, part in enumerate(parts):
@@ -411,3 +442,104 @@ def load(spec: str, overrides: list[str] = ()) -> TrainConfig:
         _from_init(cfg, keys)
     cfg.validate()
     return cfg
+
+
+# --- help and TOML output ------------------------------------------------------------------------
+
+MODEL_HELP = {
+    "dim": "model width (hidden size)",
+    "n_layers": "decoder blocks",
+    "n_heads": "query heads",
+    "n_kv_heads": "key/value heads (GQA when fewer than n_heads)",
+    "vocab_size": "tokens in the vocabulary",
+    "ffn_dim": "hidden size of the SwiGLU MLP",
+    "norm_eps": "RMSNorm epsilon",
+    "rope_theta": "RoPE base",
+    "tie_embeddings": "share the input embedding with the LM head",
+}
+
+
+def field_help() -> list[tuple[str, list[tuple[str, str]]]]:
+    """[(group title, [(field, help)])] of TrainConfig, from the comments in its source (see the
+    class docstring), then the [model] table."""
+    import inspect
+    import re
+
+    groups: list[tuple[str, list[tuple[str, str]]]] = [("general", [])]
+    last = None
+    header = False  # the previous line was a group comment (a second one continues it)
+    src = inspect.getsource(TrainConfig).splitlines()
+    start = next(i for i, line in enumerate(src) if line.startswith("class "))
+    for line in src[start + 1:]:
+        body = line.strip()
+        indent = len(line) - len(line.lstrip())
+        m = re.match(r"(\w+): [\w\[\]. |]+ = .*?(?:#\s*(.*))?$", body)
+        if indent == 4 and body.startswith("#"):
+            text = body.lstrip("# ")
+            if header:
+                groups[-1] = (groups[-1][0] + " " + text, groups[-1][1])
+            else:
+                groups.append((text, []))
+            header, last = True, None
+            continue
+        header = False
+        if indent == 4 and m and not body.startswith(("def ", "@")):
+            last = [m.group(1), m.group(2) or ""]
+            groups[-1][1].append(last)
+        elif indent > 4 and body.startswith("#") and last is not None:
+            last[1] = f"{last[1]} {body.lstrip('# ')}".strip()
+        elif body.startswith(("def ", "@")):
+            break
+        else:
+            last = None
+    out = [(title, [(n, h) for n, h in fields if n != "model"]) for title, fields in groups]
+    out.append(("[model] table (model.<field>)", [(n, MODEL_HELP.get(n, "")) for n in _fields(ModelArgs)]))
+    return [(t, f) for t, f in out if f]
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else ("nan" if v != v else ("inf" if v > 0 else "-inf"))
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, str):
+        import json
+
+        return json.dumps(v)  # a TOML basic string: JSON's escapes are TOML's
+    raise TypeError(f"no TOML form for {type(v).__name__} {v!r}")
+
+
+def to_toml(cfg: TrainConfig) -> str:
+    """The whole config as a TOML file that ``load`` reads back to the same config: top-level
+    keys first (grouped, each with its help as a comment), then the [model] table."""
+    d = cfg.to_dict()
+    lines = ["# burstengine train config (burstengine train --config THIS_FILE)"]
+    for title, fields in field_help():
+        table = title.startswith("[model]")
+        lines.append("")
+        lines.append("[model]" if table else f"# {title}")
+        src = d["model"] if table else d
+        for name, text in fields:
+            entry = f"{name} = {_toml_value(src[name])}"
+            lines.append(f"{entry:<34} # {text}" if text else entry)
+    return "\n".join(lines) + "\n"
+
+
+def help_epilog(defaults: TrainConfig | None = None) -> str:
+    """Every config field with its default (the tiny preset's) and meaning, grouped: the tail of
+    ``burstengine train --help``."""
+    cfg = defaults or preset("tiny")
+    d = cfg.to_dict()
+    out = ["config fields (--set KEY=VALUE, or KEY = VALUE in a --config TOML file; defaults of the tiny preset):"]
+    for title, fields in field_help():
+        table = title.startswith("[model]")
+        out.append(f"\n  {title}:")
+        for name, text in fields:
+            key = f"model.{name}" if table else name
+            val = _toml_value((d["model"] if table else d)[name])
+            out.append(f"    {key + ' = ' + val:<40} {text}")
+    old = ", ".join(f"{o} -> {n}" for o, n in DEPRECATED.items())
+    out.append(f"\n  renamed (the old names still work this release, with a warning): {old}")
+    return "\n".join(out)

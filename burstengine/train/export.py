@@ -52,7 +52,7 @@ def find_checkpoint(source: str) -> str:
     if found:
         return found
     raise ValueError(f"{source!r} is neither a checkpoint (a directory with meta.json) nor a run directory with a "
-                     f"finished checkpoint under checkpoints/ (set ckpt_every to save some)")
+                     f"finished checkpoint under checkpoints/ (set save_every to save some)")
 
 
 def export(source: str, out_dir: str, dtype: str = "auto", max_shard_bytes: int | None = None) -> dict:

@@ -434,11 +434,11 @@ class Trainer:
                              f"(chance {ev['chance_passkey_acc']:.1e}), answer tokens {ev['token_acc']:.3f} "
                              f"(chance {ev['chance_token_acc']:.3f}) over {ev['samples']} held-out sequences")
                 paused = True
-            if cfg.ckpt_every and (self.step % cfg.ckpt_every == 0 or last):
+            if cfg.save_every and (self.step % cfg.save_every == 0 or last):
                 self.activity = f"the checkpoint save of step {self.step}"
                 path = ckpt.save(self.ckpt_dir, self.step, self.model, self.optimizer,
                                  {"data": self.loader.state_dict(self.step), "config": cfg.to_dict()},
-                                 group=self.group, keep=cfg.ckpt_keep, kill_in_save=self._kill_in_save)
+                                 group=self.group, keep=cfg.save_keep, kill_in_save=self._kill_in_save)
                 self.log.say(f"saved {path}")
                 paused = True
             if on_step is not None:

@@ -112,7 +112,8 @@ def build_model(cfg, m: Mesh) -> Transformer:
     directory, each rank reading only the rows it keeps; ``model.load_stats`` says how long it
     took and this process's peak host memory) or randomly from ``cfg.seed``."""
     with torch.device("meta"):
-        model = Transformer(cfg.model, checkpoint=cfg.checkpoint, loss=cfg.loss, checkpoint_split=cfg.checkpoint_split,
+        model = Transformer(cfg.model, checkpoint=cfg.activation_checkpoint, loss=cfg.loss,
+                            checkpoint_split=cfg.activation_checkpoint_split,
                             activation_budget=int(cfg.activation_memory_gib * 2**30) or None)
     fused.set_compiled(cfg.fused_ops)
     parallelize(model, m, cfg.precision, cfg.layout, cfg.attn_backward, cfg.kernel, cfg.attention)
