@@ -51,8 +51,8 @@ for S in $SEQS; do
   log "2. init -> train at $S tokens with doc_mask"
   torchrun --standalone --nproc_per_node 1 -m burstengine train --config tiny --overwrite \
     --set init="$W/m3b" --set data="$W/corpus.jsonl" --set doc_mask=true --set cp=1 --set seq_len="$S" \
-    --set batch_size=1 --set steps="$STEPS" --set warmup_steps=0 --set lr=1e-5 --set checkpoint=full \
-    --set loss=chunked --set save_every="$STEPS" --set eval_every=0 --set progress=false \
+    --set batch_size=1 --set steps="$STEPS" --set warmup_steps=0 --set lr=1e-5 --set activation_checkpoint=auto \
+    --set loss=fused --set save_every="$STEPS" --set eval_every=0 --set progress=false \
     --set name="ft3b_$K" --set out_dir="$W/run_$K" --record "ft_train_3b_$K" 2>&1 | tee "$OUT/ft_train_3b_$K.log"
   log "3. export -> transformers vs engine at $S"
   $BE export "$W/run_$K" "$W/export_$K" --dtype bfloat16 --record "ft_export_3b_$K"
