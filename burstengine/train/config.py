@@ -19,6 +19,7 @@ import dataclasses
 import difflib
 import importlib.util
 import inspect
+import json
 import math
 import os
 import typing
@@ -79,7 +80,7 @@ class TrainConfig:
     passkey_symbols: int = 16        # distinct passkey tokens (chance = 1 / this per token)
     # optimisation (AdamW)
     steps: int = 100                 # optimizer steps of the whole run
-    lr: float = 3e-4                 # peak learning rate, in (0, 1]
+    lr: float = 3e-4                 # peak learning rate, in [0, 1] (0: steps that change nothing)
     min_lr_ratio: float = 0.1        # final lr = lr x this (cosine / linear)
     warmup_steps: int = 10           # linear warm-up from 0 to lr
     schedule: str = "cosine"         # lr after warm-up: cosine, linear, constant
@@ -505,8 +506,6 @@ def _toml_value(v) -> str:
     if isinstance(v, int):
         return str(v)
     if isinstance(v, str):
-        import json
-
         return json.dumps(v)  # a TOML basic string: JSON's escapes are TOML's
     raise TypeError(f"no TOML form for {type(v).__name__} {v!r}")
 
@@ -521,9 +520,16 @@ def to_toml(cfg: TrainConfig) -> str:
         lines.append("")
         lines.append("[model]" if table else f"# {title}")
         src = d["model"] if table else d
+        nested = []  # dict-valued fields (model.rope_scaling) become tables of their own, after the keys
         for name, text in fields:
+            if isinstance(src[name], dict):
+                nested.append((f"model.{name}" if table else name, src[name], text))
+                continue
             entry = f"{name} = {_toml_value(src[name])}"
             lines.append(f"{entry:<34} # {text}" if text else entry)
+        for key, sub, text in nested:
+            lines += ["", f"[{key}]" + (f"  # {text}" if text else "")]
+            lines += [f"{k} = {_toml_value(v)}" for k, v in sub.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -538,8 +544,12 @@ def help_epilog(defaults: TrainConfig | None = None) -> str:
         out.append(f"\n  {title}:")
         for name, text in fields:
             key = f"model.{name}" if table else name
-            val = _toml_value((d["model"] if table else d)[name])
-            out.append(f"    {key + ' = ' + val:<40} {text}")
+            value = (d["model"] if table else d)[name]
+            if isinstance(value, dict):  # a table (model.rope_scaling): one line per key
+                for i, (k, v) in enumerate(value.items()):
+                    out.append(f"    {key + '.' + k + ' = ' + _toml_value(v):<40} {text if i == 0 else ''}".rstrip())
+                continue
+            out.append(f"    {key + ' = ' + _toml_value(value):<40} {text}")
     old = ", ".join(f"{o} -> {n}" for o, n in DEPRECATED.items())
     out.append(f"\n  renamed (the old names still work this release, with a warning): {old}")
     return "\n".join(out)
