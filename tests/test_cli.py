@@ -79,9 +79,9 @@ def test_user_errors_are_one_line_before_any_rank(argv, msg, tmp_path):
 
 @pytest.mark.parametrize("over,msg", [
     ("grad_clip=nan", "grad_clip must be a finite number >= 0"),
-    ("lr=inf", r"lr must be in \(0, 1\]"),
-    ("lr=1e30", r"lr must be in \(0, 1\]"),
-    ("lr=nan", r"lr must be in \(0, 1\]"),
+    ("lr=inf", r"lr must be in \[0, 1\]"),
+    ("lr=1e30", r"lr must be in \[0, 1\]"),
+    ("lr=nan", r"lr must be in \[0, 1\]"),
     ("weight_decay=nan", "weight_decay must be a finite number"),
     ("fault_timeout=nan", "fault_timeout must be a finite number"),
     ("fault_timeout=inf", "fault_timeout must be a finite number"),

@@ -135,7 +135,6 @@ def preflight(cfg, world: int | None = None) -> str | None:
     ranks to spawn (None under a launcher, where the group's size is checked by the ranks)."""
     import torch
 
-
     if world is not None:
         if world < 1:
             return f"--world must be >= 1, got {world}"
@@ -150,16 +149,14 @@ def preflight(cfg, world: int | None = None) -> str | None:
     msg = kernel_error(cfg.kernel, "cuda" if cuda else "cpu")
     if msg:
         return msg.replace("--kernel", "kernel").replace("BURST_KERNEL", "kernel")
-    if cfg.data.endswith(".jsonl"):
-        msg = missing_package("tokenizers", "jsonl data")
+    if cfg.data != "passkey" and not cfg.data.endswith(".bin"):  # text data: the tokenizer must load
+        msg = missing_package("tokenizers", "text data")
         if msg:
             return msg
-        from tokenizers import Tokenizer
-
         try:
-            Tokenizer.from_file(cfg.tokenizer)
-        except Exception as e:  # the library's own error type varies; any means "cannot use it"
-            return f"tokenizer {cfg.tokenizer!r} cannot be read as a tokenizers JSON file: {str(e).splitlines()[0]}"
+            corpus.load_tokenizer(corpus.tokenizer_path(cfg))
+        except ValueError as e:
+            return str(e)
     return None
 
 
