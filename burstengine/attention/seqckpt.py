@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import torch
 
-from .api import prepare_call
+from .prepare import prepare_call
 from .loops import run_attention
 from .prefix import prefix_forward
 
