@@ -155,8 +155,9 @@ def compiled_call(q, k, v, *, group, causal, layout, softmax_scale, backward, ke
     if isinstance(topology, Topology):
         topology = f"{topology.nodes}x{topology.gpus_per_node}"  # what Topology.parse reads back
     elif topology is not None and not isinstance(topology, str):
-        raise _bad("topology", topology, '"auto", "single", "NxM" or None (a DeviceMesh cannot cross a custom '
-                   'op; pass its shape as "NxM")')
+        # (no repr: dynamo shows a DeviceMesh as a FakeScriptObject)
+        raise ValueError('burst_attn_func under torch.compile: topology must be "auto", "single", "NxM", a Topology '
+                         'or None; a DeviceMesh cannot cross the custom op (pass its shape as "NxM")')
     if cu_seqlens is not None and not isinstance(cu_seqlens, torch.Tensor):
         if not isinstance(cu_seqlens, (list, tuple)) or any(isinstance(c, bool) or not isinstance(c, int)
                                                             for c in cu_seqlens):
