@@ -165,10 +165,17 @@ def global_sequences(source, indices, stream: int = 0):
     return torch.from_numpy(np.stack(toks)), torch.from_numpy(np.stack(labs)), depths
 
 
+def _to_device(t, device):
+    # from pinned memory: a copy from pageable memory waits for the device's queue to drain first
+    # (a host sync at the top of every step)
+    pinned = t.pin_memory() if torch.device(device).type == "cuda" else t
+    return pinned.to(device, non_blocking=True)
+
+
 def shard_batch(tokens, labels, depths, layout: str, cp_rank: int, cp: int, device) -> Batch:
     S = tokens.shape[1]
-    return Batch(tokens=shard(tokens, layout, cp_rank, cp).to(device, non_blocking=True),
-                 labels=shard(labels, layout, cp_rank, cp).to(device, non_blocking=True),
+    return Batch(tokens=_to_device(shard(tokens, layout, cp_rank, cp), device),
+                 labels=_to_device(shard(labels, layout, cp_rank, cp), device),
                  positions=position_ids(S, layout, cp_rank, cp, device=device), depth=depths)
 
 
