@@ -32,12 +32,14 @@ def _explain(fn, *args) -> tuple[int, int]:
                                      for m in g.modules() if isinstance(m, torch.fx.GraphModule))
 
 
-def attention(group, seed):
-    """For each case: graph breaks, and the compiled call's out, lse and q/k/v gradients' error
-    relative to the eager call's."""
+def attention(group, seed, cases=None):
+    """For each case (indices into ATTENTION_CASES; None: all): graph breaks, custom ops in the
+    graph, and the compiled call's out, lse and q/k/v gradients' error relative to the eager call's."""
     rank, world = _world(group)
     rows = []
     for i, case in enumerate(ATTENTION_CASES):
+        if cases is not None and i not in cases:
+            continue
         n, H, D = case["n"], 4, 8
         S = n * world
         kw = dict(group=group, causal=case["causal"], layout=case["layout"], backward=case["backward"],

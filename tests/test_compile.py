@@ -8,10 +8,11 @@ import compile_cases
 TOL = 1e-5  # float32; the op runs the eager loops, only the ops around it are compiled
 
 
-@pytest.mark.parametrize("world", [1, 2])
-def test_attention_compiles_fullgraph(pool, world):
-    per_rank = pool.run(compile_cases.attention, 3, world=world)
-    assert len(per_rank[0]) == len(compile_cases.ATTENTION_CASES)
+# each compiled variant costs seconds of inductor's C++ build: every case on two ranks, two on one
+@pytest.mark.parametrize("world,cases", [(1, (0, 2)), (2, None)], ids=["world1", "world2"])
+def test_attention_compiles_fullgraph(pool, world, cases):
+    per_rank = pool.run(compile_cases.attention, 3, cases, world=world)
+    assert len(per_rank[0]) == len(cases or compile_cases.ATTENTION_CASES)
     for rank, rows in enumerate(per_rank):
         for r in rows:
             where = f"rank {rank} case {compile_cases.ATTENTION_CASES[r['case']]}"
@@ -20,8 +21,8 @@ def test_attention_compiles_fullgraph(pool, world):
                 assert r[key] <= TOL, f"{where}: {key} rel err {r[key]:.2e}"
 
 
-@pytest.mark.parametrize("policy", ["none", "full"])  # full: the block under torch.utils.checkpoint
-@pytest.mark.parametrize("world", [1, 2])
+# full: the block under torch.utils.checkpoint (a higher-order op around the custom op)
+@pytest.mark.parametrize("world,policy", [(1, "full"), (2, "none")])
 def test_block_compiles_fullgraph(pool, world, policy):
     for rank, r in enumerate(pool.run(compile_cases.block, 5, policy, world=world)):
         assert (r["breaks"], r["ops"]) == (0, 1), f"rank {rank}"
