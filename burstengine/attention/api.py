@@ -13,7 +13,7 @@ import torch
 
 from .compiled import compiled_call
 from .loops import run_attention
-from .prepare import prepare_call  # noqa: F401 (re-exported: callers that run the loops themselves)
+from .prepare import prepare_call  # re-exported: callers that run the loops themselves
 
 
 def burst_attn_func(q, k, v, *, group=None, causal=False, layout="contiguous", softmax_scale=None,

@@ -53,6 +53,8 @@ def _settings(group_name, causal, layout, softmax_scale, backward, kernel, windo
                 block_size=block_size, topology=topology)
 
 
+# the op's schema is inferred from these annotations (typing.Optional: what torch.library's
+# inference reads from the string annotations ``from __future__ import annotations`` makes)
 @torch.library.custom_op("burstengine::burst_attn", mutates_args=())
 def burst_attn_op(q: Tensor, k: Tensor, v: Tensor, group_name: Optional[str], causal: bool, layout: str,
                   softmax_scale: Optional[float], backward: str, kernel: Optional[str], window: Optional[int],
