@@ -155,3 +155,60 @@ def test_context_parallel_matches_unsharded(pool, world):
 def test_bad_label_on_one_rank_raises_everywhere(pool):
     msgs = pool.run(lce_cases.bad_label_on_one_rank, world=4)
     assert all(m is not None and "outside [0, 10)" in m for m in msgs), msgs
+
+
+class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the aten ops that read device values back to the host: .item()/bool()/int()
+    (_local_scalar_dense), nonzero, and indexing with a boolean mask (a nonzero inside)."""
+
+    SYNCING = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select")
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket)
+        flat = [a for x in args for a in (x if isinstance(x, (list, tuple)) else [x])]
+        if name.startswith(self.SYNCING) or (name.startswith(("aten.index", "aten._index_put")) and any(
+                isinstance(a, torch.Tensor) and a.dtype == torch.bool for a in flat)):
+            self.seen.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_no_host_sync_without_label_check(reduction):
+    """check_labels=False (the trainer's fused loss): forward and backward read nothing back to the
+    host, the mean's token count included; the default check is the one read."""
+    h, w, y = lce_cases.make_inputs(0, 37, 16, 203, torch.float32)
+    y[3] = -100
+    runs = {}
+    for check in (False, True):
+        hl, wl = h.clone().requires_grad_(), w.clone().requires_grad_()
+        with _HostReads() as reads:
+            loss = be.fused_linear_cross_entropy(hl, wl, y, reduction=reduction, chunk_size=8, impl="torch",
+                                                 check_labels=check)
+            (loss * 1.7).backward()
+        runs[check] = (reads.seen, loss.detach(), hl.grad, wl.grad)
+    assert runs[False][0] == [], runs[False][0]
+    assert runs[True][0] == ["aten._local_scalar_dense"], runs[True][0]
+    for a, b in zip(runs[False][1:], runs[True][1:]):
+        assert torch.equal(a, b)  # the check changes nothing but the read
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_unchecked_bad_label_is_nan(impl):
+    """Without the check a label outside the vocabulary is never read out of bounds: its loss and
+    its row's gradient are NaN (loud), the other rows' gradients stay finite."""
+    if impl == "triton" and (not triton_available() or os.environ.get("TRITON_INTERPRET") != "1"):
+        pytest.skip("needs triton's interpreter")
+    h, w, y = lce_cases.make_inputs(1, 13, 16, 200, torch.float32)
+    y[4], y[9] = 200, -3
+    rows = be.fused_linear_cross_entropy(h, w, y, reduction="none", chunk_size=5, impl=impl, check_labels=False)
+    assert rows.isnan().tolist() == [i in (4, 9) for i in range(13)]
+    hl = h.clone().requires_grad_()
+    loss = be.fused_linear_cross_entropy(hl, w, y, reduction="mean", chunk_size=5, impl=impl, check_labels=False)
+    loss.backward()
+    assert loss.isnan()
+    bad = hl.grad.isnan().all(1)
+    assert bad.tolist() == [i in (4, 9) for i in range(13)] and hl.grad[~bad].isfinite().all()

@@ -3,14 +3,17 @@
 :func:`burst_attn_func` checks its arguments on every rank (attention/checks.py; the local stage
 includes the call's plan, attention/planning.py, so the ranks agree on the planned backward),
 builds the plan's rings and runs the loops (attention/loops.py).  :func:`prepare_call` is the
-first two steps, for callers that run the loops themselves (attention/seqckpt.py).
+first two steps, for callers that run the loops themselves (attention/prepare.py,
+attention/seqckpt.py).  Under torch.compile the call goes through a custom op instead
+(attention/compiled.py).
 """
 from __future__ import annotations
 
-from ..comm import topology as topo
-from . import planning
-from .checks import PLANNED_BACKWARD, check_args, check_sparse
-from .loops import RingRun, run_attention
+import torch
+
+from .compiled import compiled_call
+from .loops import run_attention
+from .prepare import prepare_call  # re-exported: callers that run the loops themselves
 
 
 def burst_attn_func(q, k, v, *, group=None, causal=False, layout="contiguous", softmax_scale=None,
@@ -55,32 +58,19 @@ def burst_attn_func(q, k, v, *, group=None, causal=False, layout="contiguous", s
     the single ring each hop carries only the rows later steps read (W <= local length: the
     last W - 1 rows of K/V; see schedule.travel_rows).
     Rows with no visible key get a zero output, lse = -inf and zero gradients.
-    Rows with no visible key get a zero output, lse = -inf and zero gradients.
+
+    Under torch.compile the call is the custom op ``burstengine::burst_attn`` (same checks, plan
+    and loops, run inside the compiled graph; attention/compiled.py), so ``fullgraph=True``
+    traces through it; ``topology`` must then be "auto", "single", "NxM", a Topology or None.
     """
+    if torch.compiler.is_compiling():
+        out, lse = compiled_call(q, k, v, group=group, causal=causal, layout=layout, softmax_scale=softmax_scale,
+                                 backward=backward, kernel=kernel, window=window, cu_seqlens=cu_seqlens,
+                                 block_mask=block_mask, block_size=block_size, topology=topology)
+        return (out, lse) if return_lse else out
     run = prepare_call(q, k, v, group=group, causal=causal, layout=layout, softmax_scale=softmax_scale,
                        backward=backward, kernel=kernel, window=window, cu_seqlens=cu_seqlens, block_mask=block_mask,
                        block_size=block_size, topology=topology)
     out, lse = run_attention(q, k.contiguous(), v.contiguous(), run)
     return (out, lse) if return_lse else out
 
-
-def prepare_call(q, k, v, *, group=None, causal=False, layout="contiguous", softmax_scale=None, backward="auto",
-                 kernel=None, window=None, cu_seqlens=None, block_mask=None, block_size=None,
-                 topology="auto") -> RingRun:
-    """Check (every rank, one small collective) and plan a burst_attn_func call, and build its
-    rings: what :func:`~burstengine.attention.loops.run_attention` runs.  Same arguments as
-    :func:`burst_attn_func`."""
-    plans = []
-
-    def plan(world):
-        """The arguments checks.py does not know, checked on this rank, and the call's plan:
-        every rank must pass the same mask and topology, and plans the same backward."""
-        pattern = check_sparse(causal, layout, world, q.shape[1], window, cu_seqlens, block_mask, block_size)
-        if topology is not None and not (isinstance(topology, str) and topology in ("auto", "single")):
-            topo.resolve(topology, group)  # raises ValueError on a malformed one
-        shape = tuple(topology.shape) if topo.is_mesh(topology) else topology
-        plans.append(planning.plan_call(q, k, group, world, pattern, layout, backward, topology, kernel, softmax_scale))
-        return {"sparse mask": pattern, "topology": shape, PLANNED_BACKWARD: plans[0].backward}
-
-    check_args(q, k, v, group, causal, layout, softmax_scale, backward, extra=plan)
-    return RingRun.of(plans[0].ring(group), plans[0])

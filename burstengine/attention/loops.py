@@ -172,6 +172,33 @@ def _backward_ring(dout, q, k, v, out, lse, delta, cfg: RingRun):
     return dq, dk, dv
 
 
+def attention_forward(q, k, v, cfg: RingRun):
+    """(out in q's dtype, lse) of the forward ring: what _BurstAttn.forward computes, as a plain
+    function for the custom op (attention/compiled.py)."""
+    out32, lse = _forward(q, k, v, cfg)
+    return out32.to(q.dtype), lse
+
+
+def attention_backward(dout, dlse, q, k, v, out, lse, cfg: RingRun):
+    """(dq, dk, dv) in the inputs' dtypes given the output's gradient ``dout`` and the lse's
+    ``dlse`` (either may be None): what _BurstAttn.backward computes, as a plain function for the
+    custom op (attention/compiled.py)."""
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dout = dout.contiguous()
+    # D = rowsum(dO * O); a gradient flowing into lse enters as D - dlse, since
+    # d lse_i / d s_ij = P_ij makes dS = P * (dP - D + dlse)
+    acc = acc_dtype(q)
+    delta = cfg.kernel.delta(out, dout, acc)
+    if dlse is not None:
+        delta = delta - dlse.to(acc)
+    if cfg.backward == "burst":
+        dq, dk, dv = _backward_burst(dout, q, k, v, lse, delta, cfg)
+    else:
+        dq, dk, dv = _backward_ring(dout, q, k, v, out if dlse is None else None, lse, delta, cfg)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
 class _BurstAttn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cfg, precomputed=None):

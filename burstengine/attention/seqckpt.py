@@ -47,9 +47,9 @@ from __future__ import annotations
 
 import torch
 
-from .api import prepare_call
 from .loops import run_attention
 from .prefix import prefix_forward
+from .prepare import prepare_call
 
 
 def front_length(n: int, split: float) -> int:

@@ -64,7 +64,10 @@ def ce_rows_torch(buf, labels, loss_out, scale, *, ignore_index, softcap, z_loss
     acc = acc_dtype(buf)
     tile = max(1, min(V, _TORCH_TILE // C))
     valid = labels != ignore_index
-    safe = torch.where(valid, labels, 0)
+    # a label outside [0, V) (only reaches here when the caller skipped the check) reads row 0
+    # and makes its loss and gradient NaN
+    bad = valid & ((labels < 0) | (labels >= V))
+    safe = torch.where(valid & ~bad, labels, 0)
     m = torch.full((C,), float("-inf"), dtype=acc, device=buf.device)
     s = torch.zeros(C, dtype=acc, device=buf.device)
     for v0 in range(0, V, tile):
@@ -74,18 +77,19 @@ def ce_rows_torch(buf, labels, loss_out, scale, *, ignore_index, softcap, z_loss
         m = m_new
     lse = m + torch.log(s)
     xt = _cap(buf.gather(1, safe[:, None]).squeeze(1).to(acc), softcap)
-    loss_out.copy_(torch.where(valid, lse - xt + z_loss * lse * lse, 0.0))
+    loss_out.copy_(torch.where(valid, torch.where(bad, float("nan"), lse - xt + z_loss * lse * lse), 0.0))
     if not write_grad:
         return
     coef = (1.0 + 2.0 * z_loss * lse)[:, None]
-    rs = torch.where(valid, scale.to(acc).expand(C), 0.0)[:, None]
-    rows = torch.arange(C, device=buf.device)
+    rs = torch.where(valid, torch.where(bad, float("nan"), scale.to(acc).expand(C)), 0.0)[:, None]
     for v0 in range(0, V, tile):
         v1 = min(V, v0 + tile)
         x = _cap(buf[:, v0:v1].to(acc), softcap)
         g = torch.exp(x - lse[:, None]) * coef
+        # minus one at each row's label in this tile, as a scatter (adding -0.0 elsewhere
+        # changes nothing): a boolean-mask index would cost a host sync per tile
         hit = valid & (safe >= v0) & (safe < v1)
-        g[rows[hit], safe[hit] - v0] -= 1.0
+        g.scatter_add_(1, (safe - v0).clamp(0, v1 - v0 - 1)[:, None], -hit.to(acc)[:, None])
         if softcap is not None:
             g = g * (1.0 - (x / softcap) ** 2)
         buf[:, v0:v1] = g * rs
@@ -151,29 +155,37 @@ class _Opts:
     chunk: int
     accum_dtype: torch.dtype | None
     impl: str
+    check_labels: bool
 
 
-def _count_and_check(labels, V, opts):
-    """Number of counted tokens (over the group when given), as a tensor; raises ValueError on
-    every rank when any rank has a label outside [0, V) that is not ignore_index."""
+def _count_and_check(labels, V, opts, need_count: bool):
+    """Number of counted tokens (over the group when given) as a 0-dim int64 device tensor, or
+    None when neither it nor the label check is wanted.  With ``opts.check_labels``, raises
+    ValueError on every rank when any rank has a label outside [0, V) that is not ignore_index:
+    the one host sync of the forward (without the check, no sync: such labels make their loss
+    and gradient NaN, see ce_rows_torch and the Triton kernel)."""
+    if not (need_count or opts.check_labels):
+        return None
     valid = labels != opts.ignore_index
     bad = (valid & ((labels < 0) | (labels >= V))).sum()
     counts = torch.stack([valid.sum(), bad])
     if opts.group is not None and dist.get_world_size(opts.group) > 1:
         # one collective carries both, so a bad label on one rank stops every rank here
         dist.all_reduce(counts, group=opts.group)
-    n, nbad = counts.tolist()
-    if nbad:
-        raise ValueError(f"{nbad} label(s) outside [0, {V}) that are not ignore_index={opts.ignore_index}"
-                         + (" (summed over the group)" if opts.group is not None else ""))
-    return n
+    if opts.check_labels:
+        nbad = int(counts[1])
+        if nbad:
+            raise ValueError(f"{nbad} label(s) outside [0, {V}) that are not ignore_index={opts.ignore_index}"
+                             + (" (summed over the group)" if opts.group is not None else ""))
+    return counts[0]
 
 
 class _FusedLinearCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, w, labels, opts: _Opts):
         need_dh, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        n = _count_and_check(labels, w.shape[0], opts)
+        counted = opts.reduction == "mean" and opts.total_tokens is None
+        n = _count_and_check(labels, w.shape[0], opts, counted)
         grouped = opts.group is not None and dist.get_world_size(opts.group) > 1
         acc = acc_dtype(h)
         if opts.reduction == "none":
@@ -182,18 +194,21 @@ class _FusedLinearCE(torch.autograd.Function):
             ctx.save_for_backward(h, w, labels)
             ctx.opts = opts
             return loss_rows
-        if opts.reduction == "mean":
-            denom = float(opts.total_tokens) if opts.total_tokens is not None else float(n)
-        else:
-            denom = 1.0
         # gradients are finished here, so they need the normaliser now; an empty mean gets a
         # NaN loss (as F.cross_entropy) but zero gradients
-        scale = torch.full((1,), 1.0 / denom if denom > 0 else 0.0, dtype=acc, device=h.device)
+        if counted:
+            # the count stays on the device (no sync); 1 / n formed in float64 as Python would
+            denom = n.to(acc)
+            scale = torch.where(n > 0, 1.0 / n.double(), 0.0).to(acc).reshape(1)
+        else:
+            denom = float(opts.total_tokens) if opts.reduction == "mean" else 1.0
+            scale = torch.full((1,), 1.0 / denom if denom > 0 else 0.0, dtype=acc, device=h.device)
         loss_rows, dh, dw = _chunk_loop(h, w, labels, scale, opts, need_dh, need_dw)
         total = loss_rows.sum()
         if grouped:
             dist.all_reduce(total, group=opts.group)
-        loss = total / denom if denom > 0 else total * float("nan")
+        # an empty count: total is 0 (no row counted on any rank), so total / 0 is the NaN
+        loss = total / denom if counted or denom > 0 else total * float("nan")
         ctx.save_for_backward(dh, dw)
         ctx.opts = opts
         ctx.used = False
@@ -213,13 +228,13 @@ class _FusedLinearCE(torch.autograd.Function):
                                "place in the backward: it cannot be backpropagated through twice (retain_graph)")
         ctx.used = True
         dh, dw = ctx.saved_tensors
-        # the gradients were made for an upstream gradient of 1: scale them in place, unless it
-        # is 1 (the usual loss.backward()), which saves a pass over dW and dH for one sync
-        if not bool((g == 1).all()):
-            if dh is not None:
-                dh.mul_(g)
-            if dw is not None:
-                dw.mul_(g)
+        # the gradients were made for an upstream gradient of 1: scale them in place, always
+        # (exact when g is 1): asking whether g is 1 would be a host sync in the middle of the
+        # backward, and a trainer's g (1 / its token count) is not 1 anyway
+        if dh is not None:
+            dh.mul_(g)
+        if dw is not None:
+            dw.mul_(g)
         return dh, dw, None, None
 
 
@@ -271,7 +286,7 @@ def _check(hidden, weight, labels, ignore_index, reduction, softcap, z_loss, gro
         if reduction != "mean":
             raise ValueError(f"total_tokens is the normaliser of reduction='mean', not of {reduction!r}")
         if isinstance(total_tokens, torch.Tensor):
-            total_tokens = total_tokens.item()
+            total_tokens = total_tokens.item()  # a sync, once per call: pass a number to avoid it
         if not (isinstance(total_tokens, (int, float)) and math.isfinite(total_tokens) and total_tokens > 0):
             raise ValueError(f"total_tokens must be a positive number, got {total_tokens!r}")
     if chunk_size is not None and not (isinstance(chunk_size, int) and chunk_size > 0):
@@ -297,7 +312,7 @@ def _auto_chunk(V: int, elem: int, device: torch.device) -> int:
 
 def fused_linear_cross_entropy(hidden, weight, labels, *, ignore_index=-100, reduction="mean", softcap=None,
                                z_loss=0.0, group=None, total_tokens=None, chunk_size=None, accum_dtype=None,
-                               impl=None):
+                               impl=None, check_labels=True):
     """Cross-entropy of ``hidden @ weight.T`` against ``labels`` without materialising the logits.
 
     Equals ``F.cross_entropy((hidden @ weight.T).flatten(0, -2), labels.flatten(), ...)`` plus
@@ -328,8 +343,11 @@ def fused_linear_cross_entropy(hidden, weight, labels, *, ignore_index=-100, red
     halves that buffer at the cost of one rounding per chunk).  impl: 'triton' (CUDA, or CPU
     under TRITON_INTERPRET=1), 'torch', or 'auto' (env BURST_CE_IMPL, else triton on CUDA).
 
-    Host syncs: one in the forward (the label-range check, merged with the token-count
-    collective) and one in the backward (is the upstream gradient 1?).
+    check_labels: raise ValueError (on every rank of ``group``) for a label outside [0, vocab)
+    that is not ``ignore_index``.  It is the one host sync of a call; with ``check_labels=False``
+    there is none (a training step's hot path: model/losses.py), and such a label makes its
+    token's loss and gradients NaN instead of reading out of bounds.  The token count of a
+    mean stays on the device; a tensor ``total_tokens`` is read once (pass a number to avoid it).
     The backward scales the saved gradients in place, so a graph through this loss can be
     backpropagated once (no ``retain_graph`` reuse).
     """
@@ -345,6 +363,6 @@ def fused_linear_cross_entropy(hidden, weight, labels, *, ignore_index=-100, red
     opts = _Opts(ignore_index=ignore_index, reduction=reduction, softcap=None if softcap is None else float(softcap),
                  z_loss=float(z_loss), group=group, total_tokens=total_tokens,
                  chunk=chunk_size or _auto_chunk(w.shape[0], w.element_size(), w.device),
-                 accum_dtype=accum_dtype, impl=impl)
+                 accum_dtype=accum_dtype, impl=impl, check_labels=bool(check_labels))
     loss = _FusedLinearCE.apply(h, w, y, opts)
     return loss.view(labels.shape) if reduction == "none" else loss

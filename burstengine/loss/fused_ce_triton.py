@@ -47,6 +47,9 @@ def _build(interpret: bool):
         base = logits_ptr + row * row_stride
         label = tl.load(labels_ptr + row).to(tl.int64)
         valid = label != ignore_index
+        # a label outside [0, V) (only when the caller skipped the check) reads column 0 and
+        # makes the row's loss and gradient NaN
+        bad = valid & ((label < 0) | (label >= V))
         cols = tl.arange(0, BLOCK_V)
 
         # sweep 1: running max / sum of exp over vocabulary tiles (online softmax)
@@ -64,17 +67,18 @@ def _build(interpret: bool):
             m = m_new
         lse = m + tl.log(s)
 
-        safe = tl.where(valid, label, 0)
+        safe = tl.where(valid & ~bad, label, 0)
         xt = tl.load(base + safe).to(tl.float32)
         if HAS_SOFTCAP:
             xt = cap * (1.0 - 2.0 / (tl.exp(2.0 * xt / cap) + 1.0))
         loss = lse - xt + z_coef * lse * lse
-        tl.store(loss_ptr + row, tl.where(valid, loss, 0.0))
+        tl.store(loss_ptr + row, tl.where(valid, tl.where(bad, float("nan"), loss), 0.0))
 
         if WRITE_GRAD:
             # d loss / d z_j = p_j (1 + 2 z lse) - [j == label]; times the softcap derivative,
             # times this row's scale (1/tokens for a mean, the upstream grad for 'none')
             rs = tl.where(valid, tl.load(scale_ptr + row * scale_stride).to(tl.float32), 0.0)
+            rs = tl.where(bad, float("nan"), rs)
             coef = 1.0 + 2.0 * z_coef * lse
             for v0 in range(0, V, BLOCK_V):
                 idx = v0 + cols

@@ -237,15 +237,22 @@ def packed_sequences(source, indices, stream: int = 0):
     return toks.reshape(1, -1), labs.reshape(1, -1), depths, cu, pos
 
 
+def _to_device(t, device):
+    # from pinned memory: a copy from pageable memory waits for the device's queue to drain first
+    # (a host sync at the top of every step)
+    pinned = t.pin_memory() if torch.device(device).type == "cuda" else t
+    return pinned.to(device, non_blocking=True)
+
+
 def shard_batch(tokens, labels, depths, layout: str, cp_rank: int, cp: int, device, positions=None,
                 cu_seqlens=None) -> Batch:
     """This rank's share of global (B, S) tokens and labels; ``positions`` (S,) are the global
     sequence's (default 0..S-1)."""
     S = tokens.shape[1]
     pos = (position_ids(S, layout, cp_rank, cp, device=device) if positions is None
-           else shard(positions, layout, cp_rank, cp, dim=0).to(device))
-    return Batch(tokens=shard(tokens, layout, cp_rank, cp).to(device, non_blocking=True),
-                 labels=shard(labels, layout, cp_rank, cp).to(device, non_blocking=True),
+           else _to_device(shard(positions, layout, cp_rank, cp, dim=0), device))
+    return Batch(tokens=_to_device(shard(tokens, layout, cp_rank, cp), device),
+                 labels=_to_device(shard(labels, layout, cp_rank, cp), device),
                  positions=pos, depth=depths, cu_seqlens=cu_seqlens)
 
 

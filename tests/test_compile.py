@@ -1,0 +1,40 @@
+"""torch.compile(fullgraph=True) through burst_attn_func (the burstengine::burst_attn custom op)
+and through a decoder block, inductor on CPU, on 1 and 2 gloo ranks: no graph break, and the
+same outputs and gradients as the eager call."""
+import pytest
+
+import compile_cases
+
+TOL = 1e-5  # float32; the op runs the eager loops, only the ops around it are compiled
+
+
+# each compiled variant costs seconds of inductor's C++ build: every case on two ranks, two on one
+@pytest.mark.parametrize("world,cases", [(1, (0, 2)), (2, None)], ids=["world1", "world2"])
+def test_attention_compiles_fullgraph(pool, world, cases):
+    per_rank = pool.run(compile_cases.attention, 3, cases, world=world)
+    assert len(per_rank[0]) == len(cases or compile_cases.ATTENTION_CASES)
+    for rank, rows in enumerate(per_rank):
+        for r in rows:
+            where = f"rank {rank} case {compile_cases.ATTENTION_CASES[r['case']]}"
+            assert (r["breaks"], r["ops"]) == (0, 1), where  # one graph, the call in it as the custom op
+            for key in ("out", "lse", "dq", "dk", "dv"):
+                assert r[key] <= TOL, f"{where}: {key} rel err {r[key]:.2e}"
+
+
+# full: the block under torch.utils.checkpoint (a higher-order op around the custom op)
+@pytest.mark.parametrize("world,policy", [(1, "full"), (2, "none")])
+def test_block_compiles_fullgraph(pool, world, policy):
+    for rank, r in enumerate(pool.run(compile_cases.block, 5, policy, world=world)):
+        assert (r["breaks"], r["ops"]) == (0, 1), f"rank {rank}"
+        assert max(r["errs"]) <= TOL, f"rank {rank}: errors {r['errs']}"
+
+
+def test_bad_calls_raise_on_every_rank(pool):
+    per_rank = pool.run(compile_cases.bad_calls, world=2)
+    for rank, seen in enumerate(per_rank):
+        kind, msg = seen["disagree"]
+        assert kind == "ValueError" and "disagree on causal" in msg, (rank, seen["disagree"])
+        kind, msg = seen["window"]
+        assert kind == "ValueError" and "window must be a positive int" in msg and "rank 1" in msg, (rank, msg)
+        kind, msg = seen["mesh"]
+        assert "DeviceMesh" in msg and "NxM" in msg, (rank, msg)
