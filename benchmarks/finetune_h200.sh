@@ -58,14 +58,20 @@ for S in $SEQS; do
   $BE export "$W/run_$K" "$W/export_$K" --dtype bfloat16 --record "ft_export_3b_$K"
   $BE bench finetune compare --model "$W/export_$K" --seq "$S" --rows 256 --record "ft_compare_3b_$K" \
     >"$OUT/ft_compare_3b_$K.log"
+  rm -rf "$W/run_$K/checkpoints" "$W/export_$K"  # a 3B checkpoint with AdamW is ~38 GB: the next run needs the disk
 done
 
 if [ "${SKIP_8B:-0}" != 1 ]; then
   log "4. $CFG8B: make, load (sharded init), save, export"
   $BE bench finetune make --config "$CFG8B" --out "$W/m8b" --device "$DEVICE" --record ft_make_8b >"$OUT/ft_make_8b.log"
-  torchrun --standalone --nproc_per_node 1 -m burstengine bench finetune load --init "$W/m8b" --save "$W/run8b" \
-    --record ft_load_8b >"$OUT/ft_load_8b.log"
-  $BE export "$W/run8b" "$W/export8b" --dtype bfloat16 --record ft_export_8b
+  if [ "${SAVE_8B:-0}" = 1 ]; then  # needs ~70 GB of disk (HF dir + float32 checkpoint + export)
+    torchrun --standalone --nproc_per_node 1 -m burstengine bench finetune load --init "$W/m8b" --save "$W/run8b" \
+      --record ft_load_8b >"$OUT/ft_load_8b.log"
+    $BE export "$W/run8b" "$W/export8b" --dtype bfloat16 --record ft_export_8b
+  else
+    torchrun --standalone --nproc_per_node 1 -m burstengine bench finetune load --init "$W/m8b" \
+      --record ft_load_8b >"$OUT/ft_load_8b.log"
+  fi
 fi
 
 python - "$OUT" <<'EOF'
