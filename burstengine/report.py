@@ -428,6 +428,37 @@ def profile(rec):
     return head + table(["category", "seconds", "share of the step"], body)
 
 
+def decode(rec):
+    head = [f"{rec['describe']}; {rec['world']} rank(s), {rec['dtype'].replace('torch.', '')}; device-to-device copy "
+            f"bandwidth {rec['copy_bandwidth_Bps'] / 1e9:,.0f} GB/s measured in the launch. Decode time per token is "
+            "the median of the timed steps; the bound reads the KV cache and the weights once per token at that "
+            "bandwidth.", ""]
+    body = []
+    for r in rec["rows"]:
+        if "error" in r:
+            body.append([r["S"], r["batch"], r["error"], "—", "—", "—", "—", "—"])
+            continue
+        sdpa = r.get("sdpa_first_token_s")
+        body.append([r["S"], r["batch"], fixed(r["first_token_s"], 2), fixed(sdpa, 2) if sdpa else "—",
+                     ms(r["decode_s_per_token"]), ms(r["bound_s"]), f"{r['ratio_to_bound']:.2f}×",
+                     fixed(r["peak_bytes"] / 2**30, 1)])
+    return head + table(["prompt tokens", "batch", "first token s", "SDPA prefill s", "decode ms/token",
+                         "bound ms/token", "× bound", "peak GiB"], body)
+
+
+def cpu_kernels(rec):
+    sh = rec["shape"]
+    head = [f"One {rec['mask']} block, B={sh['B']}, S={sh['S']}, H={sh['H']} (kv {sh['Hkv']}), D={sh['D']}, "
+            f"{rec['threads']} threads; median of {rec['iters']} runs; speed-ups against the reference kernel of the "
+            "same dtype, from the same record.", ""]
+    ref = {(r["dtype"]): r for r in rec["rows"] if r["kernel"] == "reference"}
+    body = [[r["kernel"], r["dtype"], ms(med(r["fwd_all"])), ms(med(r["bwd_all"])),
+             ratio(med(ref[r["dtype"]]["fwd_all"]), med(r["fwd_all"])) if r["dtype"] in ref else "—",
+             ratio(med(ref[r["dtype"]]["bwd_all"]), med(r["bwd_all"])) if r["dtype"] in ref else "—"]
+            for r in rec["rows"]]
+    return head + table(["kernel", "dtype", "forward ms", "backward ms", "forward ×", "backward ×"], body)
+
+
 # family: (title, file-name pattern, renderer, one-line description)
 FAMILIES = [
     ("Attention on 1-2 GPUs beside the peers", r"^attention_", attention,
@@ -455,6 +486,11 @@ FAMILIES = [
     ("Argument-check cost", r"^check_cost", check_cost, "`benchmarks/check_cost.py`: the cost of `BURST_CHECKS` levels."),
     ("Fault times", r"^fault_times", fault_times,
      "`benchmarks/fault_times.py`: the fault jobs of the tests, timed once."),
+    ("Local kernels on CPU", r"^cpu_kernels", cpu_kernels,
+     "`benchmarks/cpu_kernel_bench.py`: torch's CPU flash attention op against the reference kernel."),
+    ("Decode against the sharded KV cache", r"^decode_", decode,
+     "`burstengine bench decode`: first-token latency beside plain SDPA prefill, decode time per token beside "
+     "the HBM-bandwidth bound."),
     ("Where a training step's time goes", r"^profile_", profile,
      "`burstengine bench profile`: one step under torch.profiler, kernel time by category."),
     ("Soak", r"^soak", soak, "`burstengine bench soak`: resident memory over many tiny training steps."),

@@ -102,12 +102,13 @@ def _qkv():
     return q, k, v
 
 
-def test_auto_is_reference_on_cpu(no_env):
-    assert planning.resolve_kernel(None, "cpu").name == "reference"
-    assert planning.resolve_kernel("auto", "cpu").name == "reference"
+def test_auto_is_cpu_flash_on_cpu(no_env):
+    # torch's CPU flash attention op (kernels/cpu_flash.py; float64 calls go on to the reference)
+    assert planning.resolve_kernel(None, "cpu").name == "cpu_flash"
+    assert planning.resolve_kernel("auto", "cpu").name == "cpu_flash"
     assert planning.resolve_kernel("reference", torch.device("cpu")).name == "reference"
     no_env.setenv("BURST_KERNEL", "auto")
-    assert planning.resolve_kernel(None, "cpu").name == "reference"
+    assert planning.resolve_kernel(None, "cpu").name == "cpu_flash"
 
 
 @pytest.mark.parametrize("source", ["arg", "env"])
@@ -133,7 +134,7 @@ def test_gpu_kernel_on_cpu(no_env, name, source):
 
 def test_kernels_read_no_environment(no_env):
     no_env.setenv("BURST_KERNEL", "magic")
-    assert kernels.get_kernel(None, "cpu").name == "reference"
+    assert kernels.get_kernel(None, "cpu").name == "cpu_flash"
     assert planning.resolve_kernel("reference", "cpu").name == "reference"
     with pytest.raises(ValueError, match="unknown kernel 'magic'"):
         planning.resolve_kernel(None, "cpu")

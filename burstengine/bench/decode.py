@@ -150,6 +150,7 @@ def run_rank(args) -> dict:
     name = args.name or f"decode_{args.model}_{world}{device.type}"
     payload = dict(kind="decode", model=args.model, describe=model.describe, world=world, dtype=str(dtype),
                    copy_bandwidth_Bps=bw, rows=rows)
+    path = None  # the first write picks a free name; later rows rewrite that file
     for S in seqs:
         for B in batches:
             if B > 1 and bmax is not None and S > bmax:
@@ -184,8 +185,8 @@ def run_rank(args) -> dict:
                 log(f"S={S} B={B}: first token {row['first_token_s']:.3f}s{sd}; decode "
                     f"{row['decode_s_per_token'] * 1e3:.2f} ms/token, bound {row['bound_s'] * 1e3:.2f} ms "
                     f"(x{row['ratio_to_bound']:.2f}); peak {row['peak_bytes'] / 2**30:.1f} GiB ({row['peak_kind']})")
-            if rank == 0:
-                path = write_record(name, payload, args.out_dir)
+            if rank == 0:  # one record per launch, rewritten after each row (a timeout keeps the rows done)
+                path = write_record(name, payload, args.out_dir, path=path)
     if rank == 0:
         log(f"wrote {path}")
     return payload

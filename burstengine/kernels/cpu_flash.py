@@ -36,7 +36,9 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _bhsd(x):
-    return x.transpose(1, 2)
+    # the op reads (B, H, S, D) views of (B, S, H, D) tensors laid out densely: other strides (a
+    # slice of a wider tensor, a transposed head dim) come out wrong, so such inputs are copied
+    return x.contiguous().transpose(1, 2)
 
 
 def takes(q, k, v) -> bool:

@@ -98,13 +98,12 @@ class TrainConfig:
     eval_samples: int = 64           # held-out sequences per evaluation
     peak_tflops: float = 0.0         # per-device peak for MFU; 0 = known GPUs' bf16 dense peak
     progress: bool = True            # progress bar (only ever on an interactive terminal)
-    # starting from a pretrained model: an HF model directory (config.json + safetensors, see
-    # burstengine/model/hf.py), "" = random init.  The model's shape comes from its config.json (a
-    # preset's [model] table is ignored); model.rope_theta, model.rope_scaling.* and model.window
-    # may still be set, to extend the context (e.g. --set model.rope_scaling.type=yarn).
-    init: str = ""
+    # starting from a pretrained model (see burstengine/model/hf.py)
+    init: str = ""                   # an HF model directory (config.json + safetensors); "" = random init.  Its
+                                     # config.json gives the model's shape (a preset's [model] table is ignored);
+                                     # model.rope_theta, model.rope_scaling.* and model.window may still be set
 
-    # --- corpora, document masking, accumulation, metrics sinks (issue 20) ---
+    # text corpora, packed documents, accumulation, metrics sinks
     data_format: str = "text"        # text data: "text" (every token a target) or "instruct" (prompt +
                                      # completion rows, loss on the completion and its EOS only)
     text_field: str = "text"         # jsonl key / parquet column of a text document
@@ -116,7 +115,7 @@ class TrainConfig:
     grad_accum: int = 1              # micro-batches (of batch_size sequences per dp rank) per optimizer step
     tensorboard: bool = False        # also log to TensorBoard (<run_dir>/tensorboard; the tensorboard extra)
     wandb: bool = False              # also log to Weights & Biases (the wandb extra)
-    wandb_project: str = "burstengine"
+    wandb_project: str = "burstengine"  # the W&B project
     wandb_name: str = ""             # the W&B run's name; "" = name
     wandb_mode: str = ""             # "online" / "offline" (no network) / "disabled"; "" = wandb's default
     # faults
@@ -457,6 +456,13 @@ MODEL_HELP = {
     "norm_eps": "RMSNorm epsilon",
     "rope_theta": "RoPE base",
     "tie_embeddings": "share the input embedding with the LM head",
+    "arch": "the HF family the weights are written back as: llama, qwen2, qwen3, mistral",
+    "head_size": "width of one head; 0 = dim / n_heads (Qwen3 sets it apart)",
+    "qkv_bias": "biases on the q, k, v projections (Qwen2)",
+    "qk_norm": "RMSNorm over each head of q and k before RoPE (Qwen3)",
+    "window": "sliding window: each query sees the W most recent keys, itself included; 0 = none",
+    "max_position_embeddings": "the context the weights were trained for (config.json); 0 = unknown",
+    "rope_scaling": "context extension: type none/linear/dynamic/yarn/llama3 and its parameters (model/rope.py)",
 }
 
 
@@ -545,11 +551,9 @@ def help_epilog(defaults: TrainConfig | None = None) -> str:
         for name, text in fields:
             key = f"model.{name}" if table else name
             value = (d["model"] if table else d)[name]
-            if isinstance(value, dict):  # a table (model.rope_scaling): one line per key
-                for i, (k, v) in enumerate(value.items()):
-                    out.append(f"    {key + '.' + k + ' = ' + _toml_value(v):<40} {text if i == 0 else ''}".rstrip())
-                continue
-            out.append(f"    {key + ' = ' + _toml_value(value):<40} {text}")
+            val = _toml_value(value) if not isinstance(value, dict) else \
+                "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"  # an inline table
+            out.append(f"    {key + ' = ' + val:<40} {text}")
     old = ", ".join(f"{o} -> {n}" for o, n in DEPRECATED.items())
     out.append(f"\n  renamed (the old names still work this release, with a warning): {old}")
     return "\n".join(out)
