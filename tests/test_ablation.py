@@ -16,14 +16,19 @@ def test_plan_is_cumulative_and_shares_runs():
     by = {n: r for r in runs for n in r["rows"]}
     assert [r["rows"] for r in runs] == [["baseline"], ["+burst-bwd"], ["+fused-loss"], ["+seq-ckpt", "split=0.5"],
                                          ["store-all", "split=1"], ["split=0"]]
-    assert by["baseline"]["config"] == {"attn_backward": "ring", "loss": "naive", "activation_checkpoint": "full"}
-    assert by["+fused-loss"]["config"] == {"attn_backward": "burst", "loss": "fused", "activation_checkpoint": "full"}
+    assert by["baseline"]["config"] == {"attn_backward": "ring", "loss": "naive", "activation_checkpoint": "full",
+                                        "fused_ops": "false"}
+    assert by["+fused-loss"]["config"] == {"attn_backward": "burst", "loss": "fused", "activation_checkpoint": "full",
+                                           "fused_ops": "false"}
     assert by["split=0"]["config"] == {"attn_backward": "burst", "loss": "fused", "activation_checkpoint": "sequence",
-                                       "activation_checkpoint_split": "0.0"}
+                                       "activation_checkpoint_split": "0.0", "fused_ops": "false"}
     assert by["store-all"]["config"]["activation_checkpoint_split"] == "1" and "selective" not in by
     only = A.row_runs(0.25, [], ["selective", "+seq-ckpt"])
     assert [r["rows"] for r in only] == [["+seq-ckpt"], ["selective"]]
     assert only[0]["config"]["activation_checkpoint_split"] == "0.25"
+    new = {n: r for r in A.row_runs(0.5, [], ["+fused-ops", "auto"]) for n in r["rows"]}
+    assert new["+fused-ops"]["config"]["fused_ops"] == "true" and new["+fused-ops"]["config"]["loss"] == "fused"
+    assert new["auto"]["config"]["activation_checkpoint"] == "auto"
     with pytest.raises(ValueError, match="unknown ablation rows"):
         A.row_runs(0.5, [], ["baseline", "turbo"])
 

@@ -43,7 +43,7 @@ from ..train import load
 # (name, what it adds, config overrides); each row keeps the ones before it
 TABLE = (
     ("baseline", "RingAttention backward, naive LM head + loss, full checkpointing",
-     ("attn_backward=ring", "loss=naive", "activation_checkpoint=full")),
+     ("attn_backward=ring", "loss=naive", "activation_checkpoint=full", "fused_ops=false")),
     ("+burst-bwd", "+ BurstAttention backward", ("attn_backward=burst",)),
     ("+fused-loss", "+ fused LM head + cross-entropy", ("loss=fused",)),
     ("+seq-ckpt", "+ sequence-level selective checkpointing (split {split:g})",
@@ -54,6 +54,10 @@ ALTERNATIVES = (
     ("store-all", "selective checkpointing++: all attention outputs kept (split 1)",
      ("activation_checkpoint=sequence", "activation_checkpoint_split=1")),
     ("selective", "selective policy: attention output and its q, k, v kept", ("activation_checkpoint=selective",)),
+    ("+fused-ops", "store-all + RMSNorm, RoPE, SwiGLU as one compiled kernel each",
+     ("activation_checkpoint=sequence", "activation_checkpoint_split=1", "fused_ops=true")),
+    ("auto", "+ fused ops, checkpointing planned per layer from the device's memory (activation_checkpoint=auto)",
+     ("activation_checkpoint=auto", "fused_ops=true")),
 )
 DEFAULT_ROWS = ("baseline", "+burst-bwd", "+fused-loss", "+seq-ckpt", "store-all", "curve")
 ROW_NAMES = tuple(n for n, _, _ in TABLE) + tuple(n for n, _, _ in ALTERNATIVES) + ("curve",)
