@@ -459,6 +459,36 @@ def cpu_kernels(rec):
     return head + table(["kernel", "dtype", "forward ms", "backward ms", "forward ×", "backward ×"], body)
 
 
+def finetune(rec):
+    """One line per fine-tuning record, whatever its kind (make / load / train / export / compare)."""
+    kind = rec.get("kind") or ("train" if "summary" in rec else "?")
+    if kind == "train":
+        t, c = rec["summary"], rec["config"]
+        cells = [("sequence", c["seq_len"]), ("doc_mask", c.get("doc_mask")), ("steps", t["steps"]),
+                 ("tokens/s/GPU", f"{t['mean_tokens_per_s_per_gpu']:,.0f}"), ("step s", fixed(t["mean_step_time_s"], 2)),
+                 ("MFU (document-masked FLOPs)", f"{100 * t['mean_mfu']:.1f}%" if t.get("mean_mfu") else "—"),
+                 ("peak GiB", fixed(t["peak_mem_gib"], 1)), ("loss first → last", f"{t['first_loss']:.4f} → {t['final_loss']:.4f}")]
+    elif kind == "load":
+        cells = [("parameters", f"{rec['params'] / 1e9:.2f}B"), ("ranks", rec["world"]),
+                 ("load s (slowest rank)", fixed(rec["load_s_max_rank"], 1)),
+                 ("GiB read (most by a rank)", fixed(rec["read_gib_max_rank"], 1)),
+                 ("peak host RSS GiB", fixed(rec["peak_host_rss_gib_max_rank"], 2)), ("peak GPU GiB", fixed(rec["peak_gpu_gib"], 1))]
+    elif kind == "export":
+        cells = [("step", rec["step"]), ("dtype", rec["dtype"]), ("GiB", fixed(rec["bytes"] / 2**30, 2)),
+                 ("files", rec["files"]), ("export s", fixed(rec["export_s"], 1)),
+                 ("peak host RSS GiB", fixed(rec["peak_rss_gib"], 2)),
+                 ("max_position_embeddings", rec["max_position_embeddings"])]
+    elif kind == "compare":
+        cells = [("sequence", rec["seq"]), ("positions compared", rec["rows"]), ("dtype", rec["dtype"]),
+                 ("max relative logit error", num(rec["max_rel_err"])), ("argmax agreement", fixed(rec["argmax_agreement"], 3))]
+    elif kind == "make":
+        cells = [("config", rec["config"]), ("GiB written", fixed(rec["bytes"] / 2**30, 2)), ("files", rec["files"]),
+                 ("write s", fixed(rec["write_s"], 1))]
+    else:
+        raise KeyError(kind)
+    return [f"{kind}:", ""] + table([k for k, _ in cells], [[v for _, v in cells]])
+
+
 # family: (title, file-name pattern, renderer, one-line description)
 FAMILIES = [
     ("Attention on 1-2 GPUs beside the peers", r"^attention_", attention,
@@ -486,6 +516,10 @@ FAMILIES = [
     ("Argument-check cost", r"^check_cost", check_cost, "`benchmarks/check_cost.py`: the cost of `BURST_CHECKS` levels."),
     ("Fault times", r"^fault_times", fault_times,
      "`benchmarks/fault_times.py`: the fault jobs of the tests, timed once."),
+    ("Fine-tuning a pretrained model", r"^ft_", finetune,
+     "`benchmarks/finetune_h200.sh` (`burstengine bench finetune`, `train --set init=...`, `export`): random-weight "
+     "HF directories with real architectures' configs, loaded sharded, trained with packed documents, exported, "
+     "compared with transformers."),
     ("Local kernels on CPU", r"^cpu_kernels", cpu_kernels,
      "`benchmarks/cpu_kernel_bench.py`: torch's CPU flash attention op against the reference kernel."),
     ("Decode against the sharded KV cache", r"^decode_", decode,
