@@ -119,7 +119,9 @@ def bad_calls(group):
     calls = {
         "disagree": dict(causal=rank == 0),
         "window": dict(causal=True, window=-1 if rank == world - 1 else 2),
-        "mesh": dict(topology=DeviceMesh("cpu", torch.tensor(ranks).view(1, world))),
+        # from the existing group: a mesh that made sub-groups (new_group on some ranks of the pool
+        # only) would leave the pool's ranks out of step for every later group creation
+        "mesh": dict(topology=DeviceMesh.from_group(group if group is not None else dist.group.WORLD, "cpu")),
     }
     seen = {}
     for name, kw in calls.items():
