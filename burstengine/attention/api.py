@@ -55,7 +55,6 @@ def burst_attn_func(q, k, v, *, group=None, causal=False, layout="contiguous", s
     the single ring each hop carries only the rows later steps read (W <= local length: the
     last W - 1 rows of K/V; see schedule.travel_rows).
     Rows with no visible key get a zero output, lse = -inf and zero gradients.
-    Rows with no visible key get a zero output, lse = -inf and zero gradients.
     """
     run = prepare_call(q, k, v, group=group, causal=causal, layout=layout, softmax_scale=softmax_scale,
                        backward=backward, kernel=kernel, window=window, cu_seqlens=cu_seqlens, block_mask=block_mask,
@@ -74,13 +73,18 @@ def prepare_call(q, k, v, *, group=None, causal=False, layout="contiguous", soft
 
     def plan(world):
         """The arguments checks.py does not know, checked on this rank, and the call's plan:
-        every rank must pass the same mask and topology, and plans the same backward."""
+        every rank must pass the same mask, plan the same ring (its shape comes from the
+        arguments and the environment: BURST_TOPOLOGY, LOCAL_WORLD_SIZE, BURST_CLUSTER) and the
+        same backward."""
         pattern = check_sparse(causal, layout, world, q.shape[1], window, cu_seqlens, block_mask, block_size)
         if topology is not None and not (isinstance(topology, str) and topology in ("auto", "single")):
             topo.resolve(topology, group)  # raises ValueError on a malformed one
-        shape = tuple(topology.shape) if topo.is_mesh(topology) else topology
         plans.append(planning.plan_call(q, k, group, world, pattern, layout, backward, topology, kernel, softmax_scale))
-        return {"sparse mask": pattern, "topology": shape, PLANNED_BACKWARD: plans[0].backward}
+        p = plans[0]
+        return {"window": pattern.window, "cu_seqlens": pattern.cu_seqlens, "block_mask": pattern.block_mask,
+                "topology (the planned ring, nodes x ranks per node)": f"{p.shape.nodes}x{p.shape.gpus_per_node}",
+                "BURST_CLUSTER": planning.cluster_name(), PLANNED_BACKWARD: p.backward}
 
-    check_args(q, k, v, group, causal, layout, softmax_scale, backward, extra=plan)
-    return RingRun.of(plans[0].ring(group), plans[0])
+    tag = {}
+    check_args(q, k, v, group, causal, layout, softmax_scale, backward, extra=plan, out=tag)
+    return RingRun.of(plans[0].ring(group, tag["tag"]), plans[0])

@@ -90,6 +90,11 @@ def _store():
         return None
 
 
+def store():
+    """The default group's c10d store, or None."""
+    return _store()
+
+
 def _bounded(fn, seconds: float = 3.0):
     """fn() in a helper thread, None if it raises or takes longer than ``seconds``: store calls
     on the failure path must not become a hang of their own (the store's host may be the
@@ -145,6 +150,45 @@ def clear_notice(store=None) -> None:
         _bounded(lambda: store.delete_key(_NOTICE))
 
 
+def store_lost(me: int, what: str) -> RankLost:
+    """The error when the c10d store does not answer: under env:// rendezvous rank 0 hosts it."""
+    return RankLost(f"rank 0 lost: rank {me}: {what}: the c10d store does not answer; rank 0 (which hosts it under "
+                    f"env:// rendezvous) or the launcher's agent is probably lost", lost=0)
+
+
+def check_in(store, name: str, me: int, ranks, deadline: float | None, what: str) -> None:
+    """Say "rank ``me`` is here" under key ``name`` and wait until every rank of ``ranks`` has
+    said so, at most ``deadline`` seconds (None: wait as long as the store's own timeout).  A
+    rank that never comes is named: RankLost, posted as the notice (or the notice's rank, when
+    another rank found a loss first)."""
+    key = f"{PREFIX}/{name}"
+    if _bounded(lambda: store.set(f"{key}/{me}", "1") or True) is None:
+        raise store_lost(me, what)
+    pending = [r for r in ranks if r != me]
+    end = time.monotonic() + (deadline if deadline is not None else store.timeout.total_seconds())
+    while True:
+        got = _bounded(lambda: [r for r in pending if not store.check([f"{key}/{r}"])])
+        if got is None:
+            raise store_lost(me, what)
+        pending = got
+        if not pending:
+            return
+        notice = read_notice(store)
+        if notice is not None and notice.lost is not None and notice.lost != me:
+            raise RankLost(f"rank {notice.lost} lost ({notice.text}); then rank {me}: {what} failed", lost=notice.lost)
+        if time.monotonic() > end:
+            break
+        time.sleep(0.05)
+    names = ", ".join(map(str, pending))
+    text = (f"rank {me}: {what}: rank{'s' if len(pending) > 1 else ''} {names} did not arrive within "
+            f"{deadline if deadline is not None else store.timeout.total_seconds():g} s")
+    earlier = post_notice(pending[0], me, text, store=store)
+    if earlier is not None and earlier.reporter != me and earlier.lost not in (None, me):
+        raise RankLost(f"rank {earlier.lost} lost ({earlier.text}); then {text}", lost=earlier.lost)
+    raise RankLost(f"rank{'s' if len(pending) > 1 else ''} {names} lost: {text}. It was killed, crashed, is stuck "
+                   f"or skipped this call: see its log.", lost=pending[0])
+
+
 # --- waiting on point-to-point ops and collectives ---------------------------------------------
 
 @dataclass(frozen=True)
@@ -175,7 +219,7 @@ def describe(op: Op, index: int, n: int, e: BaseException, deadline: float | Non
     posts a notice when this rank is the first to see a loss, and names the root cause when
     another rank posted one first."""
     me = _me()
-    if len(op.peers) == n:
+    if op.peers and len(op.peers) == n:
         roles = [op.peers[index]]
     else:
         roles = list(dict.fromkeys(op.peers))
