@@ -9,6 +9,7 @@ import pytest
 import fuzz_cases
 
 CASES = 90  # per world size: ~80% of them bad, so > 200 bad calls over worlds 2, 3, 4
+ENV_CASES = 60  # per world size (2, 4): ~80% bad, so > 300 bad calls in all with the above
 
 
 def _names_rank(msg: str, rank: int) -> bool:
@@ -66,6 +67,18 @@ def test_fuzz_burst_attn_func(pool):
           f"{len(totals['failures'])} failures, 0 hangs, slowest case {totals['slowest']:.3f} s")
     assert not totals["failures"], "\n".join(totals["failures"][:20])
     assert totals["bad"] >= 200 and totals["good"] >= 30, totals
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fuzz_environment_settings(pool, world):
+    """Settings from the environment (LOCAL_WORLD_SIZE, BURST_TOPOLOGY, BURST_CHECKS,
+    BURST_TIMEOUT, BURST_CLUSTER) and requires_grad differing per rank: the same ValueError
+    on every rank naming the setting; alike on every rank: the oracle's answer."""
+    per_rank = pool.run(fuzz_cases.env_batch, 200 + world, ENV_CASES, world=world)
+    bad, good, failures = _judge(world, per_rank)
+    print(f"\nfuzz environment settings, world {world}: {bad} bad + {good} valid calls, {len(failures)} failures")
+    assert not failures, "\n".join(failures[:20])
+    assert bad >= ENV_CASES // 2 and good >= 5, (bad, good)
 
 
 def test_fuzz_layout_helpers(pool):

@@ -84,10 +84,9 @@ _FIELDS = (
     ("softmax_scale", 1, lambda x: repr(_as_float(x[0]))),
     ("the check level BURST_CHECKS", 1, lambda x: repr(LEVELS[x[0]]) if 0 <= x[0] < len(LEVELS) else f"#{x[0]}"),
     ("the deadline BURST_TIMEOUT (s)", 1, lambda x: "none" if x[0] == -1 else repr(_as_float(x[0]))),
-    ("the number of calls so far on this group (a rank skipped a call or made an extra one)", 1,
-     lambda x: str(x[0])),
+    ("gradients (autograd records the call: grad mode on and an input that requires grad)", 1,
+     lambda x: "yes" if x[0] else "no"),
 )
-_CALL_FIELD = len(_FIELDS) - 1  # the call counter: not part of a call's cached signature (level "once")
 PLANNED_BACKWARD = "backward scheme"  # extra's key for the planned backward (not an extra slot)
 _EXTRA = 8  # slots for the caller's own values (check_args(extra=...)): one int64 each
 _MSG_WORDS = 48  # 384 bytes of the local error message
@@ -207,11 +206,12 @@ def _as_float(i: int) -> float:
     return struct.unpack("<d", struct.pack("<q", i))[0]
 
 
-def _shared_values(q, k, causal, layout, scale, backward, level, timeout, calls) -> list[int]:
+def _shared_values(q, k, v, causal, layout, scale, backward, level, timeout) -> list[int]:
     dev = _DEVICES.index(q.device.type) if q.device.type in _DEVICES else len(_DEVICES)
     return [*q.shape, *k.shape, _DTYPES.index(q.dtype), dev, int(causal), LAYOUTS.index(layout),
             BACKWARDS.index(backward), _as_int(scale), LEVELS.index(level),
-            -1 if timeout is None else _as_int(float(timeout)), calls]
+            -1 if timeout is None else _as_int(float(timeout)),
+            int(torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))]
 
 
 def digest(value) -> int:
@@ -462,13 +462,11 @@ def check_args(q, k, v, group, causal, layout, softmax_scale, backward, extra=No
     if error is None:
         scale = scale_value(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
         mine = [digest(x) for x in (values or {}).values()]
-        host = [_MAGIC, 0, 0, *_shared_values(q, k, causal, layout, scale, planned, level, timeout, calls),
+        host = [_MAGIC, 0, 0, *_shared_values(q, k, v, causal, layout, scale, planned, level, timeout),
                 *mine, *[0] * (_EXTRA - len(mine)), *_pack("")]
     else:
         host = [_MAGIC, 1, 0, *[0] * (SIG_LEN - _HEADER - _MSG_WORDS), *_pack(error)]
-    # the call's signature without its number: what level "once" remembers
-    call_at = _HEADER + sum(w for _, w, _ in _FIELDS[:_CALL_FIELD])
-    sig = tuple(host[:call_at] + host[call_at + 1:])
+    sig = tuple(host)  # what level "once" remembers
     if out is not None:
         out["tag"] = call_tag(sig, calls)
     agreed = _AGREED.setdefault(key, {})
@@ -488,7 +486,7 @@ def check_args(q, k, v, group, causal, layout, softmax_scale, backward, extra=No
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     op = fault.Op(f"burst_attn_func's argument check (an all-gather over global ranks {ranks}; a rank that "
                   f"skipped this call or runs BURST_CHECKS=local never joins it)",
-                  blocking=dev.type == "cpu", group_ranks=tuple(ranks), deadline=timeout)
+                  blocking=dev.type == "cpu", group_ranks=tuple(ranks), deadline=timeout, group=group)
     fault.wait([fault.post(lambda: gather(gathered, sig_t, group=group, async_op=True), op)], op)
     rows = gathered.view(world, SIG_LEN).tolist()
     names = list(values or ())

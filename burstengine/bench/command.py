@@ -17,6 +17,7 @@ BENCHES = {
     "topo": "burstengine.bench.topo",
     "soak": "burstengine.bench.soak",
     "profile": "burstengine.bench.profile",
+    "faults": "burstengine.bench.faults",
 }
 HELP = "run a benchmark (under torchrun on GPUs): " + ", ".join(BENCHES)
 
