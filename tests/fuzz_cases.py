@@ -591,8 +591,8 @@ def env_batch(group, seed: int, count: int) -> list[dict]:
         t0 = time.perf_counter()
         try:
             if kwd is None:
-                c = Call(*_build(base, world, rank, torch.float64)[0], dict(causal=base["causal"], layout=base["layout"],
-                                                                            backward=base["backward"]))
+                kw = dict(causal=base["causal"], layout=base["layout"], backward=base["backward"])
+                c = Call(*_build(base, world, rank, torch.float64)[0], kw)
                 row["err"] = _run_good(c, base, group, rank, world)
                 row["tol"] = TOL[torch.float64]
                 row["outcome"] = "ok"
@@ -640,10 +640,10 @@ def run_all(env_cases: int = 60) -> dict:
                     continue
                 bad, good, failures = test_fuzz._judge(world, res)
                 wrong = [f for f in failures if "WRONG RESULT" in f or "got ['returned'" in f]
-                out["worlds"][f"{kind}_{world}"] = dict(bad=bad, good=good, failures=len(failures),
-                                                      silent_wrong=len(wrong), seconds=round(time.perf_counter() - t0, 1),
-                                                      slowest_call_s=round(max(r["secs"] for rows in res
-                                                                               for r in rows[:-1]), 3))
+                slowest = max(r["secs"] for rows in res for r in rows[:-1])
+                out["worlds"][f"{kind}_{world}"] = dict(
+                    bad=bad, good=good, failures=len(failures), silent_wrong=len(wrong),
+                    seconds=round(time.perf_counter() - t0, 1), slowest_call_s=round(slowest, 3))
                 out["calls"] += (bad + good) * world
                 out["bad"] += bad
                 out["good"] += good

@@ -11,7 +11,6 @@ import torch
 import torch.distributed as dist
 
 import burstengine as be
-from burstengine.attention import planning
 from burstengine.loss import fused_linear_cross_entropy
 from burstengine.testing import rel_err
 

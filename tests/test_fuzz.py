@@ -118,7 +118,8 @@ def test_no_finite_scan_at_level_agree(pool, world):
     ("raise_one", "arguments rejected on rank 1: window must be a positive int, got -1 (world 3) "
                   "(ranks 0, 2 passed their own checks)"),
     ("differ", "disagree on window: 8 on rank 0, 4 on ranks 1, 2."),
-    ("tensor_differ", "disagree on block_mask: 4x4 blocks, first difference at block (0, 3): True on ranks 0, 2, False on rank 1."),
+    ("tensor_differ", "disagree on block_mask: 4x4 blocks, first difference at block (0, 3): True on ranks 0, 2, "
+                      "False on rank 1."),
 ])
 def test_extra_arguments_join_the_agreement(pool, case, want):
     res = pool.run(fuzz_cases.extra_hook, case, world=3)

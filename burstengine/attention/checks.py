@@ -12,7 +12,9 @@ the ring then hangs or, worse, returns a wrong answer.  So checking is done in t
    rank not a member) raises here at once: no collective is possible over it.
 2. Agreement: one all-gather over the group of a fixed-size int64 signature holding this
    rank's verdict (its error message, if any) and every value the ranks must share (local
-   shapes, dtype, device type, causal, layout, the planned backward scheme, softmax scale).  If any rank
+   shapes, dtype, device type, causal, layout, the planned backward scheme, softmax scale, the
+   check level, BURST_TIMEOUT, whether autograd records the call; and the caller's: the sparse
+   mask, the planned ring from topology / BURST_TOPOLOGY / LOCAL_WORLD_SIZE, BURST_CLUSTER).  If any rank
    failed or any value differs, every rank raises the same ValueError naming the ranks and
    what they passed.  It is the only communication before the ring, so a bad call, made
    alike on every rank or not, leaves no rank waiting and the group in step.
@@ -27,6 +29,12 @@ the same on every rank:
 * ``full`` (default): local checks, a NaN/inf scan of q, k, v (one ``aminmax`` pass, no
   temporaries; on a NCCL group its result rides in the signature, so it adds no host sync of
   its own) and the agreement.  Non-finite inputs raise instead of propagating.
+* ``once``: as ``full`` for the first call of each distinct signature on a group; a later call
+  with a remembered signature skips the all-gather and the scan (no collective, no host read).
+  A rank whose call differs from the one the others repeat is not caught here: on gloo each
+  call's ring messages carry a tag made from its signature and number (:func:`call_tag`), so
+  such ranks never exchange data and end in the ring's deadline (RankLost); NCCL ignores tags
+  (docs/faults.md says what that leaves).  ``burstengine train`` uses it.
 * ``agree``: no NaN/inf scan.  Non-finite inputs then propagate as IEEE arithmetic makes them:
   a NaN makes NaN every output row that sees it, an inf gives NaN or a key of weight 0 (a row
   whose every score is -inf comes out as zeros), and rows that cannot see the bad entry under
@@ -34,7 +42,10 @@ the same on every rank:
 * ``local``: no collective at all.  A bad argument on some ranks only leaves the others
   waiting in the ring (until ``BURST_TIMEOUT``), and ranks that disagree go undetected.
 
-Cost of the agreement: one all-gather of SIG_LEN (73) int64 per rank per call.  It goes
+The levels ``full``, ``once`` and ``agree`` are in the signature, so ranks that mix them raise on
+the first call; ``local`` never communicates and must be set on every rank or none.
+
+Cost of the agreement: one all-gather of SIG_LEN (76) int64 per rank per call.  It goes
 through the group's CPU backend when it has one (gloo, or the gloo side of
 "cpu:gloo,cuda:nccl"); on a NCCL-only group the signature is read back on the host: one host
 sync per call (see README, "Bad input and faults").  Gradients (dout) are not checked.
@@ -390,7 +401,8 @@ def _verdict(rows: list[list[int]], ranks: list[int], extra_names=(), details=No
             if details and name in details:
                 diffs.append(_show_values(name, details[name], ranks))
             else:
-                diffs.append(f"{name}: " + ", ".join(f"{_show_extra(val)} on {_ranks(rs)}" for val, rs in groups.items()))
+                diffs.append(f"{name}: " + ", ".join(f"{_show_extra(val)} on {_ranks(rs)}"
+                                                     for val, rs in groups.items()))
     if diffs:
         return ("burst_attn_func: the ranks of the group disagree on " + "; ".join(diffs) +
                 ". Every rank must pass its shard of the same global q, k, v with the same options")

@@ -44,16 +44,17 @@ SLACK = 10.0  # seconds past the deadline (and the census, and a watchdog's grac
 # --- one rank of a fault job -------------------------------------------------------------------
 
 def _job(fault: str) -> None:
-    import torch
+    # the ranks of a job only: the runner itself stays light (no torch.distributed state)
+    import torch  # noqa: I001  (a rank's imports, see above)
     import torch.distributed as dist
 
-    import burstengine as be
-    from burstengine.comm import fault as fl
-    from burstengine.comm import topology as topo
-    from burstengine.kernels import KERNELS
-    from burstengine.kernels.reference import ReferenceKernel
+    import burstengine as be  # a rank of the job: see above
+    from burstengine.comm import fault as fl  # a rank of the job: see above
+    from burstengine.comm import topology as topo  # a rank of the job: see above
+    from burstengine.kernels import KERNELS  # a rank of the job: see above
+    from burstengine.kernels.reference import ReferenceKernel  # a rank of the job: see above
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
     victim = int(os.environ["VICTIM"])
     device = os.environ.get("FAULT_DEVICE", "cpu")
     deadline = float(os.environ["BURST_TIMEOUT"])

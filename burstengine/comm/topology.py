@@ -210,8 +210,8 @@ class RingComm:
                 inter_g = block_group(group, inter_b, timeout)
             self.rings["intra"] = Ring(intra_g, link="intra", timeout=timeout, tag=tag)
             self.rings["inter"] = Ring(inter_g, link="inter", timeout=timeout, tag=tag)
-            self.rings["home"] = Ring(group, link="inter", peers=hop_peers(self.rank, nodes, m, "home"), timeout=timeout,
-                                      tag=tag)
+            self.rings["home"] = Ring(group, link="inter", peers=hop_peers(self.rank, nodes, m, "home"),
+                                      timeout=timeout, tag=tag)
 
     def source(self, i: int, direction: int = 1) -> int:
         """Rank whose travelling shard this rank holds at loop index ``i``."""

@@ -88,7 +88,8 @@ def run_rank(cfg, resume: bool, overwrite: bool) -> int:
         # calls, so the agreement (a collective and a host read per layer) runs once per
         # distinct call; a rank that diverges later is caught by the ring's deadline and the
         # watchdog (docs/faults.md)
-        with fault.Watchdog(timeout) as dog, call_timeout(timeout), arg_checks(os.environ.get("BURST_CHECKS") or "once"):
+        level = os.environ.get("BURST_CHECKS") or "once"
+        with fault.Watchdog(timeout) as dog, call_timeout(timeout), arg_checks(level):
             try:
                 trainer = Trainer(cfg, kill_in_step=_kill_in_step(rank), kill_in_save=_kill_in_save())
                 trainer.fit(resume=resume, overwrite=overwrite)
