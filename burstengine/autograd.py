@@ -38,6 +38,27 @@ class _Refuse(torch.autograd.Function):
         raise RuntimeError(ctx.msg)
 
 
+class _SavedOnce:
+    """``ctx`` for the wrapped backward, unpacking its saved tensors once for the backward and
+    the refusal both (a second unpack fails under torch.utils.checkpoint)."""
+
+    def __init__(self, ctx):
+        object.__setattr__(self, "_ctx", ctx)
+        object.__setattr__(self, "_saved", None)
+
+    @property
+    def saved_tensors(self):
+        if self._saved is None:
+            object.__setattr__(self, "_saved", self._ctx.saved_tensors)
+        return self._saved
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._ctx, name, value)
+
+
 def once_differentiable(name: str):
     """Decorator for an autograd Function's ``backward``: run it under no_grad, and when the
     caller asked for a graph (create_graph=True), return gradients whose own backward raises
@@ -49,11 +70,15 @@ def once_differentiable(name: str):
     def wrap(fn):
         @functools.wraps(fn)
         def backward(ctx, *grads):
-            anchors = [t for t in (*grads, *ctx.saved_tensors, *getattr(ctx, "anchors", ()))
-                       if isinstance(t, torch.Tensor) and t.requires_grad]
+            if not torch.is_grad_enabled():  # create_graph=False: nothing can differentiate the gradients
+                with torch.no_grad():
+                    return fn(ctx, *grads)
+            once = _SavedOnce(ctx)  # saved tensors may be unpacked only once (activation checkpointing)
             with torch.no_grad():
-                outputs = fn(ctx, *grads)
-            if not torch.is_grad_enabled() or not anchors:  # create_graph=False: nothing differentiates them
+                outputs = fn(once, *grads)
+            anchors = [t for t in (*grads, *once.saved_tensors, *getattr(ctx, "anchors", ()))
+                       if isinstance(t, torch.Tensor) and t.requires_grad]
+            if not anchors:
                 return outputs
             single = not isinstance(outputs, tuple)
             outs = (outputs,) if single else outputs
