@@ -156,3 +156,11 @@ def env_disagree(group, case):
             return "returned"
         except ValueError as e:
             return str(e)
+
+
+def exit_with(code_by_rank):
+    """A spawn entry: this rank's exit code from ``code_by_rank`` (an exception for "raise")."""
+    code = code_by_rank[dist.get_rank()]
+    if code == "raise":
+        raise RuntimeError("a config error on this rank")
+    return code

@@ -56,3 +56,13 @@ def test_environment_settings_are_agreed(pool, case):
     assert "\n" not in msgs[0]
     for want in ENV[case]:
         assert want in msgs[0], msgs[0]
+
+
+@pytest.mark.parametrize("codes,want", [((2, 2), 2), ((0, 2), 2), ((0, "raise"), 1), ((0, 0), 0)])
+def test_launcher_exit_codes(codes, want, capfd):
+    """Ranks that leave on an error leave with their own code (os._exit after reporting), not
+    "killed by SIGABRT" in interpreter teardown."""
+    from burstengine.launch import spawn
+
+    assert spawn(hostile_cases.exit_with, (codes,), world=2, timeout=120, threads=1, backend="gloo") == want
+    assert "SIGABRT" not in capfd.readouterr().err
