@@ -61,20 +61,27 @@ def _rank_main(rank, world, port, pg_timeout, threads, backend_name, entry, entr
             code = entry(*entry_args)
         finally:
             dist.destroy_process_group()
+    except SystemExit as e:  # sys.exit(n) inside the entry: its code
+        code = e.code if isinstance(e.code, int) else 1
     except BaseException:
         traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        results.put((rank, 1))
-        raise
+        code = 1
     results.put((rank, code))
-    if code == 0:
-        # done and reported: leave without the interpreter's teardown, where a C++ thread left
-        # in torch.distributed's objects can still abort the process (seen once in CI as
-        # "terminate called without an active exception" after a successful run)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    # reported: leave without the interpreter's teardown, on an error as on success, where a C++
+    # thread left in torch.distributed's objects can still abort the process (seen in CI as
+    # "terminate called without an active exception", and as a config error (exit 2) that the
+    # launcher reported as "killed by SIGABRT")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _reported(results) -> dict[int, int]:
+    codes = {}
+    while not results.empty():
+        r, c = results.get()
+        codes[r] = c
+    return codes
 
 
 def spawn(entry, entry_args: tuple, world: int, timeout: float, threads: int | None = None,
@@ -101,17 +108,18 @@ def spawn(entry, entry_args: tuple, world: int, timeout: float, threads: int | N
                     if p.is_alive():
                         p.kill()
                 return 1
-    except mp.ProcessExitedException as e:  # a rank died (killed, out of memory); torch has stopped the others
+    except mp.ProcessExitedException as e:  # a rank died or left early; torch has stopped the others
+        codes = _reported(results)
+        if not e.signal_name and codes.get(e.error_index) == e.exit_code:
+            # it reported its error (printed above) and left: its exit code is the job's
+            return max(codes.values())
         how = f"was killed by {e.signal_name}" if e.signal_name else f"exited with code {e.exit_code}"
         print(f"{prog}: rank {e.error_index} {how}; stopped the other ranks", file=sys.stderr)
         return 1
     except Exception as e:  # a rank raised; torch has stopped the others
         print(f"{prog}: a rank failed: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
-    codes = {}
-    while not results.empty():
-        r, c = results.get()
-        codes[r] = c
+    codes = _reported(results)
     if len(codes) != world:
         print(f"{prog}: only ranks {sorted(codes)} reported", file=sys.stderr)
         return 1

@@ -369,6 +369,43 @@ def fault_times(rec):
     return table(["fault", "world", "deadline", "victim", "what the others did (seconds after the fault)"], body)
 
 
+FAULT_WHAT = {
+    "first_call": "SIGKILL at the start of the first call (before the argument check)",
+    "subgroups": "SIGKILL before the double ring's sub-groups are made",
+    "ring_step": "SIGKILL mid forward ring step",
+    "skip_call": "skips the last call (alive elsewhere)",
+    "skip_backward": "skips a backward, goes on to the next call",
+    "freeze": "frozen (SIGSTOP) mid ring step",
+    "store_host": "rank 0 (hosts the c10d store) SIGKILLed mid ring step",
+    "checkpoint_save": "SIGKILL while writing a DCP checkpoint (under the watchdog)",
+}
+
+
+def faults(rec):
+    head = [f"{rec['world']} ranks on {rec['device']}, BURST_TIMEOUT {num(rec['deadline_s'])} s; seconds from the "
+            f"fault to each survivor's exit (non-zero), and whether its error names the lost rank.", ""]
+    body = []
+    for name, r in rec["faults"].items():
+        s = r["survivors"]
+        body.append([name, FAULT_WHAT.get(name, name), r["victim"],
+                     ", ".join(f"{fixed(v['seconds'], 2)}" if v["seconds"] is not None else "hung"
+                               for _, v in sorted(s.items())),
+                     sum(v["hung"] for v in s.values()),
+                     "all" if all(v["named_victim"] for v in s.values()) else
+                     f"{sum(v['named_victim'] for v in s.values())} of {len(s)}"])
+    out = head + table(["fault", "what the victim does", "victim", "survivors' seconds to exit", "hung",
+                        "named the victim"], body)
+    fz = rec.get("fuzz")
+    if fz:
+        out += ["", f"Bad-call fuzz (tests/test_fuzz.py's cases): {fz['bad'] + fz['good']} calls on every rank of "
+                f"worlds 2-4 ({fz['bad']} bad, {fz['good']} valid; {fz['calls']} rank-calls), {fz['failures']} "
+                f"failures, {fz['hangs']} hangs, {fz['silent_wrong']} silent wrong answers.", ""]
+        out += table(["batch", "bad", "valid", "failures", "silent wrong", "slowest call s"],
+                     [[k, v["bad"], v["good"], v["failures"], v["silent_wrong"], fixed(v["slowest_call_s"], 3)]
+                      for k, v in fz["worlds"].items()])
+    return out
+
+
 def soak(rec):
     head = [f"{rec['steps']} training steps on {rec['world']} ranks, evaluation and checkpoint every "
             f"{rec['eval_and_ckpt_every']} steps, {ms(rec['wall_s'] / rec['steps'])} ms per step; growth of resident "
@@ -525,6 +562,8 @@ FAMILIES = [
     ("Decode against the sharded KV cache", r"^decode_", decode,
      "`burstengine bench decode`: first-token latency beside plain SDPA prefill, decode time per token beside "
      "the HBM-bandwidth bound."),
+    ("Faults at every phase", r"^faults_", faults,
+     "`burstengine bench faults`: a rank lost at each phase of a job, and the bad-call fuzz."),
     ("Where a training step's time goes", r"^profile_", profile,
      "`burstengine bench profile`: one step under torch.profiler, kernel time by category."),
     ("Soak", r"^soak", soak, "`burstengine bench soak`: resident memory over many tiny training steps."),

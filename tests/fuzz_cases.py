@@ -523,3 +523,132 @@ def extra_hook(group, case):
         return ("ok", sorted(got))
     except ValueError as e:
         return ("ValueError", str(e))
+
+
+# --- settings from the environment, per rank ------------------------------------------------------
+
+# (name, keyword the message must hold, env(rank, world, rng) -> {var: value or None}); each
+# differs between ranks, so the call is bad: every rank must raise the same ValueError
+ENV_BAD = [
+    ("local_world_size_split", "topology",
+     lambda r, w, rng: {"LOCAL_WORLD_SIZE": str(w // 2 if r < w // 2 else w)} if w % 2 == 0 and w >= 4 else None),
+    ("topology_one_rank", "topology", lambda r, w, rng: {"BURST_TOPOLOGY": f"2x{w // 2}" if r == 1 else None}
+     if w % 2 == 0 and w >= 4 else None),
+    ("checks_full_agree", "BURST_CHECKS", lambda r, w, rng: {"BURST_CHECKS": "agree" if r == 0 else "full"}),
+    ("checks_once_full", "BURST_CHECKS", lambda r, w, rng: {"BURST_CHECKS": "once" if r == w - 1 else "full"}),
+    ("timeout_differs", "BURST_TIMEOUT", lambda r, w, rng: {"BURST_TIMEOUT": "30" if r == 0 else "40"}),
+    ("timeout_one_rank", "BURST_TIMEOUT", lambda r, w, rng: {"BURST_TIMEOUT": "30" if r == w - 1 else None}),
+    ("cluster_one_rank", "BURST_CLUSTER", lambda r, w, rng: {"BURST_CLUSTER": "a800-paper" if r == 0 else None}),
+    ("cluster_two", "BURST_CLUSTER", lambda r, w, rng: {"BURST_CLUSTER": "a800-paper" if r % 2 else "h200-nvlink"}),
+    ("bad_timeout_one", "BURST_TIMEOUT", lambda r, w, rng: {"BURST_TIMEOUT": "soon" if r == 0 else None}),
+    ("bad_checks_one", "BURST_CHECKS", lambda r, w, rng: {"BURST_CHECKS": "paranoid" if r == w - 1 else None}),
+    ("requires_grad_one", "gradients", lambda r, w, rng: {"_grad": r != 0}),
+]
+# the same on every rank: the call must match the oracle
+ENV_GOOD = [
+    ("checks_once", lambda r, w: {"BURST_CHECKS": "once"}),
+    ("checks_agree", lambda r, w: {"BURST_CHECKS": "agree"}),
+    ("topology_all", lambda r, w: {"BURST_TOPOLOGY": f"2x{w // 2}"} if w % 2 == 0 and w >= 4 else {}),
+    ("local_world_size_all", lambda r, w: {"LOCAL_WORLD_SIZE": "2"} if w % 2 == 0 else {}),
+    ("timeout_all", lambda r, w: {"BURST_TIMEOUT": "60"}),
+    ("cluster_all", lambda r, w: {"BURST_CLUSTER": "a800-paper"}),
+]
+
+
+def _with_env(env: dict):
+    saved = {k: os.environ.get(k) for k in env}
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    return saved
+
+
+def env_batch(group, seed: int, count: int) -> list[dict]:
+    """``count`` calls whose settings from the environment (or requires_grad) differ per rank
+    (bad: the same ValueError everywhere, naming the setting) or agree (good: the oracle)."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    rng = random.Random(seed)
+    rows = []
+    for i in range(count):
+        base = dict(B=1, H=rng.choice([2, 4]), Hkv=2, D=8, n=rng.choice([4, 8]), layout=rng.choice(be.LAYOUTS),
+                    causal=rng.random() < 0.7, backward=rng.choice(["auto", "burst", "ring"]), dtype=torch.float64,
+                    seed=seed * 7919 + i)
+        base["Hkv"] = rng.choice([h for h in (1, 2) if base["H"] % h == 0])
+        crng = random.Random(seed * 31 + i)
+        if rng.random() < 0.8:
+            name, kwd, fn = rng.choice(ENV_BAD)
+            env = fn(rank, world, crng)
+            if env is None:  # not possible at this world size: a good case instead
+                name, kwd, env = "noop", None, {}
+        else:
+            name, fn = rng.choice(ENV_GOOD)
+            kwd, env = None, fn(rank, world)
+        grad = env.pop("_grad", True)
+        row = dict(i=i, names=[name], targets=["all"], expected=[kwd] if kwd else None)
+        saved = _with_env(env)
+        t0 = time.perf_counter()
+        try:
+            if kwd is None:
+                kw = dict(causal=base["causal"], layout=base["layout"], backward=base["backward"])
+                c = Call(*_build(base, world, rank, torch.float64)[0], kw)
+                row["err"] = _run_good(c, base, group, rank, world)
+                row["tol"] = TOL[torch.float64]
+                row["outcome"] = "ok"
+            else:
+                (q, k, v), _ = _build(base, world, rank, torch.float64)
+                q, k, v = (t.requires_grad_(grad) for t in (q, k, v))
+                out = be.burst_attn_func(q, k, v, group=group, causal=base["causal"], layout=base["layout"],
+                                         backward=base["backward"])
+                row["outcome"] = "returned"
+                if out.requires_grad:
+                    out.sum().backward()
+        except ValueError as e:
+            row["outcome"], row["msg"] = "ValueError", str(e)
+        except Exception as e:
+            row["outcome"], row["msg"] = type(e).__name__, str(e)
+        finally:
+            _with_env(saved)
+        row["secs"] = time.perf_counter() - t0
+        rows.append(row)
+    tag = torch.tensor([float(rank)])
+    dist.all_reduce(tag, group=group)
+    rows.append(dict(rank_sum=tag.item()))
+    return rows
+
+
+def run_all(env_cases: int = 60) -> dict:
+    """The fuzz of tests/test_fuzz.py in one go, for `burstengine bench faults`'s record: calls
+    tried, bad calls, failures, hangs (a batch that never came back) and silent wrong answers
+    (a call that returned where it must raise, or a valid one off the oracle), per world."""
+    import test_fuzz  # the judge of the test suite itself
+
+    from burstengine.testing import DistPool
+
+    pool = DistPool(world=4, timeout=600)
+    out = dict(worlds={}, calls=0, bad=0, good=0, failures=0, hangs=0, silent_wrong=0)
+    try:
+        for world in (2, 3, 4):
+            for kind, per_rank in (("args", lambda: pool.run(fuzz_batch, 100 + world, test_fuzz.CASES, world=world)),
+                                   ("env", lambda: pool.run(env_batch, 200 + world, env_cases, world=world))):
+                t0 = time.perf_counter()
+                try:
+                    res = per_rank()
+                except TimeoutError:
+                    out["hangs"] += 1
+                    continue
+                bad, good, failures = test_fuzz._judge(world, res)
+                wrong = [f for f in failures if "WRONG RESULT" in f or "got ['returned'" in f]
+                slowest = max(r["secs"] for rows in res for r in rows[:-1])
+                out["worlds"][f"{kind}_{world}"] = dict(
+                    bad=bad, good=good, failures=len(failures), silent_wrong=len(wrong),
+                    seconds=round(time.perf_counter() - t0, 1), slowest_call_s=round(slowest, 3))
+                out["calls"] += (bad + good) * world
+                out["bad"] += bad
+                out["good"] += good
+                out["failures"] += len(failures)
+                out["silent_wrong"] += len(wrong)
+    finally:
+        pool.close()
+    return out

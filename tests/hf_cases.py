@@ -148,6 +148,10 @@ def bad_hf_call(group, path, case):
         kw = dict(input_ids=ids[:, :1], position_ids=torch.tensor([[S]]), past_key_values=out.past_key_values,
                   use_cache=True)
         ctx = burst_context(group=group, layout=layout)
+    elif case == "plain_labels":
+        kw["labels"] = kw["input_ids"]
+    elif case == "output_attentions":
+        kw["output_attentions"] = True
     elif case == "bad_layout_name":
         try:
             burst_context(group=group, layout="diagonal").__enter__()
@@ -173,3 +177,27 @@ def save_tiny_mistral(path, seed=0):
                         num_attention_heads=4, num_key_value_heads=2, sliding_window=4, max_position_embeddings=256)
     MistralForCausalLM(cfg).save_pretrained(path)
     return str(path)
+
+
+def hf_loss_exact(group, path, layout="zigzag", n=8):
+    """The causal-LM loss of the "burst" model with shift_labels (shifted on the global
+    sequence, then sharded) summed over the ranks, against the eager model's loss from plain
+    labels on the whole sequence; -100 labels included."""
+    from burstengine.integrations.hf import burst_context
+
+    rank, world = _world(group)
+    S = n * world
+    g = torch.Generator().manual_seed(11)
+    ids = torch.randint(0, VOCAB, (2, S), generator=g)
+    labels = ids.clone()
+    labels[0, 3] = -100
+    want = load(path, "eager")(input_ids=ids, labels=labels).loss
+    shift = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]
+    mine = be.shard(shift, layout, rank, world)
+    with burst_context(group=group, layout=layout):
+        got = load(path, "burst")(input_ids=be.shard(ids, layout, rank, world),
+                                  position_ids=be.position_ids(S, layout, rank, world).unsqueeze(0),
+                                  labels=mine, shift_labels=mine, num_items_in_batch=(shift != -100).sum()).loss
+    got = got.detach().clone()
+    dist.all_reduce(got, group=group)
+    return abs(got.item() - want.item()) / abs(want.item())

@@ -9,6 +9,7 @@ import pytest
 import fuzz_cases
 
 CASES = 90  # per world size: ~80% of them bad, so > 200 bad calls over worlds 2, 3, 4
+ENV_CASES = 60  # per world size (2, 4): ~80% bad, so > 300 bad calls in all with the above
 
 
 def _names_rank(msg: str, rank: int) -> bool:
@@ -68,6 +69,18 @@ def test_fuzz_burst_attn_func(pool):
     assert totals["bad"] >= 200 and totals["good"] >= 30, totals
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_fuzz_environment_settings(pool, world):
+    """Settings from the environment (LOCAL_WORLD_SIZE, BURST_TOPOLOGY, BURST_CHECKS,
+    BURST_TIMEOUT, BURST_CLUSTER) and requires_grad differing per rank: the same ValueError
+    on every rank naming the setting; alike on every rank: the oracle's answer."""
+    per_rank = pool.run(fuzz_cases.env_batch, 200 + world, ENV_CASES, world=world)
+    bad, good, failures = _judge(world, per_rank)
+    print(f"\nfuzz environment settings, world {world}: {bad} bad + {good} valid calls, {len(failures)} failures")
+    assert not failures, "\n".join(failures[:20])
+    assert bad >= ENV_CASES // 2 and good >= 5, (bad, good)
+
+
 def test_fuzz_layout_helpers(pool):
     per_rank = pool.run(fuzz_cases.layout_batch, 7, 150, world=4)
     failures, bad, good = [], 0, 0
@@ -105,7 +118,8 @@ def test_no_finite_scan_at_level_agree(pool, world):
     ("raise_one", "arguments rejected on rank 1: window must be a positive int, got -1 (world 3) "
                   "(ranks 0, 2 passed their own checks)"),
     ("differ", "disagree on window: 8 on rank 0, 4 on ranks 1, 2."),
-    ("tensor_differ", "disagree on block_mask: checksum"),
+    ("tensor_differ", "disagree on block_mask: 4x4 blocks, first difference at block (0, 3): True on ranks 0, 2, "
+                      "False on rank 1."),
 ])
 def test_extra_arguments_join_the_agreement(pool, case, want):
     res = pool.run(fuzz_cases.extra_hook, case, world=3)

@@ -59,6 +59,8 @@ BAD = {
     "positions_jump": "position_ids on rank(s) [1] are not the global positions of layout 'zigzag'",
     "decode_step": "attends within the sharded sequence only",
     "bad_layout_name": "unknown layout 'diagonal'",
+    "plain_labels": "labels= would be shifted inside this rank's shard",
+    "output_attentions": "does not support output_attentions=True",
 }
 
 
@@ -73,3 +75,9 @@ def test_bad_use_raises_on_every_rank(pool, tiny_llama, case):
     # and the pool is still in step: a good call right after works on the same ranks
     for errs, _, _ in pool.run(hf_cases.hf_vs_eager, tiny_llama, "zigzag", 1, world=world):
         assert errs["logits"] < 2e-5
+
+
+def test_loss_from_shift_labels_is_exact(pool, tiny_llama):
+    """Pre-shifted labels (the call the plain-labels refusal shows) give the eager model's loss."""
+    for rank, err in enumerate(pool.run(hf_cases.hf_loss_exact, tiny_llama, world=2)):
+        assert err < 1e-6, (rank, err)

@@ -79,9 +79,10 @@ def hybrid_attn_func(q, k, v, *, ulysses: int, group=None, causal=False, layout=
         hkv = check_hybrid(q, k, world, ulysses)
         plans.append((world, hkv, planning.plan_hybrid(q, k, world, ulysses, hkv, causal, layout, backward, kernel,
                                                        softmax_scale)))
-        return {PLANNED_BACKWARD: plans[0][2].backward}
+        return {"ulysses": ulysses, "BURST_CLUSTER": planning.cluster_name(), PLANNED_BACKWARD: plans[0][2].backward}
 
-    check_args(q, k, v, group, causal, layout, softmax_scale, backward, extra=plan)
+    tag = {}
+    check_args(q, k, v, group, causal, layout, softmax_scale, backward, extra=plan, out=tag)
     world, hkv, call = plans[0]
     U, R = ulysses, world // ulysses
     rank = rank_of(group) if world > 1 else 0
@@ -91,12 +92,12 @@ def hybrid_attn_func(q, k, v, *, ulysses: int, group=None, causal=False, layout=
     members = next(b for b in u_blocks if rank in b)
     ring_members = next(b for b in r_blocks if rank in b)
     # sub-groups: every rank makes them in the same order (see topology.block_group)
-    ug = topo.block_group(group, u_blocks) if world > 1 else None
-    rg = topo.block_group(group, r_blocks) if world > 1 else None
+    ug = topo.block_group(group, u_blocks, call.timeout) if world > 1 else None
+    rg = topo.block_group(group, r_blocks, call.timeout) if world > 1 else None
     nodes = planning.detect_topology(group) if world > 1 else topo.single(1)
     me = ring_members.index(rank)
     ring = RingComm(LOCAL) if R == 1 else RingComm(
-        rg, link=nodes.link(rank, ring_members[(me + 1) % R]), timeout=call.timeout)
+        rg, link=nodes.link(rank, ring_members[(me + 1) % R]), timeout=call.timeout, tag=tag["tag"])
     run = RingRun.of(ring, call)
     if U == 1:
         out, lse = run_attention(q, k.contiguous(), v.contiguous(), run)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..autograd import once_differentiable
 from ..comm.topology import RingComm
 from ..kernels import Kernel, acc_dtype
 from ..masks import Pattern
@@ -214,6 +215,7 @@ class _BurstAttn(torch.autograd.Function):
         return out, lse
 
     @staticmethod
+    @once_differentiable("burst_attn_func (the ring attention, also under hybrid_attn_func)")
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         cfg = ctx.cfg

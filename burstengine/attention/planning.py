@@ -13,7 +13,7 @@ The environment, read here and nowhere else in the library (the CLIs read their 
 =================  ================================================================================
 BURST_KERNEL       kernel when ``kernel=None`` ("auto", "reference", "flash", "cudnn", "triton")
 BURST_GLUON        "0": Triton's kernels never take their Gluon (Hopper) paths
-BURST_CHECKS       argument-check level: "full" (default), "agree", "local"
+BURST_CHECKS       argument-check level: "full" (default), "once", "agree", "local"
 BURST_TIMEOUT      seconds a ring wait or the argument check may block (CPU backends) before
                    raising RankLost; also the default fault deadline of ``burstengine train``
 BURST_CLUSTER      cluster figures (preset name, JSON file or inline JSON) for the cost model
@@ -36,7 +36,7 @@ from ..kernels import Kernel, get_kernel
 from ..masks import Pattern, as_pattern
 from ..schedule import Topology, backward_by_bytes, run_steps
 
-LEVELS = ("full", "agree", "local")  # argument-check levels (attention/checks.py)
+LEVELS = ("full", "once", "agree", "local")  # argument-check levels (attention/checks.py)
 
 
 # --- the environment ------------------------------------------------------------------------------
@@ -107,6 +107,12 @@ def cluster_from_env() -> costmodel.Cluster | None:
     return _CLUSTERS[spec]
 
 
+def cluster_name() -> str | None:
+    """What the ranks agree on about BURST_CLUSTER: its value (None when unset).  Its figures
+    shape the plan, so every rank must read the same."""
+    return os.environ.get(costmodel.ENV) or None
+
+
 def detect_topology(group=None) -> Topology:
     """The node grouping of ``group``: BURST_TOPOLOGY, else LOCAL_WORLD_SIZE, else one node."""
     return topo.detect(group, os.environ.get(topo.ENV), os.environ.get("LOCAL_WORLD_SIZE"))
@@ -138,10 +144,12 @@ class CallPlan:
     scale: float
     timeout: float | None
 
-    def ring(self, group) -> RingComm:
+    def ring(self, group, tag: int = 0) -> RingComm:
         """The rings the loops run on (the double ring's sub-groups are made once and cached:
-        topology.block_group).  Call it on every rank, after the ranks agreed on the call."""
-        return RingComm(group, self.shape, self.labels, mesh=self.mesh, steps=self.steps, timeout=self.timeout)
+        topology.block_group, bounded by the plan's timeout).  Call it on every rank, after the
+        ranks agreed on the call; ``tag``: the call's P2P tag (attention/checks.py)."""
+        return RingComm(group, self.shape, self.labels, mesh=self.mesh, steps=self.steps, timeout=self.timeout,
+                        tag=tag)
 
 
 def softmax_scale_of(q, softmax_scale) -> float:

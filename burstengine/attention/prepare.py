@@ -23,9 +23,12 @@ def _plan(q, k, group, world, causal, layout, softmax_scale, backward, kernel, w
     pattern = check_sparse(causal, layout, world, q.shape[1], window, cu_seqlens, block_mask, block_size)
     if topology is not None and not (isinstance(topology, str) and topology in ("auto", "single")):
         topo.resolve(topology, group)  # raises ValueError on a malformed one
-    shape = tuple(topology.shape) if topo.is_mesh(topology) else topology
-    plan = planning.plan_call(q, k, group, world, pattern, layout, backward, topology, kernel, softmax_scale)
-    return plan, {"sparse mask": pattern, "topology": shape, PLANNED_BACKWARD: plan.backward}
+    p = planning.plan_call(q, k, group, world, pattern, layout, backward, topology, kernel, softmax_scale)
+    # every rank must pass the same mask, plan the same ring (its shape comes from the arguments and
+    # the environment: BURST_TOPOLOGY, LOCAL_WORLD_SIZE, BURST_CLUSTER) and the same backward
+    return p, {"window": pattern.window, "cu_seqlens": pattern.cu_seqlens, "block_mask": pattern.block_mask,
+               "topology (the planned ring, nodes x ranks per node)": f"{p.shape.nodes}x{p.shape.gpus_per_node}",
+               "BURST_CLUSTER": planning.cluster_name(), PLANNED_BACKWARD: p.backward}
 
 
 def prepare_call(q, k, v, *, group=None, causal=False, layout="contiguous", softmax_scale=None, backward="auto",
@@ -42,8 +45,9 @@ def prepare_call(q, k, v, *, group=None, causal=False, layout="contiguous", soft
         plans.append(p)
         return agreed
 
-    check_args(q, k, v, group, causal, layout, softmax_scale, backward, extra=plan)
-    return RingRun.of(plans[0].ring(group), plans[0])
+    tag = {}
+    check_args(q, k, v, group, causal, layout, softmax_scale, backward, extra=plan, out=tag)
+    return RingRun.of(plans[0].ring(group, tag.get("tag", 0)), plans[0])
 
 
 def replan_call(q, k, *, group=None, causal=False, layout="contiguous", softmax_scale=None, backward="auto",

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import torch
 
+from ..autograd import once_differentiable
 from .loops import run_attention
 from .prefix import prefix_forward
 from .prepare import prepare_call
@@ -75,6 +76,7 @@ class _SeqCkpt(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable("seq_checkpoint")
     def backward(ctx, dy):
         x, out_back, lse_back = ctx.saved_tensors
         pre_attn, post_attn = ctx.fns

@@ -19,6 +19,7 @@ BENCHES = {
     "profile": "burstengine.bench.profile",
     "finetune": "burstengine.bench.finetune",
     "decode": "burstengine.bench.decode",
+    "faults": "burstengine.bench.faults",
 }
 HELP = "run a benchmark (under torchrun on GPUs): " + ", ".join(BENCHES)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..autograd import once_differentiable
 from . import stats
 
 
@@ -54,6 +55,7 @@ class _AllToAll(torch.autograd.Function):
         return (seq_to_heads if to_heads else heads_to_seq)(x, group)
 
     @staticmethod
+    @once_differentiable("hybrid_attn_func (its all-to-all)")
     def backward(ctx, g):
         _count(g, ctx.account, "backward")
         return (heads_to_seq if ctx.to_heads else seq_to_heads)(g.contiguous(), ctx.group), None, None, None

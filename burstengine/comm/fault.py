@@ -83,11 +83,23 @@ class Notice:
     text: str
 
 
+_STORES: list = []
+
+
 def _store():
     try:
-        return dist.distributed_c10d._get_default_store()
+        st = dist.distributed_c10d._get_default_store()
     except Exception:
-        return None
+        # the default group is gone (aborted after a fault): the store it had, kept here
+        return _STORES[-1] if _STORES else None
+    if not _STORES or _STORES[-1] is not st:
+        _STORES[:] = [st]  # kept alive: rank 0 hosts it, and the others still read it after a fault
+    return st
+
+
+def store():
+    """The default group's c10d store, or None."""
+    return _store()
 
 
 def _bounded(fn, seconds: float = 3.0):
@@ -145,6 +157,45 @@ def clear_notice(store=None) -> None:
         _bounded(lambda: store.delete_key(_NOTICE))
 
 
+def store_lost(me: int, what: str) -> RankLost:
+    """The error when the c10d store does not answer: under env:// rendezvous rank 0 hosts it."""
+    return RankLost(f"rank 0 lost: rank {me}: {what}: the c10d store does not answer; rank 0 (which hosts it under "
+                    f"env:// rendezvous) or the launcher's agent is probably lost", lost=0)
+
+
+def check_in(store, name: str, me: int, ranks, deadline: float | None, what: str) -> None:
+    """Say "rank ``me`` is here" under key ``name`` and wait until every rank of ``ranks`` has
+    said so, at most ``deadline`` seconds (None: wait as long as the store's own timeout).  A
+    rank that never comes is named: RankLost, posted as the notice (or the notice's rank, when
+    another rank found a loss first)."""
+    key = f"{PREFIX}/{name}"
+    if _bounded(lambda: store.set(f"{key}/{me}", "1") or True) is None:
+        raise store_lost(me, what)
+    pending = [r for r in ranks if r != me]
+    end = time.monotonic() + (deadline if deadline is not None else store.timeout.total_seconds())
+    while True:
+        got = _bounded(lambda: [r for r in pending if not store.check([f"{key}/{r}"])])
+        if got is None:
+            raise store_lost(me, what)
+        pending = got
+        if not pending:
+            return
+        notice = read_notice(store)
+        if notice is not None and notice.lost is not None and notice.lost != me:
+            raise RankLost(f"rank {notice.lost} lost ({notice.text}); then rank {me}: {what} failed", lost=notice.lost)
+        if time.monotonic() > end:
+            break
+        time.sleep(0.05)
+    names = ", ".join(map(str, pending))
+    text = (f"rank {me}: {what}: rank{'s' if len(pending) > 1 else ''} {names} did not arrive within "
+            f"{deadline if deadline is not None else store.timeout.total_seconds():g} s")
+    earlier = post_notice(pending[0], me, text, store=store)
+    if earlier is not None and earlier.reporter != me and earlier.lost not in (None, me):
+        raise RankLost(f"rank {earlier.lost} lost ({earlier.text}); then {text}", lost=earlier.lost)
+    raise RankLost(f"rank{'s' if len(pending) > 1 else ''} {names} lost: {text}. It was killed, crashed, is stuck "
+                   f"or skipped this call: see its log.", lost=pending[0])
+
+
 # --- waiting on point-to-point ops and collectives ---------------------------------------------
 
 @dataclass(frozen=True)
@@ -157,6 +208,7 @@ class Op:
     blocking: bool = True  # the backend blocks the host in wait(): a deadline can be enforced
     group_ranks: tuple = ()
     deadline: float | None = None  # seconds a blocking wait may take (None: the group's own timeout)
+    group: object = None  # the collective's group: aborted on a failure, so its other waiters fail too
 
 
 def _me() -> int:
@@ -170,12 +222,28 @@ def _reason(e: BaseException) -> str:
     return s.split(". This is typically")[0].rstrip(".")
 
 
+def _window(deadline: float | None) -> float:
+    """Seconds a census gives the other ranks to report."""
+    return min(3.0, max(0.5, (deadline or 8.0) / 4))
+
+
 def describe(op: Op, index: int, n: int, e: BaseException, deadline: float | None) -> RankLost:
+    """:func:`_describe`, and on rank 0 (the host of the c10d store under env:// rendezvous) a
+    pause before the error goes up: the process that raises it usually exits, taking the store
+    with it, and the other ranks, failing a moment later, still need it to read the notice
+    and run their census (else they blame whichever neighbour left first)."""
+    lost = _describe(op, index, n, e, deadline)
+    if _me() == 0:
+        time.sleep(_window(deadline) + 1.0)
+    return lost
+
+
+def _describe(op: Op, index: int, n: int, e: BaseException, deadline: float | None) -> RankLost:
     """The RankLost for work ``index`` of ``n`` in ``op`` failing with ``e``: names the peer,
     posts a notice when this rank is the first to see a loss, and names the root cause when
     another rank posted one first."""
     me = _me()
-    if len(op.peers) == n:
+    if op.peers and len(op.peers) == n:
         roles = [op.peers[index]]
     else:
         roles = list(dict.fromkeys(op.peers))
@@ -183,14 +251,28 @@ def describe(op: Op, index: int, n: int, e: BaseException, deadline: float | Non
     reason = _reason(e)
     if "timed out" in reason.lower() or "timeout" in reason.lower():
         reason = f"no answer within {deadline:g} s" if deadline else reason
+
     if roles:
         here = f"rank {me}: {op.what}: " + " and ".join(f"{role} rank {p}" for role, p in roles) + f" failed ({reason})"
     else:
         here = f"rank {me}: {op.what} failed ({reason})"
     blame = peers[0] if len(peers) == 1 else None
+    # a failure names no one for sure: after a timeout the peer may itself be waiting on
+    # another rank, a peer that closed the connection may have left on its own error, and a
+    # failed collective names an address (gloo): naming the peer could blame an innocent
+    # neighbour, so ask who is waiting on whom (a peer that died never answers: the chain
+    # ends there)
+    found = _census(op, me, blame, deadline)
+    if found == STORE_DOWN:
+        return store_lost(me, f"{op.what} failed ({reason})")
+    if found is not None and found != blame:
+        here += f"; rank {found} is the one the waiting ranks wait on"
+        blame = found
     earlier = read_notice()
     if earlier is not None and earlier.reporter != me and earlier.lost != me:
         if earlier.lost is None:
+            if blame is not None:
+                return RankLost(f"rank {blame} lost: {here}; earlier, {earlier.text}", lost=blame, peer=blame)
             return RankLost(f"{here}; earlier, {earlier.text}", lost=None, peer=blame)
         return RankLost(f"rank {earlier.lost} lost ({earlier.text}); then {here}", lost=earlier.lost, peer=blame)
     if blame is not None:
@@ -200,6 +282,56 @@ def describe(op: Op, index: int, n: int, e: BaseException, deadline: float | Non
     post_notice(None, me, here)
     return RankLost(f"{here}. A rank of the group died, is stuck, skipped this call or called it with "
                     f"another group.", lost=None, peer=None)
+
+
+_WAITING = f"{PREFIX}/waiting"
+STORE_DOWN = -2  # _census: the c10d store does not answer
+
+
+def _census(op: Op, me: int, peer: int | None, deadline: float | None) -> int | None:
+    """After a timeout: post whom this rank waits on (``peer``; -1 for a collective), give the
+    other ranks a moment to post theirs, and name the rank at the end of the chain of waits,
+    the one that is not itself waiting here (it died, froze, skipped the call or is in another
+    one).  For a collective, the only rank of its group that posted nothing.  None when the
+    store cannot tell (unreachable, several candidates, a cycle)."""
+    st = _store()
+    if st is None:
+        return None
+    # a set may not wait for the store's answer: a check does, so it tells whether the store is up
+    mine = f"{_WAITING}/{me}"
+    if _bounded(lambda: st.set(mine, str(-1 if peer is None else peer)) or st.check([mine])) is None:
+        return STORE_DOWN
+    if peer is None and op.group is not False:
+        # a collective that failed here leaves its other ranks waiting on ranks that are alive
+        # (gloo's ring algorithms): abort the group, so they fail now and report in this window
+        _bounded(lambda: (op.group or dist.group.WORLD).abort(), 2.0)
+    ranks = list(op.group_ranks) or list(range(dist.get_world_size())) if dist.is_initialized() else []
+    window = _window(deadline)
+    end = time.monotonic() + window
+
+    def read(r):
+        return _bounded(lambda: st.get(f"{_WAITING}/{r}").decode() if st.check([f"{_WAITING}/{r}"]) else None)
+
+    while True:
+        if peer is not None:
+            seen, r = {me}, peer
+            while r not in seen:
+                seen.add(r)
+                v = read(r)
+                if v is None:
+                    break  # r waits on no one here: the end of the chain
+                if int(v) < 0:
+                    break  # r waits in a collective while this rank waits in the ring: r is the odd one
+                r = int(v)
+            else:
+                r = None  # a cycle: every rank waits on the next
+            culprit = r
+        else:
+            silent = [r for r in ranks if r != me and read(r) is None]
+            culprit = silent[0] if len(silent) == 1 else None
+        if time.monotonic() >= end:
+            return culprit
+        time.sleep(0.1)
 
 
 def wait(works, op: Op) -> None:
@@ -255,6 +387,8 @@ class Watchdog:
         self._store, self.rank, self.world, self.on_fault = store, rank, world, on_fault
         self._stop = threading.Event()
         self.handled = threading.Event()
+        # rank 0's pause in explain(), which the grace of its own watchdog then covers too
+        self.linger = 3 * self.interval + 2.0
         self._thread = None
         self.fault: str | None = None
         self.notice: Notice | None = None  # the last notice this watchdog read (the store may go first)
@@ -322,7 +456,7 @@ class Watchdog:
                     pending.discard(r)
         return sorted(pending)
 
-    def explain(self, exc: BaseException, what: str = "a collective") -> RankLost | None:
+    def _explain(self, exc: BaseException, what: str = "a collective") -> RankLost | None:
         """The :class:`RankLost` behind ``exc``, an error the main thread caught in ``what``:
         ``exc`` itself when it already names a rank (the ring's own errors); the rank of a fault
         notice; else the ranks whose heartbeats stopped (:meth:`silent_ranks`), posted as the
@@ -354,6 +488,15 @@ class Watchdog:
                 return RankLost(f"rank{'s' if len(silent) > 1 else ''} {names} lost: {text}. It was killed, crashed "
                                 f"or is stuck: see its log.", lost=silent[0])
         return RankLost(f"rank {earlier.lost} lost ({earlier.text}); then {here}", lost=earlier.lost)
+
+    def explain(self, exc: BaseException, what: str = "a collective") -> RankLost | None:
+        """:meth:`_explain`; on rank 0, the c10d store's host under env:// rendezvous, after a
+        pause that lets the other ranks finish their census before this process (and the store
+        with it) goes."""
+        lost = self._explain(exc, what)
+        if self.rank == 0 and lost is not None:
+            time.sleep(self.linger)  # the store's host: let the others finish their census first
+        return lost
 
     def _run(self) -> None:
         store, me = self._store, self.rank
@@ -397,6 +540,8 @@ class Watchdog:
             print(f"burstengine watchdog (rank {self.rank}): {reason}", file=sys.stderr, flush=True)
         if self._stop.wait(self.grace):
             return  # the process is handling it
+        if self.handled.is_set() and self.rank == 0 and self._stop.wait(self.linger + 1.0):
+            return  # the main thread reports it, after rank 0's pause in explain()
         if self.handled.is_set():  # the main thread meant to report it but did not get that far
             print(f"burstengine watchdog (rank {self.rank}): {reason}", file=sys.stderr, flush=True)
         if self.on_fault is not None:

@@ -32,8 +32,12 @@ class Pending:
 
 class Ring:
     def __init__(self, group=None, link: str = "intra", peers: tuple[int, int] | None = None,
-                 timeout: float | None = None):
+                 timeout: float | None = None, tag: int = 0):
         self.group = group
+        # the P2P tag of every message of this ring: the call's (attention/checks.py), so that
+        # on gloo the messages of ranks that run different calls never match (they time out
+        # instead: RankLost); NCCL ignores tags
+        self.tag = tag
         self.link = link
         self.peers = peers
         self.timeout = timeout  # the deadline of a blocking wait (BURST_TIMEOUT; None: the group's)
@@ -70,11 +74,11 @@ class Ring:
             t = t.contiguous()
             buf = t.new_empty(shape)
             if t.numel():
-                ops.append(dist.P2POp(dist.isend, t, dst, self.group))
+                ops.append(dist.P2POp(dist.isend, t, dst, self.group, self.tag))
                 peers.append(("sending to", dst))
                 stats.record(phase, name, t.numel() * t.element_size(), link or self.link)
             if buf.numel():
-                ops.append(dist.P2POp(dist.irecv, buf, src, self.group))
+                ops.append(dist.P2POp(dist.irecv, buf, src, self.group, self.tag))
                 peers.append(("receiving from", src))
             bufs.append(buf)
         if not ops:

@@ -23,11 +23,13 @@ The plain step data lives in schedule/order.py; here are the process groups and 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from ..schedule.order import Topology, double_ring_steps, hop_peers, node_blocks, ring_source, single
+from . import fault
 from .dist import LOCAL, rank_of, world_of
 from .ring import Ring
 
@@ -100,15 +102,16 @@ def spans_world(group) -> bool:
     return _group_key(group) == list(range(dist.get_world_size()))
 
 
-def block_group(group, blocks: list[list[int]]):
+def block_group(group, blocks: list[list[int]], timeout: float | None = None):
     """The process group of this rank's block, for ``blocks`` a partition of ``group``'s ranks
     (group ranks, each block in increasing order).  A block that is the whole group is
     ``group`` itself; a one-rank block is ``LOCAL`` (nothing to communicate).
 
     Other blocks are made with ``dist.new_group``, which every rank of the default group must
     enter: they are made once (and cached) when ``group`` spans the whole job, all blocks in
-    the same order on every rank.  For a smaller group make the groups up front (a DeviceMesh
-    passed as ``topology``)."""
+    the same order on every rank (:func:`make_groups`: bounded by ``timeout``, BURST_TIMEOUT's
+    seconds, and a rank that does not arrive is named in a RankLost).  For a smaller group make
+    the groups up front (a DeviceMesh passed as ``topology``)."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     mine = next(b for b in blocks if rank in b)
     if list(mine) == list(range(world)):
@@ -125,11 +128,37 @@ def block_group(group, blocks: list[list[int]]):
                 "needs sub-groups that only the whole job can make: run it on the whole job's group, or, for the "
                 "double ring, pass topology= a 2-D DeviceMesh (init_device_mesh(..., (nodes, gpus_per_node))) "
                 "made up front")
-        made = {}
-        for b in blocks:
-            made[tuple(b)] = dist.new_group([ranks[r] for r in b])
-        _GROUPS[key] = made
-    return _GROUPS[key][tuple(mine)]
+        _GROUPS[key] = make_groups([[ranks[r] for r in b] for b in blocks], timeout)
+    return _GROUPS[key][tuple(ranks[r] for r in mine)]
+
+
+_MADE: list = [0]  # sets of sub-groups this process has made (one store key per set)
+
+
+def make_groups(blocks: list[list[int]], timeout: float | None = None) -> dict:
+    """{tuple(block): group} for ``blocks`` of global ranks, made by every rank of the job.
+
+    ``dist.new_group`` waits for every rank of the job with no deadline a caller can set on
+    its barrier, so a rank that died just before (the first call that uses the double ring)
+    used to hold the others there for the whole process-group timeout.  So the ranks first
+    check in through the c10d store and wait at most ``timeout`` seconds (None: the store's
+    own timeout) for each other: a rank that never comes is named in a RankLost; then the
+    groups are made with the same deadline (a rank that dies in the moment between ends in a
+    RankLost naming the sub-group)."""
+    me, world = dist.get_rank(), dist.get_world_size()
+    store = fault.store()
+    deadline = timeout if timeout is not None else (store.timeout.total_seconds() if store is not None else None)
+    what = f"creating the sub-groups {blocks} (the double ring's or hybrid's)"
+    n = _MADE[0]
+    _MADE[0] += 1
+    if store is not None:
+        fault.check_in(store, f"groups/{n}", me, range(world), deadline, what)
+    kwargs = {"timeout": timedelta(seconds=deadline)} if deadline else {}
+    made = {}
+    for b in blocks:
+        op = fault.Op(f"{what}: the group of ranks {b}", group_ranks=tuple(b), deadline=deadline)
+        made[tuple(b)] = fault.post(lambda: dist.new_group(b, **kwargs), op)
+    return made
 
 
 # --- the rings one call runs on ---------------------------------------------------------------
@@ -152,7 +181,7 @@ class RingComm:
     that its step s pairs the same blocks as the forward's)."""
 
     def __init__(self, group=None, shape: Topology | None = None, labels: Topology | None = None, mesh=None,
-                 link: str | None = None, steps=None, timeout: float | None = None):
+                 link: str | None = None, steps=None, timeout: float | None = None, tag: int = 0):
         self.group = group
         self.world = world_of(group)
         self.rank = rank_of(group)
@@ -170,18 +199,19 @@ class RingComm:
             pass
         elif not self.double:
             # one ring: the plain r -> r+1 ring over the group (its hops labelled per send)
-            self.rings["ring"] = Ring(group, timeout=timeout)
+            self.rings["ring"] = Ring(group, timeout=timeout, tag=tag)
         else:
             if mesh is not None:
                 inter_g, intra_g = mesh.get_group(0), mesh.get_group(1)
             else:
                 intra_b, inter_b = node_blocks(self.shape)
                 # every rank makes the groups in the same order: intra blocks, then inter ones
-                intra_g = block_group(group, intra_b)
-                inter_g = block_group(group, inter_b)
-            self.rings["intra"] = Ring(intra_g, link="intra", timeout=timeout)
-            self.rings["inter"] = Ring(inter_g, link="inter", timeout=timeout)
-            self.rings["home"] = Ring(group, link="inter", peers=hop_peers(self.rank, nodes, m, "home"), timeout=timeout)
+                intra_g = block_group(group, intra_b, timeout)
+                inter_g = block_group(group, inter_b, timeout)
+            self.rings["intra"] = Ring(intra_g, link="intra", timeout=timeout, tag=tag)
+            self.rings["inter"] = Ring(inter_g, link="inter", timeout=timeout, tag=tag)
+            self.rings["home"] = Ring(group, link="inter", peers=hop_peers(self.rank, nodes, m, "home"),
+                                      timeout=timeout, tag=tag)
 
     def source(self, i: int, direction: int = 1) -> int:
         """Rank whose travelling shard this rank holds at loop index ``i``."""

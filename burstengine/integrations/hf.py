@@ -27,7 +27,10 @@ any ring traffic: a padding ``attention_mask`` with zeros (an all-ones mask is a
 masks, chunked / bidirectional / multimodal masks, attention dropout, softcapping, attention
 sinks, position_ids that are neither the layout's global positions nor positions restarting per
 document, rows with different document boundaries, shards of different lengths, and decoding
-steps against a cache.
+steps against a cache, ``output_attentions=True``, and, over several ranks, a causal-LM
+loss from plain ``labels=`` (transformers would shift them inside each shard): pass
+``shift_labels``, the labels shifted on the global sequence and then sharded (the error message
+shows the call).
 
 The group and layout come from :func:`burst_context` (a context manager) or :func:`configure`
 (a process-wide setting).  In a single process without torch.distributed neither is needed: the
@@ -251,8 +254,11 @@ def burst_attention_forward(module, query, key, value, attention_mask, dropout: 
                                       ("softcap", softcap is not None),
                                       ("attention sinks (s_aux)", s_aux is not None),
                                       ("non-causal attention", not getattr(module, "is_causal", True))) if bad]
+    if kwargs.get("output_attentions"):
+        refused.append("output_attentions=True (the attention weights are never formed)")
     if refused:
         raise ValueError(f'attn_implementation="burst" does not support {", ".join(refused)}')
+    _SHARDED[:] = [(query.shape[0], query.shape[2], settings.layout)] if settings.world()[1] > 1 else []
     if key.shape[2] != query.shape[2]:
         raise ValueError(f'attn_implementation="burst" attends within the sharded sequence only: the query has '
                          f'{query.shape[2]} tokens but the keys {key.shape[2]} (a decoding step against a cache?)')
@@ -266,13 +272,42 @@ def burst_attention_forward(module, query, key, value, attention_mask, dropout: 
     return out, None
 
 
+# (batch, local tokens, layout) of the last "burst" forward over several ranks: a causal-LM loss
+# on logits of that shape is this rank's shard (see _sharded_loss)
+_SHARDED: list = []
+
+
+def _sharded_loss(loss_fn):
+    """transformers' causal-LM loss, refusing plain ``labels=`` on a shard: transformers shifts
+    the labels inside the tensor it gets, so each shard's last token would be paired with the
+    wrong label (a loss off by a fraction of a percent, silently).  Pre-shifted labels of the
+    global sequence (``shift_labels``, sharded like the inputs) are exact."""
+    def loss(logits, labels, vocab_size, *args, shift_labels=None, **kwargs):
+        if _SHARDED and shift_labels is None and labels is not None and \
+                tuple(logits.shape[:2]) == _SHARDED[0][:2]:
+            layout = _SHARDED[0][2]
+            raise ValueError(
+                'attn_implementation="burst" over several ranks: labels= would be shifted inside this rank\'s shard, '
+                "pairing its last token with the wrong label. Shift on the global sequence before sharding and pass "
+                "it as shift_labels: shift = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]; "
+                f"mine = burstengine.shard(shift, {layout!r}, rank, world); model(input_ids=ids, position_ids=pos, "
+                "labels=mine, shift_labels=mine, num_items_in_batch=(shift != -100).sum()), then all_reduce the "
+                "ranks' losses (SUM)")
+        return loss_fn(logits, labels, vocab_size, *args, shift_labels=shift_labels, **kwargs)
+    loss.burst_wrapped = loss_fn
+    return loss
+
+
 def register() -> None:
     """Register "burst" with transformers (done on import; safe to repeat)."""
+    from transformers.loss.loss_utils import LOSS_MAPPING  # optional dependency: imported when used
     from transformers import AttentionInterface  # optional dependency: imported when used
     from transformers.masking_utils import AttentionMaskInterface  # optional dependency: imported when used
 
     AttentionInterface.register(NAME, burst_attention_forward)
     AttentionMaskInterface.register(NAME, burst_mask)
+    if not hasattr(LOSS_MAPPING["ForCausalLM"], "burst_wrapped"):
+        LOSS_MAPPING["ForCausalLM"] = _sharded_loss(LOSS_MAPPING["ForCausalLM"])
 
 
 register()

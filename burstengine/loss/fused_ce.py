@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ..attention.planning import ce_impl_from_env
+from ..autograd import once_differentiable
 from ..comm.dist import group_info
 from ..kernels.base import acc_dtype
 from .fused_ce_triton import ce_rows_triton, interpret_mode, triton_available
@@ -210,12 +211,13 @@ class _FusedLinearCE(torch.autograd.Function):
         # an empty count: total is 0 (no row counted on any rank), so total / 0 is the NaN
         loss = total / denom if counted or denom > 0 else total * float("nan")
         ctx.save_for_backward(dh, dw)
+        ctx.anchors = (h, w)  # ties the gradients to the inputs, for the double-backward refusal
         ctx.opts = opts
         ctx.used = False
         return loss
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable("fused_linear_cross_entropy")
     def backward(ctx, g):
         opts = ctx.opts
         if opts.reduction == "none":

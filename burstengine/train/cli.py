@@ -25,6 +25,7 @@ import warnings
 
 import torch.distributed as dist
 
+from ..attention.checks import arg_checks
 from ..attention.planning import call_timeout, configured_timeout
 from ..comm import fault
 from ..launch import init_from_env, spawn, under_launcher
@@ -96,8 +97,13 @@ def run_rank(cfg, resume: bool, overwrite: bool) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     trainer = None
     try:
-        # the ring's waits and the argument checks: the same deadline as the watchdog's
-        with fault.Watchdog(timeout) as dog, call_timeout(timeout):
+        # the ring's waits and the argument checks: the same deadline as the watchdog's.  Checks at
+        # level "once" unless BURST_CHECKS says otherwise: every step repeats the first step's
+        # calls, so the agreement (a collective and a host read per layer) runs once per
+        # distinct call; a rank that diverges later is caught by the ring's deadline and the
+        # watchdog (docs/faults.md)
+        level = os.environ.get("BURST_CHECKS") or "once"
+        with fault.Watchdog(timeout) as dog, call_timeout(timeout), arg_checks(level):
             try:
                 trainer = Trainer(cfg, kill_in_step=_kill_in_step(rank), kill_in_save=_kill_in_save())
                 trainer.fit(resume=resume, overwrite=overwrite)
