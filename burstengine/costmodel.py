@@ -117,7 +117,7 @@ def block_flops(B: int, sq: int, sk: int, H: int, D: int, mask: str) -> float:
     return 4.0 * B * H * D * pairs
 
 
-# Figures for `burstengine plan --preset` (the measured ones are in DESIGN.md, the paper's are
+# Figures for `burstengine plan --preset` (the measured ones are in docs/results.md, the paper's are
 # nominal; kernel throughput of the A800 is an assumption, see notes).
 PRESETS = {
     "h200-nvlink": Cluster(
@@ -170,7 +170,7 @@ class Attn:
         return self.kv_heads or self.heads
 
     def flops(self) -> float:
-        """fwd + bwd FLOPs of the whole call (DESIGN.md: 3.5 x 4 B H S^2 D, halved for causal)."""
+        """fwd + bwd FLOPs of the whole call (docs/design.md, "FLOP conventions": 3.5 x 4 B H S^2 D, halved for causal)."""
         return 3.5 * 4.0 * self.batch * self.heads * self.seq ** 2 * self.head_dim * (0.5 if self.causal else 1.0)
 
 

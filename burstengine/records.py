@@ -42,6 +42,7 @@ def environment() -> dict:
             pass
     else:
         env["device"] = "cpu"
+    env["cpu_count"] = os.cpu_count()
     try:
         import triton  # optional dependency: recorded when installed
 

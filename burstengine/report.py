@@ -675,7 +675,15 @@ def block_headline(records):
             f"beyond {num(soak_rec['bound_mib'])} MiB (`soak_cpu.json`).")
 
 
-BLOCKS = {"headline": block_headline, "lao": block_lao}
+def block_demo(records):
+    rec = dict(records).get("demo_cpu.json")
+    if rec is None or rec.get("wall_s") is None:
+        return "its time on a 2-core machine is in docs/results.md"
+    return (f"{rec['wall_s']:.0f} s for the demo on a {rec['env'].get('cpu_count', 2)}-core machine with "
+            f"{rec['world']} ranks, `demo_cpu.json`")
+
+
+BLOCKS = {"headline": block_headline, "lao": block_lao, "demo": block_demo}
 BLOCK_RE = re.compile(r"(<!-- report:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
 
 

@@ -159,7 +159,7 @@ def test_flops_count_visible_pairs(world):
             both = attention_flops(layout, p, world, n, B, H, D, backward=True)
             assert sum(fwd) == 4 * B * H * D * visible_pairs(S, p)
             assert all(b == f * 7 // 2 for f, b in zip(fwd, both))
-    # dense patterns: the DESIGN.md count, 4·B·S²·H·d, halved (plus the diagonal) for causal
+    # dense patterns: the count of docs/design.md ("FLOP conventions"), 4·B·S²·H·d, halved (plus the diagonal) for causal
     assert sum(attention_flops("zigzag", Pattern(causal=False), world, n, B, H, D)) == 4 * B * S * S * H * D
     assert visible_pairs(S, Pattern(causal=True)) == S * (S + 1) // 2
 

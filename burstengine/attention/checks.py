@@ -48,7 +48,7 @@ the first call; ``local`` never communicates and must be set on every rank or no
 Cost of the agreement: one all-gather of SIG_LEN (76) int64 per rank per call.  It goes
 through the group's CPU backend when it has one (gloo, or the gloo side of
 "cpu:gloo,cuda:nccl"); on a NCCL-only group the signature is read back on the host: one host
-sync per call (see README, "Bad input and faults").  Gradients (dout) are not checked.
+sync per call (see docs/faults.md).  Gradients (dout) are not checked.
 
 Arguments this module does not know (sparse masks, topology) join both stages through
 ``check_args(..., extra=fn)``: ``fn(world)`` validates them locally and returns the values the

@@ -8,7 +8,7 @@ and master weights), same data and loss, same launch; only the attention differs
 (BurstAttention over our layout) or ``torch-cp`` (plain SDPA inside
 torch.distributed.tensor.experimental.context_parallel, its head-tail load balancing).  For
 each total sequence length it runs --warmup + --steps optimizer steps per method and reports
-the median step time as tokens/s per GPU (TGS), MFU (DESIGN.md's FLOPs per token, 989 TFLOP/s
+the median step time as tokens/s per GPU (TGS), MFU (docs/design.md's FLOPs per token, 989 TFLOP/s
 on H100/H200) and peak allocated memory (max over ranks), then writes a JSON record with the
 raw step times.  ``--longest`` keeps doubling the sequence after the last one until a method
 runs out of memory.  The loss of step 0 is printed per method: the same batch and weights give

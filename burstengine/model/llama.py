@@ -95,7 +95,7 @@ class ModelArgs:
         return L * block + d + head + (V * d if embedding else 0)
 
     def flops_per_token(self, seq_len: int, causal: bool = True) -> float:
-        """Training FLOPs per token (forward + backward), as DESIGN.md defines them for MFU:
+        """Training FLOPs per token (forward + backward), as docs/design.md ("FLOP conventions") defines them for MFU:
         6 x (non-embedding params + LM head) + 6 (causal; 12 full) x n_layers x dim x seq."""
         dense = self.num_params(embedding=False) + (self.vocab_size * self.dim if self.tie_embeddings else 0)
         return 6.0 * dense + (6.0 if causal else 12.0) * self.n_layers * self.dim * seq_len

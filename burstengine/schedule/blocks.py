@@ -143,7 +143,7 @@ def run_steps(layout: str, mask, world: int, n: int) -> tuple[int, ...]:
 def attention_flops(layout: str, mask, world: int, n: int, batch: int, heads: int, head_dim: int,
                     backward: bool = False) -> list[int]:
     """FLOPs each rank spends on visible pairs in one call: 4·B·H·d per pair forward (QKᵀ and PV),
-    2.5 times that more in the backward (fwd+bwd = 3.5x fwd, as in DESIGN.md)."""
+    2.5 times that more in the backward (fwd+bwd = 3.5x fwd, docs/design.md "FLOP conventions")."""
     work = _step_work(layout, as_pattern(mask), world, n)
     per_rank = [sum(work[s][r] for s in range(world)) for r in range(world)]
     f = 4 * batch * heads * head_dim

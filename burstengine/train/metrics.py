@@ -4,7 +4,7 @@ numbers in TensorBoard and Weights & Biases (written by rank 0, closed at the en
 
 Per step: loss (global mean over every rank's labelled tokens), lr, grad norm, step time,
 tokens/s per GPU (TGS), MFU and peak memory.  MFU = TGS x FLOPs per token / peak FLOP/s of one
-device, FLOPs per token as DESIGN.md defines them (6 x (non-embedding + LM head params) +
+device, FLOPs per token as docs/design.md ("FLOP conventions") defines them (6 x (non-embedding + LM head params) +
 6 x layers x dim x seq for causal attention); the peak is 989 TFLOP/s (dense bf16) on
 H100/H200, 312 on A100/A800, else the config's ``peak_tflops`` (no MFU without one).
 """
