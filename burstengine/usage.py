@@ -4,6 +4,9 @@ instead of a traceback from every rank."""
 from __future__ import annotations
 
 import importlib.util
+
+import torch
+
 from .kernels import get_kernel
 
 # optional packages -> the extra of pyproject.toml that brings them
@@ -34,3 +37,13 @@ def kernel_error(name: str | None, device) -> str | None:
     except ValueError as e:
         return f"--kernel: {e}" if name else f"BURST_KERNEL: {e}"
     return None
+
+
+def fill_device_defaults(args, cpu_defaults: dict, gpu_defaults: dict):
+    """``args.device`` (default: cuda when there is one) and, for every option left at None, the
+    device's default size: a benchmark's defaults finish in under a minute on CPU."""
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    for key, value in (cpu_defaults if args.device == "cpu" else gpu_defaults).items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    return args

@@ -182,8 +182,8 @@ def attention_forward(q, k, v, cfg: RingRun):
 
 def attention_backward(dout, dlse, q, k, v, out, lse, cfg: RingRun):
     """(dq, dk, dv) in the inputs' dtypes given the output's gradient ``dout`` and the lse's
-    ``dlse`` (either may be None): what _BurstAttn.backward computes, as a plain function for the
-    custom op (attention/compiled.py)."""
+    ``dlse`` (either may be None): the backward of _BurstAttn and of the custom op
+    (attention/compiled.py)."""
     if dout is None:
         dout = torch.zeros_like(out)
     dout = dout.contiguous()
@@ -218,21 +218,7 @@ class _BurstAttn(torch.autograd.Function):
     @once_differentiable("burst_attn_func (the ring attention, also under hybrid_attn_func)")
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        cfg = ctx.cfg
-        if dout is None:
-            dout = torch.zeros_like(out)
-        dout = dout.contiguous()
-        # D = rowsum(dO * O); a gradient flowing into lse enters as D - dlse, since
-        # d lse_i / d s_ij = P_ij makes dS = P * (dP - D + dlse)
-        acc = acc_dtype(q)
-        delta = cfg.kernel.delta(out, dout, acc)
-        if dlse is not None:
-            delta = delta - dlse.to(acc)
-        if cfg.backward == "burst":
-            dq, dk, dv = _backward_burst(dout, q, k, v, lse, delta, cfg)
-        else:
-            dq, dk, dv = _backward_ring(dout, q, k, v, out if dlse is None else None, lse, delta, cfg)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+        return (*attention_backward(dout, dlse, q, k, v, out, lse, ctx.cfg), None, None)
 
 
 def run_attention(q, k, v, run: RingRun, precomputed=None):

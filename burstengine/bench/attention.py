@@ -27,7 +27,7 @@ from ..records import results_dir, write_record
 from ..timing import median, timed
 from . import peers
 from ..launch import add_launch_arguments
-from ..usage import kernel_error
+from ..usage import fill_device_defaults, kernel_error
 from ..launch import run_command
 from ..usage import missing_package
 
@@ -266,10 +266,7 @@ def build_parser(p=None):
 
 
 def _fill_defaults(args):
-    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    for key, value in (CPU_DEFAULTS if args.device == "cpu" else GPU_DEFAULTS).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    fill_device_defaults(args, CPU_DEFAULTS, GPU_DEFAULTS)
     if args.kv_heads is None:
         args.kv_heads = str(args.heads)
 

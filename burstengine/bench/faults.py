@@ -28,6 +28,7 @@ seconds from the fault to its exit, its exit code and whether it named the victi
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import signal
@@ -226,16 +227,18 @@ def judge(res: dict, slack: float = SLACK) -> list[str]:
     return bad
 
 
-def _fuzz_counts() -> dict | None:
-    """The bad-call fuzz of the test suite (tests/fuzz_cases.py, when this is a checkout): calls
-    tried, hangs and silent wrong answers, per world size."""
-    tests = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests")
-    if not os.path.exists(os.path.join(tests, "fuzz_cases.py")):
+def _fuzz_counts(tests_dir: str | None) -> dict | None:
+    """The bad-call fuzz of the test suite (``tests_dir``/fuzz_cases.py of a checkout): calls
+    tried, hangs and silent wrong answers, per world size.  None without a tests directory (an
+    installed package has none)."""
+    path = os.path.join(tests_dir, "fuzz_cases.py") if tests_dir else None
+    if not path or not os.path.exists(path):
         return None
-    sys.path.insert(0, os.path.abspath(tests))
-    import fuzz_cases  # the suite's own cases, so the record counts what the tests run
-
-    return fuzz_cases.run_all()
+    sys.path.insert(0, os.path.abspath(tests_dir))  # fuzz_cases imports the suite's helpers
+    spec = importlib.util.spec_from_file_location("fuzz_cases", path)
+    cases = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cases)
+    return cases.run_all()
 
 
 def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -245,6 +248,8 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     p.add_argument("--deadline", type=float, default=6.0, help="BURST_TIMEOUT of the jobs (seconds)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--no-fuzz", action="store_true", help="skip the bad-call fuzz (counts of calls tried)")
+    p.add_argument("--tests", default="tests", help="the checkout's tests/ folder, whose fuzz cases are counted "
+                                                    "[%(default)s; skipped when absent]")
     p.add_argument("--out-dir", default=None, help="where the JSON record goes (default benchmarks/results)")
     p.add_argument("--name", default=None, help="record name (default faults_<device>)")
     return p
@@ -277,7 +282,7 @@ def main(argv=None) -> int:
                                     named=all(s["named_victim"] for s in r["survivors"].values()))
                             for f, r in results.items()})
     if not args.no_fuzz:
-        payload["fuzz"] = _fuzz_counts()
+        payload["fuzz"] = _fuzz_counts(args.tests)
     path = write_record(args.name or f"faults_{args.device}", payload, args.out_dir)
     print("\n".join(problems) or "every survivor ended in time, naming the victim")
     print("wrote", path)

@@ -49,7 +49,7 @@ from burstengine.testing import fro_err
 from burstengine.timing import median
 from ..launch import add_launch_arguments
 from ..layout import LAYOUTS
-from ..usage import kernel_error
+from ..usage import fill_device_defaults, kernel_error
 from ..launch import run_command
 
 
@@ -336,10 +336,7 @@ def build_parser(p=None):
 
 
 def _fill_defaults(args):
-    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    for key, value in (CPU_DEFAULTS if args.device == "cpu" else GPU_DEFAULTS).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    fill_device_defaults(args, CPU_DEFAULTS, GPU_DEFAULTS)
     args.kv_heads = args.kv_heads or args.heads
     for key in ("cases", "window_layouts", "doc_layouts"):
         if isinstance(getattr(args, key), str):

@@ -42,7 +42,7 @@ from ..timing import median, timed
 from . import peers
 from ..launch import add_launch_arguments
 from ..layout import LAYOUTS
-from ..usage import kernel_error
+from ..usage import fill_device_defaults, kernel_error
 from ..launch import run_command
 
 SCHEMES = ("burst", "ring", "burst_double", "ring_double", "ulysses", "hybrid")
@@ -80,10 +80,7 @@ def build_parser(p=None):
 
 def fill_defaults(args):
     """The device's default sizes where none were given (``run`` calls it too)."""
-    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    for key, value in (CPU_DEFAULTS if args.device == "cpu" else GPU_DEFAULTS).items():
-        if getattr(args, key, None) is None:
-            setattr(args, key, value)
+    fill_device_defaults(args, CPU_DEFAULTS, GPU_DEFAULTS)
     return args
 
 
