@@ -198,8 +198,8 @@ def run_rank(args) -> int:
                     "cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu"), say=_say)
                 rows += tried[:-1]
                 row = tried[-1]
+                row["plain_ac"] = row["method"]  # plain-<the activation checkpointing that fit>
                 row["method"] = "plain"
-                row["plain_ac"] = tried[-1].get("method")
             else:
                 row = run_case(model, method, seq, args)
             rows.append(row)
