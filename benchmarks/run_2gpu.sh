@@ -22,7 +22,7 @@ case $stage in
 A)
   nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv; nvidia-smi topo -m
   python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'nccl', torch.cuda.nccl.version())"
-  step 150 $TR benchmarks/gpu_correctness.py --seq-local 2048 --heads 8
+  step 150 $TR -m burstengine bench gpu-correctness --seq-local 2048 --heads 8
   step 200 $BE attention --seqs 131072 --mask both --kv-heads 32 --name attention_2gpu_128k \
       --methods burst-zigzag,burst-striped,ringbwd-zigzag,torch-cp-cudnn,torch-cp-flash,ulysses-cudnn,megatron-tp-cudnn,single-gpu-cudnn
   step 90 $BE attention --seqs 131072 --mask causal --kv-heads 8 --name attention_2gpu_128k_gqa8 \
@@ -36,8 +36,8 @@ B)
       --methods burst-zigzag,ringbwd-zigzag,torch-cp-cudnn
   step 100 $BE topo --seqs 131072 --name topo_bench_2gpu
   NCCL_P2P_DISABLE=1 step 100 $BE topo --seqs 32768,131072 --name topo_bench_2gpu_nop2p
-  step 60 python3 benchmarks/delta_error.py --seq 8192
-  step 170 $TR benchmarks/longest.py --methods burst-zigzag,torch-cp-cudnn
+  step 60 python3 -m burstengine bench delta-error --seq 8192
+  step 170 $TR -m burstengine bench longest --methods burst-zigzag,torch-cp-cudnn
   ;;
 C)
   step 120 $BE sparse --device cuda --seq 262144 --windows 4096,32768 --doc-seq 262144 --check --check-seq 16384

@@ -19,7 +19,7 @@ the overlap rules of the implementation:
 choice degenerates to the byte count (backward) and to the double ring whenever there is more
 than one node (topology).
 
-Cluster figures come from ``benchmarks/topo_bench.py`` (it writes a cluster JSON), from
+Cluster figures come from ``burstengine bench topo`` (it writes a cluster JSON), from
 ``PRESETS``, or from the command line (``burstengine plan``); ``BURST_CLUSTER`` (a JSON path or
 a preset name) gives them to ``burst_attn_func``.  It must be the same on every rank (it is
 when set in the launch environment): the choice is a pure function of it and the shapes.

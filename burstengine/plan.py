@@ -7,7 +7,7 @@ to use, for a cluster description.
 
 The cluster's figures are bandwidths per GPU and direction (GB/s), latencies (us) and the local
 attention kernel's throughput (TFLOP/s); a --cluster JSON may also hold measured kernel times
-(benchmarks/topo_bench.py writes one).  Each flag overrides the preset or file.  The model is
+(burstengine bench topo writes one).  Each flag overrides the preset or file.  The model is
 burstengine/costmodel.py; the same model makes burst_attn_func's "auto" choices when
 BURST_CLUSTER names the cluster.
 """

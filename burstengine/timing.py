@@ -1,6 +1,6 @@
 """Timing one function the same way in every benchmark: seconds per call, the slowest rank's.
 
-Below inference/ and bench/ (and the scripts in benchmarks/), which all time with it.
+Below inference/ and bench/, which all time with it.
 """
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def run_cli(group, argv):
 
 
 def bench(group, argv):
-    """benchmarks/prefill_bench.py's ranks, inside the pool's group."""
+    """burstengine bench prefill's ranks, inside the pool's group."""
     from burstengine.bench import prefill as pb
 
     return pb.run_rank(pb.build_parser().parse_args(argv), group)

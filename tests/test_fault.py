@@ -35,7 +35,7 @@ def _stamp(text, tag):
 
 def run_jobs():
     """Every JOBS mode side by side: {(mode, rank): rc, out, err, end (host clock), hung}.
-    benchmarks/fault_times.py runs this too, for its record of the detection times."""
+    burstengine bench fault-times runs this too, for its record of the detection times."""
     procs = {}
     for mode, (world, extra, _) in JOBS.items():
         port = _port()

@@ -39,7 +39,7 @@ def test_torch_path(dtype, reduction, option):
 
 @pytest.fixture
 def interpret():
-    # these cases use CPU tensors, so they need Triton's interpreter (benchmarks/lce_bench.py
+    # these cases use CPU tensors, so they need Triton's interpreter (burstengine bench lce
     # --check covers the compiled kernel on a GPU)
     if not triton_available():
         pytest.skip("triton is not installed")

@@ -12,7 +12,7 @@ from burstengine.usage import EXTRAS
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "burstengine")
 # import name -> distribution name, where they differ
-DIST = {}
+DIST = {"liger_kernel": "liger-kernel"}
 
 
 def _project():

@@ -188,7 +188,7 @@ def test_cli_rejects_bad_arguments(argv, match, capsys):
     assert match in capsys.readouterr().err
 
 
-# --- the benchmark (benchmarks/prefill_bench.py) at a CPU size --------------------------------------
+# --- the benchmark (burstengine bench prefill) at a CPU size --------------------------------------
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_prefill_bench_runs_every_method_and_they_agree(pool, tmp_path, world):

@@ -1,4 +1,4 @@
-"""benchmarks/sparse_bench.py at a tiny size on 2 gloo ranks: it runs every case, checks the
+"""burstengine bench sparse at a tiny size on 2 gloo ranks: it runs every case, checks the
 sparse path against the reference kernel, and writes a record whose steps, ideal ratios and
 bytes agree with the schedule and the byte model."""
 import json

@@ -1,4 +1,4 @@
-"""benchmarks/topo_bench.py runs end to end on gloo at a tiny size: calibration, every scheme
+"""burstengine bench topo runs end to end on gloo at a tiny size: calibration, every scheme
 measured, every prediction made, a record the cost model can load back as a cluster."""
 import json
 import math

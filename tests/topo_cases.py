@@ -174,7 +174,7 @@ def bad_hybrid(group, ulysses, H, Hkv):
 
 
 def bench_tiny(group, out_dir):
-    """benchmarks/topo_bench.py's run at a tiny size; rank 0 writes the record and returns it."""
+    """burstengine bench topo's run at a tiny size; rank 0 writes the record and returns it."""
     from burstengine.bench import topo as tb
     from burstengine.records import write_record
 

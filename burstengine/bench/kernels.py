@@ -1,4 +1,4 @@
-"""Helpers for the single-GPU kernel scripts (benchmarks/lao_bench.py, benchmarks/lao_check.py):
+"""Helpers for the single-GPU kernel scripts (burstengine bench lao-bench, burstengine bench lao-check):
 CUDA-event timing, and compiling many Triton kernel variants at once in worker processes (the
 compiled kernels land in Triton's on-disk cache, so the measuring process only loads them)."""
 from __future__ import annotations

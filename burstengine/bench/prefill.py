@@ -1,8 +1,8 @@
 """First-token latency of LLaMA prefill beside its peers (BurstAttention paper, Tables 2-3).
 
-    torchrun --nproc_per_node 4 benchmarks/prefill_bench.py --models 7b,13b \\
+    torchrun --nproc_per_node 4 -m burstengine bench prefill --models 7b,13b \\
         --seqs 32768,65536,131072,262144,524288,1048576
-    python benchmarks/prefill_bench.py --world 2 --models tiny --seqs 256,512    # CPU/gloo check
+    burstengine bench prefill --world 2 --models tiny --seqs 256,512    # CPU/gloo check
 
 One launch, the same random weights (seeded per parameter), the same prompt, bf16 on GPUs:
 

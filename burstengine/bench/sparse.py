@@ -2,7 +2,7 @@
 
     # 4 GPUs, the cases (bf16, H=32, d=128): SWA 4K and 32K at 1M vs causal at 1M,
     # packed documents of mixed lengths at 512K vs one causal document at 512K
-    torchrun --nproc_per_node 4 benchmarks/sparse_bench.py
+    torchrun --nproc_per_node 4 -m burstengine bench sparse
 
     # CPU: 2 gloo ranks at a small size (no torchrun needed)
     burstengine bench sparse --device cpu

@@ -1,8 +1,8 @@
 """Calibrate the cost model on this machine and check its predictions against measured runs.
 
-    torchrun --nproc_per_node 2 benchmarks/topo_bench.py --seqs 32768,131072
-    NCCL_P2P_DISABLE=1 torchrun --nproc_per_node 2 benchmarks/topo_bench.py --name topo_bench_2gpu_nop2p
-    torchrun --nproc_per_node 4 benchmarks/topo_bench.py --topology 2x2      # 2 emulated nodes x 2 GPUs
+    torchrun --nproc_per_node 2 -m burstengine bench topo --seqs 32768,131072
+    NCCL_P2P_DISABLE=1 torchrun --nproc_per_node 2 -m burstengine bench topo --name topo_bench_2gpu_nop2p
+    torchrun --nproc_per_node 4 -m burstengine bench topo --topology 2x2      # 2 emulated nodes x 2 GPUs
 
 (a) Calibration: the local kernel's forward and backward time (``Kernel.forward_into`` /
 ``backward_into``, what the ring loops call) at every block shape the schemes below run; ring
@@ -318,7 +318,7 @@ def run(group, args, log=print) -> dict | None:
     bwd_tf = 2.5 * sum(flops) / sum(b for _, _, b in ktimes) / 1e12
     name = f"{device.type}-{G}x{torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}"
     single = cm.Cluster(1, G, world_link, world_link, fwd_tf, bwd_tf, a2a, None, tuple(ktimes), name,
-                        "calibrated by benchmarks/topo_bench.py")
+                        "calibrated by burstengine bench topo")
     double = dataclasses.replace(single, nodes=shape.nodes, gpus_per_node=shape.gpus_per_node, intra=intra_link,
                                  inter=inter_link) if shape is not None else None
 

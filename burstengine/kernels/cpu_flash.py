@@ -4,7 +4,7 @@ backward) behind the kernel interface: the fast kernel for CPU work.
 The op returns the log-sum-exp a ring needs, tiles the scores (no (Sq, Sk) matrix is ever
 built) and is about 10x faster than the plain-torch reference kernel on a causal 4096-token
 block (benchmarks/results/cpu_kernels_cpu.json,
-benchmarks/cpu_kernel_bench.py).  What it cannot do is handled here:
+burstengine bench cpu-kernels).  What it cannot do is handled here:
 
 * float64 (the tests' oracle) and a value head dim that differs from the query's go to the
   reference kernel, which stays the definition of the right answer;

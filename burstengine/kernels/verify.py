@@ -1,5 +1,5 @@
 """One kernel-level correctness case, shared by the CPU tests (Triton interpreter) and the GPU
-check script (benchmarks/lao_check.py): run ``forward_into`` onto a random running state and
+check script (burstengine bench lao-check): run ``forward_into`` onto a random running state and
 ``backward_into`` onto random accumulators, and compare with the float64 reference kernel on
 the same (rounded) inputs.
 

@@ -68,7 +68,7 @@ class TileConfig:
         return TileConfig(fwd=Tiles(**d["fwd"]), kv=Tiles(**d["kv"]), **opt)
 
 
-# Chosen per head dim by the tile sweep of benchmarks/lao_bench.py (H200, bf16, 32 heads, full +
+# Chosen per head dim by the tile sweep of burstengine bench lao-bench (H200, bf16, 32 heads, full +
 # causal at 16K and the best three again at 64K; benchmarks/results/lao_bench.json, "sweep").
 # d=128: forward 128x128 tiles, 8 warps (512/471 TFLOP/s at 16K, 506/487 at 64K; 64x64 gets
 # 517/448 and 457/485); the forward onto a running state (ring step, float32 O) keeps 64x64

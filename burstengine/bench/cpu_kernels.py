@@ -2,7 +2,7 @@
 op) against the reference kernel (plain torch, chunked scores) on one causal block, forward
 and backward, float32 (and bfloat16 for the flash kernel).
 
-    python benchmarks/cpu_kernel_bench.py [--seq 4096] [--heads 8] [--head-dim 64] [--threads 2] \
+    burstengine bench cpu-kernels [--seq 4096] [--heads 8] [--head-dim 64] [--threads 2] \
         [--out-dir DIR]
 
 Times are medians of ``--iters`` calls after one warm-up, in seconds.  Writes
@@ -14,9 +14,9 @@ import time
 
 import torch
 
-from burstengine.records import write_record
-from burstengine.kernels.cpu_flash import CpuFlashKernel
-from burstengine.kernels.reference import ReferenceKernel
+from ..records import write_record
+from ..kernels.cpu_flash import CpuFlashKernel
+from ..kernels.reference import ReferenceKernel
 
 
 def timed(fn, iters):
@@ -29,8 +29,8 @@ def timed(fn, iters):
     return statistics.median(ts), ts
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="burstengine bench cpu-kernels", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=8)
@@ -40,7 +40,7 @@ def main():
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--mask", default="causal", choices=("causal", "full", "strict"))
     p.add_argument("--out-dir", default=None)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     B, S, H, Hkv, D = args.batch, args.seq, args.heads, args.kv_heads, args.head_dim

@@ -1,13 +1,17 @@
-"""Quick speed probe (planning aid): BurstAttention fwd / fwd+bwd at a few sizes, bf16, H=32, d=128."""
-import os
-import sys
+"""Quick speed probe (planning aid): BurstAttention fwd / fwd+bwd at a few sizes, bf16, H=32, d=128.
+
+    torchrun --nproc_per_node 2 -m burstengine bench probe-speed
+
+Writes probe_speed_<world>gpu.json to $BURST_RESULTS or ./burst-results (or --out-dir).
+"""
+import argparse
 import time
 
 import torch
 import torch.distributed as dist
 
 import burstengine as be
-from burstengine.records import write_record
+from ..records import write_record
 
 
 def bench(fn, warm=2, iters=5):
@@ -29,7 +33,11 @@ def bench(fn, warm=2, iters=5):
     return sorted(t.tolist())[len(ts) // 2], t.tolist()
 
 
-def main():
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="burstengine bench probe-speed", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out-dir", default=None, help="record folder (default $BURST_RESULTS or ./burst-results)")
+    args = ap.parse_args(argv)
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(rank)
@@ -61,7 +69,7 @@ def main():
         del q, k, v, do
         torch.cuda.empty_cache()
     if rank == 0:
-        write_record(f"probe_speed_{world}gpu", dict(rows=rows))
+        print("wrote", write_record(f"probe_speed_{world}gpu", dict(rows=rows), args.out_dir))
     dist.destroy_process_group()
 
 

@@ -1,7 +1,7 @@
 """Speed of our Triton LAO kernels on one GPU against SDPA cuDNN, SDPA flash and FlexAttention.
 
-    python benchmarks/lao_bench.py --stage sweep --configs-out lao_configs.json
-    python benchmarks/lao_bench.py --stage main --configs lao_configs.json
+    burstengine bench lao-bench --stage sweep --configs-out lao_configs.json
+    burstengine bench lao-bench --stage main --configs lao_configs.json
 
 ``sweep``: tile shapes, warps, pipeline depth and register caps per kernel part (forward, dK/dV
 with the separate dQ kernel, dK/dV with dQ by atomics, the dQ kernel), all compiled in parallel
@@ -30,12 +30,13 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from burstengine.masks import CAUSAL, FULL, STRICT
-from burstengine.bench.kernels import attn_flops, load_configs, log, warm_variants
-from burstengine.records import write_record
-from burstengine.timing import median, timed
-from burstengine.kernels import KERNELS
-from burstengine.kernels.triton.kernel import (CONFIGS, TileConfig, Tiles, TritonKernel, bwd_rows, gluon_bwd_takes, gluon_takes)
+from ..masks import CAUSAL, FULL, STRICT, MaskSpec
+from .kernels import attn_flops, load_configs, log, warm_variants
+from ..records import write_record
+from ..timing import median, timed
+from ..kernels import KERNELS
+from ..kernels.verify import NAMES, run_case
+from ..kernels.triton.kernel import (CONFIGS, TileConfig, Tiles, TritonKernel, bwd_rows, gluon_bwd_takes, gluon_takes)
 
 T = Tiles
 # candidates per head dim, each timed on its own: forward tiles; dK/dV tiles with dQ from the
@@ -80,8 +81,6 @@ def _candidates(D):
 def _spot_check(kern, D):
     """Worst normwise error of forward_into/backward_into against float64 on a ragged GQA block,
     causal and a sliding window (NaN counts as inf)."""
-    from burstengine.masks import MaskSpec
-    from burstengine.kernels.verify import NAMES, run_case
 
     worst = 0.0
     for i, mask in enumerate((CAUSAL, MaskSpec(causal=True, window=300, q_start=100))):
@@ -502,8 +501,8 @@ def main_stage(args):
         log("wrote", path)
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="burstengine bench lao-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stage", choices=("sweep", "main"), required=True)
     ap.add_argument("--configs", default=None, help="JSON from the sweep (default: the CONFIGS table)")
     ap.add_argument("--configs-out", default="lao_configs.json")
@@ -521,7 +520,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--jobs", type=int, default=8)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     args.seqs = [int(s) for s in args.seqs.split(",") if s]
     args.ring_seqs = [int(s) for s in args.ring_seqs.split(",") if s]
     if args.stage == "sweep":

@@ -11,9 +11,9 @@ Reported per mode: activation memory held between forward and backward (allocate
 forward minus before it), peak during forward + backward beyond the parameters and input, and
 the median step time.  Also the input-gradient difference of each mode against 'none'.
 
-    python benchmarks/seqckpt_memory.py                                   # one GPU
-    torchrun --nproc_per_node 4 benchmarks/seqckpt_memory.py --seq 524288  # context parallel
-    python benchmarks/seqckpt_memory.py --device cpu --seq 256 --d-model 64 --heads 4 --kv-heads 2 \\
+    burstengine bench seqckpt-memory                                   # one GPU
+    torchrun --nproc_per_node 4 -m burstengine bench seqckpt-memory --seq 524288  # context parallel
+    burstengine bench seqckpt-memory --device cpu --seq 256 --d-model 64 --heads 4 --kv-heads 2 \\
         --head-dim 16 --ffn 128 --layers 2                                 # smoke test
 """
 from __future__ import annotations
@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import burstengine as be
-from burstengine.records import write_record
-from burstengine.testing import fro_err
+from ..records import write_record
+from ..testing import fro_err
 
 
 def rope_tables(positions, D, base=10000.0):
@@ -75,8 +75,8 @@ class Block(nn.Module):
         return be.seq_checkpoint(x, self.pre_attn, self.post_attn, split=split, **attn)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="burstengine bench seqckpt-memory", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seq", type=int, default=32768, help="global sequence length")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--d-model", type=int, default=4096)
@@ -94,7 +94,7 @@ def main():
     ap.add_argument("--kernel", default=None)
     ap.add_argument("--name", default=None)
     ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     group = None
     if "WORLD_SIZE" in os.environ:

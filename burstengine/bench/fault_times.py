@@ -4,21 +4,38 @@ groups) and the killed training run of tests/test_train_fault.py, each run once 
 tests' settings.  Seconds from the fault to each survivor's error (ring) or exit (watchdog,
 train).  The tests assert the bounds; this writes what one run measured.
 
-    python benchmarks/fault_times.py        # -> $BURST_RESULTS or ./burst-results/fault_times_cpu.json
+    burstengine bench fault-times      # -> $BURST_RESULTS or ./burst-results/fault_times_cpu.json
+
+It runs the test suite's own jobs, so it needs a source checkout: run it from the repository
+root (or name the tests folder with --tests).
 """
+import argparse
+import importlib
 import os
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-
-import test_fault as tf  # noqa: E402
-import test_train_fault as ttf  # noqa: E402
-
-from burstengine.records import write_record  # noqa: E402
+from ..records import write_record
 
 
-def main():
+def _test_modules(tests_dir):
+    """tests/test_fault.py and tests/test_train_fault.py, imported from a checkout's tests folder
+    (they are not part of the installed package)."""
+    for name in ("test_fault.py", "test_train_fault.py"):
+        if not os.path.exists(os.path.join(tests_dir, name)):
+            raise SystemExit(f"burstengine bench fault-times: no {name} in {os.path.abspath(tests_dir)}; "
+                             "run it from a source checkout's root or pass --tests DIR")
+    sys.path.insert(0, os.path.abspath(tests_dir))
+    return importlib.import_module("test_fault"), importlib.import_module("test_train_fault")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="burstengine bench fault-times", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tests", default="tests", help="the checkout's tests folder [tests]")
+    ap.add_argument("--out-dir", default=None, help="record folder (default $BURST_RESULTS or ./burst-results)")
+    args = ap.parse_args(argv)
+    tf, ttf = _test_modules(args.tests)
     jobs = tf.run_jobs()
     died = tf._stamp(jobs["kill", tf.VICTIM]["out"], "FAULT_AT")
     froze = tf._stamp(jobs["stall", tf.VICTIM]["out"], "FAULT_AT")
@@ -40,7 +57,7 @@ def main():
     )
     for k, v in payload.items():
         print(k, v)
-    print("wrote", write_record("fault_times_cpu", payload))
+    print("wrote", write_record("fault_times_cpu", payload, args.out_dir))
 
 
 if __name__ == "__main__":

@@ -6,24 +6,24 @@ rowsum(dO * out') = D up to one rounding of out' to bf16).  This script compares
 float64 reference, the gradients a bf16 kernel gives with the true ``out`` and with out', on
 random inputs, for full and causal blocks, head dims 64 and 128, GQA 1 and 4.
 
-    python benchmarks/delta_error.py            # one GPU
-    python benchmarks/delta_error.py --device cpu --kernel reference --seq 256   # harness smoke run
+    burstengine bench delta-error            # one GPU
+    burstengine bench delta-error --device cpu --kernel reference --seq 256   # harness smoke run
 """
 import argparse
 import itertools
 
 import torch
 
-from burstengine.masks import CAUSAL, FULL
-from burstengine.records import write_record
-from burstengine.kernels import KERNELS
-from burstengine.kernels.reference import ReferenceKernel
-from burstengine.kernels.sdpa import out_from_delta
-from burstengine.testing import fro_err
+from ..masks import CAUSAL, FULL
+from ..records import write_record
+from ..kernels import KERNELS
+from ..kernels.reference import ReferenceKernel
+from ..kernels.sdpa import out_from_delta
+from ..testing import fro_err
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="burstengine bench delta-error", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seq", type=int, default=8192)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--kernels", default="cudnn,flash")

@@ -2,7 +2,7 @@
 at each check level (local: no collective; agree: + one all-gather of the signature; full: +
 the NaN/inf scan), for a tiny and a moderate shape, worlds 2 and 4.
 
-    python benchmarks/check_cost.py [--iters 20]
+    burstengine bench check-cost [--iters 20]
 
 Times are medians over ``--iters`` calls (rank 0's clock, after a barrier, levels interleaved
 so that load on a shared machine hits them alike).  Writes check_cost_cpu.json to
@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 
 import burstengine as be
-from burstengine.attention.checks import check_args
-from burstengine.records import write_record
-from burstengine.testing import DistPool
+from ..attention.checks import check_args
+from ..records import write_record
+from ..testing import DistPool
 
 SHAPES = {"tiny": (1, 64, 4, 2, 32), "moderate": (1, 1024, 8, 8, 64)}  # B, n (local), H, Hkv, D
 
@@ -50,10 +50,10 @@ def measure(group, shape, iters):
     return times
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="burstengine bench check-cost", description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=20)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     pool = DistPool(world=4)
     rows = []
     try:

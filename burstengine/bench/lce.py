@@ -14,8 +14,8 @@ it includes the gradients dh, dw every method must return.  Times: median of --i
 float64 reference (Triton and torch paths, bf16 and fp32, softcap, z-loss, ignored labels,
 reduction none with a random upstream gradient).
 
-    python benchmarks/lce_bench.py --check                       # the full table on one GPU
-    python benchmarks/lce_bench.py --device cpu --vocab 1000 --tokens 256 --hidden 64 --check
+    burstengine bench lce --check                       # the full table on one GPU
+    burstengine bench lce --device cpu --vocab 1000 --tokens 256 --hidden 64 --check
 """
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 
 import burstengine as be
-from burstengine.records import write_record
-from burstengine.timing import timed
-from burstengine.testing import fro_err
+from ..records import write_record
+from ..timing import timed
+from ..testing import fro_err
 
 
 def naive(h, w, y):
@@ -143,8 +143,8 @@ def run_one(fn, h, w, y, device, warmup, iters):
     return dict(first_s=first, peak_gib=peak, times_s=times, median_s=statistics.median(times))
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="burstengine bench lce", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vocab", type=int, nargs="+", default=[131072, 32768])
     ap.add_argument("--tokens", type=int, nargs="+", default=[16384, 32768, 65536, 131072])
     ap.add_argument("--hidden", type=int, default=4096)
@@ -157,7 +157,7 @@ def main():
     ap.add_argument("--budget-s", type=float, default=1e9, help="skip the remaining sizes after this many seconds")
     ap.add_argument("--name", default="lce_bench")
     ap.add_argument("--out", default=None, help="folder for the JSON record (default $BURST_RESULTS or ./burst-results)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
     t0 = time.time()

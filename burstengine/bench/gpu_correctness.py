@@ -1,6 +1,6 @@
 """The correctness matrix on GPUs: bf16 BurstAttention over NCCL against a float64 reference.
 
-    torchrun --nproc_per_node 4 benchmarks/gpu_correctness.py --seq-local 8192
+    torchrun --nproc_per_node 4 -m burstengine bench gpu-correctness --seq-local 8192
 
 For worlds 2 and 4 (sub-groups of the launch), causal/full x 3 layouts x 2 backward schemes
 x SDPA flash/cuDNN x GQA 1/2/4 x head dim 64/128 x batch 1/2: forward output, lse and the
@@ -19,11 +19,11 @@ import torch
 import torch.distributed as dist
 
 import burstengine as be
-from burstengine.masks import CAUSAL, FULL
-from burstengine.records import write_record
-from burstengine.kernels.reference import ReferenceKernel
-from burstengine.kernels import get_kernel
-from burstengine.testing import fro_err, rel_err
+from ..masks import CAUSAL, FULL
+from ..records import write_record
+from ..kernels.reference import ReferenceKernel
+from ..kernels import get_kernel
+from ..testing import fro_err, rel_err
 
 NAMES = ("out", "lse", "dq", "dk", "dv")
 
@@ -50,15 +50,15 @@ def kernel_only(kern, q, k, v, do, causal, refs):
     return dict(zip(NAMES, (fro_err(a, b) for a, b in zip((out, lse, dq, dk, dv), refs))))
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="burstengine bench gpu-correctness", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seq-local", type=int, default=8192)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--tol", type=float, default=1e-2)
     ap.add_argument("--kernels", default="flash,cudnn", help="local kernels for the ring, e.g. auto,triton "
                     "(on Hopper the ring step of auto/triton runs kernels/gluon/fwd.py)")
     ap.add_argument("--name", default=None, help="record name (default gpu_correctness_<world>gpu)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))

@@ -1,6 +1,6 @@
 """Longest total sequence whose attention fwd+bwd fits (issue 3, item 4), under torchrun.
 
-    torchrun --nproc_per_node 2 benchmarks/longest.py --methods burst-zigzag,torch-cp-cudnn
+    torchrun --nproc_per_node 2 -m burstengine bench longest --methods burst-zigzag,torch-cp-cudnn
 
 Peak memory of ring-style attention grows linearly with the sequence, so each method is run
 once at two probe sizes, the line through the two peaks is extended to the memory the GPU
@@ -15,8 +15,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from burstengine.bench.attention import make_method
-from burstengine.records import write_record
+from .attention import make_method
+from ..records import write_record
 
 
 def _try(method, S, args, group, dev):
@@ -55,7 +55,7 @@ def _try(method, S, args, group, dev):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="burstengine bench longest", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--methods", default="burst-zigzag,torch-cp-cudnn")
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=32)

@@ -1,6 +1,6 @@
 """Correctness of our Triton LAO kernels on the GPU against the float64 reference, every flag.
 
-    python benchmarks/lao_check.py [--configs lao_configs.json]
+    burstengine bench lao-check [--configs lao_configs.json]
 
 Each case runs ``forward_into`` onto a random non-empty running state (rows still empty there
 have O poisoned with NaN where this block makes them visible) and ``backward_into`` onto random
@@ -18,25 +18,21 @@ Writes lao_check.json to $BURST_RESULTS or ./burst-results.
 from __future__ import annotations
 
 import argparse
+import importlib
 import itertools
 import math
 import os
 import sys
 import time
 
-if "cpu" in sys.argv:
-    # the smoke run: Triton's interpreter with the test suite's fixes to it, before triton loads
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-    import triton_interp  # noqa: F401,E402
+import torch
 
-import torch  # noqa: E402
-
-from burstengine.masks import CAUSAL, FULL, STRICT
-from burstengine.bench.kernels import load_configs, warm_variants
-from burstengine.records import write_record
-from burstengine.masks import MaskSpec
-from burstengine.kernels.triton.kernel import TritonKernel, gluon_bwd_takes, gluon_takes
-from burstengine.kernels.verify import NAMES, run_case, run_plain_backward, run_plain_forward
+from ..masks import CAUSAL, FULL, STRICT
+from .kernels import load_configs, warm_variants
+from ..records import write_record
+from ..masks import MaskSpec
+from ..kernels.triton.kernel import TritonKernel, gluon_bwd_takes, gluon_takes
+from ..kernels.verify import NAMES, run_case, run_plain_backward, run_plain_forward
 
 
 def docs(n, seed, mean=150):
@@ -92,15 +88,30 @@ def cases():
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--configs", default=None, help="JSON from lao_bench.py --stage sweep (default: CONFIGS)")
+def _interpreter(tests_dir):
+    """The CPU smoke run: Triton's interpreter with the test suite's fixes to it
+    (tests/triton_interp.py, from a source checkout), switched on before triton loads: it picks
+    the interpreter when the kernels are defined, and our Triton kernel modules load on first use."""
+    if not os.path.exists(os.path.join(tests_dir, "triton_interp.py")):
+        raise SystemExit(f"burstengine bench lao-check --device cpu: no triton_interp.py in "
+                         f"{os.path.abspath(tests_dir)}; run it from a source checkout's root or pass --tests DIR")
+    sys.path.insert(0, os.path.abspath(tests_dir))
+    importlib.import_module("triton_interp")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="burstengine bench lao-check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", default=None, help="JSON from `burstengine bench lao-bench --stage sweep` (default: CONFIGS)")
     ap.add_argument("--tol", type=float, default=1e-2)
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run under TRITON_INTERPRET=1 (with --limit)")
     ap.add_argument("--limit", type=int, default=0, help="run every n-th case only")
+    ap.add_argument("--tests", default="tests",
+                    help="with --device cpu: the checkout's tests folder, for its triton_interp.py [tests]")
     ap.add_argument("--small", action="store_true", help="mask-kind cases only, shrunk (with --device cpu)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.device == "cpu":
+        _interpreter(args.tests)
     kern = TritonKernel(load_configs(args.configs))
     t0 = time.time()
     all_cases = cases()
