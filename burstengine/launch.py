@@ -99,31 +99,73 @@ def spawn(entry, entry_args: tuple, world: int, timeout: float, threads: int | N
     args = (world, free_port(), pg_timeout or timeout, threads, backend or default_backend(), entry, entry_args,
             results)
     ctx = mp.start_processes(_rank_main, args=args, nprocs=world, join=False, start_method="spawn")
+    return _watch(ctx.processes, results, timeout, prog)
+
+
+# a rank that left on purpose (it reported its exit code) gives the others this long to leave too:
+# errors found on every rank alike (exit 2) are printed by rank 0, which must not be stopped by
+# another rank's earlier exit before it has said why
+GRACE_S = 10.0
+
+
+def _watch(procs, results, timeout: float, prog: str) -> int:
+    """Wait for the ranks; the worst exit code.  A rank killed by a signal, or one that left
+    without reporting, stops the others at once and is named; a rank that reported a non-zero
+    code gives the rest ``GRACE_S`` to finish before they are stopped."""
+    from multiprocessing.connection import wait
+
     deadline = time.monotonic() + timeout
-    try:
-        while not ctx.join(timeout=2):
-            if time.monotonic() > deadline:
-                print(f"{prog}: no result after {timeout:.0f}s (--timeout); stopping the ranks", file=sys.stderr)
-                for p in ctx.processes:
-                    if p.is_alive():
-                        p.kill()
+    grace_end = None
+    codes: dict[int, int] = {}
+
+    def stop(alive):
+        for p in alive:
+            p.kill()
+        for p in alive:
+            p.join(5)
+
+    while True:
+        codes.update(_reported(results))
+        alive = [p for p in procs if p.exitcode is None]
+        for i, p in enumerate(procs):
+            if p.exitcode is None or p.exitcode == 0 and i in codes:
+                continue
+            if p.exitcode < 0 or i not in codes:
+                codes.update(_reported(results))  # it may have reported just before leaving
+            if p.exitcode < 0 or i not in codes:
+                stop(alive)
+                how = (f"was killed by {_signal_name(-p.exitcode)}" if p.exitcode < 0
+                       else f"exited with code {p.exitcode}")
+                print(f"{prog}: rank {i} {how}; stopped the other ranks", file=sys.stderr)
                 return 1
-    except mp.ProcessExitedException as e:  # a rank died or left early; torch has stopped the others
-        codes = _reported(results)
-        if not e.signal_name and codes.get(e.error_index) == e.exit_code:
-            # it reported its error (printed above) and left: its exit code is the job's
+            if grace_end is None:  # it reported its error (printed by the ranks) and left
+                grace_end = time.monotonic() + GRACE_S
+        if not alive:
+            break
+        now = time.monotonic()
+        if now > deadline:
+            print(f"{prog}: no result after {timeout:.0f}s (--timeout); stopping the ranks", file=sys.stderr)
+            stop(alive)
+            return 1
+        if grace_end is not None and now > grace_end:
+            stop(alive)
+            codes.update(_reported(results))
             return max(codes.values())
-        how = f"was killed by {e.signal_name}" if e.signal_name else f"exited with code {e.exit_code}"
-        print(f"{prog}: rank {e.error_index} {how}; stopped the other ranks", file=sys.stderr)
-        return 1
-    except Exception as e:  # a rank raised; torch has stopped the others
-        print(f"{prog}: a rank failed: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
-    codes = _reported(results)
-    if len(codes) != world:
+        wait([p.sentinel for p in alive], timeout=min(2.0, max(0.0, deadline - now)))
+    codes.update(_reported(results))
+    if len(codes) != len(procs):
         print(f"{prog}: only ranks {sorted(codes)} reported", file=sys.stderr)
         return 1
     return max(codes.values())
+
+
+def _signal_name(num: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
 
 
 def add_launch_arguments(p, timeout: float = 3600.0, world_help: str = "one per GPU, else 2") -> None:

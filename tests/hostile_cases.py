@@ -4,6 +4,8 @@ masks that differ between ranks, and settings from the environment that differ p
 from __future__ import annotations
 
 import os
+import sys
+import time
 from contextlib import contextmanager
 
 import numpy as np
@@ -163,4 +165,12 @@ def exit_with(code_by_rank):
     code = code_by_rank[dist.get_rank()]
     if code == "raise":
         raise RuntimeError("a config error on this rank")
+    if code == "kill":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    if isinstance(code, tuple):  # (code, seconds): say why after a while, as a slow rank 0 does
+        time.sleep(code[1])
+        print(f"rank {dist.get_rank()} says why it leaves", file=sys.stderr, flush=True)
+        code = code[0]
     return code
