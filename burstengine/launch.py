@@ -18,6 +18,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from .comm import fault
 from .comm.dist import initialized
 
 
@@ -44,6 +45,7 @@ def init_from_env(timeout: float, backend: str | None = None) -> bool:
     if initialized():
         return False
     dist.init_process_group(backend or default_backend(), timeout=timedelta(seconds=timeout))
+    fault.announce()
     return True
 
 
@@ -55,8 +57,12 @@ def _rank_main(rank, world, port, pg_timeout, threads, backend_name, entry, entr
         if backend_name == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
-        dist.init_process_group(backend_name, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        # the launcher hosts the store (as torchrun's agent does): it outlives any rank, so the
+        # others can still read what a failing rank posted there and name the rank at fault
+        store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(seconds=pg_timeout))
+        dist.init_process_group(backend_name, store=store, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=pg_timeout))
+        fault.announce()
         try:
             code = entry(*entry_args)
         finally:
@@ -96,7 +102,10 @@ def spawn(entry, entry_args: tuple, world: int, timeout: float, threads: int | N
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // world)
     results = mp.get_context("spawn").SimpleQueue()
-    args = (world, free_port(), pg_timeout or timeout, threads, backend or default_backend(), entry, entry_args,
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=True, wait_for_workers=False,  # noqa: F841 (kept alive)
+                          timeout=timedelta(seconds=pg_timeout or timeout))
+    args = (world, port, pg_timeout or timeout, threads, backend or default_backend(), entry, entry_args,
             results)
     ctx = mp.start_processes(_rank_main, args=args, nprocs=world, join=False, start_method="spawn")
     return _watch(ctx.processes, results, timeout, prog)

@@ -216,3 +216,22 @@ def test_explain_is_none_when_every_rank_is_alive(store):
     assert not dogs[1].handled.is_set() and fault.read_notice(store) is None
     for d in dogs:
         d.stop()
+
+
+def test_gone_tells_an_ended_process_on_this_host(store):
+    """A rank's announced process that has ended (here: a child that exited) is gone; this
+    process, one on another host or pid namespace, one that left having reported, or one that
+    never announced, are not: gone() must never blame a rank it cannot see."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    host, ns, _ = fault._process_id().rsplit(" ", 2)
+    store.set(f"{fault.PREFIX}/pid/1", f"{host} {ns} {child.pid}")
+    store.set(f"{fault.PREFIX}/pid/2", f"{host} {ns} {os.getpid()}")
+    store.set(f"{fault.PREFIX}/pid/3", f"elsewhere {ns} {child.pid}")
+    store.set(f"{fault.PREFIX}/pid/4", f"{host} pid:[1] {child.pid}")
+    store.set(f"{fault.PREFIX}/pid/5", f"{host} {ns} {child.pid}")
+    store.set(f"{fault.PREFIX}/left/5", "1")
+    assert [r for r in range(7) if fault.gone(r, store)] == ([1] if ns != "-" else [])
+    # a collective's census names the one ended process at once, whatever the others post
+    op = fault.Op("an all-gather", group_ranks=(0, 1, 2), group=False)
+    assert fault._census(op, 0, None, 8.0) == (1 if ns != "-" else None)

@@ -1,7 +1,8 @@
 """`burstengine bench faults`: a rank lost at every phase of a job, and how each survivor ends.
 
 Each fault runs as a small job of real processes started the way torchrun starts them (env://
-rendezvous on this host), one process per rank, on CPU/gloo (``--device cpu``) or one GPU per
+rendezvous on this host, the runner hosting the c10d store as torchrun's agent does; store_host
+alone uses plain env:// rendezvous, where rank 0 hosts it), one process per rank, on CPU/gloo (``--device cpu``) or one GPU per
 rank over NCCL (``--device cuda``): the jobs are written device-agnostic, so the same command
 runs on a GPU host.  The victim rank (VICTIM) does something to itself at one phase:
 
@@ -12,7 +13,7 @@ ring_step         SIGKILL in the middle of a forward ring step
 skip_call         skips the last attention call (stays alive, as if stuck elsewhere)
 skip_backward     skips the backward of its second call and goes on to the third
 freeze            SIGSTOP mid ring step (a frozen rank)
-store_host        rank 0 (the c10d store's host) SIGKILLed mid ring step
+store_host        rank 0, hosting the c10d store, SIGKILLed mid ring step
 checkpoint_save   SIGKILL while writing its part of a torch.distributed.checkpoint save
 ================  ===========================================================================
 
@@ -163,8 +164,16 @@ def run_fault(fault: str, world: int = 4, deadline: float = 6.0, device: str = "
     port = _port()
     tmp = tmp or tempfile.mkdtemp(prefix="burst_faults_")
     procs, logs = {}, {}
+    agent = {}
+    if fault != "store_host":
+        # as torchrun does: its agent (here, this runner) hosts the c10d store, so the store
+        # outlives any rank; store_host keeps plain env:// rendezvous, where rank 0 hosts it
+        from torch.distributed import TCPStore
+
+        agent = dict(store=TCPStore("127.0.0.1", port, world, is_master=True, wait_for_workers=False),
+                     env=dict(TORCHELASTIC_USE_AGENT_STORE="True"))
     for r in range(world):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
+        env = dict(os.environ, **agent.get("env", {}), RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), VICTIM=str(victim), OMP_NUM_THREADS="1",
                    BURST_TIMEOUT=str(deadline), FAULT_DEVICE=device, FAULT_DIR=os.path.join(tmp, "ckpt"))
         for key in ("BURST_CHECKS", "BURST_TOPOLOGY", "BURST_CLUSTER"):

@@ -31,6 +31,7 @@ Exit codes: an uncaught :class:`RankLost` exits with Python's usual 1; the watch
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import threading
 import time
@@ -72,6 +73,64 @@ def init_process_group(backend: str | None = None, *, timeout_s: float | None = 
     if timeout_s is not None:
         kwargs.setdefault("timeout", timedelta(seconds=timeout_s))
     dist.init_process_group(backend, **kwargs)
+    announce()
+
+
+# --- which rank's process is gone --------------------------------------------------------------
+
+_ANNOUNCED: list = []  # the store this process has posted its process in
+
+
+def _process_id() -> str:
+    """Host, pid namespace and pid: another process can tell whether this one still exists
+    only where the first two are its own."""
+    try:
+        ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        ns = "-"
+    return f"{socket.gethostname()} {ns} {os.getpid()}"
+
+
+def announce(store=None) -> None:
+    """Post this rank's process (host, pid namespace, pid) in the c10d store, once per store.
+    A rank whose collective fails then tells a peer process that no longer exists (killed, out
+    of memory, crashed) on its own host from one that is merely slow or waiting elsewhere, and
+    names it at once: the census alone cannot when the survivors have not all failed yet (a
+    rank killed before the job's first collective).  Called by :func:`init_process_group`, the
+    launcher, the :class:`Watchdog` and before the first op through :func:`post`."""
+    st = store or _store()
+    if st is None or (_ANNOUNCED and _ANNOUNCED[-1] is st) or not dist.is_initialized():
+        return
+    key = f"{PREFIX}/pid/{dist.get_rank()}"
+    if _bounded(lambda: st.set(key, _process_id()) or True) is not None:
+        _ANNOUNCED[:] = [st]
+
+
+def gone(rank: int, store=None) -> bool:
+    """True when ``rank``'s process is known to have ended: it announced itself on this host,
+    in this pid namespace, and that process no longer runs (or is a zombie).  False when it
+    cannot be told (another host, never announced, the store does not answer)."""
+    st = store or _store()
+    if st is None:
+        return False
+    key = f"{PREFIX}/pid/{rank}"
+    v = _bounded(lambda: st.get(key).decode() if st.check([key]) else None, 1.0)
+    if not v:
+        return False
+    host, ns, pid = v.rsplit(" ", 2)
+    here_host, here_ns, _ = _process_id().rsplit(" ", 2)
+    if host != here_host or ns != here_ns or ns == "-":
+        return False
+    if _bounded(lambda: st.check([f"{PREFIX}/left/{rank}"]), 1.0):
+        return False  # it left on an error it reported (it named the rank at fault): not the cause
+    try:
+        with open(f"/proc/{int(pid)}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    except (OSError, ValueError, IndexError):
+        return False
+    return state in ("Z", "X")  # killed, not yet reaped by its parent
 
 
 # --- the fault notice in the store ------------------------------------------------------------
@@ -172,6 +231,7 @@ def check_in(store, name: str, me: int, ranks, deadline: float | None, what: str
     if _bounded(lambda: store.set(f"{key}/{me}", "1") or True) is None:
         raise store_lost(me, what)
     pending = [r for r in ranks if r != me]
+    dead = []
     end = time.monotonic() + (deadline if deadline is not None else store.timeout.total_seconds())
     while True:
         got = _bounded(lambda: [r for r in pending if not store.check([f"{key}/{r}"])])
@@ -180,6 +240,10 @@ def check_in(store, name: str, me: int, ranks, deadline: float | None, what: str
         pending = got
         if not pending:
             return
+        dead = [r for r in pending if gone(r, store)]
+        if dead:  # its process has ended on this host: it will never arrive
+            pending = dead
+            break
         notice = read_notice(store)
         if notice is not None and notice.lost is not None and notice.lost != me:
             raise RankLost(f"rank {notice.lost} lost ({notice.text}); then rank {me}: {what} failed", lost=notice.lost)
@@ -187,8 +251,11 @@ def check_in(store, name: str, me: int, ranks, deadline: float | None, what: str
             break
         time.sleep(0.05)
     names = ", ".join(map(str, pending))
-    text = (f"rank {me}: {what}: rank{'s' if len(pending) > 1 else ''} {names} did not arrive within "
-            f"{deadline if deadline is not None else store.timeout.total_seconds():g} s")
+    if dead:
+        text = f"rank {me}: {what}: the process of rank{'s' if len(pending) > 1 else ''} {names} has ended"
+    else:
+        text = (f"rank {me}: {what}: rank{'s' if len(pending) > 1 else ''} {names} did not arrive within "
+                f"{deadline if deadline is not None else store.timeout.total_seconds():g} s")
     earlier = post_notice(pending[0], me, text, store=store)
     if earlier is not None and earlier.reporter != me and earlier.lost not in (None, me):
         raise RankLost(f"rank {earlier.lost} lost ({earlier.text}); then {text}", lost=earlier.lost)
@@ -233,7 +300,16 @@ def describe(op: Op, index: int, n: int, e: BaseException, deadline: float | Non
     with it, and the other ranks, failing a moment later, still need it to read the notice
     and run their census (else they blame whichever neighbour left first)."""
     lost = _describe(op, index, n, e, deadline)
+    st = _store()
+    if st is not None:  # this process is about to leave, having said why: not the rank to blame
+        me = _me()
+        _bounded(lambda: st.set(f"{PREFIX}/left/{me}", "1"), 1.0)
     if _me() == 0:
+        # a rank waiting on a transfer from this one would otherwise wait out the pause, then
+        # find the store gone with this process: end those transfers now, so it fails (and
+        # takes its census) while the store is still up
+        if op.group is not False:
+            _bounded(lambda: (op.group or dist.group.WORLD).abort(), 2.0)
         time.sleep(_window(deadline) + 1.0)
     return lost
 
@@ -305,7 +381,13 @@ def _census(op: Op, me: int, peer: int | None, deadline: float | None) -> int | 
         # a collective that failed here leaves its other ranks waiting on ranks that are alive
         # (gloo's ring algorithms): abort the group, so they fail now and report in this window
         _bounded(lambda: (op.group or dist.group.WORLD).abort(), 2.0)
-    ranks = list(op.group_ranks) or list(range(dist.get_world_size())) if dist.is_initialized() else []
+    ranks = list(op.group_ranks) or (list(range(dist.get_world_size())) if dist.is_initialized() else [])
+    # a peer whose process has ended (on this host) is the answer, whatever the others post
+    if peer is not None and gone(peer, st):
+        return peer
+    dead = [r for r in ranks if r != me and gone(r, st)]
+    if len(dead) == 1:
+        return dead[0]
     window = _window(deadline)
     end = time.monotonic() + window
 
@@ -350,6 +432,8 @@ def wait(works, op: Op) -> None:
 def post(start, op: Op):
     """``start()`` (e.g. ``lambda: dist.batch_isend_irecv(ops)``); a peer already gone when
     the ops are posted raises :class:`RankLost` too."""
+    if not _ANNOUNCED:
+        announce()
     try:
         return start()
     except Exception as e:
@@ -404,6 +488,7 @@ class Watchdog:
         if self.rank is None:
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self._store.set(self._key(self.rank), "0")
+        announce(self._store)
         self._thread = threading.Thread(target=self._run, name="burstengine-watchdog", daemon=True)
         self._thread.start()
         return self
@@ -442,6 +527,9 @@ class Watchdog:
         def read(r):
             return store.get(self._key(r)) if store.check([self._key(r)]) else None
 
+        dead = [r for r in others if gone(r, store)]
+        if dead:  # their processes have ended: no need to wait for their heartbeats
+            return dead
         first = {r: read(r) for r in others}
         pending = {r for r, v in first.items() if v not in (_DONE, _EXIT)}
         end = time.monotonic() + window
