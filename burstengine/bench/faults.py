@@ -246,6 +246,7 @@ def _fuzz_counts(tests_dir: str | None) -> dict | None:
     sys.path.insert(0, os.path.abspath(tests_dir))  # fuzz_cases imports the suite's helpers
     spec = importlib.util.spec_from_file_location("fuzz_cases", path)
     cases = importlib.util.module_from_spec(spec)
+    sys.modules["fuzz_cases"] = cases  # one module object: the pool pickles its functions by name
     spec.loader.exec_module(cases)
     return cases.run_all()
 
