@@ -49,8 +49,10 @@ def environment() -> dict:
         env["triton"] = triton.__version__
     except Exception:
         pass
-    for k in ("NCCL_P2P_DISABLE", "NCCL_NVLS_ENABLE", "WORLD_SIZE", "BURST_KERNEL"):
-        if k in os.environ:
+    # the settings that change what a run measures: every BURST_* and NCCL_* knob, the allocator's
+    for k in sorted(os.environ):
+        if k.startswith(("BURST_", "NCCL_")) or k in ("WORLD_SIZE", "PYTORCH_CUDA_ALLOC_CONF",
+                                                       "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
             env[k] = os.environ[k]
     return env
 

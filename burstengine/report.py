@@ -98,11 +98,11 @@ def provenance(name, rec) -> list[str]:
         bits.append(f"torch {env['torch']}")
     if env.get("date"):
         bits.append(env["date"][:10])
-    for k in ("NCCL_P2P_DISABLE", "BURST_KERNEL"):
+    for k in ("NCCL_P2P_DISABLE", "BURST_KERNEL", "PYTORCH_CUDA_ALLOC_CONF"):
         if k in env:
             bits.append(f"{k}={env[k]}")
     lines = [" · ".join(bits), f"command: `{rec.get('command', '?')}`"]
-    lines += [f"{k.replace('_', ' ')}: {rec[k]}" for k in ("commit_note", "note", "path_note") if rec.get(k)]
+    lines += [f"{k.replace('_', ' ')}: {rec[k]}" for k in ("commit_note", "note", "path_note", "env_note") if rec.get(k)]
     return [line + "  " for line in lines[:-1]] + [lines[-1], ""]  # two spaces: a markdown line break
 
 
