@@ -175,3 +175,16 @@ def test_records_never_replace_each_other(tmp_path):
     # a run rewriting its own record says so
     assert write_record("r", {"x": 3}, path=b) == b and json.load(open(b))["x"] == 3
     assert sorted(os.listdir(tmp_path)) == ["r-2.json", "r.json"]
+
+
+def test_cli_sets_expandable_segments_unless_configured(monkeypatch):
+    from burstengine import cli
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    with pytest.raises(SystemExit):
+        cli.main(["--version"])
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
+    with pytest.raises(SystemExit):
+        cli.main(["--version"])
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"
