@@ -744,12 +744,25 @@ def block_demo_finetune(records):
                         f"{rec['world']} ranks ({stages}; `{DEMO_FINETUNE}`)."])
 
 
+def _wrap(cmd: str, width: int = 100) -> str:
+    """A long command as shell lines of at most ~``width`` characters, cut before a ``--set``."""
+    head, *sets = cmd.split(" --set ")
+    lines = [head]
+    for s in sets:
+        if len(lines[-1]) + len(s) + 7 > width:
+            lines[-1] += " \\"
+            lines.append("  --set " + s)
+        else:
+            lines[-1] += " --set " + s
+    return "\n".join(lines)
+
+
 def block_demo_finetune_commands(records):
     rec = _rec(records, DEMO_FINETUNE)
     lines = ["```bash"]
     for stage, cmds in rec["commands"].items():
         lines.append(f"# {stage}")
-        lines += [c.replace(" --set ", " \\\n  --set ") for c in cmds]  # one key per line
+        lines += [_wrap(c) for c in cmds]
     return "\n".join(lines + ["```"])
 
 
