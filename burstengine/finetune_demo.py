@@ -57,14 +57,19 @@ ROPES = ("yarn", "linear", "llama3", "dynamic")
 
 STAGES = ("train-short", "rope-scaling", "finetune-long", "evaluate")
 
+# the flags the evaluate stage shares with the others (its printed command names those that differ)
+DEFAULTS = {"dir": "runs/demo-finetune", "short": 256, "long": 2048, "samples": 64, "seed": 0}
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dir", default="runs/demo-finetune",
+    p.add_argument("--dir", default=DEFAULTS["dir"],
                    help="where the runs and the exported models go (its stages' folders are overwritten) "
                         "[%(default)s]")
     p.add_argument("--world", type=int, default=2, help="gloo ranks of each training run (CP over all) [%(default)s]")
-    p.add_argument("--short", type=int, default=256, help="tokens per sequence of the first training [%(default)s]")
-    p.add_argument("--long", type=int, default=2048, help="tokens per sequence after the extension [%(default)s]")
+    p.add_argument("--short", type=int, default=DEFAULTS["short"],
+                   help="tokens per sequence of the first training [%(default)s]")
+    p.add_argument("--long", type=int, default=DEFAULTS["long"],
+                   help="tokens per sequence after the extension [%(default)s]")
     p.add_argument("--rope", choices=ROPES, default="yarn",
                    help="RoPE scaling type (factor = long / short) [%(default)s]")
     p.add_argument("--short-steps", type=int, default=300, help="optimizer steps at --short [%(default)s]")
@@ -72,8 +77,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--finetune-steps", type=int, default=30, help="optimizer steps at --long [%(default)s]")
     p.add_argument("--finetune-batch", type=int, default=4, help="sequences per step at --long [%(default)s]")
     p.add_argument("--finetune-lr", type=float, default=1e-3, help="peak learning rate at --long [%(default)s]")
-    p.add_argument("--samples", type=int, default=64, help="held-out passkeys per length [%(default)s]")
-    p.add_argument("--seed", type=int, default=0, help="weights, data and passkeys [%(default)s]")
+    p.add_argument("--samples", type=int, default=DEFAULTS["samples"],
+                   help="held-out passkeys per length [%(default)s]")
+    p.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="weights, data and passkeys [%(default)s]")
     p.add_argument("--eval-only", action="store_true",
                    help="only the evaluate stage, on the models a previous run left in --dir")
     p.add_argument("--record", metavar="NAME", default=None,
@@ -136,8 +142,7 @@ def plan(args) -> dict[str, list[list[str]]]:
 def _eval_flags(args) -> list[str]:
     """The flags of ``demo finetune --eval-only`` that differ from their defaults."""
     out = []
-    for flag, default in (("dir", "runs/demo-finetune"), ("short", 256), ("long", 2048), ("samples", 64),
-                          ("seed", 0)):
+    for flag, default in DEFAULTS.items():
         value = getattr(args, flag)
         if value != default:
             out += [f"--{flag}", str(value)]
