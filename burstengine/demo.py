@@ -7,6 +7,10 @@ D, dQ travel; "ring": K, V, dK, dV travel).  Every rank times its calls, counts 
 sends, and compares its shard of out, dq, dk, dv with a float64 reference computed on the full
 sequence (split into row chunks, shared out among the ranks).  Rank 0 prints the table.  Exits
 1 if any error exceeds --tol or the bytes sent differ from the byte model.
+
+``burstengine demo finetune`` is the other demo: a tiny model's context extended from 256 to 2K
+tokens by RoPE scaling and fine-tuning, exported and evaluated in transformers
+(burstengine/finetune_demo.py; ``burstengine demo finetune --help``).
 """
 from __future__ import annotations
 
@@ -28,12 +32,19 @@ from .schedule import backward_bytes, forward_bytes
 from .testing import rel_err
 from .usage import kernel_error
 from .records import write_record
+from . import finetune_demo
 
 HELP = "run BurstAttention fwd+bwd on local CPU ranks; check it against a reference and report time and bytes"
 SCHEMES = ("burst", "ring")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    # the attention check takes this parser's own flags; the other demo is a sub-command of it
+    sub = p.add_subparsers(dest="demo", metavar="DEMO", required=False,
+                           help="another demo instead of the attention check: finetune")
+    fp = sub.add_parser("finetune", help=finetune_demo.HELP, description=finetune_demo.__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    finetune_demo.add_arguments(fp)
 
     p.add_argument("--world", type=int, default=default_world(),
                    help="ranks to spawn (ignored under torchrun) [this machine's cores, 2 to 4: %(default)s]")
@@ -264,6 +275,8 @@ def run_rank(args, group=None) -> int:
 # --- launching ----------------------------------------------------------------------------------
 
 def run(args) -> int:
+    if getattr(args, "demo", None) == "finetune":
+        return finetune_demo.run(args)
     args.started_at = time.time()  # wall clock: the ranks share it (the record's wall_s)
     return run_command(run_rank, args, validate, "burstengine demo", backend="gloo")
 

@@ -539,6 +539,36 @@ def demo(rec):
                          "forward bytes/rank", "backward bytes/rank"], body)
 
 
+def _pct(x) -> str:
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def demo_finetune_table(rec) -> list[str]:
+    """Passkey accuracy of each model of `burstengine demo finetune` at each length (in
+    transformers), its answer loss at the long length and the training run's own evaluation."""
+    Ls = sorted({r["seq"] for r in rec["evals"]})
+    by = {(r["model"], r["seq"]): r for r in rec["evals"]}
+    body = []
+    for m in rec["models"]:
+        e = (rec.get("engine") or {}).get(m["name"]) or {}
+        body.append([f"{m['name']}: {m['what']}"] + [_pct(by[(m["name"], L)]["passkey_acc"]) for L in Ls]
+                    + [num(by[(m["name"], rec["long"])]["answer_loss"]),
+                       f"{_pct(e['passkey_acc'])} at {e['seq_len']}" if e.get("seq_len") else "—"])
+    return table(["model"] + [f"passkey @{L}" for L in Ls] + [f"answer loss @{rec['long']}", "engine's own eval"],
+                 body)
+
+
+def demo_finetune(rec):
+    chk = rec["logits_check"]
+    stages = ", ".join(f"{k} {fixed(v, 1)} s" for k, v in rec["stage_s"].items())
+    head = [f"{rec['world']} gloo ranks on a {rec['env'].get('cpu_count', '?')}-core machine; a {rec['short']}-token "
+            f"model extended to {rec['long']} tokens ({', '.join(rec['rope_sets'])}); {rec['samples']} held-out "
+            f"passkeys per length, evaluated in transformers. Whole command {fixed(rec['wall_s'], 1)} s ({stages}). "
+            f"transformers' logits of the fine-tuned export against the engine's at {chk['seq']} tokens: max relative "
+            f"error {num(chk['max_rel_err'])} ({'within' if chk['ok'] else 'NOT within'} {num(chk['tol'])}).", ""]
+    return head + demo_finetune_table(rec)
+
+
 # family: (title, file-name pattern, renderer, one-line description)
 FAMILIES = [
     ("Attention on 1-2 GPUs beside the peers", r"^attention_", attention,
@@ -570,7 +600,10 @@ FAMILIES = [
      "`benchmarks/finetune_h200.sh` (`burstengine bench finetune`, `train --set init=...`, `export`): random-weight "
      "HF directories with real architectures' configs, loaded sharded, trained with packed documents, exported, "
      "compared with transformers."),
-    ("The demo", r"^demo_", demo, "`burstengine demo --record NAME`: the README's first command."),
+    ("The demo", r"^demo_(?!finetune)", demo, "`burstengine demo --record NAME`: the README's first command."),
+    ("Context extension on CPU", r"^demo_finetune", demo_finetune,
+     "`burstengine demo finetune --record NAME`: a 256-token model extended to 2K tokens by RoPE scaling and a "
+     "fine-tune, exported, evaluated in transformers."),
     ("Local kernels on CPU", r"^cpu_kernels", cpu_kernels,
      "`burstengine bench cpu-kernels`: torch's CPU flash attention op against the reference kernel."),
     ("Decode against the sharded KV cache", r"^decode_", decode,
@@ -697,7 +730,44 @@ def block_demo(records):
             f"after the install (`demo_cpu.json`).")
 
 
-BLOCKS = {"headline": block_headline, "lao": block_lao, "demo": block_demo}
+DEMO_FINETUNE = "demo_finetune_cpu.json"
+
+
+def block_demo_finetune(records):
+    rec = _rec(records, DEMO_FINETUNE)
+    by = {(r["model"], r["seq"]): r["passkey_acc"] for r in rec["evals"]}
+    stages = ", ".join(f"{k} {v:.0f} s" for k, v in rec["stage_s"].items())
+    return "\n".join(demo_finetune_table(rec)
+                     + [f"Passkey accuracy at {rec['long']} tokens: {_pct(by[('stage1', rec['long'])])} before the "
+                        f"extension, {_pct(by[('finetuned', rec['long'])])} after it. The whole command took "
+                        f"{rec['wall_s']:.0f} s on a {rec['env'].get('cpu_count', '?')}-core machine with "
+                        f"{rec['world']} ranks ({stages}; `{DEMO_FINETUNE}`)."])
+
+
+def _wrap(cmd: str, width: int = 100) -> str:
+    """A long command as shell lines of at most ~``width`` characters, cut before a ``--set``."""
+    head, *sets = cmd.split(" --set ")
+    lines = [head]
+    for s in sets:
+        if len(lines[-1]) + len(s) + 7 > width:
+            lines[-1] += " \\"
+            lines.append("  --set " + s)
+        else:
+            lines[-1] += " --set " + s
+    return "\n".join(lines)
+
+
+def block_demo_finetune_commands(records):
+    rec = _rec(records, DEMO_FINETUNE)
+    lines = ["```bash"]
+    for stage, cmds in rec["commands"].items():
+        lines.append(f"# {stage}")
+        lines += [_wrap(c) for c in cmds]
+    return "\n".join(lines + ["```"])
+
+
+BLOCKS = {"headline": block_headline, "lao": block_lao, "demo": block_demo, "demo-finetune": block_demo_finetune,
+          "demo-finetune-commands": block_demo_finetune_commands}
 BLOCK_RE = re.compile(r"(<!-- report:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
 
 

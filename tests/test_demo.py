@@ -1,17 +1,22 @@
 """`burstengine demo` end to end, small: spawned ranks, torchrun ranks, failure exit codes."""
 import os
+import shlex
 import subprocess
 import sys
 
 import pytest
 
-from burstengine import cli
+from burstengine import cli, report
 
 SMALL = ["--seq", "256", "--heads", "4", "--kv-heads", "2", "--head-dim", "16"]
 
 
 def _run(*argv, launcher=None, timeout=300):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return _run_env({}, *argv, launcher=launcher, timeout=timeout)
+
+
+def _run_env(extra, *argv, launcher=None, timeout=300):
+    env = dict(os.environ, OMP_NUM_THREADS="1", **extra)
     env.pop("BURST_KERNEL", None)
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
@@ -62,3 +67,88 @@ def test_cli_lists_demo(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main([])
     assert e.value.code == 2
+
+
+# --- burstengine demo finetune ------------------------------------------------------------------
+
+TINY_FT = ["--short", "32", "--long", "64", "--short-steps", "2", "--finetune-steps", "1", "--short-batch", "2",
+           "--finetune-batch", "2", "--samples", "4", "--world", "2"]
+
+
+def test_demo_finetune_stages_connect(tmp_path):
+    """The demo with tiny settings (seconds): every stage's command runs and is printed, the
+    exported models load in transformers with the engine's logits, the rope-scaling stage (one
+    step at lr 0) changes no weight but the config, and the record has the table's fields."""
+    pytest.importorskip("transformers")
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from burstengine.inference.weights import load_hf_llama
+
+    d = tmp_path / "demo"
+    env_extra = {"BURST_RESULTS": str(tmp_path / "records")}
+    rc, out = _run_env(env_extra, "demo", "finetune", "--dir", str(d), *TINY_FT, "--record", "ft")
+    assert rc == 0, out
+    rec = json.loads((tmp_path / "records" / "ft.json").read_text())
+
+    # the stages: each command printed as it runs, and the same in the record
+    assert list(rec["commands"]) == ["train-short", "rope-scaling", "finetune-long", "evaluate"]
+    for stage in ("train-short", "rope-scaling", "finetune-long"):
+        train, export = rec["commands"][stage]
+        assert train.startswith("python -m burstengine train ") and export.startswith("python -m burstengine export ")
+        assert f"] {stage}: {train}" in out and f"] {stage}: {export}" in out
+    assert "--set init=" + str(d / "stage1") in rec["commands"]["finetune-long"][0]
+    assert "--set model.rope_scaling.type=yarn --set model.rope_scaling.factor=2" in rec["commands"]["rope-scaling"][0]
+
+    # the exported directories: stage 1 plain at 32 tokens, the others yarn x2 at 64
+    cfgs = {n: json.loads((d / n / "config.json").read_text()) for n in ("stage1", "scaled", "finetuned")}
+    assert cfgs["stage1"]["rope_scaling"] is None and cfgs["stage1"]["max_position_embeddings"] == 32
+    for n in ("scaled", "finetuned"):
+        assert cfgs[n]["rope_scaling"]["rope_type"] == "yarn" and cfgs[n]["rope_scaling"]["factor"] == 2.0
+        assert cfgs[n]["rope_scaling"]["original_max_position_embeddings"] == 32
+        assert cfgs[n]["max_position_embeddings"] == 64
+    w = {n: load_file(str(d / n / "model.safetensors")) for n in ("stage1", "scaled", "finetuned")}
+    assert w["stage1"].keys() == w["scaled"].keys() == w["finetuned"].keys()
+    assert all(torch.equal(w["stage1"][k], w["scaled"][k]) for k in w["stage1"])  # lr 0: the same weights
+    assert any(not torch.equal(w["stage1"][k], w["finetuned"][k]) for k in w["stage1"])  # the fine-tune trained
+
+    # transformers loads each export with the engine's logits (beyond the original context, where
+    # the scaling acts)
+    ids = torch.randint(0, 64, (2, 64), generator=torch.Generator().manual_seed(1))
+    for n in ("stage1", "finetuned"):
+        hf = AutoModelForCausalLM.from_pretrained(str(d / n), dtype=torch.float32).eval()
+        ours = load_hf_llama(str(d / n))
+        with torch.no_grad():
+            ref = hf(input_ids=ids).logits
+            got = ours(ids, torch.arange(64)) @ ours.head_weight.t()
+        assert ((got - ref).abs().max() / ref.abs().max()).item() < 1e-5, n
+
+    # the record: every model at every length, the engine's own evaluation, the check, the times
+    assert rec["kind"] == "demo_finetune" and (rec["short"], rec["long"], rec["world"]) == (32, 64, 2)
+    assert [m["name"] for m in rec["models"]] == ["stage1", "scaled", "finetuned"]
+    assert {(r["model"], r["seq"]) for r in rec["evals"]} == {(m, L) for m in ("stage1", "scaled", "finetuned")
+                                                              for L in (32, 64)}
+    for r in rec["evals"]:
+        assert r["samples"] == 4 and 0 <= r["passkey_acc"] <= 1 and r["answer_loss"] > 0
+    assert {n: e["seq_len"] for n, e in rec["engine"].items()} == {"stage1": 32, "scaled": 64, "finetuned": 64}
+    assert rec["logits_check"]["ok"] and rec["logits_check"]["max_rel_err"] < 1e-4
+    assert list(rec["stage_s"]) == list(rec["commands"]) and rec["wall_s"] > 0
+    assert "passkey @32" in "\n".join(report.demo_finetune(rec))
+
+    # the evaluate stage alone, by its printed command, gives the same numbers
+    rc, again = _run_env(env_extra, *shlex.split(rec["commands"]["evaluate"][0])[3:], *TINY_FT, "--record", "ft2")
+    assert rc == 0, again
+    rec2 = json.loads((tmp_path / "records" / "ft2.json").read_text())
+    assert rec2["evals"] == rec["evals"]
+
+
+def test_demo_finetune_rejects_bad_arguments(tmp_path):
+    rc, out = _run("demo", "finetune", "--short", "64", "--long", "64")
+    assert rc == 2 and "must be longer than --short" in out, out
+    rc, out = _run("demo", "finetune", "--short", "30", "--long", "64")
+    assert rc == 2 and "--short 30 is not divisible by 4" in out, out
+    rc, out = _run("demo", "finetune", "--eval-only", "--dir", str(tmp_path / "nothing"))
+    assert rc == 2 and "no exported model in" in out, out

@@ -81,3 +81,19 @@ def test_an_unknown_block_is_refused(tmp_path, capsys):
         assert "report:nonsense" in str(e)
     else:
         raise AssertionError("an unknown block name was accepted")
+
+
+def test_both_demos_have_their_tables(tmp_path):
+    """`demo_cpu` (the attention check) and `demo_finetune_cpu` (context extension) share the
+    prefix demo_ but each is rendered by its own family, neither falls into "Other records"."""
+    records = tmp_path / "records"
+    records.mkdir()
+    for name in ("demo_cpu.json", "demo_finetune_cpu.json"):
+        shutil.copy(RECORDS / name, records)
+    out = tmp_path / "results.md"
+    assert report("--records", records, "--out", out, "--docs") == 0
+    text = out.read_text()
+    assert "## Other records" not in text
+    demo, ft = text.index("## The demo"), text.index("## Context extension on CPU")
+    assert demo < text.index("### demo_cpu\n") < ft < text.index("### demo_finetune_cpu\n")
+    assert "passkey @2048" in text[ft:] and "backward scheme" in text[demo:ft]
