@@ -744,6 +744,16 @@ def block_demo_finetune(records):
                         f"{rec['world']} ranks ({stages}; `{DEMO_FINETUNE}`)."])
 
 
+def block_demo_finetune_line(records):
+    """The README's line: accuracy before and after the extension, scaling alone, time."""
+    rec = _rec(records, DEMO_FINETUNE)
+    by = {(r["model"], r["seq"]): r["passkey_acc"] for r in rec["evals"]}
+    L = rec["long"]
+    return (f"Passkey accuracy at {L} tokens in transformers: {_pct(by[('stage1', L)])} before the extension, "
+            f"{_pct(by[('scaled', L)])} with the RoPE scaling alone, {_pct(by[('finetuned', L)])} after the "
+            f"fine-tune; {rec['wall_s']:.0f} s on {rec['env'].get('cpu_count', '?')} cores (`{DEMO_FINETUNE}`).")
+
+
 def _wrap(cmd: str, width: int = 100) -> str:
     """A long command as shell lines of at most ~``width`` characters, cut before a ``--set``."""
     head, *sets = cmd.split(" --set ")
@@ -767,7 +777,7 @@ def block_demo_finetune_commands(records):
 
 
 BLOCKS = {"headline": block_headline, "lao": block_lao, "demo": block_demo, "demo-finetune": block_demo_finetune,
-          "demo-finetune-commands": block_demo_finetune_commands}
+          "demo-finetune-line": block_demo_finetune_line, "demo-finetune-commands": block_demo_finetune_commands}
 BLOCK_RE = re.compile(r"(<!-- report:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
 
 
