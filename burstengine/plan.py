@@ -83,7 +83,8 @@ def call_for(p) -> str:
     return f"burst_attn_func(q, k, v, topology={topo}, backward=\"{cfg['backward']}\")"
 
 
-def report(cluster, attn, out=sys.stdout) -> dict:
+def report(cluster, attn, out=None) -> dict:
+    out = out or sys.stdout  # looked up per call: a default bound at import misses later redirections
     preds = compare(cluster, attn)
     G = cluster.world
     flops = attn.flops() / G

@@ -178,7 +178,8 @@ def profile_step(S, H, Hkv, D, causal, layout, backward, kernel, group, out_dir)
                 nccl_ms=t[1].item() / 1e3, step_ms=t[2].item() / 1e3, rank0=stats)
 
 
-def print_table(rows, file=sys.stdout):
+def print_table(rows, file=None):
+    file = file or sys.stdout  # per call, not bound at import
     key = lambda r: (r["world"], r["S"], r["causal"], r["Hkv"])
     base = {key(r): r for r in rows if r["method"] == BASELINE and "fwdbwd_tflops" in r}
     hdr = f"{'method':20s} {'G':>2s} {'S':>8s} {'mask':6s} {'kvH':>4s} {'fwd TF/s':>9s} {'f+b TF/s':>9s} " \

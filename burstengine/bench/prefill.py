@@ -266,7 +266,8 @@ def run_rank(args, group=None) -> list[dict]:
     return rows
 
 
-def print_tables(rows, methods, seqs, file=sys.stdout):
+def print_tables(rows, methods, seqs, file=None):
+    file = file or sys.stdout  # per call, not bound at import
     for model in dict.fromkeys(r["model"] for r in rows):
         print(f"\nfirst-token latency (s), {model}, {rows[0]['world']} rank(s), {rows[0]['dtype']}:", file=file)
         head = f"{'method':14s}" + "".join(f"{s:>14,d}" for s in seqs) + f"{'longest fit':>14s}"

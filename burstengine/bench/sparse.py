@@ -267,7 +267,8 @@ def check_case(case, args, group, device, dtype):
     return max(_gather([max(errs)], group, device))[0]
 
 
-def print_table(rows, file=sys.stdout):
+def print_table(rows, file=None):
+    file = file or sys.stdout  # per call, not bound at import
     base = {r["group"]: r for r in rows if r["name"] in ("causal", "one-doc")}
     hdr = (f"{'case':12s} {'layout':10s} {'S':>8s} {'steps':>5s} {'fwd ms':>9s} {'f+b ms':>9s} {'TF/s':>7s} "
            f"{'speedup':>7s} {'ideal':>7s} {'eff':>5s} {'balance':>7s} {'ideal':>6s} {'MB sent':>8s} {'whole':>8s}")

@@ -356,7 +356,8 @@ def run(group, args, log=print) -> dict | None:
                 double_cluster=double.to_dict() if double else None, rows=rows)
 
 
-def print_table(rec, file=sys.stdout):
+def print_table(rec, file=None):
+    file = file or sys.stdout  # per call, not bound at import
     hdr = (f"{'case':14s} {'topology':>8s} {'S':>8s} {'measured ms':>12s} {'predicted ms':>12s} {'error':>7s} "
            f"{'compute ms':>10s} {'exposed ms':>10s} {'TF/s/GPU':>8s}")
     print(hdr, file=file)
