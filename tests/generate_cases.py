@@ -68,7 +68,7 @@ def raises(group, path, fn_name, *args, **kwargs):
     try:
         if fn_name == "generate":
             prompts_, max_new, s = args
-            generate(model, prompts_, max_new, Sampling(**s), group=group)
+            generate(model, prompts_, max_new, Sampling(**s), group=group, **kwargs)
     except ValueError as e:
         return str(e)
     return None
