@@ -47,8 +47,9 @@ def _split_kernel(Q, K, V, VALID, VIS, QPOS, KPOS, PO, PL,
     n_splits = tl.num_programs(0)
     b = (bh // Hkv).to(tl.int64)
     hk = (bh % Hkv).to(tl.int64)
-    n = tl.load(VALID + b).to(tl.int64)
-    lo = split.to(tl.int64) * chunk
+    # slot indices fit int32 (capacity < 2^31); the batch and head offsets are int64
+    n = tl.load(VALID + b).to(tl.int32)
+    lo = split * chunk
     hi = tl.minimum(lo + chunk, n)
 
     gi = tl.arange(0, G_BLOCK)
@@ -68,7 +69,8 @@ def _split_kernel(Q, K, V, VALID, VIS, QPOS, KPOS, PO, PL,
     for j0 in range(lo, hi, BLOCK_N):
         offs = j0 + tl.arange(0, BLOCK_N)
         inb = offs < hi
-        kt = tl.load(k_base + offs[:, None] * sks + d[None, :], mask=inb[:, None], other=0.0)
+        rows = offs.to(tl.int64)[:, None]
+        kt = tl.load(k_base + rows * sks + d[None, :], mask=inb[:, None], other=0.0)
         if IEEE:
             s = tl.dot(q, tl.trans(kt), input_precision="ieee")
         else:
@@ -85,7 +87,7 @@ def _split_kernel(Q, K, V, VALID, VIS, QPOS, KPOS, PO, PL,
         p = tl.math.exp2(s - m_use[:, None])
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
-        vt = tl.load(v_base + offs[:, None] * svs + d[None, :], mask=inb[:, None], other=0.0)
+        vt = tl.load(v_base + rows * svs + d[None, :], mask=inb[:, None], other=0.0)
         if IEEE:
             pv = tl.dot(p.to(vt.dtype), vt, input_precision="ieee")
         else:
@@ -164,6 +166,8 @@ def decode_attention(q, k, v, scale: float, valid, visible=None, window: int | N
         raise ValueError(f"decode_attention needs a power-of-two head dim in [16, 256], got {D}")
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         raise ValueError("decode_attention reads rows of q, k and v: their last dims must be contiguous")
+    if cap >= 1 << 31:
+        raise ValueError(f"decode_attention: capacity {cap} does not fit the kernel's int32 slot indices")
     if valid.shape != (B,):
         raise ValueError(f"decode_attention: valid must be ({B},), got {tuple(valid.shape)}")
     if window is not None and (qpos is None or kpos is None):
