@@ -79,6 +79,40 @@ def oracle(q, k, v, scale, valid, visible, window, qpos, kpos):
     return out, lse
 
 
+def in_generation():
+    """The kernel inside generation: tiny Llama (two prompt lengths: a visibility mask) and
+    Mistral (a sliding window) checkpoints decode with shard_attention sent to the kernel
+    (interpreted, on CPU float32) instead of the math path; every decode step's logits must be
+    the math path's up to float32 rounding, and the greedy tokens the same.  This runs the
+    kernel on the cache's own buffers (the scratch slot, the valid counts of the step's device
+    state, the visibility and positions) as the GPU does."""
+    import tempfile
+
+    import generate_cases as gc
+    from burstengine.inference import kvcache
+
+    out = {}
+    real = kvcache._kernel_takes
+    with tempfile.TemporaryDirectory() as d:
+        for arch in ("llama", "mistral"):
+            path = gc.save_tiny(f"{d}/{arch}", arch, seed=1)
+            want, want_logits = gc.run_generate_logits(None, path, (97, 40), 5)
+            calls = []
+
+            def takes(q, k):
+                calls.append(q.shape)
+                return q.dtype == torch.float32
+
+            kvcache._kernel_takes = takes
+            try:
+                got, logits = gc.run_generate_logits(None, path, (97, 40), 5)
+            finally:
+                kvcache._kernel_takes = real
+            err = float((logits - want_logits).abs().max() / want_logits.abs().max())
+            out[arch] = dict(equal=got == want, logits_err=err, kernel_calls=len(calls))
+    return out
+
+
 def main():
     import triton_interp  # noqa: F401  (before the first triton import)
     from burstengine.kernels.triton.decode import decode_attention, plan_splits
@@ -102,6 +136,7 @@ def main():
     res["plan"] = [list(plan_splits(cap, progs, sms, 64)) for cap, progs, sms in
                    ((131073, 8, 132), (32769, 64, 132), (100, 8, 132), (1, 1, 132), (524289, 8, 132),
                     (4097, 1024, 132))]
+    res["generate"] = in_generation()
     print(json.dumps(res))
 
 

@@ -2,7 +2,8 @@
 against a float64 oracle (tests/decode_cases.py): GQA ratios 1/2/4/8, head dims 64/128,
 fp16/bf16/fp32, lengths that divide no tile (1, 7, 997), visibility masks, sliding windows over
 shuffled slot positions, empty sequences and fully hidden ones, one and several splits, slots
-past the valid count poisoned with NaN (never read)."""
+past the valid count poisoned with NaN (never read); and inside generation, on the cache's own
+buffers, giving the math path's greedy tokens."""
 import json
 import os
 import subprocess
@@ -55,3 +56,9 @@ def test_split_plan(results):
         assert chunk % 64 == 0 and splits * chunk >= cap > (splits - 1) * chunk
         assert splits <= target and (chunk - 64) * target < cap, (cap, progs, splits, chunk)
     assert [s for s, _ in results["plan"]] == [63, 9, 2, 1, 64, 1]
+
+
+def test_decode_kernel_in_generation(results):
+    # 4 decode steps x 2 layers, each through the kernel
+    for arch, r in results["generate"].items():
+        assert r["kernel_calls"] == 8 and r["equal"] and r["logits_err"] < 1e-5, (arch, r)

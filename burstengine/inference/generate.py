@@ -86,7 +86,7 @@ def check_generate(prompts: list[list[int]], vocab: int, max_new_tokens: int, sa
 @torch.no_grad()
 def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampling | None = None, *, group=None,
              layout: str = "zigzag", attention: str = "burst", kernel: str | None = None,
-             chunk: int | None = None, graphs: str = "auto", on_tokens=None) -> GenerateOutput:
+             chunk: int | None = None, graphs: str = "auto", on_tokens=None, on_logits=None) -> GenerateOutput:
     """New tokens for each prompt (a list of token id lists, or a (batch, seq) tensor).
 
     ``sampling``: greedy by default (:class:`~.sampling.Sampling`).  ``group``: the
@@ -96,7 +96,10 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
     ``graphs``: capture the decode step in a CUDA graph and replay it (``"auto"``: on CUDA with
     one rank; ``"on"``: the same, an error elsewhere; ``"off"``: launch its kernels each step).
     ``on_tokens(step, tokens (B,) list, done (B,) list)`` is called on every rank after each
-    step's tokens are known (streaming)."""
+    step's tokens are known (streaming); ``on_logits(step, logits)`` on rank 0 with the (B,
+    vocab) float32 logits each step's tokens are chosen from (step 0: the prefill's), on the
+    device, before sampling; the tensor is the step's own buffer (a CUDA graph's output), so
+    copy what you keep."""
     sampling = sampling or Sampling()
     if not isinstance(model, OurLlama):
         raise ValueError("generate runs burstengine's LLaMA (impl 'ours'); this model is a transformers one")
@@ -146,6 +149,8 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
     if world > 1:
         dist.all_reduce(logits, group=group)
     gen = sampling.generator()
+    if on_logits and rank == 0:
+        on_logits(0, logits)
     tok = _choose(logits, B, sampling, gen, rank, world, group, dev)
     sync()
     t_prefill = time.perf_counter() - t_start
@@ -171,6 +176,8 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
             capture_s = time.perf_counter() - t0
             t0 += capture_s
         logits = step.launch()
+        if on_logits and rank == 0:
+            on_logits(i, logits)
         cache.advance(owner)
         history.append(list(cache.lengths))
         tok = _choose(logits, B, sampling, gen, rank, world, group, dev)
