@@ -99,7 +99,7 @@ def in_generation():
             want, want_logits = gc.run_generate_logits(None, path, (97, 40), 5)
             calls = []
 
-            def takes(q, k):
+            def takes(q, k, calls=calls):
                 calls.append(q.shape)
                 return q.dtype == torch.float32
 

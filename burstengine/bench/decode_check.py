@@ -124,20 +124,61 @@ def check_tokens(device, lengths=(300, 137, 61), new: int = 12) -> list[dict]:
         got, err = {}, {}
         for dt in ("float32", "bfloat16"):
             kern = "reference" if dt == "float32" else None
-            modes = ("eager", "graph") if cuda else ("eager",)
-            for mode in modes:
-                name = f"{dt}_{mode}"
-                got[name], logits = _run(models[dt], prompts, new, kernel=kern, graphs="on" if mode == "graph" else "off")
-                err[f"{name} vs float64"] = _rel(logits, ref_logits)
-                if mode == "graph":
-                    err[f"{name} vs {dt}_eager"] = _rel(logits, eager_logits)
-                eager_logits = logits
+            got[f"{dt}_eager"], eager_logits = _run(models[dt], prompts, new, kernel=kern, graphs="off")
+            err[f"{dt}_eager vs float64"] = _rel(eager_logits, ref_logits)
+            if cuda:
+                got[f"{dt}_graph"], logits = _run(models[dt], prompts, new, kernel=kern, graphs="on")
+                err[f"{dt}_graph vs float64"] = _rel(logits, ref_logits)
+                err[f"{dt}_graph vs {dt}_eager"] = _rel(logits, eager_logits)
         same = {f"{k} == float64": t == ref for k, t in got.items() if k.startswith("float32")}
         if cuda:
             same["bfloat16_graph == bfloat16_eager"] = got["bfloat16_graph"] == got["bfloat16_eager"]
         close = all(v < _LOGITS_TOL[(k.split("_")[0], k.endswith("float64"))] for k, v in err.items())
         rows.append(dict(window=window, lengths=list(lengths), new_tokens=new, equal=same, logits_err=err,
                          ok=all(same.values()) and close, float64=ref, **got))
+    return rows
+
+
+def kernel_speed(device, caps=(32768, 131072), batches=(1, 8)) -> list[dict]:
+    """Not a check: the decode attention's time on one layer of Llama-3.1-8B's shape (32 heads,
+    8 kv heads, head dim 128, bf16), unmasked and with a visibility mask, as read bandwidth (K and
+    V bytes / time), beside torch's fused flash kernel on the same cache where it runs; for
+    tuning the kernel, recorded beside the check.  CUDA only."""
+    from ..kernels.triton.decode import decode_attention  # imports triton: CUDA only, here
+
+    rows = []
+    for cap in caps:
+        for B in batches:
+            if B * cap > 8 * 32768:
+                continue
+            q = torch.randn(B, 32, 128, device=device, dtype=torch.bfloat16)
+            k = torch.randn(B, 8, cap, 128, device=device, dtype=torch.bfloat16)
+            v = torch.randn_like(k)
+            valid = torch.full((B,), cap, device=device)
+            vis = torch.ones(B, cap, device=device, dtype=torch.bool)
+            nbytes = 2 * k.numel() * k.element_size()
+            row = dict(capacity=cap, batch=B, bytes=nbytes)
+            calls = {"triton": lambda: decode_attention(q, k, v, 0.088, valid),
+                     "triton_masked": lambda: decode_attention(q, k, v, 0.088, valid, vis)}
+            flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention", None)
+            if flash is not None:
+                calls["torch_flash"] = lambda: flash(q.view(B, 8, 4, 128), k, v, 0.0, False, False, scale=0.088)
+            for name, fn in calls.items():
+                try:
+                    for _ in range(3):
+                        fn()
+                    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    t0.record()
+                    for _ in range(20):
+                        fn()
+                    t1.record()
+                    t1.synchronize()
+                    sec = t0.elapsed_time(t1) / 1e3 / 20
+                    row[f"{name}_s"], row[f"{name}_GBps"] = sec, nbytes / sec / 1e9
+                except RuntimeError as e:
+                    row[f"{name}_error"] = str(e).splitlines()[0][:200]
+            rows.append(row)
+            del q, k, v
     return rows
 
 
@@ -157,4 +198,11 @@ def check(device, log=print) -> dict:
             ", ".join(f"{k} {v:.1e}" for k, v in r["logits_err"].items()))
     ok = not bad and all(r["ok"] for r in tok)
     log(f"check {'PASSED' if ok else 'FAILED'} in {time.perf_counter() - t0:.1f}s")
-    return dict(ok=ok, attention=att, tokens=tok, seconds=time.perf_counter() - t0)
+    out = dict(ok=ok, attention=att, tokens=tok, seconds=time.perf_counter() - t0)
+    if torch.device(device).type == "cuda":
+        out["kernel_speed"] = speed = kernel_speed(device)
+        for r in speed:
+            log(f"decode attention, one 8B layer, {r['capacity']} slots x batch {r['batch']}: " + ", ".join(
+                f"{n} {r[n + '_s'] * 1e6:.0f} us ({r[n + '_GBps']:.0f} GB/s)" for n in
+                ("triton", "triton_masked", "torch_flash") if n + "_s" in r))
+    return out

@@ -155,7 +155,9 @@ def shard_attention(q, k, v, scale, valid=None, visible=None, window=None, qpos=
     for sequence b when ``j < valid[b]`` (all n slots without ``valid``), ``visible[b, j]``
     (a (B, n) bool, when given) and, with a ``window``, ``qpos[b] - kpos[b, j] < window``.
     Every one of these is a device tensor, read on the device.  Returns float32 (out (B, H, D),
-    lse (B, H)); lse = -inf and out = 0 where no slot counts."""
+    lse (B, H)); lse = -inf and out = 0 where no slot counts.  The kernel never reads a slot
+    past ``valid``; the math path reads every slot (weighing those 0), so they must hold finite
+    values, as the cache's zero-filled ones do."""
     B, H, D = q.shape
     Hkv, n = k.shape[1], k.shape[2]
     if n and _kernel_takes(q, k):

@@ -124,7 +124,7 @@ def _pow2(x: int) -> int:
     return 1 << (max(1, x) - 1).bit_length()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
@@ -134,13 +134,23 @@ def block_n(head_dim: int) -> int:
     return 64 if head_dim <= 128 else 32
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _chunks(capacity: int, splits: int, bn: int) -> tuple[int, int]:
+    """(splits, chunk) for at most ``splits`` chunks of whole tiles covering ``capacity`` (>= 1
+    slot), the chunk as short as that allows, and no chunk empty."""
+    capacity = max(capacity, 1)
+    splits = max(1, min(splits, _cdiv(capacity, bn)))
+    chunk = _cdiv(_cdiv(capacity, splits), bn) * bn
+    return _cdiv(capacity, chunk), chunk
+
+
 def plan_splits(capacity: int, programs: int, sms: int, bn: int) -> tuple[int, int]:
     """(splits, chunk): chunks of ``chunk`` slots (a multiple of ``bn``) covering ``capacity``,
     enough of them that ``programs`` x splits fills the SMs, at most :data:`MAX_SPLITS`."""
-    want = max(1, -(-PROGRAMS_PER_SM * sms // max(programs, 1)))
-    splits = max(1, min(want, MAX_SPLITS, -(-capacity // bn)))
-    chunk = -(-(-(-capacity // splits)) // bn) * bn
-    return max(1, -(-capacity // chunk)), chunk
+    return _chunks(capacity, min(_cdiv(PROGRAMS_PER_SM * sms, max(programs, 1)), MAX_SPLITS), bn)
 
 
 def supported_head_dim(d: int) -> bool:
@@ -183,9 +193,7 @@ def decode_attention(q, k, v, scale: float, valid, visible=None, window: int | N
             if q.is_cuda else 4
         splits, chunk = plan_splits(cap, B * Hkv, sms, bn)
     else:
-        splits = max(1, min(splits, -(-max(cap, 1) // bn)))
-        chunk = -(-(-(-max(cap, 1) // splits)) // bn) * bn
-        splits = -(-max(cap, 1) // chunk)
+        splits, chunk = _chunks(cap, splits, bn)
     po = torch.empty(B, H, splits, D, device=q.device, dtype=torch.float32)
     pl = torch.empty(B, H, splits, device=q.device, dtype=torch.float32)
     out = torch.empty(B, H, D, device=q.device, dtype=torch.float32)
