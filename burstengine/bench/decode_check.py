@@ -139,47 +139,48 @@ def check_tokens(device, lengths=(300, 137, 61), new: int = 12) -> list[dict]:
     return rows
 
 
+def _cuda_seconds(fn, reps: int = 20) -> float:
+    for _ in range(3):
+        fn()
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0.record()
+    for _ in range(reps):
+        fn()
+    t1.record()
+    t1.synchronize()
+    return t0.elapsed_time(t1) / 1e3 / reps
+
+
+def _speed_row(device, cap: int, B: int) -> dict:
+    from ..kernels.triton.decode import decode_attention  # imports triton: CUDA only, here
+
+    q = torch.randn(B, 32, 128, device=device, dtype=torch.bfloat16)
+    k = torch.randn(B, 8, cap, 128, device=device, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    valid = torch.full((B,), cap, device=device)
+    vis = torch.ones(B, cap, device=device, dtype=torch.bool)
+    nbytes = 2 * k.numel() * k.element_size()
+    row = dict(capacity=cap, batch=B, bytes=nbytes)
+    calls = {"triton": lambda: decode_attention(q, k, v, 0.088, valid),
+             "triton_masked": lambda: decode_attention(q, k, v, 0.088, valid, vis)}
+    flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention", None)
+    if flash is not None:
+        calls["torch_flash"] = lambda: flash(q.view(B, 8, 4, 128), k, v, 0.0, False, False, scale=0.088)
+    for name, fn in calls.items():
+        try:
+            sec = _cuda_seconds(fn)
+            row[f"{name}_s"], row[f"{name}_GBps"] = sec, nbytes / sec / 1e9
+        except RuntimeError as e:
+            row[f"{name}_error"] = str(e).splitlines()[0][:200]
+    return row
+
+
 def kernel_speed(device, caps=(32768, 131072), batches=(1, 8)) -> list[dict]:
     """Not a check: the decode attention's time on one layer of Llama-3.1-8B's shape (32 heads,
     8 kv heads, head dim 128, bf16), unmasked and with a visibility mask, as read bandwidth (K and
     V bytes / time), beside torch's fused flash kernel on the same cache where it runs; for
     tuning the kernel, recorded beside the check.  CUDA only."""
-    from ..kernels.triton.decode import decode_attention  # imports triton: CUDA only, here
-
-    rows = []
-    for cap in caps:
-        for B in batches:
-            if B * cap > 8 * 32768:
-                continue
-            q = torch.randn(B, 32, 128, device=device, dtype=torch.bfloat16)
-            k = torch.randn(B, 8, cap, 128, device=device, dtype=torch.bfloat16)
-            v = torch.randn_like(k)
-            valid = torch.full((B,), cap, device=device)
-            vis = torch.ones(B, cap, device=device, dtype=torch.bool)
-            nbytes = 2 * k.numel() * k.element_size()
-            row = dict(capacity=cap, batch=B, bytes=nbytes)
-            calls = {"triton": lambda: decode_attention(q, k, v, 0.088, valid),
-                     "triton_masked": lambda: decode_attention(q, k, v, 0.088, valid, vis)}
-            flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention", None)
-            if flash is not None:
-                calls["torch_flash"] = lambda: flash(q.view(B, 8, 4, 128), k, v, 0.0, False, False, scale=0.088)
-            for name, fn in calls.items():
-                try:
-                    for _ in range(3):
-                        fn()
-                    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    t0.record()
-                    for _ in range(20):
-                        fn()
-                    t1.record()
-                    t1.synchronize()
-                    sec = t0.elapsed_time(t1) / 1e3 / 20
-                    row[f"{name}_s"], row[f"{name}_GBps"] = sec, nbytes / sec / 1e9
-                except RuntimeError as e:
-                    row[f"{name}_error"] = str(e).splitlines()[0][:200]
-            rows.append(row)
-            del q, k, v
-    return rows
+    return [_speed_row(device, cap, B) for cap in caps for B in batches if B * cap <= 8 * 32768]
 
 
 def check(device, log=print) -> dict:
