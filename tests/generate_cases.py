@@ -60,6 +60,17 @@ def run_generate(group, path, lengths, max_new, seed=0, layout="zigzag", **sampl
     return out.tokens, out.shard_lengths
 
 
+def run_generate_logits(group, path, lengths, max_new, seed=0):
+    """Our greedy tokens and, on rank 0, every decode step's (B, steps, vocab) logits (None
+    elsewhere)."""
+    from burstengine.inference import generate
+
+    seen = []
+    out = generate(_model(path), prompts(lengths, seed), max_new, group=group,
+                   on_logits=lambda i, x: seen.append(x.detach().clone()) if i else None)
+    return out.tokens, (torch.stack(seen, 1) if seen else None)
+
+
 def raises(group, path, fn_name, *args, **kwargs):
     """The message of the ValueError generate raises (on this rank), None if it did not."""
     from burstengine.inference import Sampling, generate
@@ -68,7 +79,7 @@ def raises(group, path, fn_name, *args, **kwargs):
     try:
         if fn_name == "generate":
             prompts_, max_new, s = args
-            generate(model, prompts_, max_new, Sampling(**s), group=group)
+            generate(model, prompts_, max_new, Sampling(**s), group=group, **kwargs)
     except ValueError as e:
         return str(e)
     return None

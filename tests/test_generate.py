@@ -1,8 +1,11 @@
 """Generation against the sharded KV cache (burstengine/inference/generate.py, kvcache.py,
-sampling.py): greedy tokens equal transformers' generate(do_sample=False) for tiny random
-Llama, Qwen2 and Mistral (sliding window) checkpoints on 1, 2 and 4 gloo ranks, for prompt
-lengths that divide nothing and batches of different lengths; sampling with a seed gives the
-same tokens on 1, 2 and 4 ranks; the cache stays balanced; bad inputs raise clear errors."""
+step.py, sampling.py): greedy tokens equal transformers' generate(do_sample=False) for tiny
+random Llama, Qwen2 and Mistral (sliding window) checkpoints on 1, 2 and 4 gloo ranks, for
+prompt lengths that divide nothing and batches of different lengths (every decode step here is
+the static step of step.py, launched op by op: on CPU there is no CUDA graph to replay it, and
+the graph only replays these kernels); the step is idempotent, as graph capture's warm-up needs;
+sampling with a seed gives the same tokens on 1, 2 and 4 ranks; the cache stays balanced; bad
+inputs raise clear errors."""
 import functools
 import random
 
@@ -12,6 +15,7 @@ pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 
+import decode_cases  # noqa: E402
 import generate_cases as gc  # noqa: E402
 from burstengine.inference import Sampling  # noqa: E402
 from burstengine.inference.kvcache import appends, merge, next_owner, shard_attention  # noqa: E402
@@ -48,6 +52,34 @@ def test_greedy_equals_transformers(pool, model_dirs, arch, world):
     want = hf_greedy(path, LENGTHS, NEW)
     for rank, (tokens, _) in enumerate(pool.run(gc.run_generate, path, LENGTHS, NEW, world=world)):
         assert tokens == want, (arch, world, rank)
+
+
+@functools.lru_cache(maxsize=8)
+def hf_logits64(path, prompt: tuple, tokens: tuple):
+    """transformers' float64 logits (eager attention) after each prefix of prompt + tokens[:-1]
+    that ends past the prompt: the reference for each decode step (teacher-forced)."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64, attn_implementation="eager").eval()
+    ids = torch.tensor([list(prompt) + list(tokens[:-1])])
+    with torch.no_grad():
+        return hf(ids).logits[0, len(prompt):]
+
+
+@pytest.mark.parametrize("arch,world", [("llama", 1), ("qwen2", 2), ("mistral", 1), ("mistral", 2)])
+def test_decode_logits_equal_transformers(pool, model_dirs, arch, world):
+    """Every decode step's logits against transformers' float64 forward over the same tokens
+    (the tiny models' greedy tokens hardly depend on attention; their logits do, beyond float32
+    rounding): mixed lengths (the cache's visibility), a window (Mistral), two ranks (the
+    scratch slot of the rank that does not own a step's token, the all-gather merge)."""
+    path = model_dirs[arch]
+    res = pool.run(gc.run_generate_logits, path, LENGTHS, NEW, world=world)
+    tokens, logits = res[0]
+    assert logits.shape == (len(LENGTHS), NEW - 1, gc.VOCAB) and all(r[1] is None for r in res[1:])
+    for b, p in enumerate(gc.prompts(LENGTHS)):
+        ref = hf_logits64(path, tuple(p), tuple(tokens[b]))
+        err = float((logits[b].double() - ref).abs().max() / ref.abs().max())
+        assert err < 1e-5, (arch, world, b, err)
 
 
 def test_greedy_long_prompt_and_other_layouts(pool, model_dirs):
@@ -154,13 +186,148 @@ def test_shard_attention_and_merge_are_exact():
     ref = torch.einsum("bhn,bhnd->bhd", torch.softmax(s, -1), vv)
     parts = []
     for a, z in ((0, 10), (10, 10), (10, 30), (30, n)):  # an empty shard among them
-        o, lse = shard_attention(q, k[:, :, a:z], v[:, :, a:z], vis[:, a:z], D ** -0.5)
+        o, lse = shard_attention(q, k[:, :, a:z], v[:, :, a:z], D ** -0.5, visible=vis[:, a:z])
         if z == a:
-            o, lse = torch.zeros(B, H, D), torch.full((B, H), float("-inf"))
+            assert (o == 0).all() and (lse == float("-inf")).all()
         parts.append(torch.cat([o.double(), lse.double()[..., None]], -1))
     out, lse = merge(torch.stack(parts))
     assert (out - ref).abs().max() < 1e-6
     assert (lse - torch.logsumexp(s, -1)).abs().max() < 1e-6
+
+
+@pytest.mark.parametrize("case", decode_cases.CASES, ids=decode_cases.CASE_IDS)
+def test_shard_attention_math_path_matches_oracle(case):
+    # the exact path (CPU, float64) on the kernel's cases: valid counts per sequence, visibility,
+    # windows over shuffled positions; the slots past the valid ones hold large values here
+    # (the math path reads them and must weigh them 0), the kernel's own test poisons them
+    q, k, v, valid, visible, window, qpos, kpos = decode_cases.make(case)
+    q, k, v = q.double(), k.double().nan_to_num(1e3), v.double().nan_to_num(1e3)
+    scale = q.shape[-1] ** -0.5
+    out, lse = shard_attention(q, k, v, scale, valid, visible, window, qpos, kpos)
+    ro, rl = decode_cases.oracle(q, k, v, scale, valid, visible, window, qpos, kpos)
+    assert out.dtype == lse.dtype == torch.float32
+    assert torch.equal(torch.isfinite(lse), torch.isfinite(rl))
+    assert (out.double() - ro).abs().max() < 1e-5 and (lse.double() - rl)[torch.isfinite(rl)].abs().max() < 1e-5
+    assert (out[~torch.isfinite(rl)] == 0).all()
+
+
+def test_decode_step_is_idempotent(model_dirs, monkeypatch):
+    """A CUDA graph's capture runs the first step's kernels in its warm-up before the step
+    itself, so running a step twice on the same state must leave the same cache and logits
+    (and the tokens must not change)."""
+    from burstengine.inference import step as st
+
+    launch, seen = st.DecodeStep.launch, []
+
+    def twice(self):
+        first = self.forward()
+        c = self.cache
+        snap = [t.clone() for t in (*c.k, *c.v, c.pos, c.visible, self.state)]
+        again = launch(self)
+        same = torch.equal(first, again) and all(
+            torch.equal(a, b) for a, b in zip(snap, (*c.k, *c.v, c.pos, c.visible, self.state)))
+        seen.append(same)
+        return again
+
+    monkeypatch.setattr(st.DecodeStep, "launch", twice)
+    for arch in ("llama", "mistral"):  # a visibility mask (two lengths); a window too
+        tokens, _ = gc.run_generate(None, model_dirs[arch], LENGTHS, NEW)
+        assert tokens == hf_greedy(model_dirs[arch], LENGTHS, NEW), arch
+    assert len(seen) == 2 * (NEW - 1) and all(seen)
+
+
+# aten ops whose result depends on a device value read on the host (a sync on CUDA, and a
+# capture error in a CUDA graph): item() / int() / bool() / tolist(), data-dependent shapes
+_SYNCING = {"_local_scalar_dense", "item", "is_nonzero", "equal", "allclose", "nonzero", "nonzero_static",
+            "masked_select", "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim"}
+
+
+def test_decode_step_reads_no_device_value_on_the_host(model_dirs, monkeypatch):
+    """What a CUDA graph needs of the step, checked on CPU: every op the step's forward runs, at
+    the aten level, for a batch of two lengths (visibility) and a window: none reads a tensor's
+    value on the host, no index is a boolean mask (data-dependent shape)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from burstengine.inference import step as st
+
+    ops, bad = set(), []
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            ops.add(name)
+            if name in _SYNCING:
+                bad.append(name)
+            if name.startswith("index") and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                                                for a in args if isinstance(a, (list, tuple)) for i in a):
+                bad.append(f"{name} with a boolean mask")
+            return func(*args, **(kwargs or {}))
+
+    forward = st.DecodeStep.forward
+
+    def watched(self):
+        with Watch():
+            return forward(self)
+
+    monkeypatch.setattr(st.DecodeStep, "forward", watched)
+    for arch in ("llama", "mistral"):
+        tokens, _ = gc.run_generate(None, model_dirs[arch], (61, 30), 4)
+        assert tokens == hf_greedy(model_dirs[arch], (61, 30), 4), arch
+    assert {"index_copy", "embedding", "logsumexp"} <= {o.rstrip("_") for o in ops}, sorted(ops)
+    assert not bad, sorted(set(bad))
+
+
+def test_dynamic_rope_follows_the_length_in_decode(tmp_path, monkeypatch):
+    # dynamic NTK scaling past a 16-token context: the decode step keeps RoPE's frequencies in a
+    # device buffer (a graph replays it) and recomputes them before each step from the length;
+    # its tables are the model's own for that length (the tiny model's tokens hardly depend on
+    # RoPE, so the tables are compared too)
+    from transformers import AutoModelForCausalLM
+
+    from burstengine.inference import generate, load_model
+    from burstengine.inference import step as st
+    from burstengine.model.rope import tables_from_inv
+
+    forward, seen = st.DecodeStep.forward, []
+
+    def checked(self):
+        qpos = self.qpos.clone()
+        want = self.model.model.rope(qpos, torch.float64, seq_len=int(qpos.max()) + 1)
+        got = tables_from_inv(qpos, self.inv, self.rope_attn)
+        seen.append(all(torch.equal(a, b) for a, b in zip(got, want)))
+        return forward(self)
+
+    monkeypatch.setattr(st.DecodeStep, "forward", checked)
+
+    path = gc.save_tiny(tmp_path / "dyn", "llama", seed=1, max_position_embeddings=16,
+                        rope_parameters={"rope_type": "dynamic", "factor": 8.0, "rope_theta": 10000.0})
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ps = gc.prompts((97,), 2)
+    with torch.no_grad():
+        want = hf.generate(torch.tensor(ps), max_new_tokens=NEW, do_sample=False, pad_token_id=0)[0, 97:].tolist()
+    model = load_model(path)
+    assert model.model.args.rope_scaling.type == "dynamic"
+    assert generate(model, ps, NEW).tokens[0] == want
+    assert len(seen) == NEW - 1 and all(seen)
+
+
+def test_graphs_option():
+    from burstengine.inference.step import use_graphs
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert use_graphs("auto", cuda, 1) and use_graphs("on", cuda, 1)
+    assert not use_graphs("auto", cuda, 2) and not use_graphs("auto", cpu, 1) and not use_graphs("off", cuda, 1)
+    with pytest.raises(ValueError, match="graphs='on' needs a CUDA device and one rank: the model is on cpu"):
+        use_graphs("on", cpu, 1)
+    with pytest.raises(ValueError, match="runs on 2 ranks"):
+        use_graphs("on", cuda, 2)
+    with pytest.raises(ValueError, match="graphs must be one of"):
+        use_graphs("yes", cuda, 1)
+
+
+def test_graphs_on_is_refused_on_every_rank_here(pool, model_dirs):
+    msgs = pool.run(gc.raises, model_dirs["llama"], "generate", [[1, 2, 3]], 2, {}, world=2, graphs="on")
+    assert all(m is not None and "graphs='on' needs a CUDA device and one rank" in m for m in msgs), msgs
 
 
 def test_sampling_filters_match_transformers():
@@ -261,6 +428,8 @@ def test_generate_command_spawns_ranks_and_writes_tokens(text_model, tmp_path):
     (["--model", "tiny", "--prompt-tokens", "{npy}", "--max-new-tokens", "2", "--top-p", "2"], "top_p must be"),
     (["--model", "tiny", "--prompt-tokens", "{npy}", "--max-new-tokens", "2", "--eos", "x"], "--eos must be"),
     (["--model", "tiny", "--prompt-tokens", "{bad}", "--max-new-tokens", "2"], "outside the model's vocabulary"),
+    (["--model", "tiny", "--prompt-tokens", "{npy}", "--max-new-tokens", "2", "--graphs", "on"],
+     "--graphs on needs one rank on a CUDA device"),
 ])
 def test_generate_command_rejects_bad_arguments(argv, match, tmp_path, capsys):
     import numpy as np
@@ -316,13 +485,20 @@ def test_decode_bench_runs_on_cpu(tmp_path):
 
     rc, out, err = _cli("bench", "decode", "--model", "tiny", "--seqs", "128,200", "--batches", "1,2", "--batch-max",
                         "128", "--tokens", "3", "--warmup", "1", "--world", "1", "--out-dir", str(tmp_path),
-                        "--name", "d")
+                        "--name", "d", "--check")
     assert rc == 0, err
     rec = json.load(open(tmp_path / "d.json"))
     assert rec["commit"] and rec["env"]["device"] == "cpu" and rec["copy_bandwidth_Bps"] > 0
+    # the check ran what a CPU has (the math path; the float32 step's tokens vs float64's), and
+    # no CUDA graph here: no eager-vs-graph columns
+    assert rec["check"]["ok"] and len(rec["check"]["attention"]) == 36 and "check PASSED" in out
+    assert [list(r["equal"]) for r in rec["check"]["tokens"]] == [["float32_eager == float64"]] * 2
+    assert rec["graphs"] is False and not any("eager_decode_s_per_token" in r for r in rec["rows"])
     assert [(r["S"], r["batch"]) for r in rec["rows"]] == [(128, 1), (128, 2), (200, 1)]
     for r in rec["rows"]:
         assert len(r["decode_step_s"]) == 4 and r["bound_s"] > 0 and r["peak_bytes"] > 0
         assert ("sdpa_first_token_s" in r) == (r["batch"] == 1)
         # weights (all but the embedding) + the cache, in bytes
         assert r["step_bytes"] > 4 * (2 * 128 * 128 + 2 * 128 * 64) * 2
+    rc, _, err = _cli("bench", "decode", "--model", "tiny", "--graphs", "on", "--world", "1")
+    assert rc == 2 and "--graphs on needs one rank on a CUDA device" in err

@@ -9,13 +9,21 @@ that HBM bandwidth sets, peak memory.
 For every prompt length S and batch B (B > 1 only up to --batch-max), one generate() call
 prefills B random prompts of S tokens and decodes --warmup + --tokens steps: its prefill time is
 the first-token latency (prompt on the device -> first token chosen, cache allocation
-included), the median of the last --tokens steps the decode time per token.  At B = 1 and
+included), the median of the last --tokens steps the decode time per token.  With --graphs on
+(auto: on CUDA with one rank) that call replays the decode step from a CUDA graph (its capture,
+at the first step, is recorded apart and not counted), and a second call on the same prompts
+decodes op by op: the row records both times, their ratio and whether the two calls chose the
+same greedy tokens (a run where they differ exits 1).  At B = 1 and
 S <= --sdpa-max a second call with plain SDPA prefill (world 1 only) gives the peer's
 first-token latency.  The bound of a decode step is the bytes it must read once, every
 weight but the embedding table plus every cached K and V of the B sequences, over the
 device-to-device copy bandwidth measured in the same launch (a large tensor copied, read +
 written bytes / time).  Each row records its raw times, and the record (command, commit,
 device, versions) is rewritten after every row, so an interrupted run keeps what it measured.
+
+--check first checks the decode path on this device in seconds (bench/decode_check.py: the
+decode attention kernel against float64, and a small model's greedy tokens with and without the
+graph against the float64 model's), records it, and stops with exit 1 if anything fails.
 
 --model: a preset (random weights made directly on the device, no HF directory needed;
 "llama-3.1-8b" is Llama-3.1-8B's shape without its rope scaling, which does not change the
@@ -37,6 +45,8 @@ from ..inference.models import check_spec
 from ..inference.engine import peak_bytes, reset_peak
 from ..inference.generate import generate
 from ..inference.models import load_model, resolve_dtype
+from ..inference.step import MODES as GRAPH_MODES
+from ..inference.step import use_graphs
 from ..launch import run_command
 
 ALIASES = {"llama-3.1-8b": "llama-8b"}
@@ -55,6 +65,12 @@ def build_parser(p=None):
     p.add_argument("--chunk", type=int, default=16384, help="prefill token-wise work per chunk [%(default)s]")
     p.add_argument("--dtype", choices=("auto", "bf16", "fp16", "fp32"), default="auto", help="[%(default)s]")
     p.add_argument("--copy-mib", type=int, default=None, help="bytes of the bandwidth copy (default 4096 GPU, 64 CPU)")
+    p.add_argument("--graphs", choices=GRAPH_MODES, default="auto",
+                   help="replay the decode step from a CUDA graph (auto: on CUDA with one rank); when on, each row "
+                        "also decodes without it [%(default)s]")
+    p.add_argument("--check", action="store_true",
+                   help="first check the decode path on this device (kernel vs float64, graph vs eager vs float64 "
+                        "tokens); a failure stops the run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default=None, help="record name [decode_<model>_<world><device>]")
     p.add_argument("--out-dir", default=None, help="record directory [benchmarks/results]")
@@ -83,6 +99,10 @@ def validate(args) -> str | None:
         return f"{e}"
     if args.tokens < 1 or args.warmup < 0:
         return f"--tokens must be >= 1 and --warmup >= 0, got {args.tokens}, {args.warmup}"
+    if args.graphs == "on" and (args.world > 1 or not torch.cuda.is_available()):
+        return "--graphs on needs one rank on a CUDA device (with more ranks the decode step runs op by op)"
+    if args.check and args.world > 1:
+        return "--check runs on one rank (--world 1)"
     return None
 
 
@@ -132,6 +152,16 @@ def run_rank(args) -> dict:
         if rank == 0:
             print(f"[bench decode] {msg}", flush=True)
 
+    graphed = use_graphs(args.graphs, device, world)
+    check = None
+    if args.check:
+        from .decode_check import check as check_decode  # the check's small models: only with --check
+
+        check = check_decode(device, log)
+        if not check["ok"]:
+            write_record((args.name or f"decode_{args.model}_{world}{device.type}") + "_check_failed",
+                         dict(kind="decode", check=check), args.out_dir)
+            raise SystemExit(1)
     t0 = time.perf_counter()
     model = load_model(spec, "ours", device, dtype, args.seed)
     log(f"{model.describe} on {world} rank(s), {device}, {dtype} (made in {time.perf_counter() - t0:.1f}s)")
@@ -143,13 +173,17 @@ def run_rank(args) -> dict:
     g = torch.Generator().manual_seed(args.seed + 1)
     # warm-up: kernels chosen / compiled at a short length
     warm = torch.randint(0, model.vocab_size, (1, 256), generator=g)
-    generate(model, warm, 2, chunk=args.chunk)
+    generate(model, warm, 2, chunk=args.chunk, graphs=args.graphs)
+    if graphed:
+        generate(model, warm, 2, chunk=args.chunk, graphs="off")
     if world == 1:
         generate(model, warm, 1, attention="sdpa", chunk=args.chunk)
     rows = []
     name = args.name or f"decode_{args.model}_{world}{device.type}"
     payload = dict(kind="decode", model=args.model, describe=model.describe, world=world, dtype=str(dtype),
-                   copy_bandwidth_Bps=bw, rows=rows)
+                   copy_bandwidth_Bps=bw, graphs=graphed, rows=rows)
+    if check is not None:
+        payload["check"] = check
     path = None  # the first write picks a free name; later rows rewrite that file
     for S in seqs:
         for B in batches:
@@ -159,15 +193,29 @@ def run_rank(args) -> dict:
             ids = torch.randint(0, model.vocab_size, (B, S), generator=g)
             try:
                 reset_peak(device)
-                out = generate(model, ids, 1 + args.warmup + args.tokens, chunk=args.chunk)
-                steps = out.timings["decode_step_s"][args.warmup:]
-                per = statistics.median(steps)
+                n_new = 1 + args.warmup + args.tokens
+                out = generate(model, ids, n_new, chunk=args.chunk, graphs=args.graphs)
+                per = statistics.median(out.timings["decode_step_s"][args.warmup:])
                 need = step_bytes(model, B, S + args.warmup + args.tokens // 2, world)
                 row.update(first_token_s=out.timings["prefill_s"], decode_step_s=out.timings["decode_step_s"],
                            decode_s_per_token=per, step_bytes=need, bound_s=need / bw, ratio_to_bound=per / (need / bw),
-                           shard_slots=out.shard_lengths[-1])
-                del out
+                           shard_slots=out.shard_lengths[-1], graphs=out.timings["graphs"])
                 row["peak_bytes"], row["peak_kind"] = peak_bytes(device)
+                if graphed:  # the same prompts op by op: the graph's gain, and the same tokens
+                    row["graph_capture_s"] = out.timings["graph_capture_s"]
+                    tokens = out.tokens
+                    del out
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                    eager = generate(model, ids, n_new, chunk=args.chunk, graphs="off")
+                    e_per = statistics.median(eager.timings["decode_step_s"][args.warmup:])
+                    row.update(eager_first_token_s=eager.timings["prefill_s"],
+                               eager_decode_step_s=eager.timings["decode_step_s"], eager_decode_s_per_token=e_per,
+                               eager_ratio_to_bound=e_per / (need / bw), graph_speedup=e_per / per,
+                               tokens_equal=eager.tokens == tokens)
+                    del eager
+                else:
+                    del out
                 if B == 1 and world == 1 and (smax is None or S <= smax):
                     peer = generate(model, ids, 1, attention="sdpa", chunk=args.chunk)
                     row["sdpa_first_token_s"] = peer.timings["prefill_s"]
@@ -182,8 +230,13 @@ def run_rank(args) -> dict:
                 log(f"S={S} B={B}: {row['error']}")
             else:
                 sd = f", SDPA prefill {row['sdpa_first_token_s']:.3f}s" if "sdpa_first_token_s" in row else ""
+                eg = ""
+                if "eager_decode_s_per_token" in row:
+                    eg = (f" with the CUDA graph, {row['eager_decode_s_per_token'] * 1e3:.2f} ms op by op "
+                          f"(x{row['eager_ratio_to_bound']:.2f}; graph {row['graph_speedup']:.2f}x faster; tokens "
+                          f"{'equal' if row['tokens_equal'] else 'DIFFER'})")
                 log(f"S={S} B={B}: first token {row['first_token_s']:.3f}s{sd}; decode "
-                    f"{row['decode_s_per_token'] * 1e3:.2f} ms/token, bound {row['bound_s'] * 1e3:.2f} ms "
+                    f"{row['decode_s_per_token'] * 1e3:.2f} ms/token{eg}, bound {row['bound_s'] * 1e3:.2f} ms "
                     f"(x{row['ratio_to_bound']:.2f}); peak {row['peak_bytes'] / 2**30:.1f} GiB ({row['peak_kind']})")
             if rank == 0:  # one record per launch, rewritten after each row (a timeout keeps the rows done)
                 path = write_record(name, payload, args.out_dir, path=path)
@@ -199,7 +252,12 @@ def main(argv=None) -> int:
 
 
 def _entry(args) -> int:
-    run_rank(args)
+    payload = run_rank(args)
+    differ = [(r["S"], r["batch"]) for r in payload["rows"] if r.get("tokens_equal") is False]
+    if differ:
+        print(f"[bench decode] the greedy tokens with and without the CUDA graph differ at (S, batch) {differ}",
+              file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

@@ -16,23 +16,27 @@ MLP, LM head) for the step's B tokens on every rank, identically; only attention
 each rank attends to its own slots and one all-gather per layer merges the partials exactly.
 The step's K/V are written on one rank (the shortest shard).  Rank 0 chooses the tokens and
 broadcasts them (B ints), so every rank continues with the same tokens.
+
+The step has static shapes and reads its per-step state from device tensors (:mod:`.step`), so
+with ``graphs`` on (by default on CUDA with one rank) it is captured once in a CUDA graph and
+replayed; with more ranks, or off, the same step runs op by op.  Sampling runs on the step's
+logits either way, so the tokens are the same.
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from ..kernels import acc_dtype
 from ..layout import position_ids as layout_positions
 from ..layout import shard
 from .engine import padded_length
-from .kvcache import ShardedKVCache, appends, gather_merge, next_owner
+from .kvcache import ShardedKVCache, appends, next_owner
 from .models import OurLlama, PrefillModel, Sharding
 from .sampling import Sampling, choose
+from .step import DecodeStep, use_graphs
 
 
 @dataclass
@@ -82,15 +86,20 @@ def check_generate(prompts: list[list[int]], vocab: int, max_new_tokens: int, sa
 @torch.no_grad()
 def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampling | None = None, *, group=None,
              layout: str = "zigzag", attention: str = "burst", kernel: str | None = None,
-             chunk: int | None = None, on_tokens=None) -> GenerateOutput:
+             chunk: int | None = None, graphs: str = "auto", on_tokens=None, on_logits=None) -> GenerateOutput:
     """New tokens for each prompt (a list of token id lists, or a (batch, seq) tensor).
 
     ``sampling``: greedy by default (:class:`~.sampling.Sampling`).  ``group``: the
     context-parallel group (None: the default group when one is initialised, else this process
     alone).  ``attention="sdpa"`` runs the prefill's attention as plain SDPA (one rank; the
     benchmark's peer).  ``chunk``: token rows per piece of the prefill's token-wise work.
+    ``graphs``: capture the decode step in a CUDA graph and replay it (``"auto"``: on CUDA with
+    one rank; ``"on"``: the same, an error elsewhere; ``"off"``: launch its kernels each step).
     ``on_tokens(step, tokens (B,) list, done (B,) list)`` is called on every rank after each
-    step's tokens are known (streaming)."""
+    step's tokens are known (streaming); ``on_logits(step, logits)`` on rank 0 with the (B,
+    vocab) float32 logits each step's tokens are chosen from (step 0: the prefill's), on the
+    device, before sampling; the tensor is the step's own buffer (a CUDA graph's output), so
+    copy what you keep."""
     sampling = sampling or Sampling()
     if not isinstance(model, OurLlama):
         raise ValueError("generate runs burstengine's LLaMA (impl 'ours'); this model is a transformers one")
@@ -104,6 +113,7 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
     m = model.model
     a = m.args
     dev = model.device
+    graphed = use_graphs(graphs, dev, world)  # a ValueError here is the same on every rank
     B = len(prompts)
     L = [len(p) for p in prompts]
     S = padded_length(max(L), layout, world)
@@ -139,6 +149,8 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
     if world > 1:
         dist.all_reduce(logits, group=group)
     gen = sampling.generator()
+    if on_logits and rank == 0:
+        on_logits(0, logits)
     tok = _choose(logits, B, sampling, gen, rank, world, group, dev)
     sync()
     t_prefill = time.perf_counter() - t_start
@@ -150,27 +162,24 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
     history = [list(cache.lengths)]
     if on_tokens:
         on_tokens(0, tok.tolist(), list(done))
-    scale = 1.0 / math.sqrt(a.head_dim)
-    acc = acc_dtype(torch.empty((), dtype=model.dtype))
-    step_s = []
+    step = DecodeStep(model, cache, B, group, rank)
+    step_s, capture_s = [], 0.0
     for i in range(1, max_new_tokens):
         if all(done):
             break
         t0 = time.perf_counter()
-        qpos_host = [L[b] + i - 1 for b in range(B)]                 # the position of the token we feed
-        qpos = torch.tensor(qpos_host, device=dev)
-        cache.begin_step(next_owner(cache.lengths), qpos, min(qpos_host))
-        cos, sin = m.rope(qpos, acc, seq_len=max(qpos_host) + 1)
-        x = m.tok_embeddings(tok.to(dev))[None]                        # (1, B, dim): B tokens, token-wise
-        for li, blk in enumerate(m.layers):
-            q, k, v = blk.pre_attention(x, cos, sin)                   # (1, B, H|Hkv, D)
-            cache.append(li, k[0], v[0])
-            o, lse = cache.attend(li, q[0], qpos, max(qpos_host), model.window, scale)
-            o, _ = gather_merge(o, lse, group)
-            x = blk.post_attention(x, o.to(x.dtype)[None])
-        cache.end_step()
+        owner = next_owner(cache.lengths)
+        step.load(tok, [L[b] + i - 1 for b in range(B)], owner)  # the token we feed, at its position
+        if graphed and step.graph is None:  # the first step: capture it (not counted as a step's time)
+            step.capture()
+            sync()
+            capture_s = time.perf_counter() - t0
+            t0 += capture_s
+        logits = step.launch()
+        if on_logits and rank == 0:
+            on_logits(i, logits)
+        cache.advance(owner)
         history.append(list(cache.lengths))
-        logits = model.logits(m.norm(x)[0]) if rank == 0 else None
         tok = _choose(logits, B, sampling, gen, rank, world, group, dev)
         for b, t in enumerate(tok.tolist()):
             if not done[b]:
@@ -180,8 +189,9 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
         step_s.append(time.perf_counter() - t0)
         if on_tokens:
             on_tokens(i, tok.tolist(), list(done))
+    del step  # the graph and its memory pool go now, before the cache they point into
     timings = dict(prefill_s=t_prefill, decode_step_s=step_s, total_s=time.perf_counter() - t_start,
-                   prompt_lengths=L, padded_length=S, world=world)
+                   prompt_lengths=L, padded_length=S, world=world, graphs=graphed, graph_capture_s=capture_s)
     return GenerateOutput(tokens=out, timings=timings, shard_lengths=history)
 
 

@@ -31,6 +31,7 @@ from .generate import check_generate
 from .weights import read_config
 from .generate import generate
 from .models import load_model, resolve_dtype
+from .step import MODES as GRAPH_MODES
 from ..launch import run_command
 
 HELP = "generate text: prefill across ranks, then decode against a KV cache that stays sharded over them"
@@ -57,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel", default=None, help="local attention kernel of the prefill (default: auto)")
     p.add_argument("--chunk", type=int, default=None,
                    help="prefill the token-wise parts this many tokens at a time (long prompts) [whole shard]")
+    p.add_argument("--graphs", choices=GRAPH_MODES, default="auto",
+                   help="replay the decode step from a CUDA graph (auto: on CUDA with one rank; on: an error "
+                        "elsewhere; off: launch its kernels each step) [%(default)s]")
     p.add_argument("--output", default=None, help="rank 0 writes the tokens and timings here (JSON)")
     p.add_argument("--quiet", action="store_true", help="do not stream the text")
     p.add_argument("--world", type=int, default=2, help="ranks to spawn without torchrun [%(default)s]")
@@ -82,6 +86,9 @@ def validate(args) -> str | None:
         return f"--max-new-tokens must be >= 1, got {args.max_new_tokens}"
     if args.chunk is not None and args.chunk < 1:
         return f"--chunk must be >= 1, got {args.chunk}"
+    if args.graphs == "on" and (args.world > 1 or not torch.cuda.is_available()):
+        return (f"--graphs on needs one rank on a CUDA device, got --world {args.world}"
+                f"{'' if torch.cuda.is_available() else ' and no CUDA device'} (use --graphs auto or off)")
     if args.prompt_file:
         for f in args.prompt_file:
             if not os.path.isfile(f):
@@ -190,7 +197,7 @@ def run_rank(args) -> int:
         sys.stdout.flush()
 
     out = generate(model, prompts, args.max_new_tokens, s, layout=args.layout, kernel=args.kernel,
-                   chunk=args.chunk, on_tokens=on_tokens)
+                   chunk=args.chunk, graphs=args.graphs, on_tokens=on_tokens)
     if rank == 0:
         if stream:
             print()
@@ -200,8 +207,9 @@ def run_rank(args) -> int:
                 print(f"[{b}] {text}")
         steps = out.timings["decode_step_s"]
         per = sum(steps) / len(steps) if steps else float("nan")
+        how = "replayed from a CUDA graph" if out.timings["graphs"] else "op by op"
         print(f"[generate] first-token latency {out.timings['prefill_s']:.3f}s; {len(steps)} decode step(s), "
-              f"{per * 1e3:.1f} ms/token; cache slots per rank {out.shard_lengths[-1]}", file=sys.stderr)
+              f"{per * 1e3:.1f} ms/token ({how}); cache slots per rank {out.shard_lengths[-1]}", file=sys.stderr)
         if args.output:
             os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
             with open(args.output, "w") as f:

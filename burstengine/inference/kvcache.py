@@ -14,25 +14,26 @@ while d > 1 every step shortens the gap of the rank it fills, so d reaches 1 aft
 shards' total deficit (sum over ranks of longest - length) steps and stays <= 1 from then on.
 The prefill's shards differ only by the padded slots dropped (below), fewer than 2 x world.
 
-Layout of a layer's buffers: (batch, kv_heads, capacity, head_dim), so the keys a step reads
-are one strided view with contiguous rows (a matmul or an attention kernel reads them in
-place).  Capacity is the prefill's slots plus exactly the appends this rank will receive in
-``max_new_tokens`` steps, so an append never reallocates.  Per slot and sequence the cache
-keeps the token's global position (for a sliding window) and whether it is a real token of
-that sequence: a batch of prompts of different lengths is padded at the end to one length, and
-slots past a sequence's own length hold pad tokens that it must never see.  Slots that are
-padding for every sequence are dropped at prefill.
+Layout of a layer's buffers: (batch, kv_heads, capacity + 1, head_dim), so the keys a step
+reads are one strided view with contiguous rows (an attention kernel reads them in place).
+Capacity is the prefill's slots plus exactly the appends this rank will receive in
+``max_new_tokens`` steps, so an append never reallocates; the one slot past it is scratch, where
+a rank that does not own a step's token writes it (a static decode step writes every step,
+at an index it reads from the device: :mod:`.step`), and that no query ever sees.  Per slot and
+sequence the cache keeps the token's global position (for a sliding window) and whether it is a
+real token of that sequence: a batch of prompts of different lengths is padded at the end to
+one length, and slots past a sequence's own length hold pad tokens that it must never see.
+Slots that are padding for every sequence are dropped at prefill.
+
+Attention over a shard (:func:`shard_attention`) reads the number of valid slots, the
+visibility and the positions from device tensors: on CUDA in the flash-decoding kernel
+(kernels/triton/decode.py), which reads only the valid slots, once per kv head; elsewhere (CPU,
+float64) in an exact masked math path over the whole buffer.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-
-try:  # the fused kernel that returns the log-sum-exp (CUDA, fp16/bf16); math otherwise
-    _flash = torch.ops.aten._scaled_dot_product_flash_attention
-except (AttributeError, RuntimeError):  # pragma: no cover
-    _flash = None
-
 
 # torch >= 2.13 names it all_gather_single (all_gather_into_tensor warns there)
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -62,13 +63,15 @@ class ShardedKVCache:
                  rank: int, dtype, device):
         self.rank, self.lengths = rank, list(lengths)
         self.capacity = capacity
-        self.k = [torch.empty(batch, kv_heads, capacity, head_dim, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.v = [torch.empty_like(t) for t in self.k]
-        self.pos = torch.zeros(batch, capacity, dtype=torch.int64, device=device)
-        self.visible = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
-        self.all_visible = True   # no slot is hidden from any sequence (the fused kernel needs no mask)
-        self.min_pos = None       # the smallest position held here (host int; for the window)
-        self.owner = None         # the rank storing the current decode step's token
+        self.scratch = capacity  # the slot a non-owner writes a step's token into; never valid
+        rows = capacity + 1
+        # zeros, not empty: the math path (CPU, float64) reads every slot and masks the scores,
+        # and a NaN left in a slot never written would still reach p @ v as 0 x NaN
+        self.k = [torch.zeros(batch, kv_heads, rows, head_dim, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v = [torch.zeros_like(t) for t in self.k]
+        self.pos = torch.zeros(batch, rows, dtype=torch.int64, device=device)
+        self.visible = torch.zeros(batch, rows, dtype=torch.bool, device=device)
+        self.all_visible = True   # no slot is hidden from any sequence (attention needs no visibility mask)
 
     @property
     def n(self) -> int:
@@ -89,43 +92,42 @@ class ShardedKVCache:
         self.pos[:, :m] = pos
         self.visible[:, :m] = visible
         self.all_visible = all_visible
-        self.min_pos = int(pos.min()) if m else None
 
-    def begin_step(self, owner: int, pos: torch.Tensor, pos_min: int) -> None:
-        """A decode step whose token (positions (B,), the smallest ``pos_min``) ``owner``
-        stores, in its slot n."""
-        self.owner = owner
-        if owner == self.rank:
-            self.pos[:, self.n] = pos
-            self.visible[:, self.n] = True
-            self.min_pos = pos_min if self.min_pos is None else min(self.min_pos, pos_min)
+    # --- a decode step: host bookkeeping gives the indices, device tensors carry them ---------
 
-    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """The step's (B, kv_heads, head_dim) K/V of ``layer``, written on the owner only."""
-        if self.owner == self.rank:
-            self.k[layer][:, :, self.n].copy_(k)
-            self.v[layer][:, :, self.n].copy_(v)
+    def slot(self, owner: int) -> int:
+        """Where this rank writes the token of a step that ``owner`` stores."""
+        return self.n if owner == self.rank else self.scratch
 
-    def end_step(self) -> None:
-        self.lengths[self.owner] += 1
-        self.owner = None
+    def valid(self, owner: int) -> int:
+        """Slots this rank's shard attends to during that step (the owner's new one counts)."""
+        return self.n + (owner == self.rank)
 
-    def attend(self, layer: int, q: torch.Tensor, qpos: torch.Tensor, qpos_max: int, window: int | None, scale: float):
+    def advance(self, owner: int) -> None:
+        """The step is over: ``owner``'s shard holds one more token."""
+        self.lengths[owner] += 1
+
+    def write_slot(self, slot: torch.Tensor, qpos: torch.Tensor, window: bool) -> None:
+        """The step's token (positions ``qpos`` (B,)) into slot ``slot`` (a (1,) device index):
+        visible to every sequence, at its position (read by a ``window`` only)."""
+        if not self.all_visible:
+            self.visible.index_fill_(1, slot, True)
+        if window:
+            self.pos.index_copy_(1, slot, qpos[:, None])
+
+    def write(self, layer: int, slot: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """The step's (B, kv_heads, head_dim) K/V of ``layer`` into slot ``slot`` (device index)."""
+        self.k[layer].index_copy_(2, slot, k[:, :, None])
+        self.v[layer].index_copy_(2, slot, v[:, :, None])
+
+    def attend(self, layer: int, q: torch.Tensor, valid: torch.Tensor, qpos: torch.Tensor, window: int | None,
+               scale: float):
         """(out (B, H, D) float32, lse (B, H) float32) of the queries (B, H, D) at positions
-        ``qpos`` (B,) over this rank's slots; lse = -inf (and out 0) where none is visible."""
-        n = self.n + (self.owner == self.rank)  # during a step, its owner's new slot counts
-        B, H, D = q.shape
-        if n == 0:
-            return q.new_zeros(B, H, D, dtype=torch.float32), q.new_full((B, H), float("-inf"), dtype=torch.float32)
-        k, v = self.k[layer][:, :, :n], self.v[layer][:, :, :n]
-        hidden = not self.all_visible or (window is not None and qpos_max - self.min_pos >= window)
-        return shard_attention(q, k, v, None if not hidden else self._mask(n, qpos, window), scale)
-
-    def _mask(self, n, qpos, window):
-        vis = self.visible[:, :n]
-        if window is not None:
-            vis = vis & (qpos[:, None] - self.pos[:, :n] < window)
-        return vis
+        ``qpos`` (B,) over this rank's first ``valid`` (B,) slots; lse = -inf (and out 0) where
+        none is visible."""
+        return shard_attention(q, self.k[layer], self.v[layer], scale, valid=valid,
+                               visible=None if self.all_visible else self.visible, window=window, qpos=qpos,
+                               kpos=self.pos)
 
 
 _warned = set()
@@ -139,29 +141,52 @@ def _warn_once(msg: str) -> None:
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
-def shard_attention(q, k, v, visible, scale):
-    """Attention of one query per sequence and head, q (B, H, D), over keys k, v
-    (B, Hkv, n, D) (grouped-query: query head h reads kv head h // (H / Hkv)), with an
-    optional (B, n) boolean ``visible``.  Returns float32 (out (B, H, D), lse (B, H))."""
+def _kernel_takes(q, k) -> bool:
+    """Whether the Triton decode kernel runs this call: CUDA, fp16 / bf16 (and fp32), a
+    power-of-two head dim.  Elsewhere (CPU, float64) the exact math path does."""
+    D = q.shape[-1]
+    return (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16, torch.float32) and k.dtype == q.dtype
+            and 16 <= D <= 256 and D & (D - 1) == 0)
+
+
+def shard_attention(q, k, v, scale, valid=None, visible=None, window=None, qpos=None, kpos=None):
+    """Attention of one query per sequence and head, q (B, H, D), over the slots of k, v
+    (B, Hkv, n, D) (grouped-query: query head h reads kv head h // (H / Hkv)).  Slot j counts
+    for sequence b when ``j < valid[b]`` (all n slots without ``valid``), ``visible[b, j]``
+    (a (B, n) bool, when given) and, with a ``window``, ``qpos[b] - kpos[b, j] < window``.
+    Every one of these is a device tensor, read on the device.  Returns float32 (out (B, H, D),
+    lse (B, H)); lse = -inf and out = 0 where no slot counts.  The kernel never reads a slot
+    past ``valid``; the math path reads every slot (weighing those 0), so they must hold finite
+    values, as the cache's zero-filled ones do."""
     B, H, D = q.shape
     Hkv, n = k.shape[1], k.shape[2]
-    g = H // Hkv
-    # the g query heads that share a kv head are g query rows of one head: the cache is read
-    # once per kv head, never expanded
-    qg = q.reshape(B, Hkv, g, D)
-    if visible is None and _flash is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) \
-            and D <= 256 and D % 8 == 0:
+    if n and _kernel_takes(q, k):
+        if valid is None:
+            valid = torch.full((B,), n, dtype=torch.int64, device=q.device)
         try:
-            out, lse = _flash(qg, k, v, 0.0, False, False, scale=scale)[:2]
-            return out.float().reshape(B, H, D), lse.float().reshape(B, H)
-        except RuntimeError as e:  # this build / device lacks it: the exact math below, slower
-            _warn_once(f"fused decode attention unavailable ({str(e).splitlines()[0][:120]}); using the math path")
-    # the math path: exact, in float32; on a GPU it reads the shard as float32 copies (slower
-    # than the fused kernel; used where a mask is needed: mixed-length batches, windows)
+            from ..kernels.triton import decode  # imports triton: only when the kernel runs
+        except ImportError as e:  # no triton here: the exact math path, slower
+            _warn_once(f"decode attention: the Triton kernel is unavailable ({e}); using the math path")
+        else:
+            return decode.decode_attention(q, k, v, scale, valid, visible, window, qpos, kpos)
+    elif q.is_cuda and q.dtype != torch.float64:
+        _warn_once(f"decode attention: head dim {D} / {q.dtype} runs the math path (float32 copies of the shard); "
+                   f"the Triton decode kernel takes power-of-two head dims in [16, 256]")
+    # the math path: exact, in float32 (float64 for float64), over all n slots with a mask
+    g = H // Hkv
+    qg = q.reshape(B, Hkv, g, D)  # the g query heads sharing a kv head: the cache is never expanded
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     s = torch.matmul(qg.to(acc), k.to(acc).transpose(-1, -2)) * scale  # (B, Hkv, g, n)
+    sees = None
+    if valid is not None:
+        sees = torch.arange(n, device=q.device)[None, :] < valid[:, None]
     if visible is not None:
-        s = s.masked_fill(~visible[:, None, None, :], float("-inf"))
+        sees = visible if sees is None else sees & visible
+    if window is not None:
+        near = qpos[:, None] - kpos < window
+        sees = near if sees is None else sees & near
+    if sees is not None:
+        s = s.masked_fill(~sees[:, None, None, :], float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
     out = torch.matmul(p, v.to(acc))

@@ -73,9 +73,9 @@ def filtered_logits(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
 
 def choose(logits: torch.Tensor, s: Sampling, gen: torch.Generator | None) -> torch.Tensor:
     """(B,) int64 next tokens (on the CPU) from float (B, V) logits."""
+    if s.greedy:  # on the logits' device: B ids cross to the host, not B x V floats
+        return logits.detach().argmax(-1).cpu()
     logits = logits.detach().to("cpu")
-    if s.greedy:
-        return logits.argmax(-1)
     x = filtered_logits(logits, s)
     cdf = torch.softmax(x, dim=-1).cumsum(-1)
     u = torch.rand(x.shape[0], 1, generator=gen, dtype=torch.float64) * cdf[:, -1:]

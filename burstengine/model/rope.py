@@ -128,6 +128,13 @@ def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, scaling: R
     """cos, sin (float64, shape (n, head_dim)) for integer global ``positions`` (n,), already
     multiplied by the scaling's attention factor (as transformers does)."""
     inv, attn = inv_freq(head_dim, theta, scaling, max_position_embeddings, seq_len, device=positions.device)
+    return tables_from_inv(positions, inv, attn)
+
+
+def tables_from_inv(positions: torch.Tensor, inv: torch.Tensor, attn: float = 1.0):
+    """cos, sin (float64, (n, 2 * len(inv))) for ``positions`` (n,) from :func:`inv_freq`'s
+    output: what :func:`rope_tables` computes once the frequencies are known (a decode step
+    captured in a CUDA graph keeps them in a device buffer)."""
     ang = positions.to(torch.float64)[:, None] * inv[None, :]
     ang = torch.cat([ang, ang], dim=-1)
     if attn == 1.0:

@@ -1,0 +1,168 @@
+"""One decode step of a fixed batch, with static shapes: launched op by op, or replayed from a
+CUDA graph.
+
+Every value the step's kernels read that changes from one step to the next lives in a device
+tensor that the host updates in place before the launch: the tokens fed (B,), their positions
+(B,), the number of valid cache slots per sequence (B,) and the slot this rank writes (its next
+free one when it owns the step's token, else the cache's scratch slot, which no query sees).
+They are one int64 buffer, filled from pinned host memory by one copy per step.  Inside the
+step the K/V append is an ``index_copy_`` at that device index, and attention reads the valid
+counts, visibility and positions on the device (kernels/triton/decode.py on CUDA), so no
+host value is baked into a kernel, and the step never reads a device value on the host (no
+``.item()``, no ``int(tensor)``): it is a fixed sequence of kernels on fixed buffers.
+
+CUDA graphs (one rank).  :meth:`DecodeStep.capture` follows torch's recipe: a few warm-up runs on
+a side stream (they compile the fused element-wise kernels and the Triton kernels for these
+shapes and let cuBLAS settle), then one capture into a graph with its own memory pool; each
+step then costs one ``replay()``.  The cache is allocated before the capture and never moves.
+The warm-up runs are the first step itself, which is idempotent (the same K/V into the same
+slot, the same logits from the same state), so running it more than once changes nothing.  A
+capture that fails raises, naming the cause; nothing falls back silently.
+
+With more than one rank the step runs op by op: attention ends in one all-gather per layer
+(:func:`.kvcache.gather_merge`), which is not captured here (an NCCL collective in a graph
+needs every rank to replay in lockstep and the communicator set up for capture).  The code of
+the step is the same.
+
+Sampling stays outside the step, on its logits, exactly as before (sampling.py).  Dynamic RoPE
+scaling's frequencies depend on the length: they sit in a device buffer, recomputed before each
+step (outside any graph); every other RoPE type computes them once.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..kernels import acc_dtype
+from ..model.rope import inv_freq, tables_from_inv
+from .kvcache import ShardedKVCache, gather_merge
+from .models import OurLlama
+
+MODES = ("auto", "on", "off")
+
+
+def use_graphs(mode: str, device: torch.device, world: int) -> bool:
+    """Whether generation captures its decode step in a CUDA graph: ``"auto"`` on CUDA with one
+    rank, ``"on"`` (an error where it cannot), ``"off"``."""
+    if mode not in MODES:
+        raise ValueError(f"graphs must be one of {MODES}, got {mode!r}")
+    if mode == "off":
+        return False
+    ok = torch.device(device).type == "cuda" and world == 1
+    if mode == "on" and not ok:
+        why = (f"the model is on {torch.device(device).type}" if torch.device(device).type != "cuda"
+               else f"this generation runs on {world} ranks (graphs capture one rank's step; the all-gather merge "
+                    f"between ranks runs op by op)")
+        raise ValueError(f"graphs='on' needs a CUDA device and one rank: {why}; use graphs='auto' or 'off'")
+    return ok
+
+
+class DecodeStep:
+    """The decode step of ``batch`` sequences against ``cache`` (this rank's shard).
+    ``step(tokens (B,) CPU int64, positions list of B ints, owner rank)`` returns the (B, vocab)
+    float32 logits on rank 0 (None elsewhere); with a captured graph they are the graph's output
+    buffer, overwritten by the next step."""
+
+    def __init__(self, model: OurLlama, cache: ShardedKVCache, batch: int, group=None, rank: int = 0):
+        self.model, self.cache, self.group, self.rank = model, cache, group, rank
+        a = model.model.args
+        self.args = a
+        self.B = batch
+        self.device = torch.device(model.device)
+        self.acc = acc_dtype(torch.empty((), dtype=model.dtype))
+        self.scale = 1.0 / math.sqrt(a.head_dim)
+        self.window = model.window
+        cuda = self.device.type == "cuda"
+        B = batch
+        self.state = torch.zeros(3 * B + 1, dtype=torch.int64, device=self.device)
+        self.host = torch.zeros(3 * B + 1, dtype=torch.int64, pin_memory=cuda)
+        self.tok, self.qpos = self.state[:B], self.state[B:2 * B]
+        self.valid, self.slot = self.state[2 * B:3 * B], self.state[3 * B:]
+        self.dynamic = a.rope_scaling.type == "dynamic"
+        self.inv, self.rope_attn = self._inv(0)
+        self._copied = torch.cuda.Event() if cuda else None
+        self.graph = None
+        self.logits = None
+
+    def _inv(self, seq_len: int):
+        a = self.args
+        return inv_freq(a.head_dim, a.rope_theta, a.rope_scaling, a.max_position_embeddings, seq_len,
+                        device=self.device)
+
+    def load(self, tokens: torch.Tensor, positions: list[int], owner: int) -> None:
+        """The step's state into the device buffers (outside any graph)."""
+        B, c = self.B, self.cache
+        if self._copied is not None:
+            self._copied.synchronize()  # the last step's copy has left the pinned buffer
+        h = self.host.numpy()
+        h[:B] = tokens.numpy()
+        h[B:2 * B] = positions
+        h[2 * B:3 * B] = c.valid(owner)
+        h[3 * B] = c.slot(owner)
+        self.state.copy_(self.host, non_blocking=self._copied is not None)
+        if self._copied is not None:
+            self._copied.record(torch.cuda.current_stream(self.device))
+        if self.dynamic:  # the frequencies follow the length (what the eager rope reads)
+            self.inv.copy_(self._inv(max(positions) + 1)[0])
+
+    def forward(self):
+        """The step's kernels on the current state: embedding, every layer (the K/V append at the
+        device slot, attention over the valid slots, the merge over ranks), the final norm and
+        the LM head (rank 0).  What a graph captures."""
+        m, c = self.model.model, self.cache
+        cos, sin = (t.to(self.acc) for t in tables_from_inv(self.qpos, self.inv, self.rope_attn))
+        x = m.tok_embeddings(self.tok)[None]                          # (1, B, dim): B tokens, token-wise
+        c.write_slot(self.slot, self.qpos, self.window is not None)
+        for li, blk in enumerate(m.layers):
+            q, k, v = blk.pre_attention(x, cos, sin)                  # (1, B, H|Hkv, D)
+            c.write(li, self.slot, k[0], v[0])
+            o, lse = c.attend(li, q[0], self.valid, self.qpos, self.window, self.scale)
+            o, _ = gather_merge(o, lse, self.group)
+            x = blk.post_attention(x, o.to(x.dtype)[None])
+        if self.rank != 0:
+            return None
+        return self.model.logits(m.norm(x)[0])
+
+    def capture(self, warmup: int = 2) -> None:
+        """Capture :meth:`forward` on the state loaded now in a CUDA graph (after ``warmup`` runs
+        of it on a side stream); later steps :meth:`launch` replay it."""
+        if self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device; the decode step runs on {self.device}")
+        if self.graph is not None:
+            raise RuntimeError("the decode step is already captured")
+        cur = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(cur)
+        try:
+            with torch.cuda.stream(side):
+                for _ in range(warmup):
+                    self.forward()
+            cur.wait_stream(side)
+        except Exception as e:
+            raise RuntimeError(f"the decode step failed in its warm-up before CUDA graph capture: "
+                               f"{type(e).__name__}: {_first_line(e)}") from e
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                logits = self.forward()
+        except Exception as e:
+            raise RuntimeError(f"capturing the decode step in a CUDA graph failed: {type(e).__name__}: "
+                               f"{_first_line(e)} (generate(graphs='off') / --graphs off decodes without "
+                               f"a graph)") from e
+        self.graph, self.logits = graph, logits
+
+    def launch(self):
+        """Run the step on the loaded state: replay the graph, or launch its kernels."""
+        if self.graph is not None:
+            self.graph.replay()
+            return self.logits
+        return self.forward()
+
+    def __call__(self, tokens: torch.Tensor, positions: list[int], owner: int):
+        self.load(tokens, positions, owner)
+        return self.launch()
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:300]

@@ -1,0 +1,144 @@
+"""Cases for tests/test_decode_kernel.py: the flash-decoding kernel (kernels/triton/decode.py)
+against a float64 oracle.  Run as a script, it runs the kernel under Triton's CPU interpreter on
+every case and prints one JSON line {case id: result}.
+
+The interpreter runs each program in Python, so the cases are tiny; tiles of 16 rows and forced
+split counts make them cross tile and chunk edges all the same."""
+import json
+import sys
+
+import torch
+
+# (id, batch, heads, kv heads, head dim, capacity, valid per sequence, dtype, mask, splits)
+# mask: "" none, "vis" a random visibility, "win" a sliding window over shuffled slot positions,
+# "vis+win" both, "hidden" a sequence whose slots are all hidden
+CASES = [
+    ("g1-d64-bf16-n7-1", 2, 2, 2, 64, 9, (7, 1), torch.bfloat16, "", 2),
+    ("g4-d128-fp16-n997", 1, 4, 1, 128, 997, (997,), torch.float16, "", 5),
+    ("g8-d64-bf16-vis", 2, 8, 1, 64, 40, (37, 20), torch.bfloat16, "vis", 3),
+    ("g4-d64-fp32-win", 2, 8, 2, 64, 50, (50, 33), torch.float32, "win", 4),
+    ("g4-d128-bf16-vis-win", 2, 4, 1, 128, 30, (30, 29), torch.bfloat16, "vis+win", 2),
+    ("g1-d128-fp16-split1", 1, 2, 2, 128, 21, (21,), torch.float16, "", 1),
+    ("g2-d64-bf16-empty", 2, 4, 2, 64, 20, (0, 5), torch.bfloat16, "", 2),
+    ("g4-d64-fp16-hidden", 2, 4, 1, 64, 18, (18, 18), torch.float16, "hidden", 3),
+    ("g8-d64-fp32-planned", 1, 8, 1, 64, 70, (61,), torch.float32, "vis", None),
+]
+CASE_IDS = [c[0] for c in CASES]
+WINDOW = 7
+
+
+def make(case, seed=0):
+    """q, k, v (k, v strided views with a NaN-poisoned tail past every valid slot), valid,
+    visible, qpos, kpos, window for a case."""
+    _, B, H, Hkv, D, cap, valid, dtype, mask, _ = case
+    g = torch.Generator().manual_seed(seed + cap + D)
+    q = torch.randn(B, H, D, generator=g).to(dtype)
+    # the cache with one scratch slot past capacity (as ShardedKVCache keeps it), so k is a view
+    # whose batch stride is not its size
+    buf_k = torch.randn(B, Hkv, cap + 1, D, generator=g).to(dtype)
+    buf_v = torch.randn(B, Hkv, cap + 1, D, generator=g).to(dtype)
+    for b, n in enumerate(valid):  # past valid[b]: never to be read
+        buf_k[b, :, n:] = float("nan")
+        buf_v[b, :, n:] = float("nan")
+    k, v = buf_k[:, :, :cap], buf_v[:, :, :cap]
+    visible = window = qpos = kpos = None
+    if "vis" in mask:
+        visible = torch.rand(B, cap, generator=g) < 0.6
+    if mask == "hidden":
+        visible = torch.ones(B, cap, dtype=torch.bool)
+        visible[1] = False
+    if "win" in mask:
+        window = WINDOW
+        # slot positions out of order (a zigzag shard's are), queries after them all
+        kpos = torch.stack([torch.randperm(cap, generator=g) for _ in range(B)])
+        qpos = torch.full((B,), cap - 1, dtype=torch.int64) - torch.arange(B)
+    return q, k, v, torch.tensor(valid, dtype=torch.int64), visible, window, qpos, kpos
+
+
+def oracle(q, k, v, scale, valid, visible, window, qpos, kpos):
+    """float64 (out, lse) one sequence and head at a time, from the definition."""
+    B, H, D = q.shape
+    Hkv, cap = k.shape[1], k.shape[2]
+    out = torch.zeros(B, H, D, dtype=torch.float64)
+    lse = torch.full((B, H), float("-inf"), dtype=torch.float64)
+    for b in range(B):
+        sees = torch.arange(cap) < valid[b]
+        if visible is not None:
+            sees &= visible[b]
+        if window is not None:
+            sees &= qpos[b] - kpos[b] < window
+        idx = torch.nonzero(sees).flatten()
+        if len(idx) == 0:
+            continue
+        for h in range(H):
+            kk = k[b, h // (H // Hkv), idx].double()
+            vv = v[b, h // (H // Hkv), idx].double()
+            s = kk @ q[b, h].double() * scale
+            lse[b, h] = torch.logsumexp(s, 0)
+            out[b, h] = torch.softmax(s, 0) @ vv
+    return out, lse
+
+
+def in_generation():
+    """The kernel inside generation: tiny Llama (two prompt lengths: a visibility mask) and
+    Mistral (a sliding window) checkpoints decode with shard_attention sent to the kernel
+    (interpreted, on CPU float32) instead of the math path; every decode step's logits must be
+    the math path's up to float32 rounding, and the greedy tokens the same.  This runs the
+    kernel on the cache's own buffers (the scratch slot, the valid counts of the step's device
+    state, the visibility and positions) as the GPU does."""
+    import tempfile
+
+    import generate_cases as gc
+    from burstengine.inference import kvcache
+
+    out = {}
+    real = kvcache._kernel_takes
+    with tempfile.TemporaryDirectory() as d:
+        for arch in ("llama", "mistral"):
+            path = gc.save_tiny(f"{d}/{arch}", arch, seed=1)
+            want, want_logits = gc.run_generate_logits(None, path, (97, 40), 5)
+            calls = []
+
+            def takes(q, k, calls=calls):
+                calls.append(q.shape)
+                return q.dtype == torch.float32
+
+            kvcache._kernel_takes = takes
+            try:
+                got, logits = gc.run_generate_logits(None, path, (97, 40), 5)
+            finally:
+                kvcache._kernel_takes = real
+            err = float((logits - want_logits).abs().max() / want_logits.abs().max())
+            out[arch] = dict(equal=got == want, logits_err=err, kernel_calls=len(calls))
+    return out
+
+
+def main():
+    import triton_interp  # noqa: F401  (before the first triton import)
+    from burstengine.kernels.triton.decode import decode_attention, plan_splits
+
+    torch.set_num_threads(1)
+    res = {}
+    for case in CASES:
+        cid, D, splits = case[0], case[4], case[9]
+        q, k, v, valid, visible, window, qpos, kpos = make(case)
+        scale = D ** -0.5
+        out, lse = decode_attention(q, k, v, scale, valid, visible, window, qpos, kpos, splits=splits, bn=16)
+        ro, rl = oracle(q, k, v, scale, valid, visible, window, qpos, kpos)
+        seen = torch.isfinite(rl)
+        res[cid] = dict(
+            dtype=str(case[7])[6:], out_dtype=str(out.dtype)[6:], lse_dtype=str(lse.dtype)[6:],
+            nan=bool(torch.isnan(out).any() or torch.isnan(lse).any()),
+            out_err=float((out.double() - ro).norm() / ro.norm().clamp_min(1e-30)) if seen.any() else 0.0,
+            lse_err=float((lse.double() - rl)[seen].abs().max()) if seen.any() else 0.0,
+            unseen=int((~seen).sum()),
+            unseen_exact=bool((out[~seen] == 0).all() and (lse[~seen] == float("-inf")).all()))
+    res["plan"] = [list(plan_splits(cap, progs, sms, 64)) for cap, progs, sms in
+                   ((131073, 8, 132), (32769, 64, 132), (100, 8, 132), (1, 1, 132), (524289, 8, 132),
+                    (4097, 1024, 132))]
+    res["generate"] = in_generation()
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

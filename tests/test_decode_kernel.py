@@ -1,0 +1,64 @@
+"""The flash-decoding kernel (burstengine/kernels/triton/decode.py) under Triton's CPU interpreter
+against a float64 oracle (tests/decode_cases.py): GQA ratios 1/2/4/8, head dims 64/128,
+fp16/bf16/fp32, lengths that divide no tile (1, 7, 997), visibility masks, sliding windows over
+shuffled slot positions, empty sequences and fully hidden ones, one and several splits, slots
+past the valid count poisoned with NaN (never read); and inside generation, on the cache's own
+buffers, giving the math path's greedy tokens."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import decode_cases
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOL = {"bfloat16": 1e-2, "float16": 2e-3, "float32": 1e-5}  # normwise: P rounded to the cache dtype
+
+
+@pytest.fixture(scope="module")
+def results():
+    pytest.importorskip("triton")
+    # a subprocess: TRITON_INTERPRET and tests/triton_interp.py's fixes must come before the
+    # first triton import, which this pytest process may already have done
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests"),
+                                                       os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "decode_cases.py")], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", decode_cases.CASE_IDS)
+def test_decode_kernel_matches_float64(results, case):
+    r = results[case]
+    assert not r["nan"], "a NaN past the valid slots (or from an empty row) reached the output"
+    assert r["out_dtype"] == r["lse_dtype"] == "float32"
+    assert r["out_err"] <= TOL[r["dtype"]], r
+    assert r["lse_err"] <= 1e-4, r
+    assert r["unseen_exact"], "a query that sees nothing must give out = 0, lse = -inf"
+
+
+def test_decode_kernel_cases_cover_empty_rows(results):
+    # the cases that must have rows seeing nothing do (else unseen_exact would test nothing)
+    assert results["g2-d64-bf16-empty"]["unseen"] == 4   # sequence 0: valid 0, 4 heads
+    assert results["g4-d64-fp16-hidden"]["unseen"] == 4  # sequence 1: every slot hidden
+
+
+def test_split_plan(results):
+    # (splits, chunk) for (capacity, programs, SMs): chunks are whole tiles of 64 that cover the
+    # capacity with none empty; the target is 4 programs per SM, at most 64 splits, at least a
+    # tile each, and the chunk is the shortest that reaches the capacity in that many splits
+    caps = ((131073, 8, 132), (32769, 64, 132), (100, 8, 132), (1, 1, 132), (524289, 8, 132), (4097, 1024, 132))
+    for (cap, progs, sms), (splits, chunk) in zip(caps, results["plan"]):
+        target = min(-(-4 * sms // progs), 64, -(-cap // 64))
+        assert chunk % 64 == 0 and splits * chunk >= cap > (splits - 1) * chunk
+        assert splits <= target and (chunk - 64) * target < cap, (cap, progs, splits, chunk)
+    assert [s for s, _ in results["plan"]] == [63, 9, 2, 1, 64, 1]
+
+
+def test_decode_kernel_in_generation(results):
+    # 4 decode steps x 2 layers, each through the kernel
+    for arch, r in results["generate"].items():
+        assert r["kernel_calls"] == 8 and r["equal"] and r["logits_err"] < 1e-5, (arch, r)
