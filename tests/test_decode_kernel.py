@@ -62,3 +62,44 @@ def test_decode_kernel_in_generation(results):
     # 4 decode steps x 2 layers, each through the kernel
     for arch, r in results["generate"].items():
         assert r["kernel_calls"] == 8 and r["equal"] and r["logits_err"] < 1e-5, (arch, r)
+
+
+@pytest.mark.parametrize("kind", ["agrees", "off_by_one", "raises"])
+def test_decode_kernel_self_check(monkeypatch, kind):
+    """Before the decode kernel serves a (device, dtype, head dim), it is compared with the math
+    path on one small masked case: one that disagrees or fails to build is never used (a
+    warning says why, the math path answers). A stand-in kernel: no triton or GPU needed."""
+    import types
+    import warnings
+
+    import torch
+
+    from burstengine.inference import kvcache
+
+    def agrees(*a):
+        return kvcache._math(*a)
+
+    def off_by_one(*a):
+        out, lse = kvcache._math(*a)
+        return out + 1, lse
+
+    def raises(*a):
+        raise RuntimeError("PassManager::run failed")
+
+    fake = types.ModuleType("burstengine.kernels.triton")
+    fake.decode = types.SimpleNamespace(decode_attention={"agrees": agrees, "off_by_one": off_by_one,
+                                                          "raises": raises}[kind])
+    monkeypatch.setitem(sys.modules, "burstengine.kernels.triton", fake)
+    monkeypatch.setattr(kvcache, "_CHECKED", {})
+    monkeypatch.setattr(kvcache, "_warned", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ok = kvcache._self_checked(torch.device("cpu"), torch.float32, 64)
+        again = kvcache._self_checked(torch.device("cpu"), torch.float32, 64)  # once per key
+    msgs = [str(w.message) for w in caught]
+    assert ok == again == (kind == "agrees")
+    if kind == "agrees":
+        assert not msgs
+    else:
+        assert len(msgs) == 1 and "failed its self-check" in msgs[0] and "math path" in msgs[0], msgs
+        assert ("differs from the math path" in msgs[0]) == (kind == "off_by_one"), msgs

@@ -236,6 +236,31 @@ def test_decode_step_is_idempotent(model_dirs, monkeypatch):
     assert len(seen) == 2 * (NEW - 1) and all(seen)
 
 
+def test_a_failed_capture_under_auto_decodes_op_by_op(model_dirs, monkeypatch):
+    """graphs='auto' asks for speed, not for the graph: a capture that fails warns once and the
+    same step runs op by op, giving the same tokens (graphs='on' raises instead)."""
+    import importlib
+    import warnings
+
+    from burstengine.inference import step as st
+
+    gen = importlib.import_module("burstengine.inference.generate")  # the module (the package exports the function)
+
+    def broken(self, warmup=2):
+        raise RuntimeError("capturing the decode step in a CUDA graph failed: operation not permitted")
+
+    monkeypatch.setattr(gen, "use_graphs", lambda mode, device, world: True)  # as on one GPU
+    monkeypatch.setattr(st.DecodeStep, "capture", broken)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tokens, _ = gc.run_generate(None, model_dirs["llama"], LENGTHS, NEW)
+    assert tokens == hf_greedy(model_dirs["llama"], LENGTHS, NEW)
+    msgs = [str(w.message) for w in caught if "decoding op by op" in str(w.message)]
+    assert len(msgs) == 1 and "operation not permitted" in msgs[0], [str(w.message) for w in caught]
+    with pytest.raises(RuntimeError, match="operation not permitted"):
+        gen.generate(gc._model(model_dirs["llama"]), gc.prompts(LENGTHS, 0), NEW, graphs="on")
+
+
 # aten ops whose result depends on a device value read on the host (a sync on CUDA, and a
 # capture error in a CUDA graph): item() / int() / bool() / tolist(), data-dependent shapes
 _SYNCING = {"_local_scalar_dense", "item", "is_nonzero", "equal", "allclose", "nonzero", "nonzero_static",

@@ -25,6 +25,7 @@ logits either way, so the tokens are the same.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -171,7 +172,15 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
         owner = next_owner(cache.lengths)
         step.load(tok, [L[b] + i - 1 for b in range(B)], owner)  # the token we feed, at its position
         if graphed and step.graph is None:  # the first step: capture it (not counted as a step's time)
-            step.capture()
+            try:
+                step.capture()
+            except RuntimeError as e:
+                if graphs == "on":
+                    raise
+                # "auto" asked for speed, not for the graph: the same step, op by op, says why once
+                warnings.warn(f"decode: {e}; decoding op by op (graphs='on' makes this an error)", RuntimeWarning,
+                              stacklevel=2)
+                graphed = False
             sync()
             capture_s = time.perf_counter() - t0
             t0 += capture_s

@@ -143,10 +143,53 @@ def _warn_once(msg: str) -> None:
 
 def _kernel_takes(q, k) -> bool:
     """Whether the Triton decode kernel runs this call: CUDA, fp16 / bf16 (and fp32), a
-    power-of-two head dim.  Elsewhere (CPU, float64) the exact math path does."""
+    power-of-two head dim, and the kernel passed its self-check on this device for this dtype
+    and head dim.  Elsewhere (CPU, float64) the exact math path does."""
     D = q.shape[-1]
     return (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16, torch.float32) and k.dtype == q.dtype
-            and 16 <= D <= 256 and D & (D - 1) == 0)
+            and 16 <= D <= 256 and D & (D - 1) == 0 and _self_checked(q.device, q.dtype, D))
+
+
+_CHECKED: dict = {}
+
+
+def _self_checked(device, dtype, D: int) -> bool:
+    """The decode kernel against the math path on one small case (GQA, a ragged batch, hidden
+    slots, a window), once per (device, dtype, head dim) and process: a compiled kernel that
+    disagrees (a Triton or driver difference the interpreter tests cannot see) is never used;
+    the math path answers instead, with a warning.  Never run inside a CUDA graph capture (the
+    step's warm-up runs it first)."""
+    key = (str(device), dtype, D)
+    if key in _CHECKED:
+        return _CHECKED[key]
+    if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return True  # the warm-up before the capture has checked it (or this is not ours to check)
+    try:
+        from ..kernels.triton import decode  # imports triton: only when the kernel could run
+    except ImportError:
+        _CHECKED[key] = True  # the caller finds triton missing and warns
+        return True
+    g = torch.Generator(device="cpu").manual_seed(0)
+    B, Hkv, grp, n = 2, 2, 2, 300
+    q, k, v = (torch.randn(*shape, generator=g).to(device, dtype)
+               for shape in ((B, Hkv * grp, D), (B, Hkv, n, D), (B, Hkv, n, D)))
+    valid = torch.tensor([n, 137], device=device)
+    visible = (torch.rand(B, n, generator=g) > 0.2).to(device)
+    qpos = torch.tensor([n + 5, 140], device=device)
+    kpos = torch.arange(n, device=device).expand(B, n).contiguous()
+    try:
+        out, lse = decode.decode_attention(q, k, v, D ** -0.5, valid, visible, 100, qpos, kpos)
+        ref_out, ref_lse = _math(q, k, v, D ** -0.5, valid, visible, 100, qpos, kpos)
+        err = max(float((out - ref_out).abs().max()), float((lse - ref_lse).abs().max()))
+        ok = err <= (1e-3 if dtype == torch.float32 else 3e-2)
+        why = f"it differs from the math path by {err:.3g}"
+    except Exception as e:  # noqa: BLE001 (a kernel that cannot compile here: the math path)
+        ok, why = False, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+    if not ok:
+        _warn_once(f"decode attention: the Triton decode kernel failed its self-check on {device} ({dtype}, head dim "
+                   f"{D}): {why}; using the math path (exact, slower)")
+    _CHECKED[key] = ok
+    return ok
 
 
 def shard_attention(q, k, v, scale, valid=None, visible=None, window=None, qpos=None, kpos=None):
@@ -172,7 +215,13 @@ def shard_attention(q, k, v, scale, valid=None, visible=None, window=None, qpos=
     elif q.is_cuda and q.dtype != torch.float64:
         _warn_once(f"decode attention: head dim {D} / {q.dtype} runs the math path (float32 copies of the shard); "
                    f"the Triton decode kernel takes power-of-two head dims in [16, 256]")
-    # the math path: exact, in float32 (float64 for float64), over all n slots with a mask
+    return _math(q, k, v, scale, valid, visible, window, qpos, kpos)
+
+
+def _math(q, k, v, scale, valid, visible, window, qpos, kpos):
+    """The math path: exact, in float32 (float64 for float64), over all n slots with a mask."""
+    B, H, D = q.shape
+    Hkv, n = k.shape[1], k.shape[2]
     g = H // Hkv
     qg = q.reshape(B, Hkv, g, D)  # the g query heads sharing a kv head: the cache is never expanded
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
