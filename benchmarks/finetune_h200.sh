@@ -4,7 +4,8 @@
 #      synthetic jsonl corpus of documents of random lengths);
 #   2. init -> train at 64K and at 128K tokens with packed documents and doc_mask -> checkpoint;
 #   3. export each run -> reload with transformers -> logits vs the engine's;
-#   4. Llama-3.1-8B's config: load only (sharded init: time, peak host RSS), save, export.
+#   4. Llama-3.1-8B's config: load (sharded init: time, peak host RSS), save the weights, export
+#      (SAVE_8B=0: load only).
 # Prints a table and writes JSON records to $OUT (or benchmarks/results).  Needs the finetune-data
 # branch merged (data=jsonl, doc_mask).  Sizes: SEQS, STEPS, SKIP_8B=1 to leave out step 4.
 #
@@ -64,10 +65,15 @@ done
 if [ "${SKIP_8B:-0}" != 1 ]; then
   log "4. $CFG8B: make, load (sharded init), save, export"
   $BE bench finetune make --config "$CFG8B" --out "$W/m8b" --device "$DEVICE" --record ft_make_8b >"$OUT/ft_make_8b.log"
-  if [ "${SAVE_8B:-0}" = 1 ]; then  # needs ~70 GB of disk (HF dir + float32 checkpoint + export)
+  rm -rf "$W/m3b" "$W/corpus.jsonl"  # the disk holds at most ~48 GB of 8B files at once below
+  if [ "${SAVE_8B:-1}" = 1 ]; then  # HF dir 16 GB + float32 weights-only checkpoint 32 GB, then export 16 GB
     torchrun --standalone --nproc_per_node 1 -m burstengine bench finetune load --init "$W/m8b" --save "$W/run8b" \
       --record ft_load_8b >"$OUT/ft_load_8b.log"
+    rm -f "$W"/m8b/*.safetensors "$W"/m8b/*.safetensors.index.json  # export reads only its config.json
     $BE export "$W/run8b" "$W/export8b" --dtype bfloat16 --record ft_export_8b
+    du -sh "$W/export8b" "$W/run8b"
+    rm -rf "$W/run8b"
+    $BE bench finetune compare --model "$W/export8b" --seq 8192 --rows 256 --record ft_compare_8b >"$OUT/ft_compare_8b.log"
   else
     torchrun --standalone --nproc_per_node 1 -m burstengine bench finetune load --init "$W/m8b" \
       --record ft_load_8b >"$OUT/ft_load_8b.log"
@@ -103,7 +109,9 @@ if l8:
     rows.append({"model": "8B", "seq": "load only", "load_s": l8.get("load_s_max_rank"),
                  "load_peak_rss_gib": l8.get("peak_host_rss_gib_max_rank"), "peak_gpu_gib": l8.get("peak_gpu_gib"),
                  "export_s": (rec("ft_export_8b") or {}).get("export_s"),
-                 "export_peak_rss_gib": (rec("ft_export_8b") or {}).get("peak_rss_gib")})
+                 "export_peak_rss_gib": (rec("ft_export_8b") or {}).get("peak_rss_gib"),
+                 "logits_max_rel_err": (rec("ft_compare_8b") or {}).get("max_rel_err"),
+                 "argmax_agree": (rec("ft_compare_8b") or {}).get("argmax_agreement")})
 keys = list(dict.fromkeys(k for r in rows for k in r))
 fmt = lambda v: "-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
 print(" | ".join(keys))

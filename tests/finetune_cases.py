@@ -90,6 +90,41 @@ def train_and_export(group, init, data, seq_len, run_dir, out_dir, extra=(), max
     return res, loss, hf_loss(out_dir, toks, labs)
 
 
+def weights_only_resume(group, init, data, seq_len, saved_dir, fresh_dir, out_dir):
+    """`bench finetune load --save` (a weights-only step-0 checkpoint) -> `export` of it to
+    ``out_dir`` on rank 0; then one step at lr 1e-2 resumed from it, and one step from ``init``
+    afresh.  Returns on rank 0 (max |difference| of the weights after the step, whether the
+    checkpoint holds optimizer entries, its meta.json)."""
+    from argparse import Namespace
+
+    import torch.distributed.checkpoint as dcp
+    from burstengine.bench import finetune as ft
+    from burstengine.train import Trainer, load
+    from burstengine.train import checkpoint as ckpt
+    from burstengine.train.export import export
+
+    train = ["steps=1", "lr=1e-2", "warmup_steps=0", "save_every=0"]
+    ft.load(Namespace(init=init, save=saved_dir, seq_len=seq_len, record=None,
+                      overrides=overrides(init, data, seq_len, train)[1:]), group)
+    path = os.path.join(saved_dir, "checkpoints", "step_00000000")
+    if dist.get_rank(group) == 0:
+        keys = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+        meta = ckpt.read_meta(path)
+        export(path, out_dir)
+    dist.barrier(group)
+    after = []
+    for run_dir, resume in ((saved_dir, True), (fresh_dir, False)):
+        t = Trainer(load("tiny", overrides(init, data, seq_len, [*train, f"out_dir={run_dir}"])), group=group,
+                    echo=False)
+        t.fit(resume=resume, overwrite=not resume)
+        after.append({k: v.full_tensor() if hasattr(v, "full_tensor") else v.detach()
+                      for k, v in t.model.state_dict().items()})
+    if dist.get_rank(group) != 0:
+        return None
+    diff = max((after[0][k].float() - after[1][k].float()).abs().max().item() for k in after[0])
+    return diff, any(k.startswith("optim") for k in keys), meta
+
+
 def packed_vs_alone(group, init, seq_len, docs, layout, extra_model=None):
     """Our loss sum of packed documents (global cu_seqlens, positions restarting per document) on
     this CP group, and the sum over the documents run one by one in one process."""

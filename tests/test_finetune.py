@@ -204,6 +204,22 @@ def test_sharded_in_and_out(pool, tokens, tmp_path):
     assert ((got - ref).abs().max() / ref.abs().max()).item() < 1e-5
 
 
+def test_weights_only_checkpoint_exports_and_resumes_fresh(pool, models, tokens, tmp_path):
+    """`bench finetune load --save` writes the weights only (an 8B model's AdamW moments would
+    triple the file): export reads them back bitwise, and a run resumed from it takes the same
+    first step as a run started from init (an optimizer given a state on the way — DCP's
+    initialisation sets AdamW's step to 1 — would not)."""
+    from safetensors.torch import load_file
+
+    src, out = models["llama"], tmp_path / "export"
+    diff, has_optim, meta = pool.run(fc.weights_only_resume, src, tokens, 48, str(tmp_path / "saved"),
+                                     str(tmp_path / "fresh"), str(out), world=2)[0]
+    assert not has_optim and meta["optimizer"] is False and meta["step"] == 0
+    a, b = load_file(os.path.join(src, "model.safetensors")), load_file(out / "model.safetensors")
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert diff == 0.0, diff
+
+
 # --- packed documents ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("arch,world,layout", [("llama", 1, "contiguous"), ("llama", 2, "zigzag"),

@@ -22,7 +22,7 @@ from ..launch import init_from_env, under_launcher
 from ..model.hf import peak_rss_gib
 from ..train import checkpoint as ckpt
 from ..train.config import load as load_config
-from ..train.loop import build_optimizer, default_device
+from ..train.loop import default_device
 from ..train.parallel import build_mesh, build_model
 from ..inference.weights import load_hf_llama
 from ..records import write_record
@@ -43,7 +43,8 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     ld = sub.add_parser("load", help="load an HF directory into the FSDP2-sharded model (under torchrun or alone)")
     ld.add_argument("--init", required=True)
     ld.add_argument("--save", default=None, metavar="RUN_DIR",
-                    help="then save it as a step-0 checkpoint of a run in RUN_DIR (for `burstengine export`)")
+                    help="then save it as a step-0 checkpoint of a run in RUN_DIR (for `burstengine export`; "
+                         "weights only: a run resumed from it starts a fresh optimizer, as at step 0)")
     ld.add_argument("--seq-len", type=int, default=8192, help="the run's seq_len written with --save")
     ld.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="train config overrides (e.g. model.rope_scaling.factor=16)")
@@ -76,45 +77,47 @@ def make(args) -> dict:
     return {"kind": "make", "config": args.config, "out": args.out, "write_s": time.perf_counter() - t0, **info}
 
 
-def load(args) -> dict:
+def load(args, group=None) -> dict:
+    """``group``: run on a subgroup of an initialised world (tests); None: the whole job, started
+    here as a group of one when not under a launcher."""
     import torch
     import torch.distributed as dist
 
 
-    if not under_launcher():  # one process: a group of one
+    if group is None and not under_launcher():  # one process: a group of one
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT", "29531"))
-    own = init_from_env(1800.0)
+    own = group is None and init_from_env(1800.0)
     try:
-        world, rank = dist.get_world_size(), dist.get_rank()
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
         cfg = load_config("tiny", [f"init={args.init}", "cp=1", f"seq_len={args.seq_len}", "progress=false",
                                    *(["out_dir=" + args.save] if args.save else []), *args.overrides])
         device = default_device()
-        mesh = build_mesh(world, 1, device)
+        mesh = build_mesh(world, 1, device, group)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         rss0 = peak_rss_gib()
-        dist.barrier()
+        dist.barrier(group)
         t0 = time.perf_counter()
         model = build_model(cfg, mesh)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        dist.barrier()
+        dist.barrier(group)
         wall = time.perf_counter() - t0
         st = model.load_stats
         mine = torch.tensor([st["peak_rss_gib"], st["read_gib"], st["load_s"],
                              torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else 0.0],
                             dtype=torch.float64, device=device)
-        dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=group)
         res = {"kind": "load", "init": args.init, "world": world, "device": device.type, "load_wall_s": wall,
                "load_s_max_rank": mine[2].item(), "peak_host_rss_gib_max_rank": mine[0].item(),
                "host_rss_before_gib": rss0, "read_gib_max_rank": mine[1].item(), "peak_gpu_gib": mine[3].item(),
                "params": cfg.model.num_params(), "param_dtype": str(next(model.parameters()).dtype)}
         if args.save:
-            opt = build_optimizer(model, cfg)
             t1 = time.perf_counter()
-            path = ckpt.save(os.path.join(cfg.run_dir, "checkpoints"), 0, model, opt,
-                             {"data": {}, "config": cfg.to_dict()}, keep=1)
+            path = ckpt.save(os.path.join(cfg.run_dir, "checkpoints"), 0, model, None,
+                             {"data": {"next_step": 0, "next_sequence": 0}, "config": cfg.to_dict()},
+                             group=group, keep=1)
             res.update(saved=path, save_s=time.perf_counter() - t1)
         return res if rank == 0 else {}
     finally:

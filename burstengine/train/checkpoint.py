@@ -125,11 +125,16 @@ def _set_rng_state(st: dict) -> None:
 
 def save(ckpt_dir: str, step: int, model, optimizer, extra: dict, group=None, keep: int = 2,
          kill_in_save: int | None = None) -> str:
-    """Save at ``step`` (the number of steps done); returns the checkpoint's path.  ``kill_in_save``
-    (tests): rank 0 SIGKILLs itself inside the save of that step."""
+    """Save at ``step`` (the number of steps done); returns the checkpoint's path.  ``optimizer``
+    None saves the weights only (a step-0 checkpoint for `burstengine export`: an 8B model's AdamW
+    moments would triple its size, and at step 0 they are zeros a resume makes afresh).
+    ``kill_in_save`` (tests): rank 0 SIGKILLs itself inside the save of that step."""
     import torch.distributed.checkpoint as dcp  # heavy: only when a checkpoint is saved
-    from torch.distributed.checkpoint.state_dict import get_state_dict  # heavy: only when a checkpoint is saved
+    # heavy: only when a checkpoint is saved
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
+    if optimizer is None and step != 0:  # the same on every rank, before any collective
+        raise ValueError(f"a checkpoint without optimizer state is a step-0 checkpoint; step {step} was asked for")
     rank = dist.get_rank(group)
     final = os.path.join(ckpt_dir, f"step_{step:08d}")
     tmp = final + ".tmp"
@@ -138,8 +143,12 @@ def save(ckpt_dir: str, step: int, model, optimizer, extra: dict, group=None, ke
         shutil.rmtree(tmp, ignore_errors=True)  # a save that was killed earlier
         os.makedirs(tmp)
     dist.barrier(group)
-    msd, osd = get_state_dict(model, optimizer)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=tmp, process_group=group)
+    if optimizer is None:
+        state = {"model": get_model_state_dict(model)}
+    else:
+        msd, osd = get_state_dict(model, optimizer)
+        state = {"model": msd, "optim": osd}
+    dcp.save(state, checkpoint_id=tmp, process_group=group)
     torch.save(_rng_state(), os.path.join(tmp, f"rng_{rank}.pt"))
     if kill_in_save == step and rank == 0:
         os.kill(os.getpid(), 9)
@@ -147,7 +156,8 @@ def save(ckpt_dir: str, step: int, model, optimizer, extra: dict, group=None, ke
     files = _checksums(tmp, group)
     if rank == 0:
         with open(os.path.join(tmp, "meta.json"), "w") as f:
-            json.dump({"step": step, "world": dist.get_world_size(group), **extra, "files": files}, f, indent=1)
+            json.dump({"step": step, "world": dist.get_world_size(group), "optimizer": optimizer is not None, **extra,
+                       "files": files}, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
         if os.path.exists(final):  # the same step saved again (after a resume)
@@ -160,20 +170,29 @@ def save(ckpt_dir: str, step: int, model, optimizer, extra: dict, group=None, ke
 
 
 def load(path: str, model, optimizer, group=None) -> dict:
-    """Load ``path`` into the (sharded) model and optimizer; returns its meta.json."""
+    """Load ``path`` into the (sharded) model and optimizer; returns its meta.json.  A weights-only
+    checkpoint (step 0, see :func:`save`) leaves the optimizer untouched: fresh, as at step 0."""
     # heavy: only when a checkpoint is loaded
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
+                                                         set_model_state_dict, set_state_dict)
 
     meta = read_meta(path)
-    msd, osd = get_state_dict(model, optimizer)
-    state = {"model": msd, "optim": osd}
+    weights_only = meta.get("optimizer") is False
+    if weights_only:  # not get_state_dict: it would give the fresh optimizer a state (step 1)
+        state = {"model": get_model_state_dict(model)}
+    else:
+        msd, osd = get_state_dict(model, optimizer)
+        state = {"model": msd, "optim": osd}
     try:
         dcp.load(state, checkpoint_id=path, process_group=group)
     except Exception as e:  # DCP's own errors are multi-rank tracebacks; say which checkpoint
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         raise ValueError(f"checkpoint {path} could not be loaded ({type(e).__name__}: {first})") from None
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if weights_only:
+        set_model_state_dict(model, state["model"])
+    else:
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     rng = os.path.join(path, f"rng_{dist.get_rank(group)}.pt")
     if meta.get("world") == dist.get_world_size(group) and os.path.exists(rng):
         _set_rng_state(torch.load(rng, weights_only=False))
