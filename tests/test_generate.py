@@ -527,3 +527,21 @@ def test_decode_bench_runs_on_cpu(tmp_path):
         assert r["step_bytes"] > 4 * (2 * 128 * 128 + 2 * 128 * 64) * 2
     rc, _, err = _cli("bench", "decode", "--model", "tiny", "--graphs", "on", "--world", "1")
     assert rc == 2 and "--graphs on needs one rank on a CUDA device" in err
+
+
+def test_decode_check_compares_logits_only_while_the_texts_agree():
+    """bf16 beside float64 may choose another token at a near tie (seen on an H200); the logits
+    after that score different texts and must not fail the check, those before must."""
+    from burstengine.bench.decode_check import _rel_while_same
+
+    base = torch.randn(2, 5, 7, dtype=torch.float64)
+    ref_tokens = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]]
+    other = base.clone()
+    other[0, 2:] += 100.0  # row 0's text parts at token 2: decode entries 2.. see another context
+    tokens = [[1, 2, 9, 9, 9, 9], [1, 2, 3, 4, 5, 6]]
+    err, n = _rel_while_same(other, base, tokens, ref_tokens)
+    assert err == 0.0 and n == 2 + 5
+    other[0, 1] += 1.0  # before the parting: counted
+    err, n = _rel_while_same(other, base, tokens, ref_tokens)
+    assert err == pytest.approx(1.0 / float(base.abs().max())) and n == 7
+    assert _rel_while_same(other, base, [[0] * 6] * 2, ref_tokens) == (0.0, 0)  # parted at the first token
