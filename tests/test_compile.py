@@ -38,3 +38,24 @@ def test_bad_calls_raise_on_every_rank(pool):
         assert kind == "ValueError" and "window must be a positive int" in msg and "rank 1" in msg, (rank, msg)
         kind, msg = seen["mesh"]
         assert "DeviceMesh" in msg and "NxM" in msg, (rank, msg)
+
+
+def test_fused_ops_fall_back_to_eager_past_the_recompile_limit():
+    """model/fused.py compiles with fullgraph=True, where dynamo's recompile limit is a hard
+    error (seen on an H200: the decode bench's float64/float32/bf16 check models, then an 8B
+    prefill): past it the op warns once and runs eager, with the same result."""
+    import torch
+    import torch._dynamo
+    from burstengine.model import fused
+
+    def scaled(x):  # a fresh function: its own dynamo cache
+        return (x.to(torch.float32) * 3.0).to(x.dtype)
+
+    xs = [torch.ones(4, dtype=dt) for dt in (torch.float32, torch.float64, torch.bfloat16)]
+    with torch._dynamo.config.patch(recompile_limit=1):
+        assert torch.equal(fused._run_compiled(scaled, xs[0]), scaled(xs[0]))
+        with pytest.warns(UserWarning, match="recompile limit"):
+            assert torch.equal(fused._run_compiled(scaled, xs[1]), scaled(xs[1]))
+        assert fused._compiled[scaled] is scaled  # eager from now on, without another warning
+        assert torch.equal(fused._run_compiled(scaled, xs[2]), scaled(xs[2]))
+    del fused._compiled[scaled]
