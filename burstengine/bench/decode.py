@@ -171,13 +171,18 @@ def run_rank(args) -> dict:
     bmax = _lengths(args.batch_max)[0] if args.batch_max else None
     smax = _lengths(args.sdpa_max)[0] if args.sdpa_max else None
     g = torch.Generator().manual_seed(args.seed + 1)
-    # warm-up: kernels chosen / compiled at a short length
-    warm = torch.randint(0, model.vocab_size, (1, 256), generator=g)
-    generate(model, warm, 2, chunk=args.chunk, graphs=args.graphs)
-    if graphed:
-        generate(model, warm, 2, chunk=args.chunk, graphs="off")
-    if world == 1:
-        generate(model, warm, 1, attention="sdpa", chunk=args.chunk)
+    # warm-up, kernels chosen / compiled at short lengths: torch.compile specialises the fused ops
+    # (model/fused.py) on the first shape and compiles a dynamic kernel at the next one that
+    # differs, in length or in batch; without these the first row's first-token time held ~3 s
+    # of compiling (an 8B at 32K on an H200: 4.36 s, 1.31 s in the same row's second call)
+    shapes = [(1, 256), (1, 384)] + ([(2, 384)] if max(batches) > 1 else [])
+    for b, n in shapes:
+        warm = torch.randint(0, model.vocab_size, (b, n), generator=g)
+        generate(model, warm, 2, chunk=args.chunk, graphs=args.graphs)
+        if graphed:
+            generate(model, warm, 2, chunk=args.chunk, graphs="off")
+        if world == 1 and b == 1:
+            generate(model, warm, 1, attention="sdpa", chunk=args.chunk)
     rows = []
     name = args.name or f"decode_{args.model}_{world}{device.type}"
     payload = dict(kind="decode", model=args.model, describe=model.describe, world=world, dtype=str(dtype),
