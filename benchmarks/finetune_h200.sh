@@ -6,7 +6,7 @@
 #   3. export each run -> reload with transformers -> logits vs the engine's;
 #   4. Llama-3.1-8B's config: load (sharded init: time, peak host RSS), save the weights, export
 #      (SAVE_8B=0: load only).
-# Prints a table and writes JSON records to $OUT (or benchmarks/results).  Needs the finetune-data
+# Prints a table (from the records) and writes JSON records to $OUT (or benchmarks/results).  Needs the finetune-data
 # branch merged (data=jsonl, doc_mask).  Sizes: SEQS, STEPS, SKIP_8B=1 to leave out step 4.
 #
 #   OUT=/tmp/out bash benchmarks/finetune_h200.sh
@@ -117,5 +117,4 @@ fmt = lambda v: "-" if v is None else f"{v:.4g}" if isinstance(v, float) else st
 print(" | ".join(keys))
 for r in rows:
     print(" | ".join(fmt(r.get(k)) for k in keys))
-json.dump({"rows": rows}, open(os.path.join(out, "ft_h200_table.json"), "w"), indent=1)
 EOF

@@ -466,21 +466,34 @@ def profile(rec):
 
 
 def decode(rec):
+    graphs = rec.get("graphs")
     head = [f"{rec['describe']}; {rec['world']} rank(s), {rec['dtype'].replace('torch.', '')}; device-to-device copy "
             f"bandwidth {rec['copy_bandwidth_Bps'] / 1e9:,.0f} GB/s measured in the launch. Decode time per token is "
             "the median of the timed steps; the bound reads the KV cache and the weights once per token at that "
-            "bandwidth.", ""]
+            "bandwidth." + (" Decode steps replayed from a CUDA graph; the same prompts decoded op by op in a second "
+                            "call (whose prefill gives the second first-token time: nothing left to allocate or "
+                            "compile)." if graphs else ""), ""]
     body = []
     for r in rec["rows"]:
         if "error" in r:
-            body.append([r["S"], r["batch"], r["error"], "—", "—", "—", "—", "—"])
+            body.append([r["S"], r["batch"], r["error"]] + ["—"] * (7 if graphs else 5))
             continue
         sdpa = r.get("sdpa_first_token_s")
-        body.append([r["S"], r["batch"], fixed(r["first_token_s"], 2), fixed(sdpa, 2) if sdpa else "—",
-                     ms(r["decode_s_per_token"]), ms(r["bound_s"]), f"{r['ratio_to_bound']:.2f}×",
-                     fixed(r["peak_bytes"] / 2**30, 1)])
-    return head + table(["prompt tokens", "batch", "first token s", "SDPA prefill s", "decode ms/token",
-                         "bound ms/token", "× bound", "peak GiB"], body)
+        first = fixed(r["first_token_s"], 2)
+        if graphs:
+            first += f" / {fixed(r['eager_first_token_s'], 2)}"
+        row = [r["S"], r["batch"], first, fixed(sdpa, 2) if sdpa else "—", ms(r["decode_s_per_token"])]
+        if graphs:
+            row.append(ms(r["eager_decode_s_per_token"]))
+        row += [ms(r["bound_s"]), f"{r['ratio_to_bound']:.2f}×", fixed(r["peak_bytes"] / 2**30, 1)]
+        if graphs:
+            row.insert(-1, "yes" if r.get("tokens_equal") else "NO")
+        body.append(row)
+    cols = ["prompt tokens", "batch", "first token s" + (" (first / again)" if graphs else ""), "SDPA prefill s",
+            "decode ms/token" + (" (graph)" if graphs else "")]
+    cols += ["op by op ms/token"] if graphs else []
+    cols += ["bound ms/token", "× bound"] + (["same tokens"] if graphs else []) + ["peak GiB"]
+    return head + table(cols, body)
 
 
 def cpu_kernels(rec):
@@ -776,8 +789,63 @@ def block_demo_finetune_commands(records):
     return "\n".join(lines + ["```"])
 
 
+def block_decode_graphs(records):
+    """docs/inference.md: the decode step's CUDA graph and kernel on one GPU, from the records."""
+    chk = _rec(records, "decode_8b_graphs.json")["check"]
+    runs = [("decode_8b_h200_graphs2.json", _rec(records, "decode_8b_h200_graphs2.json")),
+            ("decode_8b_h200_graphs.json", _rec(records, "decode_8b_h200_graphs.json"))]
+    att = chk["attention"]
+    seen, body = set(), []
+    for name, rec in runs:
+        for r in rec["rows"]:
+            if "error" in r or (r["S"], r["batch"]) in seen:
+                continue
+            seen.add((r["S"], r["batch"]))
+            sdpa = r.get("sdpa_first_token_s")
+            body.append([f"{r['S'] // 1024}K", r["batch"], ms(r["decode_s_per_token"]), ms(r["eager_decode_s_per_token"]),
+                         ms(r["bound_s"]), f"{r['ratio_to_bound']:.2f}×",
+                         f"{fixed(r['eager_first_token_s'], 2)} / {fixed(sdpa, 2)}" if sdpa else "—",
+                         "yes" if r["tokens_equal"] else "NO", f"`{name}`"])
+    body.sort(key=lambda row: (int(row[0][:-1]), row[1]))
+    dev = device_of(runs[0][1])
+    toks = chk["tokens"]
+    head = (f"On {dev}, {runs[0][1]['describe'].split(':')[0]} with Llama-3.1-8B's shape: `bench decode --check` passed "
+            f"({len(att)} kernel cases within {num(max(r['out_err'] for r in att))} of float64; with and without the "
+            f"graph the float32 model chose float64's tokens and bf16 the same tokens both ways, "
+            f"{sum(len(t['lengths']) for t in toks)} prompts, windows {', '.join(str(t['window']) for t in toks)}; "
+            "`decode_8b_graphs.json`). Decode per token with the graph, op by op, and the bound of reading the "
+            "weights and the KV cache once at the copy bandwidth measured in the launch; first token of a second "
+            "prefill (warm) beside plain SDPA's:")
+    return "\n".join([head, ""] + table(["prompt", "batch", "graph ms", "op by op ms", "bound ms", "× bound",
+                                         "first token s (ours / SDPA)", "same tokens", "record"], body))
+
+
+def block_finetune_gpu(records):
+    """docs/training.md: the fine-tuning path on one H200, from the ft_* records."""
+    rows = []
+    for S in (65536, 131072):
+        t = _rec(records, f"ft_train_3b_{S}.json")
+        e = _rec(records, f"ft_export_3b_{S}.json")
+        c = _rec(records, f"ft_compare_3b_{S}.json")
+        sm = t["summary"]
+        rows.append([f"3B, {S // 1024}K, doc_mask", sm["steps"], f"{sm['mean_tokens_per_s_per_gpu']:,.0f}",
+                     f"{100 * sm['mean_mfu']:.1f}%", fixed(sm["peak_mem_gib"], 1), "—", fixed(e["export_s"], 1),
+                     num(c["max_rel_err"]), fixed(c["argmax_agreement"], 2)])
+    ld, ex, c8 = (_rec(records, n) for n in ("ft_load_8b.json", "ft_export_8b.json", "ft_compare_8b.json"))
+    rows.append(["8B, load + save + export", "—", "—", "—", fixed(ld["peak_gpu_gib"], 1),
+                 f"{fixed(ld['load_s_max_rank'], 1)} ({fixed(ld['peak_host_rss_gib_max_rank'], 1)} GiB host)",
+                 fixed(ex["export_s"], 1), num(c8["max_rel_err"]), fixed(c8["argmax_agreement"], 2)])
+    dev = device_of(ld)
+    return "\n".join([f"On {dev} (`benchmarks/finetune_h200.sh`; records `ft_*.json`; MFU counts the document-masked "
+                      "attention FLOPs; logits of the export in transformers vs the engine, both bf16, on "
+                      f"{c['rows']} positions of one random sequence at the trained length, 8K for the 8B):", ""]
+                     + table(["run", "steps", "tokens/s/GPU", "MFU", "peak GPU GiB", "load s", "export s",
+                              "max rel. logit error", "argmax agreement"], rows))
+
+
 BLOCKS = {"headline": block_headline, "lao": block_lao, "demo": block_demo, "demo-finetune": block_demo_finetune,
-          "demo-finetune-line": block_demo_finetune_line, "demo-finetune-commands": block_demo_finetune_commands}
+          "demo-finetune-line": block_demo_finetune_line, "demo-finetune-commands": block_demo_finetune_commands,
+          "decode-graphs": block_decode_graphs, "finetune-gpu": block_finetune_gpu}
 BLOCK_RE = re.compile(r"(<!-- report:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
 
 
