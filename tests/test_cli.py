@@ -66,6 +66,7 @@ def test_bench_runs_without_torchrun(bench, tmp_path):
     (["train", "--set", "kernel=nope"], "unknown kernel"),
     (["train", "--world", "0"], "--world must be >= 1"),
     (["train", "--set", "grad_clip=nan"], "grad_clip must be a finite number"),
+    (["bench", "profile", "--set", "model.dim=-3"], "model.dim must be >= 1"),
 ])
 def test_user_errors_are_one_line_before_any_rank(argv, msg, tmp_path):
     if argv[0] == "train":
@@ -75,6 +76,18 @@ def test_user_errors_are_one_line_before_any_rank(argv, msg, tmp_path):
     lines = err.strip().splitlines()
     assert len(lines) == 1 and msg in lines[0] and "error:" in lines[0], err
     assert not (tmp_path / "run").exists()
+
+
+def test_profile_data_error_is_one_line(tmp_path):
+    """A data error found when the ranks build the trainer: said once, exit 2, no traceback."""
+    import numpy as np
+
+    np.arange(1000, dtype=np.uint16).tofile(tmp_path / "toks.bin")  # ids past the tiny vocab of 512
+    rc, out, err = _run("bench", "profile", "--set", f"data={tmp_path / 'toks.bin'}", "--world", "2", cwd=tmp_path,
+                        timeout=120)
+    assert rc == 2, out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "holds token id 999 >= model.vocab_size 512" in lines[0], err
 
 
 @pytest.mark.parametrize("over,msg", [

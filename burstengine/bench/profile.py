@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
-from ..launch import init_from_env, spawn, under_launcher
+from ..launch import run_command
 from ..records import write_record
 from ..train import Trainer, load
 
@@ -80,7 +80,12 @@ def run_rank(args) -> int:
     over = list(args.overrides) + [f"seq_len={seq}", "cp=0", "progress=false", f"steps={args.warmup + 1}",
                                    "batch_size=1", "eval_every=0"]
     cfg = load(model, over)
-    trainer = Trainer(cfg, echo=False)
+    try:
+        trainer = Trainer(cfg, echo=False)
+    except ValueError as e:  # the data or the model: the same on every rank, said once
+        if dist.get_rank() == 0:
+            print(f"burstengine bench profile: error: {e}", file=sys.stderr, flush=True)
+        return 2
     dev = trainer.device
 
     def sync():
@@ -142,19 +147,22 @@ def run_rank(args) -> int:
     return 0
 
 
+def validate(args) -> str | None:
+    """One line for arguments that cannot work (before any rank starts), else None."""
+    if args.warmup < 0 or (args.seq is not None and args.seq < 1):
+        return "--warmup must be >= 0 and --seq >= 1"
+    try:
+        load(args.model or ("llama-8b" if torch.cuda.is_available() else "tiny"), list(args.overrides))
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="burstengine bench profile", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
-    args = p.parse_args(argv)
-    if under_launcher():
-        own = init_from_env(args.timeout)
-        try:
-            return run_rank(args)
-        finally:
-            if own:
-                dist.destroy_process_group()
-    return spawn(run_rank, (args,), args.world, args.timeout, prog="burstengine bench profile")
+    return run_command(run_rank, p.parse_args(argv), validate, "burstengine bench profile")
 
 
 if __name__ == "__main__":
