@@ -114,7 +114,8 @@ def test_auto_table_covers_every_call():
 
 def test_auto_sends_masks_with_large_pieces_to_cudnn():
     """A MaskSpec block goes to cuDNN piece by piece when most of its visible pairs lie in
-    large FULL/CAUSAL pieces (wide windows, long documents), to Triton otherwise."""
+    large FULL/CAUSAL pieces (wide windows), to Triton otherwise; packed documents always go to
+    Triton (their piece shapes change with every batch, and cuDNN plans each new shape)."""
     from burstengine.kernels.registry import AUTO_TABLE, SPEC_PIECE_ROWS, AutoKernel
 
     auto = AutoKernel()
@@ -129,8 +130,10 @@ def test_auto_sends_masks_with_large_pieces_to_cudnn():
         assert auto.choose(d, prev, n, n) == "cudnn"
         few = torch.repeat_interleave(torch.arange(4), n // 4)
         many = torch.repeat_interleave(torch.arange(64), n // 64)
-        assert auto.choose(d, MaskSpec(causal=True, q_doc=few, k_doc=few), n, n) == "cudnn"
+        assert auto.choose(d, MaskSpec(causal=True, q_doc=few, k_doc=few), n, n) == "triton"
         assert auto.choose(d, MaskSpec(causal=True, q_doc=many, k_doc=many), n, n) == "triton"
+        wide = MaskSpec(causal=True, window=4 * SPEC_PIECE_ROWS, q_doc=few, k_doc=few)
+        assert auto.choose(d, wide, n, n) == "triton"
         # no FULL/CAUSAL cut (different position steps under causal): Triton
         assert auto.choose(d, MaskSpec(causal=True, q_step=2, k_step=3), n, n) == "triton"
 

@@ -49,10 +49,17 @@ AUTO_TABLE = {
 # Triton vs cuDNN pieces (benchmarks/results/sparse_1gpu_{triton,cudnn}.json): window 4K 89 vs
 # 132 ms (many small pieces, a launch and a merge each), 16K 283 vs 285, 32K 512 vs 465; packed
 # documents of 1K-64K tokens 217 vs 201.
+# Packed documents never go to cuDNN pieces: their lengths change from batch to batch, and each
+# new piece shape makes cuDNN build an execution plan on the host.  In training (a 3B model at 64K
+# tokens on one H200, new documents every step) the GPU sat idle 1.46 s of a 5.45 s step that
+# way; with Triton the step took 4.08 s with 0.03 s idle (benchmarks/results/
+# profile_3b_64k_docmask_{auto,triton}.json).  The 201 vs 217 ms above reused one mask.
 SPEC_PIECE_ROWS = 8192
 
 
 def _large_pieces(mask: MaskSpec, sq: int, sk: int) -> bool:
+    if mask.q_doc is not None:
+        return False
     big, total = large_pairs(mask, sq, sk, SPEC_PIECE_ROWS)
     return 2 * big >= total > 0
 
