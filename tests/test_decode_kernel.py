@@ -4,30 +4,19 @@ fp16/bf16/fp32, lengths that divide no tile (1, 7, 997), visibility masks, slidi
 shuffled slot positions, empty sequences and fully hidden ones, one and several splits, slots
 past the valid count poisoned with NaN (never read); and inside generation, on the cache's own
 buffers, giving the math path's greedy tokens."""
-import json
-import os
-import subprocess
 import sys
 
 import pytest
 
+import interp_cases
 import decode_cases
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = {"bfloat16": 1e-2, "float16": 2e-3, "float32": 1e-5}  # normwise: P rounded to the cache dtype
 
 
 @pytest.fixture(scope="module")
 def results():
-    pytest.importorskip("triton")
-    # a subprocess: TRITON_INTERPRET and tests/triton_interp.py's fixes must come before the
-    # first triton import, which this pytest process may already have done
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests"),
-                                                       os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "decode_cases.py")], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return interp_cases.run("decode_cases.py")
 
 
 @pytest.mark.parametrize("case", decode_cases.CASE_IDS)

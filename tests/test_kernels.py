@@ -1,20 +1,17 @@
 """Kernel interface (forward_into / backward_into with every mask kind and MaskSpec) on the
 reference backend, and our Triton kernels under Triton's CPU interpreter, against float64."""
-import json
-import os
-import subprocess
 import sys
 
 import pytest
 import torch
 
+import interp_cases
 import triton_cases
 
 from burstengine.kernels import KERNELS
 from burstengine.masks import MaskSpec
 from burstengine.kernels.verify import run_case
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MASKS = triton_cases.MASKS
 
 
@@ -49,12 +46,7 @@ def test_reference_empty_block_keeps_state():
 
 @pytest.fixture(scope="module")
 def triton_results():
-    pytest.importorskip("triton")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "triton_cases.py")], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return interp_cases.run("triton_cases.py")
 
 
 @pytest.mark.parametrize("case", triton_cases.CASE_IDS)
