@@ -11,6 +11,7 @@ Plain data and torch only: the ground floor every other part imports from.
 from __future__ import annotations
 
 import hashlib
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -135,6 +136,20 @@ def as_spec(mask) -> MaskSpec:
     if mask == STRICT:
         return MaskSpec(causal=True, k_start=1)
     raise ValueError(f"unknown mask {mask!r}")
+
+
+_DERIVED: "weakref.WeakKeyDictionary[MaskSpec, dict]" = weakref.WeakKeyDictionary()
+
+
+def derived(spec: MaskSpec, key, make):
+    """``make()`` for ``spec``, made once per MaskSpec object and ``key`` and kept while the spec
+    lives: what kernels derive from a mask (its FULL/CAUSAL pieces, its device-side arguments).
+    The schedule caches its tasks, so every layer, pass and step that meets the same block pair
+    hands the kernels the same (frozen) spec."""
+    per = _DERIVED.setdefault(spec, {})
+    if key not in per:
+        per[key] = make()
+    return per[key]
 
 
 def visible_mask(mask, sq: int, sk: int, device) -> torch.Tensor | None:

@@ -22,12 +22,11 @@ Pure Python on small integers: it can be tested without running attention.
 """
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 import torch
 
-from ..masks import CAUSAL, FULL, MaskSpec
+from ..masks import CAUSAL, FULL, MaskSpec, derived
 from .base import Kernel, acc_dtype, merge_
 from .reference import ReferenceKernel
 
@@ -204,21 +203,9 @@ def _block_pieces(spec: MaskSpec, sq: int, sk: int, max_rows: int) -> list[Piece
     return out
 
 
-_CACHE: "weakref.WeakKeyDictionary[MaskSpec, dict]" = weakref.WeakKeyDictionary()
-
-
-def _remembered(spec: MaskSpec, key, make):
-    # per MaskSpec object: the schedule caches its tasks, so a spec is reused by every layer and
-    # step that meets the same block pair
-    per = _CACHE.setdefault(spec, {})
-    if key not in per:
-        per[key] = make()
-    return per[key]
-
-
 def cached_pieces(spec: MaskSpec, sq: int, sk: int, max_rows: int = MAX_ROWS):
     """decompose(), remembered per MaskSpec object."""
-    return _remembered(spec, (sq, sk, max_rows), lambda: decompose(spec, sq, sk, max_rows))
+    return derived(spec, ("pieces", sq, sk, max_rows), lambda: decompose(spec, sq, sk, max_rows))
 
 
 def large_pairs(spec: MaskSpec, sq: int, sk: int, min_side: int) -> tuple[int, int]:
@@ -228,7 +215,7 @@ def large_pairs(spec: MaskSpec, sq: int, sk: int, min_side: int) -> tuple[int, i
         pieces = cached_pieces(spec, sq, sk) or ()
         return sum(p.pairs() for p in pieces if p.side >= min_side), sum(p.pairs() for p in pieces)
 
-    return _remembered(spec, ("large", sq, sk, min_side), count)
+    return derived(spec, ("large", sq, sk, min_side), count)
 
 
 def _gather(x: torch.Tensor, kr) -> torch.Tensor:

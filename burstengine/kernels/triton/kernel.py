@@ -16,12 +16,11 @@ only when a kernel runs, so the package works without it.
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import asdict, dataclass
 
 import torch
 
-from ...masks import CAUSAL, FULL, STRICT, MaskSpec, as_spec
+from ...masks import CAUSAL, FULL, STRICT, MaskSpec, as_spec, derived
 from ..base import Kernel
 from ..reference import ReferenceKernel
 from ..sdpa import CudnnKernel
@@ -135,12 +134,6 @@ class TritonKernel(Kernel):
         self.config = dict(CONFIGS if config is None else config)
         self.gluon = gluon  # full/causal/strict blocks Gluon takes run there (False: BURST_GLUON=0)
         self._dummy = {}
-        # per MaskSpec (frozen, hashed by identity; the schedule hands every layer and pass of a
-        # call the same objects): its device-side mask arguments, built once.  Building them
-        # copies the spec's CPU document ids to the device, which from pageable memory waits for
-        # the stream: once per launch that left a 3B model's GPU idle 30% of a 64K step with
-        # packed documents (profile_3b_64k_docmask_true).  Entries go with their spec.
-        self._margs = weakref.WeakKeyDictionary()
 
     # --- what runs here ---------------------------------------------------------------------
 
@@ -248,15 +241,16 @@ class TritonKernel(Kernel):
     def _mask_args(self, spec: MaskSpec, Sq, Sk, tile, walk, q_side: bool, device):
         """Kernel arguments for the mask: (QDOC, KDOC, BOUNDS, BMASK, bs, nbk, CNT, IDX, FULL) and
         the two constexpr flags.  ``tile``/``walk``: rows per tile of the side a program owns and
-        of the side it walks; ``q_side``: the program owns q tiles.  Built once per spec and
-        shape (see ``_margs``); masks without tensors need nothing built."""
+        of the side it walks; ``q_side``: the program owns q tiles.
+
+        Built once per spec and shape (masks.derived): building copies the spec's CPU document
+        ids to the device, which from pageable memory waits for the stream; at every launch that
+        left a 3B model's GPU idle 30% of a 64K step with packed documents
+        (profile_3b_64k_docmask_true).  Masks without tensors need nothing built."""
         if spec.q_doc is None and spec.block_mask is None:
             return self._build_mask_args(spec, Sq, Sk, tile, walk, q_side, device)
-        per_spec = self._margs.setdefault(spec, {})
-        key = (Sq, Sk, tile, walk, q_side, str(device))
-        if key not in per_spec:
-            per_spec[key] = self._build_mask_args(spec, Sq, Sk, tile, walk, q_side, device)
-        return per_spec[key]
+        return derived(spec, ("triton-args", Sq, Sk, tile, walk, q_side, str(device)),
+                       lambda: self._build_mask_args(spec, Sq, Sk, tile, walk, q_side, device))
 
     def _build_mask_args(self, spec: MaskSpec, Sq, Sk, tile, walk, q_side: bool, device):
         from .tiles import doc_bounds, tile_classes, tile_lists  # imports triton: only when a kernel runs
