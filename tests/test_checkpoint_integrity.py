@@ -119,3 +119,13 @@ def test_resume_changes_rule():
     assert resume_changes(saved, {**saved, "steps": 8}) == ["resume changes steps: 4 -> 8"]
     with pytest.raises(ValueError, match=r"model\.dim \(8 -> 16\)"):
         resume_changes(saved, {**saved, "model": {"dim": 16}})
+
+
+def test_weights_only_checkpoint_must_be_step_0(tmp_path):
+    """A weights-only checkpoint (bench finetune load --save) is a step-0 one: one that says a
+    later step is refused before anything is read, rather than resumed with a fresh optimizer."""
+    import json
+
+    (tmp_path / "meta.json").write_text(json.dumps({"step": 3, "world": 1, "optimizer": False, "files": {}}))
+    with pytest.raises(ValueError, match="holds no optimizer state but says step 3"):
+        ckpt.load(str(tmp_path), None, None)

@@ -179,6 +179,9 @@ def load(path: str, model, optimizer, group=None) -> dict:
 
     meta = read_meta(path)
     weights_only = meta.get("optimizer") is False
+    if weights_only and meta.get("step") != 0:  # save() writes none such: a resumed run would lose its moments
+        raise ValueError(f"checkpoint {path} holds no optimizer state but says step {meta.get('step')!r}; "
+                         "only a step-0 checkpoint may be weights-only")
     if weights_only:  # not get_state_dict: it would give the fresh optimizer a state (step 1)
         state = {"model": get_model_state_dict(model)}
     else:
