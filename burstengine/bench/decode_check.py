@@ -107,14 +107,10 @@ def _run(model, prompts, new, **kw):
     return out.tokens, torch.stack(seen, 1)
 
 
-def _rel(a, b) -> float:
-    return float((a - b).abs().max() / b.abs().max())
-
-
 def _rel_while_same(a, b, tokens_a, tokens_b) -> tuple[float, int]:
-    """``_rel`` of the decode steps whose context is the same in both runs: row r's logits up to
-    its first differing token (a step's logits choose the next token, so they see only tokens
-    before it).  After two greedy runs part (bf16 beside float64 can, at a near tie) they score
+    """max |a - b| / max |b| over the decode steps whose context is the same in both runs: row r's
+    logits up to its first differing token (a step's logits choose the next token, so they see
+    only tokens before it).  After two greedy runs part (bf16 beside float64 can, at a near tie) they score
     different texts, and comparing those logits says nothing.  Returns (error, steps compared)."""
     worst, n = 0.0, 0
     scale = float(b.abs().max())
