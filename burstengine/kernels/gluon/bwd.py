@@ -43,9 +43,6 @@ BLOCK_M = gl.constexpr(64)   # q rows per step
 # of d=128); one number because BLOCK_N = d = 128 (supported() takes d=128 only)
 HALF = gl.constexpr(64)
 STAGES = gl.constexpr(2)
-# measurement variants (benchmarks/probe_gluon.py): 0 the kernel as it was; 1 lse/D loads before
-# the tile's wait and dQ before dK (FlashAttention-3's order); 2 each pair transposed (_step_t)
-VARIANT = 0
 
 
 @builtin
@@ -93,7 +90,7 @@ def _load_q(j, g, t, descs, bufs, bars, scal, HEAD_DIM: gl.constexpr):
 
 @gluon.jit
 def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM: gl.constexpr, W: gl.constexpr,
-          MASKED: gl.constexpr, REORDER: gl.constexpr):
+          MASKED: gl.constexpr):
     # one (q tile, this warpgroup's 64 kv rows) pair: dK, dV added in registers, dQ's 64 columns
     # of this warpgroup reduce-added into global memory
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
@@ -120,16 +117,11 @@ def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM: gl.co
 
     q_t = q_t0 + t
     offs_m = q_t * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)  # q rows in the block
-    if REORDER:
-        # lse and D do not wait for the tile: their loads run under the wait
-        lse2 = gl.load(LSE2 + g * slh + offs_m)
-        delta = gl.load(DL + g * sdlh + offs_m)
     mbarrier.wait(q_ready.index(st), (j // STAGES) & 1)
     s_tok = warpgroup_mma(q_s, k_w.permute((1, 0)), zero, use_acc=False, is_async=True)
     dp_tok = warpgroup_mma(do_s, v_w.permute((1, 0)), zero, use_acc=False, is_async=True)
-    if not REORDER:
-        lse2 = gl.load(LSE2 + g * slh + offs_m)
-        delta = gl.load(DL + g * sdlh + offs_m)
+    lse2 = gl.load(LSE2 + g * slh + offs_m)
+    delta = gl.load(DL + g * sdlh + offs_m)
     s = warpgroup_mma_wait(1, deps=(s_tok, ))
     p = gl.exp2(s * scale_log2 - lse2[:, None])
     if MASKED:
@@ -146,104 +138,22 @@ def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM: gl.co
     # arrive as touching all shared memory), so the whole half of dS is written when it lands
     mbarrier.arrive(ds_ready.index(j % 2), count=1)
     dq_s = dq_bufs.index(W)
-    if REORDER:
-        # dQ before dK (FlashAttention-3's order): dQ's store and reduce-add run under dK
-        mbarrier.wait(ds_ready.index(j % 2), (j // 2) & 1)
-        dq_tok = warpgroup_mma(ds_all, k_smem.slice(W * HALF, HALF, dim=1), zero, use_acc=False, is_async=True)
-        dk_tok = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
-        dv, dq = warpgroup_mma_wait(1, deps=(dv_tok, dq_tok))
-        tma.store_wait(0)  # the previous reduce has read this buffer
-        dq_s.store(dq * scale)
-        fence_async_shared()
-        _reduce_add(dq_desc, [q_row0 + q_t * BLOCK_M, (h0 + g) * HEAD_DIM + W * HALF], dq_s)
-        dk = warpgroup_mma_wait(0, deps=(dk_tok, ))
-        mbarrier.arrive(q_empty.index(st), count=1)
-    else:
-        dk_tok = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
-        # dQ = dS K needs the other warpgroup's half of dS too (dK runs meanwhile)
-        mbarrier.wait(ds_ready.index(j % 2), (j // 2) & 1)
-        dq_tok = warpgroup_mma(ds_all, k_smem.slice(W * HALF, HALF, dim=1), zero, use_acc=False, is_async=True)
-        dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
-        mbarrier.arrive(q_empty.index(st), count=1)
-        tma.store_wait(0)  # the previous reduce has read this buffer
-        dq_s.store(dq * scale)
-        fence_async_shared()
-        _reduce_add(dq_desc, [q_row0 + q_t * BLOCK_M, (h0 + g) * HEAD_DIM + W * HALF], dq_s)
-    return dk, dv
-
-
-@gluon.jit
-def _step_t(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM: gl.constexpr, W: gl.constexpr,
-            MASKED: gl.constexpr):
-    # the same pair computed transposed (FlashAttention-3's SdP_swapAB): S^T = K_w Q^T and
-    # dP^T = V_w dO^T have kv rows, so P^T and dS^T are already the A operands of dV = P^T dO and
-    # dK = dS^T Q and stay in registers (no P buffer); dS^T goes to shared memory once, for
-    # dQ = dS K (read transposed)
-    q_desc, k_desc, v_desc, do_desc, dq_desc = descs
-    k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
-    kv_bar, q_ready, q_empty, ds_ready = bars
-    q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale = scal
-    LSE2, slh = lse_h
-    DL, sdlh = dl_h
-    dtype: gl.constexpr = q_desc.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_M, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, HEAD_DIM, 16])
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, HALF, 16])
-    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
-
-    st = j % STAGES
-    q_s = q_bufs.index(st)
-    do_s = do_bufs.index(st)
-    k_w = k_smem.slice(W * HALF, HALF, dim=0)
-    v_w = v_smem.slice(W * HALF, HALF, dim=0)
-    dst_all = ds_bufs.index(j % 2)          # dS^T of the whole kv tile: (BLOCK_N kv, BLOCK_M q)
-    dst_w = dst_all.slice(W * HALF, HALF, dim=0)
-    zero = gl.zeros([HALF, BLOCK_M], gl.float32, s_layout)
-
-    q_t = q_t0 + t
-    offs_m = q_t * BLOCK_M + gl.arange(0, BLOCK_M, layout=col_s)  # q rows in the block: columns here
-    lse2 = gl.load(LSE2 + g * slh + offs_m)
-    delta = gl.load(DL + g * sdlh + offs_m)
-    mbarrier.wait(q_ready.index(st), (j // STAGES) & 1)
-    s_tok = warpgroup_mma(k_w, q_s.permute((1, 0)), zero, use_acc=False, is_async=True)
-    dp_tok = warpgroup_mma(v_w, do_s.permute((1, 0)), zero, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(1, deps=(s_tok, ))
-    p = gl.exp2(s * scale_log2 - lse2[None, :])
-    if MASKED:
-        offs_n = k_pos0 + W * HALF + gl.arange(0, HALF, layout=row_s)
-        p = gl.where((offs_m[None, :] - offs_n[:, None]) >= mask_lo, p, 0.0)
-    dp = warpgroup_mma_wait(0, deps=(dp_tok, ))
-    ds = p * (dp - delta[None, :])
-    p_op = gl.convert_layout(p.to(dtype), op_layout)
-    ds_lo = ds.to(dtype)
-    dst_w.store(ds_lo)
-    fence_async_shared()
-    mbarrier.arrive(ds_ready.index(j % 2), count=1)
-    dv_tok = warpgroup_mma(p_op, do_s, dv, is_async=True)
-    ds_op = gl.convert_layout(ds_lo, op_layout)
+    dk_tok = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
+    # dQ = dS K needs the other warpgroup's half of dS too (dK runs meanwhile)
     mbarrier.wait(ds_ready.index(j % 2), (j // 2) & 1)
-    dq_tok = warpgroup_mma(dst_all.permute((1, 0)), k_smem.slice(W * HALF, HALF, dim=1),
-                           gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout), use_acc=False, is_async=True)
-    dk_tok = warpgroup_mma(ds_op, q_s, dk, is_async=True)
-    dv, dq = warpgroup_mma_wait(1, deps=(dv_tok, dq_tok))
-    dq_s = dq_bufs.index(W)
+    dq_tok = warpgroup_mma(ds_all, k_smem.slice(W * HALF, HALF, dim=1), zero, use_acc=False, is_async=True)
+    dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
+    mbarrier.arrive(q_empty.index(st), count=1)
     tma.store_wait(0)  # the previous reduce has read this buffer
     dq_s.store(dq * scale)
     fence_async_shared()
     _reduce_add(dq_desc, [q_row0 + q_t * BLOCK_M, (h0 + g) * HEAD_DIM + W * HALF], dq_s)
-    dk = warpgroup_mma_wait(0, deps=(dk_tok, ))
-    mbarrier.arrive(q_empty.index(st), count=1)
     return dk, dv
 
 
 @gluon.jit
 def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, W: gl.constexpr,
-             FRESH: gl.constexpr, SWAP: gl.constexpr):
+             FRESH: gl.constexpr):
     k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
     kv_bar, q_ready, q_empty, ds_ready = bars
     q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale = scal
@@ -258,17 +168,11 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
     j = 0
     for g in range(GROUP):
         for t in range(n_mask):
-            if SWAP == 2:
-                dk, dv = _step_t(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM, W, True)
-            else:
-                dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM, W, True, SWAP == 1)
+            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM, W, True)
             j += 1
     for g in range(GROUP):
         for t in range(n_mask, n_q):
-            if SWAP == 2:
-                dk, dv = _step_t(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM, W, False)
-            else:
-                dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM, W, False, SWAP == 1)
+            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM, W, False)
             j += 1
     tma.store_wait(0)
     # once per program: plain stores from the accumulator layout (fresh) or read-add-store
@@ -285,20 +189,17 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
 
 
 @gluon.jit
-def _compute0(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr,
-              SWAP: gl.constexpr):
-    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 0, FRESH, SWAP)
+def _compute0(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr):
+    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 0, FRESH)
 
 
 @gluon.jit
-def _compute1(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr,
-              SWAP: gl.constexpr):
-    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 1, FRESH, SWAP)
+def _compute1(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr):
+    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 1, FRESH)
 
 
 @gluon.jit
-def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr,
-                 SWAP: gl.constexpr):
+def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr):
     _loader(descs, bufs, bars, scal, HEAD_DIM)
 
 
@@ -306,7 +207,7 @@ def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constex
                               "sdv"])
 def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, Sk, H, GROUP, scale_log2, scale,
                mask_lo, diag, slb, slh, sdlb, sdlh, sdk, sdv,
-               HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, LOAD_REGS: gl.constexpr, SWAP: gl.constexpr,
+               HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, LOAD_REGS: gl.constexpr,
                num_warps: gl.constexpr):
     """One program per (128-row kv tile, batch x kv head), over the q tiles of every q head of
     its group.  ``diag``: Sq = Sk and the q tiles start at the kv tile's (the two that cross its
@@ -329,15 +230,9 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
     ps_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF], dtype)
-    if SWAP == 2:
-        # dS^T (kv rows); no P buffer (P^T stays in registers)
-        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
-        ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
-        p_bufs = ds_bufs
-    else:
-        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
-        p_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HALF], ps_layout)
-        ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, BLOCK_N], ds_layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
+    p_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HALF], ps_layout)
+    ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, BLOCK_N], ds_layout)
     dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HALF], dq_desc.layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -360,9 +255,9 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
     dl_h = (DL + b64 * sdlb + h0 * sdlh, sdlh)
     out = (DK, DV, sdk, sdv)
     gl.warp_specialize([
-        (_compute0, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH, SWAP)),
-        (_compute1, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH, SWAP)),
-        (_loader_part, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH, SWAP)),
+        (_compute0, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH)),
+        (_compute1, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH)),
+        (_loader_part, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH)),
     ], [4, 1], [240, LOAD_REGS])
 
 
@@ -381,8 +276,7 @@ def supported(q, k, v, diag: bool, dout, dq=None, dk=None, dv=None) -> bool:
     return all(t is None or (t.shape == k.shape and writable_rows(t)) for t in (dk, dv))
 
 
-def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None, dq, dk, dv, fresh: bool,
-                  swap: int | None = None) -> None:
+def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None, dq, dk, dv, fresh: bool) -> None:
     """Add this block's dQ into float32 ``dq`` and its dK, dV into ``dk``, ``dv`` (or store them:
     ``fresh``).  ``lse2``: lse in base 2, +inf for rows that saw nothing; ``delta``: D; both
     (B, H, Sq) with unit stride along rows.  ``mask_lo``: None full, 0 causal, 1 strict."""
@@ -398,4 +292,4 @@ def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None,
                      scale * LOG2E.value, scale, mask_lo if diag else -BIG, int(diag),
                      lse2.stride(0), lse2.stride(1), delta.stride(0), delta.stride(1),
                      dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, FRESH=fresh, LOAD_REGS=LOADER_REGS,
-                     SWAP=VARIANT if swap is None else swap, num_warps=4, maxnreg=WS_MAXNREG)
+                     num_warps=4, maxnreg=WS_MAXNREG)

@@ -35,7 +35,6 @@ LOG2E = gl.constexpr(1.4426950408889634)
 BLOCK = gl.constexpr(128)   # q rows per program: two compute warpgroups of 64
 # K/V buffers per head dim (kv tiles are BLOCK rows too); a third buffer did not help (H200 probes)
 STAGES = {128: 2, 64: 2}
-PINGPONG = False  # the two warpgroups take turns issuing their wgmmas (_pingpong_loop)
 
 
 @gluon.jit
@@ -119,11 +118,10 @@ LOADER_REGS = 24  # the loader warp's registers: the minimum, it holds only scal
 
 
 @gluon.jit
-def _ws_loader(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr,
-               PINGPONG: gl.constexpr):
+def _ws_loader(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr):
     q_desc, k_desc, v_desc, o_desc = descs
     q_bufs, k_bufs, v_bufs, o_bufs = bufs
-    q_bar, k_ready, k_empty, v_ready, v_empty, o_bar, turn = bars
+    q_bar, k_ready, k_empty, v_ready, v_empty, o_bar = bars
     q_row, kv_row, q_col, kv_col, n_kv, q_pos0, mask_lo, qk_scale, lse_off, sls = scal
     for w in gl.static_range(2):
         mbarrier.expect(q_bar.index(w), WG_ROWS * HEAD_DIM * 2)
@@ -140,80 +138,12 @@ def _ws_loader(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, STAGES: gl.
 
 
 @gluon.jit
-def _pp_step(j, p, alpha, acc, m_i, l_i, q_smem, k_bufs, v_bufs, bars, qk_scale, offs_m, cols, mask_lo,
-             W: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr):
-    # PV of kv tile j and QK^T of tile j + 1 issued together in this warpgroup's turn (the other
-    # warpgroup's exponentials run under them), then tile j + 1's softmax under the PV
-    q_bar, k_ready, k_empty, v_ready, v_empty, o_bar, turn = bars
-    dtype: gl.constexpr = q_smem.dtype
-    HEAD_DIM: gl.constexpr = q_smem.shape[1]
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    st = j % STAGES
-    nxt = j + 1
-    nst = nxt % STAGES
-    acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-    p_op = gl.convert_layout(p.to(dtype), p_layout)
-    mbarrier.wait(k_ready.index(nst), (nxt // STAGES) & 1)
-    mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
-    # turn w of round j: warpgroup 0 goes first (its first wait passes), then 1, then 0 ...
-    mbarrier.wait(turn.index(W), (j & 1) ^ (1 - W))
-    s_tok = warpgroup_mma(q_smem, k_bufs.index(nst).permute((1, 0)),
-                          gl.zeros([WG_ROWS, BLOCK], gl.float32, s_layout), use_acc=False, is_async=True)
-    acc_tok = warpgroup_mma(p_op, v_bufs.index(st), acc, is_async=True)
-    mbarrier.arrive(turn.index(1 - W), count=1)
-    s = warpgroup_mma_wait(1, deps=(s_tok, ))
-    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, nxt * BLOCK + cols, mask_lo, MASKED)
-    acc = warpgroup_mma_wait(0, deps=(acc_tok, ))
-    mbarrier.arrive(k_empty.index(nst), count=1)
-    mbarrier.arrive(v_empty.index(st), count=1)
-    return p, alpha, acc, m_i, l_i
-
-
-@gluon.jit
-def _pingpong_loop(s_cur, acc, m_i, l_i, q_smem, k_bufs, v_bufs, bars, n_kv, qk_scale, offs_m, cols, mask_lo,
-                   W: gl.constexpr, STAGES: gl.constexpr):
-    # FlashAttention-3's forward order with its ping-pong of the two warpgroups; the diagonal
-    # (last) tile's softmax is the masked one, as in the plain loop
-    q_bar, k_ready, k_empty, v_ready, v_empty, o_bar, turn = bars
-    dtype: gl.constexpr = q_smem.dtype
-    HEAD_DIM: gl.constexpr = q_smem.shape[1]
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    if n_kv == 1:
-        p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, qk_scale, offs_m, cols, mask_lo, True)
-    else:
-        p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, qk_scale, offs_m, cols, mask_lo, False)
-    for j in range(n_kv - 2):
-        p, alpha, acc, m_i, l_i = _pp_step(j, p, alpha, acc, m_i, l_i, q_smem, k_bufs, v_bufs, bars, qk_scale,
-                                           offs_m, cols, mask_lo, W, STAGES, False)
-    if n_kv >= 2:
-        p, alpha, acc, m_i, l_i = _pp_step(n_kv - 2, p, alpha, acc, m_i, l_i, q_smem, k_bufs, v_bufs, bars,
-                                           qk_scale, offs_m, cols, mask_lo, W, STAGES, True)
-    j = n_kv - 1
-    st = j % STAGES
-    acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-    p_op = gl.convert_layout(p.to(dtype), p_layout)
-    mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
-    acc_tok = warpgroup_mma(p_op, v_bufs.index(st), acc, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=(acc_tok, ))
-    mbarrier.arrive(v_empty.index(st), count=1)
-    return acc, m_i, l_i
-
-
-@gluon.jit
 def _ws_compute(descs, bufs, bars, scal, LSE, W: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                ACC: gl.constexpr, PINGPONG: gl.constexpr):
+                ACC: gl.constexpr):
     # rows [W * 64, W * 64 + 64) of the q tile, in one warpgroup
     q_desc, k_desc, v_desc, o_desc = descs
     q_bufs, k_bufs, v_bufs, o_bufs = bufs
-    q_bar, k_ready, k_empty, v_ready, v_empty, o_bar, turn = bars
+    q_bar, k_ready, k_empty, v_ready, v_empty, o_bar = bars
     q_row, kv_row, q_col, kv_col, n_kv, q_pos0, mask_lo, qk_scale, lse_off, sls = scal
     dtype: gl.constexpr = q_desc.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -252,36 +182,32 @@ def _ws_compute(descs, bufs, bars, scal, LSE, W: gl.constexpr, HEAD_DIM: gl.cons
     s_tok = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s_cur = warpgroup_mma_wait(0, deps=(s_tok, ))
     mbarrier.arrive(k_empty.index(0), count=1)
-    if PINGPONG:
-        acc, m_i, l_i = _pingpong_loop(s_cur, acc, m_i, l_i, q_smem, k_bufs, v_bufs, bars, n_kv, qk_scale,
-                                       offs_m, cols, mask_lo, W, STAGES)
-    else:
 
-        # every tile but the last is fully visible (the last holds the causal/strict diagonal)
-        for j in range(n_kv - 1):
-            st = j % STAGES
-            nxt = j + 1
-            nst = nxt % STAGES
-            mbarrier.wait(k_ready.index(nst), (nxt // STAGES) & 1)
-            s_tok = warpgroup_mma(q_smem, k_bufs.index(nst).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, qk_scale, offs_m, cols, mask_lo, False)
-            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-            mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
-            acc_tok = warpgroup_mma(p_op, v_bufs.index(st), acc, is_async=True)
-            s_cur, acc = warpgroup_mma_wait(0, deps=(s_tok, acc_tok))
-            mbarrier.arrive(k_empty.index(nst), count=1)
-            mbarrier.arrive(v_empty.index(st), count=1)
-
-        j = n_kv - 1
+    # every tile but the last is fully visible (the last holds the causal/strict diagonal)
+    for j in range(n_kv - 1):
         st = j % STAGES
-        p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, qk_scale, offs_m, j * BLOCK + cols, mask_lo, True)
+        nxt = j + 1
+        nst = nxt % STAGES
+        mbarrier.wait(k_ready.index(nst), (nxt // STAGES) & 1)
+        s_tok = warpgroup_mma(q_smem, k_bufs.index(nst).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, qk_scale, offs_m, cols, mask_lo, False)
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
         acc_tok = warpgroup_mma(p_op, v_bufs.index(st), acc, is_async=True)
-        acc = warpgroup_mma_wait(0, deps=(acc_tok, ))
+        s_cur, acc = warpgroup_mma_wait(0, deps=(s_tok, acc_tok))
+        mbarrier.arrive(k_empty.index(nst), count=1)
         mbarrier.arrive(v_empty.index(st), count=1)
+
+    j = n_kv - 1
+    st = j % STAGES
+    p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, qk_scale, offs_m, j * BLOCK + cols, mask_lo, True)
+    acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+    p_op = gl.convert_layout(p.to(dtype), p_layout)
+    mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
+    acc_tok = warpgroup_mma(p_op, v_bufs.index(st), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(acc_tok, ))
+    mbarrier.arrive(v_empty.index(st), count=1)
 
     seen = l_i > 0
     l_safe = gl.where(seen, l_i, 1.0)
@@ -299,21 +225,19 @@ def _ws_compute(descs, bufs, bars, scal, LSE, W: gl.constexpr, HEAD_DIM: gl.cons
 
 
 @gluon.jit
-def _ws_compute0(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr,
-                 PINGPONG: gl.constexpr):
-    _ws_compute(descs, bufs, bars, scal, LSE, 0, HEAD_DIM, STAGES, ACC, PINGPONG)
+def _ws_compute0(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr):
+    _ws_compute(descs, bufs, bars, scal, LSE, 0, HEAD_DIM, STAGES, ACC)
 
 
 @gluon.jit
-def _ws_compute1(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr,
-                 PINGPONG: gl.constexpr):
-    _ws_compute(descs, bufs, bars, scal, LSE, 1, HEAD_DIM, STAGES, ACC, PINGPONG)
+def _ws_compute1(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr):
+    _ws_compute(descs, bufs, bars, scal, LSE, 1, HEAD_DIM, STAGES, ACC)
 
 
 @gluon.jit(do_not_specialize=["Sq", "Sk", "H", "GROUP", "mask_lo", "diag", "slb", "slh", "sls"])
 def fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, Sq, Sk, H, GROUP, qk_scale, mask_lo, diag, slb, slh, sls,
                HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr, LOAD_REGS: gl.constexpr,
-               PINGPONG: gl.constexpr, num_warps: gl.constexpr):
+               num_warps: gl.constexpr):
     """One program per (128-row q tile, batch x head).  ``diag``: causal-like (Sq = Sk, kv tiles up
     to the q tile's own, the diagonal masked by ``mask_lo``: 0 causal, 1 strict); else every kv tile.
     ``ACC``: start from and write back the running float32 (O, lse) instead of a fresh output
@@ -333,7 +257,6 @@ def fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, Sq, Sk, H, GROUP, qk_scale, 
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     o_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     if ACC:
         o_bufs = gl.allocate_shared_memory(gl.float32, [2, WG_ROWS, HEAD_DIM], o_desc.layout)
     else:
@@ -341,7 +264,6 @@ def fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, Sq, Sk, H, GROUP, qk_scale, 
     for i in gl.static_range(2):
         mbarrier.init(q_bar.index(i), count=1)
         mbarrier.init(o_bar.index(i), count=1)
-        mbarrier.init(turn.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
@@ -349,20 +271,20 @@ def fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, Sq, Sk, H, GROUP, qk_scale, 
         mbarrier.init(v_empty.index(i), count=2)
     descs = (q_desc, k_desc, v_desc, o_desc)
     bufs = (q_bufs, k_bufs, v_bufs, o_bufs)
-    bars = (q_bar, k_ready, k_empty, v_ready, v_empty, o_bar, turn)
+    bars = (q_bar, k_ready, k_empty, v_ready, v_empty, o_bar)
     scal = (b * Sq + pid_m * BLOCK, b * Sk, h * HEAD_DIM, (h // GROUP) * HEAD_DIM, n_kv, pid_m * BLOCK, mask_lo,
             qk_scale, b.to(gl.int64) * slb + h * slh, sls)
     gl.warp_specialize([
-        (_ws_compute0, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC, PINGPONG)),
-        (_ws_compute1, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC, PINGPONG)),
-        (_ws_loader, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC, PINGPONG)),
+        (_ws_compute0, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC)),
+        (_ws_compute1, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC)),
+        (_ws_loader, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC)),
     ], [4, 1], [240, LOAD_REGS])
 
 
 BIG = 1 << 30  # "no bound" for mask_lo
 
 
-def _launch(q, k, v, scale, mask_lo, diag, out, lse, acc: bool, pingpong: bool | None = None):
+def _launch(q, k, v, scale, mask_lo, diag, out, lse, acc: bool):
     """``acc``: ``out`` is the running float32 O, read and written in place; else the fresh output
     in q's dtype."""
     B, Sq, H, D = q.shape
@@ -371,17 +293,16 @@ def _launch(q, k, v, scale, mask_lo, diag, out, lse, acc: bool, pingpong: bool |
     grid = (Sq // BLOCK.value, B * H)
     fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, Sq, k.shape[1], H, H // k.shape[2], scale * LOG2E.value,
                      mask_lo, int(diag), *lse.stride(), HEAD_DIM=D, STAGES=STAGES[D], ACC=acc,
-                     LOAD_REGS=LOADER_REGS, PINGPONG=PINGPONG if pingpong is None else pingpong, num_warps=4,
-                     maxnreg=WS_MAXNREG)
+                     LOAD_REGS=LOADER_REGS, num_warps=4, maxnreg=WS_MAXNREG)
 
 
-def forward(q, k, v, scale: float, causal: bool, pingpong: bool | None = None):
+def forward(q, k, v, scale: float, causal: bool):
     """(out (B, S, H, D) in q's dtype, lse (B, H, S) float32) of softmax(q k^T * scale) v, causal
     (query i sees keys j <= i) or full; the tensors must pass :func:`supported`."""
     B, S, H, D = q.shape
     out = torch.empty(B, S, H, D, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, H, S, dtype=torch.float32, device=q.device)
-    _launch(q, k, v, scale, 0 if causal else -BIG, causal, out, lse, acc=False, pingpong=pingpong)
+    _launch(q, k, v, scale, 0 if causal else -BIG, causal, out, lse, acc=False)
     return out, lse
 
 
