@@ -452,6 +452,11 @@ def delta_error(rec):
                   "worst grad error (rebuilt O)"], body)
 
 
+def gluon_variants(rec):
+    body = [[r["S"], r["method"], ms(med(r["times"])), f"{r['tflops']:.0f}"] for r in rec["bench"] if "method" in r]
+    return table(["S", "kernel", "ms", "TFLOP/s"], body)
+
+
 def profile(rec):
     wall = rec["step_wall_s"]
     busy = rec.get("gpu_busy_s", rec.get("cpu_busy_s"))
@@ -624,6 +629,9 @@ FAMILIES = [
      "the HBM-bandwidth bound."),
     ("Faults at every phase", r"^faults_", faults,
      "`burstengine bench faults`: a rank lost at each phase of a job, and the bad-call fuzz."),
+    ("Gluon kernel variants", r"^gluon_variants", gluon_variants,
+     "Variants of the Gluon kernels built behind flags for one measurement and not kept (docs/kernels.md): "
+     "causal forward and backward alone, beside cuDNN in the same launch."),
     ("Where a training step's time goes", r"^profile_", profile,
      "`burstengine bench profile`: one step under torch.profiler, kernel time by category."),
     ("Soak", r"^soak", soak, "`burstengine bench soak`: resident memory over many tiny training steps."),
@@ -843,9 +851,28 @@ def block_finetune_gpu(records):
                               "max rel. logit error", "argmax agreement"], rows))
 
 
+def block_gluon_variants(records):
+    """docs/kernels.md: the Gluon variants measured and not kept, beside cuDNN, from one record."""
+    name = "gluon_variants_h200.json"
+    rec = _rec(records, name)
+    speed = {(r["S"], r["method"]): r["tflops"] for r in rec["bench"] if "method" in r}
+    cols = [("cudnn fwd", "cuDNN"), ("gluon fwd pp=0", "ours"), ("gluon fwd pp=1", "ping-pong"),
+            ("cudnn bwd", "cuDNN"), ("gluon bwd variant=0", "ours"), ("gluon bwd variant=1", "FA3 order"),
+            ("gluon bwd variant=2", "transposed")]
+    body = [[f"{S // 1024}K"] + [f"{speed[(S, m)]:.0f}" for m, _ in cols]
+            for S in sorted({S for S, _ in speed})]
+    worst = max(v for c in rec["check"] for v in c.values() if isinstance(v, float))
+    return "\n".join([f"On {device_of(rec)} (`{name}`, commit {rec['commit']}, which held the variants; causal, "
+                      "24 q heads on 8 kv heads, d=128, bf16; TFLOP/s of the forward and of the backward alone, "
+                      f"median of 5; every variant within {num(worst)} of float64 on the check cases of the run):",
+                      ""] + table(["S"] + [f"fwd: {h}" for _, h in cols[:3]] + [f"bwd: {h}" for _, h in cols[3:]],
+                                  body))
+
+
 BLOCKS = {"headline": block_headline, "lao": block_lao, "demo": block_demo, "demo-finetune": block_demo_finetune,
           "demo-finetune-line": block_demo_finetune_line, "demo-finetune-commands": block_demo_finetune_commands,
-          "decode-graphs": block_decode_graphs, "finetune-gpu": block_finetune_gpu}
+          "decode-graphs": block_decode_graphs, "finetune-gpu": block_finetune_gpu,
+          "gluon-variants": block_gluon_variants}
 BLOCK_RE = re.compile(r"(<!-- report:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
 
 
