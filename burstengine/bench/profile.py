@@ -73,9 +73,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds before spawned ranks are stopped")
 
 
+def _model(args) -> str:
+    """The preset profiled: --model, else llama-8b on GPU and tiny on CPU."""
+    return args.model or ("llama-8b" if torch.cuda.is_available() else "tiny")
+
+
 def run_rank(args) -> int:
     on_gpu = torch.cuda.is_available()
-    model = args.model or ("llama-8b" if on_gpu else "tiny")
+    model = _model(args)
     seq = args.seq or (131072 if on_gpu else 512)
     over = list(args.overrides) + [f"seq_len={seq}", "cp=0", "progress=false", f"steps={args.warmup + 1}",
                                    "batch_size=1", "eval_every=0"]
@@ -152,7 +157,7 @@ def validate(args) -> str | None:
     if args.warmup < 0 or (args.seq is not None and args.seq < 1):
         return "--warmup must be >= 0 and --seq >= 1"
     try:
-        load(args.model or ("llama-8b" if torch.cuda.is_available() else "tiny"), list(args.overrides))
+        load(_model(args), list(args.overrides))
     except ValueError as e:
         return str(e)
     return None
