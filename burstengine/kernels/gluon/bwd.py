@@ -43,6 +43,7 @@ BLOCK_M = gl.constexpr(64)   # q rows per step
 # of d=128); one number because BLOCK_N = d = 128 (supported() takes d=128 only)
 HALF = gl.constexpr(64)
 STAGES = gl.constexpr(2)
+INDEPENDENT = 1  # measurement flag: 0 dS exchanged for dQ; 1, 2 each warpgroup its own dQ (2: a half at a time)
 
 
 @builtin
@@ -90,7 +91,7 @@ def _load_q(j, g, t, descs, bufs, bars, scal, HEAD_DIM: gl.constexpr):
 
 @gluon.jit
 def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM: gl.constexpr, W: gl.constexpr,
-          MASKED: gl.constexpr):
+          MASKED: gl.constexpr, INDEP: gl.constexpr):
     # one (q tile, this warpgroup's 64 kv rows) pair: dK, dV added in registers, dQ's 64 columns
     # of this warpgroup reduce-added into global memory
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
@@ -132,28 +133,69 @@ def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM: gl.co
     dv_tok = warpgroup_mma(p_s.permute((1, 0)), do_s, dv, is_async=True)
     dp = warpgroup_mma_wait(1, deps=(dp_tok, ))
     ds = p * (dp - delta[:, None])
-    ds_w.store(ds.to(dtype))
-    fence_async_shared()
-    # one thread arrives; the compiler puts a warpgroup barrier before it (Triton 3.6 treats an
-    # arrive as touching all shared memory), so the whole half of dS is written when it lands
-    mbarrier.arrive(ds_ready.index(j % 2), count=1)
-    dq_s = dq_bufs.index(W)
-    dk_tok = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
-    # dQ = dS K needs the other warpgroup's half of dS too (dK runs meanwhile)
-    mbarrier.wait(ds_ready.index(j % 2), (j // 2) & 1)
-    dq_tok = warpgroup_mma(ds_all, k_smem.slice(W * HALF, HALF, dim=1), zero, use_acc=False, is_async=True)
-    dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
-    mbarrier.arrive(q_empty.index(st), count=1)
-    tma.store_wait(0)  # the previous reduce has read this buffer
-    dq_s.store(dq * scale)
-    fence_async_shared()
-    _reduce_add(dq_desc, [q_row0 + q_t * BLOCK_M, (h0 + g) * HEAD_DIM + W * HALF], dq_s)
+    if INDEP:
+        # this warpgroup's dQ over its own 64 kv rows, dS straight from registers (no barrier
+        # with the other warpgroup); both 64-column halves of dQ, reduce-added one after the other
+        ds16 = ds.to(dtype)
+        ds_op = gl.convert_layout(ds16, gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
+        col = (h0 + g) * HEAD_DIM
+        q_row = q_row0 + q_t * BLOCK_M
+        ds_own = ds_bufs.index(W)
+        if INDEP == 1:
+            dq0_tok = warpgroup_mma(ds_op, k_w.slice(0, HALF, dim=1), zero, use_acc=False, is_async=True)
+            dq1_tok = warpgroup_mma(ds_op, k_w.slice(HALF, HALF, dim=1), zero, use_acc=False, is_async=True)
+            ds_own.store(ds16)
+            fence_async_shared()
+            dk_tok = warpgroup_mma(ds_own.permute((1, 0)), q_s, dk, is_async=True)
+            dv, dq0, dq1, dk = warpgroup_mma_wait(0, deps=(dv_tok, dq0_tok, dq1_tok, dk_tok))
+            mbarrier.arrive(q_empty.index(st), count=1)
+            tma.store_wait(0)  # the previous step's reduces have read these buffers
+            dq_bufs.index(2 * W).store(dq0 * scale)
+            dq_bufs.index(2 * W + 1).store(dq1 * scale)
+            fence_async_shared()
+            _reduce_add(dq_desc, [q_row, col], dq_bufs.index(2 * W))
+            _reduce_add(dq_desc, [q_row, col + HALF], dq_bufs.index(2 * W + 1))
+        else:
+            # one half of dQ in registers at a time
+            dq0_tok = warpgroup_mma(ds_op, k_w.slice(0, HALF, dim=1), zero, use_acc=False, is_async=True)
+            ds_own.store(ds16)
+            fence_async_shared()
+            dk_tok = warpgroup_mma(ds_own.permute((1, 0)), q_s, dk, is_async=True)
+            dv, dq0 = warpgroup_mma_wait(1, deps=(dv_tok, dq0_tok))
+            tma.store_wait(1)  # TMA groups retire in order: the previous step's first reduce is done
+            dq_bufs.index(2 * W).store(dq0 * scale)
+            fence_async_shared()
+            _reduce_add(dq_desc, [q_row, col], dq_bufs.index(2 * W))
+            dq1_tok = warpgroup_mma(ds_op, k_w.slice(HALF, HALF, dim=1), zero, use_acc=False, is_async=True)
+            dk, dq1 = warpgroup_mma_wait(0, deps=(dk_tok, dq1_tok))
+            mbarrier.arrive(q_empty.index(st), count=1)
+            tma.store_wait(1)  # and its second
+            dq_bufs.index(2 * W + 1).store(dq1 * scale)
+            fence_async_shared()
+            _reduce_add(dq_desc, [q_row, col + HALF], dq_bufs.index(2 * W + 1))
+    else:
+        ds_w.store(ds.to(dtype))
+        fence_async_shared()
+        # one thread arrives; the compiler puts a warpgroup barrier before it (Triton 3.6 treats an
+        # arrive as touching all shared memory), so the whole half of dS is written when it lands
+        mbarrier.arrive(ds_ready.index(j % 2), count=1)
+        dq_s = dq_bufs.index(W)
+        dk_tok = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
+        # dQ = dS K needs the other warpgroup's half of dS too (dK runs meanwhile)
+        mbarrier.wait(ds_ready.index(j % 2), (j // 2) & 1)
+        dq_tok = warpgroup_mma(ds_all, k_smem.slice(W * HALF, HALF, dim=1), zero, use_acc=False, is_async=True)
+        dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
+        mbarrier.arrive(q_empty.index(st), count=1)
+        tma.store_wait(0)  # the previous reduce has read this buffer
+        dq_s.store(dq * scale)
+        fence_async_shared()
+        _reduce_add(dq_desc, [q_row0 + q_t * BLOCK_M, (h0 + g) * HEAD_DIM + W * HALF], dq_s)
     return dk, dv
 
 
 @gluon.jit
 def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, W: gl.constexpr,
-             FRESH: gl.constexpr):
+             FRESH: gl.constexpr, INDEP: gl.constexpr):
     k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
     kv_bar, q_ready, q_empty, ds_ready = bars
     q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale = scal
@@ -168,11 +210,11 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
     j = 0
     for g in range(GROUP):
         for t in range(n_mask):
-            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM, W, True)
+            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM, W, True, INDEP)
             j += 1
     for g in range(GROUP):
         for t in range(n_mask, n_q):
-            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM, W, False)
+            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM, W, False, INDEP)
             j += 1
     tma.store_wait(0)
     # once per program: plain stores from the accumulator layout (fresh) or read-add-store
@@ -189,17 +231,17 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
 
 
 @gluon.jit
-def _compute0(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr):
-    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 0, FRESH)
+def _compute0(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, INDEP: gl.constexpr):
+    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 0, FRESH, INDEP)
 
 
 @gluon.jit
-def _compute1(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr):
-    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 1, FRESH)
+def _compute1(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, INDEP: gl.constexpr):
+    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 1, FRESH, INDEP)
 
 
 @gluon.jit
-def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr):
+def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, INDEP: gl.constexpr):
     _loader(descs, bufs, bars, scal, HEAD_DIM)
 
 
@@ -207,7 +249,7 @@ def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constex
                               "sdv"])
 def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, Sk, H, GROUP, scale_log2, scale,
                mask_lo, diag, slb, slh, sdlb, sdlh, sdk, sdv,
-               HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, LOAD_REGS: gl.constexpr,
+               HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, LOAD_REGS: gl.constexpr, INDEP: gl.constexpr,
                num_warps: gl.constexpr):
     """One program per (128-row kv tile, batch x kv head), over the q tiles of every q head of
     its group.  ``diag``: Sq = Sk and the q tiles start at the kv tile's (the two that cross its
@@ -230,10 +272,14 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
     ps_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF], dtype)
-    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
     p_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HALF], ps_layout)
-    ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, BLOCK_N], ds_layout)
-    dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HALF], dq_desc.layout)
+    if INDEP:
+        ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HALF], ps_layout)
+        dq_bufs = gl.allocate_shared_memory(gl.float32, [4, BLOCK_M, HALF], dq_desc.layout)
+    else:
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
+        ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, BLOCK_N], ds_layout)
+        dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HALF], dq_desc.layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -255,9 +301,9 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
     dl_h = (DL + b64 * sdlb + h0 * sdlh, sdlh)
     out = (DK, DV, sdk, sdv)
     gl.warp_specialize([
-        (_compute0, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH)),
-        (_compute1, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH)),
-        (_loader_part, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH)),
+        (_compute0, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH, INDEP)),
+        (_compute1, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH, INDEP)),
+        (_loader_part, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH, INDEP)),
     ], [4, 1], [240, LOAD_REGS])
 
 
@@ -291,5 +337,5 @@ def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None,
     bwd_kernel[grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse2, delta, dk_rows, dv_rows, Sq, Sk, H, H // Hkv,
                      scale * LOG2E.value, scale, mask_lo if diag else -BIG, int(diag),
                      lse2.stride(0), lse2.stride(1), delta.stride(0), delta.stride(1),
-                     dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, FRESH=fresh, LOAD_REGS=LOADER_REGS,
+                     dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, FRESH=fresh, LOAD_REGS=LOADER_REGS, INDEP=INDEPENDENT,
                      num_warps=4, maxnreg=WS_MAXNREG)
