@@ -1,5 +1,5 @@
 """Probe: the Gluon backward's variants (gluon/bwd.py INDEPENDENT: 0 the two warpgroups exchange dS
-for dQ, 1 and 2 each its own dQ from registers) against float64 and cuDNN, then timed beside cuDNN
+for dQ, 1 and 2 each its own dQ from registers; PREFETCH: lse and D loaded a step ahead) against float64 and cuDNN, then timed beside cuDNN
 at 3B-model shapes (24 q heads, 8 kv heads, d=128, causal)."""
 import os, sys, time
 import torch
@@ -14,6 +14,8 @@ ours, cud = TritonKernel(), CudnnKernel()
 H, HKV, D = 24, 8, 128
 scale = D ** -0.5
 rows = []
+# (gluon/bwd.py INDEPENDENT, PREFETCH)
+VARIANTS = ((0, 0), (0, 1), (2, 0), (2, 1))
 out_dir = os.environ.get("OUT", "/tmp")
 
 
@@ -59,8 +61,8 @@ def check():
         o_r, lse_r, dq_r, dk_r, dv_r = ref64(q, k, v, do, mask)
         o64 = o_r.to(torch.bfloat16)
         lse32 = lse_r.float()
-        for sw in (0, 1, 2):
-            gb.INDEPENDENT = sw
+        for sw in VARIANTS:
+            gb.INDEPENDENT, gb.PREFETCH = sw
             delta = ours.delta(o64, do)
             if mask != "strict":
                 dq, dk, dv = ours.backward(do, q, k, v, lse32, delta, scale, mask)
@@ -72,7 +74,7 @@ def check():
             ours.backward_into(do, q, k, v, lse32, delta, scale, mask, dq, dk, dv)  # adds: twice the grads
             res.append(dict(what="bwd_into x2", S=S, mask=mask, swap=sw, dq=err(dq / 2, dq_r), dk=err(dk / 2, dk_r),
                             dv=err(dv / 2, dv_r)))
-        gb.INDEPENDENT = 1
+        gb.INDEPENDENT, gb.PREFETCH = 1, 0
     for r in res:
         print(r, flush=True)
         bad = [v for kk, v in r.items() if kk in ("dq", "dk", "dv") and not v < 2e-2]
@@ -81,7 +83,7 @@ def check():
     return res
 
 
-def bench(seqs, warmup=2, iters=5):
+def bench(seqs, warmup=2, iters=7):
     res = []
     for S in seqs:
         q, do = rnd(1, S, H, D), rnd(1, S, H, D)
@@ -91,12 +93,13 @@ def bench(seqs, warmup=2, iters=5):
         delta = ours.delta(o, do)
         cands = {"cudnn fwd": lambda: cud.forward(q, k, v, scale, "causal")}
         cands["cudnn bwd"] = lambda: cud.backward(do, q, k, v, lse, delta, scale, "causal", out=o)
-        for sw in (0, 1, 2):
-            cands[f"gluon bwd indep={sw}"] = (lambda sw=sw: (setattr(gb, "INDEPENDENT", sw),
+        for sw in VARIANTS:
+            cands[f"gluon bwd indep={sw[0]} pf={sw[1]}"] = (lambda sw=sw: (setattr(gb, "INDEPENDENT", sw[0]),
+                                                                          setattr(gb, "PREFETCH", sw[1]),
                                                                  ours.backward(do, q, k, v, lse, delta, scale, "causal")))
         if S <= 16384:  # outputs beside cuDNN's at this size
             o1 = o
-            gb.INDEPENDENT = 2
+            gb.INDEPENDENT, gb.PREFETCH = 2, 1
             g1 = ours.backward(do, q, k, v, lse, delta, scale, "causal")
             g0 = cud.backward(do, q, k, v, lse, delta, scale, "causal", out=o)
             res.append(dict(S=S, vs_cudnn=dict(out=err(o1, o), dq=err(g1[0], g0[0]), dk=err(g1[1], g0[1]),
@@ -109,7 +112,7 @@ def bench(seqs, warmup=2, iters=5):
             print(f"S={S:>7} {name:<18} {median(ts) * 1e3:9.2f} ms {res[-1]['tflops']:6.0f} TFLOP/s", flush=True)
         del q, k, v, do, o, lse, delta
         torch.cuda.empty_cache()
-    gb.INDEPENDENT = 1
+    gb.INDEPENDENT, gb.PREFETCH = 1, 0
     return res
 
 

@@ -43,6 +43,7 @@ BLOCK_M = gl.constexpr(64)   # q rows per step
 # of d=128); one number because BLOCK_N = d = 128 (supported() takes d=128 only)
 HALF = gl.constexpr(64)
 STAGES = gl.constexpr(2)
+PREFETCH = 0  # measurement flag: 1 loads lse and D a step ahead
 INDEPENDENT = 1  # measurement flag: 0 dS exchanged for dQ; 1, 2 each warpgroup its own dQ (2: a half at a time)
 
 
@@ -90,8 +91,8 @@ def _load_q(j, g, t, descs, bufs, bars, scal, HEAD_DIM: gl.constexpr):
 
 
 @gluon.jit
-def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM: gl.constexpr, W: gl.constexpr,
-          MASKED: gl.constexpr, INDEP: gl.constexpr):
+def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, lse_in, delta_in, HEAD_DIM: gl.constexpr,
+          W: gl.constexpr, MASKED: gl.constexpr, INDEP: gl.constexpr, PF: gl.constexpr):
     # one (q tile, this warpgroup's 64 kv rows) pair: dK, dV added in registers, dQ's 64 columns
     # of this warpgroup reduce-added into global memory
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
@@ -121,8 +122,12 @@ def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM: gl.co
     mbarrier.wait(q_ready.index(st), (j // STAGES) & 1)
     s_tok = warpgroup_mma(q_s, k_w.permute((1, 0)), zero, use_acc=False, is_async=True)
     dp_tok = warpgroup_mma(do_s, v_w.permute((1, 0)), zero, use_acc=False, is_async=True)
-    lse2 = gl.load(LSE2 + g * slh + offs_m)
-    delta = gl.load(DL + g * sdlh + offs_m)
+    if PF:
+        lse2 = lse_in
+        delta = delta_in
+    else:
+        lse2 = gl.load(LSE2 + g * slh + offs_m)
+        delta = gl.load(DL + g * sdlh + offs_m)
     s = warpgroup_mma_wait(1, deps=(s_tok, ))
     p = gl.exp2(s * scale_log2 - lse2[:, None])
     if MASKED:
@@ -194,8 +199,20 @@ def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM: gl.co
 
 
 @gluon.jit
+def _lse_rows(g, t, n_t, q_t0, lse_h, dl_h):
+    # lse (base 2) and D of q tile t of head g, zeros past tile n_t - 1
+    LSE2, slh = lse_h
+    DL, sdlh = dl_h
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 16])
+    offs_m = (q_t0 + t) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    ok = offs_m < (q_t0 + n_t) * BLOCK_M
+    return (gl.load(LSE2 + g * slh + offs_m, mask=ok, other=0.0), gl.load(DL + g * sdlh + offs_m, mask=ok, other=0.0))
+
+
+@gluon.jit
 def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, W: gl.constexpr,
-             FRESH: gl.constexpr, INDEP: gl.constexpr):
+             FRESH: gl.constexpr, INDEP: gl.constexpr, PF: gl.constexpr):
     k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
     kv_bar, q_ready, q_empty, ds_ready = bars
     q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale = scal
@@ -208,14 +225,37 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
     # the q tiles that cross the diagonal first (masked), then the rest; j counts steps for the
     # ring's buffers and phases
     j = 0
-    for g in range(GROUP):
-        for t in range(n_mask):
-            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM, W, True, INDEP)
-            j += 1
-    for g in range(GROUP):
-        for t in range(n_mask, n_q):
-            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM, W, False, INDEP)
-            j += 1
+    if PF:
+        # lse and D of the next q tile loaded a step ahead (their latency off the exp's path)
+        for g in range(GROUP):
+            lse2, delta = _lse_rows(g, 0, n_mask, q_t0, lse_h, dl_h)
+            for t in range(n_mask):
+                nl, nd = _lse_rows(g, t + 1, n_mask, q_t0, lse_h, dl_h)
+                dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, lse2, delta, HEAD_DIM, W, True,
+                               INDEP, PF)
+                lse2 = nl
+                delta = nd
+                j += 1
+        for g in range(GROUP):
+            lse2, delta = _lse_rows(g, n_mask, n_q, q_t0, lse_h, dl_h)
+            for t in range(n_mask, n_q):
+                nl, nd = _lse_rows(g, t + 1, n_q, q_t0, lse_h, dl_h)
+                dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, lse2, delta, HEAD_DIM, W, False,
+                               INDEP, PF)
+                lse2 = nl
+                delta = nd
+                j += 1
+    else:
+        for g in range(GROUP):
+            for t in range(n_mask):
+                dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, 0.0, 0.0, HEAD_DIM, W, True,
+                               INDEP, PF)
+                j += 1
+        for g in range(GROUP):
+            for t in range(n_mask, n_q):
+                dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, 0.0, 0.0, HEAD_DIM, W, False,
+                               INDEP, PF)
+                j += 1
     tma.store_wait(0)
     # once per program: plain stores from the accumulator layout (fresh) or read-add-store
     rows = kv_row + W * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, acc_layout))
@@ -231,17 +271,17 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
 
 
 @gluon.jit
-def _compute0(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, INDEP: gl.constexpr):
-    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 0, FRESH, INDEP)
+def _compute0(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, INDEP: gl.constexpr, PF: gl.constexpr):
+    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 0, FRESH, INDEP, PF)
 
 
 @gluon.jit
-def _compute1(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, INDEP: gl.constexpr):
-    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 1, FRESH, INDEP)
+def _compute1(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, INDEP: gl.constexpr, PF: gl.constexpr):
+    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 1, FRESH, INDEP, PF)
 
 
 @gluon.jit
-def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, INDEP: gl.constexpr):
+def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, INDEP: gl.constexpr, PF: gl.constexpr):
     _loader(descs, bufs, bars, scal, HEAD_DIM)
 
 
@@ -249,7 +289,7 @@ def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constex
                               "sdv"])
 def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, Sk, H, GROUP, scale_log2, scale,
                mask_lo, diag, slb, slh, sdlb, sdlh, sdk, sdv,
-               HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, LOAD_REGS: gl.constexpr, INDEP: gl.constexpr,
+               HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, LOAD_REGS: gl.constexpr, INDEP: gl.constexpr, PF: gl.constexpr,
                num_warps: gl.constexpr):
     """One program per (128-row kv tile, batch x kv head), over the q tiles of every q head of
     its group.  ``diag``: Sq = Sk and the q tiles start at the kv tile's (the two that cross its
@@ -301,9 +341,9 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
     dl_h = (DL + b64 * sdlb + h0 * sdlh, sdlh)
     out = (DK, DV, sdk, sdv)
     gl.warp_specialize([
-        (_compute0, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH, INDEP)),
-        (_compute1, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH, INDEP)),
-        (_loader_part, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH, INDEP)),
+        (_compute0, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH, INDEP, PF)),
+        (_compute1, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH, INDEP, PF)),
+        (_loader_part, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH, INDEP, PF)),
     ], [4, 1], [240, LOAD_REGS])
 
 
@@ -337,5 +377,5 @@ def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None,
     bwd_kernel[grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse2, delta, dk_rows, dv_rows, Sq, Sk, H, H // Hkv,
                      scale * LOG2E.value, scale, mask_lo if diag else -BIG, int(diag),
                      lse2.stride(0), lse2.stride(1), delta.stride(0), delta.stride(1),
-                     dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, FRESH=fresh, LOAD_REGS=LOADER_REGS, INDEP=INDEPENDENT,
+                     dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, FRESH=fresh, LOAD_REGS=LOADER_REGS, INDEP=INDEPENDENT, PF=PREFETCH,
                      num_warps=4, maxnreg=WS_MAXNREG)
