@@ -14,8 +14,8 @@ ours, cud = TritonKernel(), CudnnKernel()
 H, HKV, D = 24, 8, 128
 scale = D ** -0.5
 rows = []
-# (gluon/bwd.py INDEPENDENT, PREFETCH)
-VARIANTS = ((0, 0), (0, 1), (2, 0), (2, 1))
+# (gluon/bwd.py INDEPENDENT, PREFETCH, OPAQUE_ZERO)
+VARIANTS = ((0, 0, 0), (0, 0, 1), (0, 1, 1), (2, 0, 1), (2, 1, 1))
 out_dir = os.environ.get("OUT", "/tmp")
 
 
@@ -62,7 +62,7 @@ def check():
         o64 = o_r.to(torch.bfloat16)
         lse32 = lse_r.float()
         for sw in VARIANTS:
-            gb.INDEPENDENT, gb.PREFETCH = sw
+            gb.INDEPENDENT, gb.PREFETCH, gb.OPAQUE_ZERO = sw
             delta = ours.delta(o64, do)
             if mask != "strict":
                 dq, dk, dv = ours.backward(do, q, k, v, lse32, delta, scale, mask)
@@ -74,7 +74,7 @@ def check():
             ours.backward_into(do, q, k, v, lse32, delta, scale, mask, dq, dk, dv)  # adds: twice the grads
             res.append(dict(what="bwd_into x2", S=S, mask=mask, swap=sw, dq=err(dq / 2, dq_r), dk=err(dk / 2, dk_r),
                             dv=err(dv / 2, dv_r)))
-        gb.INDEPENDENT, gb.PREFETCH = 1, 0
+        gb.INDEPENDENT, gb.PREFETCH, gb.OPAQUE_ZERO = 0, 0, 1
     for r in res:
         print(r, flush=True)
         bad = [v for kk, v in r.items() if kk in ("dq", "dk", "dv") and not v < 2e-2]
@@ -94,12 +94,12 @@ def bench(seqs, warmup=2, iters=7):
         cands = {"cudnn fwd": lambda: cud.forward(q, k, v, scale, "causal")}
         cands["cudnn bwd"] = lambda: cud.backward(do, q, k, v, lse, delta, scale, "causal", out=o)
         for sw in VARIANTS:
-            cands[f"gluon bwd indep={sw[0]} pf={sw[1]}"] = (lambda sw=sw: (setattr(gb, "INDEPENDENT", sw[0]),
-                                                                          setattr(gb, "PREFETCH", sw[1]),
+            cands[f"gluon bwd indep={sw[0]} pf={sw[1]} opaque={sw[2]}"] = (
+                lambda sw=sw: (setattr(gb, "INDEPENDENT", sw[0]), setattr(gb, "PREFETCH", sw[1]), setattr(gb, "OPAQUE_ZERO", sw[2]),
                                                                  ours.backward(do, q, k, v, lse, delta, scale, "causal")))
         if S <= 16384:  # outputs beside cuDNN's at this size
             o1 = o
-            gb.INDEPENDENT, gb.PREFETCH = 2, 1
+            gb.INDEPENDENT, gb.PREFETCH, gb.OPAQUE_ZERO = 0, 0, 1
             g1 = ours.backward(do, q, k, v, lse, delta, scale, "causal")
             g0 = cud.backward(do, q, k, v, lse, delta, scale, "causal", out=o)
             res.append(dict(S=S, vs_cudnn=dict(out=err(o1, o), dq=err(g1[0], g0[0]), dk=err(g1[1], g0[1]),
@@ -112,7 +112,7 @@ def bench(seqs, warmup=2, iters=7):
             print(f"S={S:>7} {name:<18} {median(ts) * 1e3:9.2f} ms {res[-1]['tflops']:6.0f} TFLOP/s", flush=True)
         del q, k, v, do, o, lse, delta
         torch.cuda.empty_cache()
-    gb.INDEPENDENT, gb.PREFETCH = 1, 0
+    gb.INDEPENDENT, gb.PREFETCH, gb.OPAQUE_ZERO = 0, 0, 1
     return res
 
 

@@ -43,6 +43,7 @@ BLOCK_M = gl.constexpr(64)   # q rows per step
 # of d=128); one number because BLOCK_N = d = 128 (supported() takes d=128 only)
 HALF = gl.constexpr(64)
 STAGES = gl.constexpr(2)
+OPAQUE_ZERO = 1  # measurement flag: 1 recomputes the fixed buffers' descriptors each step
 PREFETCH = 0  # measurement flag: 1 loads lse and D a step ahead
 INDEPENDENT = 1  # measurement flag: 0 dS exchanged for dQ; 1, 2 each warpgroup its own dQ (2: a half at a time)
 
@@ -62,8 +63,8 @@ def _loader(descs, bufs, bars, scal, HEAD_DIM: gl.constexpr):
     kv_bar, q_ready, q_empty, ds_ready = bars
     q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale = scal
     mbarrier.expect(kv_bar, 2 * BLOCK_N * HEAD_DIM * 2)
-    tma.async_copy_global_to_shared(k_desc, [kv_row, kv_col], kv_bar, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [kv_row, kv_col], kv_bar, v_smem)
+    tma.async_copy_global_to_shared(k_desc, [kv_row, kv_col], kv_bar, k_smem.index(0))
+    tma.async_copy_global_to_shared(v_desc, [kv_row, kv_col], kv_bar, v_smem.index(0))
     j = 0
     for g in range(GROUP):
         for t in range(n_mask):
@@ -92,11 +93,11 @@ def _load_q(j, g, t, descs, bufs, bars, scal, HEAD_DIM: gl.constexpr):
 
 @gluon.jit
 def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, lse_in, delta_in, HEAD_DIM: gl.constexpr,
-          W: gl.constexpr, MASKED: gl.constexpr, INDEP: gl.constexpr, PF: gl.constexpr):
+          W: gl.constexpr, MASKED: gl.constexpr, INDEP: gl.constexpr, PF: gl.constexpr, OPAQUE: gl.constexpr):
     # one (q tile, this warpgroup's 64 kv rows) pair: dK, dV added in registers, dQ's 64 columns
     # of this warpgroup reduce-added into global memory
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
-    k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
+    k_all, v_all, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
     kv_bar, q_ready, q_empty, ds_ready = bars
     q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale = scal
     LSE2, slh = lse_h
@@ -110,9 +111,19 @@ def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, lse_in, delta_i
     st = j % STAGES
     q_s = q_bufs.index(st)
     do_s = do_bufs.index(st)
+    if OPAQUE:
+        # a zero the compiler cannot see through, new each step: the wgmma descriptors of the
+        # fixed buffers are then computed in the step, not hoisted out of the loop and spilled
+        z = gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [j], dtype=gl.int32, is_pure=False, pack=1)
+        k_smem = k_all.index(z)
+        v_smem = v_all.index(z)
+        p_s = p_bufs.index(W + z)
+    else:
+        k_smem = k_all.index(0)
+        v_smem = v_all.index(0)
+        p_s = p_bufs.index(W)
     k_w = k_smem.slice(W * HALF, HALF, dim=0)
     v_w = v_smem.slice(W * HALF, HALF, dim=0)
-    p_s = p_bufs.index(W)
     ds_all = ds_bufs.index(j % 2)
     ds_w = ds_all.slice(W * HALF, HALF, dim=1)
     zero = gl.zeros([BLOCK_M, HALF], gl.float32, s_layout)
@@ -212,7 +223,7 @@ def _lse_rows(g, t, n_t, q_t0, lse_h, dl_h):
 
 @gluon.jit
 def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, W: gl.constexpr,
-             FRESH: gl.constexpr, INDEP: gl.constexpr, PF: gl.constexpr):
+             FRESH: gl.constexpr, INDEP: gl.constexpr, PF: gl.constexpr, OPAQUE: gl.constexpr):
     k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
     kv_bar, q_ready, q_empty, ds_ready = bars
     q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale = scal
@@ -232,7 +243,7 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
             for t in range(n_mask):
                 nl, nd = _lse_rows(g, t + 1, n_mask, q_t0, lse_h, dl_h)
                 dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, lse2, delta, HEAD_DIM, W, True,
-                               INDEP, PF)
+                               INDEP, PF, OPAQUE)
                 lse2 = nl
                 delta = nd
                 j += 1
@@ -241,7 +252,7 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
             for t in range(n_mask, n_q):
                 nl, nd = _lse_rows(g, t + 1, n_q, q_t0, lse_h, dl_h)
                 dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, lse2, delta, HEAD_DIM, W, False,
-                               INDEP, PF)
+                               INDEP, PF, OPAQUE)
                 lse2 = nl
                 delta = nd
                 j += 1
@@ -249,12 +260,12 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
         for g in range(GROUP):
             for t in range(n_mask):
                 dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, 0.0, 0.0, HEAD_DIM, W, True,
-                               INDEP, PF)
+                               INDEP, PF, OPAQUE)
                 j += 1
         for g in range(GROUP):
             for t in range(n_mask, n_q):
                 dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, 0.0, 0.0, HEAD_DIM, W, False,
-                               INDEP, PF)
+                               INDEP, PF, OPAQUE)
                 j += 1
     tma.store_wait(0)
     # once per program: plain stores from the accumulator layout (fresh) or read-add-store
@@ -271,17 +282,17 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
 
 
 @gluon.jit
-def _compute0(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, INDEP: gl.constexpr, PF: gl.constexpr):
-    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 0, FRESH, INDEP, PF)
+def _compute0(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, INDEP: gl.constexpr, PF: gl.constexpr, OPAQUE: gl.constexpr):
+    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 0, FRESH, INDEP, PF, OPAQUE)
 
 
 @gluon.jit
-def _compute1(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, INDEP: gl.constexpr, PF: gl.constexpr):
-    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 1, FRESH, INDEP, PF)
+def _compute1(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, INDEP: gl.constexpr, PF: gl.constexpr, OPAQUE: gl.constexpr):
+    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 1, FRESH, INDEP, PF, OPAQUE)
 
 
 @gluon.jit
-def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, INDEP: gl.constexpr, PF: gl.constexpr):
+def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, INDEP: gl.constexpr, PF: gl.constexpr, OPAQUE: gl.constexpr):
     _loader(descs, bufs, bars, scal, HEAD_DIM)
 
 
@@ -289,7 +300,7 @@ def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constex
                               "sdv"])
 def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, Sk, H, GROUP, scale_log2, scale,
                mask_lo, diag, slb, slh, sdlb, sdlh, sdk, sdv,
-               HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, LOAD_REGS: gl.constexpr, INDEP: gl.constexpr, PF: gl.constexpr,
+               HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, LOAD_REGS: gl.constexpr, INDEP: gl.constexpr, PF: gl.constexpr, OPAQUE: gl.constexpr,
                num_warps: gl.constexpr):
     """One program per (128-row kv tile, batch x kv head), over the q tiles of every q head of
     its group.  ``diag``: Sq = Sk and the q tiles start at the kv tile's (the two that cross its
@@ -307,8 +318,8 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
     n_q = Sq // BLOCK_M - q_t0
     n_mask = gl.where(diag != 0, BLOCK_N // BLOCK_M, 0)
 
-    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], v_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
     ps_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF], dtype)
@@ -341,9 +352,9 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
     dl_h = (DL + b64 * sdlb + h0 * sdlh, sdlh)
     out = (DK, DV, sdk, sdv)
     gl.warp_specialize([
-        (_compute0, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH, INDEP, PF)),
-        (_compute1, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH, INDEP, PF)),
-        (_loader_part, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH, INDEP, PF)),
+        (_compute0, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH, INDEP, PF, OPAQUE)),
+        (_compute1, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH, INDEP, PF, OPAQUE)),
+        (_loader_part, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH, INDEP, PF, OPAQUE)),
     ], [4, 1], [240, LOAD_REGS])
 
 
@@ -377,5 +388,5 @@ def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None,
     bwd_kernel[grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse2, delta, dk_rows, dv_rows, Sq, Sk, H, H // Hkv,
                      scale * LOG2E.value, scale, mask_lo if diag else -BIG, int(diag),
                      lse2.stride(0), lse2.stride(1), delta.stride(0), delta.stride(1),
-                     dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, FRESH=fresh, LOAD_REGS=LOADER_REGS, INDEP=INDEPENDENT, PF=PREFETCH,
+                     dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, FRESH=fresh, LOAD_REGS=LOADER_REGS, INDEP=INDEPENDENT, PF=PREFETCH, OPAQUE=OPAQUE_ZERO,
                      num_warps=4, maxnreg=WS_MAXNREG)
