@@ -17,7 +17,7 @@ from .cpu_flash import CpuFlashKernel
 from .pieces import large_pairs
 from .reference import ReferenceKernel
 from .sdpa import CudnnKernel, FlashKernel
-from .triton.kernel import TritonKernel, gluon_forward_into
+from .triton.kernel import TritonKernel, gluon_bwd_takes, gluon_forward_into
 
 KERNELS: dict[str, Kernel] = {k.name: k for k in (ReferenceKernel(), FlashKernel(), CudnnKernel(), TritonKernel(),
                                                    CpuFlashKernel())}
@@ -28,9 +28,11 @@ KERNELS: dict[str, Kernel] = {k.name: k for k in (ReferenceKernel(), FlashKernel
 # the torch merge on every ring-step case of benchmarks/results/lao_bench.json.  The table:
 # "spec" is any MaskSpec (windows, documents, block masks), which SDPA cannot express.  Elsewhere
 # the Triton forward_into beats cuDNN + merge only on STRICT blocks of up to 8K rows (SDPA pays a
-# shifted call there); the plain forward in gluon runs at 0.94-1.05x cuDNN, so cuDNN keeps it; and
-# cuDNN's backward (fed an `out` rebuilt from D, plus the gradient adds) beats ours on the ring
-# step in 11 of 12 cases (ours, kernels/gluon/bwd.py there, 0.84-1.05x; lao_bench.json).
+# shifted call there); the plain forward in gluon runs at 0.94-1.05x cuDNN, so cuDNN keeps it.
+# Before the table too, a backward (plain or ring step) that kernels/gluon/bwd.py takes runs there:
+# 1.03-1.05x cuDNN at 16K-128K tokens, causal, 24 q / 8 kv heads (gluon_bwd_variants_h200.json);
+# the table's cuDNN rows are for the blocks it does not take (not Hopper, d != 128, lengths not
+# multiples of 128).
 AUTO_TABLE = {
     ("forward", FULL): [(None, "cudnn")],
     ("forward", CAUSAL): [(None, "cudnn")],
@@ -105,9 +107,14 @@ class AutoKernel(Kernel):
         return self.pick("forward", mask, q, k).forward_into(q, k, v, scale, mask, out, lse)
 
     def backward(self, dout, q, k, v, lse, delta, scale, mask, out=None):
+        if gluon_bwd_takes(q, k, v, mask, dout, gluon=self.gluon):
+            return _named("triton", self.gluon).backward(dout, q, k, v, lse, delta, scale, mask, out=out)
         return self.pick("backward", mask, q, k).backward(dout, q, k, v, lse, delta, scale, mask, out=out)
 
     def backward_into(self, dout, q, k, v, lse, delta, scale, mask, dq, dk, dv, out=None):
+        if gluon_bwd_takes(q, k, v, mask, dout, dq, dk, dv, gluon=self.gluon):
+            return _named("triton", self.gluon).backward_into(dout, q, k, v, lse, delta, scale, mask, dq, dk, dv,
+                                                              out=out)
         return self.pick("backward", mask, q, k).backward_into(dout, q, k, v, lse, delta, scale, mask, dq, dk, dv,
                                                             out=out)
 

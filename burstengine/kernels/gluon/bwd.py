@@ -15,6 +15,13 @@ FlashAttention-3's backward shape, written out:
   warpgroup computes half of dQ = dS K (its 64 columns of the head dim) and reduce-adds it into
   the float32 dQ through TMA: the same bytes once, no per-element atomics.
 
+Two things keep the step's registers under the compute partitions' 240 (the loop held ~50 more
+and spilled them, reloading every step: the profiler's top stall).  The wgmma descriptors of the
+fixed buffers (K, V, P) are indexed by a zero made each step by inline assembly, so they are
+rebuilt in the step rather than hoisted out of the loop; and lse and D of the next q tile are
+loaded a step ahead, off the path to the exponentials (that alone, while the loop still
+spilled, was slower).
+
 As in fwd.py, every wgmma is waited for within its step (an accumulator in flight across
 the loop's back edge makes ptxas serialise them) and the mask is a runtime bound: visible iff
 q index - k index >= mask_lo; only the q tiles that cross the diagonal run the masked step.
@@ -43,9 +50,6 @@ BLOCK_M = gl.constexpr(64)   # q rows per step
 # of d=128); one number because BLOCK_N = d = 128 (supported() takes d=128 only)
 HALF = gl.constexpr(64)
 STAGES = gl.constexpr(2)
-OPAQUE_ZERO = 1  # measurement flag: 1 recomputes the fixed buffers' descriptors each step
-PREFETCH = 0  # measurement flag: 1 loads lse and D a step ahead
-INDEPENDENT = 1  # measurement flag: 0 dS exchanged for dQ; 1, 2 each warpgroup its own dQ (2: a half at a time)
 
 
 @builtin
@@ -92,16 +96,14 @@ def _load_q(j, g, t, descs, bufs, bars, scal, HEAD_DIM: gl.constexpr):
 
 
 @gluon.jit
-def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, lse_in, delta_in, HEAD_DIM: gl.constexpr,
-          W: gl.constexpr, MASKED: gl.constexpr, INDEP: gl.constexpr, PF: gl.constexpr, OPAQUE: gl.constexpr):
+def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM: gl.constexpr, W: gl.constexpr,
+          MASKED: gl.constexpr):
     # one (q tile, this warpgroup's 64 kv rows) pair: dK, dV added in registers, dQ's 64 columns
     # of this warpgroup reduce-added into global memory
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_all, v_all, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
     kv_bar, q_ready, q_empty, ds_ready = bars
     q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale = scal
-    LSE2, slh = lse_h
-    DL, sdlh = dl_h
     dtype: gl.constexpr = q_desc.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HALF, 16])
@@ -111,17 +113,13 @@ def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, lse_in, delta_i
     st = j % STAGES
     q_s = q_bufs.index(st)
     do_s = do_bufs.index(st)
-    if OPAQUE:
-        # a zero the compiler cannot see through, new each step: the wgmma descriptors of the
-        # fixed buffers are then computed in the step, not hoisted out of the loop and spilled
-        z = gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [j], dtype=gl.int32, is_pure=False, pack=1)
-        k_smem = k_all.index(z)
-        v_smem = v_all.index(z)
-        p_s = p_bufs.index(W + z)
-    else:
-        k_smem = k_all.index(0)
-        v_smem = v_all.index(0)
-        p_s = p_bufs.index(W)
+    # a zero the compiler cannot see through, new each step: the wgmma descriptors of K, V and P
+    # (fixed buffers) are then built in the step.  Hoisted out of the loop they took ~50 registers
+    # and ptxas spilled 416 bytes, reloaded every step (gluon_bwd_variants_h200.json: 1.17x)
+    z = gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [j], dtype=gl.int32, is_pure=False, pack=1)
+    k_smem = k_all.index(z)
+    v_smem = v_all.index(z)
+    p_s = p_bufs.index(W + z)
     k_w = k_smem.slice(W * HALF, HALF, dim=0)
     v_w = v_smem.slice(W * HALF, HALF, dim=0)
     ds_all = ds_bufs.index(j % 2)
@@ -133,12 +131,6 @@ def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, lse_in, delta_i
     mbarrier.wait(q_ready.index(st), (j // STAGES) & 1)
     s_tok = warpgroup_mma(q_s, k_w.permute((1, 0)), zero, use_acc=False, is_async=True)
     dp_tok = warpgroup_mma(do_s, v_w.permute((1, 0)), zero, use_acc=False, is_async=True)
-    if PF:
-        lse2 = lse_in
-        delta = delta_in
-    else:
-        lse2 = gl.load(LSE2 + g * slh + offs_m)
-        delta = gl.load(DL + g * sdlh + offs_m)
     s = warpgroup_mma_wait(1, deps=(s_tok, ))
     p = gl.exp2(s * scale_log2 - lse2[:, None])
     if MASKED:
@@ -149,63 +141,22 @@ def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, lse_in, delta_i
     dv_tok = warpgroup_mma(p_s.permute((1, 0)), do_s, dv, is_async=True)
     dp = warpgroup_mma_wait(1, deps=(dp_tok, ))
     ds = p * (dp - delta[:, None])
-    if INDEP:
-        # this warpgroup's dQ over its own 64 kv rows, dS straight from registers (no barrier
-        # with the other warpgroup); both 64-column halves of dQ, reduce-added one after the other
-        ds16 = ds.to(dtype)
-        ds_op = gl.convert_layout(ds16, gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
-        col = (h0 + g) * HEAD_DIM
-        q_row = q_row0 + q_t * BLOCK_M
-        ds_own = ds_bufs.index(W)
-        if INDEP == 1:
-            dq0_tok = warpgroup_mma(ds_op, k_w.slice(0, HALF, dim=1), zero, use_acc=False, is_async=True)
-            dq1_tok = warpgroup_mma(ds_op, k_w.slice(HALF, HALF, dim=1), zero, use_acc=False, is_async=True)
-            ds_own.store(ds16)
-            fence_async_shared()
-            dk_tok = warpgroup_mma(ds_own.permute((1, 0)), q_s, dk, is_async=True)
-            dv, dq0, dq1, dk = warpgroup_mma_wait(0, deps=(dv_tok, dq0_tok, dq1_tok, dk_tok))
-            mbarrier.arrive(q_empty.index(st), count=1)
-            tma.store_wait(0)  # the previous step's reduces have read these buffers
-            dq_bufs.index(2 * W).store(dq0 * scale)
-            dq_bufs.index(2 * W + 1).store(dq1 * scale)
-            fence_async_shared()
-            _reduce_add(dq_desc, [q_row, col], dq_bufs.index(2 * W))
-            _reduce_add(dq_desc, [q_row, col + HALF], dq_bufs.index(2 * W + 1))
-        else:
-            # one half of dQ in registers at a time
-            dq0_tok = warpgroup_mma(ds_op, k_w.slice(0, HALF, dim=1), zero, use_acc=False, is_async=True)
-            ds_own.store(ds16)
-            fence_async_shared()
-            dk_tok = warpgroup_mma(ds_own.permute((1, 0)), q_s, dk, is_async=True)
-            dv, dq0 = warpgroup_mma_wait(1, deps=(dv_tok, dq0_tok))
-            tma.store_wait(1)  # TMA groups retire in order: the previous step's first reduce is done
-            dq_bufs.index(2 * W).store(dq0 * scale)
-            fence_async_shared()
-            _reduce_add(dq_desc, [q_row, col], dq_bufs.index(2 * W))
-            dq1_tok = warpgroup_mma(ds_op, k_w.slice(HALF, HALF, dim=1), zero, use_acc=False, is_async=True)
-            dk, dq1 = warpgroup_mma_wait(0, deps=(dk_tok, dq1_tok))
-            mbarrier.arrive(q_empty.index(st), count=1)
-            tma.store_wait(1)  # and its second
-            dq_bufs.index(2 * W + 1).store(dq1 * scale)
-            fence_async_shared()
-            _reduce_add(dq_desc, [q_row, col + HALF], dq_bufs.index(2 * W + 1))
-    else:
-        ds_w.store(ds.to(dtype))
-        fence_async_shared()
-        # one thread arrives; the compiler puts a warpgroup barrier before it (Triton 3.6 treats an
-        # arrive as touching all shared memory), so the whole half of dS is written when it lands
-        mbarrier.arrive(ds_ready.index(j % 2), count=1)
-        dq_s = dq_bufs.index(W)
-        dk_tok = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
-        # dQ = dS K needs the other warpgroup's half of dS too (dK runs meanwhile)
-        mbarrier.wait(ds_ready.index(j % 2), (j // 2) & 1)
-        dq_tok = warpgroup_mma(ds_all, k_smem.slice(W * HALF, HALF, dim=1), zero, use_acc=False, is_async=True)
-        dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
-        mbarrier.arrive(q_empty.index(st), count=1)
-        tma.store_wait(0)  # the previous reduce has read this buffer
-        dq_s.store(dq * scale)
-        fence_async_shared()
-        _reduce_add(dq_desc, [q_row0 + q_t * BLOCK_M, (h0 + g) * HEAD_DIM + W * HALF], dq_s)
+    ds_w.store(ds.to(dtype))
+    fence_async_shared()
+    # one thread arrives; the compiler puts a warpgroup barrier before it (Triton 3.6 treats an
+    # arrive as touching all shared memory), so the whole half of dS is written when it lands
+    mbarrier.arrive(ds_ready.index(j % 2), count=1)
+    dq_s = dq_bufs.index(W)
+    dk_tok = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
+    # dQ = dS K needs the other warpgroup's half of dS too (dK runs meanwhile)
+    mbarrier.wait(ds_ready.index(j % 2), (j // 2) & 1)
+    dq_tok = warpgroup_mma(ds_all, k_smem.slice(W * HALF, HALF, dim=1), zero, use_acc=False, is_async=True)
+    dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
+    mbarrier.arrive(q_empty.index(st), count=1)
+    tma.store_wait(0)  # the previous reduce has read this buffer
+    dq_s.store(dq * scale)
+    fence_async_shared()
+    _reduce_add(dq_desc, [q_row0 + q_t * BLOCK_M, (h0 + g) * HEAD_DIM + W * HALF], dq_s)
     return dk, dv
 
 
@@ -223,7 +174,7 @@ def _lse_rows(g, t, n_t, q_t0, lse_h, dl_h):
 
 @gluon.jit
 def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, W: gl.constexpr,
-             FRESH: gl.constexpr, INDEP: gl.constexpr, PF: gl.constexpr, OPAQUE: gl.constexpr):
+             FRESH: gl.constexpr):
     k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
     kv_bar, q_ready, q_empty, ds_ready = bars
     q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale = scal
@@ -234,39 +185,23 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
     dv = gl.zeros([HALF, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_bar, 0)
     # the q tiles that cross the diagonal first (masked), then the rest; j counts steps for the
-    # ring's buffers and phases
+    # ring's buffers and phases.  lse and D of the next q tile are loaded a step ahead, off the
+    # path to the exponentials (1.06x on top of the above)
     j = 0
-    if PF:
-        # lse and D of the next q tile loaded a step ahead (their latency off the exp's path)
-        for g in range(GROUP):
-            lse2, delta = _lse_rows(g, 0, n_mask, q_t0, lse_h, dl_h)
-            for t in range(n_mask):
-                nl, nd = _lse_rows(g, t + 1, n_mask, q_t0, lse_h, dl_h)
-                dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, lse2, delta, HEAD_DIM, W, True,
-                               INDEP, PF, OPAQUE)
-                lse2 = nl
-                delta = nd
-                j += 1
-        for g in range(GROUP):
-            lse2, delta = _lse_rows(g, n_mask, n_q, q_t0, lse_h, dl_h)
-            for t in range(n_mask, n_q):
-                nl, nd = _lse_rows(g, t + 1, n_q, q_t0, lse_h, dl_h)
-                dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, lse2, delta, HEAD_DIM, W, False,
-                               INDEP, PF, OPAQUE)
-                lse2 = nl
-                delta = nd
-                j += 1
-    else:
-        for g in range(GROUP):
-            for t in range(n_mask):
-                dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, 0.0, 0.0, HEAD_DIM, W, True,
-                               INDEP, PF, OPAQUE)
-                j += 1
-        for g in range(GROUP):
-            for t in range(n_mask, n_q):
-                dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, 0.0, 0.0, HEAD_DIM, W, False,
-                               INDEP, PF, OPAQUE)
-                j += 1
+    for g in range(GROUP):
+        lse2, delta = _lse_rows(g, 0, n_mask, q_t0, lse_h, dl_h)
+        for t in range(n_mask):
+            nxt = _lse_rows(g, t + 1, n_mask, q_t0, lse_h, dl_h)
+            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, W, True)
+            lse2, delta = nxt
+            j += 1
+    for g in range(GROUP):
+        lse2, delta = _lse_rows(g, n_mask, n_q, q_t0, lse_h, dl_h)
+        for t in range(n_mask, n_q):
+            nxt = _lse_rows(g, t + 1, n_q, q_t0, lse_h, dl_h)
+            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, W, False)
+            lse2, delta = nxt
+            j += 1
     tma.store_wait(0)
     # once per program: plain stores from the accumulator layout (fresh) or read-add-store
     rows = kv_row + W * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, acc_layout))
@@ -282,17 +217,17 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
 
 
 @gluon.jit
-def _compute0(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, INDEP: gl.constexpr, PF: gl.constexpr, OPAQUE: gl.constexpr):
-    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 0, FRESH, INDEP, PF, OPAQUE)
+def _compute0(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr):
+    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 0, FRESH)
 
 
 @gluon.jit
-def _compute1(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, INDEP: gl.constexpr, PF: gl.constexpr, OPAQUE: gl.constexpr):
-    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 1, FRESH, INDEP, PF, OPAQUE)
+def _compute1(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr):
+    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 1, FRESH)
 
 
 @gluon.jit
-def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, INDEP: gl.constexpr, PF: gl.constexpr, OPAQUE: gl.constexpr):
+def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr):
     _loader(descs, bufs, bars, scal, HEAD_DIM)
 
 
@@ -300,7 +235,7 @@ def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constex
                               "sdv"])
 def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, Sk, H, GROUP, scale_log2, scale,
                mask_lo, diag, slb, slh, sdlb, sdlh, sdk, sdv,
-               HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, LOAD_REGS: gl.constexpr, INDEP: gl.constexpr, PF: gl.constexpr, OPAQUE: gl.constexpr,
+               HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, LOAD_REGS: gl.constexpr,
                num_warps: gl.constexpr):
     """One program per (128-row kv tile, batch x kv head), over the q tiles of every q head of
     its group.  ``diag``: Sq = Sk and the q tiles start at the kv tile's (the two that cross its
@@ -318,19 +253,16 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
     n_q = Sq // BLOCK_M - q_t0
     n_mask = gl.where(diag != 0, BLOCK_N // BLOCK_M, 0)
 
+    # K and V with a leading dimension of 1, so _step can index them by its opaque zero
     k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
     ps_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF], dtype)
     p_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HALF], ps_layout)
-    if INDEP:
-        ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HALF], ps_layout)
-        dq_bufs = gl.allocate_shared_memory(gl.float32, [4, BLOCK_M, HALF], dq_desc.layout)
-    else:
-        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
-        ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, BLOCK_N], ds_layout)
-        dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HALF], dq_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
+    ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, BLOCK_N], ds_layout)
+    dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HALF], dq_desc.layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -352,9 +284,9 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
     dl_h = (DL + b64 * sdlb + h0 * sdlh, sdlh)
     out = (DK, DV, sdk, sdv)
     gl.warp_specialize([
-        (_compute0, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH, INDEP, PF, OPAQUE)),
-        (_compute1, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH, INDEP, PF, OPAQUE)),
-        (_loader_part, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH, INDEP, PF, OPAQUE)),
+        (_compute0, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH)),
+        (_compute1, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH)),
+        (_loader_part, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH)),
     ], [4, 1], [240, LOAD_REGS])
 
 
@@ -388,5 +320,5 @@ def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None,
     bwd_kernel[grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse2, delta, dk_rows, dv_rows, Sq, Sk, H, H // Hkv,
                      scale * LOG2E.value, scale, mask_lo if diag else -BIG, int(diag),
                      lse2.stride(0), lse2.stride(1), delta.stride(0), delta.stride(1),
-                     dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, FRESH=fresh, LOAD_REGS=LOADER_REGS, INDEP=INDEPENDENT, PF=PREFETCH, OPAQUE=OPAQUE_ZERO,
+                     dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, FRESH=fresh, LOAD_REGS=LOADER_REGS,
                      num_warps=4, maxnreg=WS_MAXNREG)
