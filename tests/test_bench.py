@@ -34,3 +34,19 @@ def test_bench_rejects_unknown_method():
                         "--methods", "nope"], capture_output=True, text=True, timeout=120,
                        env={k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")})
     assert p.returncode != 0 and "unknown method" in (p.stdout + p.stderr)
+
+
+def test_profile_categories_name_every_attention_kernel():
+    # a kernel left in "other" hides the attention's share of a step (the Gluon backward did once)
+    from burstengine.bench.profile import category
+    cases = {
+        "bwd_kernel": "attention backward",  # kernels/gluon/bwd.py
+        "kv_kernel": "attention backward", "dq_kernel": "attention backward",  # kernels/triton/bwd.py
+        "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x128": "attention backward",
+        "fwd_kernel": "attention forward",
+        "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128": "attention forward",
+        "nvjet_tst_256x128_64x4_1x2_h_bz_coopa_NNT": "gemm",
+        "ncclDevKernel_AllGather_RING_LL": "collective",
+    }
+    for name, want in cases.items():
+        assert category(name) == want, name

@@ -31,7 +31,7 @@ CATEGORIES = (
     ("collective", r"nccl|allgather|reducescatter|all_reduce|allreduce"),
     ("attention backward", r"(fmha|flash|sdpa|attn|attention|_bwd_|gluon).*(bprop|bwd|backward|dq|dkdv)|"
                            r"(bprop|bwd|backward).*(fmha|flash|sdpa|attn)|_attn_bwd|_bwd_kernel|_bwd_preprocess|"
-                           r"_delta|^kv_kernel|^dq_kernel"),  # the last two: kernels/triton/bwd.py
+                           r"_delta|^kv_kernel|^dq_kernel|^bwd_kernel"),  # kernels/triton/bwd.py, kernels/gluon/bwd.py
     ("attention forward", r"fmha|flash|sdpa|cudnn_generated|attn|attention|fwd_kernel|gluon|_merge"),
     ("loss", r"cross_entropy|log_softmax|softmax_backward|_ce_|nll_loss|logsumexp|fused_ce|lce"),
     ("optimizer", r"multi_tensor|adam|foreach|_amp_|clip|norm_kernel"),
