@@ -1,11 +1,11 @@
-"""Probe: the Gluon backward's variants (gluon/bwd.py INDEPENDENT: 0 the two warpgroups exchange dS
-for dQ, 1 and 2 each its own dQ from registers; PREFETCH: lse and D loaded a step ahead) against float64 and cuDNN, then timed beside cuDNN
-at 3B-model shapes (24 q heads, 8 kv heads, d=128, causal)."""
+"""Probe: the Gluon backward (kernels/gluon/bwd.py) against float64 and cuDNN, then timed beside
+cuDNN at 3B-model shapes (24 q heads, 8 kv heads, d=128, causal).  The variants measured while it
+was built (gluon_bwd_*_h200.json) ran from this script at the commits their records name."""
 import os, sys, time
 import torch
 from burstengine.kernels.triton.kernel import TritonKernel
 from burstengine.kernels.sdpa import CudnnKernel
-from burstengine.kernels.gluon import fwd as gf, bwd as gb
+
 from burstengine.timing import timed, median
 
 torch.manual_seed(0)
@@ -14,8 +14,6 @@ ours, cud = TritonKernel(), CudnnKernel()
 H, HKV, D = 24, 8, 128
 scale = D ** -0.5
 rows = []
-# (gluon/bwd.py INDEPENDENT, PREFETCH, OPAQUE_ZERO)
-VARIANTS = ((0, 0, 0), (0, 0, 1), (0, 1, 1), (2, 0, 1), (2, 1, 1))
 out_dir = os.environ.get("OUT", "/tmp")
 
 
@@ -61,8 +59,7 @@ def check():
         o_r, lse_r, dq_r, dk_r, dv_r = ref64(q, k, v, do, mask)
         o64 = o_r.to(torch.bfloat16)
         lse32 = lse_r.float()
-        for sw in VARIANTS:
-            gb.INDEPENDENT, gb.PREFETCH, gb.OPAQUE_ZERO = sw
+        for sw in (0, ):
             delta = ours.delta(o64, do)
             if mask != "strict":
                 dq, dk, dv = ours.backward(do, q, k, v, lse32, delta, scale, mask)
@@ -74,7 +71,6 @@ def check():
             ours.backward_into(do, q, k, v, lse32, delta, scale, mask, dq, dk, dv)  # adds: twice the grads
             res.append(dict(what="bwd_into x2", S=S, mask=mask, swap=sw, dq=err(dq / 2, dq_r), dk=err(dk / 2, dk_r),
                             dv=err(dv / 2, dv_r)))
-        gb.INDEPENDENT, gb.PREFETCH, gb.OPAQUE_ZERO = 0, 0, 1
     for r in res:
         print(r, flush=True)
         bad = [v for kk, v in r.items() if kk in ("dq", "dk", "dv") and not v < 2e-2]
@@ -93,13 +89,9 @@ def bench(seqs, warmup=2, iters=7):
         delta = ours.delta(o, do)
         cands = {"cudnn fwd": lambda: cud.forward(q, k, v, scale, "causal")}
         cands["cudnn bwd"] = lambda: cud.backward(do, q, k, v, lse, delta, scale, "causal", out=o)
-        for sw in VARIANTS:
-            cands[f"gluon bwd indep={sw[0]} pf={sw[1]} opaque={sw[2]}"] = (
-                lambda sw=sw: (setattr(gb, "INDEPENDENT", sw[0]), setattr(gb, "PREFETCH", sw[1]), setattr(gb, "OPAQUE_ZERO", sw[2]),
-                                                                 ours.backward(do, q, k, v, lse, delta, scale, "causal")))
+        cands["gluon bwd"] = lambda: ours.backward(do, q, k, v, lse, delta, scale, "causal")
         if S <= 16384:  # outputs beside cuDNN's at this size
             o1 = o
-            gb.INDEPENDENT, gb.PREFETCH, gb.OPAQUE_ZERO = 0, 0, 1
             g1 = ours.backward(do, q, k, v, lse, delta, scale, "causal")
             g0 = cud.backward(do, q, k, v, lse, delta, scale, "causal", out=o)
             res.append(dict(S=S, vs_cudnn=dict(out=err(o1, o), dq=err(g1[0], g0[0]), dk=err(g1[1], g0[1]),
@@ -112,7 +104,6 @@ def bench(seqs, warmup=2, iters=7):
             print(f"S={S:>7} {name:<18} {median(ts) * 1e3:9.2f} ms {res[-1]['tflops']:6.0f} TFLOP/s", flush=True)
         del q, k, v, do, o, lse, delta
         torch.cuda.empty_cache()
-    gb.INDEPENDENT, gb.PREFETCH, gb.OPAQUE_ZERO = 0, 0, 1
     return res
 
 
@@ -121,5 +112,5 @@ if __name__ == "__main__":
     c = check()
     b = bench([int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "16384,65536,131072").split(",")])
     from burstengine.records import write_record
-    print(write_record("gluon_bwd_indep", dict(device=torch.cuda.get_device_name(), check=c, bench=b,
+    print(write_record("gluon_bwd", dict(device=torch.cuda.get_device_name(), check=c, bench=b,
                                               seconds=time.time() - t0), out_dir=out_dir))
