@@ -629,7 +629,7 @@ FAMILIES = [
      "the HBM-bandwidth bound."),
     ("Faults at every phase", r"^faults_", faults,
      "`burstengine bench faults`: a rank lost at each phase of a job, and the bad-call fuzz."),
-    ("Gluon kernel variants", r"^gluon_variants", gluon_variants,
+    ("Gluon kernel variants", r"^gluon_", gluon_variants,
      "Variants of the Gluon kernels built behind flags for one measurement and not kept (docs/kernels.md): "
      "causal forward and backward alone, beside cuDNN in the same launch."),
     ("Where a training step's time goes", r"^profile_", profile,
@@ -869,10 +869,32 @@ def block_gluon_variants(records):
                                   body))
 
 
+def block_gluon_bwd(records):
+    """docs/kernels.md: the Gluon backward before and after the spill fix, and its variants, beside cuDNN."""
+    name, h100_name = "gluon_bwd_variants_h200.json", "gluon_bwd_h100.json"
+    rec, h100 = _rec(records, name), _rec(records, h100_name)
+    speed = {(r["S"], r["method"]): r["tflops"] for r in rec["bench"] if "method" in r}
+    cols = [("cudnn bwd", "cuDNN"), ("gluon bwd indep=0 pf=0 opaque=0", "before"),
+            ("gluon bwd indep=0 pf=0 opaque=1", "+ descriptors in the step"),
+            ("gluon bwd indep=0 pf=1 opaque=1", "+ lse/D a step ahead (kept)"),
+            ("gluon bwd indep=2 pf=0 opaque=1", "own dQ per warpgroup"),
+            ("gluon bwd indep=2 pf=1 opaque=1", "own dQ + lse/D ahead")]
+    body = [[f"{S // 1024}K"] + [f"{speed[(S, m)]:.0f}" for m, _ in cols] for S in sorted({S for S, _ in speed})]
+    worst = max(v for c in rec["check"] for v in c.values() if isinstance(v, float))
+    hs = {(r["S"], r["method"]): r["tflops"] for r in h100["bench"] if "method" in r}
+    h100_line = "; ".join(f"{S // 1024}K: ours {hs[(S, 'gluon bwd')]:.0f}, cuDNN {hs[(S, 'cudnn bwd')]:.0f}"
+                          for S in sorted({S for S, _ in hs}))
+    return "\n".join([f"On {device_of(rec)} (`{name}`, commit {rec['commit']}, which held the variants as flags; "
+                      "causal, 24 q heads on 8 kv heads, d=128, bf16; TFLOP/s of the backward alone, median of 7; "
+                      f"every variant within {num(worst)} of float64 on the check cases of the run):", ""]
+                     + table(["S"] + [h for _, h in cols], body)
+                     + ["", f"The kernel as kept, on {device_of(h100)} (`{h100_name}`, TFLOP/s): {h100_line}."])
+
+
 BLOCKS = {"headline": block_headline, "lao": block_lao, "demo": block_demo, "demo-finetune": block_demo_finetune,
           "demo-finetune-line": block_demo_finetune_line, "demo-finetune-commands": block_demo_finetune_commands,
           "decode-graphs": block_decode_graphs, "finetune-gpu": block_finetune_gpu,
-          "gluon-variants": block_gluon_variants}
+          "gluon-variants": block_gluon_variants, "gluon-bwd": block_gluon_bwd}
 BLOCK_RE = re.compile(r"(<!-- report:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
 
 
