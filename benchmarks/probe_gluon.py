@@ -7,7 +7,6 @@ from burstengine.kernels.triton.kernel import TritonKernel
 from burstengine.kernels.sdpa import CudnnKernel
 
 from burstengine.timing import timed, median
-from burstengine.kernels.gluon import bwd as gb
 
 torch.manual_seed(0)
 dev = "cuda"
@@ -60,8 +59,7 @@ def check():
         o_r, lse_r, dq_r, dk_r, dv_r = ref64(q, k, v, do, mask)
         o64 = o_r.to(torch.bfloat16)
         lse32 = lse_r.float()
-        for sw in (False, True):
-            gb.TRANSPOSED = sw
+        for sw in (0, ):
             delta = ours.delta(o64, do)
             if mask != "strict":
                 dq, dk, dv = ours.backward(do, q, k, v, lse32, delta, scale, mask)
@@ -91,14 +89,10 @@ def bench(seqs, warmup=2, iters=7):
         delta = ours.delta(o, do)
         cands = {"cudnn fwd": lambda: cud.forward(q, k, v, scale, "causal")}
         cands["cudnn bwd"] = lambda: cud.backward(do, q, k, v, lse, delta, scale, "causal", out=o)
-        for tr in (False, True):
-            cands[f"gluon bwd tr={int(tr)}"] = (lambda tr=tr: (setattr(gb, "TRANSPOSED", tr),
-                                                              ours.backward(do, q, k, v, lse, delta, scale, "causal")))
+        cands["gluon bwd"] = lambda: ours.backward(do, q, k, v, lse, delta, scale, "causal")
         if S <= 16384:  # outputs beside cuDNN's at this size
             o1 = o
-            gb.TRANSPOSED = True
             g1 = ours.backward(do, q, k, v, lse, delta, scale, "causal")
-            gb.TRANSPOSED = False
             g0 = cud.backward(do, q, k, v, lse, delta, scale, "causal", out=o)
             res.append(dict(S=S, vs_cudnn=dict(out=err(o1, o), dq=err(g1[0], g0[0]), dk=err(g1[1], g0[1]),
                                                dv=err(g1[2], g0[2]))))

@@ -50,7 +50,6 @@ BLOCK_M = gl.constexpr(64)   # q rows per step
 # of d=128); one number because BLOCK_N = d = 128 (supported() takes d=128 only)
 HALF = gl.constexpr(64)
 STAGES = gl.constexpr(2)
-TRANSPOSED = False  # measurement flag
 
 
 @builtin
@@ -162,88 +161,20 @@ def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM: gl.co
 
 
 @gluon.jit
-def _step_t(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM: gl.constexpr, W: gl.constexpr,
-            MASKED: gl.constexpr):
-    # the pair computed transposed (FlashAttention-3's SdP_swapAB): S^T = K_w Q^T and dP^T =
-    # V_w dO^T have kv rows, so P^T and dS^T are the A operands of dV = P^T dO and dK = dS^T Q
-    # straight from registers (no P buffer); dS^T goes to shared memory once, for dQ = dS K
-    q_desc, k_desc, v_desc, do_desc, dq_desc = descs
-    k_all, v_all, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
-    kv_bar, q_ready, q_empty, ds_ready = bars
-    q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale = scal
-    dtype: gl.constexpr = q_desc.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_M, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, HEAD_DIM, 16])
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
-
-    st = j % STAGES
-    q_s = q_bufs.index(st)
-    do_s = do_bufs.index(st)
-    z = gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [j], dtype=gl.int32, is_pure=False, pack=1)
-    k_smem = k_all.index(z)
-    v_smem = v_all.index(z)
-    k_w = k_smem.slice(W * HALF, HALF, dim=0)
-    v_w = v_smem.slice(W * HALF, HALF, dim=0)
-    dst_all = ds_bufs.index(j % 2)          # dS^T of the whole kv tile: (BLOCK_N kv, BLOCK_M q)
-    dst_w = dst_all.slice(W * HALF, HALF, dim=0)
-    zero = gl.zeros([HALF, BLOCK_M], gl.float32, s_layout)
-
-    q_t = q_t0 + t
-    offs_m = q_t * BLOCK_M + gl.arange(0, BLOCK_M, layout=col_s)  # q rows in the block: columns here
-    LSE2, slh = lse2
-    DL, sdlh = delta
-    lse2 = gl.load(LSE2 + g * slh + offs_m)
-    delta = gl.load(DL + g * sdlh + offs_m)
-    mbarrier.wait(q_ready.index(st), (j // STAGES) & 1)
-    s_tok = warpgroup_mma(k_w, q_s.permute((1, 0)), zero, use_acc=False, is_async=True)
-    dp_tok = warpgroup_mma(v_w, do_s.permute((1, 0)), zero, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(1, deps=(s_tok, ))
-    p = gl.exp2(s * scale_log2 - lse2[None, :])
-    if MASKED:
-        offs_n = k_pos0 + W * HALF + gl.arange(0, HALF, layout=row_s)
-        p = gl.where((offs_m[None, :] - offs_n[:, None]) >= mask_lo, p, 0.0)
-    dp = warpgroup_mma_wait(0, deps=(dp_tok, ))
-    ds = p * (dp - delta[None, :])
-    p_op = gl.convert_layout(p.to(dtype), op_layout)
-    ds_lo = ds.to(dtype)
-    dst_w.store(ds_lo)
-    fence_async_shared()
-    mbarrier.arrive(ds_ready.index(j % 2), count=1)
-    dv_tok = warpgroup_mma(p_op, do_s, dv, is_async=True)
-    ds_op = gl.convert_layout(ds_lo, op_layout)
-    dk_tok = warpgroup_mma(ds_op, q_s, dk, is_async=True)
-    mbarrier.wait(ds_ready.index(j % 2), (j // 2) & 1)
-    dq_tok = warpgroup_mma(dst_all.permute((1, 0)), k_smem.slice(W * HALF, HALF, dim=1), zero, use_acc=False,
-                           is_async=True)
-    dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
-    mbarrier.arrive(q_empty.index(st), count=1)
-    dq_s = dq_bufs.index(W)
-    tma.store_wait(0)  # the previous reduce has read this buffer
-    dq_s.store(dq * scale)
-    fence_async_shared()
-    _reduce_add(dq_desc, [q_row0 + q_t * BLOCK_M, (h0 + g) * HEAD_DIM + W * HALF], dq_s)
-    return dk, dv
-
-
-@gluon.jit
-def _lse_rows(g, t, n_t, q_t0, lse_h, dl_h, TR: gl.constexpr):
+def _lse_rows(g, t, n_t, q_t0, lse_h, dl_h):
     # lse (base 2) and D of q tile t of head g, zeros past tile n_t - 1
     LSE2, slh = lse_h
     DL, sdlh = dl_h
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HALF, 16])
-    offs_m = (q_t0 + t) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0 if TR else 1, s_layout))
+    offs_m = (q_t0 + t) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     ok = offs_m < (q_t0 + n_t) * BLOCK_M
     return (gl.load(LSE2 + g * slh + offs_m, mask=ok, other=0.0), gl.load(DL + g * sdlh + offs_m, mask=ok, other=0.0))
 
 
 @gluon.jit
 def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, W: gl.constexpr,
-             FRESH: gl.constexpr, TR: gl.constexpr):
+             FRESH: gl.constexpr):
     k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
     kv_bar, q_ready, q_empty, ds_ready = bars
     q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale = scal
@@ -258,23 +189,17 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
     # path to the exponentials (1.06x on top of the above)
     j = 0
     for g in range(GROUP):
-        lse2, delta = _lse_rows(g, 0, n_mask, q_t0, lse_h, dl_h, TR)
+        lse2, delta = _lse_rows(g, 0, n_mask, q_t0, lse_h, dl_h)
         for t in range(n_mask):
-            nxt = _lse_rows(g, t + 1, n_mask, q_t0, lse_h, dl_h, TR)
-            if TR:
-                dk, dv = _step_t(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM, W, True)
-            else:
-                dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, W, True)
+            nxt = _lse_rows(g, t + 1, n_mask, q_t0, lse_h, dl_h)
+            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, W, True)
             lse2, delta = nxt
             j += 1
     for g in range(GROUP):
-        lse2, delta = _lse_rows(g, n_mask, n_q, q_t0, lse_h, dl_h, TR)
+        lse2, delta = _lse_rows(g, n_mask, n_q, q_t0, lse_h, dl_h)
         for t in range(n_mask, n_q):
-            nxt = _lse_rows(g, t + 1, n_q, q_t0, lse_h, dl_h, TR)
-            if TR:
-                dk, dv = _step_t(j, g, t, dk, dv, descs, bufs, bars, scal, lse_h, dl_h, HEAD_DIM, W, False)
-            else:
-                dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, W, False)
+            nxt = _lse_rows(g, t + 1, n_q, q_t0, lse_h, dl_h)
+            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, W, False)
             lse2, delta = nxt
             j += 1
     tma.store_wait(0)
@@ -292,18 +217,17 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
 
 
 @gluon.jit
-def _compute0(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, TR: gl.constexpr):
-    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 0, FRESH, TR)
+def _compute0(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr):
+    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 0, FRESH)
 
 
 @gluon.jit
-def _compute1(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, TR: gl.constexpr):
-    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 1, FRESH, TR)
+def _compute1(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr):
+    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 1, FRESH)
 
 
 @gluon.jit
-def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr,
-                 TR: gl.constexpr):
+def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr):
     _loader(descs, bufs, bars, scal, HEAD_DIM)
 
 
@@ -311,7 +235,7 @@ def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constex
                               "sdv"])
 def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, Sk, H, GROUP, scale_log2, scale,
                mask_lo, diag, slb, slh, sdlb, sdlh, sdk, sdv,
-               HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, LOAD_REGS: gl.constexpr, TR: gl.constexpr,
+               HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, LOAD_REGS: gl.constexpr,
                num_warps: gl.constexpr):
     """One program per (128-row kv tile, batch x kv head), over the q tiles of every q head of
     its group.  ``diag``: Sq = Sk and the q tiles start at the kv tile's (the two that cross its
@@ -336,12 +260,8 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
     ps_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF], dtype)
     p_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HALF], ps_layout)
-    if TR:
-        dst_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
-        ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], dst_layout)
-    else:
-        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
-        ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, BLOCK_N], ds_layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
+    ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, BLOCK_N], ds_layout)
     dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HALF], dq_desc.layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -364,9 +284,9 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
     dl_h = (DL + b64 * sdlb + h0 * sdlh, sdlh)
     out = (DK, DV, sdk, sdv)
     gl.warp_specialize([
-        (_compute0, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH, TR)),
-        (_compute1, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH, TR)),
-        (_loader_part, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH, TR)),
+        (_compute0, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH)),
+        (_compute1, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH)),
+        (_loader_part, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH)),
     ], [4, 1], [240, LOAD_REGS])
 
 
@@ -400,5 +320,5 @@ def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None,
     bwd_kernel[grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse2, delta, dk_rows, dv_rows, Sq, Sk, H, H // Hkv,
                      scale * LOG2E.value, scale, mask_lo if diag else -BIG, int(diag),
                      lse2.stride(0), lse2.stride(1), delta.stride(0), delta.stride(1),
-                     dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, FRESH=fresh, LOAD_REGS=LOADER_REGS, TR=TRANSPOSED,
+                     dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, FRESH=fresh, LOAD_REGS=LOADER_REGS,
                      num_warps=4, maxnreg=WS_MAXNREG)
