@@ -457,6 +457,20 @@ def gluon_variants(rec):
     return table(["S", "kernel", "ms", "TFLOP/s"], body)
 
 
+def ncu(rec):
+    keys = ["Issued Ipc Active", "Warp Cycles Per Issued Instruction", "Local Memory Spilling Requests",
+            "L1TEX scoreboard stall cycles per issue", "barrier stall cycles per issue", "Duration"]
+    rows = [("before", r) for r in rec["before"]] + [("after", r) for r in rec["after"]]
+    body = [[when, r["kernel"][:40], r["grid"]] + [num(r["metrics"].get(k)) if k in r["metrics"] else "—" for k in keys]
+            for when, r in rows]
+    out = table(["", "kernel", "grid", "issue IPC", "cycles per issue", "spill requests",
+                                             "L1TEX stall", "barrier stall", "ms (clock locked)"], body)
+    if rec.get("after_stall_samples"):
+        top = sorted(rec["after_stall_samples"].items(), key=lambda kv: -kv[1])[:6]
+        out += ["", "Stall samples after, by reason: " + ", ".join(f"{k} {v:,}" for k, v in top) + "."]
+    return out
+
+
 def profile(rec):
     wall = rec["step_wall_s"]
     busy = rec.get("gpu_busy_s", rec.get("cpu_busy_s"))
@@ -632,6 +646,8 @@ FAMILIES = [
     ("Gluon kernel variants", r"^gluon_", gluon_variants,
      "Variants of the Gluon kernels built behind flags for one measurement and not kept (docs/kernels.md): "
      "causal forward and backward alone, beside cuDNN in the same launch."),
+    ("Kernel profiler counters", r"^ncu_", ncu,
+     "Nsight Compute on one kernel launch: issue rate, stalls, spills (the clock is locked while it measures)."),
     ("Where a training step's time goes", r"^profile_", profile,
      "`burstengine bench profile`: one step under torch.profiler, kernel time by category."),
     ("Soak", r"^soak", soak, "`burstengine bench soak`: resident memory over many tiny training steps."),
@@ -882,13 +898,21 @@ def block_gluon_bwd(records):
     body = [[f"{S // 1024}K"] + [f"{speed[(S, m)]:.0f}" for m, _ in cols] for S in sorted({S for S, _ in speed})]
     worst = max(v for c in rec["check"] for v in c.values() if isinstance(v, float))
     hs = {(r["S"], r["method"]): r["tflops"] for r in h100["bench"] if "method" in r}
+    tr_name = "gluon_bwd_transposed_h200.json"
+    tr = _rec(records, tr_name)
+    ts = {(r["S"], r["method"]): r["tflops"] for r in tr["bench"] if "method" in r}
+    tr_line = "; ".join(f"{S // 1024}K: transposed {ts[(S, 'gluon bwd tr=1')]:.0f}, as kept "
+                        f"{ts[(S, 'gluon bwd tr=0')]:.0f}, cuDNN {ts[(S, 'cudnn bwd')]:.0f}"
+                        for S in sorted({S for S, _ in ts}))
     h100_line = "; ".join(f"{S // 1024}K: ours {hs[(S, 'gluon bwd')]:.0f}, cuDNN {hs[(S, 'cudnn bwd')]:.0f}"
                           for S in sorted({S for S, _ in hs}))
     return "\n".join([f"On {device_of(rec)} (`{name}`, commit {rec['commit']}, which held the variants as flags; "
                       "causal, 24 q heads on 8 kv heads, d=128, bf16; TFLOP/s of the backward alone, median of 7; "
                       f"every variant within {num(worst)} of float64 on the check cases of the run):", ""]
                      + table(["S"] + [h for _, h in cols], body)
-                     + ["", f"The kernel as kept, on {device_of(h100)} (`{h100_name}`, TFLOP/s): {h100_line}."])
+                     + ["", f"The kernel as kept, on {device_of(h100)} (`{h100_name}`, TFLOP/s): {h100_line}. "
+                        f"FlashAttention-3's transposed pair on top of the fix, on {device_of(tr)} (`{tr_name}`, "
+                        f"TFLOP/s): {tr_line}."])
 
 
 BLOCKS = {"headline": block_headline, "lao": block_lao, "demo": block_demo, "demo-finetune": block_demo_finetune,

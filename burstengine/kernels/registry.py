@@ -30,7 +30,8 @@ KERNELS: dict[str, Kernel] = {k.name: k for k in (ReferenceKernel(), FlashKernel
 # the Triton forward_into beats cuDNN + merge only on STRICT blocks of up to 8K rows (SDPA pays a
 # shifted call there); the plain forward in gluon runs at 0.94-1.05x cuDNN, so cuDNN keeps it.
 # Before the table too, a backward (plain or ring step) that kernels/gluon/bwd.py takes runs there:
-# 1.03-1.05x cuDNN at 16K-128K tokens, causal, 24 q / 8 kv heads (gluon_bwd_variants_h200.json);
+# 1.00-1.05x cuDNN at 16K-128K tokens, causal, 24 q / 8 kv heads, on H200 (gluon_bwd_*_h200.json), and
+# 1.03-1.23x cuDNN + the gradient adds on every ring-step case of lao_bench.json;
 # the table's cuDNN rows are for the blocks it does not take (not Hopper, d != 128, lengths not
 # multiples of 128).
 AUTO_TABLE = {

@@ -115,7 +115,7 @@ def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM: gl.co
     do_s = do_bufs.index(st)
     # a zero the compiler cannot see through, new each step: the wgmma descriptors of K, V and P
     # (fixed buffers) are then built in the step.  Hoisted out of the loop they took ~50 registers
-    # and ptxas spilled 416 bytes, reloaded every step (gluon_bwd_variants_h200.json: 1.17x)
+    # and ptxas spilled 416 bytes, reloaded every step (gluon_bwd_variants_h200.json: 1.09-1.15x)
     z = gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [j], dtype=gl.int32, is_pure=False, pack=1)
     k_smem = k_all.index(z)
     v_smem = v_all.index(z)
@@ -186,7 +186,7 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
     mbarrier.wait(kv_bar, 0)
     # the q tiles that cross the diagonal first (masked), then the rest; j counts steps for the
     # ring's buffers and phases.  lse and D of the next q tile are loaded a step ahead, off the
-    # path to the exponentials (1.06x on top of the above)
+    # path to the exponentials (1.06-1.13x on top of the above)
     j = 0
     for g in range(GROUP):
         lse2, delta = _lse_rows(g, 0, n_mask, q_t0, lse_h, dl_h)
