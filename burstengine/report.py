@@ -463,8 +463,8 @@ def ncu(rec):
     rows = [("before", r) for r in rec["before"]] + [("after", r) for r in rec["after"]]
     body = [[when, r["kernel"][:40], r["grid"]] + [num(r["metrics"].get(k)) if k in r["metrics"] else "—" for k in keys]
             for when, r in rows]
-    out = table(["", "kernel", "grid", "issue IPC", "cycles per issue", "spill requests",
-                                             "L1TEX stall", "barrier stall", "ms (clock locked)"], body)
+    out = table(["", "kernel", "grid", "issue IPC", "cycles per issue", "spill requests", "L1TEX stall",
+                 "barrier stall", "ms (clock locked)"], body)
     if rec.get("after_stall_samples"):
         top = sorted(rec["after_stall_samples"].items(), key=lambda kv: -kv[1])[:6]
         out += ["", "Stall samples after, by reason: " + ", ".join(f"{k} {v:,}" for k, v in top) + "."]
@@ -644,8 +644,8 @@ FAMILIES = [
     ("Faults at every phase", r"^faults_", faults,
      "`burstengine bench faults`: a rank lost at each phase of a job, and the bad-call fuzz."),
     ("Gluon kernel variants", r"^gluon_", gluon_variants,
-     "Variants of the Gluon kernels built behind flags for one measurement and not kept (docs/kernels.md): "
-     "causal forward and backward alone, beside cuDNN in the same launch."),
+     "`benchmarks/probe_gluon.py`: the Gluon kernels and variants of them built behind flags for one measurement "
+     "(docs/kernels.md): causal forward and backward alone, beside cuDNN in the same launch."),
     ("Kernel profiler counters", r"^ncu_", ncu,
      "Nsight Compute on one kernel launch: issue rate, stalls, spills (the clock is locked while it measures)."),
     ("Where a training step's time goes", r"^profile_", profile,
@@ -867,17 +867,27 @@ def block_finetune_gpu(records):
                               "max rel. logit error", "argmax agreement"], rows))
 
 
+def _probe_speeds(rec) -> dict:
+    # benchmarks/probe_gluon.py's records: TFLOP/s by (S, method)
+    return {(r["S"], r["method"]): r["tflops"] for r in rec["bench"] if "method" in r}
+
+
+def _probe_worst(rec) -> float:
+    # the largest error against float64 over the record's check cases
+    return max(v for c in rec["check"] for v in c.values() if isinstance(v, float))
+
+
 def block_gluon_variants(records):
     """docs/kernels.md: the Gluon variants measured and not kept, beside cuDNN, from one record."""
     name = "gluon_variants_h200.json"
     rec = _rec(records, name)
-    speed = {(r["S"], r["method"]): r["tflops"] for r in rec["bench"] if "method" in r}
+    speed = _probe_speeds(rec)
     cols = [("cudnn fwd", "cuDNN"), ("gluon fwd pp=0", "ours"), ("gluon fwd pp=1", "ping-pong"),
             ("cudnn bwd", "cuDNN"), ("gluon bwd variant=0", "ours"), ("gluon bwd variant=1", "FA3 order"),
             ("gluon bwd variant=2", "transposed")]
     body = [[f"{S // 1024}K"] + [f"{speed[(S, m)]:.0f}" for m, _ in cols]
             for S in sorted({S for S, _ in speed})]
-    worst = max(v for c in rec["check"] for v in c.values() if isinstance(v, float))
+    worst = _probe_worst(rec)
     return "\n".join([f"On {device_of(rec)} (`{name}`, commit {rec['commit']}, which held the variants; causal, "
                       "24 q heads on 8 kv heads, d=128, bf16; TFLOP/s of the forward and of the backward alone, "
                       f"median of 5; every variant within {num(worst)} of float64 on the check cases of the run):",
@@ -888,19 +898,16 @@ def block_gluon_variants(records):
 def block_gluon_bwd(records):
     """docs/kernels.md: the Gluon backward before and after the spill fix, and its variants, beside cuDNN."""
     name, h100_name = "gluon_bwd_variants_h200.json", "gluon_bwd_h100.json"
-    rec, h100 = _rec(records, name), _rec(records, h100_name)
-    speed = {(r["S"], r["method"]): r["tflops"] for r in rec["bench"] if "method" in r}
+    tr_name = "gluon_bwd_transposed_h200.json"
+    rec, h100, tr = _rec(records, name), _rec(records, h100_name), _rec(records, tr_name)
+    speed, hs, ts = _probe_speeds(rec), _probe_speeds(h100), _probe_speeds(tr)
     cols = [("cudnn bwd", "cuDNN"), ("gluon bwd indep=0 pf=0 opaque=0", "before"),
             ("gluon bwd indep=0 pf=0 opaque=1", "+ descriptors in the step"),
             ("gluon bwd indep=0 pf=1 opaque=1", "+ lse/D a step ahead (kept)"),
             ("gluon bwd indep=2 pf=0 opaque=1", "own dQ per warpgroup"),
             ("gluon bwd indep=2 pf=1 opaque=1", "own dQ + lse/D ahead")]
     body = [[f"{S // 1024}K"] + [f"{speed[(S, m)]:.0f}" for m, _ in cols] for S in sorted({S for S, _ in speed})]
-    worst = max(v for c in rec["check"] for v in c.values() if isinstance(v, float))
-    hs = {(r["S"], r["method"]): r["tflops"] for r in h100["bench"] if "method" in r}
-    tr_name = "gluon_bwd_transposed_h200.json"
-    tr = _rec(records, tr_name)
-    ts = {(r["S"], r["method"]): r["tflops"] for r in tr["bench"] if "method" in r}
+    worst = _probe_worst(rec)
     tr_line = "; ".join(f"{S // 1024}K: transposed {ts[(S, 'gluon bwd tr=1')]:.0f}, as kept "
                         f"{ts[(S, 'gluon bwd tr=0')]:.0f}, cuDNN {ts[(S, 'cudnn bwd')]:.0f}"
                         for S in sorted({S for S, _ in ts}))
