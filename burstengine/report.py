@@ -471,6 +471,12 @@ def ncu(rec):
     return out
 
 
+def ptxas(rec):
+    body = [[name, b["commit"], b["spill_store_bytes"], b["spill_load_bytes"],
+             " ".join(str(x["ldl"]) for x in b["loops"])] for name, b in rec["builds"].items()]
+    return table(["build", "commit", "spill stores (B)", "spill loads (B)", "LDL per wgmma loop (SASS order)"], body)
+
+
 def profile(rec):
     wall = rec["step_wall_s"]
     busy = rec.get("gpu_busy_s", rec.get("cpu_busy_s"))
@@ -646,6 +652,9 @@ FAMILIES = [
     ("Gluon kernel variants", r"^gluon_", gluon_variants,
      "`benchmarks/probe_gluon.py`: the Gluon kernels and variants of them built behind flags for one measurement "
      "(docs/kernels.md): causal forward and backward alone, beside cuDNN in the same launch."),
+    ("Kernel builds for sm_90a", r"^ptxas_", ptxas,
+     "`benchmarks/ptxas_gluon_bwd.py`: a Gluon kernel built without a GPU; ptxas's spills and the local loads "
+     "each wgmma loop runs per step."),
     ("Kernel profiler counters", r"^ncu_", ncu,
      "Nsight Compute on one kernel launch: issue rate, stalls, spills (the clock is locked while it measures)."),
     ("Where a training step's time goes", r"^profile_", profile,

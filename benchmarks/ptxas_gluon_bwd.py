@@ -1,0 +1,95 @@
+"""Build kernels/gluon/bwd.py for sm_90a without a GPU and count its spills: ptxas -v (spill bytes)
+and, per loop of the SASS that holds wgmmas, the local loads/stores (LDL/STL) it runs every step.
+
+    python benchmarks/ptxas_gluon_bwd.py before=/path/to/old/checkout after=.
+
+Each NAME=DIR builds DIR's kernel in a fresh process (triton's active driver replaced by a stub
+that reports sm_90; the launch stops after compiling).  Writes ptxas_gluon_bwd.json to $OUT or
+./burst-results."""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+BUILD = r'''
+import os, sys, torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+from triton.runtime.jit import JITFunction
+
+
+class Stub:
+    def get_current_target(self): return GPUTarget("cuda", 90, 32)
+    def get_current_device(self): return 0
+    def get_current_stream(self, d=None): return 0
+    def get_active_torch_device(self): return torch.device("cpu")
+    def get_device_interface(self): return torch.cuda
+    def map_python_to_cpp_type(self, ty):
+        from triton.backends.nvidia.driver import ty_to_cpp
+        return ty_to_cpp(ty)
+
+
+driver.set_active(Stub())
+sys.path.insert(0, sys.argv[1])
+from burstengine.kernels.gluon import bwd as gb
+got, run = {}, JITFunction.run
+JITFunction.run = lambda self, *a, grid, warmup, **kw: got.setdefault("k", run(self, *a, grid=grid, warmup=True, **kw))
+B, S, H, HKV, D = 1, 1024, 24, 8, 128  # the 3B model's heads; the build does not depend on S
+q = torch.zeros(B, S, H, D, dtype=torch.bfloat16)
+k = torch.zeros(B, S, HKV, D, dtype=torch.bfloat16)
+gb.backward_into(q, q, k, k, torch.zeros(B, H, S), torch.zeros(B, H, S), 0.088, 0, torch.zeros(B, S, H, D),
+                 torch.zeros_like(k), torch.zeros_like(k), True)
+open(sys.argv[2] + ".ptx", "w").write(got["k"].asm["ptx"])
+open(sys.argv[2] + ".cubin", "wb").write(got["k"].asm["cubin"])
+'''
+
+
+def loops(sass: str) -> list[dict]:
+    """The SASS loops (a backward branch over 300-1200 lines) that issue wgmmas: their LDL/STL."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, l in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", l))}
+    out = []
+    for i, l in enumerate(lines):
+        m = re.search(r"BRA `\((\.L_x_\d+)\)", l)
+        if m and 300 < i - labels.get(m.group(1), i) < 1200:
+            body = lines[labels[m.group(1)]:i]
+            if any("HGMMA" in b for b in body):
+                out.append(dict(label=m.group(1), instructions=len(body), ldl=sum("LDL" in b for b in body),
+                                stl=sum("STL" in b for b in body)))
+    return out
+
+
+def build(src: str, tmp: str) -> dict:
+    import triton
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    base = os.path.join(tmp, "bwd")
+    subprocess.run([sys.executable, "-c", BUILD, os.path.abspath(src), base], check=True)
+    ptxas = subprocess.run([os.path.join(bindir, "ptxas"), "-arch=sm_90a", "-v", base + ".ptx", "-o", base + ".o"],
+                           capture_output=True, text=True, check=True).stderr
+    sass = subprocess.run([os.path.join(bindir, "nvdisasm"), "-c", base + ".cubin"], capture_output=True, text=True,
+                          check=True).stdout
+    m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", ptxas)
+    return dict(spill_store_bytes=int(m.group(1)), spill_load_bytes=int(m.group(2)), loops=loops(sass),
+                ptxas=ptxas.strip().splitlines())
+
+
+def main(argv) -> None:
+    from burstengine.records import write_record
+    builds = {}
+    for arg in argv:
+        name, _, src = arg.partition("=")
+        with tempfile.TemporaryDirectory() as tmp:
+            rev = subprocess.run(["git", "-C", src, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                 text=True).stdout.strip()
+            builds[name] = dict(commit=rev, **build(src, tmp))
+        b = builds[name]
+        print(f"{name}: spills {b['spill_store_bytes']} B stored, {b['spill_load_bytes']} B loaded; per-loop LDL "
+              + " ".join(str(x["ldl"]) for x in b["loops"]), flush=True)
+    out = os.environ.get("OUT") or os.environ.get("BURST_RESULTS") or "burst-results"
+    print(write_record("ptxas_gluon_bwd", dict(target="sm_90a", builds=builds), out_dir=out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
