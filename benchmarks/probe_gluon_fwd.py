@@ -1,12 +1,13 @@
-"""Probe: the Gluon forward's softmax variants (kernels/gluon/fwd.py VARIANT: the row max of the raw
-scores so that the exponent is one FFMA; one exponential in 4 or 8 on the FMA pipe by a
-polynomial), each checked against float64 (plain forward and the ring step's merge, causal / full /
-strict) and timed beside cuDNN's forward at 3B-model shapes (24 q heads, 8 kv heads, d=128,
-causal), interleaved per length.
+"""Probe: the Gluon forward (kernels/gluon/fwd.py) checked against float64 (plain forward and the
+ring step's merge, causal / full / strict, a positive and a negative scale: the two builds of its
+softmax) and timed beside cuDNN's forward at 3B-model shapes (24 q heads, 8 kv heads, d=128,
+causal).
 
     python benchmarks/probe_gluon_fwd.py 16384,65536,131072
 
-Writes gluon_fwd_variants.json to $OUT (or /tmp)."""
+Writes gluon_fwd.json to $OUT (or /tmp).  gluon_fwd_variants_h200.json came from this script at
+commit 29508cb, which also timed measurement variants since dropped (an exponential in 4 or 8 by
+an FMA-pipe polynomial: slower)."""
 import os, sys, time
 import torch
 from burstengine.kernels.gluon import fwd as gf
@@ -18,15 +19,13 @@ dev = "cuda"
 H, HKV, D = 24, 8, 128
 scale = D ** -0.5
 out_dir = os.environ.get("OUT", "/tmp")
-VARIANTS = {"as is": dict(ffma=False, poly=0), "ffma": dict(ffma=True, poly=0),
-            "ffma+poly1/8": dict(ffma=True, poly=8), "ffma+poly1/4": dict(ffma=True, poly=4)}
 
 
 def rnd(*s):
     return torch.randn(*s, device=dev, dtype=torch.bfloat16)
 
 
-def ref64(q, k, v, mask):
+def ref64(q, k, v, mask, scale=scale):
     g = q.shape[2] // k.shape[2]
     qd, kd, vd = (t.double().transpose(1, 2) for t in (q, k, v))
     kd, vd = kd.repeat_interleave(g, 1), vd.repeat_interleave(g, 1)
@@ -49,20 +48,21 @@ def err(a, b):
     return ((a - b)[fin].abs().max() / b[fin].abs().max().clamp_min(1e-30)).item()
 
 
-def check(name):
+def check():
     res = []
-    for S, mask in ((2048, "causal"), (1024, "full"), (1152, "strict"), (384, "causal")):
+    for S, mask, sc in ((2048, "causal", scale), (1024, "full", scale), (1152, "strict", scale),
+                        (384, "causal", scale), (640, "causal", -scale), (512, "strict", -scale)):
         q, k, v = rnd(1, S, H, D), rnd(1, S, HKV, D), rnd(1, S, HKV, D)
-        o_r, lse_r = ref64(q, k, v, mask)
+        o_r, lse_r = ref64(q, k, v, mask, sc)
         if mask != "strict":
-            o, lse = gf.forward(q, k, v, scale, mask == "causal")
-            res.append(dict(variant=name, what="forward", S=S, mask=mask, o=err(o, o_r), lse=err(lse, lse_r)))
+            o, lse = gf.forward(q, k, v, sc, mask == "causal")
+            res.append(dict(what="forward", S=S, mask=mask, scale=sc, o=err(o, o_r), lse=err(lse, lse_r)))
         # the ring step: merge two halves of the keys' work into a running state (two calls)
         out = torch.zeros(1, S, H, D, device=dev)
         lse = torch.full((1, H, S), float("-inf"), device=dev)
         lo = {"causal": 0, "strict": 1, "full": None}[mask]
-        gf.forward_into(q, k, v, scale, lo, out, lse)
-        res.append(dict(variant=name, what="forward_into", S=S, mask=mask, o=err(out, o_r), lse=err(lse, lse_r)))
+        gf.forward_into(q, k, v, sc, lo, out, lse)
+        res.append(dict(what="forward_into", S=S, mask=mask, scale=sc, o=err(out, o_r), lse=err(lse, lse_r)))
     for r in res:
         ok = r["o"] < 2e-2 and r["lse"] < 1e-3
         print(("" if ok else "FAIL ") + str(r), flush=True)
@@ -75,9 +75,8 @@ def bench(seqs, warmup=2, iters=7):
     for S in seqs:
         q, k, v = rnd(1, S, H, D), rnd(1, S, HKV, D), rnd(1, S, HKV, D)
         fl = 4 * S * S * H * D * 0.5
-        cands = {"cudnn": lambda: cud.forward(q, k, v, scale, "causal")}
-        for name, knobs in VARIANTS.items():
-            cands[name] = (lambda kn: lambda: (gf.VARIANT.update(kn), gf.forward(q, k, v, scale, True)))(knobs)
+        cands = {"cudnn": lambda: cud.forward(q, k, v, scale, "causal"),
+                 "gluon": lambda: gf.forward(q, k, v, scale, True)}
         for name, fn in cands.items():
             ts = timed(fn, "cuda", warmup=warmup, iters=iters)
             res.append(dict(S=S, method=name, times=ts, tflops=fl / median(ts) / 1e12))
@@ -89,11 +88,8 @@ def bench(seqs, warmup=2, iters=7):
 
 if __name__ == "__main__":
     t0 = time.time()
-    c = []
-    for name, knobs in VARIANTS.items():
-        gf.VARIANT.update(knobs)
-        c += check(name)
+    c = check()
     b = bench([int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "16384,65536,131072").split(",")])
     from burstengine.records import write_record
-    print(write_record("gluon_fwd_variants", dict(device=torch.cuda.get_device_name(), variants=VARIANTS, check=c,
-                                                  bench=b, seconds=time.time() - t0), out_dir=out_dir))
+    print(write_record("gluon_fwd", dict(device=torch.cuda.get_device_name(), check=c, bench=b,
+                                         seconds=time.time() - t0), out_dir=out_dir))

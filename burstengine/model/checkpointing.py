@@ -63,7 +63,7 @@ def sequence(block, x, cos, sin, docs=None):
         what = "packed documents (cu_seqlens)" if docs is not None else f"a sliding window (model.window={block.window})"
         raise ValueError(f"checkpoint='sequence' does not support {what} yet; use 'full', 'selective' or 'auto'")
     cp = block.cp
-    local = cp.group is None
+    local = cp.group is None or cp.group is LOCAL
     return seq_checkpoint(x, lambda t: block.pre_attention(t, cos, sin), block.post_attention,
                           split=block.checkpoint_split, group=LOCAL if local else cp.group, causal=True,
                           # on one rank every layout is the identity: contiguous has the fewest blocks

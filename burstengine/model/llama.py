@@ -118,9 +118,10 @@ PRESETS: dict[str, ModelArgs] = {
 @dataclass
 class ContextParallel:
     """How attention sees the sequence: the CP group of the BurstAttention ring, the layout of
-    the shards, and BurstAttention's knobs.  With no group, attention is plain SDPA on this
-    rank's tokens: a whole sequence, or a shard inside torch's context_parallel, which patches
-    SDPA into its own ring."""
+    the shards, and BurstAttention's knobs.  ``group=LOCAL``: BurstAttention's kernels on this
+    rank's whole sequences (a one-rank ring, nothing communicated).  With no group, attention is
+    plain SDPA on this rank's tokens: a whole sequence, or a shard inside torch's
+    context_parallel, which patches SDPA into its own ring."""
 
     group: object = None
     layout: str = "contiguous"
@@ -172,7 +173,7 @@ def context_parallel_attention(q, k, v, cp: ContextParallel, window: int = 0, do
     A mask with no CP group runs as BurstAttention on a one-rank ring (``LOCAL``), which takes
     both masks without building an n x n one."""
     if cp.group is not None or window or docs is not None:
-        local = cp.group is None
+        local = cp.group is None or cp.group is LOCAL
         return burst_attn_func(q, k, v, group=LOCAL if local else cp.group, causal=True,
                                layout="contiguous" if local else cp.layout, backward=cp.backward, kernel=cp.kernel,
                                window=window or None, cu_seqlens=docs)
@@ -269,7 +270,7 @@ class Transformer(nn.Module):
             else:
                 import torch.distributed as dist
 
-                world = 1 if self.cp.group is None else dist.get_world_size(self.cp.group)
+                world = 1 if self.cp.group is None or self.cp.group is LOCAL else dist.get_world_size(self.cp.group)
                 seq_len = tokens.shape[1] * world
         h = self.tok_embeddings(tokens)
         if self.auto_checkpoint and self._planned_for != (h.shape[:2], docs is not None):

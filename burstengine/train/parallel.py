@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from ..comm.dist import LOCAL
 from ..model import fused
 from ..model.llama import ContextParallel, Transformer
 from ..model.hf import load_weights
@@ -93,8 +94,11 @@ def parallelize(model: Transformer, m: Mesh, precision: str = "auto", layout: st
     point its attention at the CP group.  Returns the same module."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # only when the model is sharded
 
-    # torch-cp: the model calls plain SDPA, which torch's context_parallel patches into its ring
-    model.set_context_parallel(ContextParallel(group=m.cp_group if attention == "burst" else None, layout=layout,
+    # torch-cp: the model calls plain SDPA, which torch's context_parallel patches into its ring;
+    # burst with no CP (one rank, or pure data parallel): every layer runs BurstAttention's kernels
+    # on a one-rank ring, whatever its checkpointing policy (SDPA would differ per layer)
+    group = (m.cp_group if m.cp_group is not None else LOCAL) if attention == "burst" else None
+    model.set_context_parallel(ContextParallel(group=group, layout=layout,
                                                backward=attn_backward,
                                                kernel=None if kernel == "auto" else kernel))
     pdt = param_dtype(precision, m.device)
