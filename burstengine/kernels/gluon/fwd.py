@@ -44,12 +44,13 @@ def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, mask_lo, MASKED: gl.con
     # FFMA (qk_scale > 0): the row max is taken of the raw scores and scaled after, so the exponent
     # s * qk_scale - m is one FFMA and no scaled copy of s is made: 62 of the step's 581
     # instructions a thread, 1.03x at 64K-128K on one H200 (gluon_fwd_variants_h200.json)
+    if not FFMA:
+        s = s * qk_scale  # before the mask: -inf times a negative scale would be +inf
     if MASKED:
         s = gl.where((offs_m[:, None] - offs_n[None, :]) >= mask_lo, s, float("-inf"))
     if FFMA:
         m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
     else:
-        s = s * qk_scale
         m_new = gl.maximum(m_i, gl.max(s, 1))
     if MASKED:
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
