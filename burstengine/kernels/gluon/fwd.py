@@ -42,8 +42,10 @@ def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, mask_lo, MASKED: gl.con
     # scores of one kv tile -> (p, alpha, new m, new l), all in base 2; MASKED: a pair is visible
     # iff q index - k index >= mask_lo, and rows that still see nothing keep m = -inf, p = 0.
     # FFMA (qk_scale > 0): the row max is taken of the raw scores and scaled after, so the exponent
-    # s * qk_scale - m is one FFMA and no scaled copy of s is made: 62 of the step's 581
-    # instructions a thread, 1.03x at 64K-128K on one H200 (gluon_fwd_variants_h200.json)
+    # s * qk_scale - m is one FFMA and no scaled copy of s is made: 62 fewer of the step's 581
+    # instructions a thread.  Time: 1.03x at 64K-128K in one H200 launch
+    # (gluon_fwd_variants_h200.json), level in the next (gluon_fwd_h200.json) and in training: the
+    # loop is not issue-bound
     if not FFMA:
         s = s * qk_scale  # before the mask: -inf times a negative scale would be +inf
     if MASKED:
