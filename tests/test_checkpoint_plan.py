@@ -1,6 +1,7 @@
 """checkpoint="auto": per-layer checkpointing policies planned from an activation budget.  The
-plan is a pure function of the byte counts (tested by enumeration), and a model trained under a
+plan is a pure function of the byte counts (tested against every plan), and a model trained under a
 mixed plan gives the loss and gradients of the float64 reference, since every policy is exact."""
+import dataclasses
 import itertools
 
 import pytest
@@ -9,36 +10,94 @@ import train_cases as tc
 from burstengine.model import checkpointing as C
 from burstengine.model.llama import PRESETS
 
-PER = {"full": 1, "sequence": 3, "none": 10}
-ORDER = {"full": 0, "sequence": 1, "none": 2}
+# kept bytes grow up the ladder; a recomputing layer's backward holds a whole layer's activations,
+# a pointwise one's a little: integer shapes of the real ratios, and one where pointwise is
+# nearly as dear as none and its transient large
+CASES = [({"full": 1, "sequence": 3, "pointwise": 7, "none": 10},
+          {"full": 10, "sequence": 10, "pointwise": 2, "none": 0}),
+         ({"full": 2, "sequence": 3, "pointwise": 9, "none": 10},
+          {"full": 10, "sequence": 10, "pointwise": 7, "none": 0})]
 
 
-def _cost(plan):
-    kept = sum(PER[p] for p in plan)
-    return kept + (PER["none"] if any(p != "none" for p in plan) else 0)
+def _cost(plan, per, transient):
+    return sum(per[p] for p in plan) + max(transient[p] for p in plan)
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 5])
-def test_plan_is_the_least_recompute_that_fits(n):
-    for budget in range(0, 12 * n + 12):
-        plan = C.plan_layers(n, PER, budget)
-        assert len(plan) == n
-        fits = _cost(plan) <= budget
-        if not fits:  # nothing fits: every layer fully recomputed
-            assert plan == ["full"] * n
-            continue
-        # no plan that fits keeps more (promotes any layer further) than this one
-        best = max((sum(ORDER[p] for p in q) for q in itertools.product(ORDER, repeat=n) if _cost(q) <= budget))
-        assert sum(ORDER[p] for p in plan) == best, (budget, plan)
-        # layers keep their attention before any layer keeps everything
-        assert not ("none" in plan and "full" in plan)
+def _recompute(plan):
+    """How much a plan recomputes, most expensive first: layers that recompute attention, then
+    projections, then pointwise ops (compare lexicographically)."""
+    return tuple(plan.count(p) for p in C.LADDER[:-1])
+
+
+def _check_plans(n, per, transient, budgets):
+    """plan_layers over ``budgets`` (ascending) against every plan of n layers."""
+    every = [(_cost(q, per, transient), _recompute(q)) for q in itertools.product(C.LADDER, repeat=n)]
+    last = None
+    for budget in budgets:
+        plan = C.plan_layers(n, per, budget, transient)
+        assert len(plan) == n and set(plan) <= set(C.LADDER) <= set(C.POLICIES)
+        fitting = [r for c, r in every if c <= budget]
+        if not fitting:  # nothing fits: every layer fully recomputed
+            assert plan == ["full"] * n, (budget, plan)
+        else:
+            assert _cost(plan, per, transient) <= budget, (budget, plan)
+            # no plan that fits recomputes less
+            assert _recompute(plan) == min(fitting), (budget, plan)
+        if budget >= n * per["none"]:
+            assert plan == ["none"] * n, (budget, plan)
+        # more budget never recomputes more
+        assert last is None or _recompute(plan) <= last, (budget, plan)
+        last = _recompute(plan)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("n", range(1, 7))
+def test_plan_is_the_least_recompute_that_fits(n, case):
+    per, transient = CASES[case]
+    _check_plans(n, per, transient, range(_cost(["none"] * n, per, transient) + 3))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 28])
+def test_plan_of_llama_3b_at_every_threshold(n):
+    """The real byte counts (bf16, 64K tokens), budgets at and just under every plan's cost
+    (every plan of up to 3 layers; 28 layers: the uniform plans and one-off mixes)."""
+    a = PRESETS["llama-3b"]
+    per = {k: v * 65536 for k, v in C.activation_bytes(a, 2).items()}
+    transient = {k: v * 65536 for k, v in C.transient_bytes(a, 2).items()}
+    if n <= 3:
+        plans = itertools.product(C.LADDER, repeat=n)
+    else:
+        plans = [[p] * n for p in C.LADDER] + [[p] + [q] * (n - 1) for p in C.LADDER for q in C.LADDER]
+    costs = sorted({_cost(list(q), per, transient) for q in plans})
+    budgets = [0] + sorted({b for c in costs for b in (c - 1, c)})
+    if n <= 3:
+        _check_plans(n, per, transient, budgets)
+        return
+    last = None
+    for budget in budgets:
+        plan = C.plan_layers(n, per, budget, transient)
+        assert plan == ["full"] * n or _cost(plan, per, transient) <= budget
+        assert last is None or _recompute(plan) <= last
+        last = _recompute(plan)
+    assert C.plan_layers(n, per, n * per["none"], transient) == ["none"] * n
+    assert C.plan_layers(n, per, n * per["pointwise"] + transient["pointwise"], transient) == ["pointwise"] * n
 
 
 def test_bytes_grow_with_what_is_kept():
     a = PRESETS["llama-3b"]
     b = C.activation_bytes(a, 2)
-    assert b["full"] < b["sequence"] < b["none"]
-    assert b["full"] == 2 * a.dim
+    assert [b[p] for p in C.LADDER] == sorted(b[p] for p in C.LADDER) and len(set(b.values())) == len(b)
+    d, q, kv, f, H = a.dim, a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim, a.ffn_dim, a.n_heads
+    assert b["full"] == 2 * d
+    assert b["pointwise"] == 2 * (2 * d + 2 * q + 2 * kv + 2 * f) + 4 * H
+    assert b["none"] == 2 * (4 * d + 2 * q + 2 * kv + 3 * f) + 4 * H + 8
+    assert 0.6 < b["pointwise"] / b["none"] < 0.72  # the point of the policy: ~2/3 of none
+    t = C.transient_bytes(a, 2)
+    assert t["full"] == t["sequence"] == b["none"] and t["none"] == 0 < t["pointwise"] < b["pointwise"]
+    # q/k norms: pointwise and none keep q and k before them (and their 1/rms); full and sequence do not
+    bq = C.activation_bytes(dataclasses.replace(a, qk_norm=True), 2)
+    extra = 2 * (q + kv) + 4 * (H + a.n_kv_heads)
+    assert {p: bq[p] - b[p] for p in b} == {"full": 0, "sequence": 0, "pointwise": extra, "none": extra}
 
 
 def test_default_budget_unknown_on_cpu():
@@ -46,17 +105,28 @@ def test_default_budget_unknown_on_cpu():
     assert C.default_budget(10, torch.device("cpu")) is None
 
 
-@pytest.mark.parametrize("budget_gib,expect", [(1e-9, {"full"}), (100.0, {"none"}), (None, None)])
-def test_mixed_plan_is_exact(pool, budget_gib, expect):
+def _budget_gib(between):
+    """A budget (GiB) for the small model at its 32 local tokens (batch 2 x seq_len 32 over cp=2,
+    float32) that holds ``between``: policy -> layers (the rest "full"), with its transient."""
+    a = tc.small_config().model
+    per = {k: v * 2 * 16 for k, v in C.activation_bytes(a, 4).items()}
+    transient = {k: v * 2 * 16 for k, v in C.transient_bytes(a, 4).items()}
+    plan = [p for p, n in between.items() for _ in range(n)]
+    plan += ["full"] * (a.n_layers - len(plan))
+    return _cost(plan, per, transient) / 2**30
+
+
+@pytest.mark.parametrize("budget,expect", [
+    (1e-9, ["full", "full"]), (100.0, ["none", "none"]),
+    # the small model's 2 layers: both keep attention only; both pointwise; one keeps everything
+    ({"sequence": 2}, ["sequence", "sequence"]),
+    ({"pointwise": 2}, ["pointwise", "pointwise"]),
+    ({"none": 1, "pointwise": 1}, ["none", "pointwise"]),
+], ids=["full", "none", "sequence", "pointwise", "none+pointwise"])
+def test_mixed_plan_is_exact(pool, budget, expect):
     from test_train import reference, check_same
 
-    if budget_gib is None:
-        # between: the small model's per-layer bytes at 32 local tokens (cp=2 of 64? seq_len=32) place
-        # the budget so that some layers keep attention only
-        a = tc.small_config().model
-        per = {k: v * 2 * 16 for k, v in C.activation_bytes(a, 4).items()}  # batch 2 x 16 local tokens, fp32
-        budget_gib = (per["sequence"] * a.n_layers + per["none"]) / 2**30
-        expect = {"sequence"}
+    budget_gib = budget if isinstance(budget, float) else _budget_gib(budget)
     plan, loss, grads = pool.run(tc.auto_plan, budget_gib, ["cp=2"], world=2)[0]
-    assert set(plan) == expect, plan
+    assert plan == expect, plan
     check_same((loss, grads), reference(None, 1))

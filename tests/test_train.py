@@ -61,8 +61,8 @@ def test_loss_and_grads_match_single_process(pool, token_file, dp, cp, layout):
     check_same(got, reference(token_file, dp))
 
 
-@pytest.mark.parametrize("extra", [["activation_checkpoint=full"], ["activation_checkpoint=selective"], ["loss=chunked"]],
-                         ids=lambda e: e[0])
+@pytest.mark.parametrize("extra", [["activation_checkpoint=full"], ["activation_checkpoint=selective"],
+                                   ["activation_checkpoint=pointwise"], ["loss=chunked"]], ids=lambda e: e[0])
 def test_checkpoint_policies_and_chunked_loss_are_exact(pool, token_file, extra):
     got = pool.run(tc.loss_and_grads, token_file, ["cp=2", "layout=striped"] + extra, chunk=5, world=2)[0]
     check_same(got, reference(token_file, 1))

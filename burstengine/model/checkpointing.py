@@ -21,12 +21,21 @@ under whatever recomputation it wants.  Adding one is a function and a line in P
   burstengine/attention/seqckpt.py.  With no CP group the block's attention runs as BurstAttention
   on a one-rank ring (``LOCAL``), never through a ring of the whole job; torch's native CP
   (which patches SDPA) cannot be checkpointed this way.
+* ``pointwise``: keep every matmul's output and the attention output (and lse), recompute only
+  the pointwise ops in backward: the two RMSNorms (from the kept block input and residual) and
+  SwiGLU's silu(gate) * up (from the kept gate and up), each norm with the projections it feeds
+  and SwiGLU with ``w2`` as one autograd Function (:mod:`burstengine.model.pointwise`).  No matmul
+  and no attention runs again, and the layer keeps ~2/3 of ``none``'s activations (what the
+  normed inputs and the gate's product took): the step between keeping everything and
+  re-projecting, for a budget that almost fits ``none``, at the cost of three pointwise kernels
+  per layer in backward.  Any attention (packed documents, windows, torch's CP) works under it.
 * ``auto``: a policy per layer from a memory budget (:func:`plan_layers`): every layer starts at
   ``full``; layers keep their attention output (``sequence`` at split 1: the ring is never
   recomputed, the most expensive recompute at long sequence) while the kept activations fit,
-  then keep everything (``none``) while they still fit.  The budget is the ``activation_memory_gib``
-  config knob, or by default what the device has left after the parameters, gradients and AdamW
-  states (:func:`default_budget`).
+  then their projections (``pointwise``), then everything (``none``) while they still fit; a
+  uniform ``pointwise`` or ``none`` plan that fits is taken as it is.  The budget is the
+  ``activation_memory_gib`` config knob, or by default what the device has left after the
+  parameters, gradients and AdamW states (:func:`default_budget`).
 """
 from __future__ import annotations
 
@@ -57,6 +66,11 @@ def selective(block, x, cos, sin, docs=None):
     return _ckpt(block.post_attention, x, o)
 
 
+def recompute_pointwise(block, x, cos, sin, docs=None):
+    q, k, v = block.pre_attention(x, cos, sin, lean=True)
+    return block.post_attention(x, block.attend(q, k, v, docs), lean=True)
+
+
 def sequence(block, x, cos, sin, docs=None):
     if docs is not None or block.window:
         # seq_checkpoint's ring takes no sparse mask: refuse rather than attend across documents
@@ -75,37 +89,79 @@ POLICIES = {
     "full": full,
     "selective": selective,
     "sequence": sequence,
+    "pointwise": recompute_pointwise,
 }
 AUTO = "auto"  # not a function: Transformer resolves it into one of the above per layer
 
 
 def activation_bytes(args, elem: int) -> dict[str, int]:
     """Bytes a layer keeps for backward per local token under each policy ``auto`` chooses from
-    (activations of ``elem`` bytes; lse and norm statistics in float32).  ``none`` counts what
-    autograd saves with model/fused.py's kernels: input, normed input, q/k/v before and after
-    RoPE, attention output + lse, the residual, the second norm, and the MLP's three ffn-wide
-    tensors."""
+    (activations of ``elem`` bytes; lse and norm statistics in float32), with model/fused.py's
+    kernels (compiled RMSNorm keeps its input and a float32 1/rms per row, RoPE only cos/sin,
+    SwiGLU its two inputs) and BurstAttention (q, k, v, output, lse).
+
+    * ``full``: the block input (d).
+    * ``sequence``: the block input and the attention output + lse (d + a).
+    * ``pointwise``: the block input x and the residual h (inputs of the two norm + projection
+      Functions), the roped q, k, v and the attention output + lse, the gate and up projections
+      (inputs of the SwiGLU + w2 Function): 2d + 2a + 2kv + 2f.
+    * ``none``: x, the normed x, the roped q, k, v, the attention output + lse, h, the normed h,
+      gate, up and silu(gate) * up, and the two norms' 1/rms: 4d + 2a + 2kv + 3f (q and k before
+      RoPE are not kept: fused RoPE keeps only cos/sin).
+
+    d = dim, a = heads x head_dim, kv = kv heads x head_dim, f = ffn_dim.  With ``qk_norm``,
+    ``pointwise`` and ``none`` also keep q and k before their norms and the norms' 1/rms per head
+    (``full`` and ``sequence`` recompute them).  Eager ops (CPU, ``fused_ops=false``) keep more: each
+    RMSNorm its float32 normalised input, SwiGLU silu(gate) too."""
     d, a = args.dim, args.n_heads * args.head_dim
     kv, f, H = args.n_kv_heads * args.head_dim, args.ffn_dim, args.n_heads
+    qk_pre_norm = ((a + kv) * elem + 4 * (H + args.n_kv_heads)) * bool(args.qk_norm)
     return {"full": d * elem,
             "sequence": (d + a) * elem + 4 * H,
-            "none": (4 * d + 3 * a + 3 * kv + 3 * f) * elem + 4 * H + 8}
+            "pointwise": (2 * d + 2 * a + 2 * kv + 2 * f) * elem + 4 * H + qk_pre_norm,
+            "none": (4 * d + 2 * a + 2 * kv + 3 * f) * elem + 4 * H + 8 + qk_pre_norm}
 
 
-def plan_layers(n_layers: int, per_layer: dict[str, int], budget: int) -> list[str]:
-    """The policy of each layer: as little recompute as fits in ``budget`` bytes of kept
-    activations (``per_layer``: bytes one layer keeps under full / sequence / none).  A backward
-    that recomputes a layer holds that layer's ``none`` activations on top of what is kept, so one
-    such layer's worth is set aside while any layer still recomputes."""
-    if per_layer["none"] * n_layers <= budget:
-        return ["none"] * n_layers  # nothing recomputed, so no transient either
-    plan = ["full"] * n_layers
-    for policy in ("sequence", "none"):
+def transient_bytes(args, elem: int) -> dict[str, int]:
+    """Bytes per local token that one layer's backward holds beyond what the layer keeps
+    (:func:`activation_bytes`) and beyond a ``none`` layer's backward, under each policy ``auto``
+    chooses from.  A layer that recomputes its projections (``full``, ``sequence``) rebuilds its
+    ``none`` activations.  A ``pointwise`` layer's SwiGLU Function holds the rebuilt
+    silu(gate) * up beside its gradient and the gradients of gate and up, where ``none`` has
+    already released its kept product (w2's backward runs first): 2f more (and its norm Functions
+    2d by the same count; on an H200, bf16, llama-3b shapes, a pointwise block's backward peaks
+    exactly 2f x 2 bytes per token above a none block's).  ``none`` rebuilds nothing."""
+    recompute = activation_bytes(args, elem)["none"]
+    return {"full": recompute, "sequence": recompute, "pointwise": 2 * max(args.dim, args.ffn_dim) * elem, "none": 0}
+
+
+LADDER = ("full", "sequence", "pointwise", "none")  # auto's policies, least kept (most recomputed) first
+
+
+def plan_layers(n_layers: int, per_layer: dict[str, int], budget: int, transient: dict[str, int]) -> list[str]:
+    """The policy of each layer (one of :data:`LADDER`): as little recompute as fits in ``budget``
+    bytes.  ``per_layer``: bytes one layer keeps under each policy; ``transient``: bytes one
+    layer's backward holds on top of them (:func:`transient_bytes`).  Layers run backward one at
+    a time, so a plan needs its kept bytes plus the largest transient of its layers.
+
+    Recompute is ranked by its most expensive part: the fewest layers that recompute attention
+    (``full``), then the fewest that recompute projections (``sequence``), then the fewest that
+    recompute pointwise ops.  The plan starts from the most-kept uniform plan that fits (all
+    ``none``, all ``pointwise`` or all ``sequence``; else all ``full``) and makes passes up the
+    ladder from there: each pass moves the layers, in order, one step further while the plan still
+    fits.  The uniform start matters: a ``full`` or ``sequence`` layer's transient (a whole layer's
+    activations) is held until the last such layer is gone, so an all-``pointwise`` plan can fit
+    where no plan between it and all-``sequence`` does.  With ``kept`` growing up the ladder this is
+    the least recompute in that ranking; if nothing fits, every layer is ``full``."""
+    def fits(plan):
+        return sum(per_layer[p] for p in plan) + max(transient[p] for p in plan) <= budget
+
+    start = next((p for p in reversed(LADDER[1:]) if fits([p] * n_layers)), LADDER[0])
+    plan = [start] * n_layers
+    for policy in LADDER[LADDER.index(start) + 1:]:
         for i in range(n_layers):
             trial = plan[:i] + [policy] + plan[i + 1:]
-            kept = sum(per_layer[p] for p in trial)
-            transient = per_layer["none"] if any(p != "none" for p in trial) else 0
-            if kept + transient > budget:
+            if not fits(trial):
                 break
             plan = trial
     return plan

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from ..attention import burst_attn_func
 from ..comm.dist import LOCAL
 from ..kernels import acc_dtype
-from . import checkpointing, fused, losses
+from . import checkpointing, fused, losses, pointwise
 from .rope import RopeScaling, rope_tables
 
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
@@ -157,10 +157,15 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(a.head_dim, a.norm_eps) if a.qk_norm else None
 
     def qkv(self, x, cos, sin):
-        B, n, _ = x.shape
-        q = self.wq(x).view(B, n, self.n_heads, self.head_dim)
-        k = self.wk(x).view(B, n, self.n_kv_heads, self.head_dim)
-        v = self.wv(x).view(B, n, self.n_kv_heads, self.head_dim)
+        """Roped q, k and v (B, n, heads, head_dim) of the normed input ``x`` (B, n, dim)."""
+        return self.heads(self.wq(x), self.wk(x), self.wv(x), cos, sin)
+
+    def heads(self, q, k, v, cos, sin):
+        """The projections q, k, v (B, n, width) as heads, q and k normed (qk_norm) and roped."""
+        B, n, _ = q.shape
+        q = q.view(B, n, self.n_heads, self.head_dim)
+        k = k.view(B, n, self.n_kv_heads, self.head_dim)
+        v = v.view(B, n, self.n_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
@@ -198,8 +203,11 @@ class FeedForward(nn.Module):
 
 class Block(nn.Module):
     """One decoder layer, written as three stages so that checkpointing policies can choose
-    what to keep: ``pre_attention`` (norm, q/k/v, RoPE), ``attention`` (the ring),
-    ``post_attention`` (output projection, residual, MLP, residual)."""
+    what to keep: ``pre_attention`` (norm, q/k/v, RoPE), ``attend`` (the ring),
+    ``post_attention`` (output projection, residual, MLP, residual).  ``lean=True`` (the
+    ``pointwise`` policy): the same arithmetic, with each norm and the projections it feeds, and
+    SwiGLU's gate and ``w2``, as one autograd Function that recomputes the pointwise part in
+    backward instead of keeping it (:mod:`.pointwise`)."""
 
     def __init__(self, a: ModelArgs, policy: str = "none", checkpoint_split: float = 0.5):
         super().__init__()
@@ -212,14 +220,21 @@ class Block(nn.Module):
         self.window = a.window
         self.cp = ContextParallel()
 
-    def pre_attention(self, x, cos, sin):
-        return self.attention.qkv(self.attention_norm(x), cos, sin)
+    def pre_attention(self, x, cos, sin, lean: bool = False):
+        att = self.attention
+        if lean:
+            return att.heads(*pointwise.norm_linears(x, self.attention_norm, att.wq, att.wk, att.wv), cos, sin)
+        return att.qkv(self.attention_norm(x), cos, sin)
 
     def attend(self, q, k, v, docs=None):
         return context_parallel_attention(q, k, v, self.cp, self.window, docs)
 
-    def post_attention(self, x, o):
+    def post_attention(self, x, o, lean: bool = False):
         h = x + self.attention.wo(o.flatten(2))
+        if lean:
+            ff = self.feed_forward
+            g, u = pointwise.norm_linears(h, self.ffn_norm, ff.w1, ff.w3)
+            return h + pointwise.swiglu_linear(g, u, ff.w2)
         return h + self.feed_forward(self.ffn_norm(h))
 
     def forward(self, x, cos, sin, docs=None):
@@ -322,8 +337,9 @@ class Transformer(nn.Module):
             a = self.args
             per_token["sequence"] += (a.n_heads + 2 * a.n_kv_heads) * a.head_dim * elem
         per_layer = {k: v * tokens for k, v in per_token.items()}
+        transient = {k: v * tokens for k, v in checkpointing.transient_bytes(self.args, elem).items()}
         plan = (["none"] * len(self.layers) if budget is None
-                else checkpointing.plan_layers(len(self.layers), per_layer, budget))
+                else checkpointing.plan_layers(len(self.layers), per_layer, budget, transient))
         if sparse or self.args.window:
             plan = ["selective" if p == "sequence" else p for p in plan]
         for b, p in zip(self.layers, plan):

@@ -59,8 +59,10 @@ class TrainConfig:
     attn_backward: str = "auto"      # BurstAttention backward: burst / ring / auto
     kernel: str = "auto"             # local attention kernel (see burstengine.kernels)
     # memory: activation checkpointing (recompute in backward; saving checkpoints is save_every)
-    activation_checkpoint: str = "none"  # policy: none, full, selective, sequence, or auto (per layer from
-                                     # activation_memory_gib; see burstengine.model.checkpointing); was "checkpoint"
+    activation_checkpoint: str = "none"  # policy: none, full, selective, sequence, pointwise (keep the matmuls'
+                                     # outputs, recompute the norms and SwiGLU's gate), or auto (per layer
+                                     # from activation_memory_gib; see burstengine.model.checkpointing);
+                                     # was "checkpoint"
     activation_checkpoint_split: float = 0.5  # activation_checkpoint="sequence": share of each rank's tokens
                                      # whose attention output is kept (0 = recompute all, 1 = keep all)
     activation_memory_gib: float = 0.0  # activation_checkpoint="auto": GiB of activations the layers may keep,
