@@ -477,6 +477,17 @@ def ptxas(rec):
     return table(["build", "commit", "spill stores (B)", "spill loads (B)", "LDL per wgmma loop (SASS order)"], body)
 
 
+def clocks(rec):
+    s = rec["summary"]
+    if not s.get("loaded_samples"):
+        return [f"While `{rec['sampled']}` ran: no loaded samples."]
+    thr = ", ".join(f"{k} {100 * v:.0f}%" for k, v in s["share_of_loaded_samples_throttled_by"].items() if v)
+    return [f"While `{rec['sampled']}` ran ({fixed(rec['seconds'], 0)} s): {s['loaded_samples']} samples under load "
+            f"(power above half the limit); median SM clock {s['median_sm_mhz']:.0f} of {s['max_sm_mhz']:.0f} MHz, "
+            f"median power {s['median_power_w']:.0f} of {s['limit_w']:.0f} W, at most {s['max_temp_c']:.0f} C; "
+            f"share of those samples throttled by: {thr or 'nothing'}."]
+
+
 def profile(rec):
     wall = rec["step_wall_s"]
     busy = rec.get("gpu_busy_s", rec.get("cpu_busy_s"))
@@ -657,6 +668,9 @@ FAMILIES = [
      "each wgmma loop runs per step."),
     ("Kernel profiler counters", r"^ncu_", ncu,
      "Nsight Compute on one kernel launch: issue rate, stalls, spills (the clock is locked while it measures)."),
+    ("GPU clocks and power under load", r"^clocks_", clocks,
+     "`python benchmarks/sample_clocks.py NAME -- COMMAND`: nvidia-smi's SM clock, power and throttle reasons "
+     "every 250 ms around a run."),
     ("Where a training step's time goes", r"^profile_", profile,
      "`burstengine bench profile`: one step under torch.profiler, kernel time by category."),
     ("Soak", r"^soak", soak, "`burstengine bench soak`: resident memory over many tiny training steps."),
@@ -931,10 +945,37 @@ def block_gluon_bwd(records):
                         f"TFLOP/s): {tr_line}."])
 
 
+def block_train_3b(records):
+    """docs/training.md: BurstEngine against the plain-PyTorch baseline on one H200 (one launch),
+    where the 128K step's time goes, and the clock the board's power limit left it."""
+    name, prof_name, clk_name = "train_llama-3b_1xh200.json", "profile_3b_128k_pointwise.json", \
+        "clocks_train_3b_h200.json"
+    rec, prof, clk = _rec(records, name), _rec(records, prof_name), _rec(records, clk_name)
+    rows = {(r["method"], r["seq_len"]): r for r in rec["rows"] if r.get("ok")}
+    body = []
+    for S in sorted({S for _, S in rows}):
+        b, p = rows[("burst", S)], rows[("plain", S)]
+        body.append([f"{S // 1024}K", fixed(b["median_step_s"], 2), f"{100 * b['mfu']:.1f}%",
+                     fixed(b["peak_mem_gib"], 1), fixed(p["median_step_s"], 2), f"{100 * p['mfu']:.1f}%",
+                     p.get("plain_ac", "plain"), f"{ratio(p['median_step_s'], b['median_step_s'])}×"])
+    cats = ", ".join(f"{k} {fixed(v, 2)} s" for k, v in prof["categories_s"].items())
+    c = clk["summary"]
+    return "\n".join([f"On {device_of(rec)}, Llama-3.2-3B shapes, `{name}` (commit {rec['commit']}, BurstEngine "
+                      "and the plain baseline in one launch; MFU as defined above):", ""]
+                     + table(["tokens", "BurstEngine s/step", "MFU", "peak GiB", "plain s/step", "MFU",
+                              "plain's checkpointing", "tokens/s vs plain"], body)
+                     + ["", f"One 128K step under the profiler (`{prof_name}`): {cats}. During the run above the "
+                        f"SM clock's median was {c['median_sm_mhz']:.0f} of {c['max_sm_mhz']:.0f} MHz at "
+                        f"{c['median_power_w']:.0f} of {c['limit_w']:.0f} W, power-capped in "
+                        f"{100 * c['share_of_loaded_samples_throttled_by']['sw power cap']:.0f}% of the loaded "
+                        f"samples (`{clk_name}`)."])
+
+
 BLOCKS = {"headline": block_headline, "lao": block_lao, "demo": block_demo, "demo-finetune": block_demo_finetune,
           "demo-finetune-line": block_demo_finetune_line, "demo-finetune-commands": block_demo_finetune_commands,
           "decode-graphs": block_decode_graphs, "finetune-gpu": block_finetune_gpu,
-          "gluon-variants": block_gluon_variants, "gluon-bwd": block_gluon_bwd}
+          "gluon-variants": block_gluon_variants, "gluon-bwd": block_gluon_bwd,
+          "train-3b": block_train_3b}
 BLOCK_RE = re.compile(r"(<!-- report:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
 
 
