@@ -61,6 +61,16 @@ def test_loss_and_grads_match_single_process(pool, token_file, dp, cp, layout):
     check_same(got, reference(token_file, dp))
 
 
+@pytest.mark.parametrize("world,extra,want", [(2, ["cp=1"], "local"), (2, ["cp=1", "attention=sdpa"], "sdpa"),
+                                              (2, ["cp=2"], "ring")])
+def test_every_layer_runs_the_configured_attention(pool, world, extra, want):
+    # attention=burst without a CP group (pure data parallel, or one GPU) runs BurstAttention's
+    # kernels on a one-rank ring in every layer, whatever the layer's checkpointing policy:
+    # before, a layer that kept everything fell back to SDPA
+    got = pool.run(tc.attention_groups, extra + ["activation_checkpoint=none"], world=world)[0]
+    assert got == [want] * len(got) and got
+
+
 @pytest.mark.parametrize("extra", [["activation_checkpoint=full"], ["activation_checkpoint=selective"],
                                    ["activation_checkpoint=pointwise"], ["loss=chunked"]], ids=lambda e: e[0])
 def test_checkpoint_policies_and_chunked_loss_are_exact(pool, token_file, extra):

@@ -128,3 +128,13 @@ def fit_error(group, out_dir, extra=()):
     except ValueError as e:
         return str(e)
     return None
+
+
+def attention_groups(group, extra=()):
+    """What each block's attention runs on (rank 0): 'local' (BurstAttention on a one-rank ring),
+    'sdpa' (no group) or 'ring' (a process group)."""
+    from burstengine.comm.dist import LOCAL
+
+    t = Trainer(small_config(extra), group=group, echo=False)
+    kinds = ["local" if b.cp.group is LOCAL else "sdpa" if b.cp.group is None else "ring" for b in t.model.layers]
+    return kinds if dist.get_rank(group) == 0 else None
