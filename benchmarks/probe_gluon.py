@@ -19,7 +19,7 @@ def rnd(*s):
     return torch.randn(*s, device=dev, dtype=torch.bfloat16)
 
 
-def ref64(q, k, v, do, mask):
+def ref64(q, k, v, do, mask, scale=scale):
     g = q.shape[2] // k.shape[2]
     qd, kd, vd, dod = (t.double().transpose(1, 2) for t in (q, k, v, do))
     kd = kd.repeat_interleave(g, 1).requires_grad_()
@@ -44,8 +44,11 @@ def ref64(q, k, v, do, mask):
 
 
 def err(a, b):
+    # relative max error where the reference is finite; inf where a and b disagree on finiteness
     a, b = a.double(), b.double()
     fin = torch.isfinite(b)
+    if not torch.equal(fin, torch.isfinite(a)):
+        return float("inf")
     return ((a - b)[fin].abs().max() / b[fin].abs().max().clamp_min(1e-30)).item()
 
 
@@ -76,6 +79,16 @@ def check():
     return res
 
 
+def time_rows(S, cands, flops, warmup, iters):
+    """One timed row per candidate {name: fn} at length S; ``flops(name)``: its FLOP count."""
+    rows = []
+    for name, fn in cands.items():
+        ts = timed(fn, "cuda", warmup=warmup, iters=iters)
+        rows.append(dict(S=S, method=name, times=ts, tflops=flops(name) / median(ts) / 1e12))
+        print(f"S={S:>7} {name:<18} {median(ts) * 1e3:9.2f} ms {rows[-1]['tflops']:6.0f} TFLOP/s", flush=True)
+    return rows
+
+
 def bench(seqs, warmup=2, iters=7):
     res = []
     for S in seqs:
@@ -93,11 +106,7 @@ def bench(seqs, warmup=2, iters=7):
             res.append(dict(S=S, vs_cudnn=dict(dq=err(g1[0], g0[0]), dk=err(g1[1], g0[1]),
                                                dv=err(g1[2], g0[2]))))
             print(res[-1], flush=True)
-        for name, fn in cands.items():
-            ts = timed(fn, "cuda", warmup=warmup, iters=iters)
-            f = fl * (2.5 if "bwd" in name else 1.0)
-            res.append(dict(S=S, method=name, times=ts, tflops=f / median(ts) / 1e12))
-            print(f"S={S:>7} {name:<18} {median(ts) * 1e3:9.2f} ms {res[-1]['tflops']:6.0f} TFLOP/s", flush=True)
+        res += time_rows(S, cands, lambda name: fl * (2.5 if "bwd" in name else 1.0), warmup, iters)
         del q, k, v, do, o, lse, delta
         torch.cuda.empty_cache()
     return res
