@@ -128,9 +128,9 @@ def transient_bytes(args, elem: int) -> dict[str, int]:
     chooses from.  A layer that recomputes its projections (``full``, ``sequence``) rebuilds its
     ``none`` activations.  A ``pointwise`` layer's SwiGLU Function holds the rebuilt
     silu(gate) * up beside its gradient and the gradients of gate and up, where ``none`` has
-    already released its kept product (w2's backward runs first): 2f more (and its norm Functions
-    2d by the same count; on an H200, bf16, llama-3b shapes, a pointwise block's backward peaks
-    exactly 2f x 2 bytes per token above a none block's).  ``none`` rebuilds nothing."""
+    already released its kept product (w2's backward runs first): 2f more, and its norm Functions
+    2d by the same count, so 2 max(d, f) (counted from what each Function holds, not from a
+    committed measurement).  ``none`` rebuilds nothing."""
     recompute = activation_bytes(args, elem)["none"]
     return {"full": recompute, "sequence": recompute, "pointwise": 2 * max(args.dim, args.ffn_dim) * elem, "none": 0}
 
