@@ -174,3 +174,29 @@ def exit_with(code_by_rank):
         print(f"rank {dist.get_rank()} says why it leaves", file=sys.stderr, flush=True)
         code = code[0]
     return code
+
+
+def settings_disagree(group, case, out_dir):
+    """The ranks of a training job start with different settings (a per-rank --set, another
+    config file, an exported BURST_* variable): every rank raises the same ValueError naming
+    the setting, the values and the ranks, before the job's first collective but that check."""
+    import train_cases
+    from burstengine.train import Trainer
+
+    rank = dist.get_rank(group)
+    extra, env = [f"out_dir={out_dir}", "steps=1", "eval_every=0"], {}
+    if case == "activation_checkpoint":
+        extra.append("activation_checkpoint=" + ("pointwise" if rank == 0 else "none"))
+    elif case == "lr":  # the silent case: FSDP would step each rank's shard with its own lr
+        extra.append("lr=" + ("0.001" if rank == 2 else "0.0003"))
+    elif case == "env":
+        env["BURST_KERNEL"] = "reference" if rank == 0 else None
+    cfg = train_cases.small_config(extra)
+    if case == "invalid_one_rank" and rank == 1:
+        cfg.activation_checkpoint_split = 1.5
+    with _env(**env):
+        try:
+            Trainer(cfg, group=group, echo=False).fit(overwrite=True)
+            return "returned"
+        except ValueError as e:
+            return str(e)

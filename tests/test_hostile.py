@@ -58,6 +58,23 @@ def test_environment_settings_are_agreed(pool, case):
         assert want in msgs[0], msgs[0]
 
 
+SETTINGS = {
+    "activation_checkpoint": ["disagree on activation_checkpoint: 'pointwise' on rank 0, 'none' on ranks 1, 2, 3"],
+    "lr": ["lr: 0.0003 on ranks 0, 1, 3, 0.001 on rank 2"],
+    "env": ["BURST_KERNEL: 'reference' on rank 0, None on ranks 1, 2, 3", "BURST_* environment"],
+    "invalid_one_rank": ["invalid training settings on rank 1: activation_checkpoint_split must be in [0, 1]"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(SETTINGS))
+def test_training_settings_are_agreed(pool, case, tmp_path):
+    msgs = pool.run(hostile_cases.settings_disagree, case, str(tmp_path / "run"), world=4)
+    assert len(set(msgs)) == 1 and msgs[0] != "returned", msgs
+    assert "\n" not in msgs[0]
+    for want in SETTINGS[case]:
+        assert want in msgs[0], msgs[0]
+
+
 @pytest.mark.parametrize("codes,want", [((2, 2), 2), ((0, 2), 2), ((0, "raise"), 1), ((0, 0), 0)])
 def test_launcher_exit_codes(codes, want, capfd):
     """Ranks that leave on an error leave with their own code (os._exit after reporting), not

@@ -60,6 +60,16 @@ def ce_impl_from_env() -> str | None:
     return os.environ.get("BURST_CE_IMPL") or None
 
 
+PLAN_VARS = ("BURST_KERNEL", "BURST_GLUON", "BURST_CHECKS", "BURST_TIMEOUT", "BURST_CLUSTER", "BURST_TOPOLOGY",
+             "BURST_CE_IMPL")
+
+
+def environment() -> dict:
+    """The planning variables this process sees ({name: value or None}): what the ranks of a job
+    must agree on before they plan anything alike (the trainer compares them across ranks)."""
+    return {k: os.environ.get(k) or None for k in PLAN_VARS}
+
+
 _timeout_override: list[float | None] = []
 
 
