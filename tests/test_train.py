@@ -78,6 +78,15 @@ def test_checkpoint_policies_and_chunked_loss_are_exact(pool, token_file, extra)
     check_same(got, reference(token_file, 1))
 
 
+@pytest.mark.parametrize("cp", [1, 2])
+def test_offload_is_exact(pool, token_file, cp):
+    # every saved tensor of every layer through host buffers (CPU: plain copies), FSDP over the
+    # ranks, the ring (cp=2) or a one-rank ring per data-parallel rank (cp=1)
+    got = pool.run(tc.loss_and_grads_offloading_all, token_file, [f"cp={cp}", "activation_checkpoint=offload"],
+                   chunk=5, world=2)[0]
+    check_same(got, reference(token_file, 2 // cp))
+
+
 def test_passkey_labels_only_answer_and_global_mean(pool):
     # ignored labels everywhere but the answer, which zigzag puts on rank 0 and contiguous on
     # the last rank: the global mean must still be exact

@@ -34,6 +34,17 @@ def loss_and_grads(group, data, extra=(), chunk=None):
     return (loss, grads) if dist.get_rank(group) == 0 else None
 
 
+def loss_and_grads_offloading_all(group, data, extra=(), chunk=None):
+    """loss_and_grads with every saved tensor of an "offload" layer going to the host, however small."""
+    from burstengine.model import offload
+
+    old, offload.MIN_BYTES = offload.MIN_BYTES, 0
+    try:
+        return loss_and_grads(group, data, extra, chunk)
+    finally:
+        offload.MIN_BYTES = old
+
+
 def run_steps(group, out_dir, steps, extra=(), resume=False, stop_after=None):
     """Train (or resume) in out_dir; rank 0 returns the step records of metrics.jsonl."""
     cfg = small_config(list(extra) + [f"out_dir={out_dir}", f"steps={steps}", "eval_every=0", "log_every=1"])

@@ -132,6 +132,11 @@ def run_case(model: str, method: str, seq: int, args, config: list[str] = (), ro
         row.update(ok=True, step_times_s=t.tolist(), median_step_s=med, tokens_per_s_per_gpu=tgs,
                    mfu=tgs * trainer.flops_per_token / peak if peak else None, peak_mem_gib=mem.item(),
                    first_loss=first_loss, flops_per_token=trainer.flops_per_token)
+        plan = getattr(trainer.model, "checkpoint_plan", None)
+        if plan:  # checkpoint="auto": how many layers took each policy, and the host memory offloading took
+            row["checkpoint_plan"] = {p: plan.count(p) for p in dict.fromkeys(plan)}
+        if trainer.model.offloader is not None:
+            row["offload_host_gib"] = trainer.model.offloader.host_bytes() / 2**30
     except torch.OutOfMemoryError:
         oom.fill_(1)
         row.update(ok=False, error="out of memory")

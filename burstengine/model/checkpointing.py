@@ -29,21 +29,30 @@ under whatever recomputation it wants.  Adding one is a function and a line in P
   normed inputs and the gate's product took): the step between keeping everything and
   re-projecting, for a budget that almost fits ``none``, at the cost of three pointwise kernels
   per layer in backward.  Any attention (packed documents, windows, torch's CP) works under it.
-* ``auto``: a policy per layer from a memory budget (:func:`plan_layers`): every layer starts at
-  ``full``; layers keep their attention output (``sequence`` at split 1: the ring is never
-  recomputed, the most expensive recompute at long sequence) while the kept activations fit,
-  then their projections (``pointwise``), then everything (``none``) while they still fit; a
-  uniform ``pointwise`` or ``none`` plan that fits is taken as it is.  The budget is the
-  ``activation_memory_gib`` config knob, or by default what the device has left after the
-  parameters, gradients and AdamW states (:func:`default_budget`).
+* ``offload``: ``pointwise``, with what the layer saves kept in pinned host memory from its
+  forward to its backward (:mod:`burstengine.model.offload`): copies on a side stream, overlapped
+  with the next layers' forward and, coming back, with the backward of the layer above.  Nothing
+  is recomputed and the layer keeps nothing on the device between the passes; it costs host
+  memory and PCIe bandwidth, which the layers' compute hides at long sequences.
+* ``auto``: a policy per layer from a memory budget (:func:`plan_layers`): the fewest layers that
+  recompute attention (``full``), then the fewest that recompute projections (``sequence`` at
+  split 1: the attention output kept), then the fewest that copy to the host (``offload``), then
+  the fewest that recompute pointwise ops (``pointwise``); the rest keep everything (``none``).
+  The device budget is the ``activation_memory_gib`` config knob, or by default what the device
+  has left after the parameters, gradients and AdamW states (:func:`default_budget`); the host
+  budget ``offload_memory_gib``, or by default half the host's memory shared by its
+  GPUs (:func:`default_host_budget`).
 """
 from __future__ import annotations
+
+import os
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..attention.seqckpt import seq_checkpoint
 from ..comm.dist import LOCAL
+from .offload import Offloader
 
 
 def _ckpt(fn, *args):
@@ -71,6 +80,14 @@ def recompute_pointwise(block, x, cos, sin, docs=None):
     return block.post_attention(x, block.attend(q, k, v, docs), lean=True)
 
 
+def offload(block, x, cos, sin, docs=None):
+    # pointwise, with what the layer saves in host memory until its backward (model/offload.py)
+    if block.offloader is None:  # a block run on its own: its own side stream and buffers
+        block.offloader = Offloader(x.device)
+    with block.offloader.layer(block.index, keep=(*block.parameters(), cos, sin)):
+        return recompute_pointwise(block, x, cos, sin, docs)
+
+
 def sequence(block, x, cos, sin, docs=None):
     if docs is not None or block.window:
         # seq_checkpoint's ring takes no sparse mask: refuse rather than attend across documents
@@ -90,6 +107,7 @@ POLICIES = {
     "selective": selective,
     "sequence": sequence,
     "pointwise": recompute_pointwise,
+    "offload": offload,
 }
 AUTO = "auto"  # not a function: Transformer resolves it into one of the above per layer
 
@@ -118,8 +136,14 @@ def activation_bytes(args, elem: int) -> dict[str, int]:
     qk_pre_norm = ((a + kv) * elem + 4 * (H + args.n_kv_heads)) * bool(args.qk_norm)
     return {"full": d * elem,
             "sequence": (d + a) * elem + 4 * H,
+            "offload": 0,
             "pointwise": (2 * d + 2 * a + 2 * kv + 2 * f) * elem + 4 * H + qk_pre_norm,
             "none": (4 * d + 2 * a + 2 * kv + 3 * f) * elem + 4 * H + 8 + qk_pre_norm}
+
+
+def host_bytes(args, elem: int) -> int:
+    """Host bytes per local token an ``offload`` layer keeps: what ``pointwise`` keeps on the device."""
+    return activation_bytes(args, elem)["pointwise"]
 
 
 def transient_bytes(args, elem: int) -> dict[str, int]:
@@ -131,40 +155,89 @@ def transient_bytes(args, elem: int) -> dict[str, int]:
     already released its kept product (w2's backward runs first): 2f more, and its norm Functions
     2d by the same count, so 2 max(d, f) (counted from what each Function holds, not from a
     committed measurement).  ``none`` rebuilds nothing."""
-    recompute = activation_bytes(args, elem)["none"]
-    return {"full": recompute, "sequence": recompute, "pointwise": 2 * max(args.dim, args.ffn_dim) * elem, "none": 0}
+    kept = activation_bytes(args, elem)
+    pointwise = 2 * max(args.dim, args.ffn_dim) * elem
+    return {"full": kept["none"], "sequence": kept["none"], "pointwise": pointwise, "none": 0,
+            # its own activations back on the device, the next layer's on their way, pointwise's transient
+            "offload": 2 * kept["pointwise"] + pointwise}
 
 
-LADDER = ("full", "sequence", "pointwise", "none")  # auto's policies, least kept (most recomputed) first
+LADDER = ("full", "sequence", "offload", "pointwise", "none")  # auto's policies, most recompute / copying first
+ORDER = ("offload", "none", "pointwise", "sequence", "full")  # where a plan puts them, first layer first
 
 
-def plan_layers(n_layers: int, per_layer: dict[str, int], budget: int, transient: dict[str, int]) -> list[str]:
-    """The policy of each layer (one of :data:`LADDER`): as little recompute as fits in ``budget``
-    bytes.  ``per_layer``: bytes one layer keeps under each policy; ``transient``: bytes one
-    layer's backward holds on top of them (:func:`transient_bytes`).  Layers run backward one at
-    a time, so a plan needs its kept bytes plus the largest transient of its layers.
+def plan_bytes(plan, per_layer: dict[str, int], transient: dict[str, int]) -> int:
+    """Peak device bytes of a plan in this model: layers run backward one at a time, each holding
+    its kept bytes (``per_layer``) and, while its backward runs, a transient (:func:`transient_bytes`).
+    ``offload`` layers keep nothing on the device and come first (:data:`ORDER`), so their backward
+    runs after every other layer's has freed its activations; the rest peak at their kept bytes
+    plus the largest transient among them."""
+    rest = [p for p in plan if p != "offload"]
+    peak = sum(per_layer[p] for p in rest) + max((transient[p] for p in rest), default=0)
+    return max(peak, transient["offload"] if len(rest) < len(plan) else 0)
 
-    Recompute is ranked by its most expensive part: the fewest layers that recompute attention
+
+def plan_layers(n_layers: int, per_layer: dict[str, int], budget: int, transient: dict[str, int],
+                host_per_layer: int = 0, host_budget: int = 0) -> list[str]:
+    """The policy of each layer (one of :data:`LADDER`, in :data:`ORDER`): as little recompute
+    as fits in ``budget`` device bytes (:func:`plan_bytes`) and ``host_budget`` host bytes
+    (``host_per_layer`` per ``offload`` layer; 0: no layer is offloaded).
+
+    The plan is ranked by its most expensive work: the fewest layers that recompute attention
     (``full``), then the fewest that recompute projections (``sequence``), then the fewest that
-    recompute pointwise ops.  The plan starts from the most-kept uniform plan that fits (all
-    ``none``, all ``pointwise`` or all ``sequence``; else all ``full``) and makes passes up the
-    ladder from there: each pass moves the layers, in order, one step further while the plan still
-    fits.  The uniform start matters: a ``full`` or ``sequence`` layer's transient (a whole layer's
-    activations) is held until the last such layer is gone, so an all-``pointwise`` plan can fit
-    where no plan between it and all-``sequence`` does.  With ``kept`` growing up the ladder this is
-    the least recompute in that ranking; if nothing fits, every layer is ``full``."""
-    def fits(plan):
-        return sum(per_layer[p] for p in plan) + max(transient[p] for p in plan) <= budget
+    copy their activations to the host and back (``offload``), then the fewest that recompute
+    pointwise ops (``pointwise``); the rest keep everything (``none``).  Layers are alike, so a
+    plan is its counts, chosen in that order, each the smallest that some completion still fits:
+    under a cap on the transient (each policy's in turn; the policies whose transient exceeds it
+    are left out), the completion that needs the least device memory puts every layer it can
+    (the host budget's count) on ``offload``, which keeps nothing on the device, and the rest on
+    the allowed policy that keeps least.  If nothing fits, every layer is ``full``."""
+    n_off_max = min(n_layers, host_budget // host_per_layer) if host_per_layer > 0 and host_budget > 0 else 0
+    if transient["offload"] > budget:
+        n_off_max = 0
+    rank = LADDER[:-1]  # what to minimise, in order; "none" takes the rest
 
-    start = next((p for p in reversed(LADDER[1:]) if fits([p] * n_layers)), LADDER[0])
-    plan = [start] * n_layers
-    for policy in LADDER[LADDER.index(start) + 1:]:
-        for i in range(n_layers):
-            trial = plan[:i] + [policy] + plan[i + 1:]
-            if not fits(trial):
-                break
-            plan = trial
-    return plan
+    def search(cap):
+        allowed = [p for p in LADDER if p != "offload" and transient[p] <= cap]
+        room = budget - cap
+
+        def fits(fixed, left, free):
+            n_off = fixed.get("offload", 0)
+            if "offload" in free:
+                take = min(left, n_off_max - n_off)
+                left -= take
+            kept = sum(per_layer[p] * c for p, c in fixed.items() if p != "offload")
+            if left:
+                cheapest = min((p for p in allowed if p in free), key=lambda p: per_layer[p], default=None)
+                if cheapest is None:
+                    return False
+                kept += left * per_layer[cheapest]
+            return kept <= room
+
+        fixed, left = {}, n_layers
+        for i, policy in enumerate(rank):
+            free = set(LADDER[i + 1:])
+            if policy != "offload" and policy not in allowed:
+                free.discard(policy)
+                continue
+            top = left if policy != "offload" else min(left, n_off_max)
+            for c in range(top + 1):
+                if fits({**fixed, policy: c}, left - c, free):
+                    fixed[policy], left = c, left - c
+                    break
+            else:
+                return None
+        if left and "none" not in allowed:
+            return None
+        fixed["none"] = left
+        return fixed
+
+    plans = [c for c in (search(cap) for cap in sorted({transient[p] for p in LADDER if p != "offload"}))
+             if c is not None]
+    if not plans:
+        return ["full"] * n_layers
+    best = min(plans, key=lambda c: tuple(c.get(p, 0) for p in rank))
+    return [p for p in ORDER for _ in range(best.get(p, 0))]
 
 
 def default_budget(local_params: int, device) -> int | None:
@@ -176,6 +249,15 @@ def default_budget(local_params: int, device) -> int | None:
         return None
     total = torch.cuda.get_device_properties(device).total_memory
     return max(0, int(0.9 * total) - 16 * local_params - 3 * 2**30)
+
+
+def default_host_budget(device) -> int:
+    """Host bytes the ``offload`` layers may keep: half of the host's memory shared by its GPUs.
+    From the total, not what is free now, so that alike ranks plan alike (the trainer also takes
+    the smallest over its ranks).  0 off CUDA: nothing to offload from."""
+    if getattr(device, "type", device) != "cuda" or not torch.cuda.is_available():
+        return 0
+    return int(0.5 * os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / max(1, torch.cuda.device_count()))
 
 
 def check(name: str, split: float = 0.5) -> None:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from ..attention import burst_attn_func
 from ..comm.dist import LOCAL
 from ..kernels import acc_dtype
-from . import checkpointing, fused, losses, pointwise
+from . import checkpointing, fused, losses, offload, pointwise
 from .rope import RopeScaling, rope_tables
 
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
@@ -219,6 +219,8 @@ class Block(nn.Module):
         self.checkpoint_split = checkpoint_split  # the "sequence" policy's: attention outputs kept
         self.window = a.window
         self.cp = ContextParallel()
+        self.index = 0  # its place in the model, and the model's Offloader: the "offload" policy's
+        self.offloader = None
 
     def pre_attention(self, x, cos, sin, lean: bool = False):
         att = self.attention
@@ -243,7 +245,7 @@ class Block(nn.Module):
 
 class Transformer(nn.Module):
     def __init__(self, args: ModelArgs, checkpoint: str = "none", loss: str = "naive", checkpoint_split: float = 0.5,
-                 activation_budget: int | None = None):
+                 activation_budget: int | None = None, offload_budget: int | None = None):
         super().__init__()
         args.validate()
         checkpointing.check(checkpoint, checkpoint_split)
@@ -254,10 +256,15 @@ class Transformer(nn.Module):
         # default) when the local token count is first seen (checkpointing.plan_layers)
         self.auto_checkpoint = checkpoint == checkpointing.AUTO
         self.activation_budget = activation_budget
+        # host bytes the "offload" layers of an auto plan may keep (None: the host's default, 0: none)
+        self.offload_budget = offload_budget
+        self.offloader = None  # made at the first forward with an "offload" layer
         self._planned_for = None
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(Block(args, "full" if self.auto_checkpoint else checkpoint, checkpoint_split)
                                     for _ in range(args.n_layers))
+        for i, b in enumerate(self.layers):
+            b.index = i
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
         self.cp = ContextParallel()
@@ -292,9 +299,23 @@ class Transformer(nn.Module):
             self.plan_checkpointing(h.shape[0] * h.shape[1], h.element_size(), h.device, sparse=docs is not None)
             self._planned_for = (h.shape[:2], docs is not None)
         cos, sin = self.rope(positions, acc_dtype(h), seq_len)
+        off = self._offloader(h.device)
         for b in self.layers:
+            below = off.newest() if off else None  # an offloaded layer below: copy it back from this one's backward
             h = b(h, cos, sin, docs)
+            if below is not None:
+                off.follow(below, h)
         return self.norm(h)
+
+    def _offloader(self, device):
+        """The Offloader of this model's "offload" layers (one side stream and its host buffers), or None."""
+        if not any(b.policy == "offload" for b in self.layers):
+            return None
+        if self.offloader is None:
+            self.offloader = offload.Offloader(device)
+        for b in self.layers:
+            b.offloader = self.offloader
+        return self.offloader
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype, seq_len: int = 0):
         """cos, sin (n, head_dim) in ``dtype`` for global ``positions`` (n,) under the model's RoPE
@@ -338,8 +359,12 @@ class Transformer(nn.Module):
             per_token["sequence"] += (a.n_heads + 2 * a.n_kv_heads) * a.head_dim * elem
         per_layer = {k: v * tokens for k, v in per_token.items()}
         transient = {k: v * tokens for k, v in checkpointing.transient_bytes(self.args, elem).items()}
+        host = self.offload_budget
+        if host is None:
+            host = checkpointing.default_host_budget(device)
         plan = (["none"] * len(self.layers) if budget is None
-                else checkpointing.plan_layers(len(self.layers), per_layer, budget, transient))
+                else checkpointing.plan_layers(len(self.layers), per_layer, budget, transient,
+                                               checkpointing.host_bytes(self.args, elem) * tokens, host))
         if sparse or self.args.window:
             plan = ["selective" if p == "sequence" else p for p in plan]
         for b, p in zip(self.layers, plan):

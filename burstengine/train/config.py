@@ -60,14 +60,20 @@ class TrainConfig:
     kernel: str = "auto"             # local attention kernel (see burstengine.kernels)
     # memory: activation checkpointing (recompute in backward; saving checkpoints is save_every)
     activation_checkpoint: str = "none"  # policy: none, full, selective, sequence, pointwise (keep the matmuls'
-                                     # outputs, recompute the norms and SwiGLU's gate), or auto (per layer
-                                     # from activation_memory_gib; see burstengine.model.checkpointing);
+                                     # outputs, recompute the norms and SwiGLU's gate), offload (pointwise,
+                                     # kept in host memory), or auto (per layer from activation_memory_gib
+                                     # and offload_memory_gib; see burstengine.model.checkpointing);
                                      # was "checkpoint"
     activation_checkpoint_split: float = 0.5  # activation_checkpoint="sequence": share of each rank's tokens
                                      # whose attention output is kept (0 = recompute all, 1 = keep all)
     activation_memory_gib: float = 0.0  # activation_checkpoint="auto": GiB of activations the layers may keep,
                                      # planned per layer; 0 = what the device has left after the parameters,
                                      # gradients and optimizer states
+    activation_offload: bool = True  # activation_checkpoint="auto" may keep layers' activations in pinned host
+                                     # memory between forward and backward (the "offload" policy) before
+                                     # recomputing their projections
+    offload_memory_gib: float = 0.0  # GiB of host memory per rank those layers may keep; 0 = half the host's
+                                     # memory shared by its GPUs (the smallest over the ranks)
     fused_ops: bool = True           # RMSNorm, RoPE and SwiGLU as one compiled kernel each on GPUs
     loss: str = "naive"              # hidden states -> loss: naive, chunked, fused (see burstengine.model.losses)
     precision: str = "auto"          # auto: bf16 params / fp32 reduce on CUDA, fp32 on CPU; or fp32, bf16
@@ -143,6 +149,9 @@ class TrainConfig:
         if not (0.0 <= self.activation_memory_gib < float("inf")):
             raise ValueError(f"activation_memory_gib must be a finite number >= 0 (0 = from the device's memory), "
                              f"got {self.activation_memory_gib}")
+        if not (0.0 <= self.offload_memory_gib < float("inf")):
+            raise ValueError(f"offload_memory_gib must be a finite number >= 0 (0 = from the host's memory), "
+                             f"got {self.offload_memory_gib}")
         _choice("loss", self.loss, tuple(LOSSES))
         if not 0.0 <= self.activation_checkpoint_split <= 1.0:
             raise ValueError(f"activation_checkpoint_split must be in [0, 1] (0 = recompute all attention, 1 = keep "

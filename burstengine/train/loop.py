@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from ..attention import planning
+from ..model import checkpointing
 from . import checkpoint as ckpt
 from .data import IGNORE, Batch, Loader, global_sequences, make_source, packed_sequences, shard_batch
 from .metrics import (MetricsLog, Progress, open_sinks, peak_flops, peak_memory_gib, read_jsonl, repair_jsonl,
@@ -166,7 +167,7 @@ class Trainer:
         self.activity = "reading the data"
         # before the model: rank 0 may tokenize a corpus while the others wait
         self.loader = Loader(make_source(cfg, self.group), cfg.batch_size, dp, self.mesh.dp_rank, cfg.grad_accum)
-        self.model = build_model(cfg, self.mesh)
+        self.model = build_model(cfg, self.mesh, self.offload_budget())
         self.optimizer = build_optimizer(self.model, cfg)
         self.step = 0
         self.activity = "start-up"  # what the job is doing, for the message when a rank is lost
@@ -182,6 +183,20 @@ class Trainer:
                          f"RSS {st['peak_rss_gib']:.2f} GiB)")
         self.flops_per_token = cfg.model.flops_per_token(cfg.seq_len)  # documents as long as the sequence
         self.peak = peak_flops(self.device, cfg.peak_tflops)
+
+    def offload_budget(self) -> int:
+        """Host bytes checkpoint="auto" may offload per rank: ``offload_memory_gib``, else this
+        host's default (:func:`~burstengine.model.checkpointing.default_host_budget`), the smallest
+        over the ranks: every rank must plan the same layers (a CP ring recomputes alike)."""
+        cfg = self.cfg
+        if not cfg.activation_offload or cfg.activation_checkpoint != "auto":
+            return 0
+        if cfg.offload_memory_gib:
+            return int(cfg.offload_memory_gib * 2**30)
+        mine = torch.tensor([checkpointing.default_host_budget(self.device)], dtype=torch.int64, device=self.device)
+        if self.mesh.world > 1:
+            dist.all_reduce(mine, op=dist.ReduceOp.MIN, group=self.group)
+        return int(mine.item())
 
     # --- batches ----------------------------------------------------------------------------
 

@@ -110,15 +110,17 @@ def parallelize(model: Transformer, m: Mesh, precision: str = "auto", layout: st
     return model
 
 
-def build_model(cfg, m: Mesh) -> Transformer:
+def build_model(cfg, m: Mesh, offload_budget: int | None = None) -> Transformer:
     """The config's model, created on the meta device, sharded, then materialised on this
     rank's device and initialised identically whatever the mesh: from ``cfg.init`` (an HF model
     directory, each rank reading only the rows it keeps; ``model.load_stats`` says how long it
-    took and this process's peak host memory) or randomly from ``cfg.seed``."""
+    took and this process's peak host memory) or randomly from ``cfg.seed``.  ``offload_budget``:
+    host bytes for checkpoint="auto"'s offloaded layers (None: this host's default)."""
     with torch.device("meta"):
         model = Transformer(cfg.model, checkpoint=cfg.activation_checkpoint, loss=cfg.loss,
                             checkpoint_split=cfg.activation_checkpoint_split,
-                            activation_budget=int(cfg.activation_memory_gib * 2**30) or None)
+                            activation_budget=int(cfg.activation_memory_gib * 2**30) or None,
+                            offload_budget=offload_budget)
     fused.set_compiled(cfg.fused_ops)
     parallelize(model, m, cfg.precision, cfg.layout, cfg.attn_backward, cfg.kernel, cfg.attention)
     model.to_empty(device=m.device)
