@@ -2,9 +2,9 @@
 layers.  (1) Its loss and gradients against ``pointwise`` (the same arithmetic: the bytes come
 back unchanged) and the float64-free check that both are finite; (2) device memory held between
 forward and backward, and the step's peak, under none / pointwise / offload / sequence; (3) the
-step time of each; (4) the host link's copy bandwidth (pinned, one direction at a time).
+step time of each, and of plans laid out as ``auto`` does (the first layers offloaded); (4) the host link's copy bandwidth (pinned, one direction at a time).
 
-    python benchmarks/probe_offload.py [SEQ] [LAYERS]      # default 65536 4; record: probe_offload
+    python benchmarks/probe_offload.py [SEQ] [LAYERS]      # default 65536 6; record: probe_offload
 """
 import dataclasses
 import os
@@ -19,11 +19,11 @@ from burstengine.records import write_record
 from burstengine.timing import median
 
 seq = int(sys.argv[1]) if len(sys.argv) > 1 else 65536
-layers = int(sys.argv[2]) if len(sys.argv) > 2 else 4
+layers = int(sys.argv[2]) if len(sys.argv) > 2 else 6
 dev = torch.device("cuda")
 args = dataclasses.replace(PRESETS["llama-3b"], n_layers=layers)
 torch.manual_seed(0)
-base = Transformer(args, checkpoint="none").to(dev, torch.bfloat16)
+base = Transformer(args, checkpoint="none", loss="fused").to(dev, torch.bfloat16)
 base.init_weights(0)
 tokens = torch.randint(0, args.vocab_size, (1, seq), device=dev)
 labels = torch.randint(0, args.vocab_size, (1, seq), device=dev)
@@ -47,21 +47,26 @@ def step(model):
 
 
 rows, grads = [], {}
-for policy in ("pointwise", "offload", "none", "sequence"):
-    for b in base.layers:
+# uniform plans, then plans as "auto" lays them out: the first layers offloaded (or sequence)
+# under pointwise ones, so that each offloaded layer comes back during the backward of the one above
+half = layers // 2
+plans = {p: [p] * layers for p in ("pointwise", "offload", "none", "sequence")}
+plans.update({f"{half} {p} + pointwise": [p] * half + ["pointwise"] * (layers - half) for p in ("offload", "sequence")})
+for name, plan in plans.items():
+    for b, policy in zip(base.layers, plan):
         b.policy, b.checkpoint_split = policy, 1.0
     try:
         times = []
         for i in range(4):
             loss, dt, held, peak = step(base)
             times.append(dt)
-        grads[policy] = {n: p.grad.float().clone() for n, p in base.named_parameters()}
-        row = dict(policy=policy, loss=loss, step_times_s=times, median_step_s=median(times[1:]),
+        grads[name] = {n: p.grad.float().clone() for n, p in base.named_parameters()}
+        row = dict(plan=name, loss=loss, step_times_s=times, median_step_s=median(times[1:]),
                    held_after_forward_gib=held, peak_gib=peak)
-        if policy == "offload":
+        if base.offloader is not None:
             row["host_gib"] = base.offloader.host_bytes() / GiB
     except torch.OutOfMemoryError:
-        row = dict(policy=policy, error="out of memory")
+        row = dict(plan=name, error="out of memory")
     rows.append(row)
     print(row, flush=True)
     torch.cuda.empty_cache()
