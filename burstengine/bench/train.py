@@ -105,9 +105,11 @@ def run_case(model: str, method: str, seq: int, args, config: list[str] = (), ro
         dev = trainer.device
         oom = oom.to(dev)
         times, first_loss = [], None
+        stats0 = {}
         for step in range(args.warmup + args.steps):
             if step == args.warmup and dev.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(dev)
+                stats0 = torch.cuda.memory_stats(dev)
             batch = trainer.batch(step)
             _sync(dev)
             dist.barrier()
@@ -132,6 +134,10 @@ def run_case(model: str, method: str, seq: int, args, config: list[str] = (), ro
         row.update(ok=True, step_times_s=t.tolist(), median_step_s=med, tokens_per_s_per_gpu=tgs,
                    mfu=tgs * trainer.flops_per_token / peak if peak else None, peak_mem_gib=mem.item(),
                    first_loss=first_loss, flops_per_token=trainer.flops_per_token)
+        if stats0:  # the caching allocator over the timed steps: retries free its cache (a device-wide stall)
+            stats = torch.cuda.memory_stats(dev)
+            row["allocator"] = {k: stats.get(k, 0) - stats0.get(k, 0)
+                                for k in ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams")}
         plan = getattr(trainer.model, "checkpoint_plan", None)
         if plan:  # checkpoint="auto": how many layers took each policy, and the host memory offloading took
             row["checkpoint_plan"] = {p: plan.count(p) for p in dict.fromkeys(plan)}

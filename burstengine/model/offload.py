@@ -9,7 +9,9 @@ pinned host memory instead of on the device:
   (RoPE's cos/sin, shared by every layer), is copied whole storage, once per storage, into host
   memory on a side stream.  The device storages are released when the layer's forward ends:
   ``record_stream`` makes the caching allocator wait for the copies before it reuses the memory,
-  so the copies overlap the next layers' compute and nothing waits on the host.
+  so the copies overlap the next layers' compute.  The host waits, at the end of each offloaded
+  layer's forward, for the previous one's copies (done by then on the device): otherwise it runs
+  layers ahead, and their allocations cannot reuse the blocks still being copied.
 * backward: the layer's tensors come back on the same side stream.  :meth:`Offloader.follow`
   (the model calls it on the output of the layer above) starts the copy when the backward reaches
   that layer, so it overlaps that layer's backward; the layer's first unpacked tensor makes the
@@ -171,6 +173,7 @@ class Offloader:
         self.side = torch.cuda.Stream(self.device) if self.cuda else None
         self._free: dict[int, list[list[_HostBuffer]]] = {}
         self._last = None  # weak reference to the newest stash whose prefetch no layer above has claimed
+        self._copying = None  # event: the newest offloaded layer's copies to the host are done
 
     def _take(self, index: int) -> list:
         free = self._free.get(index)
@@ -197,6 +200,16 @@ class Offloader:
         with torch.autograd.graph.saved_tensors_hooks(stash.pack, _unpack):
             yield
         stash.alive.clear()  # now the copies' blocks return to the allocator (after the copies)
+        if self.cuda and stash.host:
+            # the host runs layers ahead of the device, and a block waiting on a copy cannot be
+            # reused: without a brake the layers ahead take fresh memory until the allocator
+            # runs out and frees its cache (a device-wide stall).  Wait here for the previous
+            # offloaded layer's copies, which the device finishes during this layer's forward.
+            done = torch.cuda.Event()
+            done.record(self.side)
+            if self._copying is not None:
+                self._copying.synchronize()
+            self._copying = done
         self._last = weakref.ref(stash) if stash.host else None
 
     def newest(self):
