@@ -488,6 +488,19 @@ def clocks(rec):
             f"share of those samples throttled by: {thr or 'nothing'}."]
 
 
+def probe_offload(rec):
+    body = [[r["plan"], fixed(r["median_step_s"], 3) if "median_step_s" in r else r.get("error", "?"),
+             fixed(r.get("held_after_forward_gib"), 1), fixed(r.get("peak_gib"), 1)] for r in rec["rows"]]
+    ln = rec.get("link", {})
+    return ([f"{rec['layers']} layers of {rec['model']}, {rec['seq']} tokens, commit {rec['commit']}: the step of "
+             f"each plan (median of 3), device memory held from forward to backward and the step's peak; host link "
+             f"{fixed(ln.get('d2h_gb_s'), 1)} GB/s to the host, {fixed(ln.get('h2d_gb_s'), 1)} GB/s back; "
+             f"offload against pointwise, largest relative gradient difference "
+             f"{rec['checks'].get('offload_vs_pointwise_grad_rel', float('nan')):.3g} (none against pointwise "
+             f"{rec['checks'].get('none_vs_pointwise_grad_rel', float('nan')):.3g}).", ""]
+            + table(["plan", "s/step", "held GiB", "peak GiB"], body))
+
+
 def profile(rec):
     wall = rec["step_wall_s"]
     busy = rec.get("gpu_busy_s", rec.get("cpu_busy_s"))
@@ -671,6 +684,9 @@ FAMILIES = [
     ("GPU clocks and power under load", r"^clocks_", clocks,
      "`python benchmarks/sample_clocks.py NAME -- COMMAND`: nvidia-smi's SM clock, power and throttle reasons "
      "every 250 ms around a run."),
+    ("Offloading activations to the host", r"^probe_offload", probe_offload,
+     "`python benchmarks/probe_offload.py SEQ LAYERS`: the `offload` checkpointing policy beside `pointwise`, "
+     "`none` and `sequence` on a few layers of the 3B model."),
     ("Where a training step's time goes", r"^profile_", profile,
      "`burstengine bench profile`: one step under torch.profiler, kernel time by category."),
     ("Soak", r"^soak", soak, "`burstengine bench soak`: resident memory over many tiny training steps."),
@@ -964,18 +980,46 @@ def block_train_3b(records):
                       "and the plain baseline in one launch; MFU as defined above):", ""]
                      + table(["tokens", "BurstEngine s/step", "MFU", "peak GiB", "plain s/step", "MFU",
                               "plain's checkpointing", "tokens/s vs plain"], body)
-                     + ["", f"One 128K step under the profiler (`{prof_name}`): {cats}. During the run above the "
-                        f"SM clock's median was {c['median_sm_mhz']:.0f} of {c['max_sm_mhz']:.0f} MHz at "
+                     + ["", f"One 128K step under the profiler (`{prof_name}`, commit {prof['commit']}): {cats}. During "
+                        f"a run of the same command (commit {clk['commit']}) the SM clock's median was {c['median_sm_mhz']:.0f} of {c['max_sm_mhz']:.0f} MHz at "
                         f"{c['median_power_w']:.0f} of {c['limit_w']:.0f} W, power-capped in "
                         f"{100 * c['share_of_loaded_samples_throttled_by']['sw power cap']:.0f}% of the loaded "
                         f"samples (`{clk_name}`)."])
+
+
+def block_offload(records):
+    """docs/training.md: the 3B step with and without offloaded layers in auto's plan, and the
+    probe's plans on six layers."""
+    names = ("train_llama-3b_1xh200_nooffload.json", "train_llama-3b_1xh200_offload.json")
+    body = []
+    for name in names:
+        rec = _rec(records, name)
+        for r in rec["rows"]:
+            if r.get("method") == "burst" and r.get("ok"):
+                plan = ", ".join(f"{n} {p}" for p, n in r["checkpoint_plan"].items())
+                body.append([f"`{name}`", f"{r['seq_len'] // 1024}K", plan, fixed(r["median_step_s"], 3),
+                             f"{100 * r['mfu']:.1f}%", fixed(r.get("offload_host_gib") or 0, 1)])
+    probe = []
+    for name in ("probe_offload_64k.json", "probe_offload_128k.json"):
+        rec = _rec(records, name)
+        t = {r["plan"]: r["median_step_s"] for r in rec["rows"] if "median_step_s" in r}
+        probe.append(f"at {rec['seq'] // 1024}K (`{name}`) all pointwise {fixed(t['pointwise'], 3)} s, the first "
+                     f"three offloaded {fixed(t['3 offload + pointwise'], 3)} s, the first three sequence "
+                     f"{fixed(t['3 sequence + pointwise'], 3)} s")
+    first, second = _rec(records, names[0]), _rec(records, names[1])
+    return "\n".join([f"On {device_of(first)}, one launch each, BurstEngine's rows: `{names[1]}` (commit "
+                      f"{second['commit']}, when `auto` offloaded by default; `bench train --model llama-3b "
+                      f"--methods burst,plain --seqs 65536,131072`), then `{names[0]}` (commit {first['commit']}, "
+                      "the same with `--methods burst --set activation_offload=false`):", ""]
+                     + table(["record", "tokens", "auto's plan", "s/step", "MFU", "host GiB"], body)
+                     + ["", "On six layers alone (`benchmarks/probe_offload.py`): " + "; ".join(probe) + "."])
 
 
 BLOCKS = {"headline": block_headline, "lao": block_lao, "demo": block_demo, "demo-finetune": block_demo_finetune,
           "demo-finetune-line": block_demo_finetune_line, "demo-finetune-commands": block_demo_finetune_commands,
           "decode-graphs": block_decode_graphs, "finetune-gpu": block_finetune_gpu,
           "gluon-variants": block_gluon_variants, "gluon-bwd": block_gluon_bwd,
-          "train-3b": block_train_3b}
+          "train-3b": block_train_3b, "offload": block_offload}
 BLOCK_RE = re.compile(r"(<!-- report:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
 
 
