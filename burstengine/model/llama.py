@@ -245,7 +245,7 @@ class Block(nn.Module):
 
 class Transformer(nn.Module):
     def __init__(self, args: ModelArgs, checkpoint: str = "none", loss: str = "naive", checkpoint_split: float = 0.5,
-                 activation_budget: int | None = None, offload_budget: int | None = None):
+                 activation_budget: int | None = None, offload_budget: int | None = 0):
         super().__init__()
         args.validate()
         checkpointing.check(checkpoint, checkpoint_split)
@@ -256,7 +256,8 @@ class Transformer(nn.Module):
         # default) when the local token count is first seen (checkpointing.plan_layers)
         self.auto_checkpoint = checkpoint == checkpointing.AUTO
         self.activation_budget = activation_budget
-        # host bytes the "offload" layers of an auto plan may keep (None: the host's default, 0: none)
+        # host bytes the "offload" layers of an auto plan may keep (0, the default: no layer is
+        # offloaded; None: the host's default, checkpointing.default_host_budget)
         self.offload_budget = offload_budget
         self.offloader = None  # made at the first forward with an "offload" layer
         self._planned_for = None

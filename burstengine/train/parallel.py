@@ -110,12 +110,12 @@ def parallelize(model: Transformer, m: Mesh, precision: str = "auto", layout: st
     return model
 
 
-def build_model(cfg, m: Mesh, offload_budget: int | None = None) -> Transformer:
+def build_model(cfg, m: Mesh, offload_budget: int = 0) -> Transformer:
     """The config's model, created on the meta device, sharded, then materialised on this
     rank's device and initialised identically whatever the mesh: from ``cfg.init`` (an HF model
     directory, each rank reading only the rows it keeps; ``model.load_stats`` says how long it
     took and this process's peak host memory) or randomly from ``cfg.seed``.  ``offload_budget``:
-    host bytes for checkpoint="auto"'s offloaded layers (None: this host's default)."""
+    host bytes for checkpoint="auto"'s offloaded layers (0: none)."""
     with torch.device("meta"):
         model = Transformer(cfg.model, checkpoint=cfg.activation_checkpoint, loss=cfg.loss,
                             checkpoint_split=cfg.activation_checkpoint_split,
