@@ -204,9 +204,18 @@ def _nonfinite_text(mask: int) -> str:
     return f"{', '.join(names)} {'contains' if len(names) == 1 else 'contain'} NaN or inf"
 
 
-def _ranks(rs) -> str:
+def ranks_text(rs) -> str:
+    """'rank 3' or 'ranks 0, 1, 2': how every agreement message names ranks."""
     rs = list(rs)
     return f"rank {rs[0]}" if len(rs) == 1 else "ranks " + ", ".join(map(str, rs))
+
+
+def ranks_by_value(values, ranks) -> dict:
+    """{value: [the ranks that hold it]} in first-seen order, from each rank's value."""
+    groups: dict = {}
+    for r, v in zip(ranks, values):
+        groups.setdefault(v, []).append(r)
+    return groups
 
 
 def _as_int(x: float) -> int:
@@ -316,13 +325,13 @@ def _show_values(name: str, vals: list, ranks: list[int]) -> str:
         at = min(tuple(int(i) for i in (v != first).nonzero()[0]) for v, _ in groups[1:])
         where = "block" if first.dim() == 2 else "index"
         return (f"{name}: {_show_one(first)}, first difference at {where} {at if len(at) > 1 else at[0]}: " +
-                ", ".join(f"{v[at].item()} on {_ranks(rs)}" for v, rs in groups))
+                ", ".join(f"{v[at].item()} on {ranks_text(rs)}" for v, rs in groups))
     if all(isinstance(v, tuple) and len(v) == 3 and v[0] == "rows" for v, _ in groups) and \
             len({v[1] for v, _ in groups}) == 1:
         row = min(next(i for i, (a, b) in enumerate(zip(first[2], v[2])) if a != b) for v, _ in groups[1:])
         return f"{name}: {_show_one(first)}, first difference in block row {row}: " + \
-            ", ".join(f"row checksum {v[2][row] & ((1 << 64) - 1):#x} on {_ranks(rs)}" for v, rs in groups)
-    text = f"{name}: " + ", ".join(f"{_show_one(v)} on {_ranks(rs)}" for v, rs in groups)
+            ", ".join(f"row checksum {v[2][row] & ((1 << 64) - 1):#x} on {ranks_text(rs)}" for v, rs in groups)
+    text = f"{name}: " + ", ".join(f"{_show_one(v)} on {ranks_text(rs)}" for v, rs in groups)
     if all(isinstance(v, (list, tuple)) and not (len(v) == 3 and v[0] == "rows") for v, _ in groups) and \
             len({len(v) for v, _ in groups}) == 1:
         at = min(next(i for i, (a, b) in enumerate(zip(first, v)) if a != b) for v, _ in groups[1:])
@@ -370,7 +379,7 @@ def _verdict(rows: list[list[int]], ranks: list[int], extra_names=(), details=No
     every rank."""
     bad = [r for r, row in zip(ranks, rows) if row[0] != _MAGIC]
     if bad:
-        return (f"burst_attn_func's argument check got garbage from {_ranks(bad)}: the ranks are out of step "
+        return (f"burst_attn_func's argument check got garbage from {ranks_text(bad)}: the ranks are out of step "
                 f"(a rank is inside another collective on this group)")
     failed: dict[str, list[int]] = {}
     for r, row in zip(ranks, rows):
@@ -382,26 +391,22 @@ def _verdict(rows: list[list[int]], ranks: list[int], extra_names=(), details=No
         if len(failed) == 1 and len(next(iter(failed.values()))) == len(ranks):
             return next(iter(failed))  # every rank failed alike: its own message, unchanged
         passed = [r for r, row in zip(ranks, rows) if not row[1] and not row[2]]
-        parts = [f"on {_ranks(rs)}: {m}" for m, rs in failed.items()]
-        tail = f" ({_ranks(passed)} passed {'their' if len(passed) > 1 else 'its'} own checks)" if passed else ""
+        parts = [f"on {ranks_text(rs)}: {m}" for m, rs in failed.items()]
+        tail = f" ({ranks_text(passed)} passed {'their' if len(passed) > 1 else 'its'} own checks)" if passed else ""
         return "burst_attn_func arguments rejected " + "; ".join(parts) + tail
     diffs, off = [], _HEADER
     for name, width, show in _FIELDS:
-        groups: dict[tuple, list[int]] = {}
-        for r, row in zip(ranks, rows):
-            groups.setdefault(tuple(row[off:off + width]), []).append(r)
+        groups = ranks_by_value((tuple(row[off:off + width]) for row in rows), ranks)
         if len(groups) > 1:
-            diffs.append(f"{name}: " + ", ".join(f"{show(val)} on {_ranks(rs)}" for val, rs in groups.items()))
+            diffs.append(f"{name}: " + ", ".join(f"{show(val)} on {ranks_text(rs)}" for val, rs in groups.items()))
         off += width
     for i, name in enumerate(extra_names):
-        groups = {}
-        for r, row in zip(ranks, rows):
-            groups.setdefault(row[off + i], []).append(r)
+        groups = ranks_by_value((row[off + i] for row in rows), ranks)
         if len(groups) > 1:
             if details and name in details:
                 diffs.append(_show_values(name, details[name], ranks))
             else:
-                diffs.append(f"{name}: " + ", ".join(f"{_show_extra(val)} on {_ranks(rs)}"
+                diffs.append(f"{name}: " + ", ".join(f"{_show_extra(val)} on {ranks_text(rs)}"
                                                      for val, rs in groups.items()))
     if diffs:
         return ("burst_attn_func: the ranks of the group disagree on " + "; ".join(diffs) +

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from ..attention import planning
+from ..attention.checks import ranks_by_value, ranks_text
 from ..model import checkpointing
 from . import checkpoint as ckpt
 from .data import IGNORE, Batch, Loader, global_sequences, make_source, packed_sequences, shard_batch
@@ -97,49 +98,41 @@ def resume_changes(saved: dict, now: dict) -> list[str]:
     return [f"resume changes {k}: {a[k]!r} -> {b[k]!r}" for k in changed]
 
 
-def _ranks(rs) -> str:
-    return f"rank {rs[0]}" if len(rs) == 1 else "ranks " + ", ".join(map(str, rs))
-
-
-def agree(cfg, group=None) -> None:
+def agree(cfg, group=None) -> tuple[int, int]:
     """Validate ``cfg`` on every rank of ``group`` and check that every rank runs the same
     settings and the same BURST_* planning environment; raise one ValueError on every rank
     otherwise, naming the ranks and values at fault.  One all_gather of small objects, and the
     job's first collective: a rank with another config (a per-rank ``--set``, another file, an
     exported variable) would otherwise build other process groups or another checkpointing
-    plan, and the ranks would wait on each other's collectives until the timeout."""
+    plan, and the ranks would wait on each other's collectives until the timeout.  Returns
+    (dp, cp) of :meth:`TrainConfig.check_world`."""
+    world = dist.get_world_size(group)
     try:
         cfg.validate()
-        cfg.check_world(dist.get_world_size(group))
-        err = None
+        dp_cp, err = cfg.check_world(world), None
     except ValueError as e:
-        err = str(e)
+        dp_cp, err = None, str(e)
     mine = (err, _flat(cfg.to_dict()), planning.environment())
-    if dist.get_world_size(group) == 1:
-        rows = [mine]
-    else:
-        rows = [None] * dist.get_world_size(group)
+    rows = [mine] if world == 1 else [None] * world
+    if world > 1:
         dist.all_gather_object(rows, mine, group=group)
-    failed: dict[str, list[int]] = {}
-    for r, row in enumerate(rows):
-        if row[0] is not None:
-            failed.setdefault(row[0], []).append(r)
+    ranks = range(world)
+    failed = {m: rs for m, rs in ranks_by_value((row[0] for row in rows), ranks).items() if m is not None}
     if failed:
-        if len(failed) == 1 and len(next(iter(failed.values()))) == len(rows):
+        if len(failed) == 1 and len(next(iter(failed.values()))) == world:
             raise ValueError(next(iter(failed)))  # every rank alike: its own message
-        raise ValueError("invalid training settings " + "; ".join(f"on {_ranks(rs)}: {m}" for m, rs in failed.items()))
+        raise ValueError("invalid training settings " + "; ".join(f"on {ranks_text(rs)}: {m}"
+                                                                   for m, rs in failed.items()))
     diffs = []
     for part in (1, 2):  # the settings, then the environment
-        keys = sorted(set().union(*(row[part] for row in rows)))
-        for k in keys:
-            groups: dict[str, list[int]] = {}
-            for r, row in enumerate(rows):
-                groups.setdefault(repr(row[part].get(k)), []).append(r)
+        for k in sorted(set().union(*(row[part] for row in rows))):
+            groups = ranks_by_value((repr(row[part].get(k)) for row in rows), ranks)
             if len(groups) > 1:
-                diffs.append(f"{k}: " + ", ".join(f"{v} on {_ranks(rs)}" for v, rs in groups.items()))
+                diffs.append(f"{k}: " + ", ".join(f"{v} on {ranks_text(rs)}" for v, rs in groups.items()))
     if diffs:
         raise ValueError("the ranks disagree on " + "; ".join(diffs) + ": every rank must run the same training "
                          "settings and BURST_* environment")
+    return dp_cp
 
 
 class Trainer:
@@ -153,8 +146,7 @@ class Trainer:
     def __init__(self, cfg, group=None, device=None, echo: bool = True, kill_in_step: int | None = None,
                  kill_in_save: int | None = None):
         world = dist.get_world_size(group)
-        agree(cfg, group)  # the job's first collective: every rank valid and alike, or all raise
-        dp, cp = cfg.check_world(world)
+        dp, cp = agree(cfg, group)  # the job's first collective: every rank valid and alike, or all raise
         if cfg.attention == "sdpa" and cp > 1:
             raise ValueError("attention='sdpa' has no context parallelism: use cp=1, or attention='burst' "
                              "or 'torch-cp'")
