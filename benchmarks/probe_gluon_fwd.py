@@ -8,11 +8,10 @@ causal).
 Writes gluon_fwd.json to $OUT (or /tmp).  gluon_fwd_variants_h200.json came from this script at
 commit 29508cb, which also timed measurement variants since dropped (an exponential in 4 or 8 by
 an FMA-pipe polynomial: slower)."""
-import sys, time
 import torch
 from burstengine.kernels.gluon import fwd as gf
 from burstengine.kernels.sdpa import CudnnKernel
-from probe_gluon import D, H, HKV, dev, err, out_dir, ref64, rnd, scale, time_rows  # the backward's probe
+from probe_gluon import D, H, HKV, dev, err, main, ref64, rnd, scale, time_rows  # the backward's probe
 
 
 def check():
@@ -51,9 +50,4 @@ def bench(seqs, warmup=2, iters=7):
 
 
 if __name__ == "__main__":
-    t0 = time.time()
-    c = check()
-    b = bench([int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "16384,65536,131072").split(",")])
-    from burstengine.records import write_record
-    print(write_record("gluon_fwd", dict(device=torch.cuda.get_device_name(), check=c, bench=b,
-                                         seconds=time.time() - t0), out_dir=out_dir))
+    main("gluon_fwd", check, bench)

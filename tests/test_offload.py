@@ -14,36 +14,31 @@ import torch
 from burstengine.model import offload as O
 from burstengine.model.llama import PRESETS, Transformer
 from burstengine.testing import rel_err
+from test_pointwise import reference
 
 EXACT = 1e-12
 
 
 @pytest.fixture
 def offload_all(monkeypatch):
-    """Every saved tensor of an offloaded layer goes to the host, however small; the stashes made
-    (a list of the live ones: a strong reference would keep their buffers from coming back)."""
+    """Every saved tensor of an offloaded layer goes to the host, however small; a function
+    returning the stashes made that are still alive (weak references: a strong one would keep
+    their buffers from coming back)."""
     monkeypatch.setattr(O, "MIN_BYTES", 0)
-    made = []
+    refs = []
     init = O._Stash.__init__
 
     def record(self, *a, **kw):
         init(self, *a, **kw)
         refs.append(weakref.ref(self))
 
-    refs = []
     monkeypatch.setattr(O._Stash, "__init__", record)
     return lambda: [s for s in (r() for r in refs) if s is not None]
 
 
 def _models(policies, **over):
     a = dataclasses.replace(PRESETS["tiny"], n_layers=len(policies), **over)
-    ref = Transformer(a, checkpoint="none").double()
-    ref.init_weights(0)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in ref.named_parameters():
-            if name.endswith(".bias") or "norm" in name:
-                p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    ref = reference(a)
     model = Transformer(a, checkpoint="none").double()
     model.load_state_dict(ref.state_dict())
     for b, p in zip(model.layers, policies):

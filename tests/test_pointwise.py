@@ -20,10 +20,8 @@ from burstengine.testing import rel_err
 EXACT = 1e-12  # float64: the same arithmetic, only the order of the three projections' sums differs
 
 
-def _pair(args, n_layers=2):
-    """Models under "none" and "pointwise" with the same float64 weights (random biases and norm
-    weights, so that they matter)."""
-    args = dataclasses.replace(args, n_layers=n_layers)
+def reference(args):
+    """A float64 model under "none" with random biases and norm weights, so that they matter."""
     ref = Transformer(args, checkpoint="none").double()
     ref.init_weights(0)
     g = torch.Generator().manual_seed(1)
@@ -31,6 +29,13 @@ def _pair(args, n_layers=2):
         for name, p in ref.named_parameters():
             if name.endswith(".bias") or "norm" in name:
                 p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return ref
+
+
+def _pair(args, n_layers=2):
+    """Models under "none" and "pointwise" with the same float64 weights (:func:`reference`)."""
+    args = dataclasses.replace(args, n_layers=n_layers)
+    ref = reference(args)
     lean = Transformer(args, checkpoint="pointwise").double()
     lean.load_state_dict(ref.state_dict())
     return ref, lean
