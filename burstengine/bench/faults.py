@@ -89,7 +89,8 @@ def _job(fault: str) -> None:
         topo.make_groups = lambda *a, **k: (die(), made(*a, **k))[1]
     g = torch.Generator().manual_seed(rank)
     q, k, v = (torch.randn(1, 16, h, 16, generator=g).to(device).requires_grad_() for h in (4, 2, 2))
-    kw = dict(causal=True, layout="zigzag", kernel="saboteur" if device == "cpu" else None,
+    # the saboteur on every device: it is where the victim dies, and the reference kernel runs on GPUs
+    kw = dict(causal=True, layout="zigzag", kernel="saboteur",
               topology="2x2" if fault == "subgroups" else "auto")
     if fault == "checkpoint_save":
         import torch.distributed.checkpoint as dcp
@@ -272,9 +273,9 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     faults = [f for f in args.faults.split(",") if f]
     unknown = [f for f in faults if f not in FAULTS]
-    if unknown or args.world < 4 or args.deadline <= 0:
-        print(f"burstengine bench faults: error: unknown faults {unknown} (known: {FAULTS}), or --world < 4 "
-              f"(the double ring needs 2x2), or --deadline <= 0", file=sys.stderr)
+    if unknown or args.world < (4 if "subgroups" in faults else 2) or args.deadline <= 0:
+        print(f"burstengine bench faults: error: unknown faults {unknown} (known: {FAULTS}), or --world < 2 "
+              f"(< 4 with subgroups: the double ring needs 2x2), or --deadline <= 0", file=sys.stderr)
         return 2
     from ..records import write_record  # only when writing a record
 
