@@ -153,3 +153,29 @@ def test_mixed_plan_is_exact(pool, budget, expect):
     plan, loss, grads = pool.run(tc.auto_plan, budget_gib, ["cp=2"], world=2)[0]
     assert plan == expect, plan
     check_same((loss, grads), reference(None, 1))
+
+
+def test_torch_cp_plans_no_sequence_layers():
+    """Under torch's context_parallel (attention='torch-cp') a layer's tokens are a shard that
+    torch's ring attends across: sequence-level checkpointing's own ring would attend within the
+    shard only.  "auto" must plan "selective" where it would plan "sequence", and an explicit
+    "sequence" layer must refuse."""
+    import torch
+    from burstengine.model.checkpointing import sequence
+    from burstengine.model.llama import ContextParallel, Transformer
+
+    a = tc.small_config().model
+    budget = int(_budget_gib({"sequence": 2}) * 2**30)
+    plans = {}
+    for outside in (False, True):
+        m = Transformer(a, checkpoint="auto", activation_budget=budget)
+        m.set_context_parallel(ContextParallel(sharded_outside=outside))
+        plans[outside] = m.plan_checkpointing(32, 4, torch.device("cpu"))
+        # the same plan as packed documents get, whose layers cannot run the ring either
+        assert plans[outside] == (m.plan_checkpointing(32, 4, torch.device("cpu"), sparse=True) if outside
+                                  else ["sequence"] * 2), (outside, plans[outside])
+    assert "sequence" not in plans[True], plans
+    blk = m.layers[0]
+    x = torch.randn(1, 8, a.dim)
+    with pytest.raises(ValueError, match="torch's context_parallel"):
+        sequence(blk, x, None, None)

@@ -332,6 +332,12 @@ def run_rank(args) -> int:
     skip = set(args.skip.split(",")) if args.skip else set()
     masks = {"causal": [True], "full": [False], "both": [True, False]}[args.mask]
     rows, t0 = [], time.time()
+    unit = "gpu" if args.device == "cuda" else "cpu"
+    name = args.name or f"attention_{world}{unit}"
+    record_args = {k: v for k, v in vars(args).items() if not k.startswith("_")}
+    prof = []
+    payload = dict(world=world, args=record_args, rows=rows, profile=prof)
+    path = None  # the first write picks a free name; later rows rewrite that file (a timeout keeps the rows done)
     cases = [(w, S, c, hkv) for w in worlds for S in map(int, args.seqs.split(",")) for c in masks
              for hkv in map(int, args.kv_heads.split(","))]
     for i, (w, S, causal, hkv) in enumerate(cases):
@@ -355,9 +361,9 @@ def run_rank(args) -> int:
                                          f"peak {r['peak_bytes'] / 2**30:.1f} GiB")
                 print(f"[{time.time() - t0:6.0f}s] case {i + 1}/{len(cases)} world={w} S={S} "
                       f"{'causal' if causal else 'full'} kvH={hkv} {m}: {msg}", flush=True)
+                path = write_record(name, payload, out_dir, path=path)
     dist.barrier()
     group = None
-    prof = []
     if args.profile:
         os.makedirs(out_dir, exist_ok=True)
         for backward in ("burst", "ring"):
@@ -369,10 +375,7 @@ def run_rank(args) -> int:
                       f"exposed {p['exposed_ms']:.2f} ms", flush=True)
     if rank == 0:
         print_table(rows)
-        unit = "gpu" if args.device == "cuda" else "cpu"
-        record_args = {k: v for k, v in vars(args).items() if not k.startswith("_")}
-        path = write_record(args.name or f"attention_{world}{unit}", dict(world=world, args=record_args, rows=rows,
-                                                                           profile=prof), out_dir)
+        path = write_record(name, payload, out_dir, path=path)
         print(f"wrote {path}")
     return 0
 

@@ -258,6 +258,7 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     p.add_argument("--world", type=int, default=4)
     p.add_argument("--deadline", type=float, default=6.0, help="BURST_TIMEOUT of the jobs (seconds)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--limit", type=float, default=180.0, help="seconds before a job's ranks are killed [%(default)s]")
     p.add_argument("--no-fuzz", action="store_true", help="skip the bad-call fuzz (counts of calls tried)")
     p.add_argument("--tests", default="tests", help="the checkout's tests/ folder, whose fuzz cases are counted "
                                                     "[%(default)s; skipped when absent]")
@@ -281,7 +282,7 @@ def main(argv=None) -> int:
 
     results, problems = {}, []
     for f in faults:
-        res = run_fault(f, args.world, args.deadline, args.device)
+        res = run_fault(f, args.world, args.deadline, args.device, limit=args.limit)
         results[f] = res
         problems += judge(res)
         times = [s["seconds"] for s in res["survivors"].values()]

@@ -196,6 +196,10 @@ def run_rank(args) -> int:
          f"{', '.join(map(str, seqs))}{' then doubling' if args.longest else ''}; {args.warmup} warm-up + "
          f"{args.steps} timed steps each; overrides {args.overrides or 'none'}")
     rows = []
+    name = args.name or f"train_{model}_{world}x{'gpu' if on_gpu else 'cpu'}"
+    payload = {"model": model, "world": world, "methods": methods, "warmup": args.warmup, "steps": args.steps,
+               "overrides": args.overrides, "rows": rows}
+    path = None  # the first write picks a free name; later rows rewrite that file (a timeout keeps the rows done)
     for method in methods:
         todo = list(seqs)
         while todo:
@@ -220,6 +224,8 @@ def run_rank(args) -> int:
                      f"tok/s/GPU, MFU {mfu}, peak {row['peak_mem_gib']:.1f} GiB, step-0 loss {row['first_loss']:.5f}")
             else:
                 _say(f"{method:>9} S={seq:>8}: {row['error']}")
+            if dist.get_rank() == 0:
+                path = write_record(name, payload, out_dir=args.out_dir, path=path)
             if args.longest and not todo and row["ok"] and seq * 2 <= max_seq:
                 todo.append(seq * 2)
     # the table, and ratios to torch-cp at the same sequence
@@ -241,10 +247,7 @@ def run_rank(args) -> int:
                 rel = abs(a["first_loss"] - b["first_loss"]) / abs(b["first_loss"])
                 print(f"S={seq}: step-0 loss burst {a['first_loss']:.5f} vs torch-cp {b['first_loss']:.5f} "
                       f"(rel diff {rel:.1e})")
-        name = args.name or f"train_{model}_{world}x{'gpu' if on_gpu else 'cpu'}"
-        path = write_record(name, {"model": model, "world": world, "methods": methods, "warmup": args.warmup,
-                                   "steps": args.steps, "overrides": args.overrides, "rows": rows},
-                            out_dir=args.out_dir)
+        path = write_record(name, payload, out_dir=args.out_dir, path=path)
         print(f"record: {path}")
     return 0
 

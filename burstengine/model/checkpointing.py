@@ -94,6 +94,9 @@ def sequence(block, x, cos, sin, docs=None):
         what = "packed documents (cu_seqlens)" if docs is not None else f"a sliding window (model.window={block.window})"
         raise ValueError(f"checkpoint='sequence' does not support {what} yet; use 'full', 'selective' or 'auto'")
     cp = block.cp
+    if cp.sharded_outside:  # a local ring over torch-cp's shard would attend within the shard only
+        raise ValueError("checkpoint='sequence' cannot run under torch's context_parallel (attention='torch-cp'); "
+                         "use 'full', 'selective' or 'auto'")
     local = cp.group is None or cp.group is LOCAL
     return seq_checkpoint(x, lambda t: block.pre_attention(t, cos, sin), block.post_attention,
                           split=block.checkpoint_split, group=LOCAL if local else cp.group, causal=True,

@@ -127,6 +127,9 @@ class ContextParallel:
     layout: str = "contiguous"
     backward: str = "auto"
     kernel: str | None = None
+    # the tokens are a shard that torch's context_parallel attends across (torch-cp): a layer
+    # cannot run sequence-level checkpointing's own ring over them, "auto" plans "selective" instead
+    sharded_outside: bool = False
 
 
 class RMSNorm(nn.Module):
@@ -355,7 +358,8 @@ class Transformer(nn.Module):
         if budget is None:
             budget = checkpointing.default_budget(local, device)
         per_token = checkpointing.activation_bytes(self.args, elem)
-        if sparse or self.args.window:  # "selective" keeps the roped q, k, v as well
+        no_ring = sparse or self.args.window or self.cp.sharded_outside
+        if no_ring:  # "selective" keeps the roped q, k, v as well
             a = self.args
             per_token["sequence"] += (a.n_heads + 2 * a.n_kv_heads) * a.head_dim * elem
         per_layer = {k: v * tokens for k, v in per_token.items()}
@@ -366,7 +370,7 @@ class Transformer(nn.Module):
         plan = (["none"] * len(self.layers) if budget is None
                 else checkpointing.plan_layers(len(self.layers), per_layer, budget, transient,
                                                checkpointing.host_bytes(self.args, elem) * tokens, host))
-        if sparse or self.args.window:
+        if no_ring:
             plan = ["selective" if p == "sequence" else p for p in plan]
         for b, p in zip(self.layers, plan):
             b.policy = p

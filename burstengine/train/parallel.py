@@ -100,7 +100,8 @@ def parallelize(model: Transformer, m: Mesh, precision: str = "auto", layout: st
     group = (m.cp_group if m.cp_group is not None else LOCAL) if attention == "burst" else None
     model.set_context_parallel(ContextParallel(group=group, layout=layout,
                                                backward=attn_backward,
-                                               kernel=None if kernel == "auto" else kernel))
+                                               kernel=None if kernel == "auto" else kernel,
+                                               sharded_outside=attention == "torch-cp" and m.cp > 1))
     pdt = param_dtype(precision, m.device)
     mp = MixedPrecisionPolicy(param_dtype=pdt, reduce_dtype=torch.float32)
     for i, block in enumerate(model.layers):
