@@ -50,3 +50,20 @@ def test_profile_categories_name_every_attention_kernel():
     }
     for name, want in cases.items():
         assert category(name) == want, name
+
+
+
+def test_profile_timeline_finds_waits_on_transfers():
+    # the compute stream idle while an offloaded layer's activations move: counted as a wait in
+    # the phase where it happens, a transfer under a kernel is not
+    from burstengine.bench.profile import timeline
+    acts = [("fwd_kernel", 0, 10, "attention forward"),
+            ("Memcpy DtoH (Device -> Pinned)", 5, 14, "copy"),       # 4 us past the forward kernel
+            ("nvjet_gemm", 14, 20, "gemm"),
+            ("bwd_kernel", 20, 40, "attention backward"),
+            ("Memcpy HtoD (Pinned -> Device)", 38, 46, "copy"),      # 6 us alone
+            ("bwd_kernel", 46, 60, "attention backward")]
+    t = timeline(acts, 60.0)
+    assert t["compute_gaps_s"] == {"forward": 4e-6, "backward": 6e-6}, t
+    assert t["transfers_s"] == {"dtoh": 9e-6, "htod": 8e-6}, t
+    assert abs(t["transfer_only_s"] - 10e-6) < 1e-12, t

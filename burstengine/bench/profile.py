@@ -73,6 +73,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds before spawned ranks are stopped")
 
 
+_TRANSFER = re.compile(r"memcpy (dtoh|htod)", re.I)
+
+
+def timeline(kernels, wall_us: float) -> dict:
+    """Where the compute stream waited, from GPU activities ``(name, start_us, end_us, category)``:
+    the step's time with no compute kernel running, before the first attention backward kernel
+    (forward) and from it on (backward), and the host<->device transfers (offloaded activations)
+    with how much of their time no compute kernel covers: that part is a wait of the step, not
+    a copy hidden under work."""
+    start = min((k[1] for k in kernels), default=0.0)
+    bwd = min((k[1] for k in kernels if k[3] == "attention backward"), default=start + wall_us)
+    compute = [(k[1], k[2]) for k in kernels if not _TRANSFER.search(k[0])]
+    moved = {d: [(k[1], k[2]) for k in kernels if (m := _TRANSFER.search(k[0])) and m.group(1).lower() == d]
+             for d in ("dtoh", "htod")}
+    everything = [iv for ivs in moved.values() for iv in ivs]
+
+    def covered(lo, hi):
+        return _union([(max(a, lo), min(b, hi)) for a, b in compute if b > lo and a < hi])
+
+    end = start + wall_us
+    return {"compute_gaps_s": {"forward": (bwd - start - covered(start, bwd)) / 1e6,
+                               "backward": (end - bwd - covered(bwd, end)) / 1e6},
+            "transfers_s": {d: _union(ivs) / 1e6 for d, ivs in moved.items()},
+            "transfer_only_s": (_union(everything + compute) - _union(compute)) / 1e6}
+
+
 def _model(args) -> str:
     """The preset profiled: --model, else llama-8b on GPU and tiny on CPU."""
     return args.model or ("llama-8b" if torch.cuda.is_available() else "tiny")
@@ -116,11 +142,12 @@ def run_rank(args) -> int:
            (on_gpu or e.cpu_parent is None)]
     per_cat: dict[str, float] = {}
     per_kernel: dict[str, list] = {}
-    spans = []
+    spans, acts = [], []
     for e in evs:
         dur = e.time_range.elapsed_us()
         spans.append((e.time_range.start, e.time_range.end))
         c = category(e.name)
+        acts.append((e.name, e.time_range.start, e.time_range.end, c))
         per_cat[c] = per_cat.get(c, 0.0) + dur
         k = per_kernel.setdefault(e.name, [c, 0.0, 0])
         k[1] += dur
@@ -139,6 +166,8 @@ def run_rank(args) -> int:
         "top_kernels": [{"name": n[:160], "category": c, "total_s": t / 1e6, "calls": k}
                         for n, (c, t, k) in sorted(per_kernel.items(), key=lambda kv: -kv[1][1])[:args.top]],
     }
+    if on_gpu:
+        row.update(timeline(acts, wall_us))
     if dist.get_rank() == 0:
         print(f"{model} S={seq} on {torch.cuda.get_device_name() if on_gpu else 'cpu'}: step {wall:.3f} s, "
               f"busy {busy_us / 1e6:.3f} s, host gaps {row['host_gap_s']:.3f} s"
@@ -147,6 +176,11 @@ def run_rank(args) -> int:
         for c, s in row["categories_s"].items():
             print(f"{c:<24} {s:>8.3f} {s / wall:>14.1%}")
         print(f"{'host gaps':<24} {row['host_gap_s']:>8.3f} {row['host_gap_s'] / wall:>14.1%}")
+        if on_gpu:
+            g, t = row["compute_gaps_s"], row["transfers_s"]
+            print(f"no compute kernel running: {g['forward']:.3f} s in the forward, {g['backward']:.3f} s in the "
+                  f"backward; host transfers {t['dtoh']:.3f} s to the host, {t['htod']:.3f} s back, "
+                  f"{row['transfer_only_s']:.3f} s of them under no compute")
         name = args.name or f"profile_{model}_{seq}"
         print("record:", write_record(name, row, out_dir=args.out_dir))
     return 0
