@@ -43,7 +43,6 @@ for name, make in kinds.items():
             e1.record(side)
         host_s = time.perf_counter() - t0
         torch.cuda.synchronize()
-        queued_s = None
         row = dict(kind=name, trial=trial, mib=mib, host_call_s=host_s, device_copy_s=e0.elapsed_time(e1) / 1e3,
                    is_pinned=bool(dst.is_pinned()), correct=bool(dst[:: 1 << 20].eq(7).all()))
         rows.append(row)
