@@ -22,14 +22,14 @@ src = torch.empty(n, dtype=torch.uint8, device=dev).fill_(7)
 a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
 side = torch.cuda.Stream()
 kinds = {
-    "registered (cudaHostRegister, as offload does)": lambda: _HostBuffer(n, True).data,
+    "registered (cudaHostRegister, as offload does)": lambda: _HostBuffer(n, True),
     "torch pinned (pin_memory=True)": lambda: torch.empty(n, dtype=torch.uint8, pin_memory=True),
     "pageable": lambda: torch.empty(n, dtype=torch.uint8),
 }
 rows = []
 for name, make in kinds.items():
-    dst = make()
-    keep = dst  # a registered buffer stays registered while its owner lives
+    keep = make()  # a registered buffer stays registered while its owner (the _HostBuffer) lives
+    dst = keep.data if isinstance(keep, _HostBuffer) else keep
     for trial in range(3):
         torch.cuda.synchronize()
         for _ in range(20):  # ~20 ms of matmuls queued on the compute stream
