@@ -160,3 +160,33 @@ def test_argument_beats_env(spy, no_env):
     # and a bad env value does not matter when the argument names a kernel
     no_env.setenv("BURST_KERNEL", "magic")
     assert planning.resolve_kernel("reference", "cpu").name == "reference"
+
+
+def test_once_scans_each_signature_once_on_one_rank(monkeypatch):
+    """Level "once" on one rank (one-GPU training runs every layer on a one-rank ring): the NaN/inf
+    scan, a host read, runs for the first call of each signature only, as on a group; "full"
+    scans every call.  A scan in every layer of every step stalled the one-GPU step."""
+    from burstengine.attention import checks
+
+    scans = []
+    real = checks._nonfinite_mask
+    monkeypatch.setattr(checks, "_nonfinite_mask", lambda *a: scans.append(1) or real(*a))
+    monkeypatch.setattr(checks, "_AGREED", {})
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 16, 2, 8, generator=g) for _ in range(3))
+    for level, calls, want in (("once", 3, 1), ("full", 3, 3)):
+        scans.clear()
+        with checks.arg_checks(level):
+            for _ in range(calls):
+                be.burst_attn_func(q, k, v, causal=True)
+        assert len(scans) == want, (level, len(scans))
+    with checks.arg_checks("once"):
+        scans.clear()
+        be.burst_attn_func(q[:, :8], k[:, :8], v[:, :8], causal=True)  # another shape: scanned
+        assert len(scans) == 1
+        bad = q[:, :4].clone()
+        bad[0, 1, 0, 0] = float("nan")
+        with pytest.raises(ValueError, match="q contains NaN or inf"):  # a new signature's NaN still raises
+            be.burst_attn_func(bad, k[:, :4], v[:, :4], causal=True)
+        with pytest.raises(ValueError, match="q contains NaN or inf"):  # and is not remembered as fine
+            be.burst_attn_func(bad, k[:, :4], v[:, :4], causal=True)

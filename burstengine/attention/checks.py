@@ -29,8 +29,9 @@ the same on every rank:
 * ``full`` (default): local checks, a NaN/inf scan of q, k, v (one ``aminmax`` pass, no
   temporaries; on a NCCL group its result rides in the signature, so it adds no host sync of
   its own) and the agreement.  Non-finite inputs raise instead of propagating.
-* ``once``: as ``full`` for the first call of each distinct signature on a group; a later call
-  with a remembered signature skips the all-gather and the scan (no collective, no host read).
+* ``once``: as ``full`` for the first call of each distinct signature on a group (or on one
+  rank); a later call with a remembered signature skips the all-gather and the scan (no
+  collective, no host read).
   A rank whose call differs from the one the others repeat is not caught here: on gloo each
   call's ring messages carry a tag made from its signature and number (:func:`call_tag`), so
   such ranks never exchange data and end in the ring's deadline (RankLost); NCCL ignores tags
@@ -464,11 +465,26 @@ def check_args(q, k, v, group, causal, layout, softmax_scale, backward, extra=No
         error = f"argument check failed: {type(e).__name__}: {e}"
     scan = level in ("full", "once") and error is None and q.device.type != "meta"
     if world == 1 or level == "local":
+        seen, sig = None, None
+        if scan and level == "once":
+            # as on a group: a call like one already scanned is not scanned again.  The scan's
+            # result is read on the host (a stream sync), and one in every layer of every step
+            # stalled one-GPU training: the host cannot run ahead of the device, and with
+            # activation offload the read waited behind the layer's copies to the host
+            scale = scale_value(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+            sig = (*_shared_values(q, k, v, causal, layout, scale, planned, level, timeout),
+                   *[digest(x) for x in (values or {}).values()])
+            seen = _AGREED.setdefault(("one rank", q.device.type), {})
+            scan = sig not in seen
         mask = int(_nonfinite_mask(q, k, v)) if scan else 0
         if mask:
             error = _nonfinite_text(mask)
         if error is not None:
             raise ValueError(error)
+        if seen is not None and sig not in seen:
+            if len(seen) >= _AGREED_MAX:
+                seen.pop(next(iter(seen)))
+            seen[sig] = True
         if out is not None:
             out["tag"] = 0
         return values
