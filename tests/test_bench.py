@@ -67,3 +67,18 @@ def test_profile_timeline_finds_waits_on_transfers():
     assert t["compute_gaps_s"] == {"forward": 4e-6, "backward": 6e-6}, t
     assert t["transfers_s"] == {"dtoh": 9e-6, "htod": 8e-6}, t
     assert abs(t["transfer_only_s"] - 10e-6) < 1e-12, t
+
+
+def test_training_benches_check_at_the_trainers_level(monkeypatch):
+    # bench train / bench profile time what `burstengine train` runs: checks at level "once"
+    # (BURST_CHECKS when set).  At "full" every layer read the NaN/inf scan back on the host.
+    from burstengine.attention import checks
+    from burstengine.bench import profile, train
+
+    monkeypatch.setattr(train, "_run_case", lambda *a: checks.check_level())
+    monkeypatch.setattr(profile, "_profile", lambda *a: checks.check_level())
+    monkeypatch.delenv("BURST_CHECKS", raising=False)
+    assert train.run_case("tiny", "burst", 8, None) == "once"
+    assert profile.run_rank(None) == "once"
+    monkeypatch.setenv("BURST_CHECKS", "full")
+    assert train.run_case("tiny", "burst", 8, None) == "full" and profile.run_rank(None) == "full"

@@ -22,9 +22,11 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
+from ..attention.checks import arg_checks
 from ..launch import run_command
 from ..records import write_record
 from ..train import Trainer, load
+from ..train.cli import step_check_level
 
 # first match wins; names are lower-cased kernel names
 CATEGORIES = (
@@ -105,6 +107,11 @@ def _model(args) -> str:
 
 
 def run_rank(args) -> int:
+    with arg_checks(step_check_level()):  # what `burstengine train` runs (train/cli.py)
+        return _profile(args)
+
+
+def _profile(args) -> int:
     on_gpu = torch.cuda.is_available()
     model = _model(args)
     seq = args.seq or (131072 if on_gpu else 512)

@@ -35,9 +35,11 @@ import time
 import torch
 import torch.distributed as dist
 
+from ..attention.checks import arg_checks
 from ..records import write_record
 from ..timing import median
 from ..train import Trainer, load
+from ..train.cli import step_check_level
 from ..train.metrics import peak_memory_gib
 from . import ablation
 from .plain_llama import best_case
@@ -92,7 +94,13 @@ def _sync(device):
 
 def run_case(model: str, method: str, seq: int, args, config: list[str] = (), row: dict | None = None) -> dict:
     """One (method, sequence): a fresh trainer, warm-up + timed steps; OOM is reported, not raised.
-    ``config``: overrides after --set's (an ablation row's); ``row``: the fields the result starts from."""
+    ``config``: overrides after --set's (an ablation row's); ``row``: the fields the result starts from.
+    The attention's argument checks run at `burstengine train`'s level (train/cli.py)."""
+    with arg_checks(step_check_level()):
+        return _run_case(model, method, seq, args, config, row)
+
+
+def _run_case(model, method, seq, args, config, row) -> dict:
     over = list(args.overrides) + list(config) + [
         f"seq_len={seq}", "cp=0", f"attention={method}", "progress=false", f"steps={args.warmup + args.steps}",
         "batch_size=1", "eval_every=0"]

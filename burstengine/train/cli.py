@@ -89,6 +89,15 @@ def _err(msg: str) -> int:
     return 2
 
 
+def step_check_level() -> str:
+    """burst_attn_func's argument-check level for training: BURST_CHECKS when set, else "once".
+    Every step repeats the first step's calls, so the agreement (a collective) and the NaN/inf scan
+    (a host read, in every layer) run once per distinct call; a rank that diverges later is caught
+    by the ring's deadline and the watchdog (docs/faults.md).  The benchmarks that time training
+    steps run under it too, so they time what ``burstengine train`` runs."""
+    return os.environ.get("BURST_CHECKS") or "once"
+
+
 def run_rank(cfg, resume: bool, overwrite: bool) -> int:
     """The job on this rank of an initialised default group, under a watchdog: a rank that
     dies or stops answering ends the job on every rank within ``fault_timeout`` with a message
@@ -97,13 +106,8 @@ def run_rank(cfg, resume: bool, overwrite: bool) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     trainer = None
     try:
-        # the ring's waits and the argument checks: the same deadline as the watchdog's.  Checks at
-        # level "once" unless BURST_CHECKS says otherwise: every step repeats the first step's
-        # calls, so the agreement (a collective and a host read per layer) runs once per
-        # distinct call; a rank that diverges later is caught by the ring's deadline and the
-        # watchdog (docs/faults.md)
-        level = os.environ.get("BURST_CHECKS") or "once"
-        with fault.Watchdog(timeout) as dog, call_timeout(timeout), arg_checks(level):
+        # the ring's waits and the argument checks: the same deadline as the watchdog's
+        with fault.Watchdog(timeout) as dog, call_timeout(timeout), arg_checks(step_check_level()):
             try:
                 trainer = Trainer(cfg, kill_in_step=_kill_in_step(rank), kill_in_save=_kill_in_save())
                 trainer.fit(resume=resume, overwrite=overwrite)
