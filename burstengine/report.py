@@ -501,6 +501,19 @@ def probe_offload(rec):
             + table(["plan", "s/step", "held GiB", "peak GiB"], body))
 
 
+def probe_host_copy(rec):
+    body = []
+    for kind in dict.fromkeys(r["kind"] for r in rec["rows"]):
+        rs = [r for r in rec["rows"] if r["kind"] == kind]
+        host = sorted(r["host_call_s"] for r in rs)[len(rs) // 2]
+        dev = sorted(r["device_copy_s"] for r in rs)[len(rs) // 2]
+        body.append([kind, fixed(host * 1e3, 2), fixed(dev * 1e3, 2), fixed(rec["mib"] * 2**20 / dev / 1e9, 1),
+                     str(rs[0]["is_pinned"])])
+    return [f"{rec['mib']} MiB copied from the device with `non_blocking=True` while matmuls are queued before it "
+            "(medians of the record's trials):", ""] + table(
+        ["host memory", "host call ms", "copy on the device ms", "GB/s", "is_pinned"], body)
+
+
 def profile(rec):
     wall = rec["step_wall_s"]
     busy = rec.get("gpu_busy_s", rec.get("cpu_busy_s"))
@@ -511,7 +524,13 @@ def profile(rec):
             f"{fixed(busy, 3)} s{mfu}{mem}.", ""]
     body = [[c, fixed(t, 3), f"{100 * t / wall:.1f}%"] for c, t in rec["categories_s"].items()]
     body.append(["host gaps (nothing running)", fixed(rec["host_gap_s"], 3), f"{100 * rec['host_gap_s'] / wall:.1f}%"])
-    return head + table(["category", "seconds", "share of the step"], body)
+    tail = []
+    if "compute_gaps_s" in rec:  # bench profile's timeline (later records)
+        g, t = rec["compute_gaps_s"], rec["transfers_s"]
+        tail = ["", f"No compute kernel running: {fixed(g['forward'], 3)} s in the forward, {fixed(g['backward'], 3)} s "
+                    f"in the backward; host transfers {fixed(t['dtoh'], 3)} s to the host and {fixed(t['htod'], 3)} s "
+                    f"back, {fixed(rec['transfer_only_s'], 3)} s of them under no compute kernel."]
+    return head + table(["category", "seconds", "share of the step"], body) + tail
 
 
 def decode(rec):
@@ -687,6 +706,9 @@ FAMILIES = [
     ("Offloading activations to the host", r"^probe_offload", probe_offload,
      "`python benchmarks/probe_offload.py SEQ LAYERS`: the `offload` checkpointing policy beside `pointwise`, "
      "`none` and `sequence` on a few layers of the 3B model."),
+    ("Copies to host memory", r"^probe_host_copy", probe_host_copy,
+     "`python benchmarks/probe_host_copy.py MIB`: whether a non-blocking copy from the device returns to the host "
+     "at once, for the host memory `offload` uses and two others."),
     ("Where a training step's time goes", r"^profile_", profile,
      "`burstengine bench profile`: one step under torch.profiler, kernel time by category."),
     ("Soak", r"^soak", soak, "`burstengine bench soak`: resident memory over many tiny training steps."),
@@ -988,9 +1010,10 @@ def block_train_3b(records):
 
 
 def block_offload(records):
-    """docs/training.md: the 3B step with and without offloaded layers in auto's plan, and the
-    probe's plans on six layers."""
-    names = ("train_llama-3b_1xh200_nooffload.json", "train_llama-3b_1xh200_offload.json")
+    """docs/training.md: the 3B step with offloaded layers in auto's plan beside the default plan
+    (same commit, two launches), where the offloading step waited before the fix, and the probe's
+    plans on six layers."""
+    names = ("train_llama-3b_1xh200.json", "train_llama-3b_1xh200_offload.json")
     body = []
     for name in names:
         rec = _rec(records, name)
@@ -999,6 +1022,12 @@ def block_offload(records):
                 plan = ", ".join(f"{n} {p}" for p, n in r["checkpoint_plan"].items())
                 body.append([f"`{name}`", f"{r['seq_len'] // 1024}K", plan, fixed(r["median_step_s"], 3),
                              f"{100 * r['mfu']:.1f}%", fixed(r.get("offload_host_gib") or 0, 1)])
+    gaps = []
+    for name in ("profile_3b_65536_offload_gaps.json", "profile_3b_131072_offload_gaps.json"):
+        rec = _rec(records, name)
+        gaps.append(f"at {rec['seq_len'] // 1024}K (`{name}`, commit {rec['commit']}) no compute kernel ran for "
+                    f"{fixed(rec['compute_gaps_s']['forward'], 2)} s of the forward, while "
+                    f"{fixed(rec['transfer_only_s'], 2)} s of the copies ran alone")
     probe = []
     for name in ("probe_offload_64k.json", "probe_offload_128k.json"):
         rec = _rec(records, name)
@@ -1007,12 +1036,13 @@ def block_offload(records):
                      f"three offloaded {fixed(t['3 offload + pointwise'], 3)} s, the first three sequence "
                      f"{fixed(t['3 sequence + pointwise'], 3)} s")
     first, second = _rec(records, names[0]), _rec(records, names[1])
-    return "\n".join([f"On {device_of(first)}, one launch each, BurstEngine's rows: `{names[1]}` (commit "
-                      f"{second['commit']}, when `auto` offloaded by default; `bench train --model llama-3b "
-                      f"--methods burst,plain --seqs 65536,131072`), then `{names[0]}` (commit {first['commit']}, "
-                      "the same with `--methods burst --set activation_offload=false`):", ""]
+    return "\n".join([f"On {device_of(first)}, BurstEngine's rows of `{names[0]}` (commit {first['commit'][:7]}, the "
+                      "default plan; `bench train --model llama-3b --methods burst,plain --seqs 65536,131072`) and "
+                      f"`{names[1]}` (commit {second['commit'][:7]}, the next launch: the same with `--methods burst "
+                      "--set activation_offload=true`):", ""]
                      + table(["record", "tokens", "auto's plan", "s/step", "MFU", "host GiB"], body)
-                     + ["", "On six layers alone (`benchmarks/probe_offload.py`): " + "; ".join(probe) + "."])
+                     + ["", "Before the fix, with the scan read back in every layer: " + "; ".join(gaps) + ".",
+                        "", "On six layers alone (`benchmarks/probe_offload.py`): " + "; ".join(probe) + "."])
 
 
 BLOCKS = {"headline": block_headline, "lao": block_lao, "demo": block_demo, "demo-finetune": block_demo_finetune,

@@ -71,8 +71,8 @@ class TrainConfig:
                                      # gradients and optimizer states
     activation_offload: bool = False  # activation_checkpoint="auto" may keep layers' activations in pinned
                                      # host memory between forward and backward (the "offload" policy)
-                                     # before recomputing their projections; off by default: slower than
-                                     # recomputing them in the 3B runs (docs/training.md)
+                                     # before recomputing their projections; off by default since it pins
+                                     # host memory (faster in the one-GPU 3B runs: docs/training.md)
     offload_memory_gib: float = 0.0  # GiB of host memory per rank those layers may keep; 0 = half the host's
                                      # memory shared by its GPUs (the smallest over the ranks)
     fused_ops: bool = True           # RMSNorm, RoPE and SwiGLU as one compiled kernel each on GPUs
