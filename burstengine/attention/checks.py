@@ -433,6 +433,22 @@ def call_tag(sig, calls: int) -> int:
     return zlib.crc32(struct.pack(f"<{len(sig) + 1}q", *sig, calls)) & 0x7FFFFFFF
 
 
+def _call_values(q, k, v, causal, layout, softmax_scale, planned, level, timeout, values) -> list[int]:
+    """A valid call's part of the signature: what the ranks must share (:func:`_shared_values`),
+    then the caller's values as digests, padded to :data:`_EXTRA`."""
+    scale = scale_value(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    mine = [digest(x) for x in (values or {}).values()]
+    return [*_shared_values(q, k, v, causal, layout, scale, planned, level, timeout), *mine,
+            *[0] * (_EXTRA - len(mine))]
+
+
+def _remember(agreed: dict, sig) -> None:
+    """Level "once": ``sig`` was checked (and agreed on); the oldest goes past :data:`_AGREED_MAX`."""
+    if sig not in agreed and len(agreed) >= _AGREED_MAX:
+        agreed.pop(next(iter(agreed)))
+    agreed[sig] = True
+
+
 def check_args(q, k, v, group, causal, layout, softmax_scale, backward, extra=None, out=None):
     """Raise ValueError on every rank of ``group`` if any rank's call is bad or the ranks'
     calls disagree (see the module docstring for the levels and the rule).
@@ -471,9 +487,7 @@ def check_args(q, k, v, group, causal, layout, softmax_scale, backward, extra=No
             # result is read on the host (a stream sync), and one in every layer of every step
             # stalled one-GPU training: the host cannot run ahead of the device, and with
             # activation offload the read waited behind the layer's copies to the host
-            scale = scale_value(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-            sig = (*_shared_values(q, k, v, causal, layout, scale, planned, level, timeout),
-                   *[digest(x) for x in (values or {}).values()])
+            sig = tuple(_call_values(q, k, v, causal, layout, softmax_scale, planned, level, timeout, values))
             seen = _AGREED.setdefault(("one rank", q.device.type), {})
             scan = sig not in seen
         mask = int(_nonfinite_mask(q, k, v)) if scan else 0
@@ -481,10 +495,8 @@ def check_args(q, k, v, group, causal, layout, softmax_scale, backward, extra=No
             error = _nonfinite_text(mask)
         if error is not None:
             raise ValueError(error)
-        if seen is not None and sig not in seen:
-            if len(seen) >= _AGREED_MAX:
-                seen.pop(next(iter(seen)))
-            seen[sig] = True
+        if seen is not None:
+            _remember(seen, sig)
         if out is not None:
             out["tag"] = 0
         return values
@@ -493,10 +505,8 @@ def check_args(q, k, v, group, causal, layout, softmax_scale, backward, extra=No
     calls = _CALLS.get(key, 0)
     _CALLS[key] = calls + 1
     if error is None:
-        scale = scale_value(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-        mine = [digest(x) for x in (values or {}).values()]
-        host = [_MAGIC, 0, 0, *_shared_values(q, k, v, causal, layout, scale, planned, level, timeout),
-                *mine, *[0] * (_EXTRA - len(mine)), *_pack("")]
+        host = [_MAGIC, 0, 0, *_call_values(q, k, v, causal, layout, softmax_scale, planned, level, timeout, values),
+                *_pack("")]
     else:
         host = [_MAGIC, 1, 0, *[0] * (SIG_LEN - _HEADER - _MSG_WORDS), *_pack(error)]
     sig = tuple(host)  # what level "once" remembers
@@ -529,9 +539,7 @@ def check_args(q, k, v, group, causal, layout, softmax_scale, backward, extra=No
     if msg is not None:
         raise ValueError(msg)
     if level == "once":
-        if len(agreed) >= _AGREED_MAX:
-            agreed.pop(next(iter(agreed)))
-        agreed[sig] = True
+        _remember(agreed, sig)
     return values
 
 

@@ -149,17 +149,16 @@ def _profile(args) -> int:
            (on_gpu or e.cpu_parent is None)]
     per_cat: dict[str, float] = {}
     per_kernel: dict[str, list] = {}
-    spans, acts = [], []
+    acts = []  # (name, start, end, category) of every activity
     for e in evs:
         dur = e.time_range.elapsed_us()
-        spans.append((e.time_range.start, e.time_range.end))
         c = category(e.name)
         acts.append((e.name, e.time_range.start, e.time_range.end, c))
         per_cat[c] = per_cat.get(c, 0.0) + dur
         k = per_kernel.setdefault(e.name, [c, 0.0, 0])
         k[1] += dur
         k[2] += 1
-    busy_us = _union(spans)
+    busy_us = _union([(a[1], a[2]) for a in acts])
     wall_us = wall * 1e6
     tokens = seq // dist.get_world_size()
     row = {

@@ -97,7 +97,7 @@ def sequence(block, x, cos, sin, docs=None):
     if cp.sharded_outside:  # a local ring over torch-cp's shard would attend within the shard only
         raise ValueError("checkpoint='sequence' cannot run under torch's context_parallel (attention='torch-cp'); "
                          "use 'full', 'selective' or 'auto'")
-    local = cp.group is None or cp.group is LOCAL
+    local = cp.local
     return seq_checkpoint(x, lambda t: block.pre_attention(t, cos, sin), block.post_attention,
                           split=block.checkpoint_split, group=LOCAL if local else cp.group, causal=True,
                           # on one rank every layout is the identity: contiguous has the fewest blocks

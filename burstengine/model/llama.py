@@ -131,6 +131,11 @@ class ContextParallel:
     # cannot run sequence-level checkpointing's own ring over them, "auto" plans "selective" instead
     sharded_outside: bool = False
 
+    @property
+    def local(self) -> bool:
+        """Attention sees only this rank's tokens: no group, or the one-rank ring."""
+        return self.group is None or self.group is LOCAL
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -181,7 +186,7 @@ def context_parallel_attention(q, k, v, cp: ContextParallel, window: int = 0, do
     A mask with no CP group runs as BurstAttention on a one-rank ring (``LOCAL``), which takes
     both masks without building an n x n one."""
     if cp.group is not None or window or docs is not None:
-        local = cp.group is None or cp.group is LOCAL
+        local = cp.local
         return burst_attn_func(q, k, v, group=LOCAL if local else cp.group, causal=True,
                                layout="contiguous" if local else cp.layout, backward=cp.backward, kernel=cp.kernel,
                                window=window or None, cu_seqlens=docs)
@@ -296,7 +301,7 @@ class Transformer(nn.Module):
             else:
                 import torch.distributed as dist
 
-                world = 1 if self.cp.group is None or self.cp.group is LOCAL else dist.get_world_size(self.cp.group)
+                world = 1 if self.cp.local else dist.get_world_size(self.cp.group)
                 seq_len = tokens.shape[1] * world
         h = self.tok_embeddings(tokens)
         if self.auto_checkpoint and self._planned_for != (h.shape[:2], docs is not None):
