@@ -6,6 +6,7 @@
 #   bash benchmarks/run_2gpu.sh train       # 23: 3B and 7B training beside torch-CP at 128K total
 #   bash benchmarks/run_2gpu.sh finetune    # 24: Llama-3.1-8B config: init on 2 ranks, train, export, compare
 #   bash benchmarks/run_2gpu.sh generate    # 25: 8B prefill beside torch-CP and TP, decode with a sharded cache
+#   bash benchmarks/run_2gpu.sh profile     # 35: the 7B step profiled at 128K and 256K
 #
 # Records land in $BURST_RESULTS (default $OUT/results, else ./burst-results) and come back as one
 # tarball; every step has its own timeout so one stuck step cannot eat the call, and a failed step
@@ -46,6 +47,12 @@ train)  # 7B at 256K and the 3B preset at 128K beside torch-CP
       --name train_llama-7b_2xh200_256k
   step 180 $BE train --model llama-3b --methods burst,torch-cp --seqs 131072 --steps 2 --warmup 1 \
       --name train_llama-3b_2xh200_128k
+  ;;
+profile)  # issue 35 item 1: where the 2-GPU 7B step's time goes (FSDP's collectives and the ring, exposed)
+  nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader
+  for S in 131072 262144; do
+    step 300 $TR -m burstengine bench profile --model llama-7b --seq $S --warmup 1 --name profile_7b_2gpu_${S}
+  done
   ;;
 *) echo "unknown stage $stage"; exit 2;;
 esac

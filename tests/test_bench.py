@@ -69,6 +69,18 @@ def test_profile_timeline_finds_waits_on_transfers():
     assert abs(t["transfer_only_s"] - 10e-6) < 1e-12, t
 
 
+def test_profile_exposure_splits_fsdp_from_the_ring():
+    # a collective under a computing kernel is hidden; the part past every kernel is exposed
+    from burstengine.bench.profile import exposure
+    acts = [("nvjet_gemm", 0, 10, "gemm"),
+            ("ncclDevKernel_AllGather_RING_LL", 2, 14, "collective"),   # 4 us past the gemm
+            ("fwd_kernel", 14, 30, "attention forward"),
+            ("ncclDevKernel_SendRecv", 20, 37, "collective")]           # 7 us past the attention
+    e = exposure(acts)
+    assert e["fsdp"] == {"kernel_s": 12e-6, "exposed_s": 4e-6}, e
+    assert e["ring"] == {"kernel_s": 17e-6, "exposed_s": 7e-6}, e
+
+
 def test_training_benches_check_at_the_trainers_level(monkeypatch):
     # bench train / bench profile time what `burstengine train` runs: checks at level "once"
     # (BURST_CHECKS when set).  At "full" every layer read the NaN/inf scan back on the host.

@@ -98,7 +98,26 @@ def timeline(kernels, wall_us: float) -> dict:
     return {"compute_gaps_s": {"forward": (bwd - start - covered(start, bwd)) / 1e6,
                                "backward": (end - bwd - covered(bwd, end)) / 1e6},
             "transfers_s": {d: _union(ivs) / 1e6 for d, ivs in moved.items()},
-            "transfer_only_s": (_union(everything + compute) - _union(compute)) / 1e6}
+            "transfer_only_s": (_union(everything + compute) - _union(compute)) / 1e6,
+            "collectives_s": exposure(kernels)}
+
+
+# FSDP's collectives vs the ring's point-to-point traffic, by NCCL kernel name
+_FSDP = re.compile(r"allgather|reducescatter|all_gather|reduce_scatter|allreduce|all_reduce", re.I)
+
+
+def exposure(kernels) -> dict:
+    """Each kind of collective (FSDP's all-gather / reduce-scatter, the ring's send/recv): its
+    kernel time and the part of it no computing kernel covers (exposed: the step waits on it,
+    or nothing else was ready).  A NCCL kernel runs for as long as it waits for its peer, so
+    its own time is an upper bound of the traffic; the exposed part is what overlap missed."""
+    compute = [(k[1], k[2]) for k in kernels if k[3] != "collective" and not _TRANSFER.search(k[0])]
+    base = _union(compute)
+    out = {}
+    for kind, pick in (("fsdp", lambda n: bool(_FSDP.search(n))), ("ring", lambda n: not _FSDP.search(n))):
+        ivs = [(k[1], k[2]) for k in kernels if k[3] == "collective" and pick(k[0])]
+        out[kind] = {"kernel_s": _union(ivs) / 1e6, "exposed_s": (_union(ivs + compute) - base) / 1e6}
+    return out
 
 
 def _model(args) -> str:
@@ -187,6 +206,8 @@ def _profile(args) -> int:
             print(f"no compute kernel running: {g['forward']:.3f} s in the forward, {g['backward']:.3f} s in the "
                   f"backward; host transfers {t['dtoh']:.3f} s to the host, {t['htod']:.3f} s back, "
                   f"{row['transfer_only_s']:.3f} s of them under no compute")
+            for kind, c in row["collectives_s"].items():
+                print(f"{kind} collectives: {c['kernel_s']:.3f} s of kernels, {c['exposed_s']:.3f} s exposed")
         name = args.name or f"profile_{model}_{seq}"
         print("record:", write_record(name, row, out_dir=args.out_dir))
     return 0
