@@ -28,6 +28,7 @@ import time
 import torch
 
 from .launch import under_launcher
+from .model.hf_dir import load_hf_model
 from .records import write_record
 from .train import cli as train_cli
 from .train import export as export_cli
@@ -228,11 +229,9 @@ def passkey_scores(model, source, samples: int, batch: int = 16) -> dict:
 def logits_check(args, path: str) -> dict:
     """transformers' logits of the exported model against the engine's (burstengine's Transformer
     loaded from the same directory) on the first held-out sequence of --long tokens."""
-    from .inference.weights import load_hf_llama  # the engine's model from an HF directory; inference is above train
-
     toks, _, _ = global_sequences(passkey_source(args, args.long), [0], stream=1)
     ref = hf_model(path)(input_ids=toks).logits.float()
-    ours = load_hf_llama(path)
+    ours = load_hf_model(path)
     got = (ours(toks, torch.arange(toks.shape[1])) @ ours.head_weight.t()).float()
     err = ((got - ref).abs().max() / ref.abs().max()).item()
     return {"seq": args.long, "max_rel_err": err, "tol": 1e-4, "ok": err <= 1e-4,

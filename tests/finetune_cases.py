@@ -129,7 +129,7 @@ def packed_vs_alone(group, init, seq_len, docs, layout, extra_model=None):
     """Our loss sum of packed documents (global cu_seqlens, positions restarting per document) on
     this CP group, and the sum over the documents run one by one in one process."""
     from burstengine.layout import position_ids, shard
-    from burstengine.model.hf import args_from_hf_config, load_weights, read_config
+    from burstengine.model.hf_dir import args_from_hf_config, load_weights, read_config
     from burstengine.model import ContextParallel, Transformer
 
     rank, world = dist.get_rank(group), dist.get_world_size(group)

@@ -86,7 +86,7 @@ def test_demo_finetune_stages_connect(tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from burstengine.inference.weights import load_hf_llama
+    from burstengine.model.hf_dir import load_hf_model
 
     d = tmp_path / "demo"
     env_extra = {"BURST_RESULTS": str(tmp_path / "records")}
@@ -120,7 +120,7 @@ def test_demo_finetune_stages_connect(tmp_path):
     ids = torch.randint(0, 64, (2, 64), generator=torch.Generator().manual_seed(1))
     for n in ("stage1", "finetuned"):
         hf = AutoModelForCausalLM.from_pretrained(str(d / n), dtype=torch.float32).eval()
-        ours = load_hf_llama(str(d / n))
+        ours = load_hf_model(str(d / n))
         with torch.no_grad():
             ref = hf(input_ids=ids).logits
             got = ours(ids, torch.arange(64)) @ ours.head_weight.t()

@@ -55,7 +55,7 @@ def test_rope_matches_transformers(kind):
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-    from burstengine.model.hf import args_from_hf_config
+    from burstengine.model.hf_dir import args_from_hf_config
 
     hf = LlamaConfig(hidden_size=256, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64, vocab_size=64,
                      max_position_embeddings=128, rope_scaling=ROPES[kind], rope_theta=20000.0)
@@ -99,10 +99,10 @@ def test_rope_scaling_errors():
 
 @pytest.mark.parametrize("arch", sorted(fc.ARCHS))
 def test_logits_match_transformers(models, arch):
-    from burstengine.inference.weights import load_hf_llama
+    from burstengine.model.hf_dir import load_hf_model
 
     ids = torch.randint(0, fc.VOCAB, (2, 61), generator=torch.Generator().manual_seed(1))  # 61: prime, > context
-    ours = load_hf_llama(models[arch])
+    ours = load_hf_model(models[arch])
     with torch.no_grad():
         got = ours(ids, torch.arange(61)) @ ours.head_weight.t()
         ref = fc.hf_model(models[arch])(input_ids=ids).logits
@@ -114,11 +114,11 @@ def test_logits_match_transformers(models, arch):
 def test_mistral_window_is_hf_sliding_window(models):
     """HF's sliding_window W: kv > q - W, so W keys including the query's own: our window=W.
     A window one wider or narrower gives other logits."""
-    from burstengine.inference.weights import load_hf_llama
+    from burstengine.model.hf_dir import load_hf_model
 
     ids = torch.randint(0, fc.VOCAB, (1, 23), generator=torch.Generator().manual_seed(2))
     ref = fc.hf_model(models["mistral"])(input_ids=ids).logits
-    ours = load_hf_llama(models["mistral"])
+    ours = load_hf_model(models["mistral"])
     assert ours.args.window == 5
     errs = {}
     for w in (4, 5, 6):
@@ -187,7 +187,7 @@ def test_init_step_export_roundtrip(pool, models, tokens, tmp_path, arch, extra,
 def test_sharded_in_and_out(pool, tokens, tmp_path):
     """A sharded input (index + several files) loads; an export above the size limit is sharded
     with an index that transformers reads, and its logits equal ours."""
-    from burstengine.inference.weights import load_hf_llama
+    from burstengine.model.hf_dir import load_hf_model
 
     src = fc.save_tiny(tmp_path / "src", "qwen2", max_shard_size="40KB")
     assert os.path.exists(os.path.join(src, "model.safetensors.index.json"))
@@ -197,7 +197,7 @@ def test_sharded_in_and_out(pool, tokens, tmp_path):
     assert res["files"] > 1 and (out / "model.safetensors.index.json").exists()
     assert abs(loss - hf) <= TOL * hf
     ids = torch.randint(0, fc.VOCAB, (1, 37), generator=torch.Generator().manual_seed(3))
-    ours = load_hf_llama(str(out))
+    ours = load_hf_model(str(out))
     with torch.no_grad():
         got = ours(ids, torch.arange(37)) @ ours.head_weight.t()
         ref = fc.hf_model(str(out))(input_ids=ids).logits
@@ -231,9 +231,9 @@ def test_packed_documents_equal_documents_alone(pool, models, arch, world, layou
 
 
 def test_sequence_checkpoint_refuses_masks(models):
-    from burstengine.inference.weights import load_hf_llama
+    from burstengine.model.hf_dir import load_hf_model
 
-    m = load_hf_llama(models["llama"])
+    m = load_hf_model(models["llama"])
     for b in m.layers:
         b.policy = "sequence"
     ids = torch.randint(0, fc.VOCAB, (1, 16))

@@ -14,7 +14,7 @@ import torch  # noqa: E402
 
 import hf_cases  # noqa: E402
 import prefill_cases  # noqa: E402
-from burstengine.inference import weights  # noqa: E402
+from burstengine.model import hf_dir  # noqa: E402
 from burstengine.inference.models import load_model  # noqa: E402
 
 TOL = 1e-4
@@ -62,7 +62,7 @@ def test_loader_tied_and_sharded_checkpoints(tmp_path):
     tied = LlamaForCausalLM(hf_cases.tiny_llama_config(tie_word_embeddings=True, rope_theta=500000.0,
                                                        num_key_value_heads=1))
     tied.save_pretrained(tmp_path / "tied")
-    assert weights.args_from_hf_config(weights.read_config(str(tmp_path / "tied"))).tie_embeddings
+    assert hf_dir.args_from_hf_config(hf_dir.read_config(str(tmp_path / "tied"))).tie_embeddings
     path = hf_cases.save_tiny_llama(tmp_path / "sharded", seed=2)
     LlamaForCausalLM.from_pretrained(path).save_pretrained(tmp_path / "sharded", max_shard_size="50KB")
     assert os.path.isfile(tmp_path / "sharded" / "model.safetensors.index.json")
@@ -87,12 +87,14 @@ def test_name_mapping_round_trips():
         names = [n for n, _ in Transformer(PRESETS["tiny"]).named_parameters()]
     assert len(names) == 3 + 9 * PRESETS["tiny"].n_layers
     for n in names:
-        assert weights.hf_to_ours(weights.ours_to_hf(n)) == n
-    assert weights.hf_to_ours("model.layers.3.mlp.gate_proj.weight") == "layers.3.feed_forward.w1.weight"
-    assert weights.hf_to_ours("model.rotary_emb.inv_freq") is None
-    assert weights.hf_to_ours("model.layers.0.self_attn.q_proj.bias") == "layers.0.attention.wq.bias"  # Qwen2
-    with pytest.raises(ValueError, match="unexpected tensor"):
-        weights.hf_to_ours("model.layers.0.mlp.gate_proj.bias")
+        assert hf_dir.hf_to_ours(hf_dir.ours_to_hf(n)) == (n,)
+    assert hf_dir.hf_to_ours("model.layers.3.mlp.gate_proj.weight") == ("layers.3.feed_forward.w1.weight",)
+    assert hf_dir.hf_to_ours("model.rotary_emb.inv_freq") is None
+    assert hf_dir.hf_to_ours("model.layers.0.self_attn.q_proj.bias", "qwen2") == ("layers.0.attention.wq.bias",)
+    assert hf_dir.hf_to_ours("model.layers.0.self_attn.q_norm.weight", "qwen3") == ("layers.0.attention.q_norm.weight",)
+    for name, arch in (("model.layers.0.mlp.gate_proj.bias", "qwen2"), ("model.layers.0.self_attn.q_proj.bias", "llama")):
+        with pytest.raises(ValueError, match="unexpected tensor"):
+            hf_dir.hf_to_ours(name, arch)
 
 
 # rope scaling, head_dim != hidden / heads, Qwen2/3 and Mistral's window are reproduced now
@@ -111,7 +113,7 @@ def test_loader_refuses_what_it_cannot_reproduce(change, match):
                num_hidden_layers=1, vocab_size=32, intermediate_size=96)
     cfg.update(change)
     with pytest.raises(ValueError, match=match):
-        weights.args_from_hf_config(cfg)
+        hf_dir.args_from_hf_config(cfg)
 
 
 def test_loader_errors_name_the_problem(tmp_path, llama_dir):

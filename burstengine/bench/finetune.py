@@ -17,14 +17,14 @@ import json
 import os
 import sys
 import time
-from ..model.hf import CONFIGS, write_random_hf_dir
+from ..model.hf_dir import CONFIGS, write_random_hf_dir
 from ..launch import init_from_env, under_launcher
-from ..model.hf import peak_rss_gib
+from ..model.hf_dir import peak_rss_gib
 from ..train import checkpoint as ckpt
 from ..train.config import load as load_config
 from ..train.loop import default_device
 from ..train.parallel import build_mesh, build_model
-from ..inference.weights import load_hf_llama
+from ..model.hf_dir import load_hf_model as load_hf_llama
 from ..records import write_record
 
 
@@ -33,7 +33,7 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="what", required=True)
     m = sub.add_parser("make", help="write a random-weight HF model directory of a known config")
-    m.add_argument("--config", required=True, help="one of burstengine.model.hf.CONFIGS, or a config.json path")
+    m.add_argument("--config", required=True, help="one of burstengine.model.hf_dir.CONFIGS, or a config.json path")
     m.add_argument("--out", required=True)
     m.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float16"))
     m.add_argument("--device", default="cpu", help="where the random numbers are drawn (cuda is much faster)")

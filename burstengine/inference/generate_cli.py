@@ -28,7 +28,7 @@ from ..model import PRESETS
 from .models import check_spec
 from .sampling import Sampling
 from .generate import check_generate
-from .weights import read_config
+from ..model.hf_dir import read_config
 from .generate import generate
 from .models import load_model, resolve_dtype
 from .step import MODES as GRAPH_MODES

@@ -22,7 +22,7 @@ from ..comm.dist import world_of
 from ..kernels import acc_dtype
 from ..model import PRESETS, ContextParallel, Transformer
 from ..model.llama import context_parallel_attention
-from .weights import hf_config_from_args, load_hf_llama, ours_to_hf
+from ..model.hf_dir import hf_config_from_args, load_hf_model as load_hf_llama, ours_to_hf
 
 IMPLS = ("ours", "hf")
 

@@ -30,7 +30,7 @@ from ..kernels import acc_dtype
 from . import checkpointing, fused, losses, offload, pointwise
 from .rope import RopeScaling, rope_tables
 
-ARCHS = ("llama", "qwen2", "qwen3", "mistral")
+from .families import ARCHS  # ModelArgs.arch's values: the registry's families
 _ZERO_MEANS_UNSET = ("head_size", "window", "max_position_embeddings")
 
 

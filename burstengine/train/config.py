@@ -31,7 +31,8 @@ from ..model.checkpointing import POLICIES
 from ..model.llama import PRESETS as MODEL_PRESETS
 from ..model.llama import ModelArgs, Transformer
 from ..model.losses import LOSSES
-from ..model.hf import args_from_hf_config, read_config
+from ..model.families import ARCHS
+from ..model.hf_dir import args_from_hf_config, read_config
 from .corpus import FORMATS, list_files
 
 SCHEDULES = ("cosine", "linear", "constant")
@@ -107,7 +108,7 @@ class TrainConfig:
     eval_samples: int = 64           # held-out sequences per evaluation
     peak_tflops: float = 0.0         # per-device peak for MFU; 0 = known GPUs' bf16 dense peak
     progress: bool = True            # progress bar (only ever on an interactive terminal)
-    # starting from a pretrained model (see burstengine/model/hf.py)
+    # starting from a pretrained model (see burstengine/model/hf_dir.py)
     init: str = ""                   # an HF model directory (config.json + safetensors); "" = random init.  Its
                                      # config.json gives the model's shape (a preset's [model] table is ignored);
                                      # model.rope_theta, model.rope_scaling.* and model.window may still be set
@@ -468,7 +469,7 @@ MODEL_HELP = {
     "norm_eps": "RMSNorm epsilon",
     "rope_theta": "RoPE base",
     "tie_embeddings": "share the input embedding with the LM head",
-    "arch": "the HF family the weights are written back as: llama, qwen2, qwen3, mistral",
+    "arch": f"the HF family the weights are written back as: {', '.join(ARCHS)}",
     "head_size": "width of one head; 0 = dim / n_heads (Qwen3 sets it apart)",
     "qkv_bias": "biases on the q, k, v projections (Qwen2)",
     "qk_norm": "RMSNorm over each head of q and k before RoPE (Qwen3)",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -24,8 +25,8 @@ import warnings
 
 from ..records import write_record
 from .checkpoint import latest
-from ..model.hf import DTYPES, SHARD_BYTES, hf_config_from_args, ours_to_hf, param_shapes, peak_rss_gib, \
-    read_config, shard_plan, write_hf_dir
+from ..model.hf_dir import DTYPES, SHARD_BYTES, hf_config_from_args, hf_tensors, peak_rss_gib, read_config, \
+    shard_plan, write_hf_dir
 from ..model.llama import ModelArgs
 
 HELP = "write a training checkpoint as a Hugging Face model directory (config.json + safetensors)"
@@ -77,28 +78,28 @@ def export(source: str, out_dir: str, dtype: str = "auto", max_shard_bytes: int 
     stored = dcp.FileSystemReader(ckpt).read_metadata().state_dict_metadata
     # train/checkpoint.py saves {"model": model state dict, "optim": ...}; DCP flattens the keys
     ours = {k[len("model."):]: k for k in stored if k.startswith("model.")}
-    shapes = param_shapes(args)  # HF name -> shape
-    want = {ours_to_hf(n): n for n in ours}
-    if set(want) != set(shapes):
+    want = hf_tensors(args)  # HF name -> the parameters of ours it is made of
+    if set(ours) != set(want.ours):
         raise ValueError(f"{ckpt}: its model entries do not match its config's model (missing "
-                         f"{sorted(set(shapes) - set(want))[:3]}, unexpected {sorted(set(want) - set(shapes))[:3]})")
-    for hf, name in want.items():
-        if tuple(stored[ours[name]].size) != shapes[hf]:
-            raise ValueError(f"{ckpt}: {name} has shape {tuple(stored[ours[name]].size)}, {shapes[hf]} expected")
-    order = sorted(shapes, key=_hf_order)
-    sizes = {hf: stored[ours[want[hf]]].size.numel() * dt.itemsize for hf in order}
+                         f"{sorted(set(want.ours) - set(ours))[:3]}, unexpected "
+                         f"{sorted(set(ours) - set(want.ours))[:3]})")
+    for name, shape in want.ours.items():
+        if tuple(stored[ours[name]].size) != shape:
+            raise ValueError(f"{ckpt}: {name} has shape {tuple(stored[ours[name]].size)}, {shape} expected")
+    order = sorted(want.parts, key=_hf_order)
+    sizes = {hf: math.prod(want.shapes[hf]) * dt.itemsize for hf in order}
     plan = shard_plan(sizes, int(max_shard_bytes or SHARD_BYTES))
 
     def groups():
         for names in plan:
             state = {}
-            for hf in names:
-                key = ours[want[hf]]
+            for part in (p for hf in names for p in want.parts[hf]):
+                key = ours[part.name]
                 state[key] = torch.empty(tuple(stored[key].size), dtype=stored[key].properties.dtype)
             with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
                 warnings.simplefilter("ignore", UserWarning)
                 dcp.load(state, checkpoint_id=ckpt, no_dist=True)  # only these entries are read
-            yield {hf: state[ours[want[hf]]].to(dt) for hf in names}
+            yield {hf: want.join(hf, lambda name: state[ours[name]]).to(dt) for hf in names}
 
     config = hf_config_from_args(args, seq_len=int(cfg.get("seq_len") or 0), base=base, dtype=dtype)
     info = write_hf_dir(out_dir, config, groups(), len(plan), source_dir=init or None)

@@ -22,7 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from ..comm.dist import LOCAL
 from ..model import fused
 from ..model.llama import ContextParallel, Transformer
-from ..model.hf import load_weights
+from ..model.hf_dir import load_weights
 
 _MESHES: dict = {}
 

@@ -1,16 +1,20 @@
-"""Hugging Face model directories <-> :class:`~burstengine.model.Transformer`.
+"""Hugging Face model directories <-> :class:`~burstengine.model.Transformer`, whatever the family.
 
-One home for everything that reads or writes the HF format, shared by training (``init``),
-inference (``burstengine prefill --model DIR``) and ``burstengine export``:
+One home for reading and writing the HF format, shared by training (``init``), inference
+(``burstengine prefill --model DIR``) and ``burstengine export``; what differs between families
+(config keys, tensor names, fused tensors, rope variants) is their adapters'
+(:mod:`burstengine.model.families`):
 
-* :func:`args_from_hf_config`: config.json -> :class:`ModelArgs` for the supported
-  architectures (:data:`SUPPORTED`), or a ValueError naming what is not supported;
+* :func:`read_config`, :func:`args_from_hf_config`: config.json -> :class:`ModelArgs` through
+  the family its architecture names, or a ValueError naming what is not supported;
   :func:`hf_config_from_args` the way back (rope settings and context included).
-* :func:`hf_to_ours` / :func:`ours_to_hf`: the parameter name table.  HF's rotary convention
-  (rotate the two halves of each head) is ours, so q/k weights are copied as they are.
+* :func:`hf_tensors`: a model's HF tensors, each with the parameters of ours it is made of
+  (fused ones split by rows).  HF's rotary convention (rotate the two halves of each head) is
+  ours, so q/k weights are copied as they are.
 * :func:`load_weights`: safetensors (single or sharded with an index) into a model that may be
   FSDP2-sharded: each rank reads only the rows of each tensor it keeps
-  (``safe_open(...).get_slice``), so no rank ever holds a whole copy in host or device memory.
+  (``safe_open(...).get_slice``), so no rank ever holds a whole copy in host or device memory;
+  :func:`load_hf_model` an unsharded model on one device from a directory.
 * :func:`write_hf_dir`: tensors -> model.safetensors (sharded with an index above a size) +
   config.json + generation_config.json (+ tokenizer files copied from a source directory).
 * :func:`write_random_hf_dir`: a random-weight HF directory of a given config (Llama-3.2-3B,
@@ -23,79 +27,31 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import resource
 import shutil
 import time
 
 import torch
 
-from .llama import ModelArgs
-from .rope import RopeScaling
-from .llama import Transformer
+from .families import family, from_config, writer
+from .families.registry import hf_parameter
+from .families.table import HFTensors
+from .llama import ModelArgs, Transformer
 
-# HF architecture -> our arch name (ModelArgs.arch) and HF model_type
-SUPPORTED = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-             "MistralForCausalLM": "mistral"}
-ARCH_CLASS = {v: k for k, v in SUPPORTED.items()}
-ROPE_FROM_HF = {"default": "none", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3"}
-
-# HF parameter name -> ours; {i} is the layer index
-_LAYER = {
-    "input_layernorm.weight": "attention_norm.weight",
-    "self_attn.q_proj.weight": "attention.wq.weight",
-    "self_attn.k_proj.weight": "attention.wk.weight",
-    "self_attn.v_proj.weight": "attention.wv.weight",
-    "self_attn.q_proj.bias": "attention.wq.bias",
-    "self_attn.k_proj.bias": "attention.wk.bias",
-    "self_attn.v_proj.bias": "attention.wv.bias",
-    "self_attn.q_norm.weight": "attention.q_norm.weight",
-    "self_attn.k_norm.weight": "attention.k_norm.weight",
-    "self_attn.o_proj.weight": "attention.wo.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "feed_forward.w1.weight",
-    "mlp.down_proj.weight": "feed_forward.w2.weight",
-    "mlp.up_proj.weight": "feed_forward.w3.weight",
-}
-_LAYER_BACK = {v: k for k, v in _LAYER.items()}
-_TOP = {
-    "model.embed_tokens.weight": "tok_embeddings.weight",
-    "model.norm.weight": "norm.weight",
-    "lm_head.weight": "output.weight",
-}
-_TOP_BACK = {v: k for k, v in _TOP.items()}
-_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-_OURS_LAYER_RE = re.compile(r"^layers\.(\d+)\.(.+)$")
-# buffers some checkpoints carry that our model recomputes
-_IGNORED = re.compile(r"rotary_emb\.inv_freq$")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja")
 SHARD_BYTES = 5 * 2 ** 30  # transformers' default max_shard_size ("5GB")
+OPEN_CONTEXT = 1 << 22  # a config's context when the model is meant for any length (RoPE unscaled ignores it)
 
 
-def hf_to_ours(name: str) -> str | None:
-    """Our parameter name for an HF one (None: a buffer we do not keep)."""
-    if not name.startswith(("model.", "lm_head.")):
-        name = "model." + name  # a bare base-model checkpoint
-    if _IGNORED.search(name):
-        return None
-    if name in _TOP:
-        return _TOP[name]
-    m = _LAYER_RE.match(name)
-    if m and m.group(2) in _LAYER:
-        return f"layers.{m.group(1)}.{_LAYER[m.group(2)]}"
-    raise ValueError(f"unexpected tensor {name!r} in the checkpoint: not part of a "
-                     f"{'/'.join(SUPPORTED)} model")
+def hf_to_ours(name: str, arch: str = "llama") -> tuple[str, ...] | None:
+    """Our parameters in HF tensor ``name`` of family ``arch`` (None: a buffer we do not keep)."""
+    return family(arch).ours_of(name)
 
 
-def ours_to_hf(name: str) -> str:
-    """The inverse of :func:`hf_to_ours`."""
-    if name in _TOP_BACK:
-        return _TOP_BACK[name]
-    m = _OURS_LAYER_RE.match(name)
-    if m and m.group(2) in _LAYER_BACK:
-        return f"model.layers.{m.group(1)}.{_LAYER_BACK[m.group(2)]}"
-    raise ValueError(f"no HF name for {name!r}")
+def ours_to_hf(name: str, arch: str = "llama") -> str:
+    """The HF tensor of family ``arch`` that holds our parameter ``name`` (whole or a part)."""
+    return family(arch).hf_of(name)
 
 
 # --- config.json --------------------------------------------------------------------------------
@@ -108,69 +64,9 @@ def read_config(path: str) -> dict:
         return json.load(fh)
 
 
-def architecture(cfg: dict, where: str = "config.json") -> str:
-    """Our arch name for an HF config, or a ValueError listing what is supported."""
-    archs = cfg.get("architectures") or []
-    name = archs[0] if archs else {v: k for k, v in SUPPORTED.items()}.get(cfg.get("model_type"), cfg.get("model_type"))
-    if name not in SUPPORTED:
-        raise ValueError(f"{where}: architecture {name!r} is not supported; burstengine's model reproduces "
-                         f"{', '.join(SUPPORTED)}")
-    return SUPPORTED[name]
-
-
-def _rope(cfg: dict, where: str) -> tuple[float, RopeScaling]:
-    # transformers 5 writes rope_parameters {rope_type, rope_theta, ...}; 4.x wrote rope_theta and
-    # rope_scaling at the top level
-    params = dict(cfg.get("rope_parameters") or {})
-    params.update(cfg.get("rope_scaling") or {})
-    theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-    kind = params.get("rope_type") or params.get("type") or "default"
-    if kind not in ROPE_FROM_HF:
-        raise ValueError(f"{where}: rope type {kind!r} is not supported; expected one of {sorted(ROPE_FROM_HF)}")
-    if float(params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))) != 1.0:
-        raise ValueError(f"{where}: partial_rotary_factor != 1 is not supported")
-    s = RopeScaling(type=ROPE_FROM_HF[kind])
-    if s.type == "none":
-        return theta, s
-    for key in ("factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "attention_factor",
-                "mscale", "mscale_all_dim"):
-        if params.get(key) is not None:
-            setattr(s, key, float(params[key]))
-    if params.get("original_max_position_embeddings") is not None:
-        s.original_max_position_embeddings = int(params["original_max_position_embeddings"])
-    if params.get("truncate") is not None:
-        s.truncate = bool(params["truncate"])
-    if s.type == "dynamic":  # transformers' dynamic NTK uses max_position_embeddings as the original length
-        s.original_max_position_embeddings = int(cfg.get("max_position_embeddings") or 0)
-    return theta, s
-
-
 def args_from_hf_config(cfg: dict, where: str = "config.json") -> ModelArgs:
     """ModelArgs for an HF config.json (a dict), or a ValueError saying what is not supported."""
-    arch = architecture(cfg, where)
-    problems = []
-    if cfg.get("hidden_act", "silu") != "silu":
-        problems.append(f"hidden_act={cfg['hidden_act']!r}")
-    if cfg.get("mlp_bias"):
-        problems.append("mlp_bias=true")
-    if cfg.get("attention_bias") and arch != "qwen2":  # Llama's / Qwen3's also put a bias on o_proj
-        problems.append("attention_bias=true")
-    if arch in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
-        problems.append("use_sliding_window=true (per-layer windows)")
-    if problems:
-        raise ValueError(f"{where}: this {arch} checkpoint has {', '.join(problems)}, which burstengine's model does "
-                         f"not implement")
-    theta, scaling = _rope(cfg, where)
-    dim, heads = cfg["hidden_size"], cfg["num_attention_heads"]
-    head = cfg.get("head_dim") or dim // heads
-    window = cfg.get("sliding_window") if arch == "mistral" else None
-    args = ModelArgs(dim=dim, n_layers=cfg["num_hidden_layers"], n_heads=heads,
-                     n_kv_heads=cfg.get("num_key_value_heads") or heads, vocab_size=cfg["vocab_size"],
-                     ffn_dim=cfg["intermediate_size"], norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                     rope_theta=theta, tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), arch=arch,
-                     head_size=0 if head * heads == dim else head, qkv_bias=arch == "qwen2",
-                     qk_norm=arch == "qwen3", window=int(window or 0),
-                     max_position_embeddings=int(cfg.get("max_position_embeddings") or 0), rope_scaling=scaling)
+    args = ModelArgs(**from_config(cfg, where).model_fields(cfg, where))
     try:
         args.validate()
     except ValueError as e:
@@ -178,55 +74,23 @@ def args_from_hf_config(cfg: dict, where: str = "config.json") -> ModelArgs:
     return args
 
 
-def rope_parameters(args: ModelArgs) -> dict | None:
-    """transformers' rope_scaling dict for our scaling (None: plain RoPE)."""
-    s = args.rope_scaling
-    if s.type == "none":
-        return None
-    out = {"rope_type": s.type, "factor": s.factor}
-    if s.type == "yarn":
-        out.update(original_max_position_embeddings=s.original(args.max_position_embeddings), beta_fast=s.beta_fast,
-                   beta_slow=s.beta_slow, truncate=s.truncate)
-        for key in ("attention_factor", "mscale", "mscale_all_dim"):
-            if getattr(s, key):
-                out[key] = getattr(s, key)
-    elif s.type == "llama3":
-        out.update(original_max_position_embeddings=s.original(args.max_position_embeddings),
-                   low_freq_factor=s.low_freq_factor, high_freq_factor=s.high_freq_factor)
-    return out
+def hf_config_from_args(args: ModelArgs, seq_len: int = OPEN_CONTEXT, base: dict | None = None,
+                        dtype: str | None = None) -> dict:
+    """config.json for our model, written as its family (``args.arch``): ``base`` (the source
+    directory's config, keeping its token ids and other keys) with our shape, rope settings and
+    context written over it; max_position_embeddings at least ``seq_len`` (by default open, for a
+    model run at any length), except under dynamic NTK (see families.base.context_length)."""
+    return writer(args).hf_config(args, seq_len, base, dtype)
 
 
-def context_length(args: ModelArgs, seq_len: int = 0) -> int:
-    """max_position_embeddings to write: the trained length when it is longer than the model's,
-    except under dynamic NTK, where transformers reads it as the *original* length."""
-    if args.rope_scaling.type == "dynamic":
-        return args.rope_scaling.original(args.max_position_embeddings)
-    return max(args.max_position_embeddings, seq_len) or seq_len or 4096
-
-
-def hf_config_from_args(args: ModelArgs, seq_len: int = 0, base: dict | None = None, dtype: str | None = None) -> dict:
-    """config.json for our model: ``base`` (the source directory's config, keeping its token ids
-    and other keys) with our shape, rope settings and context written over it.  Rope settings are
-    written as ``rope_theta`` / ``rope_scaling``, which transformers 4.x and 5.x both read."""
-    cfg = dict(base or {})
-    for key in ("rope_parameters", "rope_scaling", "rope_theta", "transformers_version", "torch_dtype", "dtype"):
-        cfg.pop(key, None)
-    cfg.update(architectures=[ARCH_CLASS[args.arch]], model_type=args.arch, hidden_size=args.dim,
-               num_hidden_layers=args.n_layers, num_attention_heads=args.n_heads, num_key_value_heads=args.n_kv_heads,
-               head_dim=args.head_dim, vocab_size=args.vocab_size, intermediate_size=args.ffn_dim,
-               rms_norm_eps=args.norm_eps, hidden_act="silu", tie_word_embeddings=args.tie_embeddings,
-               rope_theta=args.rope_theta, rope_scaling=rope_parameters(args),
-               max_position_embeddings=context_length(args, seq_len))
-    if args.arch == "mistral":
-        cfg["sliding_window"] = args.window or None
-    elif args.window:
-        raise ValueError(f"a sliding window (model.window={args.window}) can only be written as a Mistral model, "
-                         f"not {args.arch!r}")
-    if args.arch in ("qwen2", "qwen3"):
-        cfg.setdefault("use_sliding_window", False)
-    if dtype:
-        cfg["torch_dtype"] = dtype
-    return cfg
+def hf_tensors(args: ModelArgs) -> HFTensors:
+    """The HF tensors of a model with ``args`` as its family writes it (a ValueError for a model
+    it cannot write), each with the parameters of ours it is made of (a model built on the meta
+    device)."""
+    table = writer(args).table
+    with torch.device("meta"):
+        m = Transformer(args)
+    return table.tensors(args, {n: tuple(p.shape) for n, p in m.named_parameters()})
 
 
 # --- reading weights ----------------------------------------------------------------------------
@@ -274,42 +138,59 @@ def local_rows(p: torch.Tensor) -> tuple[torch.Tensor, int, int]:
 @torch.no_grad()
 def load_weights(model, path: str) -> dict:
     """Fill ``model``'s parameters (plain, or sharded by FSDP2 on any device) from the HF
-    checkpoint in directory ``path``, each rank reading only the rows it keeps.  Returns
-    {"load_s", "peak_rss_gib", "read_gib"} of this process."""
+    checkpoint in directory ``path`` through its family's table, each rank reading only the rows
+    it keeps (of a fused tensor: the rows of the parts it keeps).  Returns {"load_s",
+    "peak_rss_gib", "read_gib"} of this process."""
     from safetensors import safe_open
 
     t0 = time.perf_counter()
     files = tensor_files(path)
     params = dict(model.named_parameters())
-    want = {ours_to_hf(n): n for n in params}
-    missing = sorted(set(want) - set(files))
+    want = family(model.args.arch).table.tensors(model.args, {n: tuple(p.shape) for n, p in params.items()})
+    missing = sorted(set(want.parts) - set(files))
     if missing:
         raise ValueError(f"the checkpoint in {path!r} lacks {len(missing)} tensor(s) the model needs, e.g. {missing[:3]}")
     tied = "output.weight" not in params
-    extra = [k for k in files if k not in want and hf_to_ours(k) is not None and not (tied and k == "lm_head.weight")]
+    extra = [k for k in files if k not in want.parts and hf_parameter(k) and not (tied and k == "lm_head.weight")]
     if extra:
         raise ValueError(f"the checkpoint in {path!r} holds {len(extra)} tensor(s) its config.json does not describe, "
                          f"e.g. {extra[:3]}")
     by_file: dict[str, list[str]] = {}
     for hf, f in files.items():
-        if hf in want:
+        if hf in want.parts:
             by_file.setdefault(f, []).append(hf)
     read = 0
     for fname in sorted(by_file):
         with safe_open(fname, framework="pt") as f:
             for hf in sorted(by_file[fname]):
-                p = params[want[hf]]
                 sl = f.get_slice(hf)
                 shape = tuple(sl.get_shape())
-                if shape != tuple(p.shape):
-                    raise ValueError(f"{os.path.basename(fname)}: {hf} has shape {shape}, {tuple(p.shape)} expected "
+                if shape != want.shapes[hf]:
+                    raise ValueError(f"{os.path.basename(fname)}: {hf} has shape {shape}, {want.shapes[hf]} expected "
                                      f"from config.json")
-                local, lo, hi = local_rows(p)
-                if hi > lo:
-                    t = sl[lo:hi]
-                    read += t.numel() * t.element_size()
-                    local.copy_(t)
+                for part in want.parts[hf]:
+                    local, lo, hi = local_rows(params[part.name])
+                    if hi > lo:
+                        t = sl[part.start + lo:part.start + hi]
+                        read += t.numel() * t.element_size()
+                        local.copy_(t)
     return {"load_s": time.perf_counter() - t0, "peak_rss_gib": peak_rss_gib(), "read_gib": read / 2 ** 30}
+
+
+@torch.no_grad()
+def load_hf_model(path: str, device="cpu", dtype=torch.float32) -> Transformer:
+    """Our Transformer with the weights of the HF checkpoint in directory ``path`` (any family of
+    the registry), unsharded on ``device``.  A checkpoint our model cannot reproduce exactly is
+    refused with a ValueError naming the field (run such models through ``--impl hf``).
+
+    Parameters are created on the meta device and filled tensor by tensor straight from the
+    safetensors files onto ``device``, so a model is never held twice in memory."""
+    args = args_from_hf_config(read_config(path), f"{path}/config.json")
+    with torch.device("meta"):
+        model = Transformer(args)
+    model.to(dtype).to_empty(device=device)
+    load_weights(model, path)
+    return model
 
 
 def peak_rss_gib() -> float:
@@ -377,14 +258,6 @@ def write_hf_dir(out_dir: str, config: dict, groups, n_files: int, source_dir: s
     return {"files": n_files, "bytes": total, "tokenizer_files": copied}
 
 
-def param_shapes(args: ModelArgs) -> dict[str, tuple]:
-    """HF name -> shape of every tensor of a model with ``args`` (built on the meta device)."""
-
-    with torch.device("meta"):
-        m = Transformer(args)
-    return {ours_to_hf(n): tuple(p.shape) for n, p in m.named_parameters()}
-
-
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -395,7 +268,7 @@ def write_random_hf_dir(out_dir: str, config: dict, seed: int = 0, dtype: str = 
     host memory.  Weights ~ N(0, 0.02), norms 1, biases 0; generated on ``device`` (a GPU is much
     faster for 8B)."""
     args = args_from_hf_config(config, "the given config")
-    shapes = param_shapes(args)
+    shapes = hf_tensors(args).shapes
     dt = DTYPES[dtype]
     sizes = {k: math.prod(s) * dt.itemsize for k, s in shapes.items()}
     plan = shard_plan(sizes, max_shard_bytes)
