@@ -1,9 +1,7 @@
-"""The layers of the decoder: RMSNorm, attention's projections and RoPE, the SwiGLU MLP, and the
-decoder layer (:class:`Block`) that joins them around attention.
-
-RMSNorm, rotary position embeddings (optionally scaled: :mod:`.rope`), SwiGLU MLP, grouped-query
-attention, with the options of :class:`~.args.ModelArgs` (q/k/v biases, per-head q/k RMSNorm).
-How a block keeps its activations for backward is a pluggable step
+"""The layers of the decoder: RMSNorm, grouped-query attention's projections and rotary position
+embeddings (optionally scaled: :mod:`.rope`; q/k/v biases and per-head q/k RMSNorm as
+:class:`~.args.ModelArgs` says), the SwiGLU MLP, and the decoder layer (:class:`Block`) that
+joins them around attention.  How a block keeps its activations for backward is a pluggable step
 (:mod:`burstengine.model.checkpointing`); what a run of the decoder does besides training's
 forward (a KV sink, a decode step's cache, chunked token-wise work) reaches the block as
 :class:`Hooks` (:mod:`.decoder`).
@@ -41,7 +39,7 @@ class Hooks:
 NO_HOOKS = Hooks()
 
 
-def by_rows(fn, n: int, chunk: int | None):
+def _by_rows(fn, n: int, chunk: int | None):
     """The tuple of tensors ``fn(a, z)`` gives for token rows [a, z) (dim 1), for all n rows:
     in one call, or ``chunk`` rows at a time into preallocated outputs."""
     if not chunk or n <= chunk:
@@ -134,9 +132,8 @@ class Block(nn.Module):
 
     def pre_attention(self, x, cos, sin, lean: bool = False):
         """The roped q, k, v (B, n, heads, head_dim) of the block input ``x`` (B, n, dim)."""
-        chunk = self.hooks.chunk
-        if chunk and x.shape[1] > chunk:
-            return by_rows(lambda a, z: self._qkv(x[:, a:z], cos[a:z], sin[a:z], lean), x.shape[1], chunk)
+        if self.hooks.chunk:
+            return _by_rows(lambda a, z: self._qkv(x[:, a:z], cos[a:z], sin[a:z], lean), x.shape[1], self.hooks.chunk)
         return self._qkv(x, cos, sin, lean)
 
     def _qkv(self, x, cos, sin, lean):
@@ -157,9 +154,9 @@ class Block(nn.Module):
 
     def post_attention(self, x, o, lean: bool = False):
         """The block output from its input ``x`` and the attention output ``o`` (B, n, heads, head_dim)."""
-        chunk = self.hooks.chunk
-        if chunk and x.shape[1] > chunk:
-            return by_rows(lambda a, z: (self._residuals(x[:, a:z], o[:, a:z], lean),), x.shape[1], chunk)[0]
+        if self.hooks.chunk:
+            return _by_rows(lambda a, z: (self._residuals(x[:, a:z], o[:, a:z], lean),), x.shape[1],
+                            self.hooks.chunk)[0]
         return self._residuals(x, o, lean)
 
     def _residuals(self, x, o, lean):
