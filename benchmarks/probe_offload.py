@@ -14,7 +14,7 @@ import time
 import torch
 
 from burstengine.model import offload as O
-from burstengine.model.llama import PRESETS, Transformer
+from burstengine.model import PRESETS, Transformer
 from burstengine.records import write_record
 from burstengine.timing import median
 

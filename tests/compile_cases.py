@@ -5,7 +5,8 @@ import torch.distributed as dist
 
 import burstengine as be
 from burstengine.comm.dist import LOCAL
-from burstengine.model.llama import Block, ContextParallel, ModelArgs, rope_tables
+from burstengine.model import ContextParallel, ModelArgs, rope_tables
+from burstengine.model.layers import Block
 from burstengine.testing import rel_err
 
 # a few variants, each compiled once: every mask kind, GQA and MHA, both backward schemes, a local

@@ -8,7 +8,7 @@ import pytest
 
 import train_cases as tc
 from burstengine.model import checkpointing as C
-from burstengine.model.llama import PRESETS
+from burstengine.model import PRESETS
 
 # kept bytes grow up the ladder (offload keeps nothing on the device, its host copy is what
 # pointwise keeps), a recomputing layer's backward holds a whole layer's activations, a pointwise
@@ -161,15 +161,15 @@ def test_torch_cp_plans_no_sequence_layers():
     shard only.  "auto" must plan "selective" where it would plan "sequence", and an explicit
     "sequence" layer must refuse."""
     import torch
+    from burstengine.model import ContextParallel, Transformer
     from burstengine.model.checkpointing import sequence
-    from burstengine.model.llama import ContextParallel, Transformer
 
     a = tc.small_config().model
     budget = int(_budget_gib({"sequence": 2}) * 2**30)
     plans = {}
     for outside in (False, True):
         m = Transformer(a, checkpoint="auto", activation_budget=budget)
-        m.set_context_parallel(ContextParallel(sharded_outside=outside))
+        m.set_context_parallel(ContextParallel(attention="torch-cp" if outside else None))
         plans[outside] = m.plan_checkpointing(32, 4, torch.device("cpu"))
         # the same plan as packed documents get, whose layers cannot run the ring either
         assert plans[outside] == (m.plan_checkpointing(32, 4, torch.device("cpu"), sparse=True) if outside

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from burstengine.model import offload as O
-from burstengine.model.llama import PRESETS, Transformer
+from burstengine.model import PRESETS, Transformer
 from burstengine.testing import rel_err
 from test_pointwise import reference
 

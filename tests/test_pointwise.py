@@ -14,7 +14,8 @@ from burstengine.comm.dist import LOCAL
 from burstengine.model import checkpointing as C
 from burstengine.model import fused
 from burstengine.model import pointwise as P
-from burstengine.model.llama import PRESETS, ContextParallel, RMSNorm, Transformer
+from burstengine.model import PRESETS, ContextParallel, Transformer
+from burstengine.model.layers import RMSNorm
 from burstengine.testing import rel_err
 
 EXACT = 1e-12  # float64: the same arithmetic, only the order of the three projections' sums differs

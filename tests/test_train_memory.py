@@ -7,7 +7,7 @@ import torch
 import train_cases as tc
 from burstengine.layout import LAYOUTS
 from burstengine.model import Transformer
-from burstengine.model.llama import PRESETS
+from burstengine.model import PRESETS
 from burstengine.testing import rel_err
 from burstengine.train import load
 

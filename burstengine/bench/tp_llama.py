@@ -23,7 +23,8 @@ import torch.nn.functional as F
 
 from ..comm.dist import rank_of, world_of
 from ..kernels import acc_dtype
-from ..model.llama import apply_rope, rope_tables
+from ..model.layers import apply_rope
+from ..model.rope import rope_tables
 from .peers import _sdpa
 
 MODES = ("v1", "v3")

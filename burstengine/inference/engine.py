@@ -5,8 +5,10 @@ the whole model on it; attention is BurstAttention over the group.  A prompt of 
 runs: one the layout cannot split evenly is padded at the end to the next length it can
 (:func:`padded_length`); under the causal mask no real token sees a pad token, and the pad
 rows are dropped from what is returned.  Only the next-token logits are computed: the rank
-holding the last real token applies the LM head to that single row and broadcasts the
-(batch, vocab) result, so the N x vocab logits never exist anywhere.
+holding a sequence's last real token applies the final norm and the LM head to that single row,
+and one sum over the ranks gives every rank the (batch, vocab) result, so the N x vocab logits
+never exist anywhere.  Generation (:mod:`.generate`) runs this prefill, with a KV sink into its
+cache and each prompt's own length.
 """
 from __future__ import annotations
 
@@ -16,11 +18,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..comm.dist import rank_of, world_of
+from ..comm.dist import initialized, rank_of, world_of
 from ..layout import position_ids as layout_positions
 from ..layout import shard
+from ..model import ContextParallel
 from ..timing import reduce_max
-from .models import PrefillModel, Sharding
+from .models import PrefillModel
 
 
 @dataclass
@@ -47,15 +50,6 @@ def padded_length(seq: int, layout: str, world: int) -> int:
     raise ValueError(f"no length in [{seq}, {seq + 2 * world}] shards under layout {layout!r} on {world} ranks")
 
 
-def holder(pos: int, seq: int, layout: str, world: int) -> tuple[int, int]:
-    """(rank, local row) of global position ``pos`` in a ``seq``-token sequence."""
-    for r in range(world):
-        hit = torch.nonzero(layout_positions(seq, layout, r, world) == pos).flatten()
-        if len(hit):
-            return r, int(hit[0])
-    raise ValueError(f"position {pos} is not in a {seq}-token sequence")
-
-
 def _world(group):
     return rank_of(group), world_of(group)
 
@@ -71,37 +65,81 @@ def check_prefill(seq: int, layout: str, world: int, batch: int = 1) -> str | No
     return None
 
 
+def context_parallel(attention: str, group=None, layout: str = "zigzag", backward: str = "auto",
+                     kernel: str | None = None) -> ContextParallel:
+    """How a prefill's attention sees the prompt.  ``attention="burst"``: BurstAttention over
+    ``group`` (None: the default group when one is initialised, so that in a job, even of one
+    rank, "burst" means BurstAttention's kernels; else this process alone, where the model runs
+    plain SDPA on its whole prompt).  ``"sdpa"``: plain SDPA on this rank's tokens: the whole
+    prompt on one rank, else a shard that torch's context_parallel patches into its own ring
+    (the benchmark's peer)."""
+    if attention == "burst":
+        if group is None and initialized():
+            group = dist.group.WORLD
+        return ContextParallel(group=group, layout=layout, backward=backward, kernel=kernel)
+    if attention == "sdpa":
+        return ContextParallel(layout=layout, attention="sdpa" if world_of(group) == 1 else "torch-cp")
+    raise ValueError(f"unknown attention {attention!r}; expected 'burst' or 'sdpa'")
+
+
+def check_lengths(lengths, batch: int, seq: int) -> str | None:
+    """A message when ``lengths`` is not one length in [1, seq] per sequence of the batch."""
+    if lengths is None:
+        return None
+    ok = len(lengths) == batch and all(isinstance(n, int) and 1 <= n <= seq for n in lengths)
+    return None if ok else (f"lengths must hold one length in [1, {seq}] per sequence of the batch of {batch}, "
+                            f"got {list(lengths)}")
+
+
 def prefill(model: PrefillModel, input_ids: torch.Tensor, group=None, layout: str = "zigzag", keep_kv: bool = False,
-            backward: str = "auto", kernel: str | None = None, attention: str = "burst") -> PrefillOutput:
+            backward: str = "auto", kernel: str | None = None, attention: str = "burst", *, lengths=None,
+            kv_sink=None, chunk: int | None = None) -> PrefillOutput:
     """Next-token logits of ``input_ids`` (batch, S), the whole prompt, identical on every rank
     of ``group`` (token ids are small; each rank keeps its shard).  With ``keep_kv`` the output
     also holds this rank's shard of every layer's keys and values (the prefill's KV cache).
     ``attention="sdpa"`` runs plain SDPA in our model instead of BurstAttention (what torch-native
-    context parallelism patches; the benchmark's peer)."""
+    context parallelism patches; the benchmark's peer).
+
+    ``lengths``: each sequence's own length, for a batch of prompts padded at the end to S: the
+    logits of sequence b come from its token at ``lengths[b] - 1`` (default: the last token of
+    every sequence).  ``kv_sink(layer, k, v)``: receives every layer's keys (after RoPE) and
+    values of this rank's shard as they are made, (batch, n, kv_heads, head_dim), the rows that
+    pad the prompt to a length the layout shards included (generation fills its cache from
+    them).  ``chunk``: token rows per piece of the model's token-wise work (norms, projections,
+    MLP), so a long prompt's intermediates never exist whole."""
     rank, world = _world(group)
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be (batch, seq), got shape {tuple(input_ids.shape)}")
-    msg = check_prefill(input_ids.shape[1], layout, world, input_ids.shape[0])
+    B, real = input_ids.shape
+    msg = check_prefill(real, layout, world, B) or check_lengths(lengths, B, real) or model.refuses(attention)
     if msg:
         raise ValueError(msg)
-    real = input_ids.shape[1]
+    cp = context_parallel(attention, group, layout, backward, kernel)
     S = padded_length(real, layout, world)
     if S > real:  # pad at the end: causal attention keeps pad tokens out of every real token's view
-        input_ids = torch.cat([input_ids, input_ids.new_zeros(input_ids.shape[0], S - real)], dim=1)
+        input_ids = torch.cat([input_ids, input_ids.new_zeros(B, S - real)], dim=1)
     dev = model.device
     ids = shard(input_ids, layout, rank, world).to(dev)
-    pos = layout_positions(S, layout, rank, world, device=dev)
-    how = Sharding(group=group, layout=layout, backward=backward, kernel=kernel, attention=attention)
-    h, kv = model.hidden(ids, pos, how, keep_kv=keep_kv)
-    owner, row = holder(real - 1, S, layout, world)
-    if rank == owner:
-        logits = model.logits(h[:, row])
-    else:
-        logits = torch.empty(ids.shape[0], model.vocab_size, dtype=torch.float32, device=dev)
+    pos = layout_positions(S, layout, rank, world)  # this rank's global positions, on the host
+    # each sequence's last token: its row on the rank that holds it, zeros elsewhere, and one
+    # sum (x + 0 = x exactly) gives every rank the logits
+    rows = [(b, int(i)) for b, n in enumerate(lengths or [real] * B) for i in torch.nonzero(pos == n - 1).flatten()]
+    at = tuple(torch.tensor([r[j] for r in rows], dtype=torch.int64, device=dev) for j in (0, 1))
+    kv = [None] * model.n_layers if keep_kv else None
+    sink = kv_sink
+    if keep_kv:
+        def sink(i, k, v):
+            kv[i] = (k, v)
+            if kv_sink is not None:
+                kv_sink(i, k, v)
+    pos = pos.to(dev)
+    h = model.hidden(ids, pos, cp, rows=at, kv_sink=sink, chunk=chunk)
+    logits = torch.zeros(B, model.vocab_size, dtype=torch.float32, device=dev)
+    if rows:
+        logits[at[0]] = model.logits(h)
     del h
     if world > 1:
-        src = dist.get_global_rank(group, owner) if group is not None else owner
-        dist.broadcast(logits, src=src, group=group)
+        dist.all_reduce(logits, group=group)
     if S > real:  # what the caller keeps holds real tokens only
         keep = pos < real
         pos = pos[keep]

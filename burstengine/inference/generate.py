@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from ..comm.dist import rank_of, world_of
 from ..layout import position_ids as layout_positions
-from ..layout import shard
-from .engine import padded_length
+from .engine import padded_length, prefill
 from .kvcache import ShardedKVCache, appends, next_owner
-from .models import OurLlama, PrefillModel, Sharding
+from .models import OurLlama, PrefillModel
 from .sampling import Sampling, choose
 from .step import DecodeStep, use_graphs
 
@@ -45,12 +45,6 @@ class GenerateOutput:
     tokens: list[list[int]]      # per prompt, the new tokens (ending at a stop token when one came)
     timings: dict                # seconds: prefill (first-token latency), per decode step, total
     shard_lengths: list[list[int]] = field(default_factory=list)  # every rank's cache slots after prefill, each step
-
-
-def _world(group):
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(group), dist.get_world_size(group)
-    return 0, 1
 
 
 def _as_lists(prompts) -> list[list[int]]:
@@ -104,27 +98,26 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
     sampling = sampling or Sampling()
     if not isinstance(model, OurLlama):
         raise ValueError("generate runs burstengine's LLaMA (impl 'ours'); this model is a transformers one")
-    rank, world = _world(group)
+    rank, world = rank_of(group), world_of(group)
     prompts = _as_lists(prompts)
     msg = check_generate(prompts, model.vocab_size, max_new_tokens, sampling)
     if msg:
         raise ValueError(msg)
     if attention == "sdpa" and world > 1:
         raise ValueError("attention 'sdpa' is plain SDPA on one rank; run it with world 1")
-    m = model.model
-    a = m.args
+    a = model.model.args
     dev = model.device
     graphed = use_graphs(graphs, dev, world)  # a ValueError here is the same on every rank
     B = len(prompts)
     L = [len(p) for p in prompts]
-    S = padded_length(max(L), layout, world)
-    ids = torch.zeros(B, S, dtype=torch.int64)
+    ids = torch.zeros(B, max(L), dtype=torch.int64)
     for b, p in enumerate(prompts):
         ids[b, :len(p)] = torch.tensor(p)
     sync = _sync_fn(dev)
     t_start = time.perf_counter()
 
     # --- prefill: this rank's shard, every layer's K/V into the cache ----------------------------
+    S = padded_length(max(L), layout, world)
     pos = layout_positions(S, layout, rank, world)                     # (n,) global positions, host
     kept = [int((layout_positions(S, layout, r, world) < max(L)).sum()) for r in range(world)]
     keep = torch.nonzero(pos < max(L)).flatten()
@@ -135,20 +128,8 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
     visible = slot_pos[None, :] < lens[:, None]                        # (B, kept): a real token of b
     cache.set_slots(slot_pos[None].expand(B, -1).to(dev), visible.to(dev), bool(visible.all()))
     keep_dev = None if len(keep) == len(pos) else keep.to(dev)
-    how = Sharding(group=group, layout=layout, kernel=kernel, attention=attention)
-    h = model.run_layers(shard(ids, layout, rank, world).to(dev), pos.to(dev), how,
-                         kv_sink=lambda i, k, v: cache.fill(i, k, v, keep_dev), chunk=chunk)
-    # each sequence's last real token: its row on the rank that holds it, zeros elsewhere, and
-    # one sum (x + 0 = x exactly) gives every rank the logits
-    logits = torch.zeros(B, model.vocab_size, dtype=torch.float32, device=dev)
-    rows = [(b, int(i)) for b in range(B) for i in torch.nonzero(pos == L[b] - 1).flatten()]
-    if rows:
-        bi = torch.tensor([r[0] for r in rows], device=dev)
-        li = torch.tensor([r[1] for r in rows], device=dev)
-        logits[bi] = model.logits(m.norm(h[bi, li][None])[0])
-    del h
-    if world > 1:
-        dist.all_reduce(logits, group=group)
+    logits = prefill(model, ids, group=group, layout=layout, kernel=kernel, attention=attention, lengths=L,
+                     kv_sink=lambda i, k, v: cache.fill(i, k, v, keep_dev), chunk=chunk).logits
     gen = sampling.generator()
     if on_logits and rank == 0:
         on_logits(0, logits)

@@ -35,6 +35,7 @@ import math
 import torch
 
 from ..kernels import acc_dtype
+from ..model import Hooks
 from ..model.rope import inv_freq, tables_from_inv
 from .kvcache import ShardedKVCache, gather_merge
 from .models import OurLlama
@@ -107,22 +108,28 @@ class DecodeStep:
             self.inv.copy_(self._inv(max(positions) + 1)[0])
 
     def forward(self):
-        """The step's kernels on the current state: embedding, every layer (the K/V append at the
-        device slot, attention over the valid slots, the merge over ranks), the final norm and
-        the LM head (rank 0).  What a graph captures."""
-        m, c = self.model.model, self.cache
-        cos, sin = (t.to(self.acc) for t in tables_from_inv(self.qpos, self.inv, self.rope_attn))
-        x = m.tok_embeddings(self.tok)[None]                          # (1, B, dim): B tokens, token-wise
+        """The step's kernels on the current state: the model's decoder loop on the step's B
+        tokens (one sequence of B tokens to the token-wise work) with each layer's attention
+        replaced by the cache's: the K/V append at the device slot, attention over the valid
+        slots, the merge over ranks; then the LM head (rank 0).  What a graph captures."""
+        c = self.cache
+        tables = tuple(t.to(self.acc) for t in tables_from_inv(self.qpos, self.inv, self.rope_attn))
         c.write_slot(self.slot, self.qpos, self.window is not None)
-        for li, blk in enumerate(m.layers):
-            q, k, v = blk.pre_attention(x, cos, sin)                  # (1, B, H|Hkv, D)
-            c.write(li, self.slot, k[0], v[0])
-            o, lse = c.attend(li, q[0], self.valid, self.qpos, self.window, self.scale)
-            o, _ = gather_merge(o, lse, self.group)
-            x = blk.post_attention(x, o.to(x.dtype)[None])
+        # hooks made per call: kept on self, they would tie the step to itself in a cycle, and
+        # `del step` would no longer free the graph before the cache it points into
+        hooks = Hooks(kv_sink=self._write, attend=self._attend)
+        h = self.model.model.hidden(self.tok[None], self.qpos, hooks=hooks, tables=tables)  # (1, B, dim)
         if self.rank != 0:
             return None
-        return self.model.logits(m.norm(x)[0])
+        return self.model.logits(h[0])
+
+    def _write(self, layer: int, k, v) -> None:
+        self.cache.write(layer, self.slot, k[0], v[0])
+
+    def _attend(self, layer: int, q, k, v):
+        o, lse = self.cache.attend(layer, q[0], self.valid, self.qpos, self.window, self.scale)
+        o, _ = gather_merge(o, lse, self.group)
+        return o.to(q.dtype)[None]
 
     def capture(self, warmup: int = 2) -> None:
         """Capture :meth:`forward` on the state loaded now in a CUDA graph (after ``warmup`` runs

@@ -1,7 +1,11 @@
 """LLaMA-style models whose attention is BurstAttention, with pluggable loss and checkpointing."""
+from .args import PRESETS, ModelArgs
 from .checkpointing import POLICIES as CHECKPOINT_POLICIES
-from .llama import PRESETS, ContextParallel, ModelArgs, Transformer, rope_tables
+from .context_parallel import ContextParallel
+from .decoder import Transformer
+from .layers import Hooks
 from .losses import LOSSES
-from .rope import RopeScaling
+from .rope import RopeScaling, rope_tables
 
-__all__ = ["ModelArgs", "Transformer", "ContextParallel", "PRESETS", "LOSSES", "CHECKPOINT_POLICIES", "rope_tables", "RopeScaling"]
+__all__ = ["ModelArgs", "Transformer", "ContextParallel", "Hooks", "PRESETS", "LOSSES", "CHECKPOINT_POLICIES",
+           "rope_tables", "RopeScaling"]

@@ -1,7 +1,7 @@
 """Activation checkpointing policies for a decoder block: what is kept for backward.
 
 A policy is a function ``policy(block, x, cos, sin, docs) -> y`` that runs the block's three stages
-(``pre_attention`` -> ``attend`` -> ``post_attention``, see :class:`~burstengine.model.llama.Block`)
+(``pre_attention`` -> ``attend`` -> ``post_attention``, see :class:`~burstengine.model.layers.Block`)
 under whatever recomputation it wants.  Adding one is a function and a line in POLICIES.
 
 * ``none``: keep everything autograd saves.
@@ -61,8 +61,10 @@ def _ckpt(fn, *args):
 
 
 def no_checkpoint(block, x, cos, sin, docs=None):
-    q, k, v = block.pre_attention(x, cos, sin)
-    return block.post_attention(x, block.attend(q, k, v, docs))
+    # q, k, v are let go before post_attention (no local names them): without autograd keeping
+    # them (prefill, decode), a long prompt's MLP runs without them
+    o = block.attend(*block.pre_attention(x, cos, sin), docs)
+    return block.post_attention(x, o)
 
 
 def full(block, x, cos, sin, docs=None):

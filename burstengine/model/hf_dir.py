@@ -36,7 +36,8 @@ import torch
 from .families import family, from_config, writer
 from .families.registry import hf_parameter
 from .families.table import HFTensors
-from .llama import ModelArgs, Transformer
+from .args import ModelArgs
+from .decoder import Transformer
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja")

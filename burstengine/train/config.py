@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 from ..layout import LAYOUTS
 from ..model.checkpointing import POLICIES
-from ..model.llama import PRESETS as MODEL_PRESETS
-from ..model.llama import ModelArgs, Transformer
+from ..model import PRESETS as MODEL_PRESETS
+from ..model import ModelArgs, Transformer
 from ..model.losses import LOSSES
 from ..model.families import ARCHS
 from ..model.hf_dir import args_from_hf_config, read_config

@@ -27,7 +27,7 @@ from ..records import write_record
 from .checkpoint import latest
 from ..model.hf_dir import DTYPES, SHARD_BYTES, hf_config_from_args, hf_tensors, peak_rss_gib, read_config, \
     shard_plan, write_hf_dir
-from ..model.llama import ModelArgs
+from ..model import ModelArgs
 
 HELP = "write a training checkpoint as a Hugging Face model directory (config.json + safetensors)"
 

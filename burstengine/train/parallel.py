@@ -21,7 +21,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ..comm.dist import LOCAL
 from ..model import fused
-from ..model.llama import ContextParallel, Transformer
+from ..model import ContextParallel, Transformer
 from ..model.hf_dir import load_weights
 
 _MESHES: dict = {}
@@ -101,7 +101,7 @@ def parallelize(model: Transformer, m: Mesh, precision: str = "auto", layout: st
     model.set_context_parallel(ContextParallel(group=group, layout=layout,
                                                backward=attn_backward,
                                                kernel=None if kernel == "auto" else kernel,
-                                               sharded_outside=attention == "torch-cp" and m.cp > 1))
+                                               attention="torch-cp" if attention == "torch-cp" and m.cp > 1 else None))
     pdt = param_dtype(precision, m.device)
     mp = MixedPrecisionPolicy(param_dtype=pdt, reduce_dtype=torch.float32)
     for i, block in enumerate(model.layers):

@@ -1,0 +1,242 @@
+"""The decoder: embedding, the layers, the final norm, and the LM head / loss, run by one loop.
+
+Training (:meth:`Transformer.forward`), prefill, generation's prefill and its decode step
+(:mod:`burstengine.inference`) all run :meth:`Transformer.hidden`; what differs between them
+reaches the layers as :class:`~.layers.Hooks` (a KV sink that prefill fills, a decode step's
+cache in place of attention, chunked token-wise work), and the per-layer checkpoint policy
+(:mod:`.checkpointing`) decides what training keeps for backward.  Under context parallelism
+each rank holds the tokens of its shard of the global sequence, so RoPE is computed from the
+*global* positions those tokens have (:class:`~.context_parallel.ContextParallel`).
+
+The model ends at the final norm: turning hidden states into a loss is a separate, pluggable
+step (:mod:`burstengine.model.losses`) that the root ``forward`` calls with the LM head's weight,
+so that a fused LM head + cross-entropy never has to materialise the logits.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from contextlib import contextmanager
+
+import torch
+import torch.nn as nn
+
+from ..comm.dist import world_of
+from ..kernels import acc_dtype
+from . import checkpointing, losses, offload
+from .args import ModelArgs
+from .context_parallel import ContextParallel
+from .layers import NO_HOOKS, Block, Hooks, RMSNorm
+from .rope import rope_tables
+
+
+class Transformer(nn.Module):
+    """The decoder: token embedding, ``n_layers`` :class:`~.layers.Block` s, the final norm, and
+    the LM head (the embedding's weight when tied), with the checkpoint policy of its layers
+    (``checkpoint``: one of :data:`.checkpointing.POLICIES`, or "auto": planned per layer) and
+    the loss ``forward`` ends in (:data:`.losses.LOSSES`)."""
+
+    def __init__(self, args: ModelArgs, checkpoint: str = "none", loss: str = "naive", checkpoint_split: float = 0.5,
+                 activation_budget: int | None = None, offload_budget: int | None = 0):
+        super().__init__()
+        args.validate()
+        checkpointing.check(checkpoint, checkpoint_split)
+        losses.check(loss)
+        self.args = args
+        self.loss_name = loss
+        # checkpoint="auto": per-layer policies planned from this budget (bytes; None: the device's
+        # default) when the local token count is first seen (checkpointing.plan_layers)
+        self.auto_checkpoint = checkpoint == checkpointing.AUTO
+        self.activation_budget = activation_budget
+        # host bytes the "offload" layers of an auto plan may keep (0, the default: no layer is
+        # offloaded; None: the host's default, checkpointing.default_host_budget)
+        self.offload_budget = offload_budget
+        self.offloader = None  # made at the first forward with an "offload" layer
+        self._planned_for = None
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(Block(args, "full" if self.auto_checkpoint else checkpoint, checkpoint_split)
+                                    for _ in range(args.n_layers))
+        for i, b in enumerate(self.layers):
+            b.index = i
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.cp = ContextParallel()
+
+    def set_context_parallel(self, cp: ContextParallel) -> None:
+        self.cp = cp
+        for b in self.layers:
+            b.cp = cp
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return self.tok_embeddings.weight if self.output is None else self.output.weight
+
+    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens=None, hooks: Hooks | None = None,
+               rows=None, tables=None) -> torch.Tensor:
+        """Final-norm hidden states (B, n, dim) of this rank's tokens (B, n) at global
+        ``positions`` (n,): the one decoder loop.  ``cu_seqlens``: packed documents, the GLOBAL
+        boundaries 0 = c_0 < ... < c_m = global length (the same on every CP rank; positions then
+        restart per document, as the batch provides them); attention never crosses a boundary.
+
+        ``hooks``: what this run does besides training's forward (:class:`~.layers.Hooks`).
+        ``rows``: (batch index, token index) tensors of the rows wanted: only those are normed and
+        returned, (R, dim) (prefill's next-token rows; a rank that holds none of them still runs
+        every layer, which the ring needs).  ``tables``: RoPE's (cos, sin) for ``positions``, made
+        by the caller (a decode step keeps its frequencies in a device buffer); with them the loop
+        reads no host value of the run, as a CUDA graph's capture needs."""
+        docs = _docs(cu_seqlens)
+        h = self.tok_embeddings(tokens)
+        if self.auto_checkpoint and self._planned_for != (h.shape[:2], docs is not None):
+            self.plan_checkpointing(h.shape[0] * h.shape[1], h.element_size(), h.device, sparse=docs is not None)
+            self._planned_for = (h.shape[:2], docs is not None)
+        if tables is None:
+            tables = self.rope(positions, acc_dtype(h), self._global_length(tokens.shape[1], docs))
+        cos, sin = tables
+        off = self._offloader(h.device)
+        with self._hooked(hooks):
+            for b in self.layers:
+                below = off.newest() if off else None  # an offloaded layer below: copy it back from this one's backward
+                h = b(h, cos, sin, docs)
+                if below is not None:
+                    off.follow(below, h)
+        if rows is not None:
+            h = h[rows]
+            if not h.numel():
+                return h
+        return self.norm(h)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The LM head on final-norm hidden states (..., dim), in their dtype: for the few rows
+        a caller wants (prefill's next tokens, a decode step's, training's predictions); the
+        training loss never makes them (:mod:`.losses`)."""
+        return h @ self.head_weight.to(h.dtype).t()
+
+    def _global_length(self, n: int, docs) -> int:
+        """The global sequence length (what dynamic RoPE scaling reads): the longest packed
+        document, else this rank's ``n`` tokens times the ring's ranks (the same on every rank)."""
+        if docs is not None:
+            return max(e - s for s, e in zip(docs[:-1], docs[1:]))
+        return n * (1 if self.cp.local else world_of(self.cp.group))
+
+    @contextmanager
+    def _hooked(self, hooks: Hooks | None):
+        """Every layer runs with ``hooks`` for the length of the block (a recomputation in
+        backward runs after it, without them: training passes none)."""
+        if hooks is None:
+            yield
+            return
+        for b in self.layers:
+            b.hooks = hooks
+        try:
+            yield
+        finally:
+            for b in self.layers:
+                b.hooks = NO_HOOKS
+
+    def _offloader(self, device):
+        """The Offloader of this model's "offload" layers (one side stream and its host buffers), or None."""
+        if not any(b.policy == "offload" for b in self.layers):
+            return None
+        if self.offloader is None:
+            self.offloader = offload.Offloader(device)
+        for b in self.layers:
+            b.offloader = self.offloader
+        return self.offloader
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype, seq_len: int = 0):
+        """cos, sin (n, head_dim) in ``dtype`` for global ``positions`` (n,) under the model's RoPE
+        settings; ``seq_len``: the global sequence length (only dynamic scaling reads it)."""
+        a = self.args
+        return tuple(t.to(dtype) for t in rope_tables(positions, a.head_dim, a.rope_theta, a.rope_scaling,
+                                                      a.max_position_embeddings, seq_len))
+
+    def forward(self, tokens, positions, labels=None, ignore_index: int = -100, predict: bool = False,
+                cu_seqlens=None):
+        """With ``labels`` (B, n): the float32 *sum* of the losses of this rank's labelled tokens
+        (the caller divides by the global count).  With ``predict`` too: the argmax prediction
+        (B, n) at labelled positions, ``ignore_index`` elsewhere.  Without labels: the hidden
+        states.  The LM head runs here, inside the root module, so a sharded head weight is
+        gathered for it.  ``cu_seqlens``: see :meth:`hidden`."""
+        h = self.hidden(tokens, positions, cu_seqlens)
+        if labels is None:
+            return h
+        if predict:
+            keep = labels != ignore_index
+            preds = torch.full_like(labels, ignore_index)
+            preds[keep] = self.logits(h[keep]).argmax(-1)
+            return preds
+        return losses.LOSSES[self.loss_name](h.flatten(0, 1), self.head_weight, labels.flatten(), ignore_index)
+
+    def plan_checkpointing(self, tokens: int, elem: int, device, sparse: bool = False) -> list[str]:
+        """Set each layer's policy for ``tokens`` local tokens of ``elem``-byte activations from
+        the activation budget (checkpoint="auto"); returns the plan.  ``sparse`` (packed documents,
+        or a model with a sliding window): the layers that keep their attention output use
+        ``selective``, since sequence-level checkpointing's ring takes no sparse mask."""
+        from torch.distributed.tensor import DTensor
+
+        local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in self.parameters())
+        budget = self.activation_budget
+        if budget is None:
+            budget = checkpointing.default_budget(local, device)
+        per_token = checkpointing.activation_bytes(self.args, elem)
+        no_ring = sparse or self.args.window or self.cp.sharded_outside
+        if no_ring:  # "selective" keeps the roped q, k, v as well
+            a = self.args
+            per_token["sequence"] += (a.n_heads + 2 * a.n_kv_heads) * a.head_dim * elem
+        per_layer = {k: v * tokens for k, v in per_token.items()}
+        transient = {k: v * tokens for k, v in checkpointing.transient_bytes(self.args, elem).items()}
+        host = self.offload_budget
+        if host is None:
+            host = checkpointing.default_host_budget(device)
+        plan = (["none"] * len(self.layers) if budget is None
+                else checkpointing.plan_layers(len(self.layers), per_layer, budget, transient,
+                                               checkpointing.host_bytes(self.args, elem) * tokens, host))
+        if no_ring:
+            plan = ["selective" if p == "sequence" else p for p in plan]
+        for b, p in zip(self.layers, plan):
+            b.policy = p
+            if p == "sequence":
+                b.checkpoint_split = 1.0
+        self.checkpoint_plan = plan
+        return plan
+
+    # --- initialisation -----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def init_weights(self, seed: int = 0) -> None:
+        """Deterministic initialisation that does not depend on how parameters are sharded:
+        each full parameter is drawn from a generator seeded by (seed, its name), on the
+        parameter's device, and this rank keeps its shard.  Linear and embedding weights
+        ~ N(0, 0.02); output projections of attention and MLP scaled by 1/sqrt(2 n_layers)."""
+        from torch.distributed.tensor import DTensor, distribute_tensor  # only for DTensor (FSDP-sharded) weights
+
+        for name, p in self.named_parameters():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            dev = local.device
+            if name.endswith("norm.weight"):
+                full = torch.ones(p.shape, device=dev, dtype=torch.float32)
+            elif name.endswith(".bias"):
+                full = torch.zeros(p.shape, device=dev, dtype=torch.float32)
+            else:
+                std = 0.02
+                if name.endswith("wo.weight") or name.endswith("w2.weight"):
+                    std /= math.sqrt(2 * self.args.n_layers)
+                g = torch.Generator(device=dev)
+                g.manual_seed(_param_seed(seed, name))
+                full = torch.empty(p.shape, device=dev, dtype=torch.float32).normal_(0.0, std, generator=g)
+            if isinstance(p, DTensor):
+                full = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
+            local.copy_(full.to(local.dtype))
+
+
+def _docs(cu_seqlens) -> tuple | None:
+    """Global document boundaries as a tuple of ints (one host read of a tensor), or None."""
+    if cu_seqlens is None:
+        return None
+    if isinstance(cu_seqlens, torch.Tensor):
+        return tuple(int(c) for c in cu_seqlens.tolist())
+    return tuple(int(c) for c in cu_seqlens)
+
+
+def _param_seed(seed: int, name: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little") & ((1 << 63) - 1)
