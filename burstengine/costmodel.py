@@ -334,15 +334,26 @@ def _a2a(cluster: Cluster, nbytes: float, size: int, per_node: int) -> tuple[flo
     return t, b_in, b_out
 
 
-def kv_heads_for(H: int, Hkv: int, U: int) -> int | None:
-    """K/V heads after sharding heads U ways (replicated up to U when fewer), None if impossible."""
+def head_split(H: int, Hkv: int, U: int) -> int:
+    """The hybrid head-split rule: K/V heads after sharding H query heads U ways (Ulysses) --
+    Hkv when U divides them, else U when Hkv divides U (each K/V head repeated U / Hkv times, so
+    that every rank gets one).  ValueError when U does not divide H or neither holds.  What
+    hybrid_attn_func runs (attention/hybrid.py) and what the model predicts."""
     if H % U:
-        return None
+        raise ValueError(f"ulysses={U} does not divide the {H} query heads")
     if Hkv % U == 0:
         return Hkv
     if U % Hkv == 0:
         return U
-    return None
+    raise ValueError(f"{Hkv} k/v heads can be neither split nor repeated {U} ways")
+
+
+def kv_heads_for(H: int, Hkv: int, U: int) -> int | None:
+    """:func:`head_split`, None where it is impossible."""
+    try:
+        return head_split(H, Hkv, U)
+    except ValueError:
+        return None
 
 
 def _ulysses_part(cluster, attn, U, per_node):

@@ -503,8 +503,9 @@ def nan_levels(group):
 
 
 def extra_hook(group, case):
-    """check_args(extra=...): the hook other arguments (masks, topology) use to join the checks."""
-    from burstengine.attention.checks import check_args
+    """check_call(planner=...): the hook other arguments (masks, topology) use to join the checks."""
+    from burstengine.attention.call import AttnCall, MaskArgs
+    from burstengine.attention.prepare import check_call
 
     rank = dist.get_rank(group)
     q, k, v = torch.randn(1, 4, 2, 8), torch.randn(1, 4, 1, 8), torch.randn(1, 4, 1, 8)
@@ -519,7 +520,8 @@ def extra_hook(group, case):
         return {"window": 8 if case == "differ" and rank == 0 else 4, "block_mask": mask, "cu_seqlens": (0, 4, 8)}
 
     try:
-        got = check_args(q, k, v, group, True, "zigzag", None, "auto", extra=extra)
+        call = AttnCall(group=group, layout="zigzag", mask=MaskArgs(causal=True))
+        got = check_call(q, k, v, call, lambda world: (None, extra(world))).shared
         return ("ok", sorted(got))
     except ValueError as e:
         return ("ValueError", str(e))

@@ -166,12 +166,12 @@ def test_once_scans_each_signature_once_on_one_rank(monkeypatch):
     """Level "once" on one rank (one-GPU training runs every layer on a one-rank ring): the NaN/inf
     scan, a host read, runs for the first call of each signature only, as on a group; "full"
     scans every call.  A scan in every layer of every step stalled the one-GPU step."""
-    from burstengine.attention import checks
+    from burstengine.attention import agreement, checks
 
     scans = []
-    real = checks._nonfinite_mask
-    monkeypatch.setattr(checks, "_nonfinite_mask", lambda *a: scans.append(1) or real(*a))
-    monkeypatch.setattr(checks, "_AGREED", {})
+    real = checks.nonfinite_mask
+    monkeypatch.setattr(checks, "nonfinite_mask", lambda *a: scans.append(1) or real(*a))
+    monkeypatch.setattr(agreement, "_AGREED", {})
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 16, 2, 8, generator=g) for _ in range(3))
     for level, calls, want in (("once", 3, 1), ("full", 3, 3)):

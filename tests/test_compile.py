@@ -40,6 +40,44 @@ def test_bad_calls_raise_on_every_rank(pool):
         assert "DeviceMesh" in msg and "NxM" in msg, (rank, msg)
 
 
+def test_call_encoding_round_trips():
+    """The custom op takes the AttnCall as one string plus the two mask tensors: decode(encode(c))
+    gives back every field (a float scale exactly, inf included; a Topology as "NxM"; LOCAL; a
+    cu_seqlens list as an int64 tensor), and a field no schema carries raises naming it."""
+    import math
+
+    import torch
+    from burstengine.attention.call import AttnCall, MaskArgs
+    from burstengine.attention.compiled import decode, encode
+    from burstengine.comm.dist import LOCAL
+    from burstengine.schedule import Topology
+
+    bm = torch.ones(2, 2, dtype=torch.bool)
+    for call in (AttnCall(),
+                 AttnCall(group=LOCAL, layout="zigzag", softmax_scale=0.1, backward="ring", kernel="reference",
+                          topology=Topology(2, 4), mask=MaskArgs(causal=True, window=3, cu_seqlens=[0, 5, 8])),
+                 AttnCall(softmax_scale=float("inf"), topology=None, mask=MaskArgs(block_mask=bm, block_size=4)),
+                 AttnCall(softmax_scale=2, topology="single", kernel="it's\n=odd")):
+        text, cu, mask = encode(call)
+        got = decode(text, cu, mask)
+        for name in ("group", "layout", "backward", "kernel"):
+            assert getattr(got, name) is getattr(call, name) or getattr(got, name) == getattr(call, name), name
+        want_scale = None if call.softmax_scale is None else float(call.softmax_scale)
+        assert got.softmax_scale == want_scale or math.isinf(got.softmax_scale) and math.isinf(want_scale)
+        topology = call.topology
+        assert got.topology == (f"{topology.nodes}x{topology.gpus_per_node}" if isinstance(topology, Topology)
+                                else topology)
+        for name in ("causal", "window", "block_size"):
+            assert getattr(got.mask, name) == getattr(call.mask, name), name
+        assert got.mask.block_mask is call.mask.block_mask
+        if call.mask.cu_seqlens is None:
+            assert got.mask.cu_seqlens is None
+        else:
+            assert got.mask.cu_seqlens.dtype == torch.int64 and got.mask.cu_seqlens.tolist() == call.mask.cu_seqlens
+    with pytest.raises(ValueError, match="window must be an int or None"):
+        encode(AttnCall(mask=MaskArgs(window=2.0)))
+
+
 def test_fused_ops_past_the_recompile_limit():
     """model/fused.py compiles with fullgraph=True, where dynamo's recompile limit (8) is a hard
     error (hit on an H200 by rms_norm in one 8B decode bench): past it the op compiles on under a

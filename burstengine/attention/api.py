@@ -1,16 +1,18 @@
 """The public attention call: check -> plan -> run.
 
-:func:`burst_attn_func` checks its arguments on every rank (attention/checks.py; the local stage
+:func:`burst_attn_func` gathers its arguments into one AttnCall (attention/call.py), checks
+it on every rank (attention/checks.py locally, then attention/agreement.py; the local stage
 includes the call's plan, attention/planning.py, so the ranks agree on the planned backward),
 builds the plan's rings and runs the loops (attention/loops.py).  :func:`prepare_call` is the
 first two steps, for callers that run the loops themselves (attention/prepare.py,
 attention/seqckpt.py).  Under torch.compile the call goes through a custom op instead
-(attention/compiled.py).
+(attention/compiled.py), which takes the AttnCall encoded.
 """
 from __future__ import annotations
 
 import torch
 
+from .call import AttnCall, MaskArgs
 from .compiled import compiled_call
 from .loops import run_attention
 from .prepare import prepare_call  # re-exported: callers that run the loops themselves
@@ -63,14 +65,13 @@ def burst_attn_func(q, k, v, *, group=None, causal=False, layout="contiguous", s
     and loops, run inside the compiled graph; attention/compiled.py), so ``fullgraph=True``
     traces through it; ``topology`` must then be "auto", "single", "NxM", a Topology or None.
     """
+    call = AttnCall(group=group, layout=layout, softmax_scale=softmax_scale, backward=backward, kernel=kernel,
+                    topology=topology, mask=MaskArgs(causal=causal, window=window, cu_seqlens=cu_seqlens,
+                                                     block_mask=block_mask, block_size=block_size))
     if torch.compiler.is_compiling():
-        out, lse = compiled_call(q, k, v, group=group, causal=causal, layout=layout, softmax_scale=softmax_scale,
-                                 backward=backward, kernel=kernel, window=window, cu_seqlens=cu_seqlens,
-                                 block_mask=block_mask, block_size=block_size, topology=topology)
-        return (out, lse) if return_lse else out
-    run = prepare_call(q, k, v, group=group, causal=causal, layout=layout, softmax_scale=softmax_scale,
-                       backward=backward, kernel=kernel, window=window, cu_seqlens=cu_seqlens, block_mask=block_mask,
-                       block_size=block_size, topology=topology)
-    out, lse = run_attention(q, k.contiguous(), v.contiguous(), run)
+        out, lse = compiled_call(q, k, v, call)
+    else:
+        run = prepare_call(q, k, v, call)  # checked first: q, k, v may not even be tensors
+        out, lse = run_attention(q, k.contiguous(), v.contiguous(), run)
     return (out, lse) if return_lse else out
 

@@ -15,7 +15,8 @@ striped shard over R ranks is made of the striped shards of ranks r, r + R, r + 
 
 GQA: K/V heads are split U ways when U divides them; when there are fewer K/V heads than U
 (and U is a multiple of them) each K/V head is repeated U / kv_heads times first, so every
-rank gets one (the usual Ulysses rule); otherwise the call is refused.
+rank gets one (the usual Ulysses rule, costmodel.head_split: the cost model predicts by the same
+one); otherwise the call is refused.
 """
 from __future__ import annotations
 
@@ -25,10 +26,12 @@ from ..comm import topology as topo
 from ..comm.alltoall import HeadsToSeq, SeqToHeads
 from ..comm.dist import LOCAL, rank_of
 from ..comm.topology import RingComm
+from ..costmodel import head_split
 from ..layout import position_ids
 from . import planning
-from .checks import PLANNED_BACKWARD, check_args
+from .call import AttnCall, MaskArgs
 from .loops import RingRun, run_attention
+from .prepare import check_call
 
 
 def hybrid_mesh(layout: str, world: int, ulysses: int) -> tuple[list[list[int]], list[list[int]]]:
@@ -49,19 +52,13 @@ def token_order(S: int, layout: str, members: list[int], world: int) -> torch.Te
 
 
 def check_hybrid(q, k, world: int, ulysses) -> int:
-    """-> kv heads after head sharding; ValueError (the same on every rank) when impossible."""
+    """-> kv heads after head sharding (costmodel.head_split); ValueError (the same on every
+    rank) when impossible."""
     if not isinstance(ulysses, int) or isinstance(ulysses, bool) or ulysses < 1:
         raise ValueError(f"ulysses must be a positive int (the head-parallel degree), got {ulysses!r}")
     if world % ulysses:
         raise ValueError(f"ulysses={ulysses} does not divide the group's {world} ranks")
-    H, Hkv = q.shape[2], k.shape[2]
-    if H % ulysses:
-        raise ValueError(f"ulysses={ulysses} does not divide the {H} query heads")
-    if Hkv % ulysses == 0:
-        return Hkv
-    if ulysses % Hkv == 0:
-        return ulysses
-    raise ValueError(f"{Hkv} k/v heads can be neither split nor repeated {ulysses} ways")
+    return head_split(q.shape[2], k.shape[2], ulysses)
 
 
 def hybrid_attn_func(q, k, v, *, ulysses: int, group=None, causal=False, layout="contiguous", softmax_scale=None,
@@ -73,17 +70,17 @@ def hybrid_attn_func(q, k, v, *, ulysses: int, group=None, causal=False, layout=
     head-parallel degree U (1: the plain Burst ring; the group size: pure Ulysses).  U must
     divide the group size and the heads.
     """
-    plans = []
+    call = AttnCall(group=group, layout=layout, softmax_scale=softmax_scale, backward=backward, kernel=kernel,
+                    mask=MaskArgs(causal=causal))
 
-    def plan(world):  # the local stage of the checks: the head split, then the call's plan
+    def planner(world):  # the local stage of the checks: the head split, then the ring's plan
         hkv = check_hybrid(q, k, world, ulysses)
-        plans.append((world, hkv, planning.plan_hybrid(q, k, world, ulysses, hkv, causal, layout, backward, kernel,
-                                                       softmax_scale)))
-        return {"ulysses": ulysses, "BURST_CLUSTER": planning.cluster_name(), PLANNED_BACKWARD: plans[0][2].backward}
+        return planning.plan_hybrid(q, k, call, world, ulysses, hkv), {"ulysses": ulysses,
+                                                                        "BURST_CLUSTER": planning.cluster_name()}
 
-    tag = {}
-    check_args(q, k, v, group, causal, layout, softmax_scale, backward, extra=plan, out=tag)
-    world, hkv, call = plans[0]
+    checked = check_call(q, k, v, call, planner)
+    plan, world = checked.plan, checked.world
+    hkv = head_split(q.shape[2], k.shape[2], ulysses)  # passed the planner: the same on every rank
     U, R = ulysses, world // ulysses
     rank = rank_of(group) if world > 1 else 0
     n = q.shape[1]
@@ -92,13 +89,13 @@ def hybrid_attn_func(q, k, v, *, ulysses: int, group=None, causal=False, layout=
     members = next(b for b in u_blocks if rank in b)
     ring_members = next(b for b in r_blocks if rank in b)
     # sub-groups: every rank makes them in the same order (see topology.block_group)
-    ug = topo.block_group(group, u_blocks, call.timeout) if world > 1 else None
-    rg = topo.block_group(group, r_blocks, call.timeout) if world > 1 else None
+    ug = topo.block_group(group, u_blocks, plan.timeout) if world > 1 else None
+    rg = topo.block_group(group, r_blocks, plan.timeout) if world > 1 else None
     nodes = planning.detect_topology(group) if world > 1 else topo.single(1)
     me = ring_members.index(rank)
     ring = RingComm(LOCAL) if R == 1 else RingComm(
-        rg, link=nodes.link(rank, ring_members[(me + 1) % R]), timeout=call.timeout, tag=tag["tag"])
-    run = RingRun.of(ring, call)
+        rg, link=nodes.link(rank, ring_members[(me + 1) % R]), timeout=plan.timeout, tag=checked.tag)
+    run = RingRun.of(ring, plan)
     if U == 1:
         out, lse = run_attention(q, k.contiguous(), v.contiguous(), run)
         return (out, lse) if return_lse else out

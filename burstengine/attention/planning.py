@@ -6,7 +6,7 @@ model's ``choose_call``, which without link figures is the byte count of
 schedule.traffic.backward_by_bytes) and the local kernel (``kernel``).  Every input is the same on
 every rank of the group (shapes, the group, the environment torchrun gives all ranks), so every
 rank makes the same choice without communicating; bad values raise ValueError before any
-communication.  The planned backward is what the ranks then agree on (attention/checks.py).
+communication.  The planned backward is what the ranks then agree on (attention/agreement.py).
 
 The environment, read here and nowhere else in the library (the CLIs read their own flags):
 
@@ -35,6 +35,7 @@ from ..comm.topology import RingComm
 from ..kernels import Kernel, get_kernel
 from ..masks import Pattern, as_pattern
 from ..schedule import Topology, backward_by_bytes, run_steps
+from .call import AttnCall
 
 LEVELS = ("full", "once", "agree", "local")  # argument-check levels (attention/checks.py)
 
@@ -157,7 +158,7 @@ class CallPlan:
     def ring(self, group, tag: int = 0) -> RingComm:
         """The rings the loops run on (the double ring's sub-groups are made once and cached:
         topology.block_group, bounded by the plan's timeout).  Call it on every rank, after the
-        ranks agreed on the call; ``tag``: the call's P2P tag (attention/checks.py)."""
+        ranks agreed on the call; ``tag``: the call's P2P tag (attention/agreement.py)."""
         return RingComm(group, self.shape, self.labels, mesh=self.mesh, steps=self.steps, timeout=self.timeout,
                         tag=tag)
 
@@ -166,11 +167,11 @@ def softmax_scale_of(q, softmax_scale) -> float:
     return float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
 
 
-def plan_call(q, k, group, world: int, pattern, layout: str, backward: str, topology, kernel=None,
-              softmax_scale=None) -> CallPlan:
-    """The plan of one burst_attn_func call; ``pattern`` is the call's masks.Pattern (or the
-    causal flag), ``world`` the group's size (LOCAL: 1)."""
+def plan_call(q, k, call: AttnCall, world: int, pattern) -> CallPlan:
+    """The plan of one burst_attn_func call of ``world`` ranks (LOCAL: 1); ``pattern`` is the
+    call's checked masks.Pattern (attention/checks.py: check_mask) or its causal flag."""
     pattern = as_pattern(pattern)
+    group, layout, backward, topology = call.group, call.layout, call.backward, call.topology
     B, n, H, D = q.shape
     shape_args = (B, n, H, k.shape[2], D, q.element_size(), pattern.causal, layout)
     cluster = cluster_from_env()
@@ -207,22 +208,23 @@ def plan_call(q, k, group, world: int, pattern, layout: str, backward: str, topo
         mesh = topology if topo.is_mesh(topology) else None
         backward = costmodel.choose_call(shape, *shape_args, backward, cluster)[1]
     return CallPlan(shape=shape, labels=labels, mesh=mesh, steps=steps, backward=backward,
-                    kernel=resolve_kernel(kernel, q.device), pattern=pattern, layout=layout,
-                    scale=softmax_scale_of(q, softmax_scale), timeout=configured_timeout())
+                    kernel=resolve_kernel(call.kernel, q.device), pattern=pattern, layout=layout,
+                    scale=softmax_scale_of(q, call.softmax_scale), timeout=configured_timeout())
 
 
-def plan_hybrid(q, k, world: int, ulysses: int, hkv: int, causal: bool, layout: str, backward: str, kernel=None,
-                softmax_scale=None) -> CallPlan:
+def plan_hybrid(q, k, call: AttnCall, world: int, ulysses: int, hkv: int) -> CallPlan:
     """The plan of a hybrid_attn_func call's ring: ``world / ulysses`` ranks, each holding
-    ``ulysses`` times the tokens of ``H / ulysses`` heads (``hkv``: the k/v heads before the split)."""
+    ``ulysses`` times the tokens of ``H / ulysses`` heads (``hkv``: the k/v heads after the split,
+    costmodel.head_split)."""
     U, R = ulysses, world // ulysses
     B, n, H, D = q.shape
     shape = topo.single(R)
-    backward = costmodel.choose_call(shape, B, U * n, H // U, hkv // U, D, q.element_size(), causal, layout,
-                                     backward, cluster_from_env())[1]
+    causal = call.mask.causal
+    backward = costmodel.choose_call(shape, B, U * n, H // U, hkv // U, D, q.element_size(), causal, call.layout,
+                                     call.backward, cluster_from_env())[1]
     return CallPlan(shape=shape, labels=shape, mesh=None, steps=None, backward=backward,
-                    kernel=resolve_kernel(kernel, q.device), pattern=Pattern(causal=bool(causal)), layout=layout,
-                    scale=softmax_scale_of(q, softmax_scale), timeout=configured_timeout())
+                    kernel=resolve_kernel(call.kernel, q.device), pattern=Pattern(causal=bool(causal)),
+                    layout=call.layout, scale=softmax_scale_of(q, call.softmax_scale), timeout=configured_timeout())
 
 
 _warned: set = set()

@@ -48,6 +48,7 @@ from __future__ import annotations
 import torch
 
 from ..autograd import once_differentiable
+from .call import AttnCall, MaskArgs
 from .loops import run_attention
 from .prefix import prefix_forward
 from .prepare import prepare_call
@@ -60,13 +61,13 @@ def front_length(n: int, split: float) -> int:
 
 class _SeqCkpt(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, _anchor, pre_attn, post_attn, attn, split):
+    def forward(ctx, x, _anchor, pre_attn, post_attn, call, split):
         dev = x.device.type
         ctx.autocast = (torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev))
         with torch.no_grad():
             q, k, v = pre_attn(x)
             # checked and planned here, where q/k/v exist, and still before any communication
-            run = prepare_call(q, k, v, **attn)
+            run = prepare_call(q, k, v, call)
             out, lse = run_attention(q, k.contiguous(), v.contiguous(), run)
             y = post_attn(x, out)
         m = front_length(q.shape[1], split)
@@ -117,9 +118,9 @@ def seq_checkpoint(x, pre_attn, post_attn, *, split=0.5, group=None, causal=True
     if isinstance(split, bool) or not isinstance(split, (int, float)) or not 0.0 <= split <= 1.0:
         raise ValueError(f"split must be a number in [0, 1] (0 = recompute all attention, 1 = store all), "
                          f"got {split!r}")
-    attn = dict(group=group, causal=causal, layout=layout, softmax_scale=softmax_scale, backward=backward,
-                kernel=kernel)
+    call = AttnCall(group=group, layout=layout, softmax_scale=softmax_scale, backward=backward, kernel=kernel,
+                    mask=MaskArgs(causal=causal))
     # an input that requires grad, so that the backward runs (and reaches the parameters) even
     # when x itself does not require grad
     anchor = torch.empty(0, device=x.device, requires_grad=True)
-    return _SeqCkpt.apply(x, anchor, pre_attn, post_attn, attn, float(split))
+    return _SeqCkpt.apply(x, anchor, pre_attn, post_attn, call, float(split))

@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 
 import burstengine as be
-from ..attention.checks import check_args
+from ..attention.call import AttnCall, MaskArgs
+from ..attention.prepare import check_call
 from ..records import write_record
 from ..testing import DistPool
 
@@ -34,7 +35,7 @@ def measure(group, shape, iters):
         be.burst_attn_func(q, k, v, group=group, causal=True, layout="zigzag")
 
     def check():
-        check_args(q, k, v, group, True, "zigzag", None, "auto")
+        check_call(q, k, v, AttnCall(group=group, layout="zigzag", mask=MaskArgs(causal=True)))
 
     cases = {f"{what}_{level}": (fn, level) for what, fn in (("check", check), ("forward", call))
              for level in ("local", "agree", "full")}

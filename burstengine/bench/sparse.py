@@ -39,7 +39,8 @@ import torch
 import torch.distributed as dist
 
 import burstengine as be
-from burstengine.attention.checks import check_sparse
+from burstengine.attention.call import AttnCall, MaskArgs
+from burstengine.attention.checks import check_mask
 from burstengine.attention.planning import plan_call
 from burstengine.kernels import get_kernel
 from burstengine.records import write_record
@@ -167,7 +168,7 @@ def run_case(case, args, group, device, dtype):
     S, layout, H, Hkv, D, B = case["S"], case["layout"], args.heads, args.kv_heads, args.head_dim, args.batch
     n = S // G
     mask = case["mask"]
-    pattern = check_sparse(True, layout, G, n, mask.get("window"), mask.get("cu_seqlens"), None, None)
+    pattern = check_mask(MaskArgs(causal=True, window=mask.get("window"), cu_seqlens=mask.get("cu_seqlens")), layout, G, n)
     kw = dict(group=group, causal=True, layout=layout, backward=args.backward, kernel=args.kernel, **mask)
     g = torch.Generator(device=device).manual_seed(args.seed * 1000 + rank)
     q, k, v = (torch.randn(B, n, h, D, device=device, dtype=dtype, generator=g).requires_grad_()
@@ -229,7 +230,7 @@ def byte_model(q, k, group, layout, pattern, backward) -> dict:
     G = dist.get_world_size(group)
     B, n, H, D = q.shape
     Hkv, e = k.shape[2], q.element_size()
-    plan = plan_call(q, k, group, G, pattern, layout, backward, "auto")
+    plan = plan_call(q, k, AttnCall(group=group, layout=layout, backward=backward), G, pattern)
     ring, scheme = plan.ring(group), plan.backward
     hops = len(ring.steps) - 1
     trim = {} if ring.double else dict(layout=layout, mask=pattern)

@@ -34,7 +34,7 @@ class Ring:
     def __init__(self, group=None, link: str = "intra", peers: tuple[int, int] | None = None,
                  timeout: float | None = None, tag: int = 0):
         self.group = group
-        # the P2P tag of every message of this ring: the call's (attention/checks.py), so that
+        # the P2P tag of every message of this ring: the call's (attention/agreement.py), so that
         # on gloo the messages of ranks that run different calls never match (they time out
         # instead: RankLost); NCCL ignores tags
         self.tag = tag

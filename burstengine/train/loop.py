@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from ..attention import planning
-from ..attention.checks import ranks_by_value, ranks_text
+from ..attention.agreement import ranks_by_value, ranks_text
 from ..model import checkpointing
 from . import checkpoint as ckpt
 from .data import IGNORE, Batch, Loader, global_sequences, make_source, packed_sequences, shard_batch
