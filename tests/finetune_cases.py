@@ -10,6 +10,9 @@ BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_l
             num_key_value_heads=2, max_position_embeddings=32)
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 16}
+# Phi-3's LongRoPE for head dim 16, switching to the long factors past 16 tokens (the tests' sequences are longer)
+LONGROPE = {"type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(8)],
+            "long_factor": [1.5 ** i for i in range(8)]}
 
 # name -> (transformers class names, config overrides)
 ARCHS = {
@@ -19,6 +22,10 @@ ARCHS = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32)),  # head_dim != hidden / heads
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=5)),
+    # fused qkv / gate_up, LongRoPE, a window, a pad token the export keeps
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(rope_scaling=LONGROPE, original_max_position_embeddings=16,
+                                                   sliding_window=5, pad_token_id=VOCAB - 1, bos_token_id=1,
+                                                   eos_token_id=2)),
 }
 
 

@@ -26,6 +26,7 @@ CASES = {
     "qwen2": ({"architectures": ["Qwen2ForCausalLM"], "attention_bias": True}, {"qkv_bias": True}),
     "qwen3": ({"architectures": ["Qwen3ForCausalLM"], "head_dim": 32}, {"qk_norm": True, "head_size": 32}),
     "mistral": ({"architectures": ["MistralForCausalLM"], "sliding_window": 5}, {"window": 5}),
+    "phi3": ({"architectures": ["Phi3ForCausalLM"], "sliding_window": 5}, {"window": 5}),
 }
 
 
@@ -35,27 +36,27 @@ def test_registry_is_what_the_model_accepts():
     from burstengine.model import args as model_args
     from burstengine.train.config import MODEL_HELP
 
-    assert model_args.ARCHS == ARCHS == tuple(FAMILIES) == ("llama", "qwen2", "qwen3", "mistral")
+    assert model_args.ARCHS == ARCHS == tuple(FAMILIES) == ("llama", "qwen2", "qwen3", "mistral", "phi3")
     for name, f in FAMILIES.items():
         assert f.name == name and f.model_type and f.title and f.architectures
         assert name in MODEL_HELP["arch"]
-    with pytest.raises(ValueError, match=re.escape("model.arch must be one of ['llama', 'qwen2', 'qwen3', 'mistral'], "
-                                                   "got 'gpt2'")):
+    with pytest.raises(ValueError, match=re.escape("model.arch must be one of ['llama', 'qwen2', 'qwen3', 'mistral', "
+                                                   "'phi3'], got 'gpt2'")):
         ModelArgs(arch="gpt2").validate()
 
 
 def test_unsupported_architecture_lists_the_registry():
     with pytest.raises(ValueError) as e:
-        hf_dir.args_from_hf_config(dict(TINY, architectures=["Phi3ForCausalLM"]), "x/config.json")
+        hf_dir.args_from_hf_config(dict(TINY, architectures=["GPTNeoXForCausalLM"]), "x/config.json")
     msg = str(e.value)
-    assert msg.startswith("x/config.json: architecture 'Phi3ForCausalLM' is not supported; burstengine's model "
+    assert msg.startswith("x/config.json: architecture 'GPTNeoXForCausalLM' is not supported; burstengine's model "
                           "reproduces LlamaForCausalLM (model_type 'llama'), "), msg
     for f in FAMILIES.values():
         assert f"{f.architectures[0]} (model_type {f.model_type!r})" in msg
     # no architectures: the model_type picks the family, or is named in the error
     assert hf_dir.args_from_hf_config(dict(TINY, model_type="mistral")).arch == "mistral"
-    with pytest.raises(ValueError, match="architecture 'phi3' is not supported"):
-        hf_dir.args_from_hf_config(dict(TINY, model_type="phi3"))
+    with pytest.raises(ValueError, match="architecture 'gpt_neox' is not supported"):
+        hf_dir.args_from_hf_config(dict(TINY, model_type="gpt_neox"))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -71,7 +72,8 @@ def test_config_both_ways(arch):
 
 
 @pytest.mark.parametrize("arch,key,value,text", [
-    ("llama", "window", 4, "a sliding window (model.window=4) can only be written as a Mistral model, not 'llama'"),
+    ("llama", "window", 4, "a sliding window (model.window=4) can only be written as a Mistral or Phi-3 model, not "
+                           "'llama'"),
     ("qwen3", "qkv_bias", True, "q/k/v biases (model.qkv_bias=True) can only be written as a Qwen2 model, not 'qwen3'"),
     ("mistral", "qk_norm", True, "q/k norms (model.qk_norm=True) can only be written as a Qwen3 model, not 'mistral'"),
 ])
@@ -98,7 +100,7 @@ def test_loader_errors_keep_their_texts(tmp_path):
     save_file(dict(sd, **{"layers.0.mlp.extra.weight": torch.ones(64)}), path / "model.safetensors")
     with pytest.raises(ValueError, match=re.escape(
             "unexpected tensor 'model.layers.0.mlp.extra.weight' in the checkpoint: not part of a "
-            "LlamaForCausalLM/Qwen2ForCausalLM/Qwen3ForCausalLM/MistralForCausalLM model")):
+            "LlamaForCausalLM/Qwen2ForCausalLM/Qwen3ForCausalLM/MistralForCausalLM/Phi3ForCausalLM model")):
         hf_dir.load_hf_model(str(path))
 
 

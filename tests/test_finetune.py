@@ -1,5 +1,6 @@
 """Fine-tuning pretrained models: tiny random Llama (plain; llama3 scaling + tied embeddings),
-Qwen2, Qwen3 and Mistral made and saved by transformers are loaded with ``init`` (sharded over
+Qwen2, Qwen3, Mistral and Phi-3 (fused tensors, LongRoPE in its long regime) made and saved by
+transformers are loaded with ``init`` (sharded over
 the gloo ranks), give transformers' loss at CP 1/2/4, come back bitwise from init -> 1 step at
 lr 0 -> export, and the export loads in transformers with the engine's loss and logits.  Rope
 scaling equals transformers' for every type; packed documents give the loss of the documents
@@ -43,6 +44,8 @@ ROPES = {
                     "mscale_all_dim": 0.5, "truncate": False},
     "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64},
+    "longrope": {"rope_type": "longrope", "original_max_position_embeddings": 64,
+                 "short_factor": [1.0 + 0.03 * i for i in range(32)], "long_factor": [1.2 ** i for i in range(32)]},
 }
 
 
@@ -50,7 +53,7 @@ ROPES = {
 def test_rope_matches_transformers(kind):
     """Our float64 frequencies / attention factor equal transformers' ROPE_INIT_FUNCTIONS (float32),
     and our cos/sin its rotary embedding's on the same positions, beyond the original context
-    (dynamic: at a length the model recomputes for)."""
+    (dynamic, longrope: at a length the model recomputes for)."""
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
@@ -62,13 +65,13 @@ def test_rope_matches_transformers(kind):
     args = args_from_hf_config(hf.to_dict())
     assert args.rope_scaling.type == ("none" if kind == "none" else kind.split("-")[0])
     S = 300  # beyond max_position_embeddings and the original context
-    seq = S if kind == "dynamic" else 0
+    seq = S if args.rope_scaling.follows_length else 0
     ours, attn = inv_freq(args.head_dim, args.rope_theta, args.rope_scaling, args.max_position_embeddings, seq)
     if kind != "none":
         theirs, their_attn = ROPE_INIT_FUNCTIONS[hf.rope_parameters["rope_type"]](hf, "cpu", seq_len=seq or None)
         assert torch.allclose(ours, theirs.double(), rtol=1e-6, atol=0), (ours, theirs)
         assert attn == pytest.approx(their_attn, rel=1e-12)
-        if kind.startswith("yarn"):
+        if kind.startswith("yarn") or kind == "longrope":
             assert attn != 1.0
         assert not torch.allclose(ours, inv_freq(args.head_dim, args.rope_theta)[0])  # it did scale
     pos = torch.arange(S)
@@ -145,7 +148,7 @@ def test_first_loss_matches_transformers_cp124(pool, models, tokens, arch):
 
 
 @pytest.mark.parametrize("arch,extra,world", [
-    ("llama", [], 2), ("llama3-tied", [], 4), ("qwen2", [], 2), ("qwen3", [], 3), ("mistral", [], 2),
+    ("llama", [], 2), ("llama3-tied", [], 4), ("qwen2", [], 2), ("qwen3", [], 3), ("mistral", [], 2), ("phi3", [], 2),
     # context extension set on the command line, with the export carrying it
     ("llama", ["model.rope_scaling.type=yarn", "model.rope_scaling.factor=4",
                "model.rope_scaling.original_max_position_embeddings=32"], 2),

@@ -24,9 +24,11 @@ With more than one rank the step runs op by op: attention ends in one all-gather
 needs every rank to replay in lockstep and the communicator set up for capture).  The code of
 the step is the same.
 
-Sampling stays outside the step, on its logits, exactly as before (sampling.py).  Dynamic RoPE
-scaling's frequencies depend on the length: they sit in a device buffer, recomputed before each
-step (outside any graph); every other RoPE type computes them once.
+Sampling stays outside the step, on its logits, exactly as before (sampling.py).  Dynamic and
+LongRoPE scaling's frequencies depend on the length (the step's position + 1, as transformers
+reads it with a cache; keys cached before LongRoPE switches keep their short factors): they sit
+in a device buffer, recomputed before each step (outside any graph); every other RoPE type
+computes them once.
 """
 from __future__ import annotations
 
@@ -80,7 +82,7 @@ class DecodeStep:
         self.host = torch.zeros(3 * B + 1, dtype=torch.int64, pin_memory=cuda)
         self.tok, self.qpos = self.state[:B], self.state[B:2 * B]
         self.valid, self.slot = self.state[2 * B:3 * B], self.state[3 * B:]
-        self.dynamic = a.rope_scaling.type == "dynamic"
+        self.follows_length = a.rope_scaling.follows_length
         self.inv, self.rope_attn = self._inv(0)
         self._copied = torch.cuda.Event() if cuda else None
         self.graph = None
@@ -104,7 +106,7 @@ class DecodeStep:
         self.state.copy_(self.host, non_blocking=self._copied is not None)
         if self._copied is not None:
             self._copied.record(torch.cuda.current_stream(self.device))
-        if self.dynamic:  # the frequencies follow the length (what the eager rope reads)
+        if self.follows_length:  # the frequencies follow the length (what the eager rope reads)
             self.inv.copy_(self._inv(max(positions) + 1)[0])
 
     def forward(self):

@@ -64,7 +64,7 @@ class ModelArgs:
             raise ValueError(f"model.n_heads ({self.n_heads}) must be a multiple of model.n_kv_heads ({self.n_kv_heads})")
         if self.head_dim % 2:
             raise ValueError(f"head dim = {self.head_dim} must be even for RoPE")
-        self.rope_scaling.validate(self.max_position_embeddings)
+        self.rope_scaling.validate(self.max_position_embeddings, self.head_dim)
 
     def num_params(self, embedding: bool = True) -> int:
         d, L, V, f = self.dim, self.n_layers, self.vocab_size, self.ffn_dim

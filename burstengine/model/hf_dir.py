@@ -18,7 +18,7 @@ One home for reading and writing the HF format, shared by training (``init``), i
 * :func:`write_hf_dir`: tensors -> model.safetensors (sharded with an index above a size) +
   config.json + generation_config.json (+ tokenizer files copied from a source directory).
 * :func:`write_random_hf_dir`: a random-weight HF directory of a given config (Llama-3.2-3B,
-  Llama-3.1-8B: :data:`CONFIGS`), written a tensor at a time.
+  Llama-3.1-8B, Phi-3-mini-128k: :data:`CONFIGS`), written a tensor at a time.
 
 Only json and safetensors are needed here; transformers itself is not imported.
 """
@@ -311,5 +311,29 @@ CONFIGS = {
                          "original_max_position_embeddings": 8192, "rope_type": "llama3"},
         "tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
         "attention_dropout": 0.0, "bos_token_id": 128000, "eos_token_id": 128001, "initializer_range": 0.02,
-        "pretraining_tp": 1, "use_cache": True},
+        "pretraining_tp": 1, "use_cache": True},    # Phi-3-mini-128k-instruct (the June 2024 revision): LongRoPE's 48 long / short factors (head dim 96)
+    "phi-3-mini-128k": {
+        "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32064,
+        "max_position_embeddings": 131072, "original_max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "rope_scaling": {"type": "longrope", "long_factor": [
+            1.0700000524520874, 1.1200000047683716, 1.149999976158142, 1.4199999570846558, 1.5699999332427979,
+            1.7999999523162842, 2.129999876022339, 2.129999876022339, 3.009999990463257, 5.910000324249268,
+            6.950000286102295, 9.070000648498535, 9.930000305175781, 10.710000038146973, 11.130000114440918,
+            14.609999656677246, 15.409998893737793, 19.809999465942383, 37.279998779296875, 38.279998779296875,
+            38.599998474121094, 40.12000274658203, 46.20000457763672, 50.940006256103516, 53.66000747680664,
+            54.9373893737793, 56.89738845825195, 57.28738784790039, 59.98738479614258, 60.86738586425781,
+            60.887386322021484, 61.71739196777344, 62.91739273071289, 62.957393646240234, 63.41739273071289,
+            63.8173942565918, 63.83739471435547, 63.897396087646484, 63.93739700317383, 64.06739807128906,
+            64.11434936523438, 64.12435150146484, 64.15435028076172, 64.19435119628906, 64.24435424804688,
+            64.57435607910156, 64.69000244140625, 64.76000213623047],
+            "short_factor": [1.1, 1.1, 1.1, 1.3000000000000003, 1.3500000000000003, 1.3500000000000003,
+                             1.4000000000000004, 1.5500000000000005] + [2.000000000000001] * 17
+            + [2.0500000000000007] * 6 + [2.1000000000000005] * 2 + [2.1500000000000004] + [2.25] * 5
+            + [2.3999999999999995, 2.4499999999999993, 2.499999999999999, 2.6999999999999984, 2.6999999999999984,
+               2.7499999999999982, 2.799999999999998, 2.8999999999999977, 3.049999999999997]},
+        "sliding_window": 262144, "tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False,
+        "attention_dropout": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0, "bos_token_id": 1, "eos_token_id": 32000,
+        "pad_token_id": 32000, "initializer_range": 0.02, "use_cache": True},
 }

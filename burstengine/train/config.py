@@ -180,9 +180,9 @@ class TrainConfig:
         if self.model.window and self.activation_checkpoint == "sequence":
             raise ValueError(f"activation_checkpoint='sequence' does not support a sliding window (model.window="
                              f"{self.model.window}) yet; use 'full', 'selective' or 'auto'")
-        if self.model.rope_scaling.type == "dynamic" and self.attention == "torch-cp":
-            raise ValueError("dynamic rope scaling needs the global sequence length, which torch's context_parallel "
-                             "hides from the model: use attention='burst'")
+        if self.model.rope_scaling.follows_length and self.attention == "torch-cp":
+            raise ValueError(f"{self.model.rope_scaling.type} rope scaling needs the global sequence length, which "
+                             f"torch's context_parallel hides from the model: use attention='burst'")
         for name in ("min_lr_ratio", "beta1", "beta2"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
@@ -348,6 +348,11 @@ _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
 def _parse(key: str, text: str, typ):
+    if typing.get_origin(typ) is list:  # numbers separated by commas (longrope's factors)
+        try:
+            return [float(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"config key {key!r} expects numbers separated by commas, got {text!r}") from None
     try:
         if typ is bool:
             if text.lower() in _TRUE:
@@ -370,6 +375,10 @@ def _parse(key: str, text: str, typ):
 
 def _coerce(key: str, value, typ):
     """A TOML value for a field of type ``typ`` (ints are fine for floats, nothing else converts)."""
+    if typing.get_origin(typ) is list:  # an array of numbers (longrope's factors)
+        if not (isinstance(value, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value)):
+            raise ValueError(f"config key {key!r} expects an array of numbers, got {type(value).__name__} {value!r}")
+        return [float(x) for x in value]
     ok = (isinstance(value, bool) if typ is bool else
           isinstance(value, int) and not isinstance(value, bool) if typ is int else
           isinstance(value, (int, float)) and not isinstance(value, bool) if typ is float else
@@ -475,7 +484,8 @@ MODEL_HELP = {
     "qk_norm": "RMSNorm over each head of q and k before RoPE (Qwen3)",
     "window": "sliding window: each query sees the W most recent keys, itself included; 0 = none",
     "max_position_embeddings": "the context the weights were trained for (config.json); 0 = unknown",
-    "rope_scaling": "context extension: type none/linear/dynamic/yarn/llama3 and its parameters (model/rope.py)",
+    "rope_scaling": "context extension: type none/linear/dynamic/yarn/llama3/longrope and its parameters "
+                    "(model/rope.py; longrope's short_factor / long_factor: head dim / 2 numbers each)",
 }
 
 
@@ -526,6 +536,8 @@ def _toml_value(v) -> str:
         return str(v)
     if isinstance(v, str):
         return json.dumps(v)  # a TOML basic string: JSON's escapes are TOML's
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     raise TypeError(f"no TOML form for {type(v).__name__} {v!r}")
 
 

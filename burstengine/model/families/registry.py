@@ -3,10 +3,11 @@
 and one line in ``FAMILIES``."""
 from __future__ import annotations
 
-from . import llama, mistral, qwen2, qwen3
+from . import llama, mistral, phi3, qwen2, qwen3
 from .base import Family, full_hf_name, unexpected
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY, mistral.FAMILY)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY, mistral.FAMILY,
+                                                   phi3.FAMILY)}
 ARCHS = tuple(FAMILIES)  # the values ModelArgs.arch takes
 BY_ARCHITECTURE = {a: f for f in FAMILIES.values() for a in f.architectures}
 BY_MODEL_TYPE = {f.model_type: f for f in FAMILIES.values()}
