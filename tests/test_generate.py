@@ -1,6 +1,7 @@
 """Generation against the sharded KV cache (burstengine/inference/generate.py, kvcache.py,
 step.py, sampling.py): greedy tokens equal transformers' generate(do_sample=False) for tiny
-random Llama, Qwen2 and Mistral (sliding window) checkpoints on 1, 2 and 4 gloo ranks, for
+random Llama, Qwen2, Mistral (sliding window) and Phi-3 (LongRoPE, long regime) checkpoints on
+1, 2 and 4 gloo ranks, for
 prompt lengths that divide nothing and batches of different lengths (every decode step here is
 the static step of step.py, launched op by op: on CPU there is no CUDA graph to replay it, and
 the graph only replays these kernels); the step is idempotent, as graph capture's warm-up needs;
@@ -28,7 +29,7 @@ NEW = 8
 @pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("generate")
-    return {arch: gc.save_tiny(root / arch, arch, seed=1) for arch in ("llama", "qwen2", "mistral")}
+    return {arch: gc.save_tiny(root / arch, arch, seed=1) for arch in ("llama", "qwen2", "mistral", "phi3")}
 
 
 @functools.lru_cache(maxsize=8)
@@ -45,7 +46,7 @@ def hf_greedy(path, lengths, new, seed=0):
     return out
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "phi3"])
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_greedy_equals_transformers(pool, model_dirs, arch, world):
     path = model_dirs[arch]
@@ -66,12 +67,13 @@ def hf_logits64(path, prompt: tuple, tokens: tuple):
         return hf(ids).logits[0, len(prompt):]
 
 
-@pytest.mark.parametrize("arch,world", [("llama", 1), ("qwen2", 2), ("mistral", 1), ("mistral", 2)])
+@pytest.mark.parametrize("arch,world", [("llama", 1), ("qwen2", 2), ("mistral", 1), ("mistral", 2), ("phi3", 2)])
 def test_decode_logits_equal_transformers(pool, model_dirs, arch, world):
     """Every decode step's logits against transformers' float64 forward over the same tokens
     (the tiny models' greedy tokens hardly depend on attention; their logits do, beyond float32
-    rounding): mixed lengths (the cache's visibility), a window (Mistral), two ranks (the
-    scratch slot of the rank that does not own a step's token, the all-gather merge)."""
+    rounding): mixed lengths (the cache's visibility), a window (Mistral), LongRoPE's long factors
+    (Phi-3), two ranks (the scratch slot of the rank that does not own a step's token, the
+    all-gather merge)."""
     path = model_dirs[arch]
     res = pool.run(gc.run_generate_logits, path, LENGTHS, NEW, world=world)
     tokens, logits = res[0]

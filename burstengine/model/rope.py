@@ -62,7 +62,10 @@ class RopeScaling:
             raise ValueError(f"model.rope_scaling.type must be one of {list(ROPE_TYPES)}, got {self.type!r}")
         if self.type == "none":
             return
-        if not self.factor >= 1.0:
+        if self.type == "longrope":  # its factor only sets the attention factor (1 for a factor <= 1, as transformers)
+            if not 0 < self.factor < math.inf:
+                raise ValueError(f"model.rope_scaling.factor must be > 0 for 'longrope', got {self.factor}")
+        elif not self.factor >= 1.0:
             raise ValueError(f"model.rope_scaling.factor must be >= 1 for {self.type!r}, got {self.factor}")
         if self.type in ("dynamic", "yarn", "llama3", "longrope") and self.original(max_position_embeddings) < 1:
             raise ValueError(f"rope scaling {self.type!r} needs the original context length: set "

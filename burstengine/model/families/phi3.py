@@ -12,7 +12,9 @@ transformers lets that key (default 4096) win over one inside rope_scaling, and 
 included: transformers' Phi-3 mask is ``kv > q - W``): ``ModelArgs.window``.  A window at least
 as long as the model's context (Phi-3-mini-128k's 262144 over 131072 positions) masks nothing the
 model is meant to see, so it is read as none (a window costs sequence checkpointing and torch's
-CP) and written back as it was while the written context stays within it.
+CP) and written back as it was unless the model was run at a longer length (a sequence longer
+than W, past twice Phi-3-mini-128k's context, is the one place where reading it as none differs
+from transformers, which windows it).
 
 Refused: ``partial_rotary_factor`` != 1 (Phi-4-mini), biases, an activation other than SiLU.
 Dropout keys (``resid_pdrop``, ``embd_pdrop``, ``attention_dropout``) are not read: burstengine's
@@ -59,11 +61,16 @@ class Phi3(Family):
         context = int(cfg.get("max_position_embeddings") or 0)
         return {"window": 0 if context and window >= context else window}
 
-    def write_options(self, args, cfg):
+    def hf_config(self, args, seq_len=0, base=None, dtype=None):
+        cfg = super().hf_config(args, seq_len, base, dtype)
         if args.rope_scaling.type == "longrope":
             cfg["original_max_position_embeddings"] = args.rope_scaling.original(args.max_position_embeddings)
-        kept = cfg.get("sliding_window") or 0  # the source's, when it masked nothing within its context
-        cfg["sliding_window"] = args.window or (kept if kept >= cfg["max_position_embeddings"] else None)
+        # the source's window while it masks nothing the model ran at (transformers would window longer
+        # sequences), else ours
+        kept = (base or {}).get("sliding_window") or 0
+        ran = max(seq_len, cfg["max_position_embeddings"])
+        cfg["sliding_window"] = args.window or (kept if kept >= ran else None)
+        return cfg
 
 
 FAMILY = Phi3()
