@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import families_cases as fam
-from burstengine.model import ModelArgs, hf_dir
+from burstengine.model import ModelArgs, RopeScaling, hf_dir
 from burstengine.model.families import ARCHS, FAMILIES
 from burstengine.model.families.table import entry
 
@@ -76,6 +76,12 @@ def test_config_both_ways(arch):
                            "'llama'"),
     ("qwen3", "qkv_bias", True, "q/k/v biases (model.qkv_bias=True) can only be written as a Qwen2 model, not 'qwen3'"),
     ("mistral", "qk_norm", True, "q/k norms (model.qk_norm=True) can only be written as a Qwen3 model, not 'mistral'"),
+    ("llama", "rope_scaling", RopeScaling("longrope", short_factor=[1.0] * 8, long_factor=[2.0] * 8,
+                                          original_max_position_embeddings=16),
+     "longrope rope scaling (model.rope_scaling.type) can only be written as a Phi-3 model, not 'llama'"),
+    ("phi3", "rope_scaling", RopeScaling("yarn", factor=4.0, original_max_position_embeddings=16),
+     "yarn rope scaling (model.rope_scaling.type) can only be written as a Llama or Qwen2 or Qwen3 or Mistral "
+     "model, not 'phi3'"),
 ])
 def test_options_a_family_cannot_write_are_refused(arch, key, value, text):
     args = ModelArgs(dim=64, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=32, ffn_dim=96, arch=arch, **{key: value})

@@ -53,15 +53,19 @@ ROPES = {
 def test_rope_matches_transformers(kind):
     """Our float64 frequencies / attention factor equal transformers' ROPE_INIT_FUNCTIONS (float32),
     and our cos/sin its rotary embedding's on the same positions, beyond the original context
-    (dynamic, longrope: at a length the model recomputes for)."""
-    from transformers import LlamaConfig
+    (dynamic, longrope: at a length the model recomputes for).  Llama's config and rotary
+    embedding, Phi-3's for longrope (the family that reads it)."""
+    from transformers import LlamaConfig, Phi3Config
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 
     from burstengine.model.hf_dir import args_from_hf_config
 
-    hf = LlamaConfig(hidden_size=256, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64, vocab_size=64,
-                     max_position_embeddings=128, rope_scaling=ROPES[kind], rope_theta=20000.0)
+    config, rotary, extra = ((Phi3Config, Phi3RotaryEmbedding, {"original_max_position_embeddings": 64})
+                             if kind == "longrope" else (LlamaConfig, LlamaRotaryEmbedding, {}))
+    hf = config(hidden_size=256, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64, vocab_size=64,
+                max_position_embeddings=128, rope_scaling=ROPES[kind], rope_theta=20000.0, **extra)
     args = args_from_hf_config(hf.to_dict())
     assert args.rope_scaling.type == ("none" if kind == "none" else kind.split("-")[0])
     S = 300  # beyond max_position_embeddings and the original context
@@ -76,7 +80,7 @@ def test_rope_matches_transformers(kind):
         assert not torch.allclose(ours, inv_freq(args.head_dim, args.rope_theta)[0])  # it did scale
     pos = torch.arange(S)
     cos, sin = rope_tables(pos, args.head_dim, args.rope_theta, args.rope_scaling, args.max_position_embeddings, seq)
-    rot = LlamaRotaryEmbedding(hf)
+    rot = rotary(hf)
     hc, hs = rot(torch.zeros(1, S, 8, dtype=torch.float32), pos[None])
     # transformers forms angles in float32: position x frequency is off by ~S * 6e-8
     assert torch.allclose(cos, hc[0].double(), atol=4e-5, rtol=0) and torch.allclose(sin, hs[0].double(), atol=4e-5,

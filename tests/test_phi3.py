@@ -97,6 +97,20 @@ def test_phi3_mini_128k_config_both_ways():
     assert hf_dir.hf_config_from_args(a, seq_len=262145, base=cfg)["sliding_window"] is None
 
 
+def test_random_stand_in_of_phi3_mini_128k(tmp_path):
+    """write_random_hf_dir makes a Phi-3-mini-128k stand-in (here narrowed to one layer of the
+    same head width and factors) that transformers loads with our logits."""
+    cfg = dict(hf_dir.CONFIGS["phi-3-mini-128k"], hidden_size=192, num_attention_heads=2, num_key_value_heads=2,
+               intermediate_size=64, num_hidden_layers=1, vocab_size=64, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    hf_dir.write_random_hf_dir(str(tmp_path), cfg, dtype="float32")
+    ids = torch.randint(0, 64, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = _hf(str(tmp_path))(input_ids=ids).logits
+        ours = hf_dir.load_hf_model(str(tmp_path))
+        got = ours.logits(ours(ids, torch.arange(24)))
+    assert ((got - ref).abs().max() / ref.abs().max()).item() < TOL
+
+
 def test_windows_and_original_context_as_transformers_reads_them():
     tiny = dict(architectures=["Phi3ForCausalLM"], hidden_size=64, intermediate_size=96, num_hidden_layers=1,
                 num_attention_heads=4, vocab_size=32, max_position_embeddings=4096)

@@ -484,7 +484,7 @@ MODEL_HELP = {
     "qk_norm": "RMSNorm over each head of q and k before RoPE (Qwen3)",
     "window": "sliding window: each query sees the W most recent keys, itself included; 0 = none",
     "max_position_embeddings": "the context the weights were trained for (config.json); 0 = unknown",
-    "rope_scaling": "context extension: type none/linear/dynamic/yarn/llama3/longrope and its parameters "
+    "rope_scaling": "context extension: type none/linear/dynamic/yarn/llama3, longrope (Phi-3) and its parameters "
                     "(model/rope.py; longrope's short_factor / long_factor: head dim / 2 numbers each)",
 }
 

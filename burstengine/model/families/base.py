@@ -27,8 +27,7 @@ import re
 from ..rope import RopeScaling
 from .table import Table, entry
 
-ROPE_FROM_HF = {"default": "none", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3",
-                "longrope": "longrope"}
+ROPE_FROM_HF = {"default": "none", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3"}
 # buffers some checkpoints carry that our model recomputes
 IGNORED = re.compile(r"rotary_emb\.inv_freq$")
 

@@ -40,9 +40,14 @@ def from_config(cfg: dict, where: str = "config.json") -> Family:
 
 
 def writer(args) -> Family:
-    """The family ``args`` is written back as, or a ValueError naming the option of ``args`` its
-    config.json cannot carry and the families whose can."""
+    """The family ``args`` is written back as, or a ValueError naming the option (or rope
+    scaling) of ``args`` its config.json cannot carry and the families whose can."""
     f = family(args.arch)
+    rope = args.rope_scaling.type
+    if rope not in f.rope_types.values():
+        can = " or ".join(g.title for g in FAMILIES.values() if rope in g.rope_types.values())
+        raise ValueError(f"{rope} rope scaling (model.rope_scaling.type) can only be written as a {can} model, not "
+                         f"{args.arch!r}")
     for g in FAMILIES.values():
         for key, what in g.expresses.items():
             value = getattr(args, key)
