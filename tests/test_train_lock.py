@@ -135,9 +135,11 @@ def test_trainer_refused_on_every_rank_while_another_run_holds_the_lock(pool, tm
     assert not os.path.exists(_lock_file(run))  # released when fit ended
 
 
-def test_lock_released_when_the_settings_do_not_agree(pool, tmp_path):
-    """Rank 0 takes the lock before the agreement; the agreement's error releases it."""
+def test_stale_lock_taken_over_then_released_when_the_settings_do_not_agree(pool, tmp_path):
+    """Rank 0 takes the lock (here a dead run's) before the agreement; the agreement's error
+    releases it."""
     run = str(tmp_path / "run")
+    _forge(run, pid=_dead_pid())
     msgs = pool.run(hostile_cases.settings_disagree, "lr", run, world=4)
     assert "the ranks disagree on lr" in msgs[0], msgs
     assert not os.path.exists(_lock_file(run))
