@@ -62,7 +62,7 @@ def first_loss(group, init, data, seq_len, extra=()):
     from burstengine.train import data as D
 
     cfg = load("tiny", overrides(init, data, seq_len, extra))
-    t = Trainer(cfg, group=group, echo=False)
+    t = Trainer(cfg, group=group, echo=False, lock=False)
     loss, grads = t.loss_and_grads(t.batch(0))
     if dist.get_rank(group) != 0:
         return None
