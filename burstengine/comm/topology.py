@@ -188,6 +188,7 @@ class RingComm:
         self.shape = shape or single(self.world)
         self.labels = labels or self.shape
         self.link = link
+        self.timeout = timeout
         nodes, m = self.shape.nodes, self.shape.gpus_per_node
         self.double = nodes > 1 and m > 1
         self.steps = tuple(range(self.world)) if steps is None else tuple(steps)
@@ -235,6 +236,22 @@ class RingComm:
             return self.shift("home", tensors, phase, names, 1, direction, recv).wait()
         # from steps[-1] places along the travel, one hop back
         return self.shift("ring", tensors, phase, names, -self.steps[-1], direction, recv).wait()
+
+    def gather(self, t, what: str):
+        """Every rank's ``t`` stacked in ring order, (world, *t.shape), the same on every rank:
+        one all-gather over the whole group, bounded by the ring's deadline like its hops (a
+        rank that does not join is named in a RankLost).  Not ring traffic: not in comm_stats."""
+        if self.world == 1:
+            return t.unsqueeze(0)
+        group = self.group
+        ranks = tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
+        flat = t.reshape(-1).contiguous()
+        out = flat.new_empty(self.world * flat.numel())
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        op = fault.Op(f"{what} (an all-gather over global ranks {list(ranks)})", blocking=t.device.type == "cpu",
+                      group_ranks=ranks, deadline=self.timeout, group=group)
+        fault.wait([fault.post(lambda: gather(out, flat, group=group, async_op=True), op)], op)
+        return out.view((self.world,) + tuple(t.shape))
 
     def mover(self, tensors, phase: str, names, direction: int = 1, rows=None, dims=None) -> "Mover":
         return Mover(self, tensors, phase, names, direction, rows, dims)
