@@ -103,8 +103,9 @@ def key_frame(q, k, cfg: RingRun, phase: str):
     within a factor 2 of it (then K - kappa is exact, Sterbenz's lemma: the kernels see exactly
     the shifted keys, nothing is rounded anew), else 0.  Keys with no shared component get
     kappa = 0: the kernels' inputs, and every result, are bit for bit the unshifted ones.  It
-    must be the same vector on every rank (all blocks of a row in one frame): one all-gather of
-    (3, B, Hkv, D) per pass, none for a one-rank ring.  Half-precision keys are left as they are:
+    must be the same vector on every rank (all blocks of a row in one frame): each rank's key
+    sum, min and max, (3, B, Hkv, D), go to every rank once per pass (RingComm.gather), nothing
+    for a one-rank ring.  Half-precision keys are left as they are:
     the kernels' own P and dS in half precision err more than the lse's float32 rounding."""
     B, n, Hkv, D = k.shape
     if k.dtype != acc_dtype(k) or n == 0:
