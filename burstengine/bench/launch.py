@@ -18,8 +18,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .comm import fault
-from .comm.dist import initialized
+from ..comm import fault
+from ..comm.dist import initialized
 
 
 def under_launcher() -> bool:

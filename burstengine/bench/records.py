@@ -1,7 +1,8 @@
 """JSON records for every figure we publish: command, commit, device, versions, raw numbers.
 
-Below train/, inference/ and bench/, which all write records.  It reads the environment it
-records (and BURST_COMMIT, BURST_RESULTS: the commit and the output folder of a run).
+Written by the commands (train --record, prefill --record, plan --json, ...), every bench and
+the scripts in benchmarks/.  It reads the environment it records (and BURST_COMMIT,
+BURST_RESULTS: the commit and the output folder of a run).
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Helpers for the single-GPU kernel scripts (burstengine bench lao-bench, burstengine bench lao-check):
-CUDA-event timing, and compiling many Triton kernel variants at once in worker processes (the
-compiled kernels land in Triton's on-disk cache, so the measuring process only loads them)."""
+"""Our Triton kernels' variants for the single-GPU kernel benches (`bench lao-bench`, `bench
+lao-check`): compiling many of them at once in worker processes (the compiled kernels land in
+Triton's on-disk cache, so the measuring process only loads them), and the tile configs a sweep
+chose."""
 from __future__ import annotations
 
 import json
@@ -9,13 +10,8 @@ import os
 
 import torch
 
-from burstengine.kernels.triton.kernel import TileConfig, TritonKernel
-from burstengine.masks import MaskSpec
-
-
-def attn_flops(B, S_q, S_k, H, D, visible_frac=1.0):
-    """Forward FLOPs of attention over the visible (query, key) pairs: 4 * pairs * H * D."""
-    return 4.0 * B * S_q * S_k * visible_frac * H * D
+from ..kernels.triton.kernel import TileConfig, TritonKernel
+from ..masks import MaskSpec
 
 
 def _warm(task):

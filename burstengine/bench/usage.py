@@ -7,7 +7,7 @@ import importlib.util
 
 import torch
 
-from .kernels import get_kernel
+from ..kernels import get_kernel
 
 # optional packages -> the extra of pyproject.toml that brings them
 EXTRAS = {

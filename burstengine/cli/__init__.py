@@ -1,7 +1,11 @@
-"""The `burstengine` command: one subcommand per module.
+"""The `burstengine` command: one subcommand per module of this package.
 
 Each module in COMMANDS provides ``HELP`` (one line), ``add_arguments(parser)`` and
-``run(args) -> int`` (the exit code); adding a subcommand is one more entry here.
+``run(args) -> int`` (the exit code), and its docstring is the subcommand's description; adding a
+subcommand is one more module and one more entry here.  The commands parse flags and print; what
+they run is library code (train/, inference/, ...) or a bench (burstengine/bench/, where the
+runtime the commands share lives too: launch, records, usage).  Nothing outside this package and
+burstengine/bench/ imports them (tests/test_layering.py).
 """
 from __future__ import annotations
 
@@ -9,19 +13,19 @@ import argparse
 import importlib
 import os
 
-from . import __version__
+from .. import __version__
 
 COMMANDS = {
-    "demo": "burstengine.demo",
-    "bench": "burstengine.bench.command",
-    "plan": "burstengine.plan",
-    "train": "burstengine.train.cli",
-    "export": "burstengine.train.export",
-    "plot": "burstengine.train.plot",
-    "prefill": "burstengine.inference.cli",
-    "report": "burstengine.report",
-    "generate": "burstengine.inference.generate_cli",
-    "eval": "burstengine.inference.eval_cli",
+    "demo": "burstengine.cli.demo",
+    "bench": "burstengine.cli.bench",
+    "plan": "burstengine.cli.plan",
+    "train": "burstengine.cli.train",
+    "export": "burstengine.cli.export",
+    "plot": "burstengine.cli.plot",
+    "prefill": "burstengine.cli.prefill",
+    "report": "burstengine.cli.report",
+    "generate": "burstengine.cli.generate",
+    "eval": "burstengine.cli.eval",
 }
 
 

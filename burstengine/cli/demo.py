@@ -10,7 +10,7 @@ sequence (split into row chunks, shared out among the ranks).  Rank 0 prints the
 
 ``burstengine demo finetune`` is the other demo: a tiny model's context extended from 256 to 2K
 tokens by RoPE scaling and fine-tuning, exported and evaluated in transformers
-(burstengine/finetune_demo.py; ``burstengine demo finetune --help``).
+(burstengine/cli/finetune_demo.py; ``burstengine demo finetune --help``).
 """
 from __future__ import annotations
 
@@ -23,15 +23,17 @@ import torch.distributed as dist
 
 import burstengine as be
 
-from .kernels.base import merge_
-from .kernels.reference import ReferenceKernel
-from .launch import run_command
-from .layout import LAYOUTS, position_ids
-from .masks import CAUSAL, FULL
-from .schedule import backward_bytes, forward_bytes
-from .testing import rel_err
-from .usage import kernel_error
-from .records import write_record
+from ..bench.harness import RankLog
+from ..bench.launch import run_command
+from ..bench.records import write_record
+from ..bench.tables import Section, fixed, num, table
+from ..bench.usage import kernel_error
+from ..kernels.base import merge_
+from ..kernels.reference import ReferenceKernel
+from ..layout import LAYOUTS, position_ids
+from ..masks import CAUSAL, FULL
+from ..schedule import backward_bytes, forward_bytes
+from ..testing import rel_err
 from . import finetune_demo
 
 HELP = "run BurstAttention fwd+bwd on local CPU ranks; check it against a reference and report time and bytes"
@@ -77,15 +79,6 @@ def default_world() -> int:
 
 
 # --- small helpers ------------------------------------------------------------------------------
-
-class _Log:
-    def __init__(self, rank: int):
-        self.rank, self.t0 = rank, time.perf_counter()
-
-    def __call__(self, msg: str) -> None:
-        if self.rank == 0:
-            print(f"[demo {time.perf_counter() - self.t0:6.1f}s] {msg}", flush=True)
-
 
 def _mb(nbytes: int) -> str:
     return f"{nbytes:,} ({nbytes / 1e6:.1f} MB)"
@@ -162,7 +155,7 @@ def _reference(q, k, v, do, causal, scale, rank, world, log):
 def run_rank(args, group=None) -> int:
     """The demo on this rank of an initialised process group; returns the exit code (same on all)."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    log = _Log(rank)
+    log = RankLog("demo", rank)
     B, S, H, Hkv, D = args.batch, args.seq, args.heads, args.kv_heads, args.head_dim
     n = S // world
     scale = D ** -0.5
@@ -281,12 +274,29 @@ def run(args) -> int:
     return run_command(run_rank, args, validate, "burstengine demo", backend="gloo")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="burstengine demo", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return run(p.parse_args(argv))
+# --- docs/results.md ----------------------------------------------------------------------------
+
+def render(rec):
+    sh = rec["shape"]
+    head = [f"{rec['world']} gloo ranks on a {rec['env'].get('cpu_count', '?')}-core machine, "
+            f"B={sh['B']} S={sh['S']} H={sh['H']} (kv {sh['Hkv']}) D={sh['D']}, "
+            f"{'causal' if rec['causal'] else 'full'} {rec['layout']}, kernel {rec['kernel']}; whole command "
+            f"{fixed(rec['wall_s'], 1)} s (spawn, both schemes, the float64 reference); "
+            f"{'all within' if rec['ok'] else 'NOT all within'} {num(rec['tol'])} of float64.", ""]
+    body = [[r["scheme"], num(r["out"]), num(r["dq"]), fixed(r["fwd_s"], 2), fixed(r["bwd_s"], 2),
+             f"{r['fwd_bytes']:,}", f"{r['bwd_bytes']:,}"] for r in rec["rows"]]
+    return head + table(["backward scheme", "out error", "dq error", "forward s", "backward s",
+                         "forward bytes/rank", "backward bytes/rank"], body)
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def block_demo(records):
+    rec = dict(records).get("demo_cpu.json")
+    if rec is None or rec.get("wall_s") is None:
+        return "in docs/results.md."
+    return (f"{rec['wall_s']:.0f} s on a {rec['env'].get('cpu_count', 2)}-core machine with {rec['world']} ranks, "
+            f"after the install (`demo_cpu.json`).")
+
+
+SECTIONS = (Section("The demo", r"^demo_(?!finetune)", render,
+                    "`burstengine demo --record NAME`: the README's first command."),)
+BLOCKS = {"demo": block_demo}

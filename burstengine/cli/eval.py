@@ -20,21 +20,20 @@ import time
 
 import torch
 import torch.distributed as dist
+
+from ..bench.harness import RankLog
+from ..bench.launch import run_command
+from ..bench.records import write_record
+from ..inference.generate import generate
+from ..inference.models import check_spec
+from ..inference.needle import correct, heatmap, parse_depths, parse_lengths, text_case, token_case
 from ..layout import LAYOUTS
-from .models import check_spec
-from .needle import parse_depths, parse_lengths
-from ..records import write_record
-from .generate import generate
-from .generate_cli import _has_tokenizer, _tokenizer
-from .models import load_model, resolve_dtype
-from .needle import correct, heatmap, text_case, token_case
-from ..launch import run_command
+from .generate import rank_model
 
 HELP = "evaluate long-context retrieval: needle in a haystack over lengths x depths (JSON record + heatmap)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-
     p.add_argument("task", choices=("needle",), help="the evaluation")
     p.add_argument("--model", required=True, help="a local HF Llama / Mistral / Qwen2 directory, or a preset")
     p.add_argument("--lengths", default="1K,2K,4K", help="context lengths, e.g. 4K,8K,1M [%(default)s]")
@@ -52,7 +51,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def validate(args) -> str | None:
-
     msg = check_spec(args.model, "ours")
     if msg:
         return msg
@@ -71,17 +69,10 @@ def validate(args) -> str | None:
 
 
 def run_rank(args) -> int:
-
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    dtype = resolve_dtype(args.dtype, device)
-    model = load_model(args.model, "ours", device, dtype, args.seed)
-    tok = _tokenizer(args.model) if _has_tokenizer(args.model) else None
+    _, dtype, model, tok = rank_model(args)
     lengths, depths = parse_lengths(args.lengths), parse_depths(args.depths)
-
-    def log(msg):
-        if rank == 0:
-            print(f"[needle] {msg}", file=sys.stderr, flush=True)
+    log = RankLog("needle", rank, clock=None, file=sys.stderr)
 
     log(f"{model.describe}; {'tokenizer passkey' if tok else 'random-token needle (no tokenizer)'}; "
         f"{len(lengths)} lengths x {len(depths)} depths x {args.samples} sample(s) on {world} rank(s)")
@@ -119,16 +110,4 @@ def run_rank(args) -> int:
 
 
 def run(args) -> int:
-
     return run_command(run_rank, args, validate, f"burstengine eval {args.task}")
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="burstengine eval", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return run(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

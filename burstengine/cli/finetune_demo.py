@@ -27,13 +27,14 @@ import time
 
 import torch
 
-from .launch import under_launcher
-from .records import write_record
-from .train import cli as train_cli
-from .train import export as export_cli
-from .train.data import IGNORE, Passkey, global_sequences
-from .train.metrics import read_jsonl
-from .usage import missing_package
+from ..bench.harness import RankLog
+from ..bench.launch import under_launcher
+from ..bench.records import write_record
+from ..bench.tables import Section, fixed, num, record, table
+from ..bench.usage import missing_package
+from ..train.data import IGNORE, Passkey, global_sequences
+from ..train.metrics import read_jsonl
+from . import main
 
 HELP = "extend a tiny model from 256 to 2K tokens by RoPE scaling + fine-tuning, export it, evaluate it in transformers"
 
@@ -163,11 +164,8 @@ def models(args) -> list[tuple[str, str]]:
 # --- running the public commands in this process ------------------------------------------------
 
 def invoke(argv: list[str]) -> int:
-    """``burstengine <argv>`` for the train and export commands, as burstengine/cli.py runs them."""
-    mod = {"train": train_cli, "export": export_cli}[argv[0]]
-    p = argparse.ArgumentParser(prog=f"burstengine {argv[0]}")
-    mod.add_arguments(p)
-    return mod.run(p.parse_args(argv[1:]))
+    """``burstengine <argv>`` (the train and export commands), run in this process by the dispatcher."""
+    return main(argv)
 
 
 def engine_eval(args, name: str) -> dict | None:
@@ -228,7 +226,7 @@ def passkey_scores(model, source, samples: int, batch: int = 16) -> dict:
 def logits_check(args, path: str) -> dict:
     """transformers' logits of the exported model against the engine's (burstengine's Transformer
     loaded from the same directory) on the first held-out sequence of --long tokens."""
-    from .inference.weights import load_hf_llama  # the engine's model from an HF directory; inference is above train
+    from ..inference.weights import load_hf_llama  # the engine's model from an HF directory: only to check logits
 
     toks, _, _ = global_sequences(passkey_source(args, args.long), [0], stream=1)
     ref = hf_model(path)(input_ids=toks).logits.float()
@@ -314,21 +312,13 @@ def validate(args) -> str | None:
     return None
 
 
-class _Log:
-    def __init__(self):
-        self.t0 = time.perf_counter()
-
-    def __call__(self, msg: str) -> None:
-        print(f"[demo finetune {time.perf_counter() - self.t0:6.1f}s] {msg}", flush=True)
-
-
 def run(args) -> int:
     started = time.time()
     msg = validate(args)
     if msg:
         print(f"burstengine demo finetune: error: {msg}", file=sys.stderr)
         return 2
-    log = _Log()
+    log = RankLog("demo finetune")  # one process: it starts the ranks of each stage
     steps = plan(args)
     if not args.eval_only:
         log(f"{args.world} gloo ranks; a {args.short}-token model extended to {args.long} tokens with {args.rope} "
@@ -366,3 +356,88 @@ def run(args) -> int:
             wall_s=total))
         print(f"record: {path}", flush=True)
     return 0 if check["ok"] else 1
+
+
+# --- docs/results.md ----------------------------------------------------------------------------
+
+def _pct(x) -> str:
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def table_of(rec) -> list[str]:
+    """Passkey accuracy of each model of `burstengine demo finetune` at each length (in
+    transformers), its answer loss at the long length and the training run's own evaluation."""
+    Ls = sorted({r["seq"] for r in rec["evals"]})
+    by = {(r["model"], r["seq"]): r for r in rec["evals"]}
+    body = []
+    for m in rec["models"]:
+        e = (rec.get("engine") or {}).get(m["name"]) or {}
+        body.append([f"{m['name']}: {m['what']}"] + [_pct(by[(m["name"], L)]["passkey_acc"]) for L in Ls]
+                    + [num(by[(m["name"], rec["long"])]["answer_loss"]),
+                       f"{_pct(e['passkey_acc'])} at {e['seq_len']}" if e.get("seq_len") else "—"])
+    return table(["model"] + [f"passkey @{L}" for L in Ls] + [f"answer loss @{rec['long']}", "engine's own eval"],
+                 body)
+
+
+def render(rec):
+    chk = rec["logits_check"]
+    stages = ", ".join(f"{k} {fixed(v, 1)} s" for k, v in rec["stage_s"].items())
+    head = [f"{rec['world']} gloo ranks on a {rec['env'].get('cpu_count', '?')}-core machine; a {rec['short']}-token "
+            f"model extended to {rec['long']} tokens ({', '.join(rec['rope_sets'])}); {rec['samples']} held-out "
+            f"passkeys per length, evaluated in transformers. Whole command {fixed(rec['wall_s'], 1)} s ({stages}). "
+            f"transformers' logits of the fine-tuned export against the engine's at {chk['seq']} tokens: max relative "
+            f"error {num(chk['max_rel_err'])} ({'within' if chk['ok'] else 'NOT within'} {num(chk['tol'])}).", ""]
+    return head + table_of(rec)
+
+
+DEMO_FINETUNE = "demo_finetune_cpu.json"  # the record the docs quote
+
+
+def block_demo_finetune(records):
+    rec = record(records, DEMO_FINETUNE)
+    by = {(r["model"], r["seq"]): r["passkey_acc"] for r in rec["evals"]}
+    stages = ", ".join(f"{k} {v:.0f} s" for k, v in rec["stage_s"].items())
+    return "\n".join(table_of(rec)
+                     + [f"Passkey accuracy at {rec['long']} tokens: {_pct(by[('stage1', rec['long'])])} before the "
+                        f"extension, {_pct(by[('finetuned', rec['long'])])} after it. The whole command took "
+                        f"{rec['wall_s']:.0f} s on a {rec['env'].get('cpu_count', '?')}-core machine with "
+                        f"{rec['world']} ranks ({stages}; `{DEMO_FINETUNE}`)."])
+
+
+def block_demo_finetune_line(records):
+    """The README's line: accuracy before and after the extension, scaling alone, time."""
+    rec = record(records, DEMO_FINETUNE)
+    by = {(r["model"], r["seq"]): r["passkey_acc"] for r in rec["evals"]}
+    L = rec["long"]
+    return (f"Passkey accuracy at {L} tokens in transformers: {_pct(by[('stage1', L)])} before the extension, "
+            f"{_pct(by[('scaled', L)])} with the RoPE scaling alone, {_pct(by[('finetuned', L)])} after the "
+            f"fine-tune; {rec['wall_s']:.0f} s on {rec['env'].get('cpu_count', '?')} cores (`{DEMO_FINETUNE}`).")
+
+
+def _wrap(cmd: str, width: int = 100) -> str:
+    """A long command as shell lines of at most ~``width`` characters, cut before a ``--set``."""
+    head, *sets = cmd.split(" --set ")
+    lines = [head]
+    for s in sets:
+        if len(lines[-1]) + len(s) + 7 > width:
+            lines[-1] += " \\"
+            lines.append("  --set " + s)
+        else:
+            lines[-1] += " --set " + s
+    return "\n".join(lines)
+
+
+def block_demo_finetune_commands(records):
+    rec = record(records, DEMO_FINETUNE)
+    lines = ["```bash"]
+    for stage, cmds in rec["commands"].items():
+        lines.append(f"# {stage}")
+        lines += [_wrap(c) for c in cmds]
+    return "\n".join(lines + ["```"])
+
+
+SECTIONS = (Section("Context extension on CPU", r"^demo_finetune", render,
+                    "`burstengine demo finetune --record NAME`: a 256-token model extended to 2K tokens by RoPE "
+                    "scaling and a fine-tune, exported, evaluated in transformers."),)
+BLOCKS = {"demo-finetune": block_demo_finetune, "demo-finetune-line": block_demo_finetune_line,
+          "demo-finetune-commands": block_demo_finetune_commands}

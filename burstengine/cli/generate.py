@@ -23,22 +23,20 @@ import time
 
 import torch
 import torch.distributed as dist
+
+from ..bench.launch import run_command
+from ..inference.generate import check_generate, generate
+from ..inference.models import check_spec, load_model, resolve_dtype
+from ..inference.sampling import Sampling
+from ..inference.step import MODES as GRAPH_MODES
+from ..inference.weights import read_config
 from ..layout import LAYOUTS
 from ..model import PRESETS
-from .models import check_spec
-from .sampling import Sampling
-from .generate import check_generate
-from .weights import read_config
-from .generate import generate
-from .models import load_model, resolve_dtype
-from .step import MODES as GRAPH_MODES
-from ..launch import run_command
 
 HELP = "generate text: prefill across ranks, then decode against a KV cache that stays sharded over them"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-
     p.add_argument("--model", required=True,
                    help=f"a local HF Llama / Mistral / Qwen2 directory, or a preset ({', '.join(PRESETS)}; random "
                         f"weights, token ids only)")
@@ -68,13 +66,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds before the ranks are stopped [%(default)s]")
 
 
-def _has_tokenizer(path: str) -> bool:
+def has_tokenizer(path: str) -> bool:
     return os.path.isdir(path) and any(os.path.isfile(os.path.join(path, f))
                                        for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"))
 
 
 def validate(args) -> str | None:
-
     msg = check_spec(args.model, "ours")
     if msg:
         return msg
@@ -93,7 +90,7 @@ def validate(args) -> str | None:
         for f in args.prompt_file:
             if not os.path.isfile(f):
                 return f"--prompt-file {f!r} does not exist"
-        if not _has_tokenizer(args.model):
+        if not has_tokenizer(args.model):
             return f"--prompt-file needs a tokenizer, and {args.model!r} has none (give --prompt-tokens FILE.npy)"
     elif not os.path.isfile(args.prompt_tokens):
         return f"--prompt-tokens {args.prompt_tokens!r} does not exist"
@@ -111,7 +108,6 @@ def validate(args) -> str | None:
 
 
 def _vocab(spec: str) -> int:
-
     return PRESETS[spec].vocab_size if spec in PRESETS else int(read_config(spec)["vocab_size"])
 
 
@@ -127,7 +123,7 @@ def _eos_arg(text: str):
 def read_prompts(args) -> list[list[int]]:
     """The prompts as token id lists (the same on every rank)."""
     if args.prompt_file:
-        tok = _tokenizer(args.model)
+        tok = hf_tokenizer(args.model)
         return [tok(open(f).read()).input_ids for f in args.prompt_file]
     import numpy as np
 
@@ -146,8 +142,8 @@ def read_prompts(args) -> list[list[int]]:
     return out
 
 
-def _tokenizer(path: str):
-    from transformers import AutoTokenizer
+def hf_tokenizer(path: str):
+    from transformers import AutoTokenizer  # optional dependency (the hf extra): only with a tokenizer
 
     return AutoTokenizer.from_pretrained(path)
 
@@ -168,13 +164,18 @@ def _stop_ids(args, tok) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-def run_rank(args) -> int:
-
-    rank, world = dist.get_rank(), dist.get_world_size()
+def rank_model(args):
+    """This rank's device, dtype (--dtype), model (--model, --seed) and the model directory's
+    tokenizer (None without one)."""
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     dtype = resolve_dtype(args.dtype, device)
     model = load_model(args.model, "ours", device, dtype, args.seed)
-    tok = _tokenizer(args.model) if _has_tokenizer(args.model) else None
+    return device, dtype, model, hf_tokenizer(args.model) if has_tokenizer(args.model) else None
+
+
+def run_rank(args) -> int:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device, dtype, model, tok = rank_model(args)
     prompts = read_prompts(args)
     s = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                  eos=_stop_ids(args, tok))
@@ -221,16 +222,4 @@ def run_rank(args) -> int:
 
 
 def run(args) -> int:
-
     return run_command(run_rank, args, validate, "burstengine generate")
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="burstengine generate", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return run(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 
-from .costmodel import Attn, Cluster, Link, PRESETS, SCHEMES, best, compare, load_cluster, table1
-from .records import write_record
-import os
+from ..bench.records import write_record
+from ..bench.tables import Section, fixed, table
+from ..costmodel import Attn, Cluster, Link, PRESETS, SCHEMES, best, compare, load_cluster, table1
 
 HELP = "predict each context-parallel scheme's attention time on a cluster and say which to use"
 
@@ -138,3 +139,26 @@ def run(args) -> int:
         path = write_record(os.path.splitext(os.path.basename(args.json))[0], rec, os.path.dirname(args.json) or ".")
         print(f"wrote {path}")
     return 0
+
+
+# --- docs/results.md ----------------------------------------------------------------------------
+
+def render(rec):
+    a, c = rec["attn"], rec["cluster"]
+    head = [f"{c['nodes']} nodes × {c['gpus_per_node']} GPUs ({c.get('name', '')}), S={a['seq']}, "
+            f"{a['heads']} heads × {a['head_dim']}, {'causal' if a['causal'] else 'full'}; "
+            f"choice: `{rec['choice']['call']}`.", ""]
+    body = [[p["scheme"], fixed(p["total_s"], 3) if p["feasible"] else f"— ({p['why']})",
+             fixed(p["compute_s"], 3) if p["feasible"] else "", fixed(p["comm_only_s"], 3) if p["feasible"] else "",
+             fixed(p.get("exposed_s"), 3) if p["feasible"] else "",
+             f"{p['inter_bytes'] / 1e9:.1f}" if p["feasible"] else ""] for p in rec["predictions"]]
+    out = head + table(["scheme", "fwd+bwd s", "compute s", "communication only s", "exposed s", "inter-node GB"],
+                       body)
+    t = rec.get("table1")
+    if t:
+        out += [f"Table 1 relations of the paper, same figures: ring {fixed(t['ring'], 3)} s, double ring "
+                f"{fixed(t['double_ring'], 3)} s, Burst on the double ring {fixed(t['burst_double'], 3)} s.", ""]
+    return out
+
+
+SECTIONS = (Section("Cost model predictions", r"^plan_", render, "`burstengine plan --json`: predictions, no run."),)

@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from .metrics import read_jsonl
+from ..train.metrics import read_jsonl
 
 HELP = "plot loss / throughput / passkey accuracy from a metrics.jsonl to PNG"
 

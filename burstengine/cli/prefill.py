@@ -23,15 +23,16 @@ import time
 import torch
 import torch.distributed as dist
 
+from ..bench.harness import RankLog
+from ..bench.launch import run_command
+from ..bench.records import write_record
+from ..bench.usage import kernel_error, missing_package
 from ..comm.dist import initialized
-from ..launch import run_command
+from ..inference.engine import check_prefill, peak_bytes, prefill, reset_peak
+from ..inference.models import IMPLS, check_spec, load_model, resolve_dtype
 from ..layout import LAYOUTS
 from ..model import PRESETS
-from ..records import write_record
 from ..timing import median, timed
-from .engine import check_prefill, peak_bytes, prefill, reset_peak
-from .models import IMPLS, check_spec, load_model, resolve_dtype
-from ..usage import kernel_error, missing_package
 
 HELP = "prefill a long prompt across ranks (BurstAttention): next-token logits, first-token latency, peak memory"
 
@@ -103,15 +104,6 @@ def validate(args) -> str | None:
     return check_prefill(args.seq, args.layout, world, args.batch)
 
 
-class _Log:
-    def __init__(self, rank: int):
-        self.rank, self.t0 = rank, time.perf_counter()
-
-    def __call__(self, msg: str) -> None:
-        if self.rank == 0:
-            print(f"[prefill {time.perf_counter() - self.t0:7.1f}s] {msg}", flush=True)
-
-
 def _prompt(args, vocab: int) -> torch.Tensor:
     if args.prompt_file:
         from transformers import AutoTokenizer  # optional dependency (transformers): only for a text prompt
@@ -140,7 +132,7 @@ def _save_kv(path, out, rank, world, layout, seq):
 def run_rank(args) -> int:
     """The prefill on this rank of an initialised default group; returns the exit code."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    log = _Log(rank)
+    log = RankLog("prefill", rank, "7.1f")
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     dtype = resolve_dtype(args.dtype, device)
     t0 = time.perf_counter()
@@ -192,14 +184,3 @@ def run_rank(args) -> int:
 
 def run(args) -> int:
     return run_command(run_rank, args, validate, "burstengine prefill")
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="burstengine prefill", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return run(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -27,16 +27,16 @@ import torch.distributed as dist
 
 from ..attention.checks import arg_checks
 from ..attention.planning import call_timeout, configured_timeout
+from ..bench.harness import step_check_level
+from ..bench.launch import init_from_env, spawn, under_launcher
+from ..bench.records import write_record
+from ..bench.usage import kernel_error, missing_package
 from ..comm import fault
-from ..launch import init_from_env, spawn, under_launcher
-from ..records import write_record
-from .checkpoint import latest
-from .config import load, to_toml
-from .loop import Trainer
-from .metrics import read_jsonl
-from . import corpus
-from .config import help_epilog
-from ..usage import kernel_error, missing_package
+from ..train import corpus
+from ..train.checkpoint import latest
+from ..train.config import help_epilog, load, to_toml
+from ..train.loop import Trainer
+from ..train.metrics import read_jsonl
 
 # fault injection for the tests, read here (the CLI) and handed to the Trainer:
 # "RANK:STEP" makes that rank SIGKILL itself in the middle of step STEP (1-based), after its
@@ -60,7 +60,6 @@ HELP = "train a LLaMA-style model (FSDP2 + BurstAttention context parallelism)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-
     p.epilog = help_epilog()
     p.add_argument("--config", default="tiny", help="preset name or TOML file [%(default)s]")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -87,15 +86,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _err(msg: str) -> int:
     print(f"burstengine train: error: {msg}", file=sys.stderr)
     return 2
-
-
-def step_check_level() -> str:
-    """burst_attn_func's argument-check level for training: BURST_CHECKS when set, else "once".
-    Every step repeats the first step's calls, so the agreement (a collective) and the NaN/inf scan
-    (a host read, in every layer) run once per distinct call; a rank that diverges later is caught
-    by the ring's deadline and the watchdog (docs/faults.md).  The benchmarks that time training
-    steps run under it too, so they time what ``burstengine train`` runs."""
-    return os.environ.get("BURST_CHECKS") or "once"
 
 
 def run_rank(cfg, resume: bool, overwrite: bool) -> int:

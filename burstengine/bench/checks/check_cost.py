@@ -16,10 +16,11 @@ import time
 import torch
 import torch.distributed as dist
 
+from ..tables import Section, ms, table
 import burstengine as be
-from ..attention.checks import check_args
+from ...attention.checks import check_args
+from ...testing import DistPool
 from ..records import write_record
-from ..testing import DistPool
 
 SHAPES = {"tiny": (1, 64, 4, 2, 32), "moderate": (1, 1024, 8, 8, 64)}  # B, n (local), H, Hkv, D
 
@@ -76,5 +77,22 @@ def main(argv=None):
     print("wrote", path)
 
 
-if __name__ == "__main__":
-    main()
+# --- docs/results.md ----------------------------------------------------------------------------
+
+def render(rec):
+    body = []
+    for r in rec["rows"]:
+        m = r["median_s"]
+        body.append([r["world"], r["shape"], "×".join(map(str, r["B_n_H_Hkv_D"]))]
+                    + [ms(m[f"check_{lv}"]) for lv in ("local", "agree", "full")]
+                    + [ms(m[f"forward_{lv}"]) for lv in ("local", "agree", "full")]
+                    + [f"{m['check_full'] / m['forward_local']:.1%}"])
+    head = [f"{rec.get('what', '')}; medians of {rec.get('iters', '?')} calls, "
+            f"{rec.get('threads_per_rank', '?')} thread(s) per rank.", ""]
+    return head + table(["world", "shape", "B×n×H×Hkv×D", "check local ms", "check agree ms", "check full ms",
+                         "forward local ms", "forward agree ms", "forward full ms", "check full ÷ forward local"],
+                        body)
+
+
+SECTIONS = (Section("Argument-check cost", r"^check_cost", render,
+                    "`burstengine bench check-cost`: the cost of `BURST_CHECKS` levels."),)

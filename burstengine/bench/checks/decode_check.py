@@ -26,10 +26,10 @@ import time
 
 import torch
 
-from ..inference.generate import generate
-from ..inference.kvcache import shard_attention
-from ..inference.models import OurLlama, random_llama
-from ..model import ModelArgs
+from ...inference.generate import generate
+from ...inference.kvcache import shard_attention
+from ...inference.models import OurLlama, random_llama
+from ...model import ModelArgs
 
 TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
 # largest logit error / largest logit, by (dtype, against float64 or else the same dtype op by op):
@@ -171,7 +171,7 @@ def _cuda_seconds(fn, reps: int = 20) -> float:
 
 
 def _speed_row(device, cap: int, B: int) -> dict:
-    from ..kernels.triton.decode import decode_attention  # imports triton: CUDA only, here
+    from ...kernels.triton.decode import decode_attention  # imports triton: CUDA only, here
 
     q = torch.randn(B, 32, 128, device=device, dtype=torch.bfloat16)
     k = torch.randn(B, 8, cap, 128, device=device, dtype=torch.bfloat16)

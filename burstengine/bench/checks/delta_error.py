@@ -14,12 +14,13 @@ import itertools
 
 import torch
 
-from ..masks import CAUSAL, FULL
+from ...kernels import KERNELS
+from ...kernels.reference import ReferenceKernel
+from ...kernels.sdpa import out_from_delta
+from ...masks import CAUSAL, FULL
+from ...testing import fro_err
 from ..records import write_record
-from ..kernels import KERNELS
-from ..kernels.reference import ReferenceKernel
-from ..kernels.sdpa import out_from_delta
-from ..testing import fro_err
+from ..tables import Section, num, table
 
 
 def main(argv=None):
@@ -65,5 +66,14 @@ def main(argv=None):
     print("wrote", write_record("delta_error", dict(rows=rows, worst=worst), args.out_dir))
 
 
-if __name__ == "__main__":
-    main()
+# --- docs/results.md ----------------------------------------------------------------------------
+
+def render(rec):
+    body = [[r["kernel"], "causal" if r["causal"] else "full", r["D"], r["gqa"], r["S"], num(r["delta_rebuild_err"]),
+             num(max(r["true_out"].values())), num(max(r["rebuilt_out"].values()))] for r in rec["rows"]]
+    return table(["kernel", "mask", "D", "GQA", "S", "D rebuild error", "worst grad error (true O)",
+                  "worst grad error (rebuilt O)"], body)
+
+
+SECTIONS = (Section("Backward from a rebuilt D", r"^delta_error", render,
+                    "`burstengine bench delta-error`: gradient error when D = rowsum(dO·O) comes from the merged O."),)

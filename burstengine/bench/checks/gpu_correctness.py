@@ -18,12 +18,13 @@ import time
 import torch
 import torch.distributed as dist
 
+from ..tables import Section, num, table
 import burstengine as be
-from ..masks import CAUSAL, FULL
+from ...kernels import get_kernel
+from ...kernels.reference import ReferenceKernel
+from ...masks import CAUSAL, FULL
+from ...testing import fro_err, rel_err
 from ..records import write_record
-from ..kernels.reference import ReferenceKernel
-from ..kernels import get_kernel
-from ..testing import fro_err, rel_err
 
 NAMES = ("out", "lse", "dq", "dk", "dv")
 
@@ -122,5 +123,19 @@ def main(argv=None):
     dist.destroy_process_group()
 
 
-if __name__ == "__main__":
-    main()
+# --- docs/results.md ----------------------------------------------------------------------------
+
+def render(rec):
+    groups: dict = {}
+    for r in rec["rows"]:
+        groups.setdefault((r["kernel"], r["backward"]), []).append(r)
+    body = [[k, b, len(rs), sum(bool(r["ok"]) for r in rs)] + [num(max(r[q] for r in rs)) for q in
+                                                                ("out", "lse", "dq", "dk", "dv")]
+            for (k, b), rs in sorted(groups.items())]
+    head = [f"{rec['passed']}/{rec['cases']} cases within {num(rec['tolerance'])} (normwise relative error against "
+            "float64, bf16 over NCCL).", ""]
+    return head + table(["kernel", "backward", "cases", "passed", "worst out", "lse", "dQ", "dK", "dV"], body)
+
+
+SECTIONS = (Section("Correctness on GPUs", r"^gpu_correctness", render,
+                    "`burstengine bench gpu-correctness`: the bf16 correctness matrix over NCCL against float64."),)

@@ -27,12 +27,12 @@ import time
 
 import torch
 
-from ..masks import CAUSAL, FULL, STRICT
-from .kernels import load_configs, warm_variants
+from ...kernels.triton.kernel import TritonKernel, gluon_bwd_takes, gluon_takes
+from ...kernels.verify import NAMES, run_case, run_plain_backward, run_plain_forward
+from ...masks import CAUSAL, FULL, MaskSpec, STRICT
 from ..records import write_record
-from ..masks import MaskSpec
-from ..kernels.triton.kernel import TritonKernel, gluon_bwd_takes, gluon_takes
-from ..kernels.verify import NAMES, run_case, run_plain_backward, run_plain_forward
+from ..tables import Section, num, table
+from ..triton_variants import load_configs, warm_variants
 
 
 def docs(n, seed, mean=150):
@@ -173,5 +173,23 @@ def main(argv=None):
     return 1 if failed else 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+# --- docs/results.md ----------------------------------------------------------------------------
+
+def render(rec):
+    groups: dict = {}
+    for r in rec["rows"]:
+        groups.setdefault(r["case"].split("-d")[0], []).append(r)
+    body = []
+    for kind, rs in sorted(groups.items()):
+        worst = [num(max(r.get(q) or 0.0 for r in rs)) for q in ("out", "lse", "dq", "dk", "dv")]
+        gluon = sum(bool(r.get("gluon") or r.get("gluon_bwd") or r.get("gluon_into") or r.get("gluon_bwd_into"))
+                    for r in rs)
+        body.append([kind, len(rs), sum(bool(r["ok"]) for r in rs), gluon] + worst)
+    head = [f"{rec['passed']}/{rec['total']} cases within {num(rec['tol'])} of float64 "
+            f"({len(rec.get('compile_errors') or [])} compile errors).", ""]
+    return head + table(["mask kind", "cases", "passed", "ran Gluon", "worst out", "lse", "dQ", "dK", "dV"], body)
+
+
+SECTIONS = (Section("LAO kernels: correctness", r"^lao_check", render,
+                    ("`burstengine bench lao-check`: every mask kind, MaskSpec flag, GQA ratio, head dim and dtype against "
+                     "float64.")),)

@@ -29,17 +29,21 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from ..tables import Section, fixed, med, ms, num, table
 import burstengine as be
+from ...model.rope import rope_tables as model_rope_tables
+from ...testing import fro_err
 from ..records import write_record
-from ..testing import fro_err
 
 
 def rope_tables(positions, D, base=10000.0):
-    inv = 1.0 / base ** (torch.arange(0, D, 2, device=positions.device, dtype=torch.float32) / D)
-    ang = positions.float()[:, None] * inv[None, :]
-    return torch.cos(ang).repeat(1, 2)[None, :, None, :], torch.sin(ang).repeat(1, 2)[None, :, None, :]
+    """cos, sin (1, n, 1, D) float32 of model/rope.py's tables: the same angles (its float64 ones
+    rounded once, where this bench once computed them in float32)."""
+    return tuple(t.float()[None, :, None, :] for t in model_rope_tables(positions, D, base))
 
 
+# the rotation in plain torch, eager: the checkpointing is what this bench measures, its records
+# were taken so, and model/llama.py's apply_rope runs a compiled kernel on GPUs
 def rope(x, cos, sin):
     a, b = x.chunk(2, dim=-1)
     return (x.float() * cos + torch.cat([-b, a], dim=-1).float() * sin).to(x.dtype)
@@ -182,5 +186,13 @@ def main(argv=None):
         dist.destroy_process_group()
 
 
-if __name__ == "__main__":
-    main()
+# --- docs/results.md ----------------------------------------------------------------------------
+
+def render(rec):
+    return table(["mode", "split", "held GiB", "peak GiB", "median ms", "dx error vs none"],
+                 [[r["mode"], "—" if r["split"] is None else r["split"], fixed(r["held_gib"], 3),
+                   fixed(r["peak_gib"], 3), ms(med(r["times_s"])), num(r["dx_err_vs_none"])] for r in rec["rows"]])
+
+
+SECTIONS = (Section("Sequence-level checkpointing", r"^seqckpt", render,
+                    "`burstengine bench seqckpt-memory`: memory and time of one block against the split."),)

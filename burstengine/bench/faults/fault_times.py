@@ -16,6 +16,7 @@ import sys
 import tempfile
 
 from ..records import write_record
+from ..tables import Section, fixed, num, table
 
 
 def _test_modules(tests_dir):
@@ -60,5 +61,32 @@ def main(argv=None):
     print("wrote", write_record("fault_times_cpu", payload, args.out_dir))
 
 
-if __name__ == "__main__":
-    main()
+# --- docs/results.md ----------------------------------------------------------------------------
+
+def render(rec):
+    body = []
+    if "ring_kill" in rec:
+        r = rec["ring_kill"]
+        body.append(["rank SIGKILLed mid ring step", r["world"], f"BURST_TIMEOUT {num(r['burst_timeout_s'])} s",
+                      r["victim"], ", ".join(f"rank {k} raised RankLost after {fixed(v, 3)} s"
+                                            for k, v in sorted(r["seconds_to_raise"].items()))])
+    if "watchdog_freeze" in rec:
+        r = rec["watchdog_freeze"]
+        body.append(["rank frozen (SIGSTOP) mid step", r["world"], f"watchdog {num(r['watchdog_timeout_s'])} s",
+                     r["victim"], ", ".join(f"rank {k} exited after {fixed(v, 2)} s"
+                                           for k, v in sorted(r["seconds_to_exit"].items()))])
+    if "different_groups" in rec:
+        r = rec["different_groups"]
+        body.append(["ranks pass different groups", r["world"], f"BURST_TIMEOUT {num(r['burst_timeout_s'])} s",
+                     "—", ", ".join(f"rank {k} exit code {v}" for k, v in sorted(r["exit_codes"].items()))])
+    if "train_kill" in rec:
+        r = rec["train_kill"]
+        body.append([f"rank SIGKILLed in training step {r['step']}", r["world"],
+                     f"fault_timeout {num(r['fault_timeout_s'])} s", r["victim"],
+                     ", ".join(f"rank {k} exit {v['rc']} after {fixed(v['seconds'], 2)} s"
+                               for k, v in sorted(r["survivors"].items()))])
+    return table(["fault", "world", "deadline", "victim", "what the others did (seconds after the fault)"], body)
+
+
+SECTIONS = (Section("Fault times", r"^fault_times", render,
+                    "`burstengine bench fault-times`: the fault jobs of the tests, timed once."),)

@@ -24,7 +24,7 @@ seconds from the fault to its exit, its exit code and whether it named the victi
     python -m burstengine bench faults --out-dir benchmarks/results          # CPU, gloo
     torchrun is not needed; on a GPU host: ... bench faults --device cuda --world 4
 
-``python -m burstengine.bench.faults job <fault>`` is one rank of a job (what the runner starts).
+``python -m burstengine.bench.faults.phases job <fault>`` is one rank of a job (what the runner starts).
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ import socket
 import subprocess
 import sys
 import time
+from ..tables import Section, fixed, num, table
 
 FAULTS = ("first_call", "subgroups", "ring_step", "skip_call", "skip_backward", "freeze", "store_host",
           "checkpoint_save")
@@ -181,7 +182,7 @@ def run_fault(fault: str, world: int = 4, deadline: float = 6.0, device: str = "
             env.pop(key, None)
         # files, not pipes: a rank must never block writing its (long, C++) error output
         logs[r] = (open(os.path.join(tmp, f"out{r}"), "w+"), open(os.path.join(tmp, f"err{r}"), "w+"))
-        procs[r] = subprocess.Popen([sys.executable, "-m", "burstengine.bench.faults", "job", fault], env=env,
+        procs[r] = subprocess.Popen([sys.executable, "-m", "burstengine.bench.faults.phases", "job", fault], env=env,
                                     stdout=logs[r][0], stderr=logs[r][1], text=True)
     ends, t0 = {}, time.time()
     while time.time() - t0 < limit:
@@ -299,6 +300,49 @@ def main(argv=None) -> int:
     print("\n".join(problems) or "every survivor ended in time, naming the victim")
     print("wrote", path)
     return 1 if problems else 0
+
+
+# --- docs/results.md ----------------------------------------------------------------------------
+
+FAULT_WHAT = {
+    "first_call": "SIGKILL at the start of the first call (before the argument check)",
+    "subgroups": "SIGKILL before the double ring's sub-groups are made",
+    "ring_step": "SIGKILL mid forward ring step",
+    "skip_call": "skips the last call (alive elsewhere)",
+    "skip_backward": "skips a backward, goes on to the next call",
+    "freeze": "frozen (SIGSTOP) mid ring step",
+    "store_host": "rank 0 (hosts the c10d store) SIGKILLed mid ring step",
+    "checkpoint_save": "SIGKILL while writing a DCP checkpoint (under the watchdog)",
+}
+
+
+def render(rec):
+    head = [f"{rec['world']} ranks on {rec['device']}, BURST_TIMEOUT {num(rec['deadline_s'])} s; seconds from the "
+            f"fault to each survivor's exit (non-zero), and whether its error names the lost rank.", ""]
+    body = []
+    for name, r in rec["faults"].items():
+        s = r["survivors"]
+        body.append([name, FAULT_WHAT.get(name, name), r["victim"],
+                     ", ".join(f"{fixed(v['seconds'], 2)}" if v["seconds"] is not None else "hung"
+                               for _, v in sorted(s.items())),
+                     sum(v["hung"] for v in s.values()),
+                     "all" if all(v["named_victim"] for v in s.values()) else
+                     f"{sum(v['named_victim'] for v in s.values())} of {len(s)}"])
+    out = head + table(["fault", "what the victim does", "victim", "survivors' seconds to exit", "hung",
+                        "named the victim"], body)
+    fz = rec.get("fuzz")
+    if fz:
+        out += ["", f"Bad-call fuzz (tests/test_fuzz.py's cases): {fz['bad'] + fz['good']} calls on every rank of "
+                f"worlds 2-4 ({fz['bad']} bad, {fz['good']} valid; {fz['calls']} rank-calls), {fz['failures']} "
+                f"failures, {fz['hangs']} hangs, {fz['silent_wrong']} silent wrong answers.", ""]
+        out += table(["batch", "bad", "valid", "failures", "silent wrong", "slowest call s"],
+                     [[k, v["bad"], v["good"], v["failures"], v["silent_wrong"], fixed(v["slowest_call_s"], 3)]
+                      for k, v in fz["worlds"].items()])
+    return out
+
+
+SECTIONS = (Section("Faults at every phase", r"^faults_", render,
+                    "`burstengine bench faults`: a rank lost at each phase of a job, and the bad-call fuzz."),)
 
 
 if __name__ == "__main__":

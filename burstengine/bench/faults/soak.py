@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 
 import torch.distributed as dist
 
-from ..launch import run_command
+from ...train import Trainer, load
+from ..harness import ranked_bench
 from ..records import write_record
-from ..train import Trainer, load
+from ..tables import Section, fixed, ms, num, table
 
 SOAK_MODEL = ["model.dim=32", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2", "model.vocab_size=64",
               "model.ffn_dim=48", "seq_len=32", "batch_size=2", "passkey_symbols=8", "passkey_len=3",
@@ -132,18 +132,27 @@ def run_rank(args) -> int:
     return 0 if ok else 1
 
 
-def _validate(args) -> str | None:
+def validate(args) -> str | None:
     if not 1 <= args.start < args.steps:
         return f"--from must be in [1, --steps), got {args.start}"
     return None
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="burstengine bench soak", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return run_command(run_rank, p.parse_args(argv), _validate, prog="burstengine bench soak")
+build_parser, main = ranked_bench("soak", __doc__, add_arguments, run_rank, validate)
+
+# --- docs/results.md ----------------------------------------------------------------------------
+
+def render(rec):
+    head = [f"{rec['steps']} training steps on {rec['world']} ranks, evaluation and checkpoint every "
+            f"{rec['eval_and_ckpt_every']} steps, {ms(rec['wall_s'] / rec['steps'])} ms per step; growth of resident "
+            f"memory from step {rec['from_step']} against a bound of {num(rec['bound_mib'])} MiB per rank: "
+            f"{'pass' if rec['pass'] else 'FAIL'}.", ""]
+    body = [[i, p["from_step"], p["to_step"], fixed(p["rss_from_mib"], 1), fixed(p["rss_to_mib"], 1),
+             fixed(p["growth_mib"], 2), fixed(p["slope_kib_per_step"], 2), fixed(p["late_slope_kib_per_step"], 3)]
+            for i, p in enumerate(rec["per_rank"])]
+    return head + table(["rank", "from step", "to step", "RSS from MiB", "RSS to MiB", "growth MiB",
+                         "KiB/step", "KiB/step, last steps"], body)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+SECTIONS = (Section("Soak", r"^soak", render,
+                    "`burstengine bench soak`: resident memory over many tiny training steps."),)

@@ -37,8 +37,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from ...train import load
 from ..records import free_path, results_dir, write_record
-from ..train import load
 
 # (name, what it adds, config overrides); each row keeps the ones before it
 TABLE = (
@@ -132,7 +132,7 @@ def runs_of(args, model: str, seqs=(), world: int | None = None) -> tuple[list[d
 
 def run(args, model: str, seqs: list[int], run_case, record_name: str, say) -> int:
     """All ranks: every run of the ablation at every sequence, the tables, the record (rank 0);
-    ``run_case`` and ``say`` (print on rank 0) are bench/train.py's."""
+    ``run_case`` and ``say`` (print on rank 0) are bench/peers/train.py's."""
     world = dist.get_world_size()
     try:
         runs, splits = runs_of(args, model, seqs, world)

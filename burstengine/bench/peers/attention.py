@@ -23,45 +23,34 @@ import torch.distributed as dist
 
 import burstengine as be
 
-from ..records import results_dir, write_record
-from ..timing import median, timed
-from . import peers
+from ...timing import median, timed
+from ..harness import attn_flops, device_backend, ranked_bench
 from ..launch import add_launch_arguments
-from ..usage import fill_device_defaults, kernel_error
-from ..launch import run_command
-from ..usage import missing_package
+from ..records import results_dir, write_record
+from ..tables import Section, gib, med, ms, num, ratio, table
+from ..usage import fill_device_defaults, kernel_error, missing_package
+from . import peer_attention as peers
+from .methods import METHODS as ALL_METHODS, method as lookup, unknown
 
+# the methods of a GPU run unless --methods says otherwise (any SDPA backend of the peers runs too)
 METHODS = ("burst-zigzag", "burst-striped", "burst-contiguous", "ringbwd-zigzag", "torch-cp-cudnn", "torch-cp-flash",
            "ulysses-cudnn", "megatron-tp-cudnn", "single-gpu-cudnn")
 BASELINE = "torch-cp-cudnn"
-_FAMILIES = tuple(f"{p}-{x}" for p in ("burst", "ringbwd") for x in be.LAYOUTS) + tuple(
-    f"{p}-{b}" for p in ("torch-cp", "ulysses", "megatron-tp", "single-gpu") for b in ("cudnn", "flash", "math"))
-
-
-def attn_flops(S, H, D, causal, B=1):
-    return 4 * B * S * S * H * D * (0.5 if causal else 1.0)
 
 
 def make_method(name, group, causal, kernel):
-    """-> (fn(q, k, v) -> out, context manager factory or None)."""
-    if name.startswith("burst-") or name.startswith("ringbwd-"):
-        scheme, layout = name.split("-", 1)
-        bwd = "burst" if scheme == "burst" else "ring"
-        return (lambda q, k, v: be.burst_attn_func(q, k, v, group=group, causal=causal, layout=layout, backward=bwd,
-                                                   kernel=kernel)), None
-    if name.startswith("torch-cp-"):
-        fn = peers.torch_cp(name.rsplit("-", 1)[1])
+    """-> (fn(q, k, v) -> out, context manager factory or None) of the method ``name``."""
+    m = lookup(name, "attention")
+    if m.attention == "burst":
+        return (lambda q, k, v: be.burst_attn_func(q, k, v, group=group, causal=causal, layout=m.layout,
+                                                   backward=m.backward, kernel=kernel)), None
+    if m.attention == "torch-cp":
+        fn = peers.torch_cp(m.sdpa)
         return (lambda q, k, v: fn(q, k, v, causal)), peers.torch_cp_context
-    if name.startswith("ulysses-"):
-        fn = peers.ulysses(group, name.rsplit("-", 1)[1])
-        return (lambda q, k, v: fn(q, k, v, causal)), None
-    if name.startswith("megatron-tp-"):
-        fn = peers.megatron_tp(group, name.rsplit("-", 1)[1])
-        return (lambda q, k, v: fn(q, k, v, causal)), None
-    if name.startswith("single-gpu-"):
-        backend = name.rsplit("-", 1)[1]
-        return (lambda q, k, v: peers._sdpa(q, k, v, causal, backend)), None
-    raise ValueError(f"unknown method {name!r}; known: {METHODS}")
+    if m.attention == "single-gpu":
+        return (lambda q, k, v: peers.sdpa(q, k, v, causal, m.sdpa)), None
+    fn = {"ulysses": peers.ulysses, "megatron-tp": peers.megatron_tp}[m.attention](group, m.sdpa)
+    return (lambda q, k, v: fn(q, k, v, causal)), None
 
 
 def _peak_reset(dev):
@@ -76,7 +65,7 @@ def _peak(dev):
 def run_case(method, S, H, Hkv, D, causal, args, group):
     world = dist.get_world_size(group)
     fn, ctx_factory = make_method(method, group, causal, args.kernel)
-    single = method.startswith("single-gpu")
+    single = ALL_METHODS[method].attention == "single-gpu"
     if single:
         # one GPU doing the per-GPU work of the distributed call: S' = S / sqrt(G)
         S_run = max(1024, int(round(S / math.sqrt(world) / 1024)) * 1024)
@@ -111,7 +100,7 @@ def run_case(method, S, H, Hkv, D, causal, args, group):
     finally:
         if ctx:
             ctx.__exit__(None, None, None)
-    flops = attn_flops(S_run, H, D, causal) / (1 if single else world)
+    flops = attn_flops(1, S_run, S_run, H, D, 0.5 if causal else 1.0) / (1 if single else world)
     rec["fwd_tflops"] = flops / median(rec["fwd_s"]) / 1e12
     rec["fwdbwd_tflops"] = 3.5 * flops / median(rec["fwdbwd_s"]) / 1e12
     del q, k, v, do
@@ -236,10 +225,7 @@ GPU_DEFAULTS = dict(seqs="131072,524288", heads=32, head_dim=128, iters=5, warmu
                     methods=",".join(METHODS))
 
 
-def build_parser(p=None):
-
-    p = p or argparse.ArgumentParser(prog="burstengine bench attention", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seqs", default=None, help="total sequence lengths, comma-separated "
                                                 f"[cuda: {GPU_DEFAULTS['seqs']}, cpu: {CPU_DEFAULTS['seqs']}]")
     p.add_argument("--mask", choices=("causal", "full", "both"), default="both")
@@ -263,7 +249,6 @@ def build_parser(p=None):
                    help="cpu: a smoke run of the harness on gloo ranks (float32, tiny sizes, methods that run on "
                         "CPU: burst-*, ringbwd-*, *-math peers); figures from it mean nothing [cuda when available]")
     add_launch_arguments(p)
-    return p
 
 
 def _fill_defaults(args):
@@ -288,11 +273,11 @@ def validate(args) -> str | None:
         return ("--device cuda needs CUDA GPUs (run it under torchrun on a GPU node; --device cpu smoke-tests "
                 "the harness)")
     methods = [m for m in args.methods.split(",") if m]
-    bad = [m for m in methods if m not in METHODS and not any(m.startswith(p) for p in _FAMILIES)]
+    bad = unknown("attention", methods)
     if bad:
         return f"unknown method(s) {bad}; known: {', '.join(METHODS)} (and -math/-flash variants of the peers)"
     if args.device == "cpu":
-        gpu_only = [m for m in methods if m.endswith(("-cudnn", "-flash")) or m.startswith("torch-cp-")]
+        gpu_only = [m for m in methods if ALL_METHODS[m].cuda_only]
         if gpu_only:
             return f"method(s) {gpu_only} need CUDA; on CPU use burst-*, ringbwd-* and the *-math peers"
         if args.profile:
@@ -310,7 +295,7 @@ def validate(args) -> str | None:
         return f"--heads ({args.heads}) must be a multiple of every --kv-heads, not of {bad}"
     if max(worlds) > args.world:
         return f"--worlds {args.worlds}: each must be between 1 and the launch's {args.world} ranks"
-    chunks = 2 if any("zigzag" in m for m in methods) else 1
+    chunks = 2 if any(ALL_METHODS[m].layout == "zigzag" for m in methods) else 1
     for w in worlds:
         for S in seqs:
             if S % (chunks * w):
@@ -322,8 +307,6 @@ def validate(args) -> str | None:
 def run_rank(args) -> int:
     """The benchmark on this rank of an initialised default group."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    if args.device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     methods = [m for m in args.methods.split(",") if m]
     worlds = sorted({int(w) for w in args.worlds.split(",")}) if args.worlds else [world]
     # sub-groups over the lowest ranks, made by every rank in the same order
@@ -345,7 +328,7 @@ def run_rank(args) -> int:
         if rank >= w:
             continue
         for m in methods:
-            if f"{m}@{S}" in skip or (w == 1 and m.startswith("single-gpu")):
+            if f"{m}@{S}" in skip or (w == 1 and ALL_METHODS[m].attention == "single-gpu"):
                 continue
             try:
                 r = run_case(m, S, args.heads, hkv, args.head_dim, causal, args, group)
@@ -380,22 +363,54 @@ def run_rank(args) -> int:
     return 0
 
 
-def main(argv=None):
-
-    args = build_parser().parse_args(argv)
-    if args.plot:
-
-        msg = missing_package("matplotlib", "--plot") or (
-            None if os.path.isfile(args.plot) else f"--plot {args.plot!r} does not exist")
-        if msg:
-            print(f"burstengine bench attention: error: {msg}", file=sys.stderr)
-            return 2
-        print(plot(args.plot, os.path.splitext(args.plot)[0] + ".png"))
-        return 0
-    _fill_defaults(args)
-    return run_command(run_rank, args, validate, prog="burstengine bench attention",
-                       backend="nccl" if args.device == "cuda" else "gloo")
+def _prepare(args) -> int | None:
+    """--plot draws the plot of a record and ends the command; otherwise the device's defaults."""
+    if not args.plot:
+        _fill_defaults(args)
+        return None
+    msg = missing_package("matplotlib", "--plot") or (
+        None if os.path.isfile(args.plot) else f"--plot {args.plot!r} does not exist")
+    if msg:
+        print(f"burstengine bench attention: error: {msg}", file=sys.stderr)
+        return 2
+    print(plot(args.plot, os.path.splitext(args.plot)[0] + ".png"))
+    return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+build_parser, main = ranked_bench("attention", __doc__, add_arguments, run_rank, validate, prepare=_prepare,
+                                  backend=device_backend)
+
+
+# --- docs/results.md ----------------------------------------------------------------------------
+
+def render(rec):
+    rows = rec["rows"]
+    out = []
+    base_of = {}
+    for r in rows:
+        key = (r["S"], r["Hkv"], r["causal"])
+        if r["method"].startswith("burst") and key not in base_of:
+            base_of[key] = r
+    body = []
+    for r in rows:
+        base = base_of.get((r["S"], r["Hkv"], r["causal"]))
+        comparable = base is not None and base is not r and base["S_run"] == r["S_run"]
+        body.append([r["method"], r["S"], r["S_run"], f"{r['H']}/{r['Hkv']}", "causal" if r["causal"] else "full",
+                     ms(med(r["fwd_s"])), ms(med(r["fwdbwd_s"])), num(r.get("fwd_tflops"), 4),
+                     num(r.get("fwdbwd_tflops"), 4), gib(r.get("peak_bytes")),
+                     ratio(med(r["fwdbwd_s"]), med(base["fwdbwd_s"])) if comparable else "—"])
+    out += table(["method", "S", "S run", "H/Hkv", "mask", "fwd ms", "fwd+bwd ms", "fwd TFLOP/s/GPU",
+                  "fwd+bwd TFLOP/s/GPU", "peak GiB", "fwd+bwd time ÷ burst's"], body)
+    out.append("Times are medians of the record's raw times; \"÷ burst's\" divides by the first `burst-*` row of "
+               "the same S, KV heads and mask (only where the per-GPU work, S run, is the same).")
+    out.append("")
+    if rec.get("profile"):
+        out += table(["S", "layout", "backward", "step ms", "NCCL ms", "exposed ms"],
+                     [[p["S"], p["layout"], p["backward"], num(p["step_ms"], 5), num(p["nccl_ms"], 4),
+                       num(p["exposed_ms"], 3)] for p in rec["profile"]])
+    return out
+
+
+SECTIONS = (Section("Attention on 1-2 GPUs beside the peers", r"^attention_", render,
+                    "`burstengine bench attention`: BurstAttention against torch's context parallelism, Ulysses and "
+                    "one GPU."),)

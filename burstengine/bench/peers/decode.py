@@ -21,7 +21,7 @@ device-to-device copy bandwidth measured in the same launch (a large tensor copi
 written bytes / time).  Each row records its raw times, and the record (command, commit,
 device, versions) is rewritten after every row, so an interrupted run keeps what it measured.
 
---check first checks the decode path on this device in seconds (bench/decode_check.py: the
+--check first checks the decode path on this device in seconds (bench/checks/decode_check.py: the
 decode attention kernel against float64, and a small model's greedy tokens with and without the
 graph against the float64 model's), records it, and stops with exit 1 if anything fails.
 
@@ -39,22 +39,19 @@ import time
 import torch
 import torch.distributed as dist
 
+from ...inference.engine import peak_bytes, reset_peak
+from ...inference.generate import generate
+from ...inference.models import check_spec, load_model, resolve_dtype
+from ...inference.needle import parse_lengths
+from ...inference.step import MODES as GRAPH_MODES, use_graphs
+from ..harness import RankLog, ranked_bench
 from ..records import write_record
-from ..inference.needle import parse_lengths
-from ..inference.models import check_spec
-from ..inference.engine import peak_bytes, reset_peak
-from ..inference.generate import generate
-from ..inference.models import load_model, resolve_dtype
-from ..inference.step import MODES as GRAPH_MODES
-from ..inference.step import use_graphs
-from ..launch import run_command
+from ..tables import Section, device_of, fixed, ms, num, record, table
 
 ALIASES = {"llama-3.1-8b": "llama-8b"}
 
 
-def build_parser(p=None):
-    p = p or argparse.ArgumentParser(prog="burstengine bench decode", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny", help="preset (or llama-3.1-8b) or HF directory [%(default)s]")
     p.add_argument("--seqs", default="256,512", help="prompt lengths, e.g. 32K,128K,512K [%(default)s]")
     p.add_argument("--batches", default="1,2", help="batch sizes [%(default)s]")
@@ -76,16 +73,13 @@ def build_parser(p=None):
     p.add_argument("--out-dir", default=None, help="record directory [benchmarks/results]")
     p.add_argument("--world", type=int, default=1, help="ranks to spawn without torchrun [%(default)s]")
     p.add_argument("--timeout", type=float, default=3600.0)
-    return p
 
 
 def _lengths(text):
-
     return parse_lengths(text)
 
 
 def validate(args) -> str | None:
-
     msg = check_spec(ALIASES.get(args.model, args.model), "ours")
     if msg:
         return msg
@@ -141,21 +135,18 @@ def step_bytes(model, B: int, kv_tokens: int, world: int) -> int:
 
 
 def run_rank(args) -> dict:
-
     init = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if init else (0, 1)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     dtype = resolve_dtype(args.dtype, device)
     spec = ALIASES.get(args.model, args.model)
 
-    def log(msg):
-        if rank == 0:
-            print(f"[bench decode] {msg}", flush=True)
+    log = RankLog("bench decode", rank, clock=None)
 
     graphed = use_graphs(args.graphs, device, world)
     check = None
     if args.check:
-        from .decode_check import check as check_decode  # the check's small models: only with --check
+        from ..checks.decode_check import check as check_decode  # the check's small models: only with --check
 
         check = check_decode(device, log)
         if not check["ok"]:
@@ -250,12 +241,6 @@ def run_rank(args) -> dict:
     return payload
 
 
-def main(argv=None) -> int:
-
-    args = build_parser().parse_args(argv)
-    return run_command(_entry, args, validate, "decode bench")
-
-
 def _entry(args) -> int:
     payload = run_rank(args)
     differ = [(r["S"], r["batch"]) for r in payload["rows"] if r.get("tokens_equal") is False]
@@ -266,5 +251,74 @@ def _entry(args) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+build_parser, main = ranked_bench("decode", __doc__, add_arguments, _entry, validate)
+
+
+# --- docs/results.md ----------------------------------------------------------------------------
+
+def render(rec):
+    graphs = rec.get("graphs")
+    head = [f"{rec['describe']}; {rec['world']} rank(s), {rec['dtype'].replace('torch.', '')}; device-to-device copy "
+            f"bandwidth {rec['copy_bandwidth_Bps'] / 1e9:,.0f} GB/s measured in the launch. Decode time per token is "
+            "the median of the timed steps; the bound reads the KV cache and the weights once per token at that "
+            "bandwidth." + (" Decode steps replayed from a CUDA graph; the same prompts decoded op by op in a second "
+                            "call (whose prefill gives the second first-token time: nothing left to allocate or "
+                            "compile)." if graphs else ""), ""]
+    body = []
+    for r in rec["rows"]:
+        if "error" in r:
+            body.append([r["S"], r["batch"], r["error"]] + ["—"] * (7 if graphs else 5))
+            continue
+        sdpa = r.get("sdpa_first_token_s")
+        first = fixed(r["first_token_s"], 2)
+        if graphs:
+            first += f" / {fixed(r['eager_first_token_s'], 2)}"
+        row = [r["S"], r["batch"], first, fixed(sdpa, 2) if sdpa else "—", ms(r["decode_s_per_token"])]
+        if graphs:
+            row.append(ms(r["eager_decode_s_per_token"]))
+        row += [ms(r["bound_s"]), f"{r['ratio_to_bound']:.2f}×", fixed(r["peak_bytes"] / 2**30, 1)]
+        if graphs:
+            row.insert(-1, "yes" if r.get("tokens_equal") else "NO")
+        body.append(row)
+    cols = ["prompt tokens", "batch", "first token s" + (" (first / again)" if graphs else ""), "SDPA prefill s",
+            "decode ms/token" + (" (graph)" if graphs else "")]
+    cols += ["op by op ms/token"] if graphs else []
+    cols += ["bound ms/token", "× bound"] + (["same tokens"] if graphs else []) + ["peak GiB"]
+    return head + table(cols, body)
+
+
+def block_decode_graphs(records):
+    """docs/inference.md: the decode step's CUDA graph and kernel on one GPU, from the records."""
+    chk = record(records, "decode_8b_graphs.json")["check"]
+    runs = [("decode_8b_h200_graphs2.json", record(records, "decode_8b_h200_graphs2.json")),
+            ("decode_8b_h200_graphs.json", record(records, "decode_8b_h200_graphs.json"))]
+    att = chk["attention"]
+    seen, body = set(), []
+    for name, rec in runs:
+        for r in rec["rows"]:
+            if "error" in r or (r["S"], r["batch"]) in seen:
+                continue
+            seen.add((r["S"], r["batch"]))
+            sdpa = r.get("sdpa_first_token_s")
+            body.append([f"{r['S'] // 1024}K", r["batch"], ms(r["decode_s_per_token"]), ms(r["eager_decode_s_per_token"]),
+                         ms(r["bound_s"]), f"{r['ratio_to_bound']:.2f}×",
+                         f"{fixed(r['eager_first_token_s'], 2)} / {fixed(sdpa, 2)}" if sdpa else "—",
+                         "yes" if r["tokens_equal"] else "NO", f"`{name}`"])
+    body.sort(key=lambda row: (int(row[0][:-1]), row[1]))
+    dev = device_of(runs[0][1])
+    toks = chk["tokens"]
+    head = (f"On {dev}, {runs[0][1]['describe'].split(':')[0]} with Llama-3.1-8B's shape: `bench decode --check` passed "
+            f"({len(att)} kernel cases within {num(max(r['out_err'] for r in att))} of float64; with and without the "
+            f"graph the float32 model chose float64's tokens and bf16 the same tokens both ways, "
+            f"{sum(len(t['lengths']) for t in toks)} prompts, windows {', '.join(str(t['window']) for t in toks)}; "
+            "`decode_8b_graphs.json`). Decode per token with the graph, op by op, and the bound of reading the "
+            "weights and the KV cache once at the copy bandwidth measured in the launch; first token of a second "
+            "prefill (warm) beside plain SDPA's:")
+    return "\n".join([head, ""] + table(["prompt", "batch", "graph ms", "op by op ms", "bound ms", "× bound",
+                                         "first token s (ours / SDPA)", "same tokens", "record"], body))
+
+
+SECTIONS = (Section("Decode against the sharded KV cache", r"^decode_", render,
+                    "`burstengine bench decode`: first-token latency beside plain SDPA prefill, decode time per "
+                    "token beside the HBM-bandwidth bound."),)
+BLOCKS = {"decode-graphs": block_decode_graphs}

@@ -17,15 +17,16 @@ import json
 import os
 import sys
 import time
-from ..model.hf import CONFIGS, write_random_hf_dir
+
+from ...inference.weights import load_hf_llama
+from ...model.hf import CONFIGS, peak_rss_gib, write_random_hf_dir
+from ...train import checkpoint as ckpt
+from ...train.config import load as load_config
+from ...train.loop import default_device
+from ...train.parallel import build_mesh, build_model
 from ..launch import init_from_env, under_launcher
-from ..model.hf import peak_rss_gib
-from ..train import checkpoint as ckpt
-from ..train.config import load as load_config
-from ..train.loop import default_device
-from ..train.parallel import build_mesh, build_model
-from ..inference.weights import load_hf_llama
 from ..records import write_record
+from ..tables import Section, device_of, fixed, num, record, table
 
 
 def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -65,7 +66,6 @@ def _record(name, payload):
 
 
 def make(args) -> dict:
-
     if args.config in CONFIGS:
         config = CONFIGS[args.config]
     else:
@@ -167,3 +167,65 @@ def main(argv=None) -> int:
         print(json.dumps(res, indent=1))
         _record(args.record, res)
     return 0
+
+
+# --- docs/results.md ----------------------------------------------------------------------------
+
+def render(rec):
+    """One line per fine-tuning record, whatever its kind (make / load / train / export / compare)."""
+    kind = rec.get("kind") or ("train" if "summary" in rec else "?")
+    if kind == "train":
+        t, c = rec["summary"], rec["config"]
+        cells = [("sequence", c["seq_len"]), ("doc_mask", c.get("doc_mask")), ("steps", t["steps"]),
+                 ("tokens/s/GPU", f"{t['mean_tokens_per_s_per_gpu']:,.0f}"), ("step s", fixed(t["mean_step_time_s"], 2)),
+                 ("MFU (document-masked FLOPs)", f"{100 * t['mean_mfu']:.1f}%" if t.get("mean_mfu") else "—"),
+                 ("peak GiB", fixed(t["peak_mem_gib"], 1)), ("loss first → last", f"{t['first_loss']:.4f} → {t['final_loss']:.4f}")]
+    elif kind == "load":
+        cells = [("parameters", f"{rec['params'] / 1e9:.2f}B"), ("ranks", rec["world"]),
+                 ("load s (slowest rank)", fixed(rec["load_s_max_rank"], 1)),
+                 ("GiB read (most by a rank)", fixed(rec["read_gib_max_rank"], 1)),
+                 ("peak host RSS GiB", fixed(rec["peak_host_rss_gib_max_rank"], 2)), ("peak GPU GiB", fixed(rec["peak_gpu_gib"], 1))]
+    elif kind == "export":
+        cells = [("step", rec["step"]), ("dtype", rec["dtype"]), ("GiB", fixed(rec["bytes"] / 2**30, 2)),
+                 ("files", rec["files"]), ("export s", fixed(rec["export_s"], 1)),
+                 ("peak host RSS GiB", fixed(rec["peak_rss_gib"], 2)),
+                 ("max_position_embeddings", rec["max_position_embeddings"])]
+    elif kind == "compare":
+        cells = [("sequence", rec["seq"]), ("positions compared", rec["rows"]), ("dtype", rec["dtype"]),
+                 ("max relative logit error", num(rec["max_rel_err"])), ("argmax agreement", fixed(rec["argmax_agreement"], 3))]
+    elif kind == "make":
+        cells = [("config", rec["config"]), ("GiB written", fixed(rec["bytes"] / 2**30, 2)), ("files", rec["files"]),
+                 ("write s", fixed(rec["write_s"], 1))]
+    else:
+        raise KeyError(kind)
+    return [f"{kind}:", ""] + table([k for k, _ in cells], [[v for _, v in cells]])
+
+
+def block_finetune_gpu(records):
+    """docs/training.md: the fine-tuning path on one H200, from the ft_* records."""
+    rows = []
+    for S in (65536, 131072):
+        t = record(records, f"ft_train_3b_{S}.json")
+        e = record(records, f"ft_export_3b_{S}.json")
+        c = record(records, f"ft_compare_3b_{S}.json")
+        sm = t["summary"]
+        rows.append([f"3B, {S // 1024}K, doc_mask", sm["steps"], f"{sm['mean_tokens_per_s_per_gpu']:,.0f}",
+                     f"{100 * sm['mean_mfu']:.1f}%", fixed(sm["peak_mem_gib"], 1), "—", fixed(e["export_s"], 1),
+                     num(c["max_rel_err"]), fixed(c["argmax_agreement"], 2)])
+    ld, ex, c8 = (record(records, n) for n in ("ft_load_8b.json", "ft_export_8b.json", "ft_compare_8b.json"))
+    rows.append(["8B, load + save + export", "—", "—", "—", fixed(ld["peak_gpu_gib"], 1),
+                 f"{fixed(ld['load_s_max_rank'], 1)} ({fixed(ld['peak_host_rss_gib_max_rank'], 1)} GiB host)",
+                 fixed(ex["export_s"], 1), num(c8["max_rel_err"]), fixed(c8["argmax_agreement"], 2)])
+    dev = device_of(ld)
+    return "\n".join([f"On {dev} (`benchmarks/finetune_h200.sh`; records `ft_*.json`; MFU counts the document-masked "
+                      "attention FLOPs; logits of the export in transformers vs the engine, both bf16, on "
+                      f"{c['rows']} positions of one random sequence at the trained length, 8K for the 8B):", ""]
+                     + table(["run", "steps", "tokens/s/GPU", "MFU", "peak GPU GiB", "load s", "export s",
+                              "max rel. logit error", "argmax agreement"], rows))
+
+
+SECTIONS = (Section("Fine-tuning a pretrained model", r"^ft_", render,
+                    "`benchmarks/finetune_h200.sh` (`burstengine bench finetune`, `train --set init=...`, `export`): "
+                    "random-weight HF directories with real architectures' configs, loaded sharded, trained with "
+                    "packed documents, exported, compared with transformers."),)
+BLOCKS = {"finetune-gpu": block_finetune_gpu}

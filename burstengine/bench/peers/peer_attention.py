@@ -20,12 +20,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ..comm.alltoall import HeadsToSeq, SeqToHeads
+from ...comm.alltoall import HeadsToSeq, SeqToHeads
 
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}
 
 
-def _sdpa(q, k, v, causal, backend):
+def sdpa(q, k, v, causal, backend):
     # (B, S, H, D) views in, SDPA wants (B, H, S, D)
     with sdpa_kernel(BACKENDS[backend]):
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal,
@@ -78,7 +78,7 @@ def torch_cp(backend):
 def ulysses(group, backend):
     def fn(q, k, v, causal):
         qh, kh, vh = (SeqToHeads.apply(t, group) for t in (q, k, v))
-        return HeadsToSeq.apply(_sdpa(qh, kh, vh, causal, backend), group)
+        return HeadsToSeq.apply(sdpa(qh, kh, vh, causal, backend), group)
     return fn
 
 
@@ -132,7 +132,7 @@ def megatron_tp(group, backend):
         qf = heads[:, :, r * H // G:(r + 1) * H // G]
         kf = heads[:, :, r * Hkv // G:(r + 1) * Hkv // G]
         vf = heads[:, :, H - (r + 1) * Hkv // G:H - r * Hkv // G]
-        o = _sdpa(qf, kf, vf, causal, backend)  # (B, S, H/G, D)
+        o = sdpa(qf, kf, vf, causal, backend)  # (B, S, H/G, D)
         y = F.pad(o.flatten(2), (r * H // G * D, (H - (r + 1) * H // G) * D))  # my heads in a hidden-size partial
         return _ReduceScatterSeq.apply(y.transpose(0, 1), group).transpose(0, 1).unflatten(-1, (H, D))
 

@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ..train.metrics import peak_flops, peak_memory_gib
+from ...train.metrics import peak_flops, peak_memory_gib
 
 AC_OPTIONS = ("none", "selective", "full")  # fastest first
 LOSS_CHUNK = 8192
@@ -54,6 +54,9 @@ class Block(nn.Module):
         return x + self.w2(F.silu(g) * u)
 
 
+# RoPE here (and its tables in PlainLlama.forward) is written the plain way on purpose, not
+# model/rope.py's rope_tables and model/llama.py's apply_rope: this is the model a user writes
+# without BurstEngine, its tables computed in every step as such a model does
 def _rope(x, cos, sin):
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)

@@ -31,22 +31,22 @@ import argparse
 import contextlib
 import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 
-from ..inference.engine import peak_bytes, prefill, reset_peak
-from ..inference.models import OurLlama, random_llama
-from ..model import PRESETS, ModelArgs
-from ..records import write_record
-from ..timing import median, reduce_max, timed
-from . import peers
-from ..launch import run_command
-from ..layout import LAYOUTS
-from .tp_llama import TPLlama
+from ...inference.engine import peak_bytes, prefill, reset_peak
+from ...inference.models import OurLlama, random_llama
+from ...model import ModelArgs, PRESETS
+from ...timing import median, reduce_max, timed
+from ..harness import RankLog, ranked_bench
 from ..launch import default_world
+from ..records import write_record
+from ..tables import Section, gib, med, ms, num, ratio, table
 from ..usage import kernel_error
+from . import peer_attention as peers
+from .methods import METHODS as ALL_METHODS, unknown
+from .tp_llama import TPLlama
 
 # LLaMA-2 7B and 13B (the paper's models), and a CPU-sized one
 SHAPES: dict[str, ModelArgs] = {
@@ -54,8 +54,7 @@ SHAPES: dict[str, ModelArgs] = {
     "7b": PRESETS["llama-7b"],
     "13b": ModelArgs(dim=5120, n_layers=40, n_heads=40, n_kv_heads=40, vocab_size=32000, ffn_dim=13824),
 }
-METHODS = ("burst", "torch-cp", "megatron-v3", "megatron-v1")
-GPU_ONLY = ("torch-cp",)
+METHODS = ("burst", "torch-cp", "megatron-v3", "megatron-v1")  # a GPU run's, unless --methods says otherwise
 
 
 # defaults by device: the paper's shapes on GPUs; a tiny model that finishes in seconds on CPU
@@ -63,9 +62,7 @@ GPU_DEFAULTS = dict(models="7b,13b", seqs="32768,65536,131072,262144,524288,1048
 CPU_DEFAULTS = dict(models="tiny", seqs="1024,2048", methods="burst,megatron-v3,megatron-v1")
 
 
-def build_parser(p=None):
-    p = p or argparse.ArgumentParser(prog="burstengine bench prefill", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", default=None, help=f"comma-separated shapes from {sorted(SHAPES)} "
                                                   f"[cuda: {GPU_DEFAULTS['models']}, cpu: {CPU_DEFAULTS['models']}]")
     p.add_argument("--seqs", default=None, help="prompt lengths, comma-separated, ascending "
@@ -86,7 +83,6 @@ def build_parser(p=None):
     p.add_argument("--name", default=None, help="record name (default prefill_<world><gpu|cpu>)")
     p.add_argument("--out-dir", default=None, help="record directory [$BURST_RESULTS or ./burst-results]")
     p.add_argument("--timeout", type=float, default=7200.0)
-    return p
 
 
 def fill_defaults(args):
@@ -101,11 +97,10 @@ def fill_defaults(args):
 
 
 def parse_methods(spec: str) -> list[str]:
-    out = []
-    for m in (x for x in spec.split(",") if x):
-        if m not in METHODS and not (m.startswith("burst-") and m[6:] in LAYOUTS):
-            raise ValueError(f"unknown method {m!r}; expected {METHODS} or burst-<layout>")
-        out.append(m)
+    out = [m for m in spec.split(",") if m]
+    bad = unknown("prefill", out)
+    if bad:
+        raise ValueError(f"unknown method {bad[0]!r}; expected {METHODS} or burst-<layout>")
     return out
 
 
@@ -127,7 +122,7 @@ def validate(args) -> str | None:
             return f"sequence {s} is not divisible by 2 x {world} ranks (zigzag halves, TP shards)"
     for name in models:
         a = SHAPES[name]
-        if any(m.startswith("megatron") for m in methods) and (a.n_heads % world or a.ffn_dim % world):
+        if any(ALL_METHODS[m].attention == "megatron" for m in methods) and (a.n_heads % world or a.ffn_dim % world):
             return f"{name}: heads {a.n_heads} and ffn {a.ffn_dim} must be divisible by {world} for tensor parallelism"
     if args.iters < 1 or args.warmup < 0:
         return "--iters must be >= 1 and --warmup >= 0"
@@ -151,18 +146,16 @@ def _case(method, S, ids, ours, tp, group, args, device):
     from torch.nn.attention import sdpa_kernel  # only for the SDPA baselines
 
     backend = args.sdpa or ("cudnn" if device.type == "cuda" else "math")
-    if method == "burst" or method.startswith("burst-"):
-        layout = "zigzag" if method == "burst" else method[6:]
-        return (lambda: prefill(ours, ids, group=group, layout=layout, kernel=args.kernel).logits), None
-    if method == "torch-cp":
+    m = ALL_METHODS[method]
+    if m.attention == "burst":
+        return (lambda: prefill(ours, ids, group=group, layout=m.layout, kernel=args.kernel).logits), None
+    if m.attention == "torch-cp":
         def fn():
             with sdpa_kernel(peers.BACKENDS[backend]):
-                return prefill(ours, ids, group=group, layout="zigzag", attention="sdpa").logits
+                return prefill(ours, ids, group=group, layout=m.layout, attention="sdpa").logits
         return fn, (lambda: peers.torch_cp_context(group, S, device, causal=True))
-    if method.startswith("megatron-"):
-        tp.mode, tp.backend = method.split("-")[1], backend
-        return (lambda: tp.next_token_logits(ids)), None
-    raise ValueError(method)
+    tp.mode, tp.backend = m.mode, backend  # megatron
+    return (lambda: tp.next_token_logits(ids)), None
 
 
 def run_rank(args, group=None) -> list[dict]:
@@ -174,11 +167,7 @@ def run_rank(args, group=None) -> list[dict]:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     methods = parse_methods(args.methods)
     seqs = [int(s) for s in args.seqs.split(",") if s]
-    t_start = time.perf_counter()
-
-    def log(msg):
-        if rank == 0:
-            print(f"[prefill-bench {time.perf_counter() - t_start:7.0f}s] {msg}", flush=True)
+    log = RankLog("prefill-bench", rank, "7.0f")
 
     log(f"{world} rank(s) on {device.type}, {dtype}; models {args.models}; methods {methods}; S {seqs}")
     rows = []
@@ -191,9 +180,9 @@ def run_rank(args, group=None) -> list[dict]:
         tp = None
         # CP methods first (they share the full model); then TP, whose slices are cut from it
         # before the full model is freed, so every method's peak memory is its own
-        order = sorted(methods, key=lambda m: (m.startswith("megatron"), m != "burst"))
+        order = sorted(methods, key=lambda m: (ALL_METHODS[m].attention == "megatron", m != "burst"))
         for method in order:
-            if method.startswith("megatron") and tp is None:
+            if ALL_METHODS[method].attention == "megatron" and tp is None:
                 tp = TPLlama(model, group)
                 del model, ours
                 model = ours = None
@@ -204,7 +193,7 @@ def run_rank(args, group=None) -> list[dict]:
             for S in seqs:
                 row = dict(model=name, method=method, S=S, world=world, dtype=str(dtype).replace("torch.", ""))
                 rows.append(row)
-                if method in GPU_ONLY and device.type != "cuda":
+                if ALL_METHODS[method].cuda_only and device.type != "cuda":
                     row["error"] = "needs CUDA"
                     continue
                 if stopped:
@@ -294,14 +283,31 @@ def print_tables(rows, methods, seqs, file=None):
             print(f"{m:14s}" + "".join(f"{c:>14s}" for c in cells), file=file)
 
 
-def main(argv=None) -> int:
-    return run_command(_entry, fill_defaults(build_parser().parse_args(argv)), validate, "burstengine bench prefill")
-
-
 def _entry(args) -> int:
     run_rank(args)
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+build_parser, main = ranked_bench("prefill", __doc__, add_arguments, _entry, validate,
+                                  prepare=fill_defaults)
+
+
+# --- docs/results.md ----------------------------------------------------------------------------
+
+def render(rec):
+    rows = rec["rows"]
+    base = {(r["model"], r["S"]): r for r in rows if r["method"] == "burst"}
+    body = [[r["model"], r["method"], r["S"], r["world"], ms(med(r["seconds"])), num(r["S"] / med(r["seconds"]), 4),
+             gib(r.get("peak_bytes")), num(r.get("logits_rel_diff_vs_burst")),
+             ratio(med(r["seconds"]), med(base[(r["model"], r["S"])]["seconds"])) if (r["model"], r["S"]) in base
+             else "—"] for r in rows if "seconds" in r]
+    out = table(["model", "method", "S", "world", "first-token ms", "tokens/s", "peak GiB",
+                 "logits vs burst", "time ÷ burst's"], body)
+    if rec.get("longest_fit"):
+        out += table(["method@model", "longest prompt that fit"], [[k, v] for k, v in rec["longest_fit"].items()])
+    return out
+
+
+SECTIONS = (Section("Prefill", r"^prefill", render,
+                    "`burstengine bench prefill`: first-token latency beside tensor and torch-native context "
+                    "parallelism."),)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import random
 import sys
 import time
@@ -39,18 +38,20 @@ import torch
 import torch.distributed as dist
 
 import burstengine as be
-from burstengine.attention.checks import check_sparse
-from burstengine.attention.planning import plan_call
-from burstengine.kernels import get_kernel
-from burstengine.records import write_record
-from burstengine.schedule import (attention_flops, backward_bytes, block_tasks, forward_bytes, ring_source, run_steps,
-                                  visible_pairs)
-from burstengine.testing import fro_err
-from burstengine.timing import median
+
+from ...attention.checks import check_sparse
+from ...attention.planning import plan_call
+from ...kernels import get_kernel
+from ...layout import LAYOUTS
+from ...schedule import (attention_flops, backward_bytes, block_tasks, forward_bytes, ring_source, run_steps,
+                         visible_pairs)
+from ...testing import fro_err
+from ...timing import median
+from ..harness import device_backend, ranked_bench
 from ..launch import add_launch_arguments
-from ..layout import LAYOUTS
+from ..records import write_record
+from ..tables import MIB, Section, fixed, ms, num, table
 from ..usage import fill_device_defaults, kernel_error
-from ..launch import run_command
 
 
 def mixed_documents(seq_len: int, lo: int, hi: int, seed: int = 0) -> list[int]:
@@ -304,10 +305,7 @@ def _d(key):
     return f"[cuda: {f(GPU_DEFAULTS[key])}, cpu: {f(CPU_DEFAULTS[key])}]"
 
 
-def build_parser(p=None):
-
-    p = p or argparse.ArgumentParser(prog="burstengine bench sparse", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=("cuda", "cpu"), default=None,
                    help="cuda: NCCL, bf16; cpu: gloo, float32 [cuda when available]")
     p.add_argument("--cases", default="window,docs", help="window and/or docs [%(default)s]")
@@ -333,7 +331,6 @@ def build_parser(p=None):
     p.add_argument("--name", default=None, help="record name (default sparse_<world><device>)")
     p.add_argument("--out-dir", default=None, help="record folder [$BURST_RESULTS or ./burst-results]")
     add_launch_arguments(p)
-    return p
 
 
 def _fill_defaults(args):
@@ -374,8 +371,12 @@ def validate(args) -> str | None:
 
 
 def run(group, argv=None) -> dict:
-    """The benchmark on an initialised process group; returns the record (rank 0 writes it)."""
-    args = _fill_defaults(build_parser().parse_args(argv))
+    """The benchmark with these arguments on an initialised process group; returns the record
+    (rank 0 writes it)."""
+    return _run(group, _fill_defaults(build_parser().parse_args(argv)))
+
+
+def _run(group, args) -> dict:
     rank, G = dist.get_rank(group), dist.get_world_size(group)
     device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
@@ -402,21 +403,41 @@ def run(group, argv=None) -> dict:
     return payload
 
 
-def _rank_main(args) -> int:
-    if args.device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank())))
-    run(None, args.argv)
+def run_rank(args) -> int:
+    _run(None, args)
     return 0
 
 
-def main(argv=None):
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = _fill_defaults(build_parser().parse_args(argv))
-    args.argv = argv
-    return run_command(_rank_main, args, validate, prog="burstengine bench sparse",
-                       backend="nccl" if args.device == "cuda" else "gloo")
+build_parser, main = ranked_bench("sparse", __doc__, add_arguments, run_rank, validate, prepare=_fill_defaults,
+                                  backend=device_backend)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+# --- docs/results.md ----------------------------------------------------------------------------
+
+def render(rec):
+    base = {}
+    for r in rec["rows"]:
+        base.setdefault(r["group"], r)
+    body = []
+    for r in rec["rows"]:
+        b = base[r["group"]]
+        speed = b["fwdbwd_s"] / r["fwdbwd_s"]
+        ideal = b["visible_pairs"] / r["visible_pairs"]
+        sent = max(p["fwd_bytes"] + p["bwd_bytes"] for p in r["per_rank"]) if r.get("per_rank") else None
+        body.append([r["name"], r["layout"], r.get("window") or "—", r.get("documents", "—"), r["steps"],
+                     ms(r["fwdbwd_s"]), fixed(speed), fixed(ideal), fixed(speed / ideal) if r is not b else "",
+                     fixed(r["balance"], 3), "—" if sent is None else f"{sent / MIB:.0f}",
+                     "—" if r.get("whole_shard_bytes") is None else f"{r['whole_shard_bytes'] / MIB:.0f}",
+                     num(r.get("check_err"))])
+    a = rec.get("args", {})
+    head = [f"S={a.get('seq')}, H={a.get('heads')}, Hkv={a.get('kv_heads') or a.get('heads')}, "
+            f"d={a.get('head_dim')}, world {rec.get('world')}. Speedup: the fwd+bwd time (slowest rank's median) of "
+            "the first row of the group (causal; one document) ÷ this row's; ideal: the ratio of visible pairs; "
+            "balance: the slowest rank's compute time ÷ the mean over ranks.", ""]
+    return head + table(["case", "layout", "window", "documents", "steps run", "fwd+bwd ms", "speedup",
+                         "ideal", "efficiency", "balance", "MiB sent per rank", "whole shards MiB",
+                         "error vs reference"], body)
+
+
+SECTIONS = (Section("Sparse masks", r"^sparse_", render,
+                    "`burstengine bench sparse`: sliding windows and packed documents against their causal baseline."),)

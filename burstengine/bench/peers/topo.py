@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 import sys
 import time
 
@@ -32,18 +31,18 @@ import torch.distributed as dist
 
 import burstengine as be
 
-from .. import costmodel as cm
-from ..attention.hybrid import check_hybrid
-from ..comm import topology as topo
-from ..comm.ring import Ring
-from ..kernels import get_kernel
-from ..records import write_record
-from ..timing import median, timed
-from . import peers
+from ... import costmodel as cm
+from ...comm import topology as topo
+from ...comm.ring import Ring
+from ...kernels import get_kernel
+from ...layout import LAYOUTS
+from ...timing import median, timed
+from ..harness import device_backend, ranked_bench
 from ..launch import add_launch_arguments
-from ..layout import LAYOUTS
+from ..records import write_record
+from ..tables import Section, med, ms, num, table
 from ..usage import fill_device_defaults, kernel_error
-from ..launch import run_command
+from . import peer_attention as peers
 
 SCHEMES = ("burst", "ring", "burst_double", "ring_double", "ulysses", "hybrid")
 
@@ -53,10 +52,7 @@ CPU_DEFAULTS = dict(seqs="512,1024", heads=4, head_dim=16, warmup=1, iters=2)
 GPU_DEFAULTS = dict(seqs="32768,131072", heads=32, head_dim=128, warmup=2, iters=5)
 
 
-def build_parser(p=None):
-
-    p = p or argparse.ArgumentParser(prog="burstengine bench topo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seqs", default=None, help="global sequence lengths, comma-separated "
                                                 "[cuda: 32768,131072, cpu: 512,1024]")
     p.add_argument("--heads", type=int, default=None, help="[cuda: 32, cpu: 4]")
@@ -75,7 +71,6 @@ def build_parser(p=None):
     p.add_argument("--name", default=None, help="record name [topo_bench_<world>gpu or _<world>cpu]")
     p.add_argument("--out-dir", default=None, help="record folder [$BURST_RESULTS or ./burst-results]")
     add_launch_arguments(p)
-    return p
 
 
 def fill_defaults(args):
@@ -186,15 +181,11 @@ def measure_kernel(kernel, device, dtype, B, sq, sk, H, Hkv, D, mask, group, war
 # --- what runs --------------------------------------------------------------------------------
 
 def hybrid_degrees(H, Hkv, G):
-    q, k = torch.empty(1, 1, H, 1, device="meta"), torch.empty(1, 1, Hkv, 1, device="meta")
-    out = []
-    for U in range(2, G + 1):
-        try:
-            check_hybrid(q, k, G, U)
-        except ValueError:
-            continue
-        out.append(U)
-    return out
+    """The head-parallel degrees U the bench runs the hybrid at on one group of G ranks: the cost
+    model's (1 < U < G) and U = G itself (every head split: Ulysses through the hybrid's path)."""
+    one_node = cm.Cluster(nodes=1, gpus_per_node=G)
+    return cm.hybrid_degrees(one_node, cm.Attn(seq=G, heads=H, kv_heads=Hkv)) + (
+        [G] if G > 1 and cm.kv_heads_for(H, Hkv, G) is not None else [])
 
 
 def runs(schemes, H, Hkv, G, nodes):
@@ -371,9 +362,7 @@ def print_table(rec, file=None):
     print(f"largest |error|: {100 * worst:.1f}%", file=file)
 
 
-def _rank_main(args) -> int:
-    if args.device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank())))
+def run_rank(args) -> int:
     rec = run(None, args)
     if rec is not None:
         print_table(rec)
@@ -383,12 +372,24 @@ def _rank_main(args) -> int:
     return 0
 
 
-def main(argv=None):
-
-    args = fill_defaults(build_parser().parse_args(argv))
-    return run_command(_rank_main, args, validate, prog="burstengine bench topo",
-                       backend="nccl" if args.device == "cuda" else "gloo")
+build_parser, main = ranked_bench("topo", __doc__, add_arguments, run_rank, validate, prepare=fill_defaults,
+                                  backend=device_backend)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+# --- docs/results.md ----------------------------------------------------------------------------
+
+def render(rec):
+    body = [[r["label"], r["S"], f"{r['H']}/{r['Hkv']}", r["topology"], ms(med(r["raw_s"])), ms(r["predicted_s"]),
+             f"{(r['predicted_s'] - med(r['raw_s'])) / med(r['raw_s']):+.1%}"] for r in rec["rows"]]
+    c = rec.get("cluster") or {}
+    head = []
+    if c:
+        head = [f"Calibrated: intra {num(c['intra']['gbps'])} GB/s + {num(c['intra']['latency_us'])} µs, "
+                f"inter {num(c['inter']['gbps'])} GB/s + {num(c['inter']['latency_us'])} µs, kernels "
+                f"{num(c['fwd_tflops'])} / {num(c['bwd_tflops'])} TFLOP/s fwd / bwd.", ""]
+    return head + table(["scheme", "S", "H/Hkv", "topology", "measured ms", "predicted ms", "prediction error"], body)
+
+
+SECTIONS = (Section("Topology: measured against the cost model", r"^topo_bench", render,
+                    "`burstengine bench topo`: every scheme timed, beside the cost model calibrated on the same "
+                    "machine."),)

@@ -21,10 +21,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..comm.dist import rank_of, world_of
-from ..kernels import acc_dtype
-from ..model.llama import apply_rope, rope_tables
-from .peers import _sdpa
+from ...comm.dist import rank_of, world_of
+from ...kernels import acc_dtype
+from ...model.llama import apply_rope
+from ...model.rope import rope_tables
+from .peer_attention import sdpa
 
 MODES = ("v1", "v3")
 # torch 2.13 renamed the flat collectives; 2.11 (the GPU image) has only the old names
@@ -106,7 +107,7 @@ class TPLlama:
         k = (x @ L["wk"].t()).view(B, S, self.kv_heads, D)
         v = (x @ L["wv"].t()).view(B, S, self.kv_heads, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        o = _sdpa(q, k, v, True, self.backend)  # GQA without expanding (enable_gqa)
+        o = sdpa(q, k, v, True, self.backend)  # GQA without expanding (enable_gqa)
         return o.flatten(2) @ L["wo"].t()
 
     @staticmethod

@@ -21,7 +21,7 @@ for the CPU SDPA kernel).
 ``--ablation`` runs the BurstEngine ablation instead (paper Table 2: baseline, + burst backward,
 + fused LM head/loss, + sequence-level selective checkpointing, vs keeping every attention
 output) and the memory-vs-split curve of sequence-level checkpointing, all with BurstAttention
-(see burstengine/bench/ablation.py):
+(see burstengine/bench/peers/ablation.py):
 
     torchrun --nproc_per_node 4 -m burstengine bench train --ablation --model llama-7b --seqs 524288
 """
@@ -29,24 +29,24 @@ from __future__ import annotations
 
 import argparse
 import gc
-import sys
 import time
 
 import torch
 import torch.distributed as dist
 
-from ..attention.checks import arg_checks
+from ...attention.checks import arg_checks
+from ...timing import median
+from ...train import Trainer, load
+from ...train.metrics import peak_memory_gib
+from ..harness import ranked_bench, step_check_level
 from ..records import write_record
-from ..timing import median
-from ..train import Trainer, load
-from ..train.cli import step_check_level
-from ..train.metrics import peak_memory_gib
+from ..tables import Section, device_of, fixed, med, num, ratio, record, table
 from . import ablation
-from .plain_llama import best_case
-from ..launch import run_command
 from .ablation import runs_of
+from .methods import METHODS as ALL_METHODS, unknown
+from .plain_llama import best_case
 
-METHODS = ("burst", "torch-cp", "plain")  # plain: bench/plain_llama.py, one GPU, no CP
+METHODS = ("burst", "torch-cp", "plain")  # a GPU run's unless --methods says otherwise
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -102,7 +102,7 @@ def run_case(model: str, method: str, seq: int, args, config: list[str] = (), ro
 
 def _run_case(model, method, seq, args, config, row) -> dict:
     over = list(args.overrides) + list(config) + [
-        f"seq_len={seq}", "cp=0", f"attention={method}", "progress=false", f"steps={args.warmup + args.steps}",
+        f"seq_len={seq}", "cp=0", f"attention={ALL_METHODS[method].attention}", "progress=false", f"steps={args.warmup + args.steps}",
         "batch_size=1", "eval_every=0"]
     row = dict(row or {}, method=method, seq_len=seq)
     trainer = None
@@ -196,7 +196,7 @@ def run_rank(args) -> int:
     seqs = [int(s) for s in (args.seqs or ("131072,262144,524288" if on_gpu else "512,1024")).split(",")]
     max_seq = args.max_seq or (4194304 if on_gpu else 2048)
     methods = [m for m in args.methods.split(",") if m]
-    bad = [m for m in methods if m not in METHODS]
+    bad = unknown("train", methods)
     if bad:
         _say(f"error: unknown methods {bad}; expected {METHODS}")
         return 2
@@ -212,7 +212,7 @@ def run_rank(args) -> int:
         todo = list(seqs)
         while todo:
             seq = todo.pop(0)
-            if method == "plain":
+            if ALL_METHODS[method].attention == "plain":
                 if world > 1:
                     _say("plain: the plain-PyTorch baseline runs on one GPU (no context parallelism); skipped")
                     break
@@ -285,24 +285,106 @@ def validate(args) -> str | None:
             return str(e)
         return None
     methods = [m for m in (args.methods or "").split(",") if m]
-    bad = [m for m in methods if m not in METHODS]
+    bad = unknown("train", methods)
     if bad or not methods:
         return f"unknown methods {bad}; expected some of {METHODS}"
-    if "torch-cp" in methods and not on_gpu:
+    if any(ALL_METHODS[m].cuda_only for m in methods) and not on_gpu:
         return "torch-cp (torch's context_parallel) needs CUDA GPUs: torch has no CPU rule for it; use --methods burst"
     return None
 
 
-def main(argv=None) -> int:
-
-    p = argparse.ArgumentParser(prog="burstengine bench train", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    args = p.parse_args(argv)
+def _default_methods(args) -> None:
     if args.methods is None:
         args.methods = ",".join(METHODS) if torch.cuda.is_available() else "burst"
-    return run_command(run_rank, args, validate, prog="burstengine bench train")
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+build_parser, main = ranked_bench("train", __doc__, add_arguments, run_rank, validate, prepare=_default_methods)
+
+
+# --- docs/results.md ----------------------------------------------------------------------------
+
+def render(rec):
+    if "summary" in rec:  # a `burstengine train` run: summary + held-out evaluations
+        s = rec["summary"]
+        out = [f"{s['steps']} steps, world {s['world']} (dp {s['dp']} × cp {s['cp']}), seq {s['seq_len']}, "
+               f"layout {s.get('layout')}: loss {fixed(s['first_loss'], 3)} → {fixed(s['final_loss'], 3)}, "
+               f"{num(s['mean_step_time_s'])} s per step, {num(s['mean_tokens_per_s_per_gpu'], 4)} tokens/s per rank.",
+               ""]
+        body = [[e["step"], e["samples"], fixed(e["passkey_acc"], 3), fixed(e["chance_passkey_acc"], 3),
+                 " / ".join(fixed(x, 2) for x in e["passkey_acc_by_depth"])] for e in rec.get("evals", [])]
+        return out + table(["step", "samples", "passkey accuracy", "chance", "by depth quartile"], body)
+    body = [[r["method"], r.get("seq_len", "—"), num(r.get("ok")),
+             num(med(r["step_times_s"]), 4) if r.get("step_times_s") else "—",
+             num(r.get("tokens_per_s_per_gpu"), 4), fixed(r.get("mfu"), 3), fixed(r.get("peak_mem_gib"), 1),
+             fixed(r.get("first_loss"), 4)] for r in rec["rows"]]
+    head = [f"model {rec.get('model', '?')}, world {rec.get('world', '?')}, {rec.get('steps', '?')} steps after "
+            f"{rec.get('warmup', '?')} warm-up.", ""]
+    return head + table(["method", "seq", "ok", "median step s", "tokens/s/GPU", "MFU", "peak GiB", "step-0 loss"],
+                        body)
+
+
+def block_train_3b(records):
+    """docs/training.md: BurstEngine against the plain-PyTorch baseline on one H200 (one launch),
+    where the 128K step's time goes, and the clock the board's power limit left it."""
+    name, prof_name, clk_name = "train_llama-3b_1xh200.json", "profile_3b_128k_pointwise.json", \
+        "clocks_train_3b_h200.json"
+    rec, prof, clk = record(records, name), record(records, prof_name), record(records, clk_name)
+    rows = {(r["method"], r["seq_len"]): r for r in rec["rows"] if r.get("ok")}
+    body = []
+    for S in sorted({S for _, S in rows}):
+        b, p = rows[("burst", S)], rows[("plain", S)]
+        body.append([f"{S // 1024}K", fixed(b["median_step_s"], 2), f"{100 * b['mfu']:.1f}%",
+                     fixed(b["peak_mem_gib"], 1), fixed(p["median_step_s"], 2), f"{100 * p['mfu']:.1f}%",
+                     p.get("plain_ac", "plain"), f"{ratio(p['median_step_s'], b['median_step_s'])}×"])
+    cats = ", ".join(f"{k} {fixed(v, 2)} s" for k, v in prof["categories_s"].items())
+    c = clk["summary"]
+    return "\n".join([f"On {device_of(rec)}, Llama-3.2-3B shapes, `{name}` (commit {rec['commit']}, BurstEngine "
+                      "and the plain baseline in one launch; MFU as defined above):", ""]
+                     + table(["tokens", "BurstEngine s/step", "MFU", "peak GiB", "plain s/step", "MFU",
+                              "plain's checkpointing", "tokens/s vs plain"], body)
+                     + ["", f"One 128K step under the profiler (`{prof_name}`, commit {prof['commit']}): {cats}. During "
+                        f"a run of the same command (commit {clk['commit']}) the SM clock's median was {c['median_sm_mhz']:.0f} of {c['max_sm_mhz']:.0f} MHz at "
+                        f"{c['median_power_w']:.0f} of {c['limit_w']:.0f} W, power-capped in "
+                        f"{100 * c['share_of_loaded_samples_throttled_by']['sw power cap']:.0f}% of the loaded "
+                        f"samples (`{clk_name}`)."])
+
+
+def block_offload(records):
+    """docs/training.md: the 3B step with offloaded layers in auto's plan beside the default plan
+    (same commit, two launches), where the offloading step waited before the fix, and the probe's
+    plans on six layers."""
+    names = ("train_llama-3b_1xh200.json", "train_llama-3b_1xh200_offload.json")
+    body = []
+    for name in names:
+        rec = record(records, name)
+        for r in rec["rows"]:
+            if r.get("method") == "burst" and r.get("ok"):
+                plan = ", ".join(f"{n} {p}" for p, n in r["checkpoint_plan"].items())
+                body.append([f"`{name}`", f"{r['seq_len'] // 1024}K", plan, fixed(r["median_step_s"], 3),
+                             f"{100 * r['mfu']:.1f}%", fixed(r.get("offload_host_gib") or 0, 1)])
+    gaps = []
+    for name in ("profile_3b_65536_offload_gaps.json", "profile_3b_131072_offload_gaps.json"):
+        rec = record(records, name)
+        gaps.append(f"at {rec['seq_len'] // 1024}K (`{name}`, commit {rec['commit']}) no compute kernel ran for "
+                    f"{fixed(rec['compute_gaps_s']['forward'], 2)} s of the forward, while "
+                    f"{fixed(rec['transfer_only_s'], 2)} s of the copies ran alone")
+    probe = []
+    for name in ("probe_offload_64k.json", "probe_offload_128k.json"):
+        rec = record(records, name)
+        t = {r["plan"]: r["median_step_s"] for r in rec["rows"] if "median_step_s" in r}
+        probe.append(f"at {rec['seq'] // 1024}K (`{name}`) all pointwise {fixed(t['pointwise'], 3)} s, the first "
+                     f"three offloaded {fixed(t['3 offload + pointwise'], 3)} s, the first three sequence "
+                     f"{fixed(t['3 sequence + pointwise'], 3)} s")
+    first, second = record(records, names[0]), record(records, names[1])
+    return "\n".join([f"On {device_of(first)}, BurstEngine's rows of `{names[0]}` (commit {first['commit'][:7]}, the "
+                      "default plan; `bench train --model llama-3b --methods burst,plain --seqs 65536,131072`) and "
+                      f"`{names[1]}` (commit {second['commit'][:7]}, the next launch: the same with `--methods burst "
+                      "--set activation_offload=true`):", ""]
+                     + table(["record", "tokens", "auto's plan", "s/step", "MFU", "host GiB"], body)
+                     + ["", "Before the fix, with the scan read back in every layer: " + "; ".join(gaps) + ".",
+                        "", "On six layers alone (`benchmarks/probe_offload.py`): " + "; ".join(probe) + "."])
+
+
+SECTIONS = (Section("Training", r"^(train_|ablation)", render,
+                    "`burstengine train` and `burstengine bench train` (throughput, ablation)."),)
+BLOCKS = {"train-3b": block_train_3b, "offload": block_offload}

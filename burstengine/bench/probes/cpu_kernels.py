@@ -14,9 +14,10 @@ import time
 
 import torch
 
+from ...kernels.cpu_flash import CpuFlashKernel
+from ...kernels.reference import ReferenceKernel
 from ..records import write_record
-from ..kernels.cpu_flash import CpuFlashKernel
-from ..kernels.reference import ReferenceKernel
+from ..tables import Section, med, ms, ratio, table
 
 
 def timed(fn, iters):
@@ -71,5 +72,20 @@ def main(argv=None):
     print("wrote", path)
 
 
-if __name__ == "__main__":
-    main()
+# --- docs/results.md ----------------------------------------------------------------------------
+
+def render(rec):
+    sh = rec["shape"]
+    head = [f"One {rec['mask']} block, B={sh['B']}, S={sh['S']}, H={sh['H']} (kv {sh['Hkv']}), D={sh['D']}, "
+            f"{rec['threads']} threads; median of {rec['iters']} runs; speed-ups against the reference kernel of the "
+            "same dtype, from the same record.", ""]
+    ref = {(r["dtype"]): r for r in rec["rows"] if r["kernel"] == "reference"}
+    body = [[r["kernel"], r["dtype"], ms(med(r["fwd_all"])), ms(med(r["bwd_all"])),
+             ratio(med(ref[r["dtype"]]["fwd_all"]), med(r["fwd_all"])) if r["dtype"] in ref else "—",
+             ratio(med(ref[r["dtype"]]["bwd_all"]), med(r["bwd_all"])) if r["dtype"] in ref else "—"]
+            for r in rec["rows"]]
+    return head + table(["kernel", "dtype", "forward ms", "backward ms", "forward ×", "backward ×"], body)
+
+
+SECTIONS = (Section("Local kernels on CPU", r"^cpu_kernels", render,
+                    "`burstengine bench cpu-kernels`: torch's CPU flash attention op against the reference kernel."),)

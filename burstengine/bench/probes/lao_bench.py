@@ -30,13 +30,15 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ..masks import CAUSAL, FULL, STRICT, MaskSpec
-from .kernels import attn_flops, load_configs, log, warm_variants
+from ...kernels import KERNELS
+from ...kernels.triton.kernel import CONFIGS, TileConfig, Tiles, TritonKernel, bwd_rows, gluon_bwd_takes, gluon_takes
+from ...kernels.verify import NAMES, run_case
+from ...masks import CAUSAL, FULL, MaskSpec, STRICT
+from ...timing import median, timed
+from ..harness import attn_flops
 from ..records import write_record
-from ..timing import median, timed
-from ..kernels import KERNELS
-from ..kernels.verify import NAMES, run_case
-from ..kernels.triton.kernel import (CONFIGS, TileConfig, Tiles, TritonKernel, bwd_rows, gluon_bwd_takes, gluon_takes)
+from ..tables import Section, device_of, keyed, med, ms, num, ratio, record, span, table
+from ..triton_variants import load_configs, log, warm_variants
 
 T = Tiles
 # candidates per head dim, each timed on its own: forward tiles; dK/dV tiles with dQ from the
@@ -529,5 +531,73 @@ def main(argv=None):
         main_stage(args)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+# --- docs/results.md ----------------------------------------------------------------------------
+
+def render(rec):
+    out = []
+    sl = rec["single_launch"]
+    rows = keyed(sl["rows"], "S", "mask", "method", "what")
+    cases = sorted({(r["S"], r["mask"]) for r in sl["rows"]}, key=lambda c: (c[0], c[1] != "full"))
+    body = []
+    for S, mask in cases:
+        line = [S, mask]
+        for what in ("fwd", "fwd+bwd"):
+            ours = rows.get((S, mask, "ours", what))
+            line.append(num(ours["tflops"], 4) if ours else "—")
+            for peer in ("cudnn", "flash", "flex"):
+                p = rows.get((S, mask, peer, what))
+                line.append(num(p["tflops"], 4) if p else "—")
+            for peer in ("cudnn", "flex"):
+                p = rows.get((S, mask, peer, what))
+                line.append(ratio(med(p["times"]), med(ours["times"])) if p and ours else "—")
+        body.append(line)
+    out.append(f"One launch, {sl.get('dtype', '?')}, d={sl.get('head_dim', '?')}, {sl.get('heads', '?')} heads, "
+               f"batch {sl.get('batch', '?')}: TFLOP/s and our speed relative to a peer (the peer's median time "
+               "÷ ours).")
+    out.append("")
+    out += table(["S", "mask", "fwd ours", "cuDNN", "flash", "Flex", "ours/cuDNN", "ours/Flex",
+                  "f+b ours", "cuDNN", "flash", "Flex", "ours/cuDNN", "ours/Flex"], body)
+    rs = rec.get("ring_step") or {}
+    if rs.get("rows"):
+        rrows = keyed(rs["rows"], "n", "hkv", "mask", "kernel", "what")
+        keys = sorted({(r["n"], r["hkv"], r["mask"], r["what"]) for r in rs["rows"]})
+        body = []
+        for n, hkv, mask, what in keys:
+            o, c = rrows.get((n, hkv, mask, "ours", what)), rrows.get((n, hkv, mask, "cudnn", what))
+            body.append([n, f"{rs.get('heads', '?')}/{hkv}", mask, what, ms(med(o["times"])) if o else "—",
+                         ms(med(c["times"])) if c else "—",
+                         ratio(med(c["times"]), med(o["times"])) if o and c else "—"])
+        out.append("Ring step (one block pair onto the running float32 state), n rows per block: our kernel "
+                   "against cuDNN plus the torch merge or gradient adds.")
+        out.append("")
+        out += table(["n", "H/Hkv", "mask", "call", "ours ms", "cuDNN(+merge) ms", "ours speed ÷ cuDNN's"], body)
+    notes = [f"{k.replace('_', ' ')}: {rec[k]}" for k in ("plain_forward", "plain_backward", "ring_forward_into",
+                                                          "ring_backward_into", "flops") if rec.get(k)]
+    if notes:
+        out += ["- " + n for n in notes] + [""]
+    return out
+
+
+def _lao_ratios(rec, what, peer):
+    rows = keyed(rec["single_launch"]["rows"], "S", "mask", "method", "what")
+    return [med(p["times"]) / med(rows[(S, m, "ours", w)]["times"])
+            for (S, m, meth, w), p in rows.items() if meth == peer and w == what and (S, m, "ours", w) in rows]
+
+
+def block_lao(records):
+    h200 = record(records, "lao_bench.json")
+    h100 = record(records, "lao_bench_h100.json")
+    parts = []
+    for rec, name in ((h200, "lao_bench.json"), (h100, "lao_bench_h100.json")):
+        parts.append(f"on {device_of(rec)} (`{name}`) the forward runs at {span(_lao_ratios(rec, 'fwd', 'cudnn'))}× "
+                     f"cuDNN's speed and {span(_lao_ratios(rec, 'fwd', 'flex'))}× FlexAttention's, forward + backward "
+                     f"at {span(_lao_ratios(rec, 'fwd+bwd', 'cudnn'))}× cuDNN and "
+                     f"{span(_lao_ratios(rec, 'fwd+bwd', 'flex'))}× Flex")
+    sl = h200["single_launch"]
+    dtype = {"bfloat16": "bf16", "float16": "fp16"}.get(sl.get("dtype"), sl.get("dtype"))
+    return f"In one launch ({dtype}, d={sl.get('head_dim')}), " + "; ".join(parts) + "."
+
+
+SECTIONS = (Section("LAO kernels: speed", r"^lao_bench", render,
+                    "`burstengine bench lao-bench`: our kernels against cuDNN, flash and FlexAttention on one GPU."),)
+BLOCKS = {"lao": block_lao}

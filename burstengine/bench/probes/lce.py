@@ -28,10 +28,11 @@ import time
 import torch
 import torch.nn.functional as F
 
+from ..tables import Section, fixed, keyed, med, ms, num, table
 import burstengine as be
+from ...testing import fro_err
+from ...timing import timed
 from ..records import write_record
-from ..timing import timed
-from ..testing import fro_err
 
 
 def naive(h, w, y):
@@ -236,5 +237,34 @@ def summary(rows):
     sys.stdout.flush()
 
 
-if __name__ == "__main__":
-    main()
+# --- docs/results.md ----------------------------------------------------------------------------
+
+def render(rec):
+    rows = rec["rows"]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    by = keyed(rows, "vocab", "tokens", "method")
+    shapes = sorted({(r["vocab"], r["tokens"]) for r in rows}, key=lambda s: (-s[0], s[1]))
+    body = []
+    for v, t in shapes:
+        line = [f"{v} × {t}"]
+        for m in methods:
+            r = by.get((v, t, m))
+            line.append(f"{ms(med(r['times_s']))} ms, {fixed(r['peak_gib'], 1)} GiB" if r and r.get("times_s") else "—")
+        body.append(line)
+    a = rec.get("args", {})
+    out = [f"hidden {a.get('hidden')}, {a.get('dtype')}, forward + backward; median of the raw times, peak = most "
+           "allocated beyond the inputs.", ""]
+    out += table(["vocab × tokens"] + methods, body)
+    chk = rec.get("check")
+    if chk and chk.get("rows"):
+        tol = chk.get("tol")
+        tol = ", ".join(f"{k.replace('torch.', '')} {num(v)}" for k, v in tol.items()) if isinstance(tol, dict) else num(tol)
+        out += [f"Check against float64 (tolerance {tol}; passed: {num(chk.get('passed'))}):", ""]
+        out += table(["method", "dtype", "options", "loss error", "dh error", "dW error"],
+                     [[r["method"], r["dtype"], r.get("opt", ""), num(r["loss"]), num(r["dh"]), num(r["dw"])]
+                      for r in chk["rows"]])
+    return out
+
+
+SECTIONS = (Section("Fused LM head + cross-entropy", r"^lce_bench", render,
+                    "`burstengine bench lce`: forward + backward time and peak memory against the peers."),)

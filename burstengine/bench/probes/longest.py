@@ -15,8 +15,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from .attention import make_method
+from ..peers.attention import make_method
 from ..records import write_record
+from ..tables import Section, table
 
 
 def _try(method, S, args, group, dev):
@@ -110,5 +111,16 @@ def main(argv=None):
     dist.destroy_process_group()
 
 
-if __name__ == "__main__":
-    main()
+# --- docs/results.md ----------------------------------------------------------------------------
+
+def render(rec):
+    body = []
+    for r in rec["rows"]:
+        tries = "; ".join(f"S={t['S']}: " + (f"{t['peak_gib']} GiB" if t.get("peak_gib") else "OOM")
+                          for t in r.get("tries", []))
+        body.append([r["method"], r.get("longest", "—"), tries or r.get("error", "")])
+    return table(["method", "longest S", "tries"], body)
+
+
+SECTIONS = (Section("Longest sequence", r"^longest", render,
+                    "`burstengine bench longest`: the longest sequence each method fits."),)

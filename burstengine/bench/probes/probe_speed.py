@@ -5,12 +5,13 @@
 Writes probe_speed_<world>gpu.json to $BURST_RESULTS or ./burst-results (or --out-dir).
 """
 import argparse
-import time
 
 import torch
 import torch.distributed as dist
 
+from ..tables import Section, fixed, med, ms, num, table
 import burstengine as be
+from ..harness import attn_flops
 from ..records import write_record
 
 
@@ -58,7 +59,7 @@ def main(argv=None):
         tf, _ = bench(lambda: be.burst_attn_func(q, k, v, **kw))
         torch.cuda.reset_peak_memory_stats()
         tb, raw = bench(lambda: be.burst_attn_func(q, k, v, **kw).backward(do))
-        flops = 4 * S * S * H * D * (0.5 if causal else 1.0)
+        flops = attn_flops(1, S, S, H, D, 0.5 if causal else 1.0)
         row = dict(S=S, causal=causal, layout=layout, backward=bwd, kernel=kern, fwd_s=tf, fwdbwd_s=tb,
                    fwd_tflops=flops / world / tf / 1e12, fwdbwd_tflops=3.5 * flops / world / tb / 1e12,
                    peak_gib=torch.cuda.max_memory_allocated() / 2**30, raw=raw)
@@ -73,5 +74,15 @@ def main(argv=None):
     dist.destroy_process_group()
 
 
-if __name__ == "__main__":
-    main()
+# --- docs/results.md ----------------------------------------------------------------------------
+
+def render(rec):
+    return table(["S", "mask", "layout", "backward", "kernel", "fwd ms", "fwd+bwd ms (median of raw)",
+                  "fwd TFLOP/s", "fwd+bwd TFLOP/s", "peak GiB"],
+                 [[r["S"], "causal" if r["causal"] else "full", r["layout"], r["backward"], r["kernel"],
+                   ms(r["fwd_s"]), ms(med(r["raw"])), num(r["fwd_tflops"], 4), num(r["fwdbwd_tflops"], 4),
+                   fixed(r["peak_gib"], 1)] for r in rec["rows"]])
+
+
+SECTIONS = (Section("Per-call speed inside the ring", r"^probe_speed", render,
+                    "`burstengine bench probe-speed`: one configuration of the ring, repeated."),)

@@ -22,11 +22,11 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
-from ..attention.checks import arg_checks
-from ..launch import run_command
+from ...attention.checks import arg_checks
+from ...train import Trainer, load
+from ..harness import ranked_bench, step_check_level
 from ..records import write_record
-from ..train import Trainer, load
-from ..train.cli import step_check_level
+from ..tables import Section, fixed, table
 
 # first match wins; names are lower-cased kernel names
 CATEGORIES = (
@@ -224,12 +224,28 @@ def validate(args) -> str | None:
     return None
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="burstengine bench profile", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return run_command(run_rank, p.parse_args(argv), validate, "burstengine bench profile")
+build_parser, main = ranked_bench("profile", __doc__, add_arguments, run_rank, validate)
+
+# --- docs/results.md ----------------------------------------------------------------------------
+
+def render(rec):
+    wall = rec["step_wall_s"]
+    busy = rec.get("gpu_busy_s", rec.get("cpu_busy_s"))
+    mfu = f", MFU {rec['mfu'] * 100:.1f}%" if rec.get("mfu") else ""
+    mem = f", peak {fixed(rec['peak_mem_gib'], 1)} GiB" if rec.get("peak_mem_gib") else ""
+    head = [f"{rec['model']} at {rec['seq_len']} tokens on {rec['world']} rank(s), overrides "
+            f"`{' '.join(rec.get('overrides') or []) or 'none'}`: one step {fixed(wall, 3)} s, kernels busy "
+            f"{fixed(busy, 3)} s{mfu}{mem}.", ""]
+    body = [[c, fixed(t, 3), f"{100 * t / wall:.1f}%"] for c, t in rec["categories_s"].items()]
+    body.append(["host gaps (nothing running)", fixed(rec["host_gap_s"], 3), f"{100 * rec['host_gap_s'] / wall:.1f}%"])
+    tail = []
+    if "compute_gaps_s" in rec:  # bench profile's timeline (later records)
+        g, t = rec["compute_gaps_s"], rec["transfers_s"]
+        tail = ["", f"No compute kernel running: {fixed(g['forward'], 3)} s in the forward, {fixed(g['backward'], 3)} s "
+                    f"in the backward; host transfers {fixed(t['dtoh'], 3)} s to the host and {fixed(t['htod'], 3)} s "
+                    f"back, {fixed(rec['transfer_only_s'], 3)} s of them under no compute kernel."]
+    return head + table(["category", "seconds", "share of the step"], body) + tail
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+SECTIONS = (Section("Where a training step's time goes", r"^profile_", render,
+                    "`burstengine bench profile`: one step under torch.profiler, kernel time by category."),)
