@@ -7,7 +7,8 @@ Times forward (no grad) and forward+backward of one attention call, bf16, B=1, f
 method in --methods, at every total sequence in --seqs, prints a table (TFLOP/s per GPU,
 ratio to torch-native CP with cuDNN, peak memory per GPU) and writes a JSON record with the
 raw times.  --profile S also traces one fwd+bwd of BurstAttention at S with torch.profiler
-and reports how much NCCL time no compute kernel covers (the exposed communication).
+and reports how much NCCL time no compute kernel covers (the exposed communication).  The
+methods are entries of bench/peers/methods.py.
 """
 from __future__ import annotations
 
@@ -181,9 +182,9 @@ def print_table(rows, file=None):
                   f"{r['Hkv']:>4d} {r['error'][:60]}", file=file)
             continue
         b = base.get(key(r))
-        ratio = f"{r['fwdbwd_tflops'] / b['fwdbwd_tflops']:6.3f}" if b else "   -  "
+        vs_cp = f"{r['fwdbwd_tflops'] / b['fwdbwd_tflops']:6.3f}" if b else "   -  "
         print(f"{r['method']:20s} {r['world']:>2d} {r['S']:>8d} {'causal' if r['causal'] else 'full':6s} "
-              f"{r['Hkv']:>4d} {r['fwd_tflops']:9.1f} {r['fwdbwd_tflops']:9.1f} {median(r['fwdbwd_s']) * 1e3:9.1f} {ratio} "
+              f"{r['Hkv']:>4d} {r['fwd_tflops']:9.1f} {r['fwdbwd_tflops']:9.1f} {median(r['fwdbwd_s']) * 1e3:9.1f} {vs_cp} "
               f"{r['peak_bytes'] / 2**30:8.1f}", file=file)
 
 
@@ -389,7 +390,8 @@ def render(rec):
     base_of = {}
     for r in rows:
         key = (r["S"], r["Hkv"], r["causal"])
-        if r["method"].startswith("burst") and key not in base_of:
+        m = ALL_METHODS.get(r["method"])
+        if m is not None and (m.attention, m.backward) == ("burst", "burst") and key not in base_of:
             base_of[key] = r
     body = []
     for r in rows:

@@ -119,7 +119,7 @@ def _sac_context():
 
 def run_case(model_args, seq: int, ac: str, warmup: int, steps: int, device, compile_blocks: bool = True) -> dict:
     """Train ``steps`` timed steps after ``warmup`` ones of the plain model on this rank alone;
-    the row has the same fields as bench/train.py's (OOM reported, not raised)."""
+    the row has the same fields as bench/peers/train.py's (OOM reported, not raised)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.nn.attention import SDPBackend, sdpa_kernel
 

@@ -95,7 +95,7 @@ def _sync(device):
 def run_case(model: str, method: str, seq: int, args, config: list[str] = (), row: dict | None = None) -> dict:
     """One (method, sequence): a fresh trainer, warm-up + timed steps; OOM is reported, not raised.
     ``config``: overrides after --set's (an ablation row's); ``row``: the fields the result starts from.
-    The attention's argument checks run at `burstengine train`'s level (train/cli.py)."""
+    The attention's argument checks run at `burstengine train`'s level (bench/harness.py)."""
     with arg_checks(step_check_level()):
         return _run_case(model, method, seq, args, config, row)
 

@@ -126,7 +126,7 @@ def _model(args) -> str:
 
 
 def run_rank(args) -> int:
-    with arg_checks(step_check_level()):  # what `burstengine train` runs (train/cli.py)
+    with arg_checks(step_check_level()):  # what `burstengine train` runs (cli/train.py)
         return _profile(args)
 
 
