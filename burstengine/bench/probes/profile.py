@@ -244,6 +244,11 @@ def render(rec):
         tail = ["", f"No compute kernel running: {fixed(g['forward'], 3)} s in the forward, {fixed(g['backward'], 3)} s "
                     f"in the backward; host transfers {fixed(t['dtoh'], 3)} s to the host and {fixed(t['htod'], 3)} s "
                     f"back, {fixed(rec['transfer_only_s'], 3)} s of them under no compute kernel."]
+    if "collectives_s" in rec:  # which collectives the step waited on (later records)
+        tail += ["", "Collectives: " + "; ".join(
+            f"{kind} {fixed(c['kernel_s'], 3)} s of kernels, {fixed(c['exposed_s'], 3)} s under no computing kernel"
+            for kind, c in rec["collectives_s"].items()) + " (fsdp: all-gather / reduce-scatter; ring: send / recv)."]
+    tail.append("")
     return head + table(["category", "seconds", "share of the step"], body) + tail
 
 
