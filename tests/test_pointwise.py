@@ -89,7 +89,7 @@ def _grads(outs, wrt, seed=3):
 
 @pytest.mark.parametrize("frozen", ["none", "input", "norm+first"])
 def test_functions_match_autograd(frozen):
-    """norm_linears and swiglu_linear against the plain composition: every gradient, with parts
+    """norm_linears and gate_linear against the plain composition: every gradient, with parts
     frozen (ctx.needs_input_grad) and an unused output (no gradient reaches it)."""
     dt, d, f = torch.float64, 24, 40
     x = torch.randn(3, 7, d, dtype=dt, requires_grad=frozen != "input")
@@ -114,7 +114,7 @@ def test_functions_match_autograd(frozen):
     up = torch.randn(3, 7, f, dtype=dt, requires_grad=frozen != "input")
     (w2,) = _linears(f, (d,), False, dt, seed=4)
     wrt = [t for t in (gate, up, w2.weight) if t.requires_grad]
-    got = _grads([P.swiglu_linear(gate, up, w2)], wrt)
+    got = _grads([P.gate_linear(gate, up, w2)], wrt)
     ref = _grads([w2(fused.swiglu(gate, up))], wrt)
     assert all(rel_err(a, b) <= EXACT for a, b in zip(got, ref))
 
@@ -134,7 +134,7 @@ def test_bf16_gradients_come_in_the_weights_dtype():
         assert rel_err(a, b) <= 2e-2
     g, u = (torch.randn(2, 5, f, dtype=dt, requires_grad=True) for _ in range(2))
     (w2,) = _linears(f, (d,), False, dt)
-    got = _grads([P.swiglu_linear(g, u, w2)], [g, u, w2.weight])
+    got = _grads([P.gate_linear(g, u, w2)], [g, u, w2.weight])
     ref = _grads([w2(fused.swiglu(g, u))], [g, u, w2.weight])
     for a, b, t in zip(got, ref, (g, u, w2.weight)):
         assert a.dtype == t.dtype and rel_err(a, b) <= 2e-2
@@ -167,7 +167,7 @@ def test_functions_keep_only_their_inputs_and_weights():
     assert seen == {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in want}
     g, u = (torch.randn(2, 5, 24, requires_grad=True) for _ in range(2))
     (w2,) = _linears(24, (d,), False, torch.float32)
-    seen, _ = _saved(lambda: P.swiglu_linear(g, u, w2))
+    seen, _ = _saved(lambda: P.gate_linear(g, u, w2))
     assert seen == {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (g, u, w2.weight)}
 
 
@@ -213,7 +213,7 @@ def test_double_backward_raises():
         for (name, _), g in zip(lean.named_parameters(), grads):
             assert rel_err(g.detach(), rgrads[name]) <= EXACT, name
         total = sum((g * g).sum() for g in grads)
-        with pytest.raises(RuntimeError, match="(norm_linears|swiglu_linear).* does not support double backward"):
+        with pytest.raises(RuntimeError, match="(norm_linears|gate_linear).* does not support double backward"):
             if second == "grad":
                 torch.autograd.grad(total, params, allow_unused=True)
             else:
