@@ -266,6 +266,24 @@ def test_sharded_in_and_out(pool, tokens, tmp_path):
     assert ((got - ref).abs().max() / ref.abs().max()).item() < 1e-5
 
 
+def test_train_and_export_commands_take_a_gemma3_directory(models, tokens, tmp_path):
+    """`burstengine train` with init= a Gemma 3 directory (2 ranks, 1 step at lr 0), then
+    `burstengine export` of the run: the directory's tensors back bitwise, as a Gemma3ForCausalLM."""
+    from safetensors.torch import load_file
+
+    from test_cli import _run
+
+    src, run, out = models["gemma3"], tmp_path / "run", tmp_path / "out"
+    sets = [*fc.overrides(src, tokens, 24, ["steps=1", "lr=0", "warmup_steps=0", "save_every=1", f"out_dir={run}"])]
+    rc, text, err = _run("train", "--world", "2", *(a for s in sets for a in ("--set", s)), timeout=600)
+    assert rc == 0, text + err
+    rc, text, err = _run("export", str(run), str(out))
+    assert rc == 0, text + err
+    a, b = load_file(os.path.join(src, "model.safetensors")), load_file(out / "model.safetensors")
+    assert sorted(a) == sorted(b) and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["Gemma3ForCausalLM"]
+
+
 def test_weights_only_checkpoint_exports_and_resumes_fresh(pool, models, tokens, tmp_path):
     """`bench finetune load --save` writes the weights only (an 8B model's AdamW moments would
     triple the file): export reads them back bitwise, and a run resumed from it takes the same
