@@ -274,3 +274,35 @@ def test_gemma3_1b_stand_in_has_the_real_shape():
     assert a.num_params() == sum(p.numel() for p in hf.parameters()) == 999_885_952
     assert a.window_layers == "sssssf" * 4 + "ss" and a.window == 512 and a.tie_embeddings
     assert (a.head_dim, a.softmax_scale, a.local_rope_theta, a.rope_theta) == (256, 1 / 16, 1e4, 1e6)
+
+
+def test_gemma3_untied_random_dir_loads_exports_bitwise_and_reads_in_transformers(tmp_path):
+    """A random-weight Gemma 3 directory (write_random_hf_dir: norms 0, Gemma's scale 1) with an
+    LM head of its own: transformers' logits from it equal ours, and a training checkpoint of the
+    model exports as the same tensors bitwise."""
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from burstengine.train.export import export
+
+    cfg = dict(GEMMA3_CONFIGS["v5"], tie_word_embeddings=False)
+    hf_dir.write_random_hf_dir(str(tmp_path / "hf"), cfg, seed=4, dtype="float32")
+    src = load_file(tmp_path / "hf" / "model.safetensors")
+    assert "lm_head.weight" in src and all(not t.any() for k, t in src.items() if k.endswith("norm.weight"))
+    ours = hf_dir.load_hf_model(str(tmp_path / "hf"))
+    ids = torch.randint(0, TINY["vocab_size"], (1, 19), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got = ours.logits(ours(ids, torch.arange(19)))
+        ref = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32,
+                                                   attn_implementation="eager")(input_ids=ids).logits
+    assert (got - ref).abs().max() <= 1e-5 * ref.abs().max() and ref.abs().max() > 0
+    ckpt = tmp_path / "run" / "step_00000001"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save({"model": ours.state_dict()}, checkpoint_id=str(ckpt), no_dist=True)
+    (ckpt / "meta.json").write_text(json.dumps({"step": 1, "config": {"model": dataclasses.asdict(ours.args),
+                                                                      "seq_len": 16}}))
+    export(str(ckpt), str(tmp_path / "out"), dtype="float32")
+    out = load_file(tmp_path / "out" / "model.safetensors")
+    assert sorted(out) == sorted(src) and all(torch.equal(out[k], src[k]) for k in src)
