@@ -173,10 +173,11 @@ class Block(nn.Module):
         return self._residuals(x, o, lean)
 
     def _residuals(self, x, o, lean):
-        a = self.attention.wo(o.flatten(2))
+        # one name for each step, so that without autograd (prefill) no step outlives the next
+        h = self.attention.wo(o.flatten(2))
         if self.attention_out_norm is not None:
-            a = self.attention_out_norm(a)
-        h = x + a
+            h = self.attention_out_norm(h)
+        h = x + h
         if lean:
             ff = self.feed_forward
             g, u = pointwise.norm_linears(h, self.ffn_norm, ff.w1, ff.w3)
