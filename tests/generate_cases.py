@@ -3,11 +3,14 @@
 Tiny random models of four architectures, made with transformers and saved with
 save_pretrained, as a user's checkpoint would be: LlamaForCausalLM, Qwen2ForCausalLM (q/k/v
 biases), MistralForCausalLM (a sliding window short enough that the prompts cross it) and
+Gemma3ForCausalLM (that window on two layers of three, a RoPE base per layer type, untied) and
 Phi3ForCausalLM (fused tensors, LongRoPE with an original context the prompts are longer than).
 """
 import functools
 
 import torch
+
+from hf_cases import gemma3_overrides
 
 VOCAB = 192
 WINDOW = 40  # Mistral's sliding window here: prompts of ~1000 tokens cross it many times
@@ -21,17 +24,20 @@ def longrope(head_dim=16):
 
 
 def tiny_config(arch: str, **overrides):
-    from transformers import LlamaConfig, MistralConfig, Phi3Config, Qwen2Config
+    from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config
 
     kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=8192, rope_theta=10000.0, tie_word_embeddings=False)
     if arch == "mistral":
         kw["sliding_window"] = WINDOW
+    if arch == "gemma3":
+        kw.update(gemma3_overrides(WINDOW))
     if arch == "phi3":  # Phi3Config's token ids default to Phi-3's 32k vocabulary; no stop token
         kw.update(rope_scaling=longrope(), original_max_position_embeddings=ORIGINAL, bos_token_id=1, eos_token_id=None,
                   pad_token_id=None)
     kw.update(overrides)
-    return {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig, "phi3": Phi3Config}[arch](**kw)
+    return {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig, "gemma3": Gemma3TextConfig,
+            "phi3": Phi3Config}[arch](**kw)
 
 
 def save_tiny(path, arch: str, seed: int = 0, **overrides) -> str:
@@ -42,7 +48,7 @@ def save_tiny(path, arch: str, seed: int = 0, **overrides) -> str:
     with torch.no_grad():  # random norms and biases, so that a loader that drops them is seen
         for name, p in model.named_parameters():
             if "norm" in name:
-                p.uniform_(0.5, 1.5)
+                p.uniform_(0.5, 1.5)  # Gemma's scale 1 + w: 1.5 to 2.5
             elif name.endswith("bias"):
                 p.normal_(0.0, 0.5)
             elif name.endswith("embed_tokens.weight") or name.endswith("lm_head.weight"):

@@ -22,9 +22,10 @@ def test_attention_compiles_fullgraph(pool, world, cases):
 
 
 # full: the block under torch.utils.checkpoint (a higher-order op around the custom op)
-@pytest.mark.parametrize("world,policy", [(1, "full"), (2, "none")])
-def test_block_compiles_fullgraph(pool, world, policy):
-    for rank, r in enumerate(pool.run(compile_cases.block, 5, policy, world=world)):
+@pytest.mark.parametrize("world,policy,options", [(1, "full", None), (2, "none", None),
+                                                  (2, "none", compile_cases.GEMMA)], ids=["full", "none", "gemma"])
+def test_block_compiles_fullgraph(pool, world, policy, options):
+    for rank, r in enumerate(pool.run(compile_cases.block, 5, policy, options, world=world)):
         assert (r["breaks"], r["ops"]) == (0, 1), f"rank {rank}"
         assert max(r["errs"]) <= TOL, f"rank {rank}: errors {r['errs']}"
 
@@ -104,3 +105,23 @@ def test_fused_ops_past_the_recompile_limit():
     finally:
         fused._RECOMPILE_LIMIT = before
         fused._compiled.pop(scaled, None)
+
+
+def test_fused_gemma_ops_compile_to_the_eager_arithmetic():
+    """Gemma's RMSNorm (1 + weight) and GeGLU through model/fused.py's compiled path (inductor on
+    CPU here, Triton on GPUs) against the eager functions, float32 and bfloat16."""
+    import torch
+    from burstengine.model import fused
+
+    g = torch.Generator().manual_seed(0)
+    for dt, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
+        x, gate, up = (torch.randn(3, 5, 24, generator=g).to(dt) for _ in range(3))
+        w = (0.5 * torch.randn(24, generator=g)).to(dt)
+        for got, want in ((fused._run_compiled(fused.rms_norm_eager, x, w, 1e-6, True),
+                           fused.rms_norm_eager(x, w, 1e-6, True)),
+                          (fused._run_compiled(fused.geglu_eager, gate, up), fused.geglu_eager(gate, up))):
+            assert got.dtype == want.dtype == dt
+            assert (got.float() - want.float()).abs().max() <= tol * want.float().abs().max()
+    # 1 + weight, not weight: the norm of a zero weight is the plain normalisation
+    assert torch.allclose(fused.rms_norm_eager(x.float(), torch.zeros(24), 1e-6, True),
+                          fused.rms_norm_eager(x.float(), torch.ones(24), 1e-6))

@@ -1,7 +1,7 @@
 """Generation against the sharded KV cache (burstengine/inference/generate.py, kvcache.py,
 step.py, sampling.py): greedy tokens equal transformers' generate(do_sample=False) for tiny
-random Llama, Qwen2, Mistral (sliding window) and Phi-3 (LongRoPE, long regime) checkpoints on
-1, 2 and 4 gloo ranks, for
+random Llama, Qwen2, Mistral (sliding window), Gemma 3 (sliding and global layers) and Phi-3
+(LongRoPE, long regime) checkpoints on 1, 2 and 4 gloo ranks, for
 prompt lengths that divide nothing and batches of different lengths (every decode step here is
 the static step of step.py, launched op by op: on CPU there is no CUDA graph to replay it, and
 the graph only replays these kernels); the step is idempotent, as graph capture's warm-up needs;
@@ -29,24 +29,26 @@ NEW = 8
 @pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("generate")
-    return {arch: gc.save_tiny(root / arch, arch, seed=1) for arch in ("llama", "qwen2", "mistral", "phi3")}
+    return {arch: gc.save_tiny(root / arch, arch, seed=1) for arch in ("llama", "qwen2", "mistral", "gemma3", "phi3")}
 
 
 @functools.lru_cache(maxsize=8)
 def hf_greedy(path, lengths, new, seed=0):
-    """transformers' greedy tokens, each prompt alone (no padding)."""
+    """transformers' greedy tokens, each prompt alone (no padding: the attention mask says so, or
+    generate takes the prompt's token 0, pad_token_id, for padding, which Gemma 3's masks act on)."""
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
     out = []
     for p in gc.prompts(lengths, seed):
         with torch.no_grad():
-            r = hf.generate(torch.tensor([p]), max_new_tokens=new, do_sample=False, pad_token_id=0)
+            r = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                            max_new_tokens=new, do_sample=False, pad_token_id=0)
         out.append(r[0, len(p):].tolist())
     return out
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "phi3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "gemma3", "phi3"])
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_greedy_equals_transformers(pool, model_dirs, arch, world):
     path = model_dirs[arch]
@@ -67,13 +69,15 @@ def hf_logits64(path, prompt: tuple, tokens: tuple):
         return hf(ids).logits[0, len(prompt):]
 
 
-@pytest.mark.parametrize("arch,world", [("llama", 1), ("qwen2", 2), ("mistral", 1), ("mistral", 2), ("phi3", 2)])
+@pytest.mark.parametrize("arch,world", [("llama", 1), ("qwen2", 2), ("mistral", 1), ("mistral", 2), ("gemma3", 1),
+                                        ("gemma3", 2), ("phi3", 2)])
 def test_decode_logits_equal_transformers(pool, model_dirs, arch, world):
     """Every decode step's logits against transformers' float64 forward over the same tokens
     (the tiny models' greedy tokens hardly depend on attention; their logits do, beyond float32
-    rounding): mixed lengths (the cache's visibility), a window (Mistral), LongRoPE's long factors
-    (Phi-3), two ranks (the scratch slot of the rank that does not own a step's token, the
-    all-gather merge)."""
+    rounding): mixed lengths (the cache's visibility), a window (Mistral), two ranks (the
+    scratch slot of the rank that does not own a step's token, the all-gather merge), Gemma 3's
+    window on some layers, its RoPE per layer type and its attention scale, LongRoPE's long
+    factors (Phi-3)."""
     path = model_dirs[arch]
     res = pool.run(gc.run_generate_logits, path, LENGTHS, NEW, world=world)
     tokens, logits = res[0]
@@ -297,7 +301,7 @@ def test_decode_step_reads_no_device_value_on_the_host(model_dirs, monkeypatch):
             return forward(self)
 
     monkeypatch.setattr(st.DecodeStep, "forward", watched)
-    for arch in ("llama", "mistral"):
+    for arch in ("llama", "mistral", "gemma3"):
         tokens, _ = gc.run_generate(None, model_dirs[arch], (61, 30), 4)
         assert tokens == hf_greedy(model_dirs[arch], (61, 30), 4), arch
     assert {"index_copy", "embedding", "logsumexp"} <= {o.rstrip("_") for o in ops}, sorted(ops)
@@ -447,6 +451,19 @@ def test_generate_command_spawns_ranks_and_writes_tokens(text_model, tmp_path):
     assert len(toks) == 6 and out.strip() == tok.decode(toks, skip_special_tokens=True).strip()
 
 
+def test_generate_command_runs_a_gemma3_directory(model_dirs, tmp_path):
+    import json
+
+    import numpy as np
+
+    path, lengths = model_dirs["gemma3"], (97, 50)
+    np.save(tmp_path / "p.npy", np.array([np.array(p) for p in gc.prompts(lengths)], dtype=object), allow_pickle=True)
+    rc, out, err = _cli("generate", "--model", path, "--prompt-tokens", str(tmp_path / "p.npy"), "--max-new-tokens",
+                        "5", "--world", "2", "--eos", "none", "--output", str(tmp_path / "o.json"))
+    assert rc == 0, err
+    assert json.load(open(tmp_path / "o.json"))["tokens"] == hf_greedy(path, lengths, 5)
+
+
 @pytest.mark.parametrize("argv,match", [
     (["--model", "/nowhere", "--prompt-tokens", "x.npy", "--max-new-tokens", "4"], "neither a preset"),
     (["--model", "tiny", "--prompt-file", "/etc/hostname", "--max-new-tokens", "4"], "needs a tokenizer"),
@@ -534,7 +551,7 @@ def test_decode_bench_runs_on_cpu(tmp_path):
 def test_decode_check_compares_logits_only_while_the_texts_agree():
     """bf16 beside float64 may choose another token at a near tie (seen on an H200); the logits
     after that score different texts and must not fail the check, those before must."""
-    from burstengine.bench.decode_check import _rel_while_same
+    from burstengine.bench.checks.decode_check import _rel_while_same
 
     base = torch.randn(2, 5, 7, dtype=torch.float64)
     ref_tokens = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]]

@@ -210,6 +210,128 @@ def test_data_errors_are_one_line_naming_the_file(corpus_dir, tmp_path, what, ms
     assert "\n" not in str(e.value)
 
 
+def _small_corpus(root):
+    make_tokenizer(str(root / "tok"))
+    os.makedirs(root / "text")
+    write_jsonl(root / "text" / "b.jsonl", [{"text": t} for t in docs(30)])
+    return root
+
+
+def _overwrite_keeping_stat(path, data):
+    """Rewrite ``path`` with ``data`` of the same size and put its mtime back (as cp -p or touch -r would)."""
+    st = os.stat(path)
+    assert len(data) == st.st_size
+    with open(path, "r+b") as f:
+        f.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_cache_same_size_overwrite_is_refused(tmp_path, monkeypatch):
+    """A tokens.bin (or mask.bin, docs.npy) rewritten with other bytes of the same size, its mtime
+    put back, is refused naming the file and the fix; an unchanged entry is not hashed again on
+    the next launch, a touched one once."""
+    root = _small_corpus(tmp_path)
+    entry = corpus.prepare(text_cfg(root)).path
+    hashed = []
+    orig = corpus.file_sha256
+    monkeypatch.setattr(corpus, "file_sha256", lambda p: (hashed.append(os.path.basename(p)), orig(p))[1])
+    corpus.prepare(text_cfg(root))
+    assert hashed == ["tokenizer.json", "b.jsonl"]  # the identity only: the entry's files are known unchanged
+    tokens = os.path.join(entry, "tokens.bin")
+    os.utime(tokens)  # touched, same bytes: hashed once, then known again
+    hashed.clear()
+    corpus.prepare(text_cfg(root))
+    corpus.prepare(text_cfg(root))
+    assert hashed.count("tokens.bin") == 1
+    good = open(tokens, "rb").read()
+    ids = np.frombuffer(good, dtype=np.uint32).copy()
+    ids[[1, 2]] = ids[[2, 1]]  # two tokens swapped: same size, same token set, same max id
+    assert ids.tobytes() != good
+    _overwrite_keeping_stat(tokens, ids.tobytes())
+    with pytest.raises(ValueError, match=r"tokens\.bin: its content does not match the SHA-256 recorded when it "
+                                         r"was built.*delete .* and rerun") as e:
+        corpus.prepare(text_cfg(root))
+    assert "\n" not in str(e.value) and entry in str(e.value)
+    _overwrite_keeping_stat(tokens, good)  # the same bytes back: accepted again
+    assert np.asarray(corpus.prepare(text_cfg(root)).tokens).tobytes() == good
+
+
+def test_cache_entry_of_another_tokenizer_is_refused(tmp_path):
+    """Another tokenizer (another file, or other contents at the same path) gets another entry;
+    another tokenizer's entry found under this key (a cache copied or moved by hand) is refused,
+    naming both tokenizers."""
+    root = _small_corpus(tmp_path)
+    mine = corpus.prepare(text_cfg(root))
+    other_tok = make_tokenizer(str(root / "tok2"), post=False)  # no BOS: other tokens for the same text
+    theirs = corpus.prepare(text_cfg(root, f"tokenizer={other_tok}"))
+    assert theirs.path != mine.path and len(theirs.tokens) < len(mine.tokens)
+    # the same path, other contents: another entry too
+    os.replace(root / "tok" / "tokenizer.json", root / "tok" / "tokenizer.json.bak")
+    os.link(other_tok, root / "tok" / "tokenizer.json")
+    assert corpus.spec(text_cfg(root)).cache == theirs.path
+    os.replace(root / "tok" / "tokenizer.json.bak", root / "tok" / "tokenizer.json")
+    # their entry in place of mine
+    import shutil
+    shutil.rmtree(mine.path)
+    shutil.copytree(theirs.path, mine.path)
+    with pytest.raises(ValueError, match=r"meta\.json: not this run's corpus: it was built with the tokenizer "
+                                         r".*tok2/tokenizer\.json \(sha256 [0-9a-f]{12}\), this run's "
+                                         r".*tok/tokenizer\.json is sha256 [0-9a-f]{12}; delete .* and rerun") as e:
+        corpus.prepare(text_cfg(root))
+    assert "\n" not in str(e.value)
+    # without this run's settings (the CLI's --prepare-data path): the entry is not this key's
+    with pytest.raises(ValueError, match=r"describes the entry [0-9a-f]{20}, not [0-9a-f]{20}"):
+        corpus.open_cache(mine.path)
+
+
+def test_cache_tampered_meta_is_refused(tmp_path):
+    """meta.json edited by hand (a smaller max_id would let out-of-vocabulary ids through) is
+    refused by its checksum; an identity edited with the checksum made to match is refused as
+    another run's corpus."""
+    root = _small_corpus(tmp_path)
+    entry = corpus.prepare(text_cfg(root)).path
+    path = os.path.join(entry, "meta.json")
+    good = json.load(open(path))
+    meta = dict(good, max_id=3)
+    json.dump(meta, open(path, "w"))
+    with pytest.raises(ValueError, match=r"meta\.json: does not match its own checksum.*delete .* and rerun") as e:
+        corpus.prepare(text_cfg(root))
+    assert "\n" not in str(e.value)
+    meta = dict(good, identity=dict(good["identity"], eos=1))
+    meta["checksum"] = corpus._checksum(meta)
+    json.dump(meta, open(path, "w"))
+    with pytest.raises(ValueError, match=r"not this run's corpus: it was built with EOS id 1, this run has 2"):
+        corpus.prepare(text_cfg(root))
+    json.dump(good, open(path, "w"))
+    assert corpus.prepare(text_cfg(root)).path == entry
+
+
+def test_cache_key_of_a_small_corpus_is_its_content(tmp_path):
+    """A small corpus rewritten with other text of the same size, its mtime put back, is a new
+    entry (its files' contents are in the key), not the old tokens."""
+    root = _small_corpus(tmp_path)
+    first = corpus.prepare(text_cfg(root))
+    src = root / "text" / "b.jsonl"
+    text = src.read_bytes()
+    _overwrite_keeping_stat(src, text.replace(b"w1 ", b"w2 ").replace(b"w1\"", b"w2\""))
+    second = corpus.prepare(text_cfg(root))
+    assert second.path != first.path
+    assert np.asarray(second.tokens).tolist() != np.asarray(first.tokens).tolist()
+
+
+def test_corrupt_cache_is_refused_on_every_rank(pool, tmp_path):
+    """In a job, rank 0 checks the entry's contents; every rank raises its one-line refusal."""
+    root = _small_corpus(tmp_path)
+    cfg = text_cfg(root)
+    entry = corpus.prepare(cfg).path
+    tokens = os.path.join(entry, "tokens.bin")
+    ids = np.fromfile(tokens, dtype=np.uint32)
+    _overwrite_keeping_stat(tokens, ids[::-1].tobytes())
+    over = [f"data={root / 'text'}", *small_text(root), "cp=2"]
+    got = pool.run(tc.fit_error, str(tmp_path / "run"), over, world=2)
+    assert got[0] == got[1] and "tokens.bin: its content does not match the SHA-256" in got[0], got
+
+
 def test_bin_errors(tmp_path):
     (tmp_path / "e.bin").write_bytes(b"")
     (tmp_path / "o.bin").write_bytes(b"\x01\x02\x03")

@@ -27,7 +27,7 @@ def loss_and_grads(group, data, extra=(), chunk=None):
     if chunk:
         losses.CHUNK_TOKENS = chunk
     try:
-        t = Trainer(cfg, group=group, echo=False)
+        t = Trainer(cfg, group=group, echo=False, lock=False)
         loss, grads = t.loss_and_grads(t.batch(0))
     finally:
         losses.CHUNK_TOKENS = old
@@ -59,7 +59,7 @@ def variants(group, data, extra, variants, fused_chunk=None):
     """Global loss and full gradients of step 0's batch for each (loss, checkpoint policy, split)
     of ``variants``, one model and one batch on this mesh (rank 0 returns them)."""
     torch.manual_seed(0)
-    t = Trainer(small_config(extra, data), group=group, echo=False)
+    t = Trainer(small_config(extra, data), group=group, echo=False, lock=False)
     batch = t.batch(0)
     old = losses.FUSED_CHUNK_TOKENS
     losses.FUSED_CHUNK_TOKENS = fused_chunk
@@ -94,7 +94,7 @@ def auto_plan(group, budget_gib, extra=()):
     """activation_checkpoint=auto under an activation budget: (the per-layer plan, global loss, full grads)."""
     torch.manual_seed(0)
     cfg = small_config(["activation_checkpoint=auto", f"activation_memory_gib={budget_gib}", *extra])
-    t = Trainer(cfg, group=group, echo=False)
+    t = Trainer(cfg, group=group, echo=False, lock=False)
     loss, grads = t.loss_and_grads(t.batch(0))
     return (t.model.checkpoint_plan, loss, grads) if dist.get_rank(group) == 0 else None
 
@@ -107,7 +107,7 @@ def accum_step(group, data, extra=()):
     """Loss and gradients of step 0 (all its micro-batches), then the parameters after one
     optimizer step on them (rank 0 returns full tensors)."""
     torch.manual_seed(0)
-    t = Trainer(small_config(extra, data), group=group, echo=False)
+    t = Trainer(small_config(extra, data), group=group, echo=False, lock=False)
     loss, grads = t.loss_and_grads(t.batches(0))
     t.train_step(t.batches(0), 0)
     params = {n: _full(p).detach().clone() for n, p in t.model.named_parameters()}
@@ -123,9 +123,9 @@ def tokenize_calls(group, data, extra=()):
     corpus._tokenize = lambda *a: (calls.append(1), orig(*a))[1]
     try:
         cfg = small_config(extra, data)
-        Trainer(cfg, group=group, echo=False)
+        Trainer(cfg, group=group, echo=False, lock=False)
         first = len(calls)
-        Trainer(cfg, group=group, echo=False)
+        Trainer(cfg, group=group, echo=False, lock=False)
     finally:
         corpus._tokenize = orig
     return first, len(calls) - first
@@ -146,6 +146,6 @@ def attention_groups(group, extra=()):
     'sdpa' (no group) or 'ring' (a process group)."""
     from burstengine.comm.dist import LOCAL
 
-    t = Trainer(small_config(extra), group=group, echo=False)
+    t = Trainer(small_config(extra), group=group, echo=False, lock=False)
     kinds = ["local" if b.cp.group is LOCAL else "sdpa" if b.cp.group is None else "ring" for b in t.model.layers]
     return kinds if dist.get_rank(group) == 0 else None

@@ -79,8 +79,51 @@ class RingRun:
         return travel_rows(*args), partial_rows(*args)
 
 
+def key_frame(q, k, cfg: RingRun, phase: str):
+    """(the keys the kernels see, kappa per query head or None, lse shift or None) of one call.
+
+    Why: a kernel hands back each block's lse rounded to float32 (float64 for float64 inputs),
+    an error of half an ulp of |lse|.  One kernel does not suffer from it: it normalises the
+    block's output with the unrounded sum, and the backward's P = exp(S - lse) is then off by
+    one factor per row that D = rowsum(dO * O) shares.  The ring does: it weighs block b by
+    exp(lse_b - lse) from the rounded lse_b, the backward by exp(S - lse) from the scores, so
+    the P of a row stops matching the weights its D was made with, by ~ulp(|lse_b|) and
+    differently per block (so more with more ranks), and dQ = scale * sum_j dS_ij K_j
+    multiplies that misfit by |K|.  A component every key shares (a bias, a massive
+    activation) makes both large at once: lse ~ scale * q.k_shared, |K| ~ |k_shared|.
+
+    Softmax is blind to a shift every key shares (row i's scores all move by scale * q_i.kappa),
+    so the kernels run on K - kappa: every block of a row is computed in one per-row frame, the
+    lses they return are small numbers that round finely, and dQ sums dS times K - kappa (the
+    dS of a row sum to 0).  The lse goes back to the caller's frame by adding scale * q.kappa;
+    kappa is a constant of the call (the lse's derivative through it is zero: its terms in q
+    and in P cancel), so dK is the kernels' dK, and dQ gains scale * dlse * kappa.
+
+    kappa: per (batch, kv head, dim), the mean of every key of the ring where all of them lie
+    within a factor 2 of it (then K - kappa is exact, Sterbenz's lemma: the kernels see exactly
+    the shifted keys, nothing is rounded anew), else 0.  Keys with no shared component get
+    kappa = 0: the kernels' inputs, and every result, are bit for bit the unshifted ones.  It
+    must be the same vector on every rank (all blocks of a row in one frame): each rank's key
+    sum, min and max, (3, B, Hkv, D), go to every rank once per pass (RingComm.gather), nothing
+    for a one-rank ring.  Half-precision keys are left as they are:
+    the kernels' own P and dS in half precision err more than the lse's float32 rounding."""
+    B, n, Hkv, D = k.shape
+    if k.dtype != acc_dtype(k) or n == 0:
+        return k, None, None
+    ring = cfg.ring
+    every = ring.gather(torch.stack([k.sum(1), k.amin(1), k.amax(1)]), f"the {phase} ring's shared key component")
+    mean = every[:, 0].sum(0) / (n * ring.world)
+    lo, hi = every[:, 1].amin(0), every[:, 2].amax(0)
+    exact = torch.where(mean > 0, (lo >= mean / 2) & (hi <= 2 * mean), (hi <= mean / 2) & (lo >= 2 * mean))
+    kappa = torch.where(exact & torch.isfinite(mean), mean, 0.0)
+    per_head = kappa.repeat_interleave(q.shape[2] // Hkv, dim=1)  # query head h reads kv head h // g
+    shift = torch.einsum("bnhd,bhd->bhn", q, per_head) * cfg.scale
+    return k - kappa.unsqueeze(1), per_head, shift
+
+
 def _forward(q, k, v, cfg: RingRun):
     ring, G = cfg.ring, cfg.ring.world
+    k, _, shift = key_frame(q, k, cfg, "forward")
     B, n, H, _ = q.shape
     out = torch.zeros(B, n, H, v.shape[-1], dtype=acc_dtype(q), device=q.device)
     lse = torch.full((B, H, n), float("-inf"), dtype=acc_dtype(q), device=q.device)
@@ -94,6 +137,8 @@ def _forward(q, k, v, cfg: RingRun):
             cfg.kernel.forward_into(q[:, t.q0:t.q1], kh[:, ks], vh[:, ks], cfg.scale, t.mask,
                                     out[:, t.q0:t.q1], lse[:, :, t.q0:t.q1])
         kv.advance(i)
+    if shift is not None:
+        lse += shift  # rows that see nothing stay -inf
     return out, lse
 
 
@@ -193,10 +238,17 @@ def attention_backward(dout, dlse, q, k, v, out, lse, cfg: RingRun):
     delta = cfg.kernel.delta(out, dout, acc)
     if dlse is not None:
         delta = delta - dlse.to(acc)
+    # the forward's frame (key_frame): an lse error shared by a row's blocks is harmless
+    kc, kappa, shift = key_frame(q, k, cfg, "backward")
+    if shift is not None:
+        lse = lse - shift
     if cfg.backward == "burst":
-        dq, dk, dv = _backward_burst(dout, q, k, v, lse, delta, cfg)
+        dq, dk, dv = _backward_burst(dout, q, kc, v, lse, delta, cfg)
     else:
-        dq, dk, dv = _backward_ring(dout, q, k, v, out if dlse is None else None, lse, delta, cfg)
+        dq, dk, dv = _backward_ring(dout, q, kc, v, out if dlse is None else None, lse, delta, cfg)
+    if dlse is not None and kappa is not None:
+        # the returned lse is the frame's plus scale * q.kappa
+        dq += cfg.scale * dlse.to(acc).transpose(1, 2).unsqueeze(-1) * kappa.unsqueeze(1)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 

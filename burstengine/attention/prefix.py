@@ -16,7 +16,7 @@ import torch
 from ..kernels import acc_dtype
 from ..masks import FULL
 from ..schedule import Task, block_tasks
-from .loops import RingRun
+from .loops import RingRun, key_frame
 
 
 def prefix_tasks(layout: str, causal: bool, q_rank: int, kv_rank: int, world: int, n: int, m: int) -> list[Task]:
@@ -52,6 +52,8 @@ def prefix_forward(q, k, v, cfg: RingRun, m: int):
     lse = torch.full((B, H, m), float("-inf"), dtype=acc_dtype(q), device=q.device)
     if m == 0:
         return out.to(q.dtype), lse
+    # the frame of the call's own passes (loops.key_frame), so the rebuilt rows match them
+    k, _, shift = key_frame(q[:, :m], k, cfg, "backward")
     kk = prefix_kv_rows(cfg.layout, cfg.pattern, G, n, m)
     # the recompute runs inside the backward pass: its bytes count there
     kv = ring.mover((k[:, :kk].contiguous(), v[:, :kk].contiguous()), "backward", ("k_recompute", "v_recompute"))
@@ -62,4 +64,6 @@ def prefix_forward(q, k, v, cfg: RingRun, m: int):
             cfg.kernel.forward_into(q[:, t.q0:t.q1], kh[:, t.k0:t.k1], vh[:, t.k0:t.k1], cfg.scale, t.mask,
                                     out[:, t.q0:t.q1], lse[:, :, t.q0:t.q1])
         kv.advance(i)
+    if shift is not None:
+        lse += shift
     return out.to(q.dtype), lse

@@ -188,6 +188,7 @@ class RingComm:
         self.shape = shape or single(self.world)
         self.labels = labels or self.shape
         self.link = link
+        self.timeout, self.tag = timeout, tag
         nodes, m = self.shape.nodes, self.shape.gpus_per_node
         self.double = nodes > 1 and m > 1
         self.steps = tuple(range(self.world)) if steps is None else tuple(steps)
@@ -235,6 +236,30 @@ class RingComm:
             return self.shift("home", tensors, phase, names, 1, direction, recv).wait()
         # from steps[-1] places along the travel, one hop back
         return self.shift("ring", tensors, phase, names, -self.steps[-1], direction, recv).wait()
+
+    def gather(self, t, what: str):
+        """Every rank's ``t`` stacked in group rank order, (world, *t.shape), the same on every
+        rank.  Point-to-point messages with every other rank in one round, carrying the call's
+        tag and bounded by the ring's deadline like the hops: a collective here could pair with
+        another call's collective on a rank that went on to it (one that skipped a backward),
+        where these time out and name the rank that did not answer.  Not ring traffic: not in
+        comm_stats."""
+        if self.world == 1:
+            return t.unsqueeze(0)
+        t = t.contiguous()
+        out = t.new_empty((self.world,) + tuple(t.shape))
+        out[self.rank] = t
+        ops, peers = [], []
+        for r in range(self.world):
+            if r != self.rank:
+                peer = dist.get_global_rank(self.group or dist.group.WORLD, r)
+                ops += [dist.P2POp(dist.isend, t, peer, self.group, self.tag),
+                        dist.P2POp(dist.irecv, out[r], peer, self.group, self.tag)]
+                peers += [("sending to", peer), ("receiving from", peer)]
+        op = fault.Op(f"{what} (a message to and from every rank)", tuple(peers), blocking=t.device.type == "cpu",
+                      deadline=self.timeout)
+        fault.wait(fault.post(lambda: dist.batch_isend_irecv(ops), op), op)
+        return out
 
     def mover(self, tensors, phase: str, names, direction: int = 1, rows=None, dims=None) -> "Mover":
         return Mover(self, tensors, phase, names, direction, rows, dims)

@@ -28,7 +28,9 @@ Sampling stays outside the step, on its logits, exactly as before (sampling.py).
 LongRoPE scaling's frequencies depend on the length (the step's position + 1, as transformers
 reads it with a cache; keys cached before LongRoPE switches keep their short factors): they sit
 in a device buffer, recomputed before each step (outside any graph); every other RoPE type
-computes them once.
+computes them once.  A model whose sliding layers have a RoPE of their own (Gemma 3) keeps those
+frequencies in a second buffer; each layer's window is a host constant of the step, as is the
+attention scale.
 """
 from __future__ import annotations
 
@@ -74,8 +76,8 @@ class DecodeStep:
         self.B = batch
         self.device = torch.device(model.device)
         self.acc = acc_dtype(torch.empty((), dtype=model.dtype))
-        self.scale = 1.0 / math.sqrt(a.head_dim)
-        self.window = model.window
+        self.scale = a.softmax_scale or 1.0 / math.sqrt(a.head_dim)
+        self.windows = [a.layer_window(i) or None for i in range(a.n_layers)]
         cuda = self.device.type == "cuda"
         B = batch
         self.state = torch.zeros(3 * B + 1, dtype=torch.int64, device=self.device)
@@ -84,6 +86,9 @@ class DecodeStep:
         self.valid, self.slot = self.state[2 * B:3 * B], self.state[3 * B:]
         self.follows_length = a.rope_scaling.follows_length
         self.inv, self.rope_attn = self._inv(0)
+        # the sliding layers' own RoPE (unscaled: never recomputed), the model's second table
+        self.local_inv = inv_freq(a.head_dim, a.local_rope_theta, device=self.device)[0] if a.local_rope_theta \
+            else None
         self._copied = torch.cuda.Event() if cuda else None
         self.graph = None
         self.logits = None
@@ -115,8 +120,10 @@ class DecodeStep:
         replaced by the cache's: the K/V append at the device slot, attention over the valid
         slots, the merge over ranks; then the LM head (rank 0).  What a graph captures."""
         c = self.cache
-        tables = tuple(t.to(self.acc) for t in tables_from_inv(self.qpos, self.inv, self.rope_attn))
-        c.write_slot(self.slot, self.qpos, self.window is not None)
+        tables = (tuple(t.to(self.acc) for t in tables_from_inv(self.qpos, self.inv, self.rope_attn)),)
+        if self.local_inv is not None:
+            tables += (tuple(t.to(self.acc) for t in tables_from_inv(self.qpos, self.local_inv)),)
+        c.write_slot(self.slot, self.qpos, any(w is not None for w in self.windows))
         # hooks made per call: kept on self, they would tie the step to itself in a cycle, and
         # `del step` would no longer free the graph before the cache it points into
         hooks = Hooks(kv_sink=self._write, attend=self._attend)
@@ -129,7 +136,7 @@ class DecodeStep:
         self.cache.write(layer, self.slot, k[0], v[0])
 
     def _attend(self, layer: int, q, k, v):
-        o, lse = self.cache.attend(layer, q[0], self.valid, self.qpos, self.window, self.scale)
+        o, lse = self.cache.attend(layer, q[0], self.valid, self.qpos, self.windows[layer], self.scale)
         o, _ = gather_merge(o, lse, self.group)
         return o.to(q.dtype)[None]
 

@@ -1,4 +1,4 @@
-"""The decoder's elementwise work (RMSNorm, RoPE, SwiGLU's gate) as one kernel each on GPUs.
+"""The decoder's elementwise work (RMSNorm, RoPE, the MLP's gate) as one kernel each on GPUs.
 
 Written out in torch, each of these is a chain of elementwise kernels with float32 temporaries
 that the backward keeps: at 128K tokens a 3B model spends ~7% of a training step in them and
@@ -25,10 +25,15 @@ def set_compiled(on: bool) -> None:
     _enabled["on"] = bool(on)
 
 
-def rms_norm_eager(x, weight, eps: float):
+def rms_norm_eager(x, weight, eps: float, plus_one: bool = False):
+    """x / rms(x) times ``weight`` (``plus_one``: times 1 + weight, Gemma's), in float32 (float64
+    for float64), cast to x's dtype at the end."""
     xf = x.to(acc_dtype(x))
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (y * weight.to(xf.dtype)).to(x.dtype)
+    w = weight.to(xf.dtype)
+    if plus_one:
+        w = 1.0 + w
+    return (y * w).to(x.dtype)
 
 
 def rope_eager(x, cos, sin):
@@ -42,6 +47,11 @@ def rope_eager(x, cos, sin):
 
 def swiglu_eager(gate, up):
     return F.silu(gate) * up
+
+
+def geglu_eager(gate, up):
+    """GELU's tanh approximation of the gate times up (Gemma's gelu_pytorch_tanh MLP)."""
+    return F.gelu(gate, approximate="tanh") * up
 
 
 _compiled: dict = {}
@@ -84,8 +94,10 @@ def _use_compiled(x: torch.Tensor) -> bool:
     return _enabled["on"] and x.is_cuda and x.dtype != torch.float64 and not torch.compiler.is_compiling()
 
 
-def rms_norm(x, weight, eps: float):
-    return _run_compiled(rms_norm_eager, x, weight, eps) if _use_compiled(x) else rms_norm_eager(x, weight, eps)
+def rms_norm(x, weight, eps: float, plus_one: bool = False):
+    if _use_compiled(x):
+        return _run_compiled(rms_norm_eager, x, weight, eps, plus_one)
+    return rms_norm_eager(x, weight, eps, plus_one)
 
 
 def rope(x, cos, sin):
@@ -94,3 +106,10 @@ def rope(x, cos, sin):
 
 def swiglu(gate, up):
     return _run_compiled(swiglu_eager, gate, up) if _use_compiled(gate) else swiglu_eager(gate, up)
+
+
+def geglu(gate, up):
+    return _run_compiled(geglu_eager, gate, up) if _use_compiled(gate) else geglu_eager(gate, up)
+
+
+GATES = {"silu": swiglu, "gelu_tanh": geglu}  # ModelArgs.activation -> the MLP's gate(gate, up)

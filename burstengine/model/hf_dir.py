@@ -18,7 +18,7 @@ One home for reading and writing the HF format, shared by training (``init``), i
 * :func:`write_hf_dir`: tensors -> model.safetensors (sharded with an index above a size) +
   config.json + generation_config.json (+ tokenizer files copied from a source directory).
 * :func:`write_random_hf_dir`: a random-weight HF directory of a given config (Llama-3.2-3B,
-  Llama-3.1-8B, Phi-3-mini-128k: :data:`CONFIGS`), written a tensor at a time.
+  Llama-3.1-8B, Gemma-3-1B, Phi-3-mini-128k: :data:`CONFIGS`), written a tensor at a time.
 
 Only json and safetensors are needed here; transformers itself is not imported.
 """
@@ -266,8 +266,8 @@ def write_random_hf_dir(out_dir: str, config: dict, seed: int = 0, dtype: str = 
                         max_shard_bytes: int = 2 * 2 ** 30) -> dict:
     """A random-weight HF model directory for ``config`` (a config.json dict, e.g. one of
     :data:`CONFIGS`), written a file at a time, so at most ``max_shard_bytes`` of weights are in
-    host memory.  Weights ~ N(0, 0.02), norms 1, biases 0; generated on ``device`` (a GPU is much
-    faster for 8B)."""
+    host memory.  Weights ~ N(0, 0.02), norms scaling by 1 (a weight of 0 where the family's norm
+    scales by 1 + weight: Gemma), biases 0; generated on ``device`` (a GPU is much faster for 8B)."""
     args = args_from_hf_config(config, "the given config")
     shapes = hf_tensors(args).shapes
     dt = DTYPES[dtype]
@@ -280,7 +280,7 @@ def write_random_hf_dir(out_dir: str, config: dict, seed: int = 0, dtype: str = 
             out = {}
             for k in names:
                 if k.endswith("norm.weight"):
-                    t = torch.ones(shapes[k], dtype=dt)
+                    t = torch.full(shapes[k], 0.0 if args.norm_plus_one else 1.0, dtype=dt)
                 elif k.endswith(".bias"):
                     t = torch.zeros(shapes[k], dtype=dt)
                 else:
@@ -311,7 +311,19 @@ CONFIGS = {
                          "original_max_position_embeddings": 8192, "rope_type": "llama3"},
         "tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
         "attention_dropout": 0.0, "bos_token_id": 128000, "eos_token_id": 128001, "initializer_range": 0.02,
-        "pretraining_tp": 1, "use_cache": True},    # Phi-3-mini-128k-instruct (the June 2024 revision): LongRoPE's 48 long / short factors (head dim 96)
+        "pretraining_tp": 1, "use_cache": True},
+    # google/gemma-3-1b-pt's config.json (transformers 4.50's keys; tied embeddings by the class default):
+    # a sliding window of 512 on five layers of every six, the sixth global
+    "gemma-3-1b": {
+        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "hidden_size": 1152,
+        "intermediate_size": 6912, "num_hidden_layers": 26, "num_attention_heads": 4, "num_key_value_heads": 1,
+        "head_dim": 256, "vocab_size": 262144, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000, "rope_local_base_freq": 10000, "rope_scaling": None, "sliding_window": 512,
+        "sliding_window_pattern": 6, "query_pre_attn_scalar": 256, "hidden_activation": "gelu_pytorch_tanh",
+        "attn_logit_softcapping": None, "final_logit_softcapping": None, "attention_bias": False,
+        "attention_dropout": 0.0, "bos_token_id": 2, "eos_token_id": [1, 106], "pad_token_id": 0,
+        "initializer_range": 0.02, "cache_implementation": "hybrid", "use_cache": True},
+    # Phi-3-mini-128k-instruct (the June 2024 revision): LongRoPE's 48 long / short factors (head dim 96)
     "phi-3-mini-128k": {
         "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
         "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32064,

@@ -17,7 +17,6 @@ so a run can resume on a different number of ranks (RNG states then start fresh)
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -27,6 +26,8 @@ import shutil
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from .digest import file_sha256
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 
@@ -46,11 +47,6 @@ def latest(ckpt_dir: str) -> str | None:
     return done[0] if done else None
 
 
-def _sha256(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def _share(names: list[str], group) -> list[str]:
     """This rank's share of ``names`` (sorted, dealt round-robin): hashing is split over the ranks."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
@@ -66,7 +62,7 @@ def _gather(obj, group) -> list:
 def _checksums(path: str, group) -> dict:
     """{file name: {"bytes", "sha256"}} of every file of a checkpoint but meta.json."""
     names = [n for n in os.listdir(path) if n != "meta.json"]
-    mine = {n: {"bytes": os.path.getsize(os.path.join(path, n)), "sha256": _sha256(os.path.join(path, n))}
+    mine = {n: {"bytes": os.path.getsize(os.path.join(path, n)), "sha256": file_sha256(os.path.join(path, n))}
             for n in _share(names, group)}
     return {n: v for part in _gather(mine, group) for n, v in part.items()}
 
@@ -100,7 +96,7 @@ def verify(path: str, group=None) -> str | None:
                 problem = f"{f} is missing"
             elif os.path.getsize(f) != files[n]["bytes"]:
                 problem = f"{f} has {os.path.getsize(f)} bytes, {files[n]['bytes']} were saved (truncated?)"
-            elif _sha256(f) != files[n]["sha256"]:
+            elif file_sha256(f) != files[n]["sha256"]:
                 problem = f"{f} does not match its SHA-256 recorded at save (corrupted)"
             if problem:
                 break

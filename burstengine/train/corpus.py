@@ -17,26 +17,47 @@ model directory's); EOS is read from the configuration files beside it (tokenize
 end-of-text token of tokenizer.json itself; ``eos_id`` overrides all of them.
 
 The cache, ``<data_cache>/<key>/``, holds ``tokens.bin`` (uint32), ``docs.npy`` (int64
-cumulative document ends), ``mask.bin`` (uint8 targets, instruct only) and ``meta.json``.  The
-key hashes everything the tokens depend on: the tokenizer file's bytes, the EOS id, the format
-and fields, and each source's path, size and modification time; so an edited source or another
-tokenizer gets a new entry and an unchanged setup is never tokenized again.  An entry is written
-under a temporary name and renamed into place when complete: a killed tokenization leaves
-nothing that can be mistaken for a finished cache.  In a job only rank 0 tokenizes; the others
-wait for it, then map the files.
+cumulative document ends), ``mask.bin`` (uint8 targets, instruct only), ``meta.json`` and
+``verified.json``.  The key hashes everything the tokens depend on (the entry's *identity*): the
+tokenizer file's bytes (its content, not its path), the EOS id, the format and fields, and each
+source's path, size and modification time, plus its content hash when the corpus is small (see
+:func:`source_identity`); so an edited source or another tokenizer gets a new entry and an
+unchanged setup is never tokenized again.  An entry is written under a temporary name and
+renamed into place when complete: a killed tokenization leaves nothing that can be mistaken for
+a finished cache.  In a job only rank 0 tokenizes; the others wait for it, then map the files.
+
+An entry is not trusted by its name or its sizes.  meta.json records the identity, the token and
+document counts, the size and SHA-256 of every data file (hashed while tokenizing: no extra
+read) and a checksum of itself; opening an entry checks the checksum (a hand-edited meta.json),
+that the identity hashes to the entry's own key and equals this run's (another tokenizer's or
+corpus's entry copied or moved under this key), the sizes, and the contents.  Hashing a
+multi-GB tokens.bin on every launch would cost a full read each time, and hashing sampled
+blocks misses a change outside the samples; so the full hash is checked once per change of the
+files: ``verified.json`` records the (size, mtime, ctime, inode) at which each file last matched
+its recorded hash, and a file whose stat still equals that is not read again.  Any rewrite of a
+file (even of the same size with its mtime restored, which ``touch -r`` and ``cp -p`` do) moves
+its ctime, which no user command can set back, so the next open hashes it in full.  Silent
+corruption that changes no metadata (bad disks) is left to the storage.  Where verified.json
+cannot be written (a read-only cache) every open hashes the files.  Any mismatch is a one-line
+ValueError naming the file and what differs, and the fix: delete the entry and rerun.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-CACHE_VERSION = 1
+from .digest import file_sha256
+
+CACHE_VERSION = 2  # 2: meta.json records the identity, file hashes and its own checksum
+# a corpus this small is identified by the contents of its files too (see source_identity)
+HASH_SOURCES_BYTES = 64 << 20
 TEXT_SUFFIXES = (".jsonl", ".parquet", ".txt")
 FORMATS = ("text", "instruct")
 BATCH_DOCS = 1024  # documents encoded per tokenizers call
@@ -150,6 +171,7 @@ class Spec:
     format: str
     fields: tuple[str, ...]
     cache: str  # the entry's directory
+    identity: dict = field(default_factory=dict, compare=False)  # what the key hashes (meta.json keeps it)
 
     @property
     def key(self) -> str:
@@ -173,17 +195,31 @@ def spec(cfg) -> Spec:
         bad = next(f for f in files if f.endswith(".txt"))
         raise ValueError(f"data_format='instruct' needs jsonl or parquet rows with {list(fields)}; {bad!r} is "
                          f"plain text")
-    h = hashlib.sha256()
-    with open(tok_path, "rb") as f:
-        tok_hash = hashlib.sha256(f.read()).hexdigest()
-    sources = []
+    identity = {"version": CACHE_VERSION, "tokenizer": file_sha256(tok_path), "eos": eos, "format": cfg.data_format,
+                "fields": list(fields), "sources": source_identity(files)}
+    return Spec(files=tuple(files), tokenizer=tok_path, eos_id=eos, format=cfg.data_format, fields=fields,
+                cache=os.path.join(default_cache(cfg), entry_key(identity)), identity=identity)
+
+
+def source_identity(files) -> list[list]:
+    """[path, size, mtime_ns] of each source, with its SHA-256 appended when the corpus has at
+    most HASH_SOURCES_BYTES.  The stat is what tells a large corpus: hashing it would read every
+    source on every launch (and on every rank), minutes for the hundreds of GB a pretraining
+    corpus has on shared storage, to save a tokenization only a same-size rewrite with its mtime
+    restored (cp -p, rsync -t, touch -r) could fool.  A small corpus costs nothing to hash, so
+    there even that rewrite gets a new entry."""
+    out = []
     for p in files:
         st = os.stat(p)
-        sources.append([os.path.abspath(p), st.st_size, st.st_mtime_ns])
-    h.update(json.dumps({"version": CACHE_VERSION, "tokenizer": tok_hash, "eos": eos, "format": cfg.data_format,
-                         "fields": fields, "sources": sources}, sort_keys=True).encode())
-    return Spec(files=tuple(files), tokenizer=tok_path, eos_id=eos, format=cfg.data_format, fields=fields,
-                cache=os.path.join(default_cache(cfg), h.hexdigest()[:20]))
+        out.append([os.path.abspath(p), st.st_size, st.st_mtime_ns])
+    if sum(row[1] for row in out) <= HASH_SOURCES_BYTES:
+        for row in out:
+            row.append(file_sha256(row[0]))
+    return out
+
+
+def entry_key(identity: dict) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
 
 
 # --- reading documents --------------------------------------------------------------------------
@@ -270,8 +306,10 @@ def build(sp: Spec) -> str:
     os.makedirs(tmp)
     try:
         meta = _tokenize(sp, tmp)
+        meta["checksum"] = _checksum(meta)
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump(meta, f, indent=1)
+        _record_verified(tmp, meta)
         try:
             os.rename(tmp, sp.cache)
         except OSError:  # another job finished the same entry first: theirs is as good as ours
@@ -286,6 +324,7 @@ def _tokenize(sp: Spec, out: str) -> dict:
     tok = load_tokenizer(sp.tokenizer)
     instruct = sp.format == "instruct"
     ends, n_tok, max_id, skipped = [], 0, -1, 0
+    h_tok, h_mask = hashlib.sha256(), hashlib.sha256()
     with open(os.path.join(out, "tokens.bin"), "wb") as ft, \
             (open(os.path.join(out, "mask.bin"), "wb") if instruct else _Null()) as fm:
         for path in sp.files:
@@ -300,11 +339,14 @@ def _tokenize(sp: Spec, out: str) -> dict:
                     docs = [([], e.ids if e.ids[-1:] == [sp.eos_id] else e.ids + [sp.eos_id])
                             for e in tok.encode_batch(texts, add_special_tokens=True)]
                 for ctx, target in docs:
-                    ids = np.asarray(ctx + target, dtype=np.uint32)
-                    ft.write(ids.tobytes())
+                    ids = np.asarray(ctx + target, dtype=np.uint32).tobytes()
+                    ft.write(ids)
+                    h_tok.update(ids)
                     if instruct:
-                        fm.write(np.concatenate([np.zeros(len(ctx), np.uint8), np.ones(len(target), np.uint8)])
-                                 .tobytes())
+                        m = np.concatenate([np.zeros(len(ctx), np.uint8), np.ones(len(target), np.uint8)]).tobytes()
+                        fm.write(m)
+                        h_mask.update(m)
+                    ids = np.frombuffer(ids, dtype=np.uint32)
                     n_tok += len(ids)
                     ends.append(n_tok)
                     max_id = max(max_id, int(ids.max()))
@@ -312,10 +354,15 @@ def _tokenize(sp: Spec, out: str) -> dict:
         raise ValueError(f"data {', '.join(sp.files[:3])}{' ...' if len(sp.files) > 3 else ''}: no documents "
                          f"(every {'row' if instruct else 'text'} is empty)")
     np.save(os.path.join(out, "docs.npy"), np.asarray(ends, dtype=np.int64))
-    return {"version": CACHE_VERSION, "key": sp.key, "tokens": n_tok, "documents": len(ends), "dtype": "uint32",
-            "max_id": max_id, "eos_id": sp.eos_id, "format": sp.format, "fields": list(sp.fields),
-            "tokenizer": os.path.abspath(sp.tokenizer), "skipped_empty": skipped,
-            "sources": [os.path.abspath(p) for p in sp.files]}
+    files = {"tokens.bin": {"bytes": 4 * n_tok, "sha256": h_tok.hexdigest()},
+             "docs.npy": {"bytes": os.path.getsize(os.path.join(out, "docs.npy")),
+                          "sha256": file_sha256(os.path.join(out, "docs.npy"))}}
+    if instruct:
+        files["mask.bin"] = {"bytes": n_tok, "sha256": h_mask.hexdigest()}
+    return {"version": CACHE_VERSION, "key": sp.key, "identity": sp.identity, "tokens": n_tok,
+            "documents": len(ends), "dtype": "uint32", "max_id": max_id, "eos_id": sp.eos_id, "format": sp.format,
+            "fields": list(sp.fields), "tokenizer": os.path.abspath(sp.tokenizer), "skipped_empty": skipped,
+            "sources": [os.path.abspath(p) for p in sp.files], "files": files}
 
 
 class _Null:
@@ -337,19 +384,103 @@ class Corpus:
     path: str
 
 
-def open_cache(entry: str) -> Corpus:
+def _checksum(meta: dict) -> str:
+    """The SHA-256 of meta.json's fields but its checksum (canonical JSON)."""
+    rest = {k: v for k, v in meta.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()
+
+
+def _stamp(path: str) -> list[int]:
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _record_verified(entry: str, meta: dict) -> None:
+    """verified.json: each data file's stat now, as matching the hash meta.json records (best
+    effort: a read-only cache just hashes again next time)."""
+    rec = {n: {"stat": _stamp(os.path.join(entry, n)), "sha256": f["sha256"]} for n, f in meta["files"].items()}
+    tmp = os.path.join(entry, f".verified.json.{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "w") as f:
+            json.dump(rec, f)
+        os.replace(tmp, os.path.join(entry, "verified.json"))
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+
+
+def _verify_contents(entry: str, meta: dict, fix: str) -> None:
+    """Each data file matches the SHA-256 meta.json records: hashed in full unless its stat
+    equals the one verified.json recorded for that hash (see the module doc)."""
+    try:
+        with open(os.path.join(entry, "verified.json")) as f:
+            seen = json.load(f)
+    except (OSError, ValueError):
+        seen = {}
+    fresh = False
+    for name, want in meta["files"].items():
+        path = os.path.join(entry, name)
+        known = seen.get(name) if isinstance(seen, dict) else None
+        if isinstance(known, dict) and known.get("sha256") == want["sha256"] and known.get("stat") == _stamp(path):
+            continue
+        if file_sha256(path) != want["sha256"]:
+            raise ValueError(f"token cache {path}: its content does not match the SHA-256 recorded when it was built "
+                             f"(overwritten or corrupted, same size); {fix}")
+        fresh = True
+    if fresh:
+        _record_verified(entry, meta)
+
+
+_IDENTITY = {"version": "cache version", "tokenizer": "tokenizer (SHA-256 of tokenizer.json)", "eos": "EOS id",
+             "format": "data_format", "fields": "fields"}
+
+
+def _identity_change(built: dict, now: dict, meta: dict, sp: Spec) -> str | None:
+    """What differs between the identity an entry was built for and this run's (None: nothing)."""
+    for k, what in _IDENTITY.items():
+        if built.get(k) != now[k]:
+            if k == "tokenizer":
+                return (f"it was built with the tokenizer {meta.get('tokenizer')} (sha256 {str(built.get(k))[:12]}), "
+                        f"this run's {os.path.abspath(sp.tokenizer)} is sha256 {now[k][:12]}")
+            return f"it was built with {what} {built.get(k)!r}, this run has {now[k]!r}"
+    was, new = built.get("sources") or [], now["sources"]
+    for a, b in zip(was, new):
+        if a != b:
+            return f"it was built from the source {a[0]} ({a[1]} bytes, mtime_ns {a[2]}), this run reads {b[0]} " \
+                   f"({b[1]} bytes, mtime_ns {b[2]}){' with other contents' if a[:3] == b[:3] else ''}"
+    if len(was) != len(new):
+        return f"it was built from {len(was)} source file(s), this run reads {len(new)}"
+    return None
+
+
+def open_cache(entry: str, sp: Spec | None = None, hash_files: bool = True) -> Corpus:
+    """The cache entry at ``entry``, checked (see the module doc): against this run's ``sp``
+    when given, and its files' contents unless ``hash_files`` is False (a rank whose rank 0
+    has just checked them).  ValueError naming the file and what differs otherwise."""
     meta_path = os.path.join(entry, "meta.json")
     if not os.path.exists(meta_path):
         raise ValueError(f"token cache {entry!r} is missing (rank 0 writes it; is data_cache on storage every "
                          f"node of the job shares?)")
     meta = _read_json(meta_path)
+    fix = f"delete {entry} and rerun to tokenize again"
+    if meta.get("checksum") != _checksum(meta):
+        raise ValueError(f"token cache {meta_path}: does not match its own checksum (edited, or written by another "
+                         f"version); {fix}")
     try:
         n, docs = int(meta["tokens"]), int(meta["documents"])
         has_mask = meta["format"] == "instruct"
-        if meta["dtype"] != "uint32" or n < 1 or docs < 1:
+        files, built = meta["files"], meta["identity"]
+        if meta["dtype"] != "uint32" or n < 1 or docs < 1 or not isinstance(files, dict) or \
+                not isinstance(built, dict):
             raise ValueError("bad values")
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{meta_path}: not a token-cache meta.json ({e}); delete {entry} to tokenize again") from None
+    change = _identity_change(built, sp.identity, meta, sp) if sp is not None else None
+    if change:
+        raise ValueError(f"token cache {meta_path}: not this run's corpus: {change}; {fix}")
+    if entry_key(built) != os.path.basename(os.path.normpath(entry)):  # without sp: is it this key's at all?
+        raise ValueError(f"token cache {meta_path}: describes the entry {entry_key(built)}, not "
+                         f"{os.path.basename(os.path.normpath(entry))} (copied or moved here?); {fix}")
     tok_path = os.path.join(entry, "tokens.bin")
     size = os.path.getsize(tok_path) if os.path.exists(tok_path) else -1
     if size != 4 * n:
@@ -369,6 +500,8 @@ def open_cache(entry: str) -> Corpus:
         if not os.path.exists(mask_path) or os.path.getsize(mask_path) != n:
             raise ValueError(f"{mask_path}: missing or not {n} bytes; delete {entry} to tokenize again")
         mask = np.memmap(mask_path, dtype=np.uint8, mode="r")
+    if hash_files:
+        _verify_contents(entry, meta, fix)
     return Corpus(tokens=np.memmap(tok_path, dtype=np.uint32, mode="r"), doc_ends=ends, mask=mask, meta=meta,
                   path=entry)
 
@@ -381,18 +514,18 @@ def prepare(cfg, group=None) -> Corpus:
 
     sp = spec(cfg)  # every rank alike: errors here need no agreement
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
-        return open_cache(build(sp))
-    err = [None]
-    if dist.get_rank(group) == 0:
+        return open_cache(build(sp), sp)
+    err, out = [None], None
+    if dist.get_rank(group) == 0:  # builds a missing entry and checks its contents, for every rank
         try:
-            build(sp)
+            out = open_cache(build(sp), sp)
         except ValueError as e:
             err = [str(e)]
     dist.broadcast_object_list(err, group=group, group_src=0)
     if err[0] is not None:
         raise ValueError(err[0])
     try:
-        out, err = open_cache(sp.cache), None
+        out, err = out or open_cache(sp.cache, sp, hash_files=False), None
     except ValueError as e:
         out, err = None, str(e)
     # every rank must see the entry (node-local storage would not): agree before going on

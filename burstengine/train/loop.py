@@ -24,6 +24,7 @@ import os
 import shutil
 import signal
 import time
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -32,6 +33,7 @@ from ..attention import planning
 from ..attention.agreement import ranks_by_value, ranks_text
 from ..model import checkpointing
 from . import checkpoint as ckpt
+from . import runlock
 from .data import IGNORE, Batch, Loader, global_sequences, make_source, packed_sequences, shard_batch
 from .metrics import (MetricsLog, Progress, open_sinks, peak_flops, peak_memory_gib, read_jsonl, repair_jsonl,
                       summarize)
@@ -98,21 +100,23 @@ def resume_changes(saved: dict, now: dict) -> list[str]:
     return [f"resume changes {k}: {a[k]!r} -> {b[k]!r}" for k in changed]
 
 
-def agree(cfg, group=None) -> tuple[int, int]:
+def agree(cfg, group=None, refusal: str | None = None) -> tuple[int, int]:
     """Validate ``cfg`` on every rank of ``group`` and check that every rank runs the same
     settings and the same BURST_* planning environment; raise one ValueError on every rank
     otherwise, naming the ranks and values at fault.  One all_gather of small objects, and the
     job's first collective: a rank with another config (a per-rank ``--set``, another file, an
     exported variable) would otherwise build other process groups or another checkpointing
-    plan, and the ranks would wait on each other's collectives until the timeout.  Returns
-    (dp, cp) of :meth:`TrainConfig.check_world`."""
+    plan, and the ranks would wait on each other's collectives until the timeout.
+    ``refusal``: why this rank cannot run the job (rank 0's lock on the run directory is held
+    by another run), raised on every rank once the settings agree.  Returns (dp, cp) of
+    :meth:`TrainConfig.check_world`."""
     world = dist.get_world_size(group)
     try:
         cfg.validate()
         dp_cp, err = cfg.check_world(world), None
     except ValueError as e:
         dp_cp, err = None, str(e)
-    mine = (err, _flat(cfg.to_dict()), planning.environment())
+    mine = (err, _flat(cfg.to_dict()), planning.environment(), refusal)
     rows = [mine] if world == 1 else [None] * world
     if world > 1:
         dist.all_gather_object(rows, mine, group=group)
@@ -132,21 +136,65 @@ def agree(cfg, group=None) -> tuple[int, int]:
     if diffs:
         raise ValueError("the ranks disagree on " + "; ".join(diffs) + ": every rank must run the same training "
                          "settings and BURST_* environment")
+    refused = [row[3] for row in rows if row[3] is not None]
+    if refused:
+        raise ValueError(refused[0])
     return dp_cp
+
+
+def lock_run_dir(cfg) -> tuple[runlock.RunLock | None, str | None]:
+    """(the lock on ``cfg.run_dir``, None), or (None, why it cannot be had: another run holds
+    it, or the directory cannot be written).  None, None for an out_dir that does not resolve:
+    :func:`agree` names that."""
+    try:
+        run_dir = cfg.run_dir
+    except (KeyError, IndexError, ValueError):
+        return None, None
+    try:
+        return runlock.acquire(run_dir), None
+    except runlock.Held as e:
+        return None, str(e)
+    except OSError as e:
+        return None, f"out_dir {run_dir}: cannot write its lock file ({e.strerror or e}: {e.filename})"
 
 
 class Trainer:
     """A training job on the ranks of ``group`` (default: the world).
 
-    Fault-injection hooks for the tests (train/cli.py reads them from the environment):
+    Fault-injection hooks for the tests (burstengine/cli/train.py reads them from the environment):
     ``kill_in_step`` = STEP makes this rank SIGKILL itself in the middle of step STEP (1-based),
     after its forward, while the other ranks go on into the backward's ring and FSDP
-    collectives; ``kill_in_save`` = STEP kills rank 0 inside the checkpoint save of that step."""
+    collectives; ``kill_in_save`` = STEP kills rank 0 inside the checkpoint save of that step.
+
+    ``lock`` (default): rank 0 locks the run directory (:mod:`burstengine.train.runlock`) before
+    the job's first collective, and a run already there makes every rank raise ValueError naming
+    it; the lock is released when :meth:`fit` ends (or by :meth:`close`, or when the trainer is
+    garbage-collected), so one trainer runs one fit.  ``lock=False``: a trainer that never writes
+    its run directory (benchmarks timing steps)."""
 
     def __init__(self, cfg, group=None, device=None, echo: bool = True, kill_in_step: int | None = None,
-                 kill_in_save: int | None = None):
+                 kill_in_save: int | None = None, lock: bool = True):
+        self.rank = dist.get_rank(group)
+        self._locking, self._lock, self._run_over = lock, None, False
+        refusal = None
+        if lock and self.rank == 0:
+            self._lock, refusal = lock_run_dir(cfg)
+        self._unlock = weakref.finalize(self, self._lock.release) if self._lock is not None else None
+        try:
+            self._start(cfg, group, device, echo, kill_in_step, kill_in_save, refusal)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Release the run directory's lock (idempotent; :meth:`fit` does it when it ends)."""
+        if self._unlock is not None:
+            self._unlock()
+
+    def _start(self, cfg, group, device, echo, kill_in_step, kill_in_save, refusal) -> None:
         world = dist.get_world_size(group)
-        dp, cp = agree(cfg, group)  # the job's first collective: every rank valid and alike, or all raise
+        # the job's first collective: every rank valid and alike, and the run directory ours, or all raise
+        dp, cp = agree(cfg, group, refusal)
         if cfg.attention == "sdpa" and cp > 1:
             raise ValueError("attention='sdpa' has no context parallelism: use cp=1, or attention='burst' "
                              "or 'torch-cp'")
@@ -163,12 +211,13 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, cfg)
         self.step = 0
         self.activity = "start-up"  # what the job is doing, for the message when a rank is lost
-        self.rank = dist.get_rank(group)
         self._kill_at = kill_in_step
         self._kill_in_save = kill_in_save
         self.run_dir = cfg.run_dir
         self.ckpt_dir = os.path.join(self.run_dir, "checkpoints")
         self.log = MetricsLog(os.path.join(self.run_dir, "metrics.jsonl"), self.rank, echo=echo)
+        if self._lock is not None and self._lock.note:
+            self.log.say(f"note: {self._lock.note}")
         if self.model.load_stats:  # init: how long the pretrained weights took, and rank 0's peak host memory
             st = self.model.load_stats
             self.log.say(f"loaded {cfg.init} in {st['load_s']:.1f}s (rank 0 read {st['read_gib']:.2f} GiB, peak host "
@@ -388,17 +437,25 @@ class Trainer:
             on_step=None) -> dict:
         """Train to ``cfg.steps`` (or stop, as a preempted job would, once ``stop_after`` steps are
         done); returns the summary on rank 0 ({} elsewhere).  ``on_step(trainer)`` is called after
-        each step and its logging, evaluation and checkpoint (e.g. to sample memory)."""
-        self.prepare_run_dir(resume, overwrite)
-        progress = Progress(self.cfg.steps, self.cfg.progress and self.rank == 0, initial=self.step)
-        self.log.progress = progress
+        each step and its logging, evaluation and checkpoint (e.g. to sample memory).  The run
+        directory's lock is released when it ends, however it ends."""
+        if self._run_over:  # the same on every rank
+            raise ValueError(f"this trainer's run in {self.run_dir} is over (its lock was released when fit "
+                             f"ended): build a new Trainer to train again")
+        self._run_over = self._locking
         try:
-            self._open_sinks()
-            return self._fit(progress, stop_after, on_step)
+            self.prepare_run_dir(resume, overwrite)
+            progress = Progress(self.cfg.steps, self.cfg.progress and self.rank == 0, initial=self.step)
+            self.log.progress = progress
+            try:
+                self._open_sinks()
+                return self._fit(progress, stop_after, on_step)
+            finally:
+                progress.close()
+                self.log.progress = None
+                self.log.close()
         finally:
-            progress.close()
-            self.log.progress = None
-            self.log.close()
+            self.close()
 
     def _open_sinks(self) -> None:
         """Rank 0 opens the TensorBoard / W&B sinks; a failure (say, W&B online without a network)
