@@ -29,14 +29,30 @@ class Hooks:
     attention (a decode step's attention over the cache and the merge over ranks).  ``chunk``:
     run the token-wise parts of each layer (norms, projections, RoPE, MLP) this many tokens at a
     time, so a long prompt's MLP intermediates never exist whole; attention always sees the
-    whole shard."""
+    whole shard.
+
+    Tensor parallelism (:mod:`.tensor_parallel`): ``reduce(x)`` sums a row-parallel projection's
+    partial outputs over the ranks (after wo and after w2, before each residual add);
+    ``block(layer_module) -> module`` runs a layer as another module (a prefill of a model that
+    owns only its slices: the layer at full width, its weights gathered)."""
 
     kv_sink: Callable | None = None
     attend: Callable | None = None
     chunk: int | None = None
+    reduce: Callable | None = None
+    block: Callable | None = None
 
 
 NO_HOOKS = Hooks()
+# token rows per piece of a long shard's token-wise work in inference by default: an 8B model's
+# MLP intermediates are then ~1.4 GB whatever the prompt (a 1M-token prompt on 2 ranks holds
+# 512K rows per rank: 44 GB whole), and the matmuls are long enough to run at full speed
+CHUNK = 16384
+
+
+def _whole(x):
+    """A projection's output that is already whole (no tensor parallelism)."""
+    return x
 
 
 def _by_rows(fn, n: int, chunk: int | None):
@@ -160,12 +176,13 @@ class Block(nn.Module):
         return self._residuals(x, o, lean)
 
     def _residuals(self, x, o, lean):
-        h = x + self.attention.wo(o.flatten(2))
+        reduce = self.hooks.reduce or _whole
+        h = x + reduce(self.attention.wo(o.flatten(2)))
         if lean:
             ff = self.feed_forward
             g, u = pointwise.norm_linears(h, self.ffn_norm, ff.w1, ff.w3)
-            return h + pointwise.swiglu_linear(g, u, ff.w2)
-        return h + self.feed_forward(self.ffn_norm(h))
+            return h + reduce(pointwise.swiglu_linear(g, u, ff.w2))
+        return h + reduce(self.feed_forward(self.ffn_norm(h)))
 
     def forward(self, x, cos, sin, docs=None):
         return checkpointing.POLICIES[self.policy](self, x, cos, sin, docs)
