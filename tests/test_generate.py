@@ -205,9 +205,9 @@ def test_shard_attention_math_path_matches_oracle(case):
     scale = q.shape[-1] ** -0.5
     out, lse = shard_attention(q, k, v, scale, valid, visible, window, qpos, kpos)
     ro, rl = decode_cases.oracle(q, k, v, scale, valid, visible, window, qpos, kpos)
-    assert out.dtype == lse.dtype == torch.float32
+    assert out.dtype == lse.dtype == torch.float64  # float64 in, float64 out: the oracle keeps its precision
     assert torch.equal(torch.isfinite(lse), torch.isfinite(rl))
-    assert (out.double() - ro).abs().max() < 1e-5 and (lse.double() - rl)[torch.isfinite(rl)].abs().max() < 1e-5
+    assert (out - ro).abs().max() < 1e-12 and (lse - rl)[torch.isfinite(rl)].abs().max() < 1e-12
     assert (out[~torch.isfinite(rl)] == 0).all()
 
 
@@ -249,7 +249,7 @@ def test_a_failed_capture_under_auto_decodes_op_by_op(model_dirs, monkeypatch):
     def broken(self, warmup=2):
         raise RuntimeError("capturing the decode step in a CUDA graph failed: operation not permitted")
 
-    monkeypatch.setattr(gen, "use_graphs", lambda mode, device, world: True)  # as on one GPU
+    monkeypatch.setattr(gen, "use_graphs", lambda mode, device: True)  # as on a GPU
     monkeypatch.setattr(st.DecodeStep, "capture", broken)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -337,22 +337,21 @@ def test_dynamic_rope_follows_the_length_in_decode(tmp_path, monkeypatch):
 
 
 def test_graphs_option():
+    # "auto" captures on CUDA whatever the number of ranks (the collectives go into the graph)
     from burstengine.inference.step import use_graphs
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    assert use_graphs("auto", cuda, 1) and use_graphs("on", cuda, 1)
-    assert not use_graphs("auto", cuda, 2) and not use_graphs("auto", cpu, 1) and not use_graphs("off", cuda, 1)
-    with pytest.raises(ValueError, match="graphs='on' needs a CUDA device and one rank: the model is on cpu"):
-        use_graphs("on", cpu, 1)
-    with pytest.raises(ValueError, match="runs on 2 ranks"):
-        use_graphs("on", cuda, 2)
+    assert use_graphs("auto", cuda) and use_graphs("on", cuda)
+    assert not use_graphs("auto", cpu) and not use_graphs("off", cuda) and not use_graphs("off", cpu)
+    with pytest.raises(ValueError, match="graphs='on' needs a CUDA device: the model is on cpu"):
+        use_graphs("on", cpu)
     with pytest.raises(ValueError, match="graphs must be one of"):
-        use_graphs("yes", cuda, 1)
+        use_graphs("yes", cuda)
 
 
 def test_graphs_on_is_refused_on_every_rank_here(pool, model_dirs):
     msgs = pool.run(gc.raises, model_dirs["llama"], "generate", [[1, 2, 3]], 2, {}, world=2, graphs="on")
-    assert all(m is not None and "graphs='on' needs a CUDA device and one rank" in m for m in msgs), msgs
+    assert all(m is not None and "graphs='on' needs a CUDA device" in m for m in msgs), msgs
 
 
 def test_sampling_filters_match_transformers():
