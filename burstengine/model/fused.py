@@ -52,12 +52,12 @@ _any_length = [0]  # open any_length() blocks
 
 @contextmanager
 def any_length():
-    """Within the block, the compiled kernels take any batch and token count from their first
-    compile: the batch and token dims of every input (dims 0-1 of a (B, n, ...) tensor, dim 0 of
-    a (n, D) RoPE table) are marked dynamic before the call.  A prefill sees a new prompt length
-    at nearly every call; without this the first length is specialised and the second compiles
-    again (seconds on a GPU: the first-call penalty of a new length), and training, which runs
-    one shape, keeps its specialised kernels."""
+    """Within the block, the compiled kernels take any batch, token and head count from their
+    first compile: every dim of an input but its last (the batch, tokens and heads of a (B, n,
+    ...) tensor, the tokens of a (n, D) RoPE table) is marked dynamic before the call.  A prefill
+    sees a new prompt length at nearly every call; without this the first length is specialised
+    and the second compiles again (seconds on a GPU: the first-call penalty of a new length).
+    Training, which runs one shape, keeps its specialised kernels."""
     _any_length[0] += 1
     try:
         yield
@@ -68,7 +68,7 @@ def any_length():
 def _mark_lengths(args) -> None:
     for a in args:
         if isinstance(a, torch.Tensor) and a.dim() >= 2:
-            for d in range(2 if a.dim() >= 3 else 1):
+            for d in range(a.dim() - 1):
                 torch._dynamo.maybe_mark_dynamic(a, d)
 
 

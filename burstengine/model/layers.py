@@ -71,6 +71,13 @@ def _by_rows(fn, n: int, chunk: int | None):
     return outs
 
 
+def _rows(t: torch.Tensor, a: int, z: int) -> torch.Tensor:
+    """Token rows [a, z) of ``t`` (B, n, ...).  With one sequence, as a view with the strides of a
+    tensor of that shape (the batch dim's stride is then z - a rows, not n): a compiled fused op
+    guards on strides, and the slice of a longer shard would compile it again."""
+    return t[0, a:z][None] if t.shape[0] == 1 else t[:, a:z]
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -149,7 +156,8 @@ class Block(nn.Module):
     def pre_attention(self, x, cos, sin, lean: bool = False):
         """The roped q, k, v (B, n, heads, head_dim) of the block input ``x`` (B, n, dim)."""
         if self.hooks.chunk:
-            return _by_rows(lambda a, z: self._qkv(x[:, a:z], cos[a:z], sin[a:z], lean), x.shape[1], self.hooks.chunk)
+            return _by_rows(lambda a, z: self._qkv(_rows(x, a, z), cos[a:z], sin[a:z], lean), x.shape[1],
+                            self.hooks.chunk)
         return self._qkv(x, cos, sin, lean)
 
     def _qkv(self, x, cos, sin, lean):
@@ -171,7 +179,7 @@ class Block(nn.Module):
     def post_attention(self, x, o, lean: bool = False):
         """The block output from its input ``x`` and the attention output ``o`` (B, n, heads, head_dim)."""
         if self.hooks.chunk:
-            return _by_rows(lambda a, z: (self._residuals(x[:, a:z], o[:, a:z], lean),), x.shape[1],
+            return _by_rows(lambda a, z: (self._residuals(_rows(x, a, z), _rows(o, a, z), lean),), x.shape[1],
                             self.hooks.chunk)[0]
         return self._residuals(x, o, lean)
 
