@@ -525,7 +525,41 @@ def test_decode_bench_runs_on_cpu(tmp_path):
         # weights (all but the embedding) + the cache, in bytes
         assert r["step_bytes"] > 4 * (2 * 128 * 128 + 2 * 128 * 64) * 2
     rc, _, err = _cli("bench", "decode", "--model", "tiny", "--graphs", "on", "--world", "1")
-    assert rc == 2 and "--graphs on needs one rank on a CUDA device" in err
+    assert rc == 2 and "--graphs on needs a CUDA device" in err
+
+
+def test_decode_bench_on_two_ranks_records_tensor_parallel_rows(tmp_path):
+    """Two gloo ranks: the check runs over them (whole and tensor-parallel steps vs float64), and
+    each (prompt, batch) gets a tensor-parallel row beside a whole-model one, whose bound counts
+    this rank's slice of the weights (the tiny preset: every projection and the head halve); with
+    --sliced the ranks load only their slices."""
+    import json
+
+    rc, out, err = _cli("bench", "decode", "--model", "tiny", "--seqs", "128", "--batches", "1,2", "--tokens", "2",
+                        "--warmup", "1", "--world", "2", "--out-dir", str(tmp_path), "--name", "d", "--check")
+    assert rc == 0, err
+    rec = json.load(open(tmp_path / "d.json"))
+    assert rec["check"]["ok"] and rec["world"] == 2 and rec["sliced"] is False
+    assert [list(r["equal"]) for r in rec["check"]["tokens"]] == [["float32_eager == float64",
+                                                                  "float32_tp_eager == float64"]] * 2
+    rows = rec["rows"]
+    assert [(r["S"], r["batch"], r["tensor_parallel"]) for r in rows] == [(128, 1, True), (128, 1, False),
+                                                                         (128, 2, True), (128, 2, False)]
+    from burstengine.model import PRESETS
+
+    a = PRESETS["tiny"]
+    sliced = a.n_layers * (2 * a.dim * a.n_heads * a.head_dim + 2 * a.dim * a.n_kv_heads * a.head_dim
+                           + 3 * a.dim * a.ffn_dim) + a.vocab_size * a.dim
+    for tp, whole in ((rows[0], rows[1]), (rows[2], rows[3])):
+        assert whole["step_bytes"] - tp["step_bytes"] == sliced * 4 // 2  # float32, half of it on each rank
+    rc, out, err = _cli("bench", "decode", "--model", "tiny", "--seqs", "128", "--batches", "1", "--tokens", "2",
+                        "--warmup", "1", "--world", "2", "--out-dir", str(tmp_path), "--name", "s", "--sliced")
+    assert rc == 0, err
+    rec = json.load(open(tmp_path / "s.json"))
+    assert rec["sliced"] is True and [r["tensor_parallel"] for r in rec["rows"]] == [True]
+    assert rec["rows"][0]["step_bytes"] == rows[0]["step_bytes"]
+    rc, _, err = _cli("bench", "decode", "--model", "tiny", "--sliced", "--tp", "off")
+    assert rc == 2 and "--sliced holds only tensor-parallel slices" in err
 
 
 def test_decode_check_compares_logits_only_while_the_texts_agree():
