@@ -66,6 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batches", default="1,2", help="batch sizes [%(default)s]")
     p.add_argument("--batch-max", default=None, help="run batches > 1 only up to this prompt length (e.g. 32K)")
     p.add_argument("--sdpa-max", default=None, help="run the SDPA prefill peer only up to this length [all]")
+    p.add_argument("--eager-max", default=None,
+                   help="with the graph on, decode the same prompts op by op beside it only up to this length "
+                        "(each costs a second prefill) [all]")
     p.add_argument("--tokens", type=int, default=16, help="timed decode steps [%(default)s]")
     p.add_argument("--warmup", type=int, default=4, help="untimed decode steps first [%(default)s]")
     p.add_argument("--chunk", type=int, default=16384, help="prefill token-wise work per chunk [%(default)s]")
@@ -100,7 +103,7 @@ def validate(args) -> str | None:
     try:
         _lengths(args.seqs)
         [int(b) for b in args.batches.split(",")]
-        for v in (args.batch_max, args.sdpa_max):
+        for v in (args.batch_max, args.sdpa_max, args.eager_max):
             if v is not None:
                 _lengths(v)
     except ValueError as e:
@@ -163,7 +166,7 @@ def tp_rows(args, model, world: int) -> list[bool]:
 
 def _decode_row(model, ids, args, tp: bool, graphed: bool, bw: float, world: int, group, device) -> dict:
     """One (prompt, batch, tensor-parallel) row: a generate() call (with the graph when on), and the
-    same prompts op by op beside it."""
+    same prompts op by op beside it (up to --eager-max)."""
     B, S = ids.shape
     n_new = 1 + args.warmup + args.tokens
     reset_peak(device)
@@ -175,8 +178,10 @@ def _decode_row(model, ids, args, tp: bool, graphed: bool, bw: float, world: int
                decode_step_s=out.timings["decode_step_s"], decode_s_per_token=per, step_bytes=need, bound_s=need / bw,
                ratio_to_bound=per / (need / bw), shard_slots=out.shard_lengths[-1], graphs=out.timings["graphs"])
     row["peak_bytes"], row["peak_kind"] = peak_bytes(device)
-    if graphed:  # the same prompts op by op: the graph's gain, and the same tokens
+    if graphed:
         row["graph_capture_s"] = out.timings["graph_capture_s"]
+    emax = _lengths(args.eager_max)[0] if args.eager_max else None
+    if graphed and (emax is None or S <= emax):  # the same prompts op by op: the graph's gain, and the same tokens
         tokens = out.tokens
         del out
         if device.type == "cuda":
@@ -314,14 +319,15 @@ def render(rec):
             continue
         sdpa = r.get("sdpa_first_token_s")
         first = fixed(r["first_token_s"], 2)
+        eager = "eager_decode_s_per_token" in r  # not past --eager-max
         if graphs:
-            first += f" / {fixed(r['eager_first_token_s'], 2)}"
+            first += f" / {fixed(r['eager_first_token_s'], 2)}" if eager else ""
         row = lead + [first, fixed(sdpa, 2) if sdpa else "—", ms(r["decode_s_per_token"])]
         if graphs:
-            row.append(ms(r["eager_decode_s_per_token"]))
+            row.append(ms(r["eager_decode_s_per_token"]) if eager else "—")
         row += [ms(r["bound_s"]), f"{r['ratio_to_bound']:.2f}×", fixed(r["peak_bytes"] / 2**30, 1)]
         if graphs:
-            row.insert(-1, "yes" if r.get("tokens_equal") else "NO")
+            row.insert(-1, ("yes" if r["tokens_equal"] else "NO") if eager else "—")
         body.append(row)
     cols = ["prompt tokens", "batch"] + (["TP"] if split else [])
     cols += ["first token s" + (" (first / again)" if graphs else ""), "SDPA prefill s",
