@@ -453,7 +453,9 @@ def test_generate_command_spawns_ranks_and_writes_tokens(text_model, tmp_path):
     (["--model", "tiny", "--prompt-tokens", "{npy}", "--max-new-tokens", "2", "--eos", "x"], "--eos must be"),
     (["--model", "tiny", "--prompt-tokens", "{bad}", "--max-new-tokens", "2"], "outside the model's vocabulary"),
     (["--model", "tiny", "--prompt-tokens", "{npy}", "--max-new-tokens", "2", "--graphs", "on"],
-     "--graphs on needs one rank on a CUDA device"),
+     "--graphs on needs a CUDA device"),
+    (["--model", "tiny", "--prompt", "hello", "--max-new-tokens", "2"], "--prompt needs a tokenizer"),
+    (["--model", "tiny", "--prompt-tokens", "{npy}", "--max-new-tokens", "2", "--chunk", "-1"], "--chunk must be >= 0"),
 ])
 def test_generate_command_rejects_bad_arguments(argv, match, tmp_path, capsys):
     import numpy as np
@@ -465,6 +467,66 @@ def test_generate_command_rejects_bad_arguments(argv, match, tmp_path, capsys):
     argv = [a.format(npy=tmp_path / "p.npy", bad=tmp_path / "bad.npy") for a in argv]
     assert cli.main(["generate", *argv]) == 2  # before any rank starts
     assert match in capsys.readouterr().err
+
+
+def test_generate_command_takes_a_prompt_and_decodes_tensor_parallel(text_model, tmp_path):
+    """--prompt "text": the same tokens as the API on the tokenized text; on two ranks --tp auto
+    splits the tiny model (4 heads, 2 kv heads, ffn 96, vocab 192), each rank loading its slices,
+    and --tp off keeps it whole: the same tokens."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from burstengine.inference import generate, load_model
+
+    text = "Hello world, once upon a time"
+    ids = AutoTokenizer.from_pretrained(text_model)(text).input_ids
+    want = generate(load_model(text_model), [ids], 6).tokens
+    for tp in ("auto", "off"):
+        rc, out, err = _cli("generate", "--model", text_model, "--prompt", text, "--max-new-tokens", "6", "--world",
+                            "2", "--eos", "none", "--tp", tp, "--quiet", "--output", str(tmp_path / f"{tp}.json"))
+        assert rc == 0, err
+        rec = json.load(open(tmp_path / f"{tp}.json"))
+        assert rec["tokens"] == want and rec["timings"]["tensor_parallel"] is (tp == "auto"), (tp, rec["timings"])
+        assert ("tensor-parallel over 2 ranks" in err) is (tp == "auto")
+
+
+def test_generate_command_refuses_a_prompt_longer_than_the_context(tmp_path, capsys):
+    """A prompt longer than max_position_embeddings (stretched by the RoPE scaling factor) is
+    refused in one line before any rank starts, unless --allow-longer."""
+    import numpy as np
+
+    from burstengine import cli
+
+    plain = gc.save_tiny(tmp_path / "plain", "llama", max_position_embeddings=50)
+    linear = gc.save_tiny(tmp_path / "linear", "llama", max_position_embeddings=50,
+                          rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
+    np.save(tmp_path / "p60.npy", np.array(gc.prompts((60,))[0]))
+    np.save(tmp_path / "p120.npy", np.array(gc.prompts((120,))[0]))
+    base = ["generate", "--max-new-tokens", "2", "--world", "1", "--quiet"]
+    assert cli.main(base + ["--model", plain, "--prompt-tokens", str(tmp_path / "p60.npy")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("prompt 0 has 60 tokens, more than the model's context of 50 (its max_position_embeddings); "
+                            "--allow-longer runs it anyway"), err
+    assert cli.main(base + ["--model", linear, "--prompt-tokens", str(tmp_path / "p120.npy")]) == 2
+    assert "more than the model's context of 100 (max_position_embeddings 50 with linear RoPE scaling x2)" in \
+        capsys.readouterr().err
+    assert cli.main(base + ["--model", linear, "--prompt-tokens", str(tmp_path / "p60.npy")]) == 0  # within x2
+    assert cli.main(base + ["--model", plain, "--prompt-tokens", str(tmp_path / "p60.npy"), "--allow-longer"]) == 0
+
+
+def test_model_context_after_rope_scaling():
+    from burstengine.model import ModelArgs, RopeScaling
+
+    assert ModelArgs().context == 0  # unknown: no limit
+    assert ModelArgs(max_position_embeddings=4096).context == 4096
+    # Llama 3.1: max_position_embeddings is already the stretched context (8192 x 8 < 131072)
+    l31 = ModelArgs(max_position_embeddings=131072, rope_scaling=RopeScaling(
+        type="llama3", factor=8.0, original_max_position_embeddings=8192))
+    assert l31.context == 131072
+    # yarn / linear with max_position_embeddings the original length: stretched by the factor
+    assert ModelArgs(max_position_embeddings=32768, rope_scaling=RopeScaling(type="yarn", factor=4.0)).context == 131072
+    assert ModelArgs(max_position_embeddings=2048, rope_scaling=RopeScaling(type="linear", factor=2.0)).context == 4096
 
 
 def test_needle_eval_writes_a_record_and_a_heatmap(text_model, tmp_path):

@@ -39,6 +39,16 @@ class ModelArgs:
     def head_dim(self) -> int:
         return self.head_size or self.dim // self.n_heads
 
+    @property
+    def context(self) -> int:
+        """The longest sequence the weights are meant for: max_position_embeddings, or the original
+        context stretched by the RoPE scaling factor when that is longer (a config whose
+        max_position_embeddings is the original length); 0 = unknown."""
+        m, s = self.max_position_embeddings, self.rope_scaling
+        if not m or s.type == "none":
+            return m
+        return max(m, int(s.factor * s.original(m)))
+
     @classmethod
     def from_dict(cls, d: dict) -> "ModelArgs":
         """The inverse of dataclasses.asdict (a checkpoint's meta.json); fields it lacks (an older
