@@ -146,7 +146,7 @@ def check_tokens(device, lengths=(300, 137, 61), new: int = 12) -> list[dict]:
         # SDPA kernels take fp16 / bf16 only); the decode step is what is checked
         ref, ref_logits = _run(models["float64"], prompts, new, kernel="reference", graphs="off",
                                tensor_parallel=False)
-        got, err, compared = {}, {}, {}
+        got, err, compared, failed = {}, {}, {}, {}
 
         def vs(name, logits, tokens, base_logits, base_tokens):
             if logits is not None:  # rank 0 compares the logits; every rank the tokens
@@ -160,8 +160,13 @@ def check_tokens(device, lengths=(300, 137, 61), new: int = 12) -> list[dict]:
                                                        tensor_parallel=tp)
                 vs(f"{d}_eager vs float64", eager_logits, got[f"{d}_eager"], ref_logits, ref)
                 if cuda:
-                    got[f"{d}_graph"], logits = _run(models[dt], prompts, new, kernel=kern, graphs="on",
-                                                     tensor_parallel=tp)
+                    try:
+                        got[f"{d}_graph"], logits = _run(models[dt], prompts, new, kernel=kern, graphs="on",
+                                                         tensor_parallel=tp)
+                    except RuntimeError as e:  # the capture failed (on every rank alike): recorded, a failure
+                        failed[f"{d}_graph"] = (str(e).splitlines() or [""])[0][:300]
+                        got[f"{d}_graph"] = None
+                        continue
                     vs(f"{d}_graph vs float64", logits, got[f"{d}_graph"], ref_logits, ref)
                     vs(f"{d}_graph vs {d}_eager", logits, got[f"{d}_graph"], eager_logits, got[f"{d}_eager"])
         same = {f"{k} == float64": t == ref for k, t in got.items() if k.startswith("float32")}
@@ -174,7 +179,8 @@ def check_tokens(device, lengths=(300, 137, 61), new: int = 12) -> list[dict]:
         # (its graph and op-by-op runs to the same tokens), and must agree for at least one step
         some = all(n > 0 for n in compared.values())
         rows.append(dict(window=window, lengths=list(lengths), new_tokens=new, equal=same, logits_err=err,
-                         steps_compared=compared, ok=all(same.values()) and close and some, float64=ref, **got))
+                         steps_compared=compared, ok=all(same.values()) and close and some and not failed,
+                         capture_failed=failed, float64=ref, **got))
     return rows
 
 
@@ -246,7 +252,8 @@ def check(device, log=print) -> dict:
     for r in tok:
         log(f"check: greedy tokens, window {r['window']}: " +
             ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in r["equal"].items()) + "; logits max rel. error " +
-            ", ".join(f"{k} {v:.1e} ({r['steps_compared'][k]} steps)" for k, v in r["logits_err"].items()))
+            ", ".join(f"{k} {v:.1e} ({r['steps_compared'][k]} steps)" for k, v in r["logits_err"].items()) +
+            "".join(f"; {k}: CAPTURE FAILED: {v}" for k, v in r["capture_failed"].items()))
     ok = _everywhere(not bad and all(r["ok"] for r in tok), device)
     log(f"check {'PASSED' if ok else 'FAILED'} in {time.perf_counter() - t0:.1f}s")
     out = dict(ok=ok, attention=att, tokens=tok, seconds=time.perf_counter() - t0)
