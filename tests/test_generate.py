@@ -261,40 +261,14 @@ def test_a_failed_capture_under_auto_decodes_op_by_op(model_dirs, monkeypatch):
         gen.generate(gc._model(model_dirs["llama"]), gc.prompts(LENGTHS, 0), NEW, graphs="on")
 
 
-# aten ops whose result depends on a device value read on the host (a sync on CUDA, and a
-# capture error in a CUDA graph): item() / int() / bool() / tolist(), data-dependent shapes
-_SYNCING = {"_local_scalar_dense", "item", "is_nonzero", "equal", "allclose", "nonzero", "nonzero_static",
-            "masked_select", "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim"}
-
-
 def test_decode_step_reads_no_device_value_on_the_host(model_dirs, monkeypatch):
     """What a CUDA graph needs of the step, checked on CPU: every op the step's forward runs, at
     the aten level, for a batch of two lengths (visibility) and a window: none reads a tensor's
     value on the host, no index is a boolean mask (data-dependent shape)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from burstengine.inference import step as st
 
     ops, bad = set(), []
-
-    class Watch(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = func.overloadpacket.__name__
-            ops.add(name)
-            if name in _SYNCING:
-                bad.append(name)
-            if name.startswith("index") and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
-                                                for a in args if isinstance(a, (list, tuple)) for i in a):
-                bad.append(f"{name} with a boolean mask")
-            return func(*args, **(kwargs or {}))
-
-    forward = st.DecodeStep.forward
-
-    def watched(self):
-        with Watch():
-            return forward(self)
-
-    monkeypatch.setattr(st.DecodeStep, "forward", watched)
+    monkeypatch.setattr(st.DecodeStep, "forward", decode_cases.watched(st.DecodeStep.forward, ops, bad))
     for arch in ("llama", "mistral"):
         tokens, _ = gc.run_generate(None, model_dirs[arch], (61, 30), 4)
         assert tokens == hf_greedy(model_dirs[arch], (61, 30), 4), arch

@@ -75,37 +75,16 @@ def run_hf_sliced(group, path, lengths, new):
     return generate(m, gc.prompts(lengths), new, group=group).tokens
 
 
-# aten ops whose result depends on a device value read on the host (as in test_generate)
-SYNCING = {"_local_scalar_dense", "item", "is_nonzero", "equal", "allclose", "nonzero", "nonzero_static",
-           "masked_select", "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim"}
-
-
 def watch_step(group):
     """Every op the tensor-parallel decode step's forward runs on this rank (aten and c10d), and
-    those that read a device value on the host."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
+    those that read a device value on the host or index with a boolean mask."""
+    import decode_cases
     from burstengine.inference import generate
     from burstengine.inference import step as st
 
     ops, bad = set(), []
-
-    class Watch(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = func.overloadpacket.__name__
-            ops.add(name)
-            if name in SYNCING:
-                bad.append(name)
-            return func(*args, **(kwargs or {}))
-
     forward = st.DecodeStep.forward
-
-    def watched(self):
-        assert self.split is not None
-        with Watch():
-            return forward(self)
-
-    st.DecodeStep.forward = watched
+    st.DecodeStep.forward = decode_cases.watched(forward, ops, bad)
     try:
         out = generate(model(group, "sliced", window=9), prompts(), 4, group=group)
     finally:

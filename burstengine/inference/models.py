@@ -190,12 +190,7 @@ def random_llama(args, device, dtype, seed: int = 0, split=None) -> Transformer:
     allocated once, directly in ``dtype`` on ``device``; with a tensor-parallel ``split``
     (:class:`~burstengine.model.tensor_parallel.Split`) only its slices, the same values as the
     whole model's there."""
-    if split is not None:
-        model = tensor_parallel.sliced(args, split, device, dtype)
-    else:
-        with torch.device("meta"):
-            model = Transformer(args)
-        model.to(dtype).to_empty(device=device)
+    model = tensor_parallel.empty_model(args, device, dtype, split)
     model.init_weights(seed)
     return model
 

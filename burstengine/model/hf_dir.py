@@ -201,12 +201,7 @@ def load_hf_model(path: str, device="cpu", dtype=torch.float32, split=None) -> T
     Parameters are created on the meta device and filled tensor by tensor straight from the
     safetensors files onto ``device``, so a model is never held twice in memory."""
     args = args_from_hf_config(read_config(path), f"{path}/config.json")
-    if split is not None:
-        model = tensor_parallel.sliced(args, split, device, dtype)
-    else:
-        with torch.device("meta"):
-            model = Transformer(args)
-        model.to(dtype).to_empty(device=device)
+    model = tensor_parallel.empty_model(args, device, dtype, split)
     load_weights(model, path)
     return model
 

@@ -150,6 +150,18 @@ def sliced(args: ModelArgs, split: Split, device, dtype) -> nn.Module:
     return model
 
 
+def empty_model(args: ModelArgs, device, dtype, split: Split | None = None) -> nn.Module:
+    """A Transformer of ``args``, uninitialised, allocated once directly on ``device`` in ``dtype``:
+    whole, or only ``split``'s slices."""
+    if split is not None:
+        return sliced(args, split, device, dtype)
+    from .decoder import Transformer
+
+    with torch.device("meta"):
+        model = Transformer(args)
+    return model.to(dtype).to_empty(device=device)
+
+
 def view(model: nn.Module, split: Split) -> nn.Module:
     """A sliced Transformer whose parameters are views of whole ``model``'s (no memory): the
     slices rows or columns of the same storage, the norms and embedding the same tensors."""

@@ -288,37 +288,31 @@ def run_rank(args, group=None) -> list[dict]:
 def print_tables(rows, methods, seqs, file=None):
     file = file or sys.stdout  # per call, not bound at import
     for model in dict.fromkeys(r["model"] for r in rows):
+        def line(m, cell, tail=""):  # one method's cells over the lengths
+            at = {x["S"]: x for x in rows if x["model"] == model and x["method"] == m}
+            print(f"{m:14s}" + "".join(f"{cell(at[s]):>14s}" for s in seqs) + tail, file=file)
+
         print(f"\nfirst-token latency (s), {model}, {rows[0]['world']} rank(s), {rows[0]['dtype']}:", file=file)
         head = f"{'method':14s}" + "".join(f"{s:>14,d}" for s in seqs) + f"{'longest fit':>14s}"
         print(head, file=file)
         print("-" * len(head), file=file)
         for m in methods:
-            cells = []
-            for s in seqs:
-                r = next(x for x in rows if x["model"] == model and x["method"] == m and x["S"] == s)
-                if "seconds" in r:
-                    cells.append(f"{r['median_s']:.3f}±{r['std_s']:.3f}")
-                else:
-                    e = r["error"]
-                    cells.append("OOM" if e.startswith("OOM") else "(OOM)" if e.startswith("not run: OOM")
-                                 else "-" if e.startswith(("not run", "needs")) else "error")
-            fit = longest_fit(rows, m, model)
-            print(f"{m:14s}" + "".join(f"{c:>14s}" for c in cells) + f"{fit or '-':>14}", file=file)
+            line(m, _latency_cell, f"{longest_fit(rows, m, model) or '-':>14}")
         if any("first_s" in r for r in rows if r["model"] == model):
             print("first call at the length (s), ÷ the warm median:", file=file)
             for m in methods:
-                cells = []
-                for s in seqs:
-                    r = next(x for x in rows if x["model"] == model and x["method"] == m and x["S"] == s)
-                    cells.append(f"{r['first_s']:.3f} {r['first_vs_warm']:.2f}x" if "first_s" in r else "-")
-                print(f"{m:14s}" + "".join(f"{c:>14s}" for c in cells), file=file)
+                line(m, lambda r: f"{r['first_s']:.3f} {r['first_vs_warm']:.2f}x" if "first_s" in r else "-")
         print("peak memory per rank (GiB):", file=file)
         for m in methods:
-            cells = []
-            for s in seqs:
-                r = next(x for x in rows if x["model"] == model and x["method"] == m and x["S"] == s)
-                cells.append(f"{r['peak_bytes'] / 2**30:.2f}" if "peak_bytes" in r else "-")
-            print(f"{m:14s}" + "".join(f"{c:>14s}" for c in cells), file=file)
+            line(m, lambda r: f"{r['peak_bytes'] / 2**30:.2f}" if "peak_bytes" in r else "-")
+
+
+def _latency_cell(r) -> str:
+    if "seconds" in r:
+        return f"{r['median_s']:.3f}±{r['std_s']:.3f}"
+    e = r["error"]
+    return ("OOM" if e.startswith("OOM") else "(OOM)" if e.startswith("not run: OOM")
+            else "-" if e.startswith(("not run", "needs")) else "error")
 
 
 def _entry(args) -> int:
