@@ -480,8 +480,8 @@ def test_generate_command_refuses_a_prompt_longer_than_the_context(tmp_path, cap
     base = ["generate", "--max-new-tokens", "2", "--world", "1", "--quiet"]
     assert cli.main(base + ["--model", plain, "--prompt-tokens", str(tmp_path / "p60.npy")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].endswith("prompt 0 has 60 tokens, more than the model's context of 50 (its max_position_embeddings); "
-                            "--allow-longer runs it anyway"), err
+    assert err[-1].endswith("prompt 0 has 60 tokens, more than the model's context of 50 (its "
+                            "max_position_embeddings); --allow-longer runs it anyway"), err
     assert cli.main(base + ["--model", linear, "--prompt-tokens", str(tmp_path / "p120.npy")]) == 2
     assert "more than the model's context of 100 (max_position_embeddings 50 with linear RoPE scaling x2)" in \
         capsys.readouterr().err

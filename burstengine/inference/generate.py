@@ -100,9 +100,9 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
     error where they do not; ``False``: the whole model on every rank): :func:`.step.use_tensor_parallel`.
     ``on_tokens(step, tokens (B,) list, done (B,) list)`` is called on every rank after each
     step's tokens are known (streaming); ``on_logits(step, logits)`` on rank 0 with the (B,
-    vocab) float32 (float64 for a float64 model) logits each step's tokens are chosen from (step 0: the prefill's), on the
-    device, before sampling; the tensor is the step's own buffer (a CUDA graph's output), so
-    copy what you keep."""
+    vocab) float32 logits (float64 for a float64 model) each step's tokens are chosen from (step
+    0: the prefill's), on the device, before sampling; the tensor is the step's own buffer (a
+    CUDA graph's output), so copy what you keep."""
     sampling = sampling or Sampling()
     if not isinstance(model, OurLlama):
         raise ValueError("generate runs burstengine's LLaMA (impl 'ours'); this model is a transformers one")

@@ -34,10 +34,10 @@ class PrefillModel:
     or (R, dim) at ``rows`` ((batch, token) index tensors); ``kv_sink(layer, k, v)`` receives each
     layer's keys (after RoPE) and values of this rank's tokens, (B, n, kv_heads, head_dim);
     ``chunk``: the token-wise work this many tokens at a time (None: the default for the shard's
-    length, 0: all at once).  ``logits(h (..., dim))`` -> float32 (float64 for a float64 model).  ``refuses(attention)``: why
-    this model cannot run prefill's ``attention`` ("burst", "sdpa"), or None.  ``describe`` is
-    one line for the log.  ``sliced``: the model holds only this rank's tensor-parallel slices
-    (its ``logits`` is then a collective of its group)."""
+    length, 0: all at once).  ``logits(h (..., dim))`` -> float32 (float64 for a float64 model).
+    ``refuses(attention)``: why this model cannot run prefill's ``attention`` ("burst", "sdpa"),
+    or None.  ``describe`` is one line for the log.  ``sliced``: the model holds only this rank's
+    tensor-parallel slices (its ``logits`` is then a collective of its group)."""
 
     vocab_size: int
     n_layers: int

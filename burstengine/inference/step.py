@@ -87,8 +87,9 @@ def use_tensor_parallel(mode, model: OurLlama, world: int) -> bool:
 class DecodeStep:
     """The decode step of ``batch`` sequences against ``cache`` (this rank's shard).
     ``step(tokens (B,) CPU int64, positions list of B ints, owner rank)`` returns the (B, vocab)
-    float32 (float64 for a float64 model) logits on rank 0 (None elsewhere); with a captured graph they are the graph's output
-    buffer, overwritten by the next step."""
+    float32 logits (float64 for a float64 model) on rank 0 (None elsewhere); with a captured graph
+    they are the graph's output buffer, overwritten by the next step.  ``tensor_parallel``: run
+    the model's slices over ``group`` (:func:`use_tensor_parallel`)."""
 
     def __init__(self, model: OurLlama, cache: ShardedKVCache, batch: int, group=None, rank: int = 0,
                  tensor_parallel: bool = False):

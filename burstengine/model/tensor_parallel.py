@@ -33,7 +33,6 @@ grow with the prompt.
 from __future__ import annotations
 
 import copy
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +42,7 @@ import torch.nn as nn
 from ..comm.dist import world_of
 from ..kernels import acc_dtype
 from .args import ModelArgs
+from .decoder import Transformer
 
 # our parameters a rank keeps a slice of: (module suffix, dim the slice is taken along, width kind)
 _SLICED = {
@@ -126,11 +126,9 @@ def _narrow(model: nn.Module, split: Split, make) -> nn.Module:
     return model
 
 
-def sliced(args: ModelArgs, split: Split, device, dtype) -> nn.Module:
+def sliced(args: ModelArgs, split: Split, device, dtype) -> Transformer:
     """A Transformer of ``args``' shape holding only ``split``'s slices, uninitialised, directly on
     ``device`` in ``dtype`` (nothing whole is ever allocated)."""
-    from .decoder import Transformer
-
     if refuses(args, split.world):
         raise ValueError(refuses(args, split.world))
     with torch.device("meta"):
@@ -150,23 +148,19 @@ def sliced(args: ModelArgs, split: Split, device, dtype) -> nn.Module:
     return model
 
 
-def empty_model(args: ModelArgs, device, dtype, split: Split | None = None) -> nn.Module:
+def empty_model(args: ModelArgs, device, dtype, split: Split | None = None) -> Transformer:
     """A Transformer of ``args``, uninitialised, allocated once directly on ``device`` in ``dtype``:
     whole, or only ``split``'s slices."""
     if split is not None:
         return sliced(args, split, device, dtype)
-    from .decoder import Transformer
-
     with torch.device("meta"):
         model = Transformer(args)
     return model.to(dtype).to_empty(device=device)
 
 
-def view(model: nn.Module, split: Split) -> nn.Module:
+def view(model: Transformer, split: Split) -> Transformer:
     """A sliced Transformer whose parameters are views of whole ``model``'s (no memory): the
     slices rows or columns of the same storage, the norms and embedding the same tensors."""
-    from .decoder import Transformer
-
     if refuses(model.args, split.world):
         raise ValueError(refuses(model.args, split.world))
     with torch.device("meta"):
@@ -288,9 +282,3 @@ class LayerGather:
                 self.store[n].copy_(torch.cat(parts.unbind(0), dim=c.dim))
                 at += m
         return full
-
-
-def local_args(args: ModelArgs, world: int) -> ModelArgs:
-    """``args`` with the local widths of one rank of ``world`` (for sizes and byte counts)."""
-    return dataclasses.replace(args, n_heads=args.n_heads // world, n_kv_heads=args.n_kv_heads // world,
-                               ffn_dim=args.ffn_dim // world, head_size=args.head_dim)
