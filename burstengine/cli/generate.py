@@ -69,8 +69,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="weights and activations (auto: bf16 on GPUs, fp32 on CPU) [%(default)s]")
     p.add_argument("--kernel", default=None, help="local attention kernel of the prefill (default: auto)")
     p.add_argument("--chunk", type=int, default=None,
-                   help=f"prefill the token-wise parts this many tokens at a time (0: the whole shard at once) "
-                        f"[{CHUNK} when a rank's shard is longer, else whole]")
+                   help=f"prefill the token-wise parts this many tokens (per sequence) at a time (0: the whole shard "
+                        f"at once) [{CHUNK} tokens over the batch when a rank's shard holds more, else whole]")
     p.add_argument("--graphs", choices=GRAPH_MODES, default="auto",
                    help="replay the decode step from a CUDA graph (auto: on CUDA, any number of ranks; on: an error "
                         "elsewhere; off: launch its kernels each step) [%(default)s]")

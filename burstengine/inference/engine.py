@@ -108,8 +108,9 @@ def prefill(model: PrefillModel, input_ids: torch.Tensor, group=None, layout: st
     values of this rank's shard as they are made, (batch, n, kv_heads, head_dim), the rows that
     pad the prompt to a length the layout shards included (generation fills its cache from
     them).  ``chunk``: token rows per piece of the model's token-wise work (norms, projections,
-    MLP), so a long prompt's intermediates never exist whole (None: ``model.layers.CHUNK`` rows
-    when the shard is longer; 0: the whole shard at once).
+    MLP), so a long prompt's intermediates never exist whole (None: pieces of
+    ``model.layers.CHUNK`` tokens over the batch when the shard holds more; 0: the whole shard at
+    once).
 
     A model that holds only its tensor-parallel slices over ``group`` (``load_model(...,
     tp_group=group)``) runs each layer with its weights gathered from the ranks' slices, and

@@ -107,8 +107,9 @@ class OurLlama(PrefillModel):
     def hidden(self, ids, positions, cp, rows=None, kv_sink=None, chunk=None):
         self.model.set_context_parallel(cp)
         block = tensor_parallel.LayerGather(self.model, self.tp_group) if self.sliced else None
-        if chunk is None:  # the default: long shards in pieces of CHUNK rows
-            chunk = CHUNK if ids.shape[1] > CHUNK else 0
+        if chunk is None:  # the default: a long shard in pieces of CHUNK tokens over the batch
+            B, n = ids.shape
+            chunk = max(1, CHUNK // B) if B * n > CHUNK else 0
         with fused.any_length():  # a prompt's length is new at nearly every call: compile for any
             return self.model.hidden(ids, positions, hooks=Hooks(kv_sink=kv_sink, chunk=chunk or None, block=block),
                                      rows=rows)

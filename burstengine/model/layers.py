@@ -44,9 +44,9 @@ class Hooks:
 
 
 NO_HOOKS = Hooks()
-# token rows per piece of a long shard's token-wise work in inference by default: an 8B model's
-# MLP intermediates are then ~1.4 GB whatever the prompt (a 1M-token prompt on 2 ranks holds
-# 512K rows per rank: 44 GB whole), and the matmuls are long enough to run at full speed
+# tokens (over the batch) per piece of a long shard's token-wise work in inference by default: an
+# 8B model's MLP intermediates are then ~1.4 GB whatever the prompt (a 1M-token prompt on 2 ranks
+# holds 512K tokens per rank: 44 GB whole), and the matmuls are long enough to run at full speed
 CHUNK = 16384
 
 
