@@ -241,6 +241,22 @@ def test_prefill_bench_runs_every_method_and_they_agree(pool, tmp_path, world):
     assert rec["commit"] and rec["env"]["device"] == "cpu" and len(rec["rows"]) == 10
 
 
+def test_prefill_bench_times_the_first_call_at_each_length(pool, tmp_path):
+    """--cold: each length's first call timed apart from the warm ones, the record rewritten after
+    every case (the rows so far are on disk while the next case runs)."""
+    import json
+
+    argv = ["--models", "tiny", "--seqs", "64,128", "--iters", "2", "--warmup", "1", "--out-dir", str(tmp_path),
+            "--methods", "burst,megatron-v1", "--cold", "--name", "cold"]
+    rows = pool.run(prefill_cases.bench, argv, world=2)[0]
+    for r in rows:
+        assert r["first_s"] > 0 and r["first_vs_warm"] == r["first_s"] / r["median_s"] and len(r["seconds"]) == 2, r
+    rec = json.load(open(tmp_path / "cold.json"))
+    assert [r["first_s"] for r in rec["rows"]] == [r["first_s"] for r in rows]
+    seen = [f for f in tmp_path.iterdir() if f.name.startswith("cold")]
+    assert len(seen) == 1, seen  # one record, rewritten: not one file per case
+
+
 def test_prefill_bench_tables_and_longest_fit(capsys):
     from burstengine.bench.peers import prefill as pb
 

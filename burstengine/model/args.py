@@ -69,6 +69,15 @@ class ModelArgs:
         """Whether layer ``layer`` reads the sliding layers' RoPE (local_rope_theta)."""
         return bool(self.local_rope_theta) and self.sliding(layer)
 
+    def context(self) -> int:
+        """The longest sequence the weights are meant for: max_position_embeddings, or the original
+        context stretched by the RoPE scaling factor when that is longer (a config whose
+        max_position_embeddings is the original length); 0 = unknown."""
+        m, s = self.max_position_embeddings, self.rope_scaling
+        if not m or s.type == "none":
+            return m
+        return max(m, int(s.factor * s.original(m)))
+
     @classmethod
     def from_dict(cls, d: dict) -> "ModelArgs":
         """The inverse of dataclasses.asdict (a checkpoint's meta.json); fields it lacks (an older

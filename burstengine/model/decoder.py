@@ -60,6 +60,7 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(args.dim, args.norm_eps, args.norm_plus_one)
         self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
         self.cp = ContextParallel()
+        self.tp = None  # a sliced model's Split (model/tensor_parallel.py): this rank's share of the projections
 
     def set_context_parallel(self, cp: ContextParallel) -> None:
         self.cp = cp
@@ -94,10 +95,11 @@ class Transformer(nn.Module):
         if tables is None:
             tables = self.ropes(positions, acc_dtype(h), self._global_length(tokens.shape[1], docs))
         off = self._offloader(h.device)
+        swap = hooks.block if hooks is not None else None
         with self._hooked(hooks):
             for b in self.layers:
                 below = off.newest() if off else None  # an offloaded layer below: copy it back from this one's backward
-                h = b(h, *tables[b.rope_index], docs)
+                h = (swap(b) if swap else b)(h, *tables[b.rope_index], docs)
                 if below is not None:
                     off.follow(below, h)
         if rows is not None:
@@ -224,17 +226,22 @@ class Transformer(nn.Module):
         for name, p in self.named_parameters():
             local = p.to_local() if isinstance(p, DTensor) else p
             dev = local.device
+            # a sliced model (tensor parallelism) draws the whole parameter and keeps its slice
+            cut = self.tp.cut(name, self.args) if self.tp is not None else None
+            shape = p.shape if cut is None else self.tp.full_shape(name, p.shape, self.args)
             if name.endswith("norm.weight"):
-                full = torch.full(p.shape, 0.0 if self.args.norm_plus_one else 1.0, device=dev, dtype=torch.float32)
+                full = torch.full(shape, 0.0 if self.args.norm_plus_one else 1.0, device=dev, dtype=torch.float32)
             elif name.endswith(".bias"):
-                full = torch.zeros(p.shape, device=dev, dtype=torch.float32)
+                full = torch.zeros(shape, device=dev, dtype=torch.float32)
             else:
                 std = 0.02
                 if name.endswith("wo.weight") or name.endswith("w2.weight"):
                     std /= math.sqrt(2 * self.args.n_layers)
                 g = torch.Generator(device=dev)
                 g.manual_seed(_param_seed(seed, name))
-                full = torch.empty(p.shape, device=dev, dtype=torch.float32).normal_(0.0, std, generator=g)
+                full = torch.empty(shape, device=dev, dtype=torch.float32).normal_(0.0, std, generator=g)
+            if cut is not None:
+                full = full.narrow(cut.dim, cut.start, cut.size)
             if isinstance(p, DTensor):
                 full = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
             local.copy_(full.to(local.dtype))

@@ -11,6 +11,7 @@ shapes) or is switched off (``set_compiled(False)``, the ``fused_ops`` config kn
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +56,32 @@ def geglu_eager(gate, up):
 
 
 _compiled: dict = {}
+_BACKEND = "inductor"  # torch.compile's backend (the tests count compiles with their own)
+_any_length = [0]  # open any_length() blocks
+
+
+@contextmanager
+def any_length():
+    """Within the block, the compiled kernels take any batch, token and head count from their
+    first compile: every dim of an input but its last (the batch, tokens and heads of a (B, n,
+    ...) tensor, the tokens of a (n, D) RoPE table) is marked dynamic before the call.  A prefill
+    sees a new prompt length at nearly every call; without this the first length is specialised
+    and the second compiles again (seconds on a GPU: the first-call penalty of a new length).
+    Training, which runs one shape, keeps its specialised kernels."""
+    _any_length[0] += 1
+    try:
+        yield
+    finally:
+        _any_length[0] -= 1
+
+
+def _mark_lengths(args) -> None:
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.dim() >= 2:
+            for d in range(a.dim() - 1):
+                torch._dynamo.maybe_mark_dynamic(a, d)
+
+
 # dynamo's default of 8 compiled variants per function is too few for these ops: sizes 0/1 are
 # always specialised, so one model meets (batch 1 | more) x (one token | more) x (grad | no grad)
 # x layouts, and a process may run several models (the decode bench's check, then an 8B one)
@@ -69,10 +96,12 @@ def _run_compiled(fn, *args):
     if k is None:
         # dynamic=None: the first shape is specialised, a second one compiles a dynamic kernel
         # (sequence-level checkpointing runs the front of the shard at another length)
-        k = _compiled[fn] = (torch.compile(fn, fullgraph=True, dynamic=None), False)
+        k = _compiled[fn] = (torch.compile(fn, fullgraph=True, dynamic=None, backend=_BACKEND), False)
     kernel, raised = k
     if kernel is fn:
         return fn(*args)
+    if _any_length[0]:
+        _mark_lengths(args)
     try:
         if not raised:
             return kernel(*args)

@@ -36,6 +36,7 @@ import torch
 from .families import family, from_config, writer
 from .families.registry import hf_parameter
 from .families.table import HFTensors
+from . import tensor_parallel
 from .args import ModelArgs
 from .decoder import Transformer
 
@@ -138,16 +139,19 @@ def local_rows(p: torch.Tensor) -> tuple[torch.Tensor, int, int]:
 
 @torch.no_grad()
 def load_weights(model, path: str) -> dict:
-    """Fill ``model``'s parameters (plain, or sharded by FSDP2 on any device) from the HF
-    checkpoint in directory ``path`` through its family's table, each rank reading only the rows
-    it keeps (of a fused tensor: the rows of the parts it keeps).  Returns {"load_s",
-    "peak_rss_gib", "read_gib"} of this process."""
+    """Fill ``model``'s parameters (plain, sharded by FSDP2 on any device, or a tensor-parallel
+    slice: model/tensor_parallel.py) from the HF checkpoint in directory ``path`` through its
+    family's table, each rank reading only the rows it keeps (of a fused tensor: the rows of the
+    parts it keeps; of a slice of wo / w2: its columns).  Returns {"load_s", "peak_rss_gib",
+    "read_gib", "read_bytes"} of this process."""
     from safetensors import safe_open
 
     t0 = time.perf_counter()
     files = tensor_files(path)
     params = dict(model.named_parameters())
-    want = family(model.args.arch).table.tensors(model.args, {n: tuple(p.shape) for n, p in params.items()})
+    split = getattr(model, "tp", None)
+    shapes = {n: split.full_shape(n, p.shape, model.args) if split else tuple(p.shape) for n, p in params.items()}
+    want = family(model.args.arch).table.tensors(model.args, shapes)
     missing = sorted(set(want.parts) - set(files))
     if missing:
         raise ValueError(f"the checkpoint in {path!r} lacks {len(missing)} tensor(s) the model needs, e.g. {missing[:3]}")
@@ -170,26 +174,34 @@ def load_weights(model, path: str) -> dict:
                     raise ValueError(f"{os.path.basename(fname)}: {hf} has shape {shape}, {want.shapes[hf]} expected "
                                      f"from config.json")
                 for part in want.parts[hf]:
-                    local, lo, hi = local_rows(params[part.name])
-                    if hi > lo:
+                    cut = split.cut(part.name, model.args) if split else None
+                    if cut is not None and cut.dim == 1:  # columns of the part's rows
+                        local, t = params[part.name].data, sl[part.start:part.start + part.rows,
+                                                              cut.start:cut.start + cut.size]
+                    else:
+                        local, lo, hi = local_rows(params[part.name])
+                        if cut is not None:
+                            lo, hi = cut.start, cut.start + cut.size
+                        if hi <= lo:
+                            continue
                         t = sl[part.start + lo:part.start + hi]
-                        read += t.numel() * t.element_size()
-                        local.copy_(t)
-    return {"load_s": time.perf_counter() - t0, "peak_rss_gib": peak_rss_gib(), "read_gib": read / 2 ** 30}
+                    read += t.numel() * t.element_size()
+                    local.copy_(t)
+    return {"load_s": time.perf_counter() - t0, "peak_rss_gib": peak_rss_gib(), "read_gib": read / 2 ** 30,
+            "read_bytes": read}
 
 
 @torch.no_grad()
-def load_hf_model(path: str, device="cpu", dtype=torch.float32) -> Transformer:
+def load_hf_model(path: str, device="cpu", dtype=torch.float32, split=None) -> Transformer:
     """Our Transformer with the weights of the HF checkpoint in directory ``path`` (any family of
-    the registry), unsharded on ``device``.  A checkpoint our model cannot reproduce exactly is
+    the registry), unsharded on ``device``, or only ``split``'s tensor-parallel slices
+    (:class:`~.tensor_parallel.Split`).  A checkpoint our model cannot reproduce exactly is
     refused with a ValueError naming the field (run such models through ``--impl hf``).
 
     Parameters are created on the meta device and filled tensor by tensor straight from the
     safetensors files onto ``device``, so a model is never held twice in memory."""
     args = args_from_hf_config(read_config(path), f"{path}/config.json")
-    with torch.device("meta"):
-        model = Transformer(args)
-    model.to(dtype).to_empty(device=device)
+    model = tensor_parallel.empty_model(args, device, dtype, split)
     load_weights(model, path)
     return model
 

@@ -30,14 +30,30 @@ class Hooks:
     attention (a decode step's attention over the cache and the merge over ranks).  ``chunk``:
     run the token-wise parts of each layer (norms, projections, RoPE, MLP) this many tokens at a
     time, so a long prompt's MLP intermediates never exist whole; attention always sees the
-    whole shard."""
+    whole shard.
+
+    Tensor parallelism (:mod:`.tensor_parallel`): ``reduce(x)`` sums a row-parallel projection's
+    partial outputs over the ranks (after wo and after w2, before each residual add);
+    ``block(layer_module) -> module`` runs a layer as another module (a prefill of a model that
+    owns only its slices: the layer at full width, its weights gathered)."""
 
     kv_sink: Callable | None = None
     attend: Callable | None = None
     chunk: int | None = None
+    reduce: Callable | None = None
+    block: Callable | None = None
 
 
 NO_HOOKS = Hooks()
+# tokens (over the batch) per piece of a long shard's token-wise work in inference by default: an
+# 8B model's MLP intermediates are then ~1.4 GB whatever the prompt (a 1M-token prompt on 2 ranks
+# holds 512K tokens per rank: 44 GB whole), and the matmuls are long enough to run at full speed
+CHUNK = 16384
+
+
+def _whole(x):
+    """A projection's output that is already whole (no tensor parallelism)."""
+    return x
 
 
 def _by_rows(fn, n: int, chunk: int | None):
@@ -54,6 +70,13 @@ def _by_rows(fn, n: int, chunk: int | None):
         for o, t in zip(outs, part):
             o[:, a:z] = t
     return outs
+
+
+def _rows(t: torch.Tensor, a: int, z: int) -> torch.Tensor:
+    """Token rows [a, z) of ``t`` (B, n, ...).  With one sequence, as a view with the strides of a
+    tensor of that shape (the batch dim's stride is then z - a rows, not n): a compiled fused op
+    guards on strides, and the slice of a longer shard would compile it again."""
+    return t[0, a:z][None] if t.shape[0] == 1 else t[:, a:z]
 
 
 class RMSNorm(nn.Module):
@@ -146,7 +169,8 @@ class Block(nn.Module):
     def pre_attention(self, x, cos, sin, lean: bool = False):
         """The roped q, k, v (B, n, heads, head_dim) of the block input ``x`` (B, n, dim)."""
         if self.hooks.chunk:
-            return _by_rows(lambda a, z: self._qkv(x[:, a:z], cos[a:z], sin[a:z], lean), x.shape[1], self.hooks.chunk)
+            return _by_rows(lambda a, z: self._qkv(_rows(x, a, z), cos[a:z], sin[a:z], lean), x.shape[1],
+                            self.hooks.chunk)
         return self._qkv(x, cos, sin, lean)
 
     def _qkv(self, x, cos, sin, lean):
@@ -168,22 +192,24 @@ class Block(nn.Module):
     def post_attention(self, x, o, lean: bool = False):
         """The block output from its input ``x`` and the attention output ``o`` (B, n, heads, head_dim)."""
         if self.hooks.chunk:
-            return _by_rows(lambda a, z: (self._residuals(x[:, a:z], o[:, a:z], lean),), x.shape[1],
+            return _by_rows(lambda a, z: (self._residuals(_rows(x, a, z), _rows(o, a, z), lean),), x.shape[1],
                             self.hooks.chunk)[0]
         return self._residuals(x, o, lean)
 
     def _residuals(self, x, o, lean):
-        # one name for each step, so that without autograd (prefill) no step outlives the next
-        h = self.attention.wo(o.flatten(2))
+        # one name for each step, so that without autograd (prefill) no step outlives the next;
+        # a sliced model (tensor parallelism) sums its ranks' partial projections before the norms
+        reduce = self.hooks.reduce or _whole
+        h = reduce(self.attention.wo(o.flatten(2)))
         if self.attention_out_norm is not None:
             h = self.attention_out_norm(h)
         h = x + h
         if lean:
             ff = self.feed_forward
             g, u = pointwise.norm_linears(h, self.ffn_norm, ff.w1, ff.w3)
-            f = pointwise.gate_linear(g, u, ff.w2, ff.activation)
+            f = reduce(pointwise.gate_linear(g, u, ff.w2, ff.activation))
         else:
-            f = self.feed_forward(self.ffn_norm(h))
+            f = reduce(self.feed_forward(self.ffn_norm(h)))
         if self.ffn_out_norm is not None:
             f = self.ffn_out_norm(f)
         return h + f
