@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from . import checkpointing, fused, pointwise
+from . import checkpointing, fused, pointwise, tiled
 from .args import ModelArgs
 from .context_parallel import ContextParallel, context_parallel_attention
 
@@ -129,6 +129,8 @@ class Block(nn.Module):
         self.index = 0  # its place in the model, and the model's Offloader: the "offload" policy's
         self.offloader = None
         self.hooks = NO_HOOKS  # the decoder loop's, for the length of one run
+        self.random = False  # it draws random numbers (LoRA dropout): recomputing policies replay the RNG
+        self.mlp_chunk = 0  # > 0: the MLP half runs this many tokens at a time (model/tiled.py)
 
     def pre_attention(self, x, cos, sin, lean: bool = False):
         """The roped q, k, v (B, n, heads, head_dim) of the block input ``x`` (B, n, dim)."""
@@ -161,11 +163,19 @@ class Block(nn.Module):
 
     def _residuals(self, x, o, lean):
         h = x + self.attention.wo(o.flatten(2))
+        if self.mlp_chunk:
+            return h + tiled.mlp(h, self._mlp, self.mlp_chunk, self._mlp_params(), self.random)
         if lean:
             ff = self.feed_forward
             g, u = pointwise.norm_linears(h, self.ffn_norm, ff.w1, ff.w3)
             return h + pointwise.swiglu_linear(g, u, ff.w2)
         return h + self.feed_forward(self.ffn_norm(h))
+
+    def _mlp(self, h):
+        return self.feed_forward(self.ffn_norm(h))
+
+    def _mlp_params(self):
+        return [*self.ffn_norm.parameters(), *self.feed_forward.parameters()]
 
     def forward(self, x, cos, sin, docs=None):
         return checkpointing.POLICIES[self.policy](self, x, cos, sin, docs)

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from ..autograd import once_differentiable
 from . import fused
+from .lora import LoraLinear
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -74,44 +75,80 @@ class _NormLinears(torch.autograd.Function):
         return tuple(out)
 
 
-class _SwigluLinear(torch.autograd.Function):
-    """F.linear(silu(g) * u, W, b) (b may be None)."""
+class _SwigluLinears(torch.autograd.Function):
+    """(F.linear(silu(g) * u, W_i, b_i) for each i).  Inputs: g, u, then W_0, b_0, W_1, b_1, ...
+    (a bias may be None)."""
 
     @staticmethod
-    def forward(ctx, g, u, W, b):
-        ctx.bias_dtype = None if b is None else b.dtype
-        ctx.save_for_backward(g, u, W)  # not silu(g) * u: backward recomputes it
-        return F.linear(fused.swiglu(g, u), W, b)
+    def forward(ctx, g, u, *params):
+        weights, biases = params[0::2], params[1::2]
+        ctx.bias_dtypes = [None if b is None else b.dtype for b in biases]
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(g, u, *weights)  # not silu(g) * u: backward recomputes it
+        a = fused.swiglu(g, u)
+        return tuple(F.linear(a, W, b) for W, b in zip(weights, biases))
 
     @staticmethod
     @once_differentiable("swiglu_linear (the pointwise checkpointing policy's SwiGLU and w2)")
-    def backward(ctx, dy):
-        g, u, W = ctx.saved_tensors
-        need_g, need_u, need_W, need_b = ctx.needs_input_grad
+    def backward(ctx, *grads):
+        g, u, *weights = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        need_g, need_u = need[0], need[1]
+        out = [None] * len(need)
         with torch.enable_grad():
             gr = g.detach().requires_grad_(need_g)
             ur = u.detach().requires_grad_(need_u)
             a = fused.swiglu(gr, ur)
-        dy_rows = _rows(dy)
-        dW = (dy_rows.t() @ _rows(a.detach())).to(W.dtype) if need_W else None
-        db = dy_rows.sum(0).to(ctx.bias_dtype) if need_b else None
-        dg = du = None
-        if need_g or need_u:
+        a_rows = _rows(a.detach())
+        da = None
+        for i, (dy, W) in enumerate(zip(grads, weights)):
+            if dy is None:
+                continue
+            dy_rows = _rows(dy)
+            if need_g or need_u:
+                da = dy_rows @ W if da is None else da.addmm_(dy_rows, W)
+            if need[2 + 2 * i]:
+                out[2 + 2 * i] = (dy_rows.t() @ a_rows).to(W.dtype)
+            if need[3 + 2 * i]:
+                out[3 + 2 * i] = dy_rows.sum(0).to(ctx.bias_dtypes[i])
+        if da is not None:
             wrt = [t for t, r in ((gr, need_g), (ur, need_u)) if r]
-            dgu = iter(torch.autograd.grad(a, wrt, (dy_rows @ W).view_as(a)))
-            dg = next(dgu) if need_g else None
-            du = next(dgu) if need_u else None
-        return dg, du, dW, db
+            dgu = iter(torch.autograd.grad(a, wrt, da.view_as(a)))
+            out[0] = next(dgu) if need_g else None
+            out[1] = next(dgu) if need_u else None
+        return tuple(out)
+
+
+def _feeds(linears) -> list:
+    """The linears a Function runs on its (recomputed) input: each of ``linears``, then the
+    ``lora_A`` of each LoRA one (:mod:`.lora`), whose output the projection adds back."""
+    adapted = [lin for lin in linears if isinstance(lin, LoraLinear)]
+    for lin in adapted:
+        if lin.p and lin.training:
+            raise ValueError("the pointwise checkpointing policy cannot run LoRA dropout (its backward recomputes "
+                             "the adapter's input without the RNG): set lora.dropout=0 or another policy")
+    return list(linears) + [lin.lora_A for lin in adapted]
+
+
+def _adapted(linears, outs) -> tuple[torch.Tensor, ...]:
+    """The outputs of ``linears`` from a Function's outputs over :func:`_feeds`: a LoRA
+    projection's base output plus its adapter's."""
+    rest = iter(outs[len(linears):])
+    return tuple(lin.adapt(y, next(rest)) if isinstance(lin, LoraLinear) else y for lin, y in zip(linears, outs))
 
 
 def norm_linears(x: torch.Tensor, norm, *linears) -> tuple[torch.Tensor, ...]:
     """``tuple(lin(norm(x)) for lin in linears)`` for an RMSNorm-like ``norm`` (``weight``, ``eps``)
-    and Linear-like ``linears`` (``weight``, ``bias`` or None), keeping ``x`` but not ``norm(x)``
-    for backward."""
-    params = [p for lin in linears for p in (lin.weight, lin.bias)]
-    return _NormLinears.apply(x, norm.weight, norm.eps, *params)
+    and Linear-like ``linears`` (``weight``, ``bias`` or None; LoRA ones with their adapters),
+    keeping ``x`` but not ``norm(x)`` for backward."""
+    feeds = _feeds(linears)
+    params = [p for lin in feeds for p in (lin.weight, lin.bias)]
+    return _adapted(linears, _NormLinears.apply(x, norm.weight, norm.eps, *params))
 
 
 def swiglu_linear(g: torch.Tensor, u: torch.Tensor, linear) -> torch.Tensor:
-    """``linear(silu(g) * u)``, keeping ``g`` and ``u`` but not their product for backward."""
-    return _SwigluLinear.apply(g, u, linear.weight, linear.bias)
+    """``linear(silu(g) * u)`` (a LoRA ``linear`` with its adapter), keeping ``g`` and ``u`` but not
+    their product for backward."""
+    feeds = _feeds([linear])
+    params = [p for lin in feeds for p in (lin.weight, lin.bias)]
+    return _adapted([linear], _SwigluLinears.apply(g, u, *params))[0]
