@@ -38,6 +38,7 @@ from .families.registry import hf_parameter
 from .families.table import HFTensors
 from .args import ModelArgs
 from .decoder import Transformer
+from .lora import is_adapter
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja")
@@ -138,15 +139,15 @@ def local_rows(p: torch.Tensor) -> tuple[torch.Tensor, int, int]:
 
 @torch.no_grad()
 def load_weights(model, path: str) -> dict:
-    """Fill ``model``'s parameters (plain, or sharded by FSDP2 on any device) from the HF
-    checkpoint in directory ``path`` through its family's table, each rank reading only the rows
-    it keeps (of a fused tensor: the rows of the parts it keeps).  Returns {"load_s",
+    """Fill ``model``'s parameters (plain, or sharded by FSDP2 on any device; LoRA adapters
+    aside) from the HF checkpoint in directory ``path`` through its family's table, each rank
+    reading only the rows it keeps (of a fused tensor: the rows of the parts it keeps).  Returns {"load_s",
     "peak_rss_gib", "read_gib"} of this process."""
     from safetensors import safe_open
 
     t0 = time.perf_counter()
     files = tensor_files(path)
-    params = dict(model.named_parameters())
+    params = {n: p for n, p in model.named_parameters() if not is_adapter(n)}  # LoRA's are not in the checkpoint
     want = family(model.args.arch).table.tensors(model.args, {n: tuple(p.shape) for n, p in params.items()})
     missing = sorted(set(want.parts) - set(files))
     if missing:
