@@ -161,10 +161,12 @@ def save(ckpt_dir: str, step: int, model, optimizer, extra: dict, group=None, ke
         os.kill(os.getpid(), 9)
     dist.barrier(group)
     files = _checksums(tmp, group)
+    # LoRA: the dtype its frozen base trained in, which an export of the adapters merges them into
+    frozen = {str(p.dtype).removeprefix("torch.") for p in model.parameters() if not p.requires_grad}
     if rank == 0:
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump({"step": step, "world": dist.get_world_size(group), "optimizer": optimizer is not None, **extra,
-                       "files": files}, f, indent=1)
+                       **({"frozen_dtype": min(frozen)} if frozen else {}), "files": files}, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
         if os.path.exists(final):  # the same step saved again (after a resume)
