@@ -94,7 +94,7 @@ def full_offload(block, x, cos, sin, docs=None):
     if block.offloader is None:
         block.offloader = Offloader(x.device)
     anchor = torch.empty(0, device=x.device, requires_grad=True)
-    with block.offloader.layer(block.index, keep=(*block.parameters(), cos, sin)):
+    with block.offloader.layer(block.index, keep=(*block.parameters(), cos, sin, anchor)):
         return checkpoint(_anchored, block, x, cos, sin, docs, anchor, use_reentrant=True,
                           preserve_rng_state=block.random)
 
@@ -289,7 +289,7 @@ def plan_layers(n_layers: int, per_layer: dict[str, int], budget: int, transient
                     break
             else:
                 return None
-        if left and "none" not in device:
+        if not fits(fixed, left, {"none"}):  # the rest keep everything
             return None
         fixed["none"] = left
         return fixed
