@@ -274,6 +274,45 @@ class Trainer:
             dist.all_reduce(mine, op=dist.ReduceOp.MIN, group=self.group)
         return int(mine.item())
 
+    def memory_needs(self) -> dict:
+        """What one step needs on each rank, from the planner's byte counts (planned now under
+        checkpoint="auto", as the first forward will plan it): :meth:`Transformer.memory_needs`,
+        plus the host budget and the host bytes of CPU-offloaded parameters and states."""
+        cfg, model = self.cfg, self.model
+        tokens = cfg.batch_size * cfg.seq_len // self.mesh.cp
+        elem = param_dtype(cfg.precision, self.device).itemsize
+        if model.auto_checkpoint:
+            model.plan_checkpointing(tokens, elem, self.device, sparse=cfg.doc_mask)
+        need = model.memory_needs(tokens, elem, self.device, sparse=cfg.doc_mask)
+        need["host_budget"] = model.offload_budget if model.auto_checkpoint else None
+        need["host_states"] = checkpointing.state_bytes(model.parameters()) if cfg.cpu_offload else 0
+        return need
+
+    def memory_line(self) -> str:
+        """One line: whether a step fits the device, and what it needs (parameters and states,
+        workspace, kept activations under the plan, the backward's transient; host memory)."""
+        n = self.memory_needs()
+        gib = 2 ** 30
+        total = n["state"] + n["workspace"] + n["activations"] + n["transient"]
+        plan = ", ".join(f"{c} {p}" for p, c in n["plan"].items())
+        parts = (f"{n['state'] / gib:.1f} GiB parameters and states + {n['workspace'] / gib:.1f} GiB workspace + "
+                 f"{n['activations'] / gib:.1f} GiB kept activations ({plan}"
+                 f"{'; tiled MLP' if n['tiled_mlp'] else ''}) + {n['transient'] / gib:.1f} GiB backward transient "
+                 f"= {total / gib:.1f} GiB")
+        if n["usable"] is None:
+            verdict, of = "not checked (the device's memory is unknown here)", ""
+        else:
+            verdict = "fits" if total <= n["usable"] else "does NOT fit"
+            of = f" of {n['usable'] / gib:.1f} GiB usable"
+        host = ""
+        if n["host"] or n["host_states"]:
+            budget = f" of {n['host_budget'] / gib:.1f} GiB allowed" if n["host_budget"] else ""
+            host = (f"; host: {n['host'] / gib:.1f} GiB offloaded activations{budget}"
+                    + (f" + {n['host_states'] / gib:.1f} GiB CPU-offloaded parameters and states"
+                       if n["host_states"] else ""))
+        return (f"memory at {n['tokens']:,} tokens per rank: {verdict}: {parts}{of}{host} "
+                f"(planner's counts, docs/training.md)")
+
     # --- batches ----------------------------------------------------------------------------
 
     @property
@@ -534,6 +573,7 @@ class Trainer:
         say_every = max(1, cfg.steps // 20)
         t_run = time.perf_counter()
         window_t, window_steps, window_pairs = time.perf_counter(), 0, 0.0
+        self.log.say(self.memory_line())
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         acc_loss, acc_count = None, None
