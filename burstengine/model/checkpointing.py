@@ -201,6 +201,13 @@ def transient_bytes(args, elem: int, tiled: bool = False) -> dict[str, int]:
             "full-offload": kept["none"] + 2 * args.dim * elem}
 
 
+def head_bytes(args, elem: int) -> int:
+    """Bytes per local token the backward holds as it starts, above every layer's kept bytes: the
+    final norm's input and output (kept for the loss) and the hidden states' gradient.  A layer's
+    backward transient below this never sets the peak: the planner counts it as at least this."""
+    return 3 * args.dim * elem
+
+
 # auto's policies, most recompute / copying first
 LADDER = ("full-offload", "full", "sequence", "offload", "pointwise", "none")
 ORDER = ("full-offload", "offload", "none", "pointwise", "sequence", "full")  # where a plan puts them, first layer first

@@ -229,7 +229,9 @@ class Transformer(nn.Module):
         if self._no_ring(sparse):
             per_token["sequence"] = per_token["selective"]
         chunk = tiled.chunk_bytes(a, elem, min(self.mlp_chunk, tokens)) if tiled_mlp else 0
-        return ({k: v * tokens for k, v in per_token.items()}, {k: v * tokens + chunk for k, v in transient.items()},
+        head = checkpointing.head_bytes(a, elem) * tokens  # the backward's start: the loss's part
+        return ({k: v * tokens for k, v in per_token.items()},
+                {k: max(v * tokens + chunk, head) for k, v in transient.items()},
                 {k: v * tokens for k, v in checkpointing.host_bytes(a, elem, tiled_mlp).items()})
 
     def memory_needs(self, tokens: int, elem: int, device, sparse: bool = False) -> dict:
