@@ -27,6 +27,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .families import family
+
 # our projection -> the submodule of a Block that holds it
 TARGETS = {"wq": "attention", "wk": "attention", "wv": "attention", "wo": "attention",
            "w1": "feed_forward", "w2": "feed_forward", "w3": "feed_forward"}
@@ -72,8 +74,6 @@ class LoraArgs:
 
 def hf_module(arch: str, target: str) -> str:
     """The HF module name of our projection ``target`` in family ``arch`` (``wq`` -> ``q_proj``)."""
-    from .families import family
-
     hf = family(arch).table.hf_of(f"layers.0.{TARGETS[target]}.{target}.weight")
     return hf.rsplit(".", 2)[-2]
 
@@ -153,8 +153,6 @@ def peft_name(arch: str, name: str) -> str:
     -> ``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``), through family ``arch``'s
     weight table; a ValueError where the projection is part of a fused HF tensor (one PEFT adapter
     there would be one low-rank update of the fused weight, not one per part)."""
-    from .families import family
-
     base, _, which = name.rpartition(".lora_")
     table = family(arch).table
     weight = f"{base}.weight"

@@ -115,9 +115,7 @@ def _base(cfg: dict, args, meta: dict, want):
     import torch
     from safetensors import safe_open
 
-    from ..model.hf_dir import DTYPES as ALL
-
-    frozen = ALL.get(meta.get("frozen_dtype", ""), torch.float32)
+    frozen = DTYPES.get(meta.get("frozen_dtype", ""), torch.float32)
     init = cfg.get("init") or ""
     if not init:
         model = Transformer(args)
