@@ -117,7 +117,7 @@ def main(name, check, bench):
     t0 = time.time()
     c = check()
     b = bench([int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "16384,65536,131072").split(",")])
-    from burstengine.records import write_record
+    from burstengine.bench.records import write_record
     print(write_record(name, dict(device=torch.cuda.get_device_name(), check=c, bench=b,
                                   seconds=time.time() - t0), out_dir=out_dir))
 

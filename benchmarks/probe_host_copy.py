@@ -13,7 +13,7 @@ import time
 import torch
 
 from burstengine.model.offload import _HostBuffer
-from burstengine.records import write_record
+from burstengine.bench.records import write_record
 
 mib = int(sys.argv[1]) if len(sys.argv) > 1 else 1024
 n = mib << 20

@@ -15,7 +15,7 @@ import torch
 
 from burstengine.model import offload as O
 from burstengine.model import PRESETS, Transformer
-from burstengine.records import write_record
+from burstengine.bench.records import write_record
 from burstengine.timing import median
 
 seq = int(sys.argv[1]) if len(sys.argv) > 1 else 65536

@@ -76,7 +76,7 @@ def build(src: str, tmp: str) -> dict:
 
 
 def main(argv) -> None:
-    from burstengine.records import write_record
+    from burstengine.bench.records import write_record
     builds = {}
     for arg in argv:
         name, _, src = arg.partition("=")

@@ -52,7 +52,7 @@ def main(argv):
     rc = subprocess.call(cmd)
     smi.terminate()
     rows = parse(smi.communicate()[0].splitlines())
-    from burstengine.records import write_record
+    from burstengine.bench.records import write_record
     s = summary(rows)
     print(f"{name}: {s}", flush=True)
     out = os.environ.get("OUT") or os.environ.get("BURST_RESULTS") or "burst-results"

@@ -98,7 +98,7 @@ def weights_only_resume(group, init, data, seq_len, saved_dir, fresh_dir, out_di
     from argparse import Namespace
 
     import torch.distributed.checkpoint as dcp
-    from burstengine.bench import finetune as ft
+    from burstengine.bench.peers import finetune as ft
     from burstengine.train import Trainer, load
     from burstengine.train import checkpoint as ckpt
     from burstengine.train.export import export

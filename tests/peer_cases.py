@@ -3,7 +3,7 @@ import torch
 import torch.distributed as dist
 
 import burstengine as be
-from burstengine.bench import peers
+from burstengine.bench.peers import peer_attention as peers
 from burstengine.testing import dense_attention, rel_err
 
 

@@ -49,6 +49,6 @@ def run_cli(group, argv):
 
 def bench(group, argv):
     """burstengine bench prefill's ranks, inside the pool's group."""
-    from burstengine.bench import prefill as pb
+    from burstengine.bench.peers import prefill as pb
 
     return pb.run_rank(pb.build_parser().parse_args(argv), group)

@@ -169,8 +169,8 @@ def bad_sparse_call(group, case):
 
 
 def bench(group, argv):
-    """The sparse benchmark (burstengine/bench/sparse.py) on this group; rank 0's record."""
-    from burstengine.bench.sparse import run
+    """The sparse benchmark (burstengine/bench/peers/sparse.py) on this group; rank 0's record."""
+    from burstengine.bench.peers.sparse import run
 
     rec = run(group, argv)
     return rec if dist.get_rank(group) == 0 else None

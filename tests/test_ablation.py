@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import train_cases as tc
-from burstengine.bench import ablation as A
+from burstengine.bench.peers import ablation as A
 
 
 def test_plan_is_cumulative_and_shares_runs():

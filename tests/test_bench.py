@@ -38,7 +38,7 @@ def test_bench_rejects_unknown_method():
 
 def test_profile_categories_name_every_attention_kernel():
     # a kernel left in "other" hides the attention's share of a step (the Gluon backward did once)
-    from burstengine.bench.profile import category
+    from burstengine.bench.probes.profile import category
     cases = {
         "bwd_kernel": "attention backward",  # kernels/gluon/bwd.py
         "kv_kernel": "attention backward", "dq_kernel": "attention backward",  # kernels/triton/bwd.py
@@ -56,7 +56,7 @@ def test_profile_categories_name_every_attention_kernel():
 def test_profile_timeline_finds_waits_on_transfers():
     # the compute stream idle while an offloaded layer's activations move: counted as a wait in
     # the phase where it happens, a transfer under a kernel is not
-    from burstengine.bench.profile import timeline
+    from burstengine.bench.probes.profile import timeline
     acts = [("fwd_kernel", 0, 10, "attention forward"),
             ("Memcpy DtoH (Device -> Pinned)", 5, 14, "copy"),       # 4 us past the forward kernel
             ("nvjet_gemm", 14, 20, "gemm"),
@@ -71,7 +71,7 @@ def test_profile_timeline_finds_waits_on_transfers():
 
 def test_profile_exposure_splits_fsdp_from_the_ring():
     # a collective under a computing kernel is hidden; the part past every kernel is exposed
-    from burstengine.bench.profile import exposure
+    from burstengine.bench.probes.profile import exposure
     acts = [("nvjet_gemm", 0, 10, "gemm"),
             ("ncclDevKernel_AllGather_RING_LL", 2, 14, "collective"),   # 4 us past the gemm
             ("fwd_kernel", 14, 30, "attention forward"),
@@ -85,7 +85,8 @@ def test_training_benches_check_at_the_trainers_level(monkeypatch):
     # bench train / bench profile time what `burstengine train` runs: checks at level "once"
     # (BURST_CHECKS when set).  At "full" every layer read the NaN/inf scan back on the host.
     from burstengine.attention import checks
-    from burstengine.bench import profile, train
+    from burstengine.bench.peers import train
+    from burstengine.bench.probes import profile
 
     monkeypatch.setattr(train, "_run_case", lambda *a: checks.check_level())
     monkeypatch.setattr(profile, "_profile", lambda *a: checks.check_level())

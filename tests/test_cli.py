@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from burstengine.records import write_record
+from burstengine.bench.records import write_record
 from burstengine.train.config import DEPRECATED, field_help, load, preset, to_toml
 
 # what tiny runs of each benchmark take (no torchrun: `burstengine bench X` spawns 2 gloo ranks)
@@ -165,8 +165,8 @@ def test_resume_of_a_finished_run_has_nothing_to_do(tmp_path):
 def test_missing_optional_package_names_its_extra(monkeypatch, tmp_path):
     import importlib.util
 
-    from burstengine import usage
-    from burstengine.inference import cli as prefill_cli
+    from burstengine.bench import usage
+    from burstengine.cli import prefill as prefill_cli
 
     real = importlib.util.find_spec
     monkeypatch.setattr(usage.importlib.util, "find_spec", lambda name, *a: None if name == "safetensors" else

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from burstengine import cli, report
+from burstengine import cli
+from burstengine.cli import finetune_demo
 
 SMALL = ["--seq", "256", "--heads", "4", "--kv-heads", "2", "--head-dim", "16"]
 
@@ -136,7 +137,7 @@ def test_demo_finetune_stages_connect(tmp_path):
     assert {n: e["seq_len"] for n, e in rec["engine"].items()} == {"stage1": 32, "scaled": 64, "finetuned": 64}
     assert rec["logits_check"]["ok"] and rec["logits_check"]["max_rel_err"] < 1e-4
     assert list(rec["stage_s"]) == list(rec["commands"]) and rec["wall_s"] > 0
-    assert "passkey @32" in "\n".join(report.demo_finetune(rec))
+    assert "passkey @32" in "\n".join(finetune_demo.render(rec))
 
     # the evaluate stage alone, by its printed command, gives the same numbers
     rc, again = _run_env(env_extra, *shlex.split(rec["commands"]["evaluate"][0])[3:], *TINY_FT, "--record", "ft2")

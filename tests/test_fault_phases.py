@@ -5,7 +5,7 @@ Each job is bounded by a hard limit: a regression fails instead of hanging CI.  
 run on GPUs: `python -m burstengine bench faults --device cuda`."""
 import pytest
 
-from burstengine.bench import faults
+from burstengine.bench.faults import phases as faults
 
 DEADLINE = 5.0
 LIMIT = 90.0  # hard limit per job: survivors still running then count as hung

@@ -532,7 +532,7 @@ def test_decode_bench_runs_on_cpu(tmp_path):
 def test_decode_check_compares_logits_only_while_the_texts_agree():
     """bf16 beside float64 may choose another token at a near tie (seen on an H200); the logits
     after that score different texts and must not fail the check, those before must."""
-    from burstengine.bench.decode_check import _rel_while_same
+    from burstengine.bench.checks.decode_check import _rel_while_same
 
     base = torch.randn(2, 5, 7, dtype=torch.float64)
     ref_tokens = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]]

@@ -79,7 +79,7 @@ def test_training_settings_are_agreed(pool, case, tmp_path):
 def test_launcher_exit_codes(codes, want, capfd):
     """Ranks that leave on an error leave with their own code (os._exit after reporting), not
     "killed by SIGABRT" in interpreter teardown."""
-    from burstengine.launch import spawn
+    from burstengine.bench.launch import spawn
 
     assert spawn(hostile_cases.exit_with, (codes,), world=2, timeout=120, threads=1, backend="gloo") == want
     assert "SIGABRT" not in capfd.readouterr().err
@@ -88,14 +88,14 @@ def test_launcher_exit_codes(codes, want, capfd):
 def test_launcher_lets_rank_0_say_why(capfd):
     """Rank 1 leaves with a config error at once; rank 0, which prints it, takes a while: the
     launcher must not stop rank 0 before it has said why (seen in CI as exit 2 and no message)."""
-    from burstengine.launch import spawn
+    from burstengine.bench.launch import spawn
 
     assert spawn(hostile_cases.exit_with, (((2, 3.0), 2),), world=2, timeout=120, threads=1, backend="gloo") == 2
     assert "rank 0 says why it leaves" in capfd.readouterr().err
 
 
 def test_launcher_names_a_killed_rank(capfd):
-    from burstengine.launch import spawn
+    from burstengine.bench.launch import spawn
 
     assert spawn(hostile_cases.exit_with, ((0, "kill"),), world=2, timeout=120, threads=1, backend="gloo") == 1
     assert "rank 1 was killed by SIGKILL" in capfd.readouterr().err

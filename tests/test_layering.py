@@ -7,7 +7,9 @@
    attention runtime nor comm;
 4. library code reads the environment (os.environ, os.getenv) only in the planning module and
    the command-line modules listed in ENV_READERS;
-5. every function-level import of a burstengine module says why on its line or the line above.
+5. every function-level import of a burstengine module says why on its line or the line above;
+6. nothing outside the tools wing (burstengine/cli/: the commands, burstengine/bench/: the
+   benchmarks and the runtime they share; and ``python -m burstengine``'s __main__) imports it.
 
 Each rule is a function of a source tree, tested on the package and on a small synthetic tree
 that breaks it (so no rule passes for want of anything to check).
@@ -27,10 +29,12 @@ FORBIDDEN_FOR_GROUND = ("torch.distributed", "burstengine.attention", "burstengi
 # library) and the command-line layer (flags' defaults, launcher variables, records of a run)
 ENV_READERS = {
     "attention/planning.py",
-    "cli.py", "train/cli.py", "inference/cli.py", "plan.py", "demo.py", "launch.py", "testing.py",
-    "records.py",  # writes the environment of a run into its record
-    "bench/*",
+    "cli/*",  # the commands
+    "bench/*",  # the benches, and the commands' runtime: launch.py, records.py (a run's environment in its record)
+    "testing.py",
 }
+# the tools wing: above everything, imported by nothing else (the parts, and python -m burstengine's entry)
+WING = ("cli", "bench", "__main__")
 
 
 # --- reading a tree ----------------------------------------------------------------------------------
@@ -198,12 +202,28 @@ def uncommented_function_imports(root: str) -> list[str]:
     return out
 
 
+def _in_wing(mod: str) -> bool:
+    return any(mod == f"{PKG}.{w}" or mod.startswith(f"{PKG}.{w}.") for w in WING)
+
+
+def wing_imports(root: str) -> list[str]:
+    out = []
+    for mod, (path, is_pkg) in modules(root).items():
+        if _in_wing(mod):
+            continue
+        for target, node, _ in imports(mod, path, is_pkg):
+            if _in_wing(target):
+                out.append(f"{mod}:{node.lineno} imports {target}")
+    return sorted(set(out))
+
+
 RULES = {
     "file circles": file_circles,
     "part circles": part_circles,
     "ground floor imports": ground_violations,
     "environment reads": env_violations,
     "function-level imports without a reason": uncommented_function_imports,
+    "imports of the tools wing": wing_imports,
 }
 
 
@@ -260,3 +280,18 @@ def test_uncommented_function_import_is_found(tmp_path):
     root = _tree(tmp_path, {"a.py": "def f():\n    from . import b\n\n\ndef g():\n    # b is heavy\n    from . import b\n",
                             "b.py": "def h():\n    import json\n    from .a import f  # a imports b\n"})
     assert uncommented_function_imports(root) == [f"{PKG}/a.py:2: from . import b"]
+
+
+def test_import_of_the_tools_wing_is_found(tmp_path):
+    # the library importing the wing, at module level or in a function, breaks the rule; the wing
+    # importing the library or itself, and __main__ importing the commands, do not
+    root = _tree(tmp_path, {"train/__init__.py": "", "train/loop.py": "from ..bench.records import write_record\n",
+                            "model/__init__.py": "",
+                            "model/m.py": "def f():\n    from burstengine import cli  # lazy\n",
+                            "cli/__init__.py": "from ..train import loop\n",
+                            "cli/demo.py": "from ..bench import launch\n",
+                            "bench/__init__.py": "", "bench/launch.py": "from ..model import m\n",
+                            "bench/records.py": "", "__main__.py": "from .cli import main\n"})
+    assert wing_imports(root) == ["burstengine.model.m:2 imports burstengine.cli",
+                                  "burstengine.train.loop:1 imports burstengine.bench.records",
+                                  "burstengine.train.loop:1 imports burstengine.bench.records.write_record"]

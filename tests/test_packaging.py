@@ -7,7 +7,7 @@ import sys
 import tomllib
 
 import burstengine
-from burstengine.usage import EXTRAS
+from burstengine.bench.usage import EXTRAS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "burstengine")

@@ -215,7 +215,7 @@ def test_prefill_bench_runs_every_method_and_they_agree(pool, tmp_path, world):
 
 
 def test_prefill_bench_tables_and_longest_fit(capsys):
-    from burstengine.bench import prefill as pb
+    from burstengine.bench.peers import prefill as pb
 
     rows = [dict(model="7b", method=m, S=s, world=4, dtype="bfloat16",
                  **({"seconds": [1.0, 1.2], "median_s": 1.1, "std_s": 0.1, "peak_bytes": 2**30} if s <= fit

@@ -1,7 +1,7 @@
 """A short soak of the training loop (4 gloo ranks, dp 2 x cp 2, evaluations and checkpoints
 included): resident memory must stay flat once warm.  The full 1,000-step soak is
 `burstengine bench soak` (record benchmarks/results/soak_cpu.json)."""
-from burstengine.bench import soak
+from burstengine.bench.faults import soak
 
 STEPS, FROM, EVERY = 150, 50, 50
 # measured from step 50 to 150 (4 fresh ranks): +2.4 MiB clean, most of it the allocator settling;

@@ -175,8 +175,8 @@ def bad_hybrid(group, ulysses, H, Hkv):
 
 def bench_tiny(group, out_dir):
     """burstengine bench topo's run at a tiny size; rank 0 writes the record and returns it."""
-    from burstengine.bench import topo as tb
-    from burstengine.records import write_record
+    from burstengine.bench.peers import topo as tb
+    from burstengine.bench.records import write_record
 
     args = tb.build_parser().parse_args(["--device", "cpu", "--seqs", "64,128", "--heads", "4", "--head-dim", "8",
                                          "--warmup", "0", "--iters", "1", "--link-sizes", "1024,8192,65536"])

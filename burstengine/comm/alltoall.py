@@ -3,7 +3,7 @@
 ``SeqToHeads.apply(x, group)``: (B, S/G, H, D) sequence shard -> (B, S, H/G, D) head shard,
 the G ranks' sequence shards concatenated in rank order; ``HeadsToSeq`` is its inverse.  Each
 one's backward is the other.  Used by the hybrid (attention/hybrid.py) and the Ulysses peer
-of the benchmark (bench/peers.py).
+of the benchmark (bench/peers/peer_attention.py).
 
 An optional third argument ``(name, links)`` turns on the byte accounting of comm/stats.py:
 ``links[r]`` is the link ("intra"/"inter") from this rank to group rank r, None for itself.

@@ -1,54 +1,26 @@
-"""`burstengine export`: a training checkpoint -> a Hugging Face model directory.
-
-    burstengine export runs/my-run out/my-model            # the run's latest checkpoint
-    burstengine export runs/my-run/checkpoints/step_00000200 out/my-model --dtype bfloat16
-
-Reads the sharded torch.distributed.checkpoint (DCP) that ``burstengine train`` wrote, in one
-process on the CPU, whatever the number of GPUs it was trained on, and only the model's entries
-(not the optimizer's), one output file at a time, so host memory holds at most one file of
-weights (``--max-shard-gb``).  Writes model.safetensors (sharded with an index above that size),
-config.json (the architecture, the rope settings the run trained with and
-max_position_embeddings = the trained sequence length when it is longer than the model's),
-generation_config.json, and the tokenizer files of the ``init`` directory the run started from.
-``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` then loads it with the engine's
-logits.
+"""A training checkpoint -> a Hugging Face model directory: what `burstengine export` runs
+(burstengine/cli/export.py, whose help says what it writes).  The sharded DCP checkpoint is read
+in one process on the CPU, model entries only, one output file of weights at a time.
 
 A LoRA run's checkpoint holds its adapters only: :func:`export` merges them into the base (read
-again from ``init``, or drawn again from the seed, in the dtype it trained in) and writes the
-whole model; :func:`export_adapter` writes them as a PEFT adapter directory
+again from ``init``, or drawn again from the seed on the CPU, in the dtype it trained in) and
+writes the whole model; :func:`export_adapter` writes them as a PEFT adapter directory
 (``adapter_config.json`` + ``adapter_model.safetensors``, named as PEFT names them under the
 family's HF modules) that ``peft.PeftModel.from_pretrained(base, OUT_DIR)`` loads onto the base.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import sys
 import time
 import warnings
 
-from ..records import write_record
 from .checkpoint import latest
 from ..model.hf_dir import DTYPES, SHARD_BYTES, hf_config_from_args, hf_tensors, peak_rss_gib, read_config, \
     shard_plan, tensor_files, write_hf_dir
 from ..model import ModelArgs, Transformer, lora
 from ..model.lora import LoraArgs
-
-HELP = "write a training checkpoint as a Hugging Face model directory (config.json + safetensors)"
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("source", help="a run directory (its latest checkpoint) or one checkpoint directory (step_N)")
-    p.add_argument("out_dir", help="the HF model directory to write")
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
-                   help="weights' dtype; auto = the init model's (torch_dtype of its config.json), else float32 "
-                        "[%(default)s]")
-    p.add_argument("--max-shard-gb", type=float, default=5.0,
-                   help="largest safetensors file before the weights are split with an index [%(default)s]")
-    p.add_argument("--record", metavar="NAME", default=None,
-                   help="also write the summary (time, peak host RSS, sizes) as benchmarks/results/NAME.json")
 
 
 def find_checkpoint(source: str) -> str:
@@ -232,21 +204,3 @@ def _hf_order(name: str):
     if parts[:2] == ["model", "layers"]:
         return (1, int(parts[2]), name)
     return (0 if "embed" in name else 2 if name.startswith("model.") else 3, 0, name)
-
-
-def run(args) -> int:
-    if not args.max_shard_gb > 0:
-        print(f"burstengine export: error: --max-shard-gb must be > 0, got {args.max_shard_gb}", file=sys.stderr)
-        return 2
-    try:
-        res = export(args.source, args.out_dir, args.dtype, int(args.max_shard_gb * 2 ** 30))
-    except ValueError as e:
-        print(f"burstengine export: error: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {res['out_dir']} from {res['checkpoint']} (step {res['step']}): {res['files']} safetensors file(s), "
-          f"{res['bytes'] / 2 ** 30:.2f} GiB {res['dtype']}, max_position_embeddings {res['max_position_embeddings']}, "
-          f"rope_scaling {res['rope_scaling']}, tokenizer files {res['tokenizer_files'] or 'none'}, "
-          f"{res['export_s']:.1f}s, peak host RSS {res['peak_rss_gib']:.2f} GiB")
-    if args.record:
-        print("record:", write_record(args.record, {"kind": "export", **res}))
-    return 0

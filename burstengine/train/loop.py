@@ -190,7 +190,7 @@ def lock_run_dir(cfg) -> tuple[runlock.RunLock | None, str | None]:
 class Trainer:
     """A training job on the ranks of ``group`` (default: the world).
 
-    Fault-injection hooks for the tests (train/cli.py reads them from the environment):
+    Fault-injection hooks for the tests (burstengine/cli/train.py reads them from the environment):
     ``kill_in_step`` = STEP makes this rank SIGKILL itself in the middle of step STEP (1-based),
     after its forward, while the other ranks go on into the backward's ring and FSDP
     collectives; ``kill_in_save`` = STEP kills rank 0 inside the checkpoint save of that step.

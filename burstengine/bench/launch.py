@@ -1,0 +1,220 @@
+"""Starting the ranks of a job: under torchrun (or any launcher that sets RANK/WORLD_SIZE), or,
+with no launcher, by spawning processes on this machine (gloo on CPU, NCCL with one GPU each
+when there are GPUs) so a plain ``burstengine <command>`` works on a laptop.
+
+``spawn`` gives every rank an initialised default process group, runs ``entry(*entry_args)``
+(which returns the rank's exit code), stops every rank after ``timeout`` seconds, and returns
+the worst exit code: 1 when a rank raised, died or timed out.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ..comm import fault
+from ..comm.dist import initialized
+
+
+def under_launcher() -> bool:
+    """True when torchrun (or an initialised process group) already provides the ranks."""
+    return ("RANK" in os.environ and "WORLD_SIZE" in os.environ) or initialized()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_from_env(timeout: float, backend: str | None = None) -> bool:
+    """Initialise the default group from torchrun's environment unless one exists; pins this
+    rank's GPU.  Returns True when this call created the group (the caller destroys it)."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if initialized():
+        return False
+    dist.init_process_group(backend or default_backend(), timeout=timedelta(seconds=timeout))
+    fault.announce()
+    return True
+
+
+def _rank_main(rank, world, port, pg_timeout, threads, backend_name, entry, entry_args, results):
+    if threads:
+        torch.set_num_threads(threads)
+    code = 1
+    try:
+        if backend_name == "nccl":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+        # the launcher hosts the store (as torchrun's agent does): it outlives any rank, so the
+        # others can still read what a failing rank posted there and name the rank at fault
+        store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(seconds=pg_timeout))
+        dist.init_process_group(backend_name, store=store, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=pg_timeout))
+        fault.announce()
+        try:
+            code = entry(*entry_args)
+        finally:
+            dist.destroy_process_group()
+    except SystemExit as e:  # sys.exit(n) inside the entry: its code
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    results.put((rank, code))
+    # reported: leave without the interpreter's teardown, on an error as on success, where a C++
+    # thread left in torch.distributed's objects can still abort the process (seen in CI as
+    # "terminate called without an active exception", and as a config error (exit 2) that the
+    # launcher reported as "killed by SIGABRT")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _reported(results) -> dict[int, int]:
+    codes = {}
+    while not results.empty():
+        r, c = results.get()
+        codes[r] = c
+    return codes
+
+
+def spawn(entry, entry_args: tuple, world: int, timeout: float, threads: int | None = None,
+          backend: str | None = None, prog: str = "burstengine", pg_timeout: float | None = None) -> int:
+    """Run ``entry(*entry_args)`` on ``world`` fresh local ranks; the worst exit code.
+    ``entry`` must be importable (module level).  ``threads``: torch threads per rank
+    (default: this machine's cores shared out); ``backend``: default NCCL with GPUs, else gloo;
+    ``pg_timeout``: the process group's timeout (default ``timeout``).  A rank that dies or
+    raises ends the job at once: the others are stopped, and the message names it."""
+    import torch.multiprocessing as mp  # only when spawning local ranks
+
+    if threads is None:
+        threads = max(1, (os.cpu_count() or 1) // world)
+    results = mp.get_context("spawn").SimpleQueue()
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=True, wait_for_workers=False,  # noqa: F841 (kept alive)
+                          timeout=timedelta(seconds=pg_timeout or timeout))
+    args = (world, port, pg_timeout or timeout, threads, backend or default_backend(), entry, entry_args,
+            results)
+    ctx = mp.start_processes(_rank_main, args=args, nprocs=world, join=False, start_method="spawn")
+    return _watch(ctx.processes, results, timeout, prog)
+
+
+# a rank that left on purpose (it reported its exit code) gives the others this long to leave too:
+# errors found on every rank alike (exit 2) are printed by rank 0, which must not be stopped by
+# another rank's earlier exit before it has said why
+GRACE_S = 10.0
+
+
+def _watch(procs, results, timeout: float, prog: str) -> int:
+    """Wait for the ranks; the worst exit code.  A rank killed by a signal, or one that left
+    without reporting, stops the others at once and is named; a rank that reported a non-zero
+    code gives the rest ``GRACE_S`` to finish before they are stopped."""
+    from multiprocessing.connection import wait
+
+    deadline = time.monotonic() + timeout
+    grace_end = None
+    codes: dict[int, int] = {}
+
+    def stop(alive):
+        for p in alive:
+            p.kill()
+        for p in alive:
+            p.join(5)
+
+    while True:
+        codes.update(_reported(results))
+        alive = [p for p in procs if p.exitcode is None]
+        for i, p in enumerate(procs):
+            if p.exitcode is None or p.exitcode == 0 and i in codes:
+                continue
+            if p.exitcode < 0 or i not in codes:
+                codes.update(_reported(results))  # it may have reported just before leaving
+            if p.exitcode < 0 or i not in codes:
+                stop(alive)
+                how = (f"was killed by {_signal_name(-p.exitcode)}" if p.exitcode < 0
+                       else f"exited with code {p.exitcode}")
+                print(f"{prog}: rank {i} {how}; stopped the other ranks", file=sys.stderr)
+                return 1
+            if grace_end is None:  # it reported its error (printed by the ranks) and left
+                grace_end = time.monotonic() + GRACE_S
+        if not alive:
+            break
+        now = time.monotonic()
+        if now > deadline:
+            print(f"{prog}: no result after {timeout:.0f}s (--timeout); stopping the ranks", file=sys.stderr)
+            stop(alive)
+            return 1
+        if grace_end is not None and now > grace_end:
+            stop(alive)
+            codes.update(_reported(results))
+            return max(codes.values())
+        wait([p.sentinel for p in alive], timeout=min(2.0, max(0.0, deadline - now)))
+    codes.update(_reported(results))
+    if len(codes) != len(procs):
+        print(f"{prog}: only ranks {sorted(codes)} reported", file=sys.stderr)
+        return 1
+    return max(codes.values())
+
+
+def _signal_name(num: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def add_launch_arguments(p, timeout: float = 3600.0, world_help: str = "one per GPU, else 2") -> None:
+    """--world and --timeout, what :func:`run_command` reads, for commands that spawn their ranks."""
+    p.add_argument("--world", type=int, default=None, help=f"ranks to spawn without torchrun [{world_help}]")
+    p.add_argument("--timeout", type=float, default=timeout,
+                   help="seconds before the spawned ranks are stopped [%(default)s]")
+
+
+def default_world() -> int:
+    """Ranks a command spawns when not told: one per GPU, else 2 gloo ranks (a ring)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+
+
+def run_command(entry, args, validate, prog: str, backend: str | None = None) -> int:
+    """The ranks of a command: under torchrun (or in an initialised group) this process is one
+    of them and ``args.world`` becomes the group's size; otherwise ``args.world`` local ranks are
+    spawned.  ``validate(args)`` (an error message or None) runs first, on every rank, so bad
+    arguments exit 2 everywhere before any work; ``entry(args)`` returns the rank's exit code.
+    ``args`` needs ``world`` and ``timeout``; ``threads`` is used when present."""
+    threads = getattr(args, "threads", None)
+    if under_launcher():
+        if threads:
+            torch.set_num_threads(threads)
+        own = init_from_env(args.timeout, backend)
+        args.world = dist.get_world_size()
+        msg = validate(args)
+        if msg:
+            if dist.get_rank() == 0:
+                print(f"{prog}: error: {msg}", file=sys.stderr)
+            code = 2
+        else:
+            code = entry(args)
+        if own:
+            dist.destroy_process_group()
+        return code
+    if getattr(args, "world", None) is None:
+        args.world = default_world()
+    msg = f"--world must be >= 1, got {args.world}" if args.world < 1 else validate(args)
+    if msg:
+        print(f"{prog}: error: {msg}", file=sys.stderr)
+        return 2
+    return spawn(entry, (args,), args.world, args.timeout, threads=threads, backend=backend, prog=prog)

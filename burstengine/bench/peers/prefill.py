@@ -1,0 +1,313 @@
+"""First-token latency of LLaMA prefill beside its peers (BurstAttention paper, Tables 2-3).
+
+    torchrun --nproc_per_node 4 -m burstengine bench prefill --models 7b,13b \\
+        --seqs 32768,65536,131072,262144,524288,1048576
+    burstengine bench prefill --world 2 --models tiny --seqs 256,512    # CPU/gloo check
+
+One launch, the same random weights (seeded per parameter), the same prompt, bf16 on GPUs:
+
+* ``burst``: burstengine's LLaMA, sequence sharded zigzag, BurstAttention (``burst-<layout>``
+  for another layout);
+* ``torch-cp``: the same model and shards, attention through SDPA under torch-native context
+  parallelism (``context_parallel``, its head-tail balancing is our zigzag); CUDA only;
+* ``megatron-v3`` / ``megatron-v1``: Megatron-style tensor parallelism of the same weights
+  (:mod:`.tp_llama`), with sequence parallelism (all-gather / reduce-scatter) or without
+  (all-reduce).
+
+Every case times the whole prefill (token ids in, next-token logits on every rank out; median
+of --iters after --warmup, slowest rank; once a method takes over --long seconds, its longer
+cases run once), records the peak allocated memory and compares its logits with ``burst``'s.
+Budget: a 7B prefill of 1M tokens is ~2.9e17 FLOPs, about 2-3 minutes on 4 GPUs per method;
+13B about half as long again.  A method that runs out of memory at some length is not tried at longer
+ones; the summary gives the longest sequence each method fits.  Rank 0 prints the tables and
+writes a JSON record (prefill_<world>gpu.json in $BURST_RESULTS or ./burst-results by default).
+
+Running out of memory is survived when all ranks run out together, which the symmetric work
+of every method makes the usual case; set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+
+import torch
+import torch.distributed as dist
+
+from ...inference.engine import peak_bytes, prefill, reset_peak
+from ...inference.models import OurLlama, random_llama
+from ...model import ModelArgs, PRESETS
+from ...timing import median, reduce_max, timed
+from ..harness import RankLog, ranked_bench
+from ..launch import default_world
+from ..records import write_record
+from ..tables import Section, gib, med, ms, num, ratio, table
+from ..usage import kernel_error
+from . import peer_attention as peers
+from .methods import METHODS as ALL_METHODS, unknown
+from .tp_llama import TPLlama
+
+# LLaMA-2 7B and 13B (the paper's models), and a CPU-sized one
+SHAPES: dict[str, ModelArgs] = {
+    "tiny": PRESETS["tiny"],
+    "7b": PRESETS["llama-7b"],
+    "13b": ModelArgs(dim=5120, n_layers=40, n_heads=40, n_kv_heads=40, vocab_size=32000, ffn_dim=13824),
+}
+METHODS = ("burst", "torch-cp", "megatron-v3", "megatron-v1")  # a GPU run's, unless --methods says otherwise
+
+
+# defaults by device: the paper's shapes on GPUs; a tiny model that finishes in seconds on CPU
+GPU_DEFAULTS = dict(models="7b,13b", seqs="32768,65536,131072,262144,524288,1048576", methods=",".join(METHODS))
+CPU_DEFAULTS = dict(models="tiny", seqs="1024,2048", methods="burst,megatron-v3,megatron-v1")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models", default=None, help=f"comma-separated shapes from {sorted(SHAPES)} "
+                                                  f"[cuda: {GPU_DEFAULTS['models']}, cpu: {CPU_DEFAULTS['models']}]")
+    p.add_argument("--seqs", default=None, help="prompt lengths, comma-separated, ascending "
+                                                f"[cuda: {GPU_DEFAULTS['seqs']}, cpu: {CPU_DEFAULTS['seqs']}]")
+    p.add_argument("--methods", default=None,
+                   help=f"comma-separated, from {','.join(METHODS)} (and burst-<layout>) "
+                        f"[cuda: all, cpu: {CPU_DEFAULTS['methods']}]")
+    p.add_argument("--kernel", default=None, help="BurstAttention's local kernel (default: auto, cuDNN on GPUs)")
+    p.add_argument("--sdpa", default=None, help="SDPA backend of the peers: cudnn, flash, math "
+                                                "(default: cudnn on GPUs, math on CPU)")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--long", type=float, default=30.0,
+                   help="once a method's prefill takes longer than this many seconds, its longer sequences "
+                        "run once without warm-up (NCCL and the kernels are warm by then) [%(default)s]")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--world", type=int, default=None, help="ranks to spawn without torchrun [one per GPU, else 2]")
+    p.add_argument("--name", default=None, help="record name (default prefill_<world><gpu|cpu>)")
+    p.add_argument("--out-dir", default=None, help="record directory [$BURST_RESULTS or ./burst-results]")
+    p.add_argument("--timeout", type=float, default=7200.0)
+
+
+def fill_defaults(args):
+    """The device's defaults where none were given (idempotent; ``validate`` calls it too)."""
+
+    for key, value in (GPU_DEFAULTS if torch.cuda.is_available() else CPU_DEFAULTS).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.world is None:
+        args.world = default_world()
+    return args
+
+
+def parse_methods(spec: str) -> list[str]:
+    out = [m for m in spec.split(",") if m]
+    bad = unknown("prefill", out)
+    if bad:
+        raise ValueError(f"unknown method {bad[0]!r}; expected {METHODS} or burst-<layout>")
+    return out
+
+
+def validate(args) -> str | None:
+    world = fill_defaults(args).world
+    try:
+        methods = parse_methods(args.methods)
+        seqs = [int(s) for s in args.seqs.split(",") if s]
+    except ValueError as e:
+        return str(e)
+    models = [m for m in args.models.split(",") if m]
+    bad = [m for m in models if m not in SHAPES]
+    if bad or not models:
+        return f"unknown model shape(s) {bad}; expected from {sorted(SHAPES)}"
+    if not seqs or seqs != sorted(seqs) or seqs[0] < 1:
+        return f"--seqs must be positive and ascending, got {seqs}"
+    for s in seqs:
+        if s % (2 * world):
+            return f"sequence {s} is not divisible by 2 x {world} ranks (zigzag halves, TP shards)"
+    for name in models:
+        a = SHAPES[name]
+        if any(ALL_METHODS[m].attention == "megatron" for m in methods) and (a.n_heads % world or a.ffn_dim % world):
+            return f"{name}: heads {a.n_heads} and ffn {a.ffn_dim} must be divisible by {world} for tensor parallelism"
+    if args.iters < 1 or args.warmup < 0:
+        return "--iters must be >= 1 and --warmup >= 0"
+    if args.sdpa is not None and args.sdpa not in ("cudnn", "flash", "math"):
+        return f"--sdpa must be one of cudnn, flash, math, got {args.sdpa!r}"
+
+    return kernel_error(args.kernel, "cuda" if torch.cuda.is_available() else "cpu")
+
+
+def longest_fit(rows, method: str, model: str) -> int | None:
+    fits = [r["S"] for r in rows if r["method"] == method and r["model"] == model and "seconds" in r]
+    return max(fits) if fits else None
+
+
+def _oom(e: BaseException) -> bool:
+    return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
+
+
+def _case(method, S, ids, ours, tp, group, args, device):
+    """-> (fn, context manager factory or None) running one prefill of ``ids`` with ``method``."""
+    from torch.nn.attention import sdpa_kernel  # only for the SDPA baselines
+
+    backend = args.sdpa or ("cudnn" if device.type == "cuda" else "math")
+    m = ALL_METHODS[method]
+    if m.attention == "burst":
+        return (lambda: prefill(ours, ids, group=group, layout=m.layout, kernel=args.kernel).logits), None
+    if m.attention == "torch-cp":
+        def fn():
+            with sdpa_kernel(peers.BACKENDS[backend]):
+                return prefill(ours, ids, group=group, layout=m.layout, attention="sdpa").logits
+        return fn, (lambda: peers.torch_cp_context(group, S, device, causal=True))
+    tp.mode, tp.backend = m.mode, backend  # megatron
+    return (lambda: tp.next_token_logits(ids)), None
+
+
+def run_rank(args, group=None) -> list[dict]:
+    """Every case on this rank of an initialised group; rank 0 prints and writes the record.
+    Returns the rows (on every rank)."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" \
+        else torch.device("cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    methods = parse_methods(args.methods)
+    seqs = [int(s) for s in args.seqs.split(",") if s]
+    log = RankLog("prefill-bench", rank, "7.0f")
+
+    log(f"{world} rank(s) on {device.type}, {dtype}; models {args.models}; methods {methods}; S {seqs}")
+    rows = []
+    for name in (m for m in args.models.split(",") if m):
+        a = SHAPES[name]
+        model = random_llama(a, device, dtype, args.seed)
+        ours = OurLlama(model, name)
+        log(ours.describe)
+        reference = {}
+        tp = None
+        # CP methods first (they share the full model); then TP, whose slices are cut from it
+        # before the full model is freed, so every method's peak memory is its own
+        order = sorted(methods, key=lambda m: (ALL_METHODS[m].attention == "megatron", m != "burst"))
+        for method in order:
+            if ALL_METHODS[method].attention == "megatron" and tp is None:
+                tp = TPLlama(model, group)
+                del model, ours
+                model = ours = None
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+            stopped = None  # why longer sequences of this method are not tried
+            warmup, iters = args.warmup, args.iters
+            for S in seqs:
+                row = dict(model=name, method=method, S=S, world=world, dtype=str(dtype).replace("torch.", ""))
+                rows.append(row)
+                if ALL_METHODS[method].cuda_only and device.type != "cuda":
+                    row["error"] = "needs CUDA"
+                    continue
+                if stopped:
+                    row["error"] = stopped
+                    continue
+                ids = torch.randint(0, a.vocab_size, (1, S), generator=torch.Generator().manual_seed(args.seed + S))
+                fn, ctx = _case(method, S, ids, ours, tp, group, args, device)
+                box, err = {}, None
+
+                def step():
+                    box["logits"] = fn()
+
+                reset_peak(device)
+                try:
+                    with ctx() if ctx else contextlib.nullcontext():
+                        secs = timed(step, device, group, warmup, iters, events=False)
+                except Exception as e:  # noqa: BLE001  (an OOM, or a kernel refusing a shape)
+                    first = (str(e).splitlines() or [""])[0][:160]
+                    err = f"OOM: {first}" if _oom(e) else f"{type(e).__name__}: {first}"
+                    box.clear()
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                # all ranks agree on whether the case ran (a failure is normally simultaneous: the
+                # work is symmetric); longer sequences of a failed method are not tried
+                failed = reduce_max([1.0 if err else 0.0], device, group)[0] > 0
+                if failed:
+                    row["error"] = err or "failed on another rank"
+                    stopped = f"not run: {'OOM' if row['error'].startswith('OOM') else 'failed'} at {S}"
+                    log(f"{name} {method} S={S}: {row['error']}")
+                    continue
+                peak, what = peak_bytes(device, group)
+                logits = box["logits"]
+                if method == "burst":
+                    reference[S] = logits
+                elif S in reference:
+                    ref = reference[S]
+                    row["logits_rel_diff_vs_burst"] = ((logits - ref).abs().max() / ref.abs().max()).item()
+                if median(secs) > args.long:
+                    warmup, iters = 0, 1
+                row.update(seconds=secs, median_s=median(secs),
+                           std_s=statistics.pstdev(secs) if len(secs) > 1 else 0.0, peak_bytes=peak, peak_kind=what,
+                           tokens_per_s=S / median(secs))
+                log(f"{name} {method} S={S}: {row['median_s']:.3f}s, peak {peak / 2**30:.1f} GiB"
+                    + (f", logits vs burst {row['logits_rel_diff_vs_burst']:.1e}" if "logits_rel_diff_vs_burst" in row
+                       else ""))
+                del box
+        del tp, model, ours
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if rank == 0:
+        print_tables(rows, methods, seqs)
+        tag = "gpu" if device.type == "cuda" else "cpu"
+        path = write_record(args.name or f"prefill_{world}{tag}",
+                            dict(kind="prefill_bench", world=world, args=vars(args), rows=rows,
+                                 longest_fit={f"{m}@{r}": longest_fit(rows, m, r) for m in methods
+                                              for r in args.models.split(",") if r}),
+                            args.out_dir)
+        print(f"wrote {path}")
+    return rows
+
+
+def print_tables(rows, methods, seqs, file=None):
+    file = file or sys.stdout  # per call, not bound at import
+    for model in dict.fromkeys(r["model"] for r in rows):
+        print(f"\nfirst-token latency (s), {model}, {rows[0]['world']} rank(s), {rows[0]['dtype']}:", file=file)
+        head = f"{'method':14s}" + "".join(f"{s:>14,d}" for s in seqs) + f"{'longest fit':>14s}"
+        print(head, file=file)
+        print("-" * len(head), file=file)
+        for m in methods:
+            cells = []
+            for s in seqs:
+                r = next(x for x in rows if x["model"] == model and x["method"] == m and x["S"] == s)
+                if "seconds" in r:
+                    cells.append(f"{r['median_s']:.3f}±{r['std_s']:.3f}")
+                else:
+                    e = r["error"]
+                    cells.append("OOM" if e.startswith("OOM") else "(OOM)" if e.startswith("not run: OOM")
+                                 else "-" if e.startswith(("not run", "needs")) else "error")
+            fit = longest_fit(rows, m, model)
+            print(f"{m:14s}" + "".join(f"{c:>14s}" for c in cells) + f"{fit or '-':>14}", file=file)
+        print("peak memory per rank (GiB):", file=file)
+        for m in methods:
+            cells = []
+            for s in seqs:
+                r = next(x for x in rows if x["model"] == model and x["method"] == m and x["S"] == s)
+                cells.append(f"{r['peak_bytes'] / 2**30:.2f}" if "peak_bytes" in r else "-")
+            print(f"{m:14s}" + "".join(f"{c:>14s}" for c in cells), file=file)
+
+
+def _entry(args) -> int:
+    run_rank(args)
+    return 0
+
+
+build_parser, main = ranked_bench("prefill", __doc__, add_arguments, _entry, validate,
+                                  prepare=fill_defaults)
+
+
+# --- docs/results.md ----------------------------------------------------------------------------
+
+def render(rec):
+    rows = rec["rows"]
+    base = {(r["model"], r["S"]): r for r in rows if r["method"] == "burst"}
+    body = [[r["model"], r["method"], r["S"], r["world"], ms(med(r["seconds"])), num(r["S"] / med(r["seconds"]), 4),
+             gib(r.get("peak_bytes")), num(r.get("logits_rel_diff_vs_burst")),
+             ratio(med(r["seconds"]), med(base[(r["model"], r["S"])]["seconds"])) if (r["model"], r["S"]) in base
+             else "—"] for r in rows if "seconds" in r]
+    out = table(["model", "method", "S", "world", "first-token ms", "tokens/s", "peak GiB",
+                 "logits vs burst", "time ÷ burst's"], body)
+    if rec.get("longest_fit"):
+        out += table(["method@model", "longest prompt that fit"], [[k, v] for k, v in rec["longest_fit"].items()])
+    return out
+
+
+SECTIONS = (Section("Prefill", r"^prefill", render,
+                    "`burstengine bench prefill`: first-token latency beside tensor and torch-native context "
+                    "parallelism."),)

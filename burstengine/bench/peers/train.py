@@ -1,0 +1,390 @@
+"""End-to-end training throughput: BurstEngine beside torch-native context parallelism.
+
+    torchrun --nproc_per_node 2 -m burstengine bench train --model llama-7b \\
+        --seqs 131072,262144,524288 --longest
+
+Same model, same FSDP2 setup (parameters sharded over all ranks, bf16 compute, fp32 reduce
+and master weights), same data and loss, same launch; only the attention differs: ``burst``
+(BurstAttention over our layout) or ``torch-cp`` (plain SDPA inside
+torch.distributed.tensor.experimental.context_parallel, its head-tail load balancing).  For
+each total sequence length it runs --warmup + --steps optimizer steps per method and reports
+the median step time as tokens/s per GPU (TGS), MFU (docs/design.md's FLOPs per token, 989 TFLOP/s
+on H100/H200) and peak allocated memory (max over ranks), then writes a JSON record with the
+raw step times.  ``--longest`` keeps doubling the sequence after the last one until a method
+runs out of memory.  The loss of step 0 is printed per method: the same batch and weights give
+the same loss whichever attention runs (a cheap end-to-end correctness check).
+
+On a CPU machine without torchrun it spawns --world gloo ranks (a tiny model, burst only, by
+default) so the whole path can be tried anywhere; torch-cp needs CUDA (torch's CP has no rule
+for the CPU SDPA kernel).
+
+``--ablation`` runs the BurstEngine ablation instead (paper Table 2: baseline, + burst backward,
++ fused LM head/loss, + sequence-level selective checkpointing, vs keeping every attention
+output) and the memory-vs-split curve of sequence-level checkpointing, all with BurstAttention
+(see burstengine/bench/peers/ablation.py):
+
+    torchrun --nproc_per_node 4 -m burstengine bench train --ablation --model llama-7b --seqs 524288
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+
+import torch
+import torch.distributed as dist
+
+from ...attention.checks import arg_checks
+from ...timing import median
+from ...train import Trainer, load
+from ...train.metrics import peak_memory_gib
+from ..harness import ranked_bench, step_check_level
+from ..records import write_record
+from ..tables import Section, device_of, fixed, med, num, ratio, record, table
+from . import ablation
+from .ablation import runs_of
+from .methods import METHODS as ALL_METHODS, unknown
+from .plain_llama import best_case
+
+METHODS = ("burst", "torch-cp", "plain")  # a GPU run's unless --methods says otherwise
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="preset (default: llama-7b on GPU, tiny on CPU)")
+    p.add_argument("--seqs", default=None, help="total sequence lengths, comma-separated "
+                                                "(default: 131072,262144,524288 on GPU, 512,1024 on CPU)")
+    p.add_argument("--longest", action="store_true",
+                   help="then double the sequence until a method runs out of memory (or passes --max-seq)")
+    p.add_argument("--max-seq", type=int, default=None,
+                   help="cap for --longest (default: 4194304 on GPU, 2048 on CPU)")
+    p.add_argument("--methods", default=None,
+                   help=f"comma-separated subset of {','.join(METHODS)} [cuda: all, cpu: burst]")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per case [%(default)s]")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first [%(default)s]")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="config overrides for every case (e.g. activation_checkpoint=selective)")
+    p.add_argument("--name", default=None, help="record name [train_<model>_<world>x<device>]")
+    p.add_argument("--out-dir", default=None, help="record directory [$BURST_RESULTS or ./burst-results]")
+    p.add_argument("--ablation", action="store_true",
+                   help="run the ablation rows (BurstEngine Table 2) and the memory-vs-split curve instead of "
+                        "--methods (default seqs: 524288 on GPU, 512 on CPU)")
+    p.add_argument("--rows", default=None,
+                   help="ablation rows to run, comma-separated, from baseline,+burst-bwd,+fused-loss,+seq-ckpt,"
+                        "store-all,selective,curve [all but selective]")
+    p.add_argument("--split", type=float, default=0.5,
+                   help="activation_checkpoint_split of the +seq-ckpt row: share of each rank's tokens whose attention "
+                        "output is kept [%(default)s]")
+    p.add_argument("--splits", default="0,0.25,0.5,0.75,1",
+                   help="activation_checkpoint_split values of the memory-vs-split curve [%(default)s]")
+    p.add_argument("--append", action="store_true",
+                   help="--ablation: add this launch's rows to the record of the same name instead of replacing it")
+    p.add_argument("--world", type=int, default=None, help="ranks to spawn without torchrun [one per GPU, else 2]")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds before spawned ranks are stopped")
+
+
+def _say(msg: str) -> None:
+    if dist.get_rank() == 0:
+        print(msg, flush=True)
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_case(model: str, method: str, seq: int, args, config: list[str] = (), row: dict | None = None) -> dict:
+    """One (method, sequence): a fresh trainer, warm-up + timed steps; OOM is reported, not raised.
+    ``config``: overrides after --set's (an ablation row's); ``row``: the fields the result starts from.
+    The attention's argument checks run at `burstengine train`'s level (bench/harness.py)."""
+    with arg_checks(step_check_level()):
+        return _run_case(model, method, seq, args, config, row)
+
+
+def _run_case(model, method, seq, args, config, row) -> dict:
+    over = list(args.overrides) + list(config) + [
+        f"seq_len={seq}", "cp=0", f"attention={ALL_METHODS[method].attention}", "progress=false", f"steps={args.warmup + args.steps}",
+        "batch_size=1", "eval_every=0"]
+    row = dict(row or {}, method=method, seq_len=seq)
+    trainer = None
+    oom = torch.zeros(1)
+    try:
+        cfg = load(model, over)
+        trainer = Trainer(cfg, echo=False, lock=False)  # never writes a run directory
+        dev = trainer.device
+        oom = oom.to(dev)
+        times, first_loss = [], None
+        stats0 = {}
+        for step in range(args.warmup + args.steps):
+            if step == args.warmup and dev.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(dev)
+                stats0 = torch.cuda.memory_stats(dev)
+            batch = trainer.batch(step)
+            _sync(dev)
+            dist.barrier()
+            t0 = time.perf_counter()
+            loss_sum, count, _ = trainer.train_step(batch, step)
+            _sync(dev)
+            dt = time.perf_counter() - t0
+            if step == 0:
+                total = loss_sum.clone()
+                dist.all_reduce(total)
+                first_loss = (total / count).item()
+            if step >= args.warmup:
+                times.append(dt)
+        t = torch.tensor(times, dtype=torch.float64, device=dev)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace of a step
+        mem = torch.tensor([peak_memory_gib(dev)], device=dev)
+        dist.all_reduce(mem, op=dist.ReduceOp.MAX)
+        med = median(t.tolist())
+        world = dist.get_world_size()
+        tgs = seq / world / med
+        peak = trainer.peak
+        row.update(ok=True, step_times_s=t.tolist(), median_step_s=med, tokens_per_s_per_gpu=tgs,
+                   mfu=tgs * trainer.flops_per_token / peak if peak else None, peak_mem_gib=mem.item(),
+                   first_loss=first_loss, flops_per_token=trainer.flops_per_token)
+        if stats0:  # the caching allocator over the timed steps: retries free its cache (a device-wide stall)
+            stats = torch.cuda.memory_stats(dev)
+            row["allocator"] = {k: stats.get(k, 0) - stats0.get(k, 0)
+                                for k in ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams")}
+        plan = getattr(trainer.model, "checkpoint_plan", None)
+        if plan:  # checkpoint="auto": how many layers took each policy, and the host memory offloading took
+            row["checkpoint_plan"] = {p: plan.count(p) for p in dict.fromkeys(plan)}
+        if trainer.model.offloader is not None:
+            row["offload_host_gib"] = trainer.model.offloader.host_bytes() / 2**30
+    except torch.OutOfMemoryError:
+        oom.fill_(1)
+        row.update(ok=False, error="out of memory")
+    except NotImplementedError as e:  # torch-cp on CPU: its ring patches only the CUDA SDPA ops
+        oom.fill_(1)
+        row.update(ok=False, error=f"not supported here: {str(e).splitlines()[0][:160]}")
+    finally:
+        del trainer
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    # every rank must agree that the case failed before the next one starts
+    if oom.device.type == "cpu" and torch.cuda.is_available():
+        oom = oom.cuda()
+    dist.all_reduce(oom, op=dist.ReduceOp.MAX)
+    if oom.item() and row.get("ok"):
+        row.update(ok=False, error="failed on another rank")
+    return row
+
+
+def _ablation_seqs(args) -> list[int]:
+    try:
+        return [int(s) for s in (args.seqs or ("524288" if torch.cuda.is_available() else "512")).split(",")]
+    except ValueError:
+        raise ValueError(f"--seqs must be comma-separated integers, got {args.seqs!r}") from None
+
+
+def run_rank(args) -> int:
+    on_gpu = torch.cuda.is_available()
+    model = args.model or ("llama-7b" if on_gpu else "tiny")
+    world = dist.get_world_size()
+    if args.ablation:
+        if args.longest:
+            _say("error: --longest does not apply to --ablation")
+            return 2
+        try:
+            seqs = _ablation_seqs(args)
+        except ValueError as e:
+            _say(f"error: {e}")
+            return 2
+        name = args.name or f"ablation_{model}_{world}x{'gpu' if on_gpu else 'cpu'}"
+        return ablation.run(args, model, seqs, run_case, name, _say)
+    seqs = [int(s) for s in (args.seqs or ("131072,262144,524288" if on_gpu else "512,1024")).split(",")]
+    max_seq = args.max_seq or (4194304 if on_gpu else 2048)
+    methods = [m for m in args.methods.split(",") if m]
+    bad = unknown("train", methods)
+    if bad:
+        _say(f"error: unknown methods {bad}; expected {METHODS}")
+        return 2
+    _say(f"{model} on {world} x {torch.cuda.get_device_name() if on_gpu else 'cpu'}: {', '.join(methods)} at "
+         f"{', '.join(map(str, seqs))}{' then doubling' if args.longest else ''}; {args.warmup} warm-up + "
+         f"{args.steps} timed steps each; overrides {args.overrides or 'none'}")
+    rows = []
+    name = args.name or f"train_{model}_{world}x{'gpu' if on_gpu else 'cpu'}"
+    payload = {"model": model, "world": world, "methods": methods, "warmup": args.warmup, "steps": args.steps,
+               "overrides": args.overrides, "rows": rows}
+    path = None  # the first write picks a free name; later rows rewrite that file (a timeout keeps the rows done)
+    for method in methods:
+        todo = list(seqs)
+        while todo:
+            seq = todo.pop(0)
+            if ALL_METHODS[method].attention == "plain":
+                if world > 1:
+                    _say("plain: the plain-PyTorch baseline runs on one GPU (no context parallelism); skipped")
+                    break
+                cfg = load(model, list(args.overrides))
+                tried = best_case(cfg.model, seq, args.warmup, args.steps, torch.device(
+                    "cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu"), say=_say)
+                rows += tried[:-1]
+                row = tried[-1]
+                row["plain_ac"] = row["method"]  # plain-<the activation checkpointing that fit>
+                row["method"] = "plain"
+            else:
+                row = run_case(model, method, seq, args)
+            rows.append(row)
+            if row["ok"]:
+                mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "-"
+                _say(f"{method:>9} S={seq:>8}: {row['median_step_s']:.3f} s/step, {row['tokens_per_s_per_gpu']:,.0f} "
+                     f"tok/s/GPU, MFU {mfu}, peak {row['peak_mem_gib']:.1f} GiB, step-0 loss {row['first_loss']:.5f}")
+            else:
+                _say(f"{method:>9} S={seq:>8}: {row['error']}")
+            if dist.get_rank() == 0:
+                path = write_record(name, payload, out_dir=args.out_dir, path=path)
+            if args.longest and not todo and row["ok"] and seq * 2 <= max_seq:
+                todo.append(seq * 2)
+    # the table, and ratios to torch-cp at the same sequence
+    by = {(r["method"], r["seq_len"]): r for r in rows}
+    if dist.get_rank() == 0:
+        print(f"\n{'method':>9} {'seq':>9} {'s/step':>8} {'TGS':>9} {'MFU':>7} {'GiB':>7} {'TGS/peer':>13}")
+        for r in rows:
+            if not r["ok"]:
+                print(f"{r['method']:>9} {r['seq_len']:>9} {r['error']}")
+                continue
+            base = by.get(("torch-cp", r["seq_len"])) or by.get(("plain", r["seq_len"]))
+            ratio = f"{r['tokens_per_s_per_gpu'] / base['tokens_per_s_per_gpu']:.2f}x" if base and base["ok"] else "-"
+            mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
+            print(f"{r['method']:>9} {r['seq_len']:>9} {r['median_step_s']:>8.3f} {r['tokens_per_s_per_gpu']:>9,.0f} "
+                  f"{mfu:>7} {r['peak_mem_gib']:>7.1f} {ratio:>13}")
+        for seq in sorted({r["seq_len"] for r in rows}):
+            a, b = by.get(("burst", seq)), by.get(("torch-cp", seq))
+            if a and b and a["ok"] and b["ok"]:
+                rel = abs(a["first_loss"] - b["first_loss"]) / abs(b["first_loss"])
+                print(f"S={seq}: step-0 loss burst {a['first_loss']:.5f} vs torch-cp {b['first_loss']:.5f} "
+                      f"(rel diff {rel:.1e})")
+        path = write_record(name, payload, out_dir=args.out_dir, path=path)
+        print(f"record: {path}")
+    return 0
+
+
+def validate(args) -> str | None:
+    """One line for arguments that cannot work (before any rank starts), else None."""
+
+    on_gpu = torch.cuda.is_available()
+    model = args.model or ("llama-7b" if on_gpu else "tiny")
+    try:
+        load(model, list(args.overrides))
+        seqs = _ablation_seqs(args) if args.ablation else \
+            [int(s) for s in (args.seqs or "1").split(",") if s]
+    except ValueError as e:
+        return str(e).replace("invalid literal for int() with base 10", "--seqs takes comma-separated integers")
+    if not seqs or min(seqs) < 1 or (args.max_seq is not None and args.max_seq < 1):
+        return "--seqs and --max-seq must be positive"
+    if args.steps < 1 or args.warmup < 0:
+        return "--steps must be >= 1 and --warmup >= 0"
+    if args.ablation:
+
+        if args.longest:
+            return "--longest does not apply to --ablation"
+        try:  # a bad row, split or length fails here, before any rank is spawned
+            runs_of(args, model, seqs, args.world)
+        except ValueError as e:
+            return str(e)
+        return None
+    methods = [m for m in (args.methods or "").split(",") if m]
+    bad = unknown("train", methods)
+    if bad or not methods:
+        return f"unknown methods {bad}; expected some of {METHODS}"
+    if any(ALL_METHODS[m].cuda_only for m in methods) and not on_gpu:
+        return "torch-cp (torch's context_parallel) needs CUDA GPUs: torch has no CPU rule for it; use --methods burst"
+    return None
+
+
+def _default_methods(args) -> None:
+    if args.methods is None:
+        args.methods = ",".join(METHODS) if torch.cuda.is_available() else "burst"
+
+
+build_parser, main = ranked_bench("train", __doc__, add_arguments, run_rank, validate, prepare=_default_methods)
+
+
+# --- docs/results.md ----------------------------------------------------------------------------
+
+def render(rec):
+    if "summary" in rec:  # a `burstengine train` run: summary + held-out evaluations
+        s = rec["summary"]
+        out = [f"{s['steps']} steps, world {s['world']} (dp {s['dp']} × cp {s['cp']}), seq {s['seq_len']}, "
+               f"layout {s.get('layout')}: loss {fixed(s['first_loss'], 3)} → {fixed(s['final_loss'], 3)}, "
+               f"{num(s['mean_step_time_s'])} s per step, {num(s['mean_tokens_per_s_per_gpu'], 4)} tokens/s per rank.",
+               ""]
+        body = [[e["step"], e["samples"], fixed(e["passkey_acc"], 3), fixed(e["chance_passkey_acc"], 3),
+                 " / ".join(fixed(x, 2) for x in e["passkey_acc_by_depth"])] for e in rec.get("evals", [])]
+        return out + table(["step", "samples", "passkey accuracy", "chance", "by depth quartile"], body)
+    body = [[r["method"], r.get("seq_len", "—"), num(r.get("ok")),
+             num(med(r["step_times_s"]), 4) if r.get("step_times_s") else "—",
+             num(r.get("tokens_per_s_per_gpu"), 4), fixed(r.get("mfu"), 3), fixed(r.get("peak_mem_gib"), 1),
+             fixed(r.get("first_loss"), 4)] for r in rec["rows"]]
+    head = [f"model {rec.get('model', '?')}, world {rec.get('world', '?')}, {rec.get('steps', '?')} steps after "
+            f"{rec.get('warmup', '?')} warm-up.", ""]
+    return head + table(["method", "seq", "ok", "median step s", "tokens/s/GPU", "MFU", "peak GiB", "step-0 loss"],
+                        body)
+
+
+def block_train_3b(records):
+    """docs/training.md: BurstEngine against the plain-PyTorch baseline on one H200 (one launch),
+    where the 128K step's time goes, and the clock the board's power limit left it."""
+    name, prof_name, clk_name = "train_llama-3b_1xh200.json", "profile_3b_128k_pointwise.json", \
+        "clocks_train_3b_h200.json"
+    rec, prof, clk = record(records, name), record(records, prof_name), record(records, clk_name)
+    rows = {(r["method"], r["seq_len"]): r for r in rec["rows"] if r.get("ok")}
+    body = []
+    for S in sorted({S for _, S in rows}):
+        b, p = rows[("burst", S)], rows[("plain", S)]
+        body.append([f"{S // 1024}K", fixed(b["median_step_s"], 2), f"{100 * b['mfu']:.1f}%",
+                     fixed(b["peak_mem_gib"], 1), fixed(p["median_step_s"], 2), f"{100 * p['mfu']:.1f}%",
+                     p.get("plain_ac", "plain"), f"{ratio(p['median_step_s'], b['median_step_s'])}×"])
+    cats = ", ".join(f"{k} {fixed(v, 2)} s" for k, v in prof["categories_s"].items())
+    c = clk["summary"]
+    return "\n".join([f"On {device_of(rec)}, Llama-3.2-3B shapes, `{name}` (commit {rec['commit']}, BurstEngine "
+                      "and the plain baseline in one launch; MFU as defined above):", ""]
+                     + table(["tokens", "BurstEngine s/step", "MFU", "peak GiB", "plain s/step", "MFU",
+                              "plain's checkpointing", "tokens/s vs plain"], body)
+                     + ["", f"One 128K step under the profiler (`{prof_name}`, commit {prof['commit']}): {cats}. During "
+                        f"a run of the same command (commit {clk['commit']}) the SM clock's median was {c['median_sm_mhz']:.0f} of {c['max_sm_mhz']:.0f} MHz at "
+                        f"{c['median_power_w']:.0f} of {c['limit_w']:.0f} W, power-capped in "
+                        f"{100 * c['share_of_loaded_samples_throttled_by']['sw power cap']:.0f}% of the loaded "
+                        f"samples (`{clk_name}`)."])
+
+
+def block_offload(records):
+    """docs/training.md: the 3B step with offloaded layers in auto's plan beside the default plan
+    (same commit, two launches), where the offloading step waited before the fix, and the probe's
+    plans on six layers."""
+    names = ("train_llama-3b_1xh200.json", "train_llama-3b_1xh200_offload.json")
+    body = []
+    for name in names:
+        rec = record(records, name)
+        for r in rec["rows"]:
+            if r.get("method") == "burst" and r.get("ok"):
+                plan = ", ".join(f"{n} {p}" for p, n in r["checkpoint_plan"].items())
+                body.append([f"`{name}`", f"{r['seq_len'] // 1024}K", plan, fixed(r["median_step_s"], 3),
+                             f"{100 * r['mfu']:.1f}%", fixed(r.get("offload_host_gib") or 0, 1)])
+    gaps = []
+    for name in ("profile_3b_65536_offload_gaps.json", "profile_3b_131072_offload_gaps.json"):
+        rec = record(records, name)
+        gaps.append(f"at {rec['seq_len'] // 1024}K (`{name}`, commit {rec['commit']}) no compute kernel ran for "
+                    f"{fixed(rec['compute_gaps_s']['forward'], 2)} s of the forward, while "
+                    f"{fixed(rec['transfer_only_s'], 2)} s of the copies ran alone")
+    probe = []
+    for name in ("probe_offload_64k.json", "probe_offload_128k.json"):
+        rec = record(records, name)
+        t = {r["plan"]: r["median_step_s"] for r in rec["rows"] if "median_step_s" in r}
+        probe.append(f"at {rec['seq'] // 1024}K (`{name}`) all pointwise {fixed(t['pointwise'], 3)} s, the first "
+                     f"three offloaded {fixed(t['3 offload + pointwise'], 3)} s, the first three sequence "
+                     f"{fixed(t['3 sequence + pointwise'], 3)} s")
+    first, second = record(records, names[0]), record(records, names[1])
+    return "\n".join([f"On {device_of(first)}, BurstEngine's rows of `{names[0]}` (commit {first['commit'][:7]}, the "
+                      "default plan; `bench train --model llama-3b --methods burst,plain --seqs 65536,131072`) and "
+                      f"`{names[1]}` (commit {second['commit'][:7]}, the next launch: the same with `--methods burst "
+                      "--set activation_offload=true`):", ""]
+                     + table(["record", "tokens", "auto's plan", "s/step", "MFU", "host GiB"], body)
+                     + ["", "Before the fix, with the scan read back in every layer: " + "; ".join(gaps) + ".",
+                        "", "On six layers alone (`benchmarks/probe_offload.py`): " + "; ".join(probe) + "."])
+
+
+SECTIONS = (Section("Training", r"^(train_|ablation)", render,
+                    "`burstengine train` and `burstengine bench train` (throughput, ablation)."),)
+BLOCKS = {"train-3b": block_train_3b, "offload": block_offload}

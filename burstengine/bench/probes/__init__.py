@@ -1,0 +1,1 @@
+"""Where time and memory go: profiles, kernels, one-off measurements."""

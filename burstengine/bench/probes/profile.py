@@ -1,0 +1,256 @@
+"""Where one training step's time goes: a torch.profiler trace of one step, broken down.
+
+    torchrun --nproc_per_node 1 -m burstengine bench profile --model llama-8b \\
+        --set model.dim=3072 --set model.n_layers=28 ... --seq 131072
+
+Builds the same Trainer as `burstengine bench train`, runs --warmup steps, then profiles one
+step and sorts every GPU kernel of it into a category by its name (attention forward/backward,
+GEMMs, elementwise/norm/RoPE, loss, collectives, optimizer, copies, other).  Host gaps are the
+step's wall time minus the time at least one kernel ran (the union of kernel intervals), i.e.
+time the GPU sat idle waiting for the host.  Writes a JSON record with the step's wall time,
+each category's kernel time, the top kernels, and the config it came from.  On CPU (no CUDA) it
+profiles CPU ops instead, so the path can be tried anywhere.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
+
+from ...attention.checks import arg_checks
+from ...train import Trainer, load
+from ..harness import ranked_bench, step_check_level
+from ..records import write_record
+from ..tables import Section, fixed, table
+
+# first match wins; names are lower-cased kernel names
+CATEGORIES = (
+    ("collective", r"nccl|allgather|reducescatter|all_reduce|allreduce"),
+    ("attention backward", r"(fmha|flash|sdpa|attn|attention|_bwd_|gluon).*(bprop|bwd|backward|dq|dkdv)|"
+                           r"(bprop|bwd|backward).*(fmha|flash|sdpa|attn)|_attn_bwd|_bwd_kernel|_bwd_preprocess|"
+                           r"_delta|^kv_kernel|^dq_kernel|^bwd_kernel"),  # kernels/triton/bwd.py, kernels/gluon/bwd.py
+    ("attention forward", r"fmha|flash|sdpa|cudnn_generated|attn|attention|fwd_kernel|gluon|_merge"),
+    ("loss", r"cross_entropy|log_softmax|softmax_backward|_ce_|nll_loss|logsumexp|fused_ce|lce"),
+    ("optimizer", r"multi_tensor|adam|foreach|_amp_|clip|norm_kernel"),
+    ("gemm", r"gemm|nvjet|cutlass|xmma|sm90_|sm80_|ampere|cublas|wgmma|matmul|splitk"),
+    ("copy", r"memcpy|memset|copy|cat_|catarray|fill"),
+    ("elementwise/norm/rope", r"elementwise|vectorized|reduce|rms|norm|silu|mul|add|triton_|pow|rsqrt|neg|index|"
+                              r"unrolled|where|embedding|scatter|gather"),
+)
+_PATTERNS = [(name, re.compile(rx)) for name, rx in CATEGORIES]
+
+
+def category(kernel_name: str) -> str:
+    n = kernel_name.lower()
+    return next((c for c, rx in _PATTERNS if rx.search(n)), "other")
+
+
+def _union(intervals) -> float:
+    """Total length covered by a list of (start, end) intervals."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e <= end:
+            continue
+        total += e - max(s, end)
+        end = e
+    return total
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="preset (default: llama-8b on GPU, tiny on CPU)")
+    p.add_argument("--seq", type=int, default=None, help="total sequence length [131072 on GPU, 512 on CPU]")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="config overrides (e.g. checkpoint=none)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps before the profiled one [%(default)s]")
+    p.add_argument("--name", default=None, help="record name [profile_<model>_<seq>]")
+    p.add_argument("--out-dir", default=None, help="record directory [benchmarks/results or $BURST_RESULTS]")
+    p.add_argument("--top", type=int, default=25, help="kernels listed in the record [%(default)s]")
+    p.add_argument("--trace", default=None, help="also write the Chrome trace to this path")
+    p.add_argument("--world", type=int, default=1, help="ranks to spawn without torchrun [%(default)s]")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds before spawned ranks are stopped")
+
+
+_TRANSFER = re.compile(r"memcpy (dtoh|htod)", re.I)
+
+
+def timeline(kernels, wall_us: float) -> dict:
+    """Where the compute stream waited, from GPU activities ``(name, start_us, end_us, category)``:
+    the step's time with no compute kernel running, before the first attention backward kernel
+    (forward) and from it on (backward), and the host<->device transfers (offloaded activations)
+    with how much of their time no compute kernel covers: that part is a wait of the step, not
+    a copy hidden under work."""
+    start = min((k[1] for k in kernels), default=0.0)
+    bwd = min((k[1] for k in kernels if k[3] == "attention backward"), default=start + wall_us)
+    compute = [(k[1], k[2]) for k in kernels if not _TRANSFER.search(k[0])]
+    moved = {d: [(k[1], k[2]) for k in kernels if (m := _TRANSFER.search(k[0])) and m.group(1).lower() == d]
+             for d in ("dtoh", "htod")}
+    everything = [iv for ivs in moved.values() for iv in ivs]
+
+    def covered(lo, hi):
+        return _union([(max(a, lo), min(b, hi)) for a, b in compute if b > lo and a < hi])
+
+    end = start + wall_us
+    return {"compute_gaps_s": {"forward": (bwd - start - covered(start, bwd)) / 1e6,
+                               "backward": (end - bwd - covered(bwd, end)) / 1e6},
+            "transfers_s": {d: _union(ivs) / 1e6 for d, ivs in moved.items()},
+            "transfer_only_s": (_union(everything + compute) - _union(compute)) / 1e6,
+            "collectives_s": exposure(kernels)}
+
+
+# FSDP's collectives vs the ring's point-to-point traffic, by NCCL kernel name
+_FSDP = re.compile(r"allgather|reducescatter|all_gather|reduce_scatter|allreduce|all_reduce", re.I)
+
+
+def exposure(kernels) -> dict:
+    """Each kind of collective (FSDP's all-gather / reduce-scatter, the ring's send/recv): its
+    kernel time and the part of it no computing kernel covers (exposed: the step waits on it,
+    or nothing else was ready).  A NCCL kernel runs for as long as it waits for its peer, so
+    its own time is an upper bound of the traffic; the exposed part is what overlap missed."""
+    compute = [(k[1], k[2]) for k in kernels if k[3] != "collective" and not _TRANSFER.search(k[0])]
+    base = _union(compute)
+    out = {}
+    for kind, pick in (("fsdp", lambda n: bool(_FSDP.search(n))), ("ring", lambda n: not _FSDP.search(n))):
+        ivs = [(k[1], k[2]) for k in kernels if k[3] == "collective" and pick(k[0])]
+        out[kind] = {"kernel_s": _union(ivs) / 1e6, "exposed_s": (_union(ivs + compute) - base) / 1e6}
+    return out
+
+
+def _model(args) -> str:
+    """The preset profiled: --model, else llama-8b on GPU and tiny on CPU."""
+    return args.model or ("llama-8b" if torch.cuda.is_available() else "tiny")
+
+
+def run_rank(args) -> int:
+    with arg_checks(step_check_level()):  # what `burstengine train` runs (cli/train.py)
+        return _profile(args)
+
+
+def _profile(args) -> int:
+    on_gpu = torch.cuda.is_available()
+    model = _model(args)
+    seq = args.seq or (131072 if on_gpu else 512)
+    over = list(args.overrides) + [f"seq_len={seq}", "cp=0", "progress=false", f"steps={args.warmup + 1}",
+                                   "batch_size=1", "eval_every=0"]
+    cfg = load(model, over)
+    try:
+        trainer = Trainer(cfg, echo=False, lock=False)  # never writes a run directory
+    except ValueError as e:  # the data or the model: the same on every rank, said once
+        if dist.get_rank() == 0:
+            print(f"burstengine bench profile: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    dev = trainer.device
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    for step in range(args.warmup):
+        trainer.train_step(trainer.batch(step), step)
+    batch = trainer.batch(args.warmup)
+    sync()
+    dist.barrier()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        trainer.train_step(batch, args.warmup)
+        sync()
+        wall = time.perf_counter() - t0
+    if args.trace and dist.get_rank() == 0:
+        prof.export_chrome_trace(args.trace)
+    # kernels (GPU) or top-level CPU ops, with their intervals in microseconds
+    want = "cuda" if on_gpu else "cpu"
+    evs = [e for e in prof.events() if (e.device_type.name.lower() == want) and
+           (on_gpu or e.cpu_parent is None)]
+    per_cat: dict[str, float] = {}
+    per_kernel: dict[str, list] = {}
+    acts = []  # (name, start, end, category) of every activity
+    for e in evs:
+        dur = e.time_range.elapsed_us()
+        c = category(e.name)
+        acts.append((e.name, e.time_range.start, e.time_range.end, c))
+        per_cat[c] = per_cat.get(c, 0.0) + dur
+        k = per_kernel.setdefault(e.name, [c, 0.0, 0])
+        k[1] += dur
+        k[2] += 1
+    busy_us = _union([(a[1], a[2]) for a in acts])
+    wall_us = wall * 1e6
+    tokens = seq // dist.get_world_size()
+    row = {
+        "model": model, "seq_len": seq, "overrides": args.overrides, "world": dist.get_world_size(),
+        "step_wall_s": wall, "gpu_busy_s" if on_gpu else "cpu_busy_s": busy_us / 1e6,
+        "host_gap_s": max(0.0, wall_us - busy_us) / 1e6,
+        "tokens_per_s_per_gpu": tokens / wall, "flops_per_token": trainer.flops_per_token,
+        "mfu": tokens / wall * trainer.flops_per_token / trainer.peak if trainer.peak else None,
+        "peak_mem_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if on_gpu else None,
+        "categories_s": {c: v / 1e6 for c, v in sorted(per_cat.items(), key=lambda kv: -kv[1])},
+        "top_kernels": [{"name": n[:160], "category": c, "total_s": t / 1e6, "calls": k}
+                        for n, (c, t, k) in sorted(per_kernel.items(), key=lambda kv: -kv[1][1])[:args.top]],
+    }
+    if on_gpu:
+        row.update(timeline(acts, wall_us))
+    if dist.get_rank() == 0:
+        print(f"{model} S={seq} on {torch.cuda.get_device_name() if on_gpu else 'cpu'}: step {wall:.3f} s, "
+              f"busy {busy_us / 1e6:.3f} s, host gaps {row['host_gap_s']:.3f} s"
+              + (f", MFU {row['mfu']:.1%}" if row["mfu"] else ""))
+        print(f"{'category':<24} {'s':>8} {'share of step':>14}")
+        for c, s in row["categories_s"].items():
+            print(f"{c:<24} {s:>8.3f} {s / wall:>14.1%}")
+        print(f"{'host gaps':<24} {row['host_gap_s']:>8.3f} {row['host_gap_s'] / wall:>14.1%}")
+        if on_gpu:
+            g, t = row["compute_gaps_s"], row["transfers_s"]
+            print(f"no compute kernel running: {g['forward']:.3f} s in the forward, {g['backward']:.3f} s in the "
+                  f"backward; host transfers {t['dtoh']:.3f} s to the host, {t['htod']:.3f} s back, "
+                  f"{row['transfer_only_s']:.3f} s of them under no compute")
+            for kind, c in row["collectives_s"].items():
+                print(f"{kind} collectives: {c['kernel_s']:.3f} s of kernels, {c['exposed_s']:.3f} s exposed")
+        name = args.name or f"profile_{model}_{seq}"
+        print("record:", write_record(name, row, out_dir=args.out_dir))
+    return 0
+
+
+def validate(args) -> str | None:
+    """One line for arguments that cannot work (before any rank starts), else None."""
+    if args.warmup < 0 or (args.seq is not None and args.seq < 1):
+        return "--warmup must be >= 0 and --seq >= 1"
+    try:
+        load(_model(args), list(args.overrides))
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+build_parser, main = ranked_bench("profile", __doc__, add_arguments, run_rank, validate)
+
+# --- docs/results.md ----------------------------------------------------------------------------
+
+def render(rec):
+    wall = rec["step_wall_s"]
+    busy = rec.get("gpu_busy_s", rec.get("cpu_busy_s"))
+    mfu = f", MFU {rec['mfu'] * 100:.1f}%" if rec.get("mfu") else ""
+    mem = f", peak {fixed(rec['peak_mem_gib'], 1)} GiB" if rec.get("peak_mem_gib") else ""
+    head = [f"{rec['model']} at {rec['seq_len']} tokens on {rec['world']} rank(s), overrides "
+            f"`{' '.join(rec.get('overrides') or []) or 'none'}`: one step {fixed(wall, 3)} s, kernels busy "
+            f"{fixed(busy, 3)} s{mfu}{mem}.", ""]
+    body = [[c, fixed(t, 3), f"{100 * t / wall:.1f}%"] for c, t in rec["categories_s"].items()]
+    body.append(["host gaps (nothing running)", fixed(rec["host_gap_s"], 3), f"{100 * rec['host_gap_s'] / wall:.1f}%"])
+    tail = []
+    if "compute_gaps_s" in rec:  # bench profile's timeline (later records)
+        g, t = rec["compute_gaps_s"], rec["transfers_s"]
+        tail = ["", f"No compute kernel running: {fixed(g['forward'], 3)} s in the forward, {fixed(g['backward'], 3)} s "
+                    f"in the backward; host transfers {fixed(t['dtoh'], 3)} s to the host and {fixed(t['htod'], 3)} s "
+                    f"back, {fixed(rec['transfer_only_s'], 3)} s of them under no compute kernel."]
+    if "collectives_s" in rec:  # which collectives the step waited on (later records)
+        tail += ["", "Collectives: " + "; ".join(
+            f"{kind} {fixed(c['kernel_s'], 3)} s of kernels, {fixed(c['exposed_s'], 3)} s under no computing kernel"
+            for kind, c in rec["collectives_s"].items()) + " (fsdp: all-gather / reduce-scatter; ring: send / recv)."]
+    tail.append("")
+    return head + table(["category", "seconds", "share of the step"], body) + tail
+
+
+SECTIONS = (Section("Where a training step's time goes", r"^profile_", render,
+                    "`burstengine bench profile`: one step under torch.profiler, kernel time by category."),)

@@ -1,0 +1,146 @@
+"""Tables for the records the scripts in benchmarks/ write (outside the package: Gluon kernel
+probes, ptxas builds, Nsight Compute counters, GPU clocks, offloading probes), for `burstengine
+report`; registered in burstengine.bench.RENDERERS."""
+from __future__ import annotations
+
+from ..tables import Section, device_of, fixed, med, ms, num, record, table
+
+
+def gluon_variants(rec):
+    body = [[r["S"], r["method"], ms(med(r["times"])), f"{r['tflops']:.0f}"] for r in rec["bench"] if "method" in r]
+    return table(["S", "kernel", "ms", "TFLOP/s"], body)
+
+
+def ptxas(rec):
+    body = [[name, b["commit"], b["spill_store_bytes"], b["spill_load_bytes"],
+             " ".join(str(x["ldl"]) for x in b["loops"])] for name, b in rec["builds"].items()]
+    return table(["build", "commit", "spill stores (B)", "spill loads (B)", "LDL per wgmma loop (SASS order)"], body)
+
+
+def ncu(rec):
+    keys = ["Issued Ipc Active", "Warp Cycles Per Issued Instruction", "Local Memory Spilling Requests",
+            "L1TEX scoreboard stall cycles per issue", "barrier stall cycles per issue", "Duration"]
+    rows = [("before", r) for r in rec["before"]] + [("after", r) for r in rec["after"]]
+    body = [[when, r["kernel"][:40], r["grid"]] + [num(r["metrics"].get(k)) if k in r["metrics"] else "—" for k in keys]
+            for when, r in rows]
+    out = table(["", "kernel", "grid", "issue IPC", "cycles per issue", "spill requests", "L1TEX stall",
+                 "barrier stall", "ms (clock locked)"], body)
+    if rec.get("after_stall_samples"):
+        top = sorted(rec["after_stall_samples"].items(), key=lambda kv: -kv[1])[:6]
+        out += ["", "Stall samples after, by reason: " + ", ".join(f"{k} {v:,}" for k, v in top) + "."]
+    return out
+
+
+def clocks(rec):
+    s = rec["summary"]
+    if not s.get("loaded_samples"):
+        return [f"While `{rec['sampled']}` ran: no loaded samples."]
+    thr = ", ".join(f"{k} {100 * v:.0f}%" for k, v in s["share_of_loaded_samples_throttled_by"].items() if v)
+    return [f"While `{rec['sampled']}` ran ({fixed(rec['seconds'], 0)} s): {s['loaded_samples']} samples under load "
+            f"(power above half the limit); median SM clock {s['median_sm_mhz']:.0f} of {s['max_sm_mhz']:.0f} MHz, "
+            f"median power {s['median_power_w']:.0f} of {s['limit_w']:.0f} W, at most {s['max_temp_c']:.0f} C; "
+            f"share of those samples throttled by: {thr or 'nothing'}."]
+
+
+def probe_offload(rec):
+    body = [[r["plan"], fixed(r["median_step_s"], 3) if "median_step_s" in r else r.get("error", "?"),
+             fixed(r.get("held_after_forward_gib"), 1), fixed(r.get("peak_gib"), 1)] for r in rec["rows"]]
+    ln = rec.get("link", {})
+    return ([f"{rec['layers']} layers of {rec['model']}, {rec['seq']} tokens, commit {rec['commit']}: the step of "
+             f"each plan (median of 3), device memory held from forward to backward and the step's peak; host link "
+             f"{fixed(ln.get('d2h_gb_s'), 1)} GB/s to the host, {fixed(ln.get('h2d_gb_s'), 1)} GB/s back; "
+             f"offload against pointwise, largest relative gradient difference "
+             f"{rec['checks'].get('offload_vs_pointwise_grad_rel', float('nan')):.3g} (none against pointwise "
+             f"{rec['checks'].get('none_vs_pointwise_grad_rel', float('nan')):.3g}).", ""]
+            + table(["plan", "s/step", "held GiB", "peak GiB"], body))
+
+
+def probe_host_copy(rec):
+    body = []
+    for kind in dict.fromkeys(r["kind"] for r in rec["rows"]):
+        rs = [r for r in rec["rows"] if r["kind"] == kind]
+        host = sorted(r["host_call_s"] for r in rs)[len(rs) // 2]
+        dev = sorted(r["device_copy_s"] for r in rs)[len(rs) // 2]
+        body.append([kind, fixed(host * 1e3, 2), fixed(dev * 1e3, 2), fixed(rec["mib"] * 2**20 / dev / 1e9, 1),
+                     str(rs[0]["is_pinned"])])
+    return [f"{rec['mib']} MiB copied from the device with `non_blocking=True` while matmuls are queued before it "
+            "(medians of the record's trials):", ""] + table(
+        ["host memory", "host call ms", "copy on the device ms", "GB/s", "is_pinned"], body)
+
+
+def _probe_speeds(rec) -> dict:
+    # benchmarks/probe_gluon.py's records: TFLOP/s by (S, method)
+    return {(r["S"], r["method"]): r["tflops"] for r in rec["bench"] if "method" in r}
+
+
+def _probe_worst(rec) -> float:
+    # the largest error against float64 over the record's check cases
+    return max(v for c in rec["check"] for v in c.values() if isinstance(v, float))
+
+
+def block_gluon_variants(records):
+    """docs/kernels.md: the Gluon variants measured and not kept, beside cuDNN, from one record."""
+    name = "gluon_variants_h200.json"
+    rec = record(records, name)
+    speed = _probe_speeds(rec)
+    cols = [("cudnn fwd", "cuDNN"), ("gluon fwd pp=0", "ours"), ("gluon fwd pp=1", "ping-pong"),
+            ("cudnn bwd", "cuDNN"), ("gluon bwd variant=0", "ours"), ("gluon bwd variant=1", "FA3 order"),
+            ("gluon bwd variant=2", "transposed")]
+    body = [[f"{S // 1024}K"] + [f"{speed[(S, m)]:.0f}" for m, _ in cols]
+            for S in sorted({S for S, _ in speed})]
+    worst = _probe_worst(rec)
+    return "\n".join([f"On {device_of(rec)} (`{name}`, commit {rec['commit']}, which held the variants; causal, "
+                      "24 q heads on 8 kv heads, d=128, bf16; TFLOP/s of the forward and of the backward alone, "
+                      f"median of 5; every variant within {num(worst)} of float64 on the check cases of the run):",
+                      ""] + table(["S"] + [f"fwd: {h}" for _, h in cols[:3]] + [f"bwd: {h}" for _, h in cols[3:]],
+                                  body))
+
+
+def block_gluon_bwd(records):
+    """docs/kernels.md: the Gluon backward before and after the spill fix, and its variants, beside cuDNN."""
+    name, h100_name = "gluon_bwd_variants_h200.json", "gluon_bwd_h100.json"
+    tr_name = "gluon_bwd_transposed_h200.json"
+    rec, h100, tr = record(records, name), record(records, h100_name), record(records, tr_name)
+    speed, hs, ts = _probe_speeds(rec), _probe_speeds(h100), _probe_speeds(tr)
+    cols = [("cudnn bwd", "cuDNN"), ("gluon bwd indep=0 pf=0 opaque=0", "before"),
+            ("gluon bwd indep=0 pf=0 opaque=1", "+ descriptors in the step"),
+            ("gluon bwd indep=0 pf=1 opaque=1", "+ lse/D a step ahead (kept)"),
+            ("gluon bwd indep=2 pf=0 opaque=1", "own dQ per warpgroup"),
+            ("gluon bwd indep=2 pf=1 opaque=1", "own dQ + lse/D ahead")]
+    body = [[f"{S // 1024}K"] + [f"{speed[(S, m)]:.0f}" for m, _ in cols] for S in sorted({S for S, _ in speed})]
+    worst = _probe_worst(rec)
+    tr_line = "; ".join(f"{S // 1024}K: transposed {ts[(S, 'gluon bwd tr=1')]:.0f}, as kept "
+                        f"{ts[(S, 'gluon bwd tr=0')]:.0f}, cuDNN {ts[(S, 'cudnn bwd')]:.0f}"
+                        for S in sorted({S for S, _ in ts}))
+    h100_line = "; ".join(f"{S // 1024}K: ours {hs[(S, 'gluon bwd')]:.0f}, cuDNN {hs[(S, 'cudnn bwd')]:.0f}"
+                          for S in sorted({S for S, _ in hs}))
+    return "\n".join([f"On {device_of(rec)} (`{name}`, commit {rec['commit']}, which held the variants as flags; "
+                      "causal, 24 q heads on 8 kv heads, d=128, bf16; TFLOP/s of the backward alone, median of 7; "
+                      f"every variant within {num(worst)} of float64 on the check cases of the run):", ""]
+                     + table(["S"] + [h for _, h in cols], body)
+                     + ["", f"The kernel as kept, on {device_of(h100)} (`{h100_name}`, TFLOP/s): {h100_line}. "
+                        f"FlashAttention-3's transposed pair on top of the fix, on {device_of(tr)} (`{tr_name}`, "
+                        f"TFLOP/s): {tr_line}."])
+
+
+SECTIONS = (
+    Section("Gluon kernel variants", r"^gluon_", gluon_variants,
+            "`benchmarks/probe_gluon.py`: the Gluon kernels and variants of them built behind flags for one "
+            "measurement (docs/kernels.md): causal forward and backward alone, beside cuDNN in the same launch."),
+    Section("Kernel builds for sm_90a", r"^ptxas_", ptxas,
+            "`benchmarks/ptxas_gluon_bwd.py`: a Gluon kernel built without a GPU; ptxas's spills and the local "
+            "loads each wgmma loop runs per step."),
+    Section("Kernel profiler counters", r"^ncu_", ncu,
+            "Nsight Compute on one kernel launch: issue rate, stalls, spills (the clock is locked while it "
+            "measures)."),
+    Section("GPU clocks and power under load", r"^clocks_", clocks,
+            "`python benchmarks/sample_clocks.py NAME -- COMMAND`: nvidia-smi's SM clock, power and throttle "
+            "reasons every 250 ms around a run."),
+    Section("Offloading activations to the host", r"^probe_offload", probe_offload,
+            "`python benchmarks/probe_offload.py SEQ LAYERS`: the `offload` checkpointing policy beside "
+            "`pointwise`, `none` and `sequence` on a few layers of the 3B model."),
+    Section("Copies to host memory", r"^probe_host_copy", probe_host_copy,
+            "`python benchmarks/probe_host_copy.py MIB`: whether a non-blocking copy from the device returns to "
+            "the host at once, for the host memory `offload` uses and two others."),
+)
+BLOCKS = {"gluon-variants": block_gluon_variants, "gluon-bwd": block_gluon_bwd}

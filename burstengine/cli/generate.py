@@ -1,0 +1,225 @@
+"""`burstengine generate`: prefill prompts across ranks, then decode against the sharded KV cache.
+
+    burstengine generate --model DIR --prompt-file question.txt --max-new-tokens 64 --world 2   # CPU: 2 gloo ranks
+    torchrun --nproc_per_node 8 -m burstengine generate --model DIR --prompt-file book.txt --max-new-tokens 256
+    burstengine generate --model DIR --prompt-tokens prompts.npy --max-new-tokens 32 --output out.json \\
+        --temperature 0.7 --top-p 0.9 --seed 1
+
+--prompt-file: text, tokenized with the model directory's tokenizer (one prompt; several
+files: several prompts).  --prompt-tokens: a .npy of token ids, 1-D (one prompt) or 2-D (one
+prompt per row), or an object array of 1-D arrays (prompts of different lengths).  Greedy by
+default; --temperature > 0 samples (with --top-k / --top-p), the same tokens for a --seed
+whatever the number of ranks.  Decoding stops at --max-new-tokens or the tokenizer's EOS
+(--eos to name others, --eos none to never stop early).  Rank 0 streams the text (the ids
+without a tokenizer) and --output writes {"tokens": [[...], ...], "timings": {...}}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from ..bench.launch import run_command
+from ..inference.generate import check_generate, generate
+from ..inference.models import check_spec, load_model, resolve_dtype
+from ..inference.sampling import Sampling
+from ..inference.step import MODES as GRAPH_MODES
+from ..model.hf_dir import read_config
+from ..layout import LAYOUTS
+from ..model import PRESETS
+
+HELP = "generate text: prefill across ranks, then decode against a KV cache that stays sharded over them"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True,
+                   help=f"a local HF Llama / Mistral / Qwen2 directory, or a preset ({', '.join(PRESETS)}; random "
+                        f"weights, token ids only)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt-file", nargs="+", default=None, help="text file(s), one prompt each")
+    src.add_argument("--prompt-tokens", default=None, help="a .npy of token ids (see above)")
+    p.add_argument("--max-new-tokens", type=int, required=True, help="tokens to generate per prompt")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy [%(default)s]")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely (0: off) [%(default)s]")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (1: off) [%(default)s]")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (and a preset's random weights) [%(default)s]")
+    p.add_argument("--eos", default="auto",
+                   help="stop token ids, comma-separated; auto: the tokenizer's / config's; none [%(default)s]")
+    p.add_argument("--layout", choices=LAYOUTS, default="zigzag", help="sequence layout of the prefill [%(default)s]")
+    p.add_argument("--dtype", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
+                   help="weights and activations (auto: bf16 on GPUs, fp32 on CPU) [%(default)s]")
+    p.add_argument("--kernel", default=None, help="local attention kernel of the prefill (default: auto)")
+    p.add_argument("--chunk", type=int, default=None,
+                   help="prefill the token-wise parts this many tokens at a time (long prompts) [whole shard]")
+    p.add_argument("--graphs", choices=GRAPH_MODES, default="auto",
+                   help="replay the decode step from a CUDA graph (auto: on CUDA with one rank; on: an error "
+                        "elsewhere; off: launch its kernels each step) [%(default)s]")
+    p.add_argument("--output", default=None, help="rank 0 writes the tokens and timings here (JSON)")
+    p.add_argument("--quiet", action="store_true", help="do not stream the text")
+    p.add_argument("--world", type=int, default=2, help="ranks to spawn without torchrun [%(default)s]")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per spawned CPU rank")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds before the ranks are stopped [%(default)s]")
+
+
+def has_tokenizer(path: str) -> bool:
+    return os.path.isdir(path) and any(os.path.isfile(os.path.join(path, f))
+                                       for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"))
+
+
+def validate(args) -> str | None:
+    msg = check_spec(args.model, "ours")
+    if msg:
+        return msg
+    if args.world < 1:
+        return f"--world must be >= 1, got {args.world}"
+    if not dist.is_initialized() and torch.cuda.is_available() and args.world > torch.cuda.device_count():
+        return f"--world {args.world} is more than the {torch.cuda.device_count()} GPU(s) here (one rank per GPU)"
+    if args.max_new_tokens < 1:
+        return f"--max-new-tokens must be >= 1, got {args.max_new_tokens}"
+    if args.chunk is not None and args.chunk < 1:
+        return f"--chunk must be >= 1, got {args.chunk}"
+    if args.graphs == "on" and (args.world > 1 or not torch.cuda.is_available()):
+        return (f"--graphs on needs one rank on a CUDA device, got --world {args.world}"
+                f"{'' if torch.cuda.is_available() else ' and no CUDA device'} (use --graphs auto or off)")
+    if args.prompt_file:
+        for f in args.prompt_file:
+            if not os.path.isfile(f):
+                return f"--prompt-file {f!r} does not exist"
+        if not has_tokenizer(args.model):
+            return f"--prompt-file needs a tokenizer, and {args.model!r} has none (give --prompt-tokens FILE.npy)"
+    elif not os.path.isfile(args.prompt_tokens):
+        return f"--prompt-tokens {args.prompt_tokens!r} does not exist"
+    try:
+        _eos_arg(args.eos)
+        prompts = read_prompts(args)
+    except ValueError as e:
+        return str(e)
+
+
+    vocab = _vocab(args.model)
+    s = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    msg = check_generate(prompts, vocab, args.max_new_tokens, s)
+    return msg.replace("max_new_tokens", "--max-new-tokens").replace("temperature", "--temperature") if msg else None
+
+
+def _vocab(spec: str) -> int:
+    return PRESETS[spec].vocab_size if spec in PRESETS else int(read_config(spec)["vocab_size"])
+
+
+def _eos_arg(text: str):
+    if text in ("auto", "none"):
+        return text
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--eos must be auto, none or comma-separated token ids, got {text!r}") from None
+
+
+def read_prompts(args) -> list[list[int]]:
+    """The prompts as token id lists (the same on every rank)."""
+    if args.prompt_file:
+        tok = hf_tokenizer(args.model)
+        return [tok(open(f).read()).input_ids for f in args.prompt_file]
+    import numpy as np
+
+    try:
+        a = np.load(args.prompt_tokens, allow_pickle=True)
+    except Exception as e:
+        raise ValueError(f"--prompt-tokens {args.prompt_tokens!r} is not a .npy file: {e}") from None
+    rows = list(a) if a.dtype == object or a.ndim == 2 else [a]
+    out = []
+    for i, r in enumerate(rows):
+        r = np.asarray(r)
+        if r.ndim != 1 or not np.issubdtype(r.dtype, np.integer):
+            raise ValueError(f"--prompt-tokens {args.prompt_tokens!r}: prompt {i} is not a 1-D array of integer ids "
+                             f"({r.dtype}, shape {r.shape})")
+        out.append([int(t) for t in r])
+    return out
+
+
+def hf_tokenizer(path: str):
+    from transformers import AutoTokenizer  # optional dependency (the hf extra): only with a tokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def _stop_ids(args, tok) -> tuple[int, ...]:
+    e = _eos_arg(args.eos)
+    if e == "none":
+        return ()
+    if e != "auto":
+        return e
+    ids = set()
+    if tok is not None and tok.eos_token_id is not None:
+        ids.add(int(tok.eos_token_id))
+    if os.path.isdir(args.model):
+
+        cfg_eos = read_config(args.model).get("eos_token_id")
+        ids.update([cfg_eos] if isinstance(cfg_eos, int) else (cfg_eos or []))
+    return tuple(sorted(ids))
+
+
+def rank_model(args):
+    """This rank's device, dtype (--dtype), model (--model, --seed) and the model directory's
+    tokenizer (None without one)."""
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    dtype = resolve_dtype(args.dtype, device)
+    model = load_model(args.model, "ours", device, dtype, args.seed)
+    return device, dtype, model, hf_tokenizer(args.model) if has_tokenizer(args.model) else None
+
+
+def run_rank(args) -> int:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device, dtype, model, tok = rank_model(args)
+    prompts = read_prompts(args)
+    s = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                 eos=_stop_ids(args, tok))
+    if rank == 0:
+        print(f"[generate] {model.describe}; {len(prompts)} prompt(s) of {[len(p) for p in prompts]} tokens on "
+              f"{world} rank(s), {device.type}, {dtype}", file=sys.stderr, flush=True)
+    streamed, finished = [[] for _ in prompts], [False] * len(prompts)
+    stream = rank == 0 and not args.quiet and len(prompts) == 1 and tok is not None
+
+    def on_tokens(step, toks, done):
+        # one prompt with a tokenizer: its text as it comes (decoded whole, printed as a diff,
+        # since a token's text can depend on its neighbours)
+        if not stream or finished[0]:
+            return
+        prev = tok.decode(streamed[0], skip_special_tokens=True)
+        streamed[0].append(toks[0])
+        finished[0] = done[0]
+        now = tok.decode(streamed[0], skip_special_tokens=True)
+        sys.stdout.write(now[len(prev):] if now.startswith(prev) else "\n" + now)
+        sys.stdout.flush()
+
+    out = generate(model, prompts, args.max_new_tokens, s, layout=args.layout, kernel=args.kernel,
+                   chunk=args.chunk, graphs=args.graphs, on_tokens=on_tokens)
+    if rank == 0:
+        if stream:
+            print()
+        elif not args.quiet:
+            for b, t in enumerate(out.tokens):
+                text = tok.decode(t, skip_special_tokens=True) if tok is not None else " ".join(map(str, t))
+                print(f"[{b}] {text}")
+        steps = out.timings["decode_step_s"]
+        per = sum(steps) / len(steps) if steps else float("nan")
+        how = "replayed from a CUDA graph" if out.timings["graphs"] else "op by op"
+        print(f"[generate] first-token latency {out.timings['prefill_s']:.3f}s; {len(steps)} decode step(s), "
+              f"{per * 1e3:.1f} ms/token ({how}); cache slots per rank {out.shard_lengths[-1]}", file=sys.stderr)
+        if args.output:
+            os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+            with open(args.output, "w") as f:
+                json.dump({"tokens": out.tokens, "timings": out.timings, "shard_lengths": out.shard_lengths[-1],
+                           "model": args.model, "world": world, "sampling": vars(s) | {"eos": list(s.eos)},
+                           "date": time.strftime("%Y-%m-%dT%H:%M:%S")}, f, indent=1)
+            print(f"[generate] wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+def run(args) -> int:
+    return run_command(run_rank, args, validate, "burstengine generate")
