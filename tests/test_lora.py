@@ -90,9 +90,16 @@ def test_export_round_trip(pool, models, tokens, tmp_path, arch):
         base = fc.hf_model(models[arch])(input_ids=toks).logits
     assert (peft - want).abs().max() <= 1e-5 * want.abs().max()
     assert (base - want).abs().max() > 1e-3 * want.abs().max()
+    # the command writes what the library does
+    from burstengine.cli import main
+
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "cli"), "--adapter"]) == 0
+    cli = load_file(tmp_path / "cli" / "adapter_model.safetensors")
+    assert cli.keys() == load_file(adapter / "adapter_model.safetensors").keys()
+    assert all(torch.equal(t, load_file(adapter / "adapter_model.safetensors")[k]) for k, t in cli.items())
 
 
-def test_adapter_export_refusals(pool, models, tokens, tmp_path, monkeypatch):
+def test_adapter_export_refusals(pool, models, tokens, tmp_path, monkeypatch, capsys):
     from burstengine.model.families import registry
     from burstengine.model.families.base import LLAMA_LIKE, Family, layer
     from burstengine.model.families.table import Table
@@ -102,6 +109,11 @@ def test_adapter_export_refusals(pool, models, tokens, tmp_path, monkeypatch):
              world=1)
     with pytest.raises(ValueError, match="is not a LoRA run's"):
         export_adapter(str(tmp_path / "run"), str(tmp_path / "adapter"))
+    from burstengine.cli import main
+
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "adapter"), "--adapter"]) == 2
+    err = capsys.readouterr().err
+    assert "is not a LoRA run's" in err and len(err.strip().splitlines()) == 1
 
     class Fused(Family):  # Phi-3's way: q, k and v in one HF tensor
         name = model_type = "fusedqkv"
