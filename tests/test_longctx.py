@@ -194,3 +194,49 @@ def test_memory_line_before_the_first_step(pool):
     assert line.startswith("memory at 32 tokens per rank: not checked (the device's memory is unknown here)")
     assert "\n" not in line and "parameters and states" in line and "kept activations (2 none)" in line
     assert need["tokens"] == 32 and plan == ["none", "none"]
+
+
+# --- bench train --longest, train --memory-plan ----------------------------------------------------
+
+@pytest.mark.parametrize("limit", [700_000, 131072, 2_000_000, 90_000, 4096])
+def test_longest_doubles_then_bisects(limit):
+    """``bench train --longest``'s lengths for a method that trains up to ``limit`` tokens: doubling
+    from the last --seqs length until one fails, then bisecting (multiples of the unit) until the gap
+    is within the resolution; halving while nothing has trained."""
+    from burstengine.bench.peers.train import next_longest
+
+    unit, cap, res = 4096, 1 << 22, 0.125
+    tried, trained, failed, todo = [], None, None, [131072]
+    while todo:
+        s = todo.pop()
+        tried.append(s)
+        if s <= limit:
+            trained = max(trained or 0, s)
+        else:
+            failed = min(failed or s, s)
+        nxt = next_longest(trained, failed, cap, unit, res)
+        if nxt is not None:
+            todo.append(nxt)
+    assert len(tried) == len(set(tried)) and all(s % unit == 0 for s in tried)
+    if limit < unit:
+        assert trained is None
+        return
+    assert trained <= limit and (failed is None and trained * 2 > cap or failed - trained <= max(unit, res * trained))
+    if limit >= 262144:
+        assert tried[1] == 262144  # doubling first
+    elif limit < 131072:
+        assert tried[1] == 65536  # halving while nothing trained
+
+
+def test_train_memory_plan_says_one_line_and_trains_nothing(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "burstengine", "train", "--config", "tiny", "--memory-plan", "--set",
+                        f"out_dir={out}", "--set", "activation_checkpoint=auto", "--set", "tiled_mlp=on"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    lines = [line for line in p.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("memory at 2,048 tokens per rank") and "tiled MLP" in lines[0]
+    assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()
