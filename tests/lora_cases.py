@@ -8,11 +8,11 @@ import torch.distributed as dist
 import finetune_cases as fc
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LORA = ["lora.rank=4", "lora.alpha=8", "warmup_steps=0", "schedule=constant", "weight_decay=0.1"]
 
 
 def lora_overrides(init, data, seq_len, extra=()):
-    return fc.overrides(init, data, seq_len, ["lora.rank=4", "lora.alpha=8", "warmup_steps=0", "schedule=constant",
-                                              "lr=1e-2", "weight_decay=0.1", *extra])
+    return fc.overrides(init, data, seq_len, [*LORA, "lr=1e-2", *extra])
 
 
 def _full(t):
@@ -93,21 +93,3 @@ def train_and_save(group, init, data, seq_len, run_dir, steps, stop_after=None, 
     path = ckpt.latest(os.path.join(run_dir, "checkpoints"))
     return weights, sorted(dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
 
-
-def train_and_export(group, init, data, seq_len, run_dir, merged_dir, adapter_dir, extra=()):
-    """A LoRA run of 2 steps, saved, then (rank 0) its merged export and its PEFT adapter export;
-    returns rank 0's (the trainer's loss of a fresh batch after the steps, that batch's tokens and
-    labels, the two export summaries)."""
-    from burstengine.train import Trainer, load
-    from burstengine.train import data as D
-    from burstengine.train.export import export, export_adapter
-
-    cfg = load("tiny", lora_overrides(init, data, seq_len, ["steps=2", "save_every=2", f"out_dir={run_dir}", *extra]))
-    t = Trainer(cfg, group=group, echo=False)
-    t.fit(overwrite=True)
-    loss, _ = t.loss_and_grads(t.batch(5))
-    dist.barrier(group)
-    if dist.get_rank(group) != 0:
-        return None
-    toks, labs, _ = D.global_sequences(t.loader.source, t.loader.indices(5))
-    return loss, toks, labs, export(run_dir, merged_dir), export_adapter(run_dir, adapter_dir)

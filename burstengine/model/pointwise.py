@@ -30,49 +30,61 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
+def _forward(ctx, fn, inputs, params):
+    """(F.linear(a, W_i, b_i) for each i), a = fn(*inputs); keeps the inputs and the weights,
+    not ``a``.  ``params``: W_0, b_0, W_1, b_1, ... (a bias may be None)."""
+    weights, biases = params[0::2], params[1::2]
+    ctx.bias_dtypes = [None if b is None else b.dtype for b in biases]
+    ctx.set_materialize_grads(False)  # an unused output costs no matmul in backward
+    ctx.save_for_backward(*inputs, *weights)  # not a: backward recomputes it
+    a = fn(*inputs)
+    return tuple(F.linear(a, W, b) for W, b in zip(weights, biases))
+
+
+def _backward(ctx, grads, fn, first: int) -> tuple:
+    """The gradients of :func:`_forward`'s inputs: ``a`` recomputed from the kept inputs, each
+    weight's and bias's from it, the inputs' through ``fn``.  ``first``: the position of W_0 among
+    the Function's inputs."""
+    n_in = len(ctx.saved_tensors) - (len(ctx.needs_input_grad) - first) // 2  # the kept inputs, then weights
+    inputs, weights = ctx.saved_tensors[:n_in], ctx.saved_tensors[n_in:]
+    need = ctx.needs_input_grad
+    need_in = need[:n_in]
+    out = [None] * len(need)
+    with torch.enable_grad():
+        rs = [t.detach().requires_grad_(r) for t, r in zip(inputs, need_in)]
+        a = fn(*rs)
+    a_rows = _rows(a.detach())
+    da = None
+    for i, (g, W) in enumerate(zip(grads, weights)):
+        if g is None:
+            continue
+        g_rows = _rows(g)
+        if any(need_in):
+            da = g_rows @ W if da is None else da.addmm_(g_rows, W)
+        if need[first + 2 * i]:
+            out[first + 2 * i] = (g_rows.t() @ a_rows).to(W.dtype)
+        if need[first + 2 * i + 1]:
+            out[first + 2 * i + 1] = g_rows.sum(0).to(ctx.bias_dtypes[i])
+    if da is not None:
+        got = iter(torch.autograd.grad(a, [t for t, r in zip(rs, need_in) if r], da.view_as(a)))
+        for j, r in enumerate(need_in):
+            out[j] = next(got) if r else None
+    return tuple(out)
+
+
 class _NormLinears(torch.autograd.Function):
     """(F.linear(n, W_i, b_i) for each i), n = rms_norm(x, w, eps).  Inputs: x, w, eps, then
     W_0, b_0, W_1, b_1, ... (a bias may be None)."""
 
     @staticmethod
     def forward(ctx, x, w, eps, *params):
-        n = fused.rms_norm(x, w, eps)
-        weights, biases = params[0::2], params[1::2]
         ctx.eps = eps
-        ctx.bias_dtypes = [None if b is None else b.dtype for b in biases]
-        ctx.set_materialize_grads(False)  # an unused output costs no matmul in backward
-        ctx.save_for_backward(x, w, *weights)  # not n: backward recomputes it
-        return tuple(F.linear(n, W, b) for W, b in zip(weights, biases))
+        return _forward(ctx, lambda x, w: fused.rms_norm(x, w, eps), (x, w), params)
 
     @staticmethod
     @once_differentiable("norm_linears (the pointwise checkpointing policy's norm and projections)")
     def backward(ctx, *grads):
-        x, w, *weights = ctx.saved_tensors
-        need = ctx.needs_input_grad
-        need_x, need_w = need[0], need[1]
-        out = [None] * len(need)
-        with torch.enable_grad():
-            xr = x.detach().requires_grad_(need_x)
-            wr = w.detach().requires_grad_(need_w)
-            n = fused.rms_norm(xr, wr, ctx.eps)
-        n_rows = _rows(n.detach())
-        dn = None
-        for i, (g, W) in enumerate(zip(grads, weights)):
-            if g is None:
-                continue
-            g_rows = _rows(g)
-            if need_x or need_w:
-                dn = g_rows @ W if dn is None else dn.addmm_(g_rows, W)
-            if need[3 + 2 * i]:
-                out[3 + 2 * i] = (g_rows.t() @ n_rows).to(W.dtype)
-            if need[4 + 2 * i]:
-                out[4 + 2 * i] = g_rows.sum(0).to(ctx.bias_dtypes[i])
-        if dn is not None:
-            wrt = [t for t, r in ((xr, need_x), (wr, need_w)) if r]
-            dxw = iter(torch.autograd.grad(n, wrt, dn.view_as(n)))
-            out[0] = next(dxw) if need_x else None
-            out[1] = next(dxw) if need_w else None
-        return tuple(out)
+        return _backward(ctx, grads, lambda x, w: fused.rms_norm(x, w, ctx.eps), 3)
 
 
 class _SwigluLinears(torch.autograd.Function):
@@ -81,42 +93,12 @@ class _SwigluLinears(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, g, u, *params):
-        weights, biases = params[0::2], params[1::2]
-        ctx.bias_dtypes = [None if b is None else b.dtype for b in biases]
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(g, u, *weights)  # not silu(g) * u: backward recomputes it
-        a = fused.swiglu(g, u)
-        return tuple(F.linear(a, W, b) for W, b in zip(weights, biases))
+        return _forward(ctx, fused.swiglu, (g, u), params)
 
     @staticmethod
     @once_differentiable("swiglu_linear (the pointwise checkpointing policy's SwiGLU and w2)")
     def backward(ctx, *grads):
-        g, u, *weights = ctx.saved_tensors
-        need = ctx.needs_input_grad
-        need_g, need_u = need[0], need[1]
-        out = [None] * len(need)
-        with torch.enable_grad():
-            gr = g.detach().requires_grad_(need_g)
-            ur = u.detach().requires_grad_(need_u)
-            a = fused.swiglu(gr, ur)
-        a_rows = _rows(a.detach())
-        da = None
-        for i, (dy, W) in enumerate(zip(grads, weights)):
-            if dy is None:
-                continue
-            dy_rows = _rows(dy)
-            if need_g or need_u:
-                da = dy_rows @ W if da is None else da.addmm_(dy_rows, W)
-            if need[2 + 2 * i]:
-                out[2 + 2 * i] = (dy_rows.t() @ a_rows).to(W.dtype)
-            if need[3 + 2 * i]:
-                out[3 + 2 * i] = dy_rows.sum(0).to(ctx.bias_dtypes[i])
-        if da is not None:
-            wrt = [t for t, r in ((gr, need_g), (ur, need_u)) if r]
-            dgu = iter(torch.autograd.grad(a, wrt, da.view_as(a)))
-            out[0] = next(dgu) if need_g else None
-            out[1] = next(dgu) if need_u else None
-        return tuple(out)
+        return _backward(ctx, grads, fused.swiglu, 2)
 
 
 def _feeds(linears) -> list:
