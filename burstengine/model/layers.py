@@ -169,7 +169,7 @@ class Block(nn.Module):
             ff = self.feed_forward
             g, u = pointwise.norm_linears(h, self.ffn_norm, ff.w1, ff.w3)
             return h + pointwise.swiglu_linear(g, u, ff.w2)
-        return h + self.feed_forward(self.ffn_norm(h))
+        return h + self._mlp(h)
 
     def _mlp(self, h):
         return self.feed_forward(self.ffn_norm(h))
