@@ -316,3 +316,15 @@ def test_lora_table_in_toml(tmp_path):
     assert load(str(f)).lora.scale == 2.0
     with pytest.raises(ValueError, match="did you mean 'lora.rank'"):
         load("tiny", ["lora.rnak=2"])
+
+
+@pytest.mark.parametrize("policy", ["sequence", "full-offload", "pointwise"])
+def test_trainer_policies_with_lora_across_cp_ranks(pool, policy):
+    """Across a CP ring of 2 (sequence checkpointing's own ring included), adapters under each
+    policy get none's gradients."""
+    extra = ["cp=2", "lora.rank=2", "tiled_mlp=off"]
+    want = pool.run(tc.loss_and_grads, None, extra + ["activation_checkpoint=none"], world=2)[0]
+    got = pool.run(tc.loss_and_grads, None, extra + [f"activation_checkpoint={policy}"], world=2)[0]
+    assert abs(got[0] - want[0]) <= 1e-6 * abs(want[0])
+    assert got[1].keys() == want[1].keys() and all(lora.is_adapter(n) for n in got[1])
+    assert all(rel_err(got[1][n], want[1][n]) <= 1e-5 for n in want[1])
