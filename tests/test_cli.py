@@ -130,12 +130,13 @@ def test_help_lists_every_field_with_default_and_meaning():
     cfg = preset("tiny").to_dict()
     for title, fields in field_help():
         assert title in out
+        table = title[1:title.index("]")] if title.startswith("[") else None  # [model], [lora]
         for name, text in fields:
-            key = f"model.{name}" if title.startswith("[model]") else name
+            key = f"{table}.{name}" if table else name
             assert text, f"config field {key} has no help comment"
             line = next(l for l in out.splitlines() if l.strip().startswith(f"{key} = "))
             assert text.split()[0] in line, (key, line)
-    assert {n for _, f in field_help() for n, _ in f} == set(cfg) - {"model"} | set(cfg["model"])
+    assert {n for _, f in field_help() for n, _ in f} == set(cfg) - {"model", "lora"} | set(cfg["model"]) | set(cfg["lora"])
 
 
 def test_old_config_names_still_work_with_a_note():

@@ -39,6 +39,7 @@ from .families.table import HFTensors
 from . import tensor_parallel
 from .args import ModelArgs
 from .decoder import Transformer
+from .lora import is_adapter
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja")
@@ -140,15 +141,15 @@ def local_rows(p: torch.Tensor) -> tuple[torch.Tensor, int, int]:
 @torch.no_grad()
 def load_weights(model, path: str) -> dict:
     """Fill ``model``'s parameters (plain, sharded by FSDP2 on any device, or a tensor-parallel
-    slice: model/tensor_parallel.py) from the HF checkpoint in directory ``path`` through its
-    family's table, each rank reading only the rows it keeps (of a fused tensor: the rows of the
-    parts it keeps; of a slice of wo / w2: its columns).  Returns {"load_s", "peak_rss_gib",
-    "read_gib", "read_bytes"} of this process."""
+    slice: model/tensor_parallel.py; LoRA adapters aside) from the HF checkpoint in directory
+    ``path`` through its family's table, each rank reading only the rows it keeps (of a fused
+    tensor: the rows of the parts it keeps; of a slice of wo / w2: its columns).  Returns
+    {"load_s", "peak_rss_gib", "read_gib", "read_bytes"} of this process."""
     from safetensors import safe_open
 
     t0 = time.perf_counter()
     files = tensor_files(path)
-    params = dict(model.named_parameters())
+    params = {n: p for n, p in model.named_parameters() if not is_adapter(n)}  # LoRA's are not in the checkpoint
     split = getattr(model, "tp", None)
     shapes = {n: split.full_shape(n, p.shape, model.args) if split else tuple(p.shape) for n, p in params.items()}
     want = family(model.args.arch).table.tensors(model.args, shapes)

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from . import checkpointing, fused, pointwise
+from . import checkpointing, fused, pointwise, tiled
 from .args import ModelArgs
 from .context_parallel import ContextParallel, context_parallel_attention
 
@@ -165,6 +165,8 @@ class Block(nn.Module):
         self.index = layer  # its place in the model, and the model's Offloader: the "offload" policy's
         self.offloader = None
         self.hooks = NO_HOOKS  # the decoder loop's, for the length of one run
+        self.random = False  # it draws random numbers (LoRA dropout): recomputing policies replay the RNG
+        self.mlp_chunk = 0  # > 0: the MLP half runs this many tokens at a time (model/tiled.py)
 
     def pre_attention(self, x, cos, sin, lean: bool = False):
         """The roped q, k, v (B, n, heads, head_dim) of the block input ``x`` (B, n, dim)."""
@@ -204,15 +206,24 @@ class Block(nn.Module):
         if self.attention_out_norm is not None:
             h = self.attention_out_norm(h)
         h = x + h
-        if lean:
+        if self.mlp_chunk:
+            f = tiled.mlp(h, self._mlp, self.mlp_chunk, self._mlp_params(), self.random)
+        elif lean:
             ff = self.feed_forward
             g, u = pointwise.norm_linears(h, self.ffn_norm, ff.w1, ff.w3)
-            f = reduce(pointwise.gate_linear(g, u, ff.w2, ff.activation))
+            f = pointwise.gate_linear(g, u, ff.w2, ff.activation)
         else:
-            f = reduce(self.feed_forward(self.ffn_norm(h)))
+            f = self._mlp(h)
+        f = reduce(f)
         if self.ffn_out_norm is not None:
             f = self.ffn_out_norm(f)
         return h + f
+
+    def _mlp(self, h):
+        return self.feed_forward(self.ffn_norm(h))
+
+    def _mlp_params(self):
+        return [*self.ffn_norm.parameters(), *self.feed_forward.parameters()]
 
     def forward(self, x, cos, sin, docs=None):
         return checkpointing.POLICIES[self.policy](self, x, cos, sin, docs)
