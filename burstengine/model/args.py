@@ -69,6 +69,7 @@ class ModelArgs:
         """Whether layer ``layer`` reads the sliding layers' RoPE (local_rope_theta)."""
         return bool(self.local_rope_theta) and self.sliding(layer)
 
+    @property
     def context(self) -> int:
         """The longest sequence the weights are meant for: max_position_embeddings, or the original
         context stretched by the RoPE scaling factor when that is longer (a config whose
