@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The 4-GPU runs of issue 38 (and the 2-GPU rows of issues 36/37 on two of the four cards), in stages
+# that each fit one device call (< 10 min).  A multi-GPU machine counts its whole held time, so a
+# stage keeps every card busy: work that needs fewer cards runs side by side on disjoint ones
+# (CUDA_VISIBLE_DEVICES; each torchrun --standalone picks its own port).
+#
+#   bash benchmarks/run_4gpu.sh matrix   # 38.4: the correctness matrix at 4 ranks; then side by side:
+#                                        #   cards 0,1: run_2gpu.sh decode (37: graphs, TP, prefill cold)
+#                                        #   cards 2,3: run_2gpu.sh longctx-proxy's BurstAttention row (36)
+#   bash benchmarks/run_4gpu.sh scale    # 38.1/3/5/6: llama-8b at 128K beside torch-CP, the rank-loss
+#                                        #   faults over NCCL, 8B decode over 4 ranks, the 2x2 topology
+#
+# Records land in $BURST_RESULTS (default $OUT/results); every step has its own timeout and the
+# stage its BUDGET (seconds), so one stuck step cannot eat the call.
+set -u
+stage=${1:?stage: matrix or scale}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+export PYTHONPATH=${PYTHONPATH:-$PWD}
+out=${OUT:-$PWD/out}
+export BURST_RESULTS=${BURST_RESULTS:-$out/results}
+mkdir -p "$BURST_RESULTS" "$out/logs"
+TR="python3 -m torch.distributed.run --standalone --nproc_per_node 4"
+BE="$TR -m burstengine bench"
+T0=$(date +%s)
+BUDGET=${BUDGET:-540}
+step() { local t=$1; shift; echo "=== [+$(( $(date +%s) - T0 ))s] $*"; timeout --signal=TERM --kill-after=10 "$t" "$@"; echo "=== rc=$? [+$(( $(date +%s) - T0 ))s]"; }
+bstep() {
+  local t=$1 left=$(( BUDGET - ($(date +%s) - T0) )); shift
+  if [ "$left" -lt 30 ]; then echo "=== skipped, ${left}s of the budget left: $*"; return; fi
+  [ "$t" -gt "$left" ] && t=$left
+  step "$t" "$@"
+}
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+
+nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader; nvidia-smi topo -m | head -6
+python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'nccl', torch.cuda.nccl.version())"
+free -g | head -2
+
+case $stage in
+matrix)
+  # ~150 s: layouts x causal/full x Burst/Ring backward x SDPA flash/cuDNN x GQA x head dims x batch, worlds 2 and 4,
+  # bf16 over NCCL against float64
+  bstep 200 $BE gpu-correctness --seq-local 2048 --heads 8 --kernels auto --name gpu_correctness_4gpu
+  # the rest side by side; each half under what is left of the stage's budget
+  L=$(left)
+  ( CUDA_VISIBLE_DEVICES=0,1 BUDGET=$L OUT= bash benchmarks/run_2gpu.sh decode ) > "$out/logs/decode_2of4.log" 2>&1 &
+  A=$!
+  ( export CUDA_VISIBLE_DEVICES=2,3; T2="python3 -m torch.distributed.run --standalone --nproc_per_node 2"
+    step $(( L - 20 )) $T2 -m burstengine bench train --model llama-8b --methods burst --seqs 1048576 --warmup 0 \
+        --steps 1 --set model.n_layers=4 --set lora.rank=16 --set activation_checkpoint=full-offload \
+        --set tiled_mlp=on --name longctx_proxy_8b4l_lora_2of4gpu_1m_burst
+  ) > "$out/logs/longctx_2of4.log" 2>&1 &
+  B=$!
+  wait $A $B
+  tail -n 60 "$out/logs/decode_2of4.log"; tail -n 30 "$out/logs/longctx_2of4.log"
+  ;;
+scale)
+  # ~150 s: llama-8b at 128K over 4 ranks beside torch-native CP (38.1)
+  bstep 220 $BE train --model llama-8b --methods burst,torch-cp --seqs 131072 --steps 2 --warmup 1 \
+      --name train_llama-8b_4gpu_128k
+  # ~60 s: a rank lost at each phase over NCCL at 4 ranks (38.6)
+  FAULT_DEBUG=1 bstep 90 python3 -m burstengine bench faults --device cuda --world 4 --no-fuzz --deadline 10 \
+      --limit 40 --out-dir "$BURST_RESULTS" --name faults_4gpu_nccl
+  # ~120 s: 8B decode over 4 ranks at 128K, tensor-parallel and whole, graphed and op by op (38.3)
+  bstep 150 $BE decode --model llama-3.1-8b --seqs 128K --batches 1 --tokens 8 --warmup 2 --tp both \
+      --name decode_8b_4gpu_128k
+  # the rest: the 2x2 topology (38.5), plain and with the inter-node hop slowed when the option exists
+  bstep 150 $BE topo --topology 2x2 --seqs 131072 --name topo_bench_4gpu_2x2
+  if python3 -m burstengine bench topo --help | grep -q -- --inter-ctas; then
+    bstep 150 $BE topo --topology 2x2 --seqs 131072 --inter-ctas 1 --name topo_bench_4gpu_2x2_slow
+  fi
+  ;;
+*) echo "unknown stage $stage"; exit 2;;
+esac
+ls -la "$BURST_RESULTS"
