@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One-GPU checks and rows (H100 or H200: the record names the card), one device call (< 10 min):
+#
+#   bash benchmarks/run_1gpu.sh checks   # kernels vs float64 (lao-check), the decode path's check, every family's
+#                                        # bf16 logits beside transformers', 8B decode (regression vs the
+#                                        # decode_8b_h200_graphs record), issue 36's bytes per token per layer
+set -u
+stage=${1:?stage: checks}
+export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-$PWD}
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+out=${OUT:-$PWD/out}
+export BURST_RESULTS=${BURST_RESULTS:-$out/results}
+mkdir -p "$BURST_RESULTS"
+TR1="python3 -m torch.distributed.run --standalone --nproc_per_node 1"
+T0=$(date +%s)
+BUDGET=${BUDGET:-540}
+step() { local t=$1; shift; echo "=== [+$(( $(date +%s) - T0 ))s] $*"; timeout --signal=TERM --kill-after=10 "$t" "$@"; echo "=== rc=$? [+$(( $(date +%s) - T0 ))s]"; }
+bstep() {
+  local t=$1 left=$(( BUDGET - ($(date +%s) - T0) )); shift
+  if [ "$left" -lt 30 ]; then echo "=== skipped, ${left}s of the budget left: $*"; return; fi
+  [ "$t" -gt "$left" ] && t=$left
+  step "$t" "$@"
+}
+nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader
+
+case $stage in
+checks)
+  bstep 120 python3 -m burstengine bench lao-check
+  bstep 90 python3 -m burstengine bench decode --check --model tiny --seqs 1K --batches 1 --tokens 4 --warmup 2 \
+      --name decode_check_1gpu
+  bstep 150 python3 benchmarks/probe_families.py --seq 8192 --layers 2 --name probe_families_1gpu
+  # ~90 s: 8B decode from the CUDA graph at 128K and 512K (the record decode_8b_h200_graphs has 9.7 / 22 ms)
+  bstep 150 python3 -m burstengine bench decode --graphs on --model llama-3.1-8b --seqs 128K,512K --batches 1 \
+      --sdpa-max 128K --tokens 16 --warmup 4 --name decode_8b_1gpu_graphs
+  # the MLP's bytes per token per layer, untiled and tiled (docs/training.md's table: 136.1 -> 44.1 KiB)
+  for T in off on; do
+    bstep 100 $TR1 -m burstengine bench train --model llama-8b --methods burst --seqs 16384,32768 --warmup 1 \
+        --steps 1 --set model.n_layers=2 --set lora.rank=16 --set activation_checkpoint=none --set tiled_mlp=$T \
+        --name longctx_bytes_8b2l_tiled_$T
+  done
+  ;;
+*) echo "unknown stage $stage"; exit 2;;
+esac
+ls -la "$BURST_RESULTS"
