@@ -188,3 +188,27 @@ def bench_tiny(group, out_dir):
     buf = io.StringIO()
     tb.print_table(rec, file=buf)
     return dict(rec=rec, table=buf.getvalue(), path=write_record("topo_bench_tiny", rec, out_dir))
+
+
+def bench_tiny_slow(group, out_dir):
+    """bench topo's --inter-ctas run on gloo, its NCCL options replaced by the default (None):
+    the copy of the group and its sub-groups are made up front, and the attention calls find them."""
+    from burstengine.bench.peers import topo as tb
+    from burstengine.bench.records import write_record
+    from burstengine.comm import topology as topo
+
+    slowed = []  # one entry per group made with the slow options
+    args = tb.build_parser().parse_args(["--device", "cpu", "--seqs", "64", "--heads", "4", "--head-dim", "8",
+                                         "--warmup", "0", "--iters", "1", "--link-sizes", "1024,8192",
+                                         "--topology", "2x2"])
+    args.inter_ctas = 3  # validate() refuses it on gloo; run() is what is tested here
+    made = topo._MADE[0]
+    real, tb.nccl_channels = tb.nccl_channels, lambda ctas: slowed.append(ctas)  # gloo: default options
+    try:
+        rec = tb.run(group, args, log=lambda *a: None)
+    finally:
+        tb.nccl_channels = real
+    sets = topo._MADE[0] - made
+    if rec is None:
+        return dict(slowed=slowed, sets=sets)
+    return dict(slowed=slowed, sets=sets, rec=rec, path=write_record("topo_bench_tiny_slow", rec, out_dir))

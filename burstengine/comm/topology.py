@@ -102,7 +102,7 @@ def spans_world(group) -> bool:
     return _group_key(group) == list(range(dist.get_world_size()))
 
 
-def block_group(group, blocks: list[list[int]], timeout: float | None = None):
+def block_group(group, blocks: list[list[int]], timeout: float | None = None, options_for=None):
     """The process group of this rank's block, for ``blocks`` a partition of ``group``'s ranks
     (group ranks, each block in increasing order).  A block that is the whole group is
     ``group`` itself; a one-rank block is ``LOCAL`` (nothing to communicate).
@@ -111,7 +111,12 @@ def block_group(group, blocks: list[list[int]], timeout: float | None = None):
     enter: they are made once (and cached) when ``group`` spans the whole job, all blocks in
     the same order on every rank (:func:`make_groups`: bounded by ``timeout``, BURST_TIMEOUT's
     seconds, and a rank that does not arrive is named in a RankLost).  For a smaller group make
-    the groups up front (a DeviceMesh passed as ``topology``)."""
+    the groups up front (a DeviceMesh passed as ``topology``).
+
+    The cache is per parent group: sub-groups made under ``group`` are returned only for calls
+    on that same ``group``.  ``options_for(block)`` (global ranks -> backend options, or None
+    for the default) sets how the groups are made, the first time; a later call that names
+    other options for groups already made is refused (those would silently be the old ones)."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     mine = next(b for b in blocks if rank in b)
     if list(mine) == list(range(world)):
@@ -119,8 +124,10 @@ def block_group(group, blocks: list[list[int]], timeout: float | None = None):
     if len(mine) == 1:
         return LOCAL
     ranks = _group_key(group)
-    # keyed by the default group too: a re-initialised job must not reuse groups of the last one
-    key = (id(dist.distributed_c10d._get_default_group()), tuple(ranks), tuple(map(tuple, blocks)))
+    # keyed by the default group too: a re-initialised job must not reuse groups of the last one;
+    # and by the parent, so groups made with other options (under another parent) stay apart
+    key = (id(dist.distributed_c10d._get_default_group()), (group or dist.group.WORLD).group_name, tuple(ranks),
+           tuple(map(tuple, blocks)))
     if key not in _GROUPS:
         if not spans_world(group):
             raise ValueError(
@@ -128,15 +135,20 @@ def block_group(group, blocks: list[list[int]], timeout: float | None = None):
                 "needs sub-groups that only the whole job can make: run it on the whole job's group, or, for the "
                 "double ring, pass topology= a 2-D DeviceMesh (init_device_mesh(..., (nodes, gpus_per_node))) "
                 "made up front")
-        _GROUPS[key] = make_groups([[ranks[r] for r in b] for b in blocks], timeout)
-    return _GROUPS[key][tuple(ranks[r] for r in mine)]
+        _GROUPS[key] = (make_groups([[ranks[r] for r in b] for b in blocks], timeout, options_for), options_for)
+    made, made_with = _GROUPS[key]
+    if options_for is not None and options_for is not made_with:
+        raise ValueError(f"the sub-groups {blocks} of this group were already made with other options")
+    return made[tuple(ranks[r] for r in mine)]
 
 
 _MADE: list = [0]  # sets of sub-groups this process has made (one store key per set)
 
 
-def make_groups(blocks: list[list[int]], timeout: float | None = None) -> dict:
-    """{tuple(block): group} for ``blocks`` of global ranks, made by every rank of the job.
+def make_groups(blocks: list[list[int]], timeout: float | None = None, options_for=None) -> dict:
+    """{tuple(block): group} for ``blocks`` of global ranks, made by every rank of the job;
+    ``options_for(block)``: the backend options of that block's group (``new_group``'s
+    ``pg_options``; None, or a None answer: the default).
 
     ``dist.new_group`` waits for every rank of the job with no deadline a caller can set on
     its barrier, so a rank that died just before (the first call that uses the double ring)
@@ -157,7 +169,8 @@ def make_groups(blocks: list[list[int]], timeout: float | None = None) -> dict:
     made = {}
     for b in blocks:
         op = fault.Op(f"{what}: the group of ranks {b}", group_ranks=tuple(b), deadline=deadline)
-        made[tuple(b)] = fault.post(lambda: dist.new_group(b, **kwargs), op)
+        opts = options_for(b) if options_for is not None else None
+        made[tuple(b)] = fault.post(lambda: dist.new_group(b, pg_options=opts, **kwargs), op)
     return made
 
 

@@ -55,6 +55,10 @@ class Topology:
         """"intra" when ranks ``src`` and ``dst`` share a node, else "inter"."""
         return "intra" if self.node_of(src) == self.node_of(dst) else "inter"
 
+    def spans(self, ranks) -> bool:
+        """Whether ``ranks`` lie on more than one node (a group of them crosses the inter-node fabric)."""
+        return len({self.node_of(r) for r in ranks}) > 1
+
     @classmethod
     def parse(cls, spec: str) -> "Topology":
         """"2x4" -> 2 nodes of 4 ranks."""

@@ -3,6 +3,7 @@
     torchrun --nproc_per_node 2 -m burstengine bench topo --seqs 32768,131072
     NCCL_P2P_DISABLE=1 torchrun --nproc_per_node 2 -m burstengine bench topo --name topo_bench_2gpu_nop2p
     torchrun --nproc_per_node 4 -m burstengine bench topo --topology 2x2      # 2 emulated nodes x 2 GPUs
+    torchrun --nproc_per_node 4 -m burstengine bench topo --topology 2x2 --inter-ctas 2   # ... a slow hop between
 
 (a) Calibration: the local kernel's forward and backward time (``Kernel.forward_into`` /
 ``backward_into``, what the ring loops call) at every block shape the schemes below run; ring
@@ -15,6 +16,15 @@ for every head-parallel degree that fits; median of ``--iters`` after ``--warmup
 (c) The model's prediction of each from (a) alone, the error, and a JSON record holding the
 raw times, the calibration and the cluster description (usable as ``BURST_CLUSTER`` or
 ``burstengine plan --cluster``).
+
+``--inter-ctas N`` (NCCL) makes the hop between emulated nodes slow: every communicator whose
+ranks span more than one node of ``--topology`` (a copy of the whole group, which the single
+ring, the all-to-all and the double ring's last hop home run on, and the double ring's and the
+hybrid's sub-groups that cross nodes) is made with ``ProcessGroupNCCL.Options`` whose
+``config.min_ctas = max_ctas = N``: N channels, so a fraction of the link's bandwidth (NCCL
+holds P2P channels to max_ctas too).  Groups inside a node stay default.  The calibration
+measures every link on the communicator the schemes use, so the single ring's "world" link is
+the slow one, as a real 2-node ring's step is bound by its inter-node hop.
 
 ``--device cpu`` runs the same on gloo processes at a tiny size (the test suite does); without\ntorchrun ``burstengine bench topo`` spawns --world local ranks itself.
 """
@@ -33,6 +43,7 @@ import burstengine as be
 
 from ... import costmodel as cm
 from ...comm import topology as topo
+from ...attention.hybrid import hybrid_mesh
 from ...comm.ring import Ring
 from ...kernels import get_kernel
 from ...layout import LAYOUTS
@@ -64,6 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topology", default=None,
                    help="nodes x GPUs per node of the double ring, e.g. 2x2 [2 x world/2]")
     p.add_argument("--schemes", default=",".join(SCHEMES))
+    p.add_argument("--inter-ctas", type=int, default=None,
+                   help="NCCL only: make the hop between emulated nodes slow, every communicator that spans "
+                        "nodes held to this many channels (CTAs) [off]")
     p.add_argument("--link-sizes", default=None, help="message sizes (bytes) of the link fit, comma-separated")
     p.add_argument("--warmup", type=int, default=None, help="[cuda: 2, cpu: 1]")
     p.add_argument("--iters", type=int, default=None, help="[cuda: 5, cpu: 2]")
@@ -110,8 +124,23 @@ def validate(args) -> str | None:
             return f"--topology: {e}"
         if shape.world != args.world:
             return f"--topology {shape} does not describe the {args.world} ranks"
+    if args.inter_ctas is not None:
+        if args.device != "cuda":
+            return "--inter-ctas limits NCCL's channels: it needs --device cuda (gloo has none)"
+        if args.inter_ctas < 1:
+            return f"--inter-ctas must be >= 1, got {args.inter_ctas}"
+        shape = bench_shape(args.topology, args.world)
+        if shape is None or shape.nodes == 1:
+            return f"--inter-ctas needs a --topology of more than one node, got {shape or args.topology!r}"
 
     return kernel_error(args.kernel, args.device)
+
+
+def bench_shape(topology, G) -> topo.Topology | None:
+    """The double ring's nodes x GPUs: ``--topology``, else 2 x G/2 when G is even, else None."""
+    if topology:
+        return topo.Topology.parse(topology)
+    return topo.Topology(2, G // 2) if G % 2 == 0 and G > 1 else None
 
 
 def fit_link(sizes, secs) -> cm.Link:
@@ -124,6 +153,53 @@ def fit_link(sizes, secs) -> cm.Link:
         return cm.Link(sizes[-1] / secs[-1] / 1e9, 0.0)
     lat = max(0.0, my - slope * mx)
     return cm.Link(1.0 / slope / 1e9, lat * 1e6)
+
+
+# --- a slow hop between emulated nodes ------------------------------------------------------------
+
+def nccl_channels(ctas: int):
+    """Options of an NCCL communicator held to ``ctas`` channels (CTAs), fresh for each group
+    (new_group writes the group's name and ranks into them).  Only reached on CUDA builds:
+    validate() refuses --inter-ctas without --device cuda."""
+    opts = dist.ProcessGroupNCCL.Options()
+    opts.config.min_ctas = opts.config.max_ctas = ctas
+    return opts
+
+
+def crossing(shape: topo.Topology, make):
+    """``options_for`` of topology.block_group: ``make()`` for a block of ranks that spans nodes
+    of ``shape``, None (the default options) for one inside a node."""
+    return lambda block: make() if shape.spans(block) else None
+
+
+def partitions(shape: topo.Topology, layout: str, hybrid_us) -> list[list[list[int]]]:
+    """Every partition of the ranks into sub-groups the measured schemes make: the double ring's
+    intra- and inter-node blocks, then each hybrid degree's Ulysses and ring blocks."""
+    out = list(topo.node_blocks(shape))
+    for U in hybrid_us:
+        out += list(hybrid_mesh(layout, shape.world, U))
+    return out
+
+
+def slow_group(shape: topo.Topology, options_for, parts, timeout=None):
+    """A copy of the whole job's group made with ``options_for`` and, under it, the sub-groups
+    of ``parts`` (each with ``options_for`` of its block), all made here, in the same order on
+    every rank: the attention calls run on the copy find them in block_group's cache."""
+    whole = list(range(shape.world))
+    group = topo.make_groups([whole], timeout, options_for)[tuple(whole)]
+    for blocks in parts:
+        topo.block_group(group, blocks, timeout, options_for)
+    return group
+
+
+def hybrid_cluster(single: cm.Cluster, shape: topo.Topology, layout: str, U: int, links: dict) -> cm.Cluster:
+    """The one-level cluster the hybrid at ``U`` runs on when the hop between nodes is slow: its
+    ring on the inter-node link when its ring groups span nodes, else the intra-node one; its
+    all-to-all likewise (``links``: name -> Link as calibrated: intra, inter, a2a, a2a_intra)."""
+    u_blocks, r_blocks = hybrid_mesh(layout, shape.world, U)
+    ring = links["inter"] if any(shape.spans(b) for b in r_blocks) else links["intra"]
+    a2a = links["a2a"] if any(shape.spans(b) for b in u_blocks) else links["a2a_intra"]
+    return dataclasses.replace(single, intra=ring, inter=ring, a2a_intra=a2a, a2a_inter=a2a)
 
 
 # --- calibration ------------------------------------------------------------------------------
@@ -256,12 +332,17 @@ def run(group, args, log=print) -> dict | None:
     kernel = get_kernel(args.kernel, device)
     H, Hkv, D = args.heads, args.kv_heads or args.heads, args.head_dim
     seqs = [int(s) for s in str(args.seqs).split(",") if s]
-    shape = topo.Topology.parse(args.topology) if args.topology else (
-        topo.Topology(2, G // 2) if G % 2 == 0 and G > 1 else None)
+    shape = bench_shape(args.topology, G)
     if shape is not None and shape.world != G:
         raise ValueError(f"--topology {shape} does not describe the {G} ranks")
     say = log if rank == 0 else (lambda *a, **k: None)
     t0 = time.perf_counter()
+    hyb = hybrid_degrees(H, Hkv, G)
+    slow = args.inter_ctas is not None
+    if slow:
+        # every scheme below runs on this copy of the group; what crosses nodes is slow
+        group = slow_group(shape, crossing(shape, lambda: nccl_channels(args.inter_ctas)),
+                           partitions(shape, args.layout, hyb))
 
     # (a) calibration: links
     if args.link_sizes:
@@ -287,14 +368,19 @@ def run(group, args, log=print) -> dict | None:
                 inter_link = link
     a2a, raw = measure_a2a(group, sizes, device, args.warmup, args.iters)
     cal["links"]["a2a"] = dict(sizes=sizes, secs=raw, fit=dataclasses.asdict(a2a))
+    a2a_intra = a2a
+    if slow and shape.gpus_per_node > 1:  # the hybrid's all-to-all inside a node stays fast
+        a2a_intra, raw = measure_a2a(ig, sizes, device, args.warmup, args.iters)
+        cal["links"]["a2a_intra"] = dict(sizes=sizes, secs=raw, fit=dataclasses.asdict(a2a_intra))
     say(f"[{time.perf_counter() - t0:6.1f}s] links (GB/s, us): world {world_link.gbps:.1f} {world_link.latency_us:.0f}"
         f" | intra {intra_link.gbps:.1f} {intra_link.latency_us:.0f} | inter {inter_link.gbps:.1f} "
-        f"{inter_link.latency_us:.0f} | a2a {a2a.gbps:.1f} {a2a.latency_us:.0f}")
+        f"{inter_link.latency_us:.0f} | a2a {a2a.gbps:.1f} {a2a.latency_us:.0f}"
+        + (f" | a2a intra {a2a_intra.gbps:.1f} {a2a_intra.latency_us:.0f} (inter-node hop: --inter-ctas "
+           f"{args.inter_ctas})" if slow else ""))
 
     # (a) calibration: kernel at every block shape
     attns = [cm.Attn(S, H, Hkv, D, 1, args.causal, torch.tensor([], dtype=dtype).element_size(), args.layout)
              for S in seqs]
-    hyb = hybrid_degrees(H, Hkv, G)
     keys = sorted(set().union(*(kernel_shapes(a, G, [u for u in hyb if u < G]) for a in attns)))
     ktimes = []
     for key in keys:
@@ -312,6 +398,7 @@ def run(group, args, log=print) -> dict | None:
                         "calibrated by burstengine bench topo")
     double = dataclasses.replace(single, nodes=shape.nodes, gpus_per_node=shape.gpus_per_node, intra=intra_link,
                                  inter=inter_link) if shape is not None else None
+    links = dict(intra=intra_link, inter=inter_link, a2a=a2a, a2a_intra=a2a_intra)
 
     # (b) measured and (c) predicted
     rows = []
@@ -329,7 +416,8 @@ def run(group, args, log=print) -> dict | None:
                 fn(*qkv[:3]).backward(qkv[3])
 
             meas = timed(step, device, group, args.warmup, args.iters)
-            p = predict(scheme, opts, single, double, attn)
+            p = predict(scheme, opts, hybrid_cluster(single, shape, args.layout, opts["ulysses"], links)
+                        if slow and scheme == "hybrid" else single, double, attn)
             m = median(meas)
             rows.append(dict(label=label, scheme=scheme, S=S, H=H, Hkv=Hkv, D=D, causal=args.causal, world=G,
                              topology=str(shape) if scheme.endswith("double") else f"1x{G}", measured_s=m,
@@ -342,9 +430,14 @@ def run(group, args, log=print) -> dict | None:
             torch.cuda.empty_cache()
     if rank != 0:
         return None
+    hop = dict(inter_ctas=args.inter_ctas, intra_gbps=intra_link.gbps, inter_gbps=inter_link.gbps,
+               world_gbps=world_link.gbps,
+               how=(f"--inter-ctas {args.inter_ctas}: every NCCL communicator spanning emulated nodes made with "
+                    f"ProcessGroupNCCL.Options config.min_ctas = max_ctas = {args.inter_ctas}; intra-node ones default"
+                    if slow else "not slowed: every communicator default"))
     return dict(world=G, topology=str(shape) if shape else None, kernel=kernel.name, dtype=str(dtype),
                 args=vars(args), calibration=cal, cluster=single.to_dict(),
-                double_cluster=double.to_dict() if double else None, rows=rows)
+                double_cluster=double.to_dict() if double else None, inter_hop=hop, rows=rows)
 
 
 def print_table(rec, file=None):
@@ -358,6 +451,10 @@ def print_table(rec, file=None):
         print(f"{r['label']:14s} {r['topology']:>8s} {r['S']:>8d} {r['measured_s'] * 1e3:12.2f} "
               f"{r['predicted_s'] * 1e3:12.2f} {100 * r['error']:+6.1f}% {p['compute_s'] * 1e3:10.2f} "
               f"{p['exposed_s'] * 1e3:10.2f} {r['tflops']:8.1f}", file=file)
+    hop = rec.get("inter_hop")
+    if hop:
+        print(f"inter-node hop: {hop['how']}; intra {hop['intra_gbps']:.1f} GB/s, inter {hop['inter_gbps']:.1f} GB/s, "
+              f"whole group {hop['world_gbps']:.1f} GB/s", file=file)
     worst = max((abs(r["error"]) for r in rec["rows"]), default=0.0)
     print(f"largest |error|: {100 * worst:.1f}%", file=file)
 
@@ -367,7 +464,8 @@ def run_rank(args) -> int:
     if rec is not None:
         print_table(rec)
         unit = "gpu" if args.device == "cuda" else "cpu"
-        path = write_record(args.name or f"topo_bench_{rec['world']}{unit}", rec, args.out_dir)
+        slow = f"_interctas{args.inter_ctas}" if args.inter_ctas is not None else ""
+        path = write_record(args.name or f"topo_bench_{rec['world']}{unit}{slow}", rec, args.out_dir)
         print(f"wrote {path}")
     return 0
 
@@ -387,6 +485,10 @@ def render(rec):
         head = [f"Calibrated: intra {num(c['intra']['gbps'])} GB/s + {num(c['intra']['latency_us'])} µs, "
                 f"inter {num(c['inter']['gbps'])} GB/s + {num(c['inter']['latency_us'])} µs, kernels "
                 f"{num(c['fwd_tflops'])} / {num(c['bwd_tflops'])} TFLOP/s fwd / bwd.", ""]
+        hop = rec.get("inter_hop")
+        if hop and hop.get("inter_ctas") is not None:
+            head[-1:-1] = [f"Inter-node hop: {hop['how']}; measured intra {num(hop['intra_gbps'])} GB/s, inter "
+                           f"{num(hop['inter_gbps'])} GB/s."]
     return head + table(["scheme", "S", "H/Hkv", "topology", "measured ms", "predicted ms", "prediction error"], body)
 
 
