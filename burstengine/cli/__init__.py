@@ -14,6 +14,7 @@ import importlib
 import os
 
 from .. import __version__
+from ..bench.usage import HelpFormatter
 
 COMMANDS = {
     "demo": "burstengine.cli.demo",
@@ -36,8 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, modname in COMMANDS.items():
         mod = importlib.import_module(modname)
-        sp = sub.add_parser(name, help=mod.HELP, description=mod.__doc__,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        sp = sub.add_parser(name, help=mod.HELP, description=mod.__doc__, formatter_class=HelpFormatter)
         mod.add_arguments(sp)
         sp.set_defaults(_run=mod.run)
     return p

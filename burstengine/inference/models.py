@@ -11,12 +11,13 @@ attended with.  Two implementations provide them:
 """
 from __future__ import annotations
 
+import json
 import os
 
 import torch
 
 from ..model import PRESETS, ContextParallel, Hooks, Transformer
-from ..model.hf_dir import hf_config_from_args, load_hf_model, ours_to_hf
+from ..model.hf_dir import args_from_hf_config, hf_config_from_args, load_hf_model, ours_to_hf, read_config
 
 IMPLS = ("ours", "hf")
 
@@ -131,13 +132,22 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def check_spec(spec: str, impl: str) -> str | None:
-    """A message when ``spec`` is neither a preset nor a model directory (checked before any
-    rank starts)."""
+    """A message when ``spec`` is neither a preset nor a model directory, or (``impl="ours"``) a
+    directory of a family burstengine's model does not reproduce (checked before any rank starts)."""
     if impl not in IMPLS:
         return f"unknown --impl {impl!r}; expected one of {IMPLS}"
     if spec in PRESETS:
         return None
     if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, "config.json")):
+        if impl == "ours":  # a family our model does not reproduce: said here, not by every rank's load
+            try:
+                args_from_hf_config(read_config(spec), f"{spec}/config.json")
+            except json.JSONDecodeError as e:
+                return f"{spec}/config.json is not JSON ({e})"
+            except ValueError as e:
+                return str(e)
+            except (KeyError, TypeError) as e:
+                return f"{spec}/config.json lacks or mistypes {e}"
         return None
     return f"--model {spec!r} is neither a preset ({', '.join(PRESETS)}) nor a directory with a config.json"
 

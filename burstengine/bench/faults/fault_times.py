@@ -9,7 +9,6 @@ train).  The tests assert the bounds; this writes what one run measured.
 It runs the test suite's own jobs, so it needs a source checkout: run it from the repository
 root (or name the tests folder with --tests).
 """
-import argparse
 import importlib
 import os
 import sys
@@ -17,6 +16,7 @@ import tempfile
 
 from ..records import write_record
 from ..tables import Section, fixed, num, table
+from ..usage import command_parser
 
 
 def _test_modules(tests_dir):
@@ -31,8 +31,7 @@ def _test_modules(tests_dir):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="burstengine bench fault-times", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("burstengine bench fault-times", __doc__)
     ap.add_argument("--tests", default="tests", help="the checkout's tests folder [tests]")
     ap.add_argument("--out-dir", default=None, help="record folder (default $BURST_RESULTS or ./burst-results)")
     args = ap.parse_args(argv)

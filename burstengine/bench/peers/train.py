@@ -290,6 +290,11 @@ def validate(args) -> str | None:
         return f"unknown methods {bad}; expected some of {METHODS}"
     if any(ALL_METHODS[m].cuda_only for m in methods) and not on_gpu:
         return "torch-cp (torch's context_parallel) needs CUDA GPUs: torch has no CPU rule for it; use --methods burst"
+    for seq in seqs:  # what every case's config will say on these ranks (--longest's doublings divide alike)
+        try:
+            load(model, list(args.overrides) + [f"seq_len={seq}", "cp=0"]).check_world(args.world)
+        except ValueError as e:
+            return f"--seqs {seq}: {e}"
     return None
 
 

@@ -8,7 +8,6 @@ has (less --headroom), and the method is then run once (fwd+bwd) at the predicte
 stepping down by --step on an OOM.  One untimed iteration per size: this finds a size, it
 does not time one (bench attention does).  Writes longest_<world>gpu.json to $BURST_RESULTS or ./burst-results.
 """
-import argparse
 import os
 import time
 
@@ -18,6 +17,7 @@ import torch.distributed as dist
 from ..peers.attention import make_method
 from ..records import write_record
 from ..tables import Section, table
+from ..usage import command_parser
 
 
 def _try(method, S, args, group, dev):
@@ -56,7 +56,7 @@ def _try(method, S, args, group, dev):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="burstengine bench longest", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("burstengine bench longest", __doc__)
     ap.add_argument("--methods", default="burst-zigzag,torch-cp-cudnn")
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=32)

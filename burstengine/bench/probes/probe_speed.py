@@ -4,7 +4,6 @@
 
 Writes probe_speed_<world>gpu.json to $BURST_RESULTS or ./burst-results (or --out-dir).
 """
-import argparse
 
 import torch
 import torch.distributed as dist
@@ -13,6 +12,7 @@ from ..tables import Section, fixed, med, ms, num, table
 import burstengine as be
 from ..harness import attn_flops
 from ..records import write_record
+from ..usage import command_parser
 
 
 def bench(fn, warm=2, iters=5):
@@ -35,8 +35,7 @@ def bench(fn, warm=2, iters=5):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="burstengine bench probe-speed", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("burstengine bench probe-speed", __doc__)
     ap.add_argument("--out-dir", default=None, help="record folder (default $BURST_RESULTS or ./burst-results)")
     args = ap.parse_args(argv)
     dist.init_process_group("nccl")
