@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import sys
 
 from .. import __version__
 from ..bench.usage import HelpFormatter
@@ -53,7 +54,11 @@ ALLOC_CONF = "expandable_segments:True"
 def main(argv=None) -> int:
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF)
     args = build_parser().parse_args(argv)
-    return args._run(args)
+    try:
+        return args._run(args)
+    except KeyboardInterrupt:  # Ctrl-C in a command that has nothing more to say about it
+        print(f"burstengine {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
