@@ -152,6 +152,8 @@ def _validate_perplexity(args, lengths) -> str | None:
         return f"--data {args.data!r} is text, and {args.model!r} has no tokenizer (give token ids: .npy or .bin)"
     if min(lengths) < 2:
         return f"--lengths: a window of {min(lengths)} token(s) predicts nothing (2 at least)"
+    if args.stride is not None and not 1 <= args.stride <= min(lengths):
+        return f"--stride must be in [1, {min(lengths)}] (the shortest of --lengths), got {args.stride}"
     if args.max_windows is not None and args.max_windows < 1:
         return f"--max-windows must be >= 1, got {args.max_windows}"
     try:

@@ -73,7 +73,9 @@ def export(source: str, out_dir: str, dtype: str = "auto", max_shard_bytes: int 
             yield {hf: want.join(hf, lambda name: state[ours[name]]).to(dt) for hf in names}
 
     config = hf_config_from_args(args, seq_len=int(cfg.get("seq_len") or 0), base=base, dtype=dtype)
-    info = write_hf_dir(out_dir, config, groups(), len(plan), source_dir=init or None)
+    # the tokenizer the run trained with (tokenizer=, else init's): the export reads text as it did
+    info = write_hf_dir(out_dir, config, groups(), len(plan), source_dir=init or None,
+                        tokenizer=cfg.get("tokenizer") or None)
     return {"checkpoint": ckpt, "step": meta.get("step"), "out_dir": out_dir, "dtype": dtype,
             "export_s": time.perf_counter() - t0, "peak_rss_gib": peak_rss_gib(),
             "max_position_embeddings": config["max_position_embeddings"],
