@@ -71,6 +71,7 @@ def environment() -> dict:
 # committed records under benchmarks/results are evidence; regenerating one is an explicit
 # --out-dir benchmarks/results or BURST_RESULTS=benchmarks/results)
 DEFAULT_DIR = "burst-results"
+OUT_DIR_HELP = f"record directory [$BURST_RESULTS or ./{DEFAULT_DIR}]"  # every --out-dir's help: where they go
 
 
 def results_dir(out_dir: str | None = None) -> str:

@@ -33,7 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-shard-gb", type=float, default=5.0,
                    help="largest safetensors file before the weights are split with an index [%(default)s]")
     p.add_argument("--record", metavar="NAME", default=None,
-                   help="also write the summary (time, peak host RSS, sizes) as benchmarks/results/NAME.json")
+                   help="also write the summary (time, peak host RSS, sizes) as a JSON record NAME.json in $BURST_RESULTS or "
+                        "./burst-results (a numbered name if that exists)")
 
 
 def run(args) -> int:

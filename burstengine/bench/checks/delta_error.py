@@ -18,7 +18,7 @@ from ...kernels.reference import ReferenceKernel
 from ...kernels.sdpa import out_from_delta
 from ...masks import CAUSAL, FULL
 from ...testing import fro_err
-from ..records import write_record
+from ..records import OUT_DIR_HELP, write_record
 from ..tables import Section, num, table
 from ..usage import command_parser
 
@@ -29,7 +29,7 @@ def main(argv=None):
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--kernels", default="cudnn,flash")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--out-dir", default=None)
+    ap.add_argument("--out-dir", default=None, help=OUT_DIR_HELP)
     args = ap.parse_args(argv)
     dev = torch.device(args.device)
     low = torch.bfloat16 if dev.type == "cuda" else torch.float32

@@ -14,7 +14,7 @@ import os
 import sys
 import tempfile
 
-from ..records import write_record
+from ..records import OUT_DIR_HELP, write_record
 from ..tables import Section, fixed, num, table
 from ..usage import command_parser
 
@@ -33,7 +33,7 @@ def _test_modules(tests_dir):
 def main(argv=None):
     ap = command_parser("burstengine bench fault-times", __doc__)
     ap.add_argument("--tests", default="tests", help="the checkout's tests folder [tests]")
-    ap.add_argument("--out-dir", default=None, help="record folder (default $BURST_RESULTS or ./burst-results)")
+    ap.add_argument("--out-dir", default=None, help=OUT_DIR_HELP)
     args = ap.parse_args(argv)
     tf, ttf = _test_modules(args.tests)
     jobs = tf.run_jobs()

@@ -264,7 +264,7 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     p.add_argument("--no-fuzz", action="store_true", help="skip the bad-call fuzz (counts of calls tried)")
     p.add_argument("--tests", default="tests", help="the checkout's tests/ folder, whose fuzz cases are counted "
                                                     "[%(default)s; skipped when absent]")
-    p.add_argument("--out-dir", default=None, help="where the JSON record goes (default benchmarks/results)")
+    p.add_argument("--out-dir", default=None, help="record directory [$BURST_RESULTS or ./burst-results]")
     p.add_argument("--name", default=None, help="record name (default faults_<device>)")
     return p
 

@@ -45,7 +45,7 @@ from ...inference.models import check_spec, load_model, resolve_dtype
 from ...inference.needle import parse_lengths
 from ...inference.step import MODES as GRAPH_MODES, use_graphs
 from ..harness import RankLog, ranked_bench
-from ..records import write_record
+from ..records import OUT_DIR_HELP, write_record
 from ..tables import Section, device_of, fixed, ms, num, record, table
 
 ALIASES = {"llama-3.1-8b": "llama-8b"}
@@ -70,9 +70,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "tokens); a failure stops the run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default=None, help="record name [decode_<model>_<world><device>]")
-    p.add_argument("--out-dir", default=None, help="record directory [benchmarks/results]")
+    p.add_argument("--out-dir", default=None, help=OUT_DIR_HELP)
     p.add_argument("--world", type=int, default=1, help="ranks to spawn without torchrun [%(default)s]")
-    p.add_argument("--timeout", type=float, default=3600.0)
+    # one thread: a decode step is many small ops, which a thread pool slows down as soon as another
+    # process wants a core (tiny on a busy 2-core box: 1.3 ms/token with one, 34-211 ms with two)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads per rank (more only help a machine of idle cores) [%(default)s]")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds before the ranks are stopped")
 
 
 def _lengths(text):
@@ -95,6 +99,8 @@ def validate(args) -> str | None:
         return f"--tokens must be >= 1 and --warmup >= 0, got {args.tokens}, {args.warmup}"
     if args.graphs == "on" and (args.world > 1 or not torch.cuda.is_available()):
         return "--graphs on needs one rank on a CUDA device (with more ranks the decode step runs op by op)"
+    if args.threads < 1:
+        return f"--threads must be >= 1, got {args.threads}"
     if args.check and args.world > 1:
         return "--check runs on one rank (--world 1)"
     return None

@@ -8,7 +8,7 @@
     # an exported directory in transformers vs the engine on the same tokens: logits
     burstengine bench finetune compare --model /tmp/l8b-export --seq 8192
 
-Each writes a JSON record (``--record NAME``: benchmarks/results/NAME.json, or $BURST_RESULTS).
+Each writes a JSON record (``--record NAME``: NAME.json in $BURST_RESULTS or ./burst-results).
 """
 from __future__ import annotations
 

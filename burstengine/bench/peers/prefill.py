@@ -41,8 +41,8 @@ from ...model import ModelArgs, PRESETS
 from ...timing import median, reduce_max, timed
 from ..harness import RankLog, ranked_bench
 from ..launch import default_world
-from ..records import write_record
-from ..tables import Section, gib, med, ms, num, ratio, table
+from ..records import OUT_DIR_HELP, write_record
+from ..tables import Section, gib, med, memory, ms, num, ratio, table
 from ..usage import kernel_error
 from . import peer_attention as peers
 from .methods import METHODS as ALL_METHODS, unknown
@@ -81,7 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--world", type=int, default=None, help="ranks to spawn without torchrun [one per GPU, else 2]")
     p.add_argument("--name", default=None, help="record name (default prefill_<world><gpu|cpu>)")
-    p.add_argument("--out-dir", default=None, help="record directory [$BURST_RESULTS or ./burst-results]")
+    p.add_argument("--out-dir", default=None, help=OUT_DIR_HELP)
     p.add_argument("--timeout", type=float, default=7200.0)
 
 
@@ -236,7 +236,7 @@ def run_rank(args, group=None) -> list[dict]:
                 row.update(seconds=secs, median_s=median(secs),
                            std_s=statistics.pstdev(secs) if len(secs) > 1 else 0.0, peak_bytes=peak, peak_kind=what,
                            tokens_per_s=S / median(secs))
-                log(f"{name} {method} S={S}: {row['median_s']:.3f}s, peak {peak / 2**30:.1f} GiB"
+                log(f"{name} {method} S={S}: {row['median_s']:.3f}s, peak {memory(peak)} ({what})"
                     + (f", logits vs burst {row['logits_rel_diff_vs_burst']:.1e}" if "logits_rel_diff_vs_burst" in row
                        else ""))
                 del box
@@ -274,7 +274,8 @@ def print_tables(rows, methods, seqs, file=None):
                                  else "-" if e.startswith(("not run", "needs")) else "error")
             fit = longest_fit(rows, m, model)
             print(f"{m:14s}" + "".join(f"{c:>14s}" for c in cells) + f"{fit or '-':>14}", file=file)
-        print("peak memory per rank (GiB):", file=file)
+        kinds = {x.get("peak_kind") for x in rows if x["model"] == model and "peak_bytes" in x} - {None}
+        print(f"peak memory per rank (GiB{', ' + ', '.join(sorted(kinds)) if kinds else ''}):", file=file)
         for m in methods:
             cells = []
             for s in seqs:

@@ -16,7 +16,7 @@ import torch
 
 from ...kernels.cpu_flash import CpuFlashKernel
 from ...kernels.reference import ReferenceKernel
-from ..records import write_record
+from ..records import OUT_DIR_HELP, write_record
 from ..tables import Section, med, ms, ratio, table
 from ..usage import command_parser
 
@@ -51,7 +51,7 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=None, help="torch threads [torch's default]")
     p.add_argument("--iters", type=int, default=5, help="timed calls after one warm-up")
     p.add_argument("--mask", default="causal", choices=("causal", "full", "strict"), help="the block's mask")
-    p.add_argument("--out-dir", default=None, help="record directory [$BURST_RESULTS or ./burst-results]")
+    p.add_argument("--out-dir", default=None, help=OUT_DIR_HELP)
     args = p.parse_args(argv)
     if args.kv_heads is None:
         args.kv_heads = args.heads

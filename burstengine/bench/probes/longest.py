@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..peers.attention import make_method
-from ..records import write_record
+from ..records import OUT_DIR_HELP, write_record
 from ..tables import Section, table
 from ..usage import command_parser
 
@@ -66,7 +66,7 @@ def main(argv=None):
     ap.add_argument("--headroom", type=float, default=0.04, help="fraction of GPU memory left free")
     ap.add_argument("--step", type=float, default=0.08, help="relative step down after an OOM")
     ap.add_argument("--tries", type=int, default=3)
-    ap.add_argument("--out-dir", default=None)
+    ap.add_argument("--out-dir", default=None, help=OUT_DIR_HELP)
     args = ap.parse_args(argv)
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
