@@ -288,3 +288,30 @@ def test_export_cli_errors(tmp_path, capsys):
 
     assert main(["export", str(tmp_path), str(tmp_path / "out")]) == 2
     assert "neither a checkpoint" in capsys.readouterr().err
+
+
+def test_export_copies_the_runs_tokenizer(pool, models, tokens, tmp_path):
+    """The tokenizer= a run trained with (here beside data of token ids, over an init directory
+    that has none) lands in the export, which transformers' AutoTokenizer then reads as the run
+    did; a tokenizer file of another name is copied as tokenizer.json."""
+    from tokenizers import Tokenizer, models as tmodels, pre_tokenizers
+    from transformers import AutoTokenizer
+
+    from burstengine.model.hf_dir import tokenizer_sources
+
+    tok = Tokenizer(tmodels.WordLevel({w: i for i, w in enumerate(["<unk>", "</s>", "pass", "key", "is"])},
+                                      unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "unk_token": "<unk>"}))
+    out = tmp_path / "export"
+    res, _, _ = pool.run(fc.train_and_export, models["llama"], tokens, 48, str(tmp_path / "run"), str(out),
+                         [f"tokenizer={folder / 'tokenizer.json'}"], world=1)[0]
+    assert sorted(res["tokenizer_files"]) == ["tokenizer.json", "tokenizer_config.json"]
+    assert (out / "tokenizer.json").read_text() == (folder / "tokenizer.json").read_text()
+    assert AutoTokenizer.from_pretrained(str(out))("the pass key is").input_ids == tok.encode("the pass key is").ids
+    os.rename(folder / "tokenizer.json", folder / "words.json")
+    assert tokenizer_sources(str(folder / "words.json")) == {"tokenizer.json": str(folder / "words.json")}
+    assert tokenizer_sources(str(folder)) == {"tokenizer_config.json": str(folder / "tokenizer_config.json")}

@@ -183,7 +183,7 @@ def run_rank(args) -> dict:
     rows = []
     name = args.name or f"decode_{args.model}_{world}{device.type}"
     payload = dict(kind="decode", model=args.model, describe=model.describe, world=world, dtype=str(dtype),
-                   copy_bandwidth_Bps=bw, graphs=graphed, rows=rows)
+                   copy_bandwidth_Bps=bw, graphs=graphed, threads=torch.get_num_threads(), rows=rows)
     if check is not None:
         payload["check"] = check
     path = None  # the first write picks a free name; later rows rewrite that file
