@@ -42,6 +42,14 @@ def kernel_error(name: str | None, device) -> str | None:
     return None
 
 
+def add_allow_longer(p: argparse.ArgumentParser) -> None:
+    """--allow-longer: what lets a sequence past the model's context through
+    (burstengine.inference.context.check_context refuses it otherwise)."""
+    p.add_argument("--allow-longer", action="store_true",
+                   help="run sequences longer than the model's context (max_position_embeddings after RoPE "
+                        "scaling), which are refused otherwise")
+
+
 def fill_device_defaults(args, cpu_defaults: dict, gpu_defaults: dict):
     """``args.device`` (default: cuda when there is one) and, for every option left at None, the
     device's default size: a benchmark's defaults finish in under a minute on CPU."""

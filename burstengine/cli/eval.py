@@ -40,7 +40,7 @@ import torch.distributed as dist
 from ..bench.harness import RankLog
 from ..bench.launch import run_command
 from ..bench.records import results_dir, write_record
-from ..bench.usage import HelpFormatter
+from ..bench.usage import HelpFormatter, add_allow_longer
 from ..inference.context import check_context
 from ..inference.generate import generate
 from ..inference.models import check_spec
@@ -85,9 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="a local HF Llama / Mistral / Qwen2 directory, or a preset")
     p.add_argument("--lengths", default="1K,2K,4K", help="context lengths, e.g. 4K,8K,1M")
-    p.add_argument("--allow-longer", action="store_true",
-                   help="run lengths past the model's context (max_position_embeddings after RoPE scaling), which "
-                        "are refused otherwise")
+    add_allow_longer(p)
     p.add_argument("--seed", type=int, default=0, help="passkeys and filler (and a preset's weights)")
     p.add_argument("--layout", choices=LAYOUTS, default="zigzag", help="sequence layout of the prefill")
     p.add_argument("--dtype", choices=("auto", "bf16", "fp16", "fp32"), default="auto",

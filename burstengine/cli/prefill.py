@@ -26,7 +26,7 @@ import torch.distributed as dist
 from ..bench.harness import RankLog
 from ..bench.launch import run_command
 from ..bench.records import write_record
-from ..bench.usage import kernel_error, missing_package
+from ..bench.usage import add_allow_longer, kernel_error, missing_package
 from ..comm.dist import initialized
 from ..inference.context import check_context
 from ..inference.engine import check_prefill, peak_bytes, prefill, reset_peak
@@ -46,9 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq", type=int, default=4096, help="prompt length in tokens (random ids) [%(default)s]")
     p.add_argument("--prompt-file", default=None,
                    help="a text file to tokenize with the model directory's tokenizer instead of random ids")
-    p.add_argument("--allow-longer", action="store_true",
-                   help="run a prompt longer than the model's context (max_position_embeddings after RoPE scaling), "
-                        "which is refused otherwise")
+    add_allow_longer(p)
     p.add_argument("--batch", type=int, default=1, help="prompts per batch [%(default)s]")
     p.add_argument("--layout", choices=LAYOUTS, default="zigzag", help="sequence layout [%(default)s]")
     p.add_argument("--dtype", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
@@ -75,6 +73,15 @@ def validate(args) -> str | None:
     """A message for arguments that cannot work on ``args.world`` ranks, else None."""
     world = args.world
 
+    # a missing package first: what the model directory holds cannot be read without it
+    needs = [("safetensors", "--model DIR (HF safetensors weights)") if os.path.isdir(args.model) else None,
+             ("transformers", "--impl hf") if args.impl == "hf" else None,
+             ("transformers", "--prompt-file (the model's tokenizer)") if args.prompt_file else None,
+             ("safetensors", "--save-kv") if args.save_kv else None]
+    for need in filter(None, needs):
+        msg = missing_package(*need)
+        if msg:
+            return msg
     msg = check_spec(args.model, args.impl)
     if msg:
         return msg
@@ -88,14 +95,6 @@ def validate(args) -> str | None:
     if not initialized() and torch.cuda.is_available() and world > torch.cuda.device_count():
         return f"--world {world} is more than the {torch.cuda.device_count()} GPU(s) here (one rank per GPU)"
 
-    needs = [("safetensors", "--model DIR (HF safetensors weights)") if os.path.isdir(args.model) else None,
-             ("transformers", "--impl hf") if args.impl == "hf" else None,
-             ("transformers", "--prompt-file (the model's tokenizer)") if args.prompt_file else None,
-             ("safetensors", "--save-kv") if args.save_kv else None]
-    for need in filter(None, needs):
-        msg = missing_package(*need)
-        if msg:
-            return msg
     msg = kernel_error(args.kernel, "cuda" if torch.cuda.is_available() else "cpu")
     if msg:
         return msg
