@@ -336,6 +336,8 @@ def test_every_parser_shows_its_defaults(monkeypatch):
     text = " ".join(p.format_help().split())
     assert "--a A heads [8]" in text and "--b B [8]" in text and "kv heads [= --a] -" in text
     assert "steps [3] -" in text and "a switch" in text and "[False]" not in text and "[None]" not in text
+    needle = next(q for q in parsers if q.prog == "burstengine eval needle")
+    assert "[0,0.25,0.5,0.75,1]" in needle.format_help()  # the depths' default, though "[0, 1]" ended their help once
 
 
 def test_ctrl_c_during_train_is_one_line(tmp_path):

@@ -57,7 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="task", metavar="TASK", required=True)
     needle = sub.add_parser("needle", formatter_class=HelpFormatter, help="retrieval of a passkey at lengths x depths")
     _common(needle)
-    needle.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="needle depths in [0, 1]")
+    needle.add_argument("--depths", default="0,0.25,0.5,0.75,1",
+                        help="needle depths, each from 0 (the start) to 1 (the end)")
     needle.add_argument("--samples", type=int, default=1, help="prompts (passkeys) per cell")
     needle.add_argument("--batch", type=int, default=16, help="prompts per generate call")
     needle.add_argument("--format", choices=FORMATS, default="auto",
@@ -86,7 +87,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="a local HF Llama / Mistral / Qwen2 directory, or a preset")
     p.add_argument("--lengths", default="1K,2K,4K", help="context lengths, e.g. 4K,8K,1M")
     add_allow_longer(p)
-    p.add_argument("--seed", type=int, default=0, help="passkeys and filler (and a preset's weights)")
+    p.add_argument("--seed", type=int, default=0, help="needle: its passkeys and filler; both: a preset's random weights")
     p.add_argument("--layout", choices=LAYOUTS, default="zigzag", help="sequence layout of the prefill")
     p.add_argument("--dtype", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
                    help="weights and activations (auto: bf16 on GPUs, fp32 on CPU) [auto]")
