@@ -7,12 +7,53 @@
 #   bash benchmarks/run_2gpu.sh finetune    # 24: Llama-3.1-8B config: init on 2 ranks, train, export, compare
 #   bash benchmarks/run_2gpu.sh generate    # 25: 8B prefill beside torch-CP and TP, decode with a sharded cache
 #   bash benchmarks/run_2gpu.sh profile     # 35: the 7B step profiled at 128K and 256K
+#   bash benchmarks/run_2gpu.sh decode      # 37: decode over 2 ranks (CUDA graph with NCCL in it, tensor-parallel
+#                                           #     weights), 8B at 128K / 512K / batch 8; prefill cold and warm
+#   bash benchmarks/run_2gpu.sh longctx-plan     # 36: what llama-8b / the 3B preset need at 1M (the planner's
+#                                                #     line, no step), and bytes per token per layer measured
+#   bash benchmarks/run_2gpu.sh longctx-speed    # 36: the 3B preset at 128K on 2 GPUs, each new option on / off
+#   bash benchmarks/run_2gpu.sh longctx-speed2   #     (the rest of them)
+#   bash benchmarks/run_2gpu.sh longctx-proxy    # 36: an 8B-shaped 4-layer model at 1M on 2 GPUs (LoRA, tiled
+#                                                #     MLP, layer inputs on the host) beside torch-CP: the per-layer
+#                                                #     memory and MFU at the target length inside one call
+#   bash benchmarks/run_2gpu.sh longctx          # 36: llama-8b at 1M on 2 GPUs, then --longest (LONG: one 1M step
+#                                                #     of the 32-layer model is ~18-25 min at 40% MFU; needs a call
+#                                                #     longer than 10 min)
+#
+# One-GPU commands of issue 36 (H100 or H200: say which; one step at these lengths takes longer than a
+# 10-minute call, so each has a 4-layer proxy that fits one, and --memory-plan says what the whole
+# model needs in a minute, without a step):
+#   TR1="python3 -m torch.distributed.run --standalone --nproc_per_node 1"
+#   # llama-8b >= 512K on one H100: LoRA (bf16 base 15 GiB on the device; CPU offload cannot hold AdamW's
+#   # 128 GB of states in a 128 GiB host), tiled MLP, layer inputs on the host (~100 GiB pinned)
+#   timeout 300 $TR1 -m burstengine train --config llama-8b --memory-plan --set seq_len=524288 \
+#       --set lora.rank=16 --set offload_memory_gib=100
+#   timeout 1500 $TR1 -m burstengine bench train --model llama-8b --methods burst --seqs 524288 --warmup 0 \
+#       --steps 1 --set lora.rank=16 --set offload_memory_gib=100 --name longctx_8b_lora_1gpu_512k
+#   timeout 500 $TR1 -m burstengine bench train --model llama-8b --methods burst --seqs 524288 --warmup 0 \
+#       --steps 1 --set lora.rank=16 --set model.n_layers=4 --set activation_checkpoint=full-offload \
+#       --name longctx_8b4l_lora_1gpu_512k                                # the proxy (~2 min a step)
+#   # llama-8b >= 512K on one H200 (141 GB): LoRA alone fits with the default host budget
+#   timeout 1500 $TR1 -m burstengine bench train --model llama-8b --methods burst --seqs 524288 --warmup 0 \
+#       --steps 1 --set lora.rank=16 --name longctx_8b_lora_1xh200_512k
+#   # the 3B preset >= 1M on one H200: LoRA (its full AdamW states, 51 GB, leave the 28 layer inputs of
+#   # 6 GiB each no room on a 141 GB card and a 128 GiB host), tiled MLP, ~90 GiB of inputs on the host
+#   timeout 300 $TR1 -m burstengine train --config llama-3b --memory-plan --set seq_len=1048576 \
+#       --set lora.rank=16 --set offload_memory_gib=96
+#   timeout 2400 $TR1 -m burstengine bench train --model llama-3b --methods burst --seqs 1048576 --warmup 0 \
+#       --steps 1 --set lora.rank=16 --set offload_memory_gib=96 --name longctx_3b_lora_1xh200_1m
+#   timeout 500 $TR1 -m burstengine bench train --model llama-3b --methods burst --seqs 1048576 --warmup 0 \
+#       --steps 1 --set lora.rank=16 --set model.n_layers=2 --set activation_checkpoint=full-offload \
+#       --name longctx_3b2l_lora_1xh200_1m                               # the proxy (~3 min a step)
+#   # the longest on one GPU, beside plain PyTorch (no CP on one GPU): doubling from 256K, then bisecting
+#   timeout 3600 $TR1 -m burstengine bench train --model llama-3b --methods burst,plain --seqs 262144 --longest \
+#       --warmup 0 --steps 1 --set lora.rank=16 --set offload_memory_gib=96 --name longest_3b_lora_1gpu
 #
 # Records land in $BURST_RESULTS (default $OUT/results, else ./burst-results) and come back as one
 # tarball; every step has its own timeout so one stuck step cannot eat the call, and a failed step
 # does not stop the others.  Set BURST_COMMIT to the commit that travelled.
 set -u
-stage=${1:?stage: attention, train, finetune or generate}
+stage=${1:?stage: attention, train, finetune, generate, profile or decode}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 export PYTHONPATH=${PYTHONPATH:-$PWD}
@@ -23,6 +64,15 @@ TR="python3 -m torch.distributed.run --standalone --nproc_per_node 2"
 BE="$TR -m burstengine bench"
 T0=$(date +%s)
 step() { local t=$1; shift; echo "=== [+$(( $(date +%s) - T0 ))s] $*"; timeout --signal=TERM --kill-after=10 "$t" "$@"; echo "=== rc=$? [+$(( $(date +%s) - T0 ))s]"; }
+# a step under the stage's budget (BUDGET seconds from the start): its timeout is cut to what is left,
+# and it is skipped (said so) when less than 30 s are, so the stage ends inside one device call
+BUDGET=${BUDGET:-540}
+bstep() {
+  local t=$1 left=$(( BUDGET - ($(date +%s) - T0) )); shift
+  if [ "$left" -lt 30 ]; then echo "=== skipped, ${left}s of the budget left: $*"; return; fi
+  [ "$t" -gt "$left" ] && t=$left
+  step "$t" "$@"
+}
 
 case $stage in
 attention)  # the first call of issue 23 (its 128K/512K rows ended at their timeouts: see peers below)
@@ -53,6 +103,78 @@ profile)  # issue 35 item 1: where the 2-GPU 7B step's time goes (FSDP's collect
   for S in 131072 262144; do
     step 300 $TR -m burstengine bench profile --model llama-7b --seq $S --warmup 1 --name profile_7b_2gpu_${S}
   done
+  ;;
+decode)  # issue 37 items 1-3 on 2 GPUs, ~8 min on 2xH200 (the expected time of each step beside it; on 2xH100 the
+  # 512K prefill is slower and batch 8 at 128K runs out of memory: its cache alone is 69 GB per rank)
+  nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader
+  # ~20 s: NCCL collectives captured in a CUDA graph here (all-gather + all-reduce x 32 layers), same bits as
+  # eager, and the cost of one collective inside the graph
+  bstep 45 $TR benchmarks/probe_nccl_graph.py --out "$BURST_RESULTS"
+  # ~70 s: the decode path on 2 ranks before timing: the kernel vs float64, and a small model's greedy tokens
+  # whole and tensor-parallel, graph (collectives captured) and op by op, vs the float64 model's
+  bstep 120 $BE decode --check --model tiny --seqs 1K --batches 1 --tokens 4 --warmup 2 --name decode_check_2gpu
+  # ~70 s: 8B at 128K, batch 1: the tensor-parallel step (each rank reads 8 GB of weights + its 8.6 GB of cache)
+  # and the whole-model one (16 + 8.6 GB), each from the CUDA graph and op by op (4 prefills of ~6 s);
+  # expected: TP + graph ~5-6 ms (its bound ~4 ms at ~4 TB/s: 7.5 GB of weights + 8.6 GB of cache; ~130 small
+  # collectives), whole-model graph ~6.5 ms (bound ~6 ms), op by op ~40-80 ms (host-bound)
+  bstep 120 $BE decode --model llama-3.1-8b --seqs 128K --batches 1 --tokens 8 --warmup 2 --tp both \
+      --name decode_8b_2gpu_128k
+  # ~110 s: 7B prefill at 128K and 256K beside torch-CP: each length's first call apart from the warm one
+  # (target: first <= 1.1x warm, and >= 1.10x torch-CP warm and cold)
+  bstep 160 $BE prefill --models 7b --seqs 131072,262144 --methods burst,torch-cp --cold --warmup 1 --iters 1 \
+      --name prefill_7b_2gpu_cold
+  # ~100 s: 8B at 512K, batch 1, tensor-parallel from the graph (one ~70 s prefill; op by op is measured at 128K)
+  bstep 160 $BE decode --model llama-3.1-8b --seqs 512K --batches 1 --tokens 8 --warmup 2 --tp on --eager-max 1 \
+      --name decode_8b_2gpu_512k
+  # ~80 s: 8B at 128K, batch 8, tensor-parallel, each rank loading only its slices (8 GB of weights beside a
+  # 69 GB cache shard; H200 only)
+  bstep 130 $BE decode --model llama-3.1-8b --seqs 128K --batches 8 --tokens 8 --warmup 2 --sliced --eager-max 1 \
+      --name decode_8b_2gpu_128k_b8
+  ;;
+longctx-plan)  # 36: the planner's line for each target (a model built, no step) and measured bytes/token/layer
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; free -g | head -2
+  # llama-8b at 1M on 2 GPUs: LoRA (bf16 base, 7.5 GiB a GPU), or every state CPU-offloaded (fits 2 x H200 only)
+  step 240 $TR -m burstengine train --config llama-8b --memory-plan --set seq_len=1048576 --set lora.rank=16 \
+      --set offload_memory_gib=96
+  step 240 $TR -m burstengine train --config llama-8b --memory-plan --set seq_len=1048576 --set cpu_offload=true \
+      --set offload_memory_gib=64
+  # the MLP's bytes per token per layer, untiled and tiled: 2 layers of llama-8b, everything kept (none), at two
+  # lengths on one GPU: (peak(32K) - peak(16K)) / 16K / 2 against docs/training.md's table (136.1 -> 44.1 KiB)
+  for T in off on; do
+    step 150 python3 -m torch.distributed.run --standalone --nproc_per_node 1 -m burstengine bench train \
+        --model llama-8b --methods burst --seqs 16384,32768 --warmup 1 --steps 1 --set model.n_layers=2 \
+        --set lora.rank=16 --set activation_checkpoint=none --set tiled_mlp=$T --name longctx_bytes_8b2l_tiled_$T
+  done
+  ;;
+longctx-speed)  # 36: tokens/s at 128K, each new option on beside off (the 3B preset, 2 GPUs, BurstAttention)
+  step 150 $BE train --model llama-3b --methods burst --seqs 131072 --warmup 1 --steps 2 --set tiled_mlp=off \
+      --name longctx_speed_3b_128k_base
+  step 150 $BE train --model llama-3b --methods burst --seqs 131072 --warmup 1 --steps 2 --set tiled_mlp=on \
+      --name longctx_speed_3b_128k_tiled
+  step 150 $BE train --model llama-3b --methods burst --seqs 131072 --warmup 1 --steps 2 --set tiled_mlp=off \
+      --set lora.rank=16 --name longctx_speed_3b_128k_lora
+  ;;
+longctx-speed2)
+  step 200 $BE train --model llama-3b --methods burst --seqs 131072 --warmup 1 --steps 2 --set tiled_mlp=off \
+      --set cpu_offload=true --name longctx_speed_3b_128k_cpu_offload
+  step 150 $BE train --model llama-3b --methods burst --seqs 131072 --warmup 1 --steps 2 --set tiled_mlp=off \
+      --set activation_checkpoint=full --name longctx_speed_3b_128k_full
+  step 150 $BE train --model llama-3b --methods burst --seqs 131072 --warmup 1 --steps 2 --set tiled_mlp=off \
+      --set activation_checkpoint=full-offload --name longctx_speed_3b_128k_full_offload
+  ;;
+longctx-proxy)  # 36: 8B-shaped, 4 layers, 1M tokens on 2 GPUs: LoRA, tiled MLP, every layer input on the host,
+                # beside torch-CP (which runs out of memory there: its layers keep their inputs on the device)
+  for M in burst torch-cp; do  # ~4 min a step each (~1.2e17 FLOPs at ~35% MFU, plus the recompute)
+    step 280 $BE train --model llama-8b --methods $M --seqs 1048576 --warmup 0 --steps 1 \
+        --set model.n_layers=4 --set lora.rank=16 --set activation_checkpoint=full-offload --set tiled_mlp=on \
+        --name longctx_proxy_8b4l_lora_2gpu_1m_$M
+  done
+  ;;
+longctx)  # 36: llama-8b at 1M on 2 GPUs with LoRA, beside torch-CP, then the longest (doubling, then bisecting)
+  step 2400 $BE train --model llama-8b --methods burst,torch-cp --seqs 1048576 --warmup 0 --steps 1 \
+      --set lora.rank=16 --set offload_memory_gib=96 --name longctx_8b_lora_2gpu_1m
+  step 7200 $BE train --model llama-8b --methods burst,torch-cp --seqs 524288 --longest --max-seq 2097152 \
+      --warmup 0 --steps 1 --set lora.rank=16 --set offload_memory_gib=96 --name longest_8b_lora_2gpu
   ;;
 *) echo "unknown stage $stage"; exit 2;;
 esac

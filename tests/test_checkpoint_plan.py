@@ -10,15 +10,18 @@ import train_cases as tc
 from burstengine.model import checkpointing as C
 from burstengine.model import PRESETS
 
-# kept bytes grow up the ladder (offload keeps nothing on the device, its host copy is what
-# pointwise keeps), a recomputing layer's backward holds a whole layer's activations, a pointwise
+# kept bytes grow up the ladder (offload and full-offload keep nothing on the device; offload's
+# host copy is what pointwise keeps, full-offload's the block input), a recomputing layer's
+# backward holds a whole layer's activations (full-offload's its input back too), a pointwise
 # one's a little, an offload one's two layers' copies: integer shapes of the real ratios, and one
-# where pointwise is nearly as dear as none and its transient large.  Last: host bytes per
-# offload layer.
-CASES = [({"full": 1, "sequence": 3, "offload": 0, "pointwise": 7, "none": 10},
-          {"full": 10, "sequence": 10, "offload": 16, "pointwise": 2, "none": 0}, 7),
-         ({"full": 2, "sequence": 3, "offload": 0, "pointwise": 9, "none": 10},
-          {"full": 10, "sequence": 10, "offload": 25, "pointwise": 7, "none": 0}, 9)]
+# where pointwise is nearly as dear as none and its transient large.  Last: host bytes per layer
+# of each host policy.
+CASES = [({"full-offload": 0, "full": 1, "sequence": 3, "offload": 0, "pointwise": 7, "none": 10},
+          {"full-offload": 12, "full": 10, "sequence": 10, "offload": 16, "pointwise": 2, "none": 0},
+          {"offload": 7, "full-offload": 1}),
+         ({"full-offload": 0, "full": 2, "sequence": 3, "offload": 0, "pointwise": 9, "none": 10},
+          {"full-offload": 14, "full": 10, "sequence": 10, "offload": 25, "pointwise": 7, "none": 0},
+          {"offload": 9, "full-offload": 2})]
 
 
 def _cost(plan, per, transient):
@@ -26,32 +29,40 @@ def _cost(plan, per, transient):
 
 
 def _recompute(plan):
-    """How much a plan recomputes or copies, most expensive first: layers that recompute attention,
-    then projections, then copy to the host, then recompute pointwise ops (compare lexicographically)."""
+    """How much a plan recomputes or copies, most expensive first: layers that recompute attention
+    with their input on the host, then on the device, then projections, then copy to the host,
+    then recompute pointwise ops (compare lexicographically)."""
     return tuple(plan.count(p) for p in C.LADDER[:-1])
 
 
-def _check_plans(n, per, transient, budgets, host_per=0, host_budget=0):
+def _host(plan, host_per):
+    """Host bytes of a plan; None where it uses a host policy with no host bytes (not planned)."""
+    if any(p in C.HOST and not host_per.get(p) for p in plan):
+        return None
+    return sum(host_per[p] for p in plan if p in C.HOST)
+
+
+def _check_plans(n, per, transient, budgets, host_per=None, host_budget=0):
     """plan_layers over ``budgets`` (ascending) against every plan of n layers."""
-    max_off = host_budget // host_per if host_per and host_budget else 0
+    host_per = host_per if host_budget else {}
     every = [(_cost(q, per, transient), _recompute(q)) for q in itertools.product(C.LADDER, repeat=n)
-             if q.count("offload") <= max_off]
+             if _host(q, host_per) is not None and _host(q, host_per) <= host_budget]
     last = None
     for budget in budgets:
         plan = C.plan_layers(n, per, budget, transient, host_per, host_budget)
         assert len(plan) == n and set(plan) <= set(C.LADDER) <= set(C.POLICIES)
         assert plan == sorted(plan, key=C.ORDER.index)
-        assert plan.count("offload") <= max_off
+        assert _host(plan, host_per) <= host_budget
         fitting = [r for c, r in every if c <= budget]
         if not fitting:  # nothing fits: every layer fully recomputed
             assert plan == ["full"] * n, (budget, plan)
-        else:
-            assert _cost(plan, per, transient) <= budget, (budget, plan)
-            # no plan that fits recomputes less
-            assert _recompute(plan) == min(fitting), (budget, plan)
+            continue
+        assert _cost(plan, per, transient) <= budget, (budget, plan)
+        # no plan that fits recomputes less
+        assert _recompute(plan) == min(fitting), (budget, plan)
         if budget >= n * per["none"]:
             assert plan == ["none"] * n, (budget, plan)
-        # more budget never recomputes more
+        # more budget never recomputes more (than the plan that fitted a smaller one)
         assert last is None or _recompute(plan) <= last, (budget, plan)
         last = _recompute(plan)
 
@@ -59,10 +70,12 @@ def _check_plans(n, per, transient, budgets, host_per=0, host_budget=0):
 def test_plan_bytes():
     per, transient, _ = CASES[0]
     assert C.plan_bytes(["none", "sequence"], per, transient) == 10 + 3 + 10
-    # offload layers come first and run backward last, after the others have freed theirs
+    # host layers come first and run backward last, after the others have freed theirs
     assert C.plan_bytes(["offload", "none", "none"], per, transient) == max(16, 20)
     assert C.plan_bytes(["offload", "pointwise"], per, transient) == max(16, 7 + 2)
     assert C.plan_bytes(["offload"] * 3, per, transient) == 16
+    assert C.plan_bytes(["full-offload", "offload", "full"], per, transient) == max(12, 16, 1 + 10)
+    assert C.plan_bytes(["full-offload"] * 2, per, transient) == 12
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
@@ -72,7 +85,8 @@ def test_plan_is_the_least_recompute_that_fits(n, case, host_layers):
     per, transient, host_per = CASES[case]
     if host_layers > n:
         pytest.skip("as many host layers as layers")
-    host_budget = host_layers * host_per + host_per // 2  # room for host_layers, not one more
+    unit = host_per["offload"]
+    host_budget = host_layers * unit + unit // 2  # room for host_layers offload layers, not one more
     _check_plans(n, per, transient, range(_cost(["none"] * n, per, transient) + 3), host_per,
                  host_budget if host_layers else 0)
 
@@ -106,9 +120,10 @@ def test_plan_of_llama_3b_at_every_threshold(n):
 def test_bytes_grow_with_what_is_kept():
     a = PRESETS["llama-3b"]
     b = C.activation_bytes(a, 2)
-    kept = [p for p in C.LADDER if p != "offload"]
-    assert [b[p] for p in kept] == sorted(b[p] for p in kept) and len(set(b.values())) == len(b)
-    assert b["offload"] == 0 and C.host_bytes(a, 2) == b["pointwise"]
+    kept = [p for p in C.LADDER if p not in C.HOST]
+    assert [b[p] for p in kept] == sorted(b[p] for p in kept) and len({b[p] for p in kept}) == len(kept)
+    assert b["offload"] == b["full-offload"] == 0
+    assert C.host_bytes(a, 2) == {"offload": b["pointwise"], "full-offload": b["full"]}
     d, q, kv, f, H = a.dim, a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim, a.ffn_dim, a.n_heads
     assert b["full"] == 2 * d
     assert b["pointwise"] == 2 * (2 * d + 2 * q + 2 * kv + 2 * f) + 4 * H
@@ -117,10 +132,12 @@ def test_bytes_grow_with_what_is_kept():
     t = C.transient_bytes(a, 2)
     assert t["full"] == t["sequence"] == b["none"] and t["none"] == 0 < t["pointwise"] < b["pointwise"]
     assert t["offload"] == 2 * b["pointwise"] + t["pointwise"]
+    assert t["full-offload"] == b["none"] + 2 * b["full"]  # its input back, and the next one's on its way
     # q/k norms: pointwise and none keep q and k before them (and their 1/rms); full and sequence do not
     bq = C.activation_bytes(dataclasses.replace(a, qk_norm=True), 2)
     extra = 2 * (q + kv) + 4 * (H + a.n_kv_heads)
-    assert {p: bq[p] - b[p] for p in b} == {"full": 0, "sequence": 0, "offload": 0, "pointwise": extra, "none": extra}
+    assert {p: bq[p] - b[p] for p in b} == {"full": 0, "sequence": 0, "offload": 0, "full-offload": 0,
+                                            "pointwise": extra, "none": extra}
 
 
 def test_default_budget_unknown_on_cpu():

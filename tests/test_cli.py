@@ -130,12 +130,13 @@ def test_help_lists_every_field_with_default_and_meaning():
     cfg = preset("tiny").to_dict()
     for title, fields in field_help():
         assert title in out
+        table = title[1:title.index("]")] if title.startswith("[") else None  # [model], [lora]
         for name, text in fields:
-            key = f"model.{name}" if title.startswith("[model]") else name
+            key = f"{table}.{name}" if table else name
             assert text, f"config field {key} has no help comment"
             line = next(l for l in out.splitlines() if l.strip().startswith(f"{key} = "))
             assert text.split()[0] in line, (key, line)
-    assert {n for _, f in field_help() for n, _ in f} == set(cfg) - {"model"} | set(cfg["model"])
+    assert {n for _, f in field_help() for n, _ in f} == set(cfg) - {"model", "lora"} | set(cfg["model"]) | set(cfg["lora"])
 
 
 def test_old_config_names_still_work_with_a_note():
@@ -223,9 +224,10 @@ def newcomer_files(tmp_path, monkeypatch):
     (tmp_path / "short").mkdir()
     (tmp_path / "short" / "config.json").write_text(json.dumps(LLAMA_CONFIG))
     np.save(tmp_path / "ids.npy", np.arange(20))
+    np.save(tmp_path / "long.npy", np.arange(65))
     (tmp_path / "hello.txt").write_text("hello\n")
     monkeypatch.chdir(tmp_path)
-    return {"gpt2": "gpt2", "short": "short", "npy": "ids.npy", "hello": "hello.txt"}
+    return {"gpt2": "gpt2", "short": "short", "npy": "ids.npy", "long": "long.npy", "hello": "hello.txt"}
 
 
 @pytest.mark.parametrize("argv,msg", [
@@ -239,8 +241,13 @@ def newcomer_files(tmp_path, monkeypatch):
     (["plot", "{hello}"], "'hello.txt' is not a metrics.jsonl of burstengine train"),
     (["report", "--check"], "no records (*.json) in benchmarks/results"),
     (["prefill", "--model", "{short}", "--seq", "128"],
-     "the prompt (--seq): 128 tokens are more than the 64 positions 'short' was trained for"),
-    (["eval", "needle", "--model", "{short}", "--lengths", "32,128"], "--lengths: 128 tokens are more than the 64"),
+     "the prompt (--seq) has 128 tokens, more than the model's context of 64 (its max_position_embeddings)"),
+    (["eval", "needle", "--model", "{short}", "--lengths", "32,128"],
+     "the longest of --lengths has 128 tokens, more than the model's context of 64"),
+    (["eval", "perplexity", "--model", "{short}", "--data", "{npy}", "--lengths", "65"],
+     "the longest of --lengths has 65 tokens, more than the model's context of 64"),
+    (["generate", "--model", "{short}", "--prompt-tokens", "{long}", "--max-new-tokens", "2"],
+     "prompt 0 has 65 tokens, more than the model's context of 64 (its max_position_embeddings)"),
     (["eval", "perplexity", "--model", "{short}", "--data", "{npy}", "--lengths", "32"],
      "--data 'ids.npy' at length 32: 20 tokens are fewer than one window of 32 + 1"),
     (["eval", "perplexity", "--model", "{short}", "--data", "{hello}", "--lengths", "8"], "has no tokenizer"),
@@ -258,7 +265,7 @@ def test_newcomer_errors_are_one_line(argv, msg, newcomer_files, capfd):
 
 def test_allow_longer_lets_a_long_prompt_through(newcomer_files):
     from burstengine import cli
-    from burstengine.cli import eval as eval_cli, prefill as prefill_cli
+    from burstengine.cli import eval as eval_cli, generate as generate_cli, prefill as prefill_cli
 
     parser = cli.build_parser()
     assert prefill_cli.validate(parser.parse_args(["prefill", "--model", "short", "--seq", "64"])) is None
@@ -266,20 +273,30 @@ def test_allow_longer_lets_a_long_prompt_through(newcomer_files):
                                                    "--allow-longer"])) is None
     assert eval_cli.validate(parser.parse_args(["eval", "needle", "--model", "short", "--lengths", "128",
                                                 "--allow-longer"])) is None
+    assert generate_cli.validate(parser.parse_args(["generate", "--model", "short", "--prompt-tokens", "long.npy",
+                                                    "--max-new-tokens", "2", "--allow-longer"])) is None
 
 
 def test_context_counts_rope_scaling(tmp_path):
-    from burstengine.inference.context import check_context, spec_context
+    """The one rule of prefill, generate and eval, read from a model directory: its context
+    after RoPE scaling; a preset has none known; a family only transformers runs: its own field."""
+    from burstengine.inference.context import check_context
+    from burstengine.inference.models import spec_args
 
     cfg = dict(LLAMA_CONFIG, rope_scaling={"rope_type": "linear", "factor": 4.0})
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    assert spec_context(str(tmp_path)) == 256
+    assert spec_args(str(tmp_path)).context == 256
     assert check_context(str(tmp_path), 256) is None and "--allow-longer" in check_context(str(tmp_path), 257)
     cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 16,
                            "low_freq_factor": 1.0, "high_freq_factor": 4.0}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    assert spec_context(str(tmp_path)) == 128  # original 16 x 8, longer than max_position_embeddings 64
-    assert spec_context("tiny") == 0 and check_context("tiny", 1 << 20) is None  # a preset: no known context
+    assert spec_args(str(tmp_path)).context == 128  # original 16 x 8, longer than max_position_embeddings 64
+    assert check_context(str(tmp_path), 128) is None and "context of 128 (max_position_embeddings 64 with llama3 " \
+        "RoPE scaling x8)" in check_context(str(tmp_path), 129, "the prompt")
+    assert check_context("tiny", 1 << 20) is None  # a preset: no known context
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+                                                      "max_position_embeddings": 64}))
+    assert check_context(str(tmp_path), 64) is None and "context of 64" in check_context(str(tmp_path), 65)
 
 
 def test_cpu_kernels_kv_heads_default_to_heads(tmp_path):

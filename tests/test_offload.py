@@ -58,7 +58,7 @@ def _loss(model, batch):
 
 
 def _grads(model):
-    return {n: p.grad.clone() for n, p in model.named_parameters()}
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 def _same(got, want):
@@ -170,3 +170,41 @@ def test_double_backward_is_refused(offload_all):
     (g,) = torch.autograd.grad(loss, model.layers[0].feed_forward.w1.weight, create_graph=True)
     with pytest.raises(RuntimeError, match="does not support double backward"):
         g.sum().backward()
+
+
+# --- full-offload: full checkpointing with the block input on the host ---------------------------
+
+@pytest.mark.parametrize("policies", [("full-offload",) * 3, ("full-offload", "offload", "none"),
+                                      ("full-offload", "sequence", "full")], ids="-".join)
+@pytest.mark.parametrize("tiled", [0, 8], ids=["untiled", "tiled-mlp"])
+def test_full_offload_equals_none_keeping_only_the_input(offload_all, policies, tiled):
+    """float64 loss and gradients of checkpoint="none"; a full-offload layer's host copy is its
+    input alone (one dim-wide storage), and it comes back from the backward of the layer above."""
+    a, ref, model = _models(policies)
+    for b in model.layers:
+        b.mlp_chunk = tiled
+    batch = _batch(a, 2)
+    want = _loss(ref, batch)
+    want.backward()
+    got = _loss(model, batch)
+    stashes = {s.index: s for s in offload_all()}
+    assert sorted(stashes) == [i for i, p in enumerate(policies) if p in ("offload", "full-offload")]
+    for i, p in enumerate(policies):
+        if p == "full-offload":
+            (host,) = stashes[i].host.values()
+            assert host.numel() == batch[0].numel() * a.dim * 8  # the (2, 37, dim) float64 block input
+    got.backward()
+    assert abs(got.item() - want.item()) <= EXACT * abs(want.item())
+    _same(_grads(model), _grads(ref))
+
+
+def test_full_offload_layer_whose_input_needs_no_gradient(offload_all):
+    """The first layer's input (the embedding's output) needs no gradient when the embedding is
+    frozen (LoRA): the layer's parameters still get theirs."""
+    a, ref, model = _models(("full-offload", "none"))
+    for m in (ref, model):
+        m.tok_embeddings.weight.requires_grad_(False)
+    batch = _batch(a, 3)
+    _loss(ref, batch).backward()
+    _loss(model, batch).backward()
+    _same(_grads(model), _grads(ref))

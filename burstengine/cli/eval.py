@@ -43,12 +43,12 @@ from ..bench.records import results_dir, write_record
 from ..bench.usage import HelpFormatter, add_allow_longer
 from ..inference.context import check_context
 from ..inference.generate import generate
-from ..inference.models import check_spec
+from ..inference.models import check_spec, spec_args
 from ..inference.needle import FORMATS, correct, heatmap, parse_depths, parse_lengths, passkey_case, text_case, \
     token_case
 from ..inference.perplexity import curve, perplexity, windows
 from ..layout import LAYOUTS
-from .generate import _vocab, has_tokenizer, hf_tokenizer, rank_model
+from .generate import has_tokenizer, hf_tokenizer, rank_model
 
 HELP = "evaluate long-context use: needle in a haystack (lengths x depths) or perplexity vs context length"
 
@@ -121,7 +121,7 @@ def validate(args) -> str | None:
     if not dist.is_initialized() and torch.cuda.is_available() and args.world > torch.cuda.device_count():
         return f"--world {args.world} is more than the {torch.cuda.device_count()} GPU(s) here (one rank per GPU)"
     if not args.allow_longer:
-        msg = check_context(args.model, max(lengths), "--lengths")
+        msg = check_context(args.model, max(lengths), "the longest of --lengths")
         if msg:
             return msg
     return _validate_needle(args, lengths) if args.task == "needle" else _validate_perplexity(args, lengths)
@@ -131,7 +131,7 @@ def _validate_needle(args, lengths) -> str | None:
     if args.format == "text" and not has_tokenizer(args.model):
         return f"--format text needs a tokenizer, and {args.model!r} has none (use --format tokens or passkey)"
     if args.format == "passkey":
-        vocab = _vocab(args.model)
+        vocab = spec_args(args.model).vocab_size
         need = 4 + args.passkey_symbols + 2  # what the training config asks of the vocabulary
         if vocab < need:
             return f"--format passkey with {args.passkey_symbols} symbols needs a vocabulary of {need} at least, " \
@@ -164,7 +164,7 @@ def _validate_perplexity(args, lengths) -> str | None:
             windows(len(tokens), n, args.stride)
         except ValueError as e:
             return f"--data {args.data!r} at length {n}: {e}"
-    vocab = _vocab(args.model)
+    vocab = spec_args(args.model).vocab_size
     if int(tokens.max()) >= vocab or int(tokens.min()) < 0:
         return f"--data {args.data!r} holds token ids outside the model's vocabulary of {vocab}"
     return None

@@ -12,6 +12,13 @@ max_position_embeddings = the trained sequence length when it is longer than the
 generation_config.json, and the tokenizer files of the ``init`` directory the run started from.
 ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` then loads it with the engine's
 logits.
+
+A LoRA run (``lora.rank`` > 0) exports as the base (``init``) with its adapters merged in, or with
+``--adapter`` as a PEFT adapter directory (adapter_config.json + adapter_model.safetensors) that
+``peft.PeftModel.from_pretrained(base, OUT_DIR)`` loads onto the base with the merged export's
+logits::
+
+    burstengine export runs/my-lora-run out/my-adapter --adapter
 """
 from __future__ import annotations
 
@@ -19,7 +26,7 @@ import argparse
 import sys
 
 from ..bench.records import write_record
-from ..train.export import export
+from ..train.export import export, export_adapter
 
 HELP = "write a training checkpoint as a Hugging Face model directory (config.json + safetensors)"
 
@@ -32,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "[%(default)s]")
     p.add_argument("--max-shard-gb", type=float, default=5.0,
                    help="largest safetensors file before the weights are split with an index [%(default)s]")
+    p.add_argument("--adapter", action="store_true",
+                   help="a LoRA run: write its adapters as a PEFT adapter directory instead of the merged model "
+                        "(--dtype auto = float32 here)")
     p.add_argument("--record", metavar="NAME", default=None,
                    help="also write the summary (time, peak host RSS, sizes) as a JSON record NAME.json in $BURST_RESULTS or "
                         "./burst-results (a numbered name if that exists)")
@@ -42,14 +52,23 @@ def run(args) -> int:
         print(f"burstengine export: error: --max-shard-gb must be > 0, got {args.max_shard_gb}", file=sys.stderr)
         return 2
     try:
-        res = export(args.source, args.out_dir, args.dtype, int(args.max_shard_gb * 2 ** 30))
+        if args.adapter:
+            res = export_adapter(args.source, args.out_dir, "float32" if args.dtype == "auto" else args.dtype)
+        else:
+            res = export(args.source, args.out_dir, args.dtype, int(args.max_shard_gb * 2 ** 30))
     except ValueError as e:
         print(f"burstengine export: error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {res['out_dir']} from {res['checkpoint']} (step {res['step']}): {res['files']} safetensors file(s), "
-          f"{res['bytes'] / 2 ** 30:.2f} GiB {res['dtype']}, max_position_embeddings {res['max_position_embeddings']}, "
-          f"rope_scaling {res['rope_scaling']}, tokenizer files {res['tokenizer_files'] or 'none'}, "
-          f"{res['export_s']:.1f}s, peak host RSS {res['peak_rss_gib']:.2f} GiB")
+    if args.adapter:
+        print(f"wrote the PEFT adapter {res['out_dir']} from {res['checkpoint']} (step {res['step']}): "
+              f"{res['tensors']} tensors, {res['bytes'] / 2 ** 20:.2f} MiB {res['dtype']}, target modules "
+              f"{','.join(res['target_modules'])}, base {res['base_model']}, {res['export_s']:.1f}s")
+    else:
+        print(f"wrote {res['out_dir']} from {res['checkpoint']} (step {res['step']}): {res['files']} safetensors "
+              f"file(s), {res['bytes'] / 2 ** 30:.2f} GiB {res['dtype']}, max_position_embeddings "
+              f"{res['max_position_embeddings']}, rope_scaling {res['rope_scaling']}, tokenizer files "
+              f"{res['tokenizer_files'] or 'none'}, {res['export_s']:.1f}s, peak host RSS {res['peak_rss_gib']:.2f} GiB"
+              f"{' (LoRA adapters merged)' if res['lora'] else ''}")
     if args.record:
         print("record:", write_record(args.record, {"kind": "export", **res}))
     return 0

@@ -77,6 +77,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prepare-data", action="store_true",
                    help="tokenize the config's text data into its cache (one process) and exit: for corpora whose "
                         "tokenization would outlast fault_timeout while the other ranks of a torchrun job wait")
+    p.add_argument("--memory-plan", action="store_true",
+                   help="build the model on the ranks, say whether one step at the config's length fits the device "
+                        "and what it needs (the line every run says before its first step), and exit")
     p.add_argument("--print-config", action="store_true",
                    help="print the resolved config as TOML (what --config reads) and exit")
     p.add_argument("--record", metavar="NAME", default=None,
@@ -90,10 +93,11 @@ def _err(msg: str) -> int:
     return 2
 
 
-def run_rank(cfg, resume: bool, overwrite: bool) -> int:
+def run_rank(cfg, resume: bool, overwrite: bool, memory_plan: bool = False) -> int:
     """The job on this rank of an initialised default group, under a watchdog: a rank that
     dies or stops answering ends the job on every rank within ``fault_timeout`` with a message
-    naming it and exit code 75 (``fault.EXIT_LOST``), and the run can go on with --resume."""
+    naming it and exit code 75 (``fault.EXIT_LOST``), and the run can go on with --resume.
+    ``memory_plan``: only say what a step would need (rank 0), without training."""
     timeout = fault.job_timeout(cfg.fault_timeout, configured_timeout())
     rank, world = dist.get_rank(), dist.get_world_size()
     trainer = None
@@ -101,7 +105,13 @@ def run_rank(cfg, resume: bool, overwrite: bool) -> int:
         # the ring's waits and the argument checks: the same deadline as the watchdog's
         with fault.Watchdog(timeout) as dog, call_timeout(timeout), arg_checks(step_check_level()):
             try:
-                trainer = Trainer(cfg, kill_in_step=_kill_in_step(rank), kill_in_save=_kill_in_save())
+                trainer = Trainer(cfg, kill_in_step=_kill_in_step(rank), kill_in_save=_kill_in_save(),
+                                  lock=not memory_plan)
+                if memory_plan:
+                    line = trainer.memory_line()
+                    if rank == 0:
+                        print(line, flush=True)
+                    return 0
                 trainer.fit(resume=resume, overwrite=overwrite)
             except ValueError as e:
                 # config/world mismatches are found on every rank alike, before any collective
@@ -225,21 +235,21 @@ def _run(args, cfg) -> int:
             return 2
         own = init_from_env(timeout)
         try:
-            code = run_rank(cfg, args.resume, args.overwrite)
+            code = run_rank(cfg, args.resume, args.overwrite, args.memory_plan)
             rank = dist.get_rank()
         finally:
             if own:
                 dist.destroy_process_group()
-        return _record(cfg, args.record, code) if rank == 0 else code
+        return _record(cfg, args.record, code) if rank == 0 and not args.memory_plan else code
     world = args.world if args.world is not None else (cfg.cp or 1)
     msg = preflight(cfg, world)
     if msg:
         return _err(msg)
-    code = spawn(run_rank, (cfg, args.resume, args.overwrite), world, args.timeout, prog="burstengine train",
-                 pg_timeout=timeout)
+    code = spawn(run_rank, (cfg, args.resume, args.overwrite, args.memory_plan), world, args.timeout,
+                 prog="burstengine train", pg_timeout=timeout)
     if code not in (0, 2):
         _resume_hint(cfg)
-    return _record(cfg, args.record, code)
+    return code if args.memory_plan else _record(cfg, args.record, code)
 
 
 def _prepare_data(cfg, verbose: bool) -> int:

@@ -1,43 +1,34 @@
-"""How long a sequence a model was made for, and the one rule every command applies with it.
+"""The one rule every command that prefills (prefill, generate, eval) applies to a sequence's length.
 
-A model's positions past its context (config.json's ``max_position_embeddings``, or the
-original context stretched by RoPE scaling's factor when that is longer) were never trained:
-the run works, and answers with whatever the model makes of positions it never saw.  The
-commands that prefill (prefill, generate, eval) refuse such a sequence in one line unless
-told to run it anyway (their ``--allow-longer``).
+A model's positions past its context (:attr:`ModelArgs.context`: config.json's
+``max_position_embeddings``, or the original context stretched by RoPE scaling's factor when
+that is longer) were never trained: the run works, and answers with whatever the model makes of
+positions it never saw.  So such a sequence is refused in one line, before any rank starts,
+unless the command is told to run it anyway (its ``--allow-longer``).
 """
 from __future__ import annotations
 
-from ..model import PRESETS, ModelArgs
-from ..model.hf_dir import args_from_hf_config, read_config
+from ..model import ModelArgs
+from ..model.hf_dir import read_config
+from .models import spec_args
 
 
-def model_context(args: ModelArgs) -> int:
-    """The tokens ``args``' positions were trained for: max_position_embeddings, or the
-    original context x RoPE scaling's factor when that is longer; 0 when unknown (a preset)."""
-    n = args.max_position_embeddings
-    s = args.rope_scaling
-    if s.type != "none":
-        n = max(n, int(s.original(args.max_position_embeddings) * s.factor))
-    return n
-
-
-def spec_context(spec: str) -> int:
-    """:func:`model_context` of a preset name or an HF model directory (0: unknown)."""
-    if spec in PRESETS:
-        return model_context(PRESETS[spec])
-    cfg = read_config(spec)
-    try:
-        return model_context(args_from_hf_config(cfg, f"{spec}/config.json"))
-    except ValueError:  # a family burstengine's model does not run (transformers' does): its own field
-        return int(cfg.get("max_position_embeddings") or 0)
-
-
-def check_context(spec: str, tokens: int, what: str = "the prompt", allow: str = "--allow-longer") -> str | None:
-    """A message when ``tokens`` (of ``what``) are more than model ``spec``'s context
-    (:func:`spec_context`), else None; ``allow`` names the way to run it anyway."""
-    limit = spec_context(spec)
-    if not limit or tokens <= limit:
+def context_error(args: ModelArgs, tokens: int, what: str = "the prompt") -> str | None:
+    """A one-line refusal when ``tokens`` (of ``what``) are more than ``args.context``, else None
+    (also when the context is unknown: 0)."""
+    ctx = args.context
+    if not ctx or tokens <= ctx:
         return None
-    return (f"{what}: {tokens} tokens are more than the {limit} positions {spec!r} was trained for "
-            f"(max_position_embeddings after RoPE scaling); {allow} runs it anyway")
+    s = args.rope_scaling
+    how = (f"max_position_embeddings {args.max_position_embeddings} with {s.type} RoPE scaling x{s.factor:g}"
+           if s.type != "none" else "its max_position_embeddings")
+    return f"{what} has {tokens} tokens, more than the model's context of {ctx} ({how}); --allow-longer runs it anyway"
+
+
+def check_context(spec: str, tokens: int, what: str = "the prompt") -> str | None:
+    """:func:`context_error` of model ``spec`` (a preset: context unknown, or an HF model directory)."""
+    try:
+        args = spec_args(spec)
+    except ValueError:  # a family burstengine's model does not run (prefill --impl hf runs it): its own field
+        args = ModelArgs(max_position_embeddings=int(read_config(spec).get("max_position_embeddings") or 0))
+    return context_error(args, tokens, what)

@@ -13,7 +13,9 @@ every rank has finished, so a job killed mid-save leaves the previous checkpoint
 latest one.  A resume verifies every file against meta.json first (the ranks share the
 hashing) and falls back to the newest intact checkpoint, saying which file was bad, so a flipped,
 truncated or deleted shard never becomes the state a run continues from.  Model and optimizer state are saved sharded (each rank writes its FSDP shards),
-so a run can resume on a different number of ranks (RNG states then start fresh).
+so a run can resume on a different number of ranks (RNG states then start fresh).  A model with
+frozen parameters (LoRA) saves only the trainable ones (the adapters) and their optimizer state:
+its base comes from ``init`` (or the seed) again on resume and export.
 """
 from __future__ import annotations
 
@@ -119,6 +121,14 @@ def _set_rng_state(st: dict) -> None:
         torch.cuda.set_rng_state(st["cuda"])
 
 
+def _options(model):
+    """DCP's state-dict options for ``model``: only the trainable parameters when some are frozen."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    frozen = any(not p.requires_grad for p in model.parameters())
+    return StateDictOptions(ignore_frozen_params=True, strict=False) if frozen else None
+
+
 def save(ckpt_dir: str, step: int, model, optimizer, extra: dict, group=None, keep: int = 2,
          kill_in_save: int | None = None) -> str:
     """Save at ``step`` (the number of steps done); returns the checkpoint's path.  ``optimizer``
@@ -139,10 +149,11 @@ def save(ckpt_dir: str, step: int, model, optimizer, extra: dict, group=None, ke
         shutil.rmtree(tmp, ignore_errors=True)  # a save that was killed earlier
         os.makedirs(tmp)
     dist.barrier(group)
+    opts = _options(model)
     if optimizer is None:
-        state = {"model": get_model_state_dict(model)}
+        state = {"model": get_model_state_dict(model, options=opts)}
     else:
-        msd, osd = get_state_dict(model, optimizer)
+        msd, osd = get_state_dict(model, optimizer, options=opts)
         state = {"model": msd, "optim": osd}
     dcp.save(state, checkpoint_id=tmp, process_group=group)
     torch.save(_rng_state(), os.path.join(tmp, f"rng_{rank}.pt"))
@@ -150,10 +161,12 @@ def save(ckpt_dir: str, step: int, model, optimizer, extra: dict, group=None, ke
         os.kill(os.getpid(), 9)
     dist.barrier(group)
     files = _checksums(tmp, group)
+    # LoRA: the dtype its frozen base trained in, which an export of the adapters merges them into
+    frozen = {str(p.dtype).removeprefix("torch.") for p in model.parameters() if not p.requires_grad}
     if rank == 0:
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump({"step": step, "world": dist.get_world_size(group), "optimizer": optimizer is not None, **extra,
-                       "files": files}, f, indent=1)
+                       **({"frozen_dtype": min(frozen)} if frozen else {}), "files": files}, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
         if os.path.exists(final):  # the same step saved again (after a resume)
@@ -178,10 +191,11 @@ def load(path: str, model, optimizer, group=None) -> dict:
     if weights_only and meta.get("step") != 0:  # save() writes none such: a resumed run would lose its moments
         raise ValueError(f"checkpoint {path} holds no optimizer state but says step {meta.get('step')!r}; "
                          "only a step-0 checkpoint may be weights-only")
+    opts = _options(model)
     if weights_only:  # not get_state_dict: it would give the fresh optimizer a state (step 1)
-        state = {"model": get_model_state_dict(model)}
+        state = {"model": get_model_state_dict(model, options=opts)}
     else:
-        msd, osd = get_state_dict(model, optimizer)
+        msd, osd = get_state_dict(model, optimizer, options=opts)
         state = {"model": msd, "optim": osd}
     try:
         dcp.load(state, checkpoint_id=path, process_group=group)
@@ -189,9 +203,10 @@ def load(path: str, model, optimizer, group=None) -> dict:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         raise ValueError(f"checkpoint {path} could not be loaded ({type(e).__name__}: {first})") from None
     if weights_only:
-        set_model_state_dict(model, state["model"])
+        set_model_state_dict(model, state["model"], options=opts)
     else:
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=opts)
     rng = os.path.join(path, f"rng_{dist.get_rank(group)}.pt")
     if meta.get("world") == dist.get_world_size(group) and os.path.exists(rng):
         _set_rng_state(torch.load(rng, weights_only=False))

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 from ..layout import LAYOUTS
 from ..model.checkpointing import POLICIES
+from ..model.lora import LoraArgs, dropout_conflict
+from ..model.tiled import MODES as TILED_MODES
 from ..model import PRESETS as MODEL_PRESETS
 from ..model import ModelArgs, Transformer
 from ..model.losses import LOSSES
@@ -62,9 +64,9 @@ class TrainConfig:
     # memory: activation checkpointing (recompute in backward; saving checkpoints is save_every)
     activation_checkpoint: str = "none"  # policy: none, full, selective, sequence, pointwise (keep the matmuls'
                                      # outputs, recompute the norms and SwiGLU's gate), offload (pointwise,
-                                     # kept in host memory), or auto (per layer from activation_memory_gib
-                                     # and offload_memory_gib; see burstengine.model.checkpointing);
-                                     # was "checkpoint"
+                                     # kept in host memory), full-offload (full, its input kept in host
+                                     # memory), or auto (per layer from activation_memory_gib and
+                                     # offload_memory_gib; see burstengine.model.checkpointing); was "checkpoint"
     activation_checkpoint_split: float = 0.5  # activation_checkpoint="sequence": share of each rank's tokens
                                      # whose attention output is kept (0 = recompute all, 1 = keep all)
     activation_memory_gib: float = 0.0  # activation_checkpoint="auto": GiB of activations the layers may keep,
@@ -73,9 +75,20 @@ class TrainConfig:
     activation_offload: bool = False  # activation_checkpoint="auto" may keep layers' activations in pinned
                                      # host memory between forward and backward (the "offload" policy)
                                      # before recomputing their projections; off by default since it pins
-                                     # host memory (faster in the one-GPU 3B runs: docs/training.md)
-    offload_memory_gib: float = 0.0  # GiB of host memory per rank those layers may keep; 0 = half the host's
+                                     # host memory (faster in the one-GPU 3B runs: docs/training.md).  The
+                                     # inputs of layers that recompute everything go to the host
+                                     # (full-offload) whatever it says, when the device cannot hold them all
+    offload_memory_gib: float = 0.0  # GiB of host memory per rank the host layers may keep; 0 = half the host's
                                      # memory shared by its GPUs (the smallest over the ranks)
+    tiled_mlp: str = "auto"          # the MLP run tiled_mlp_chunk tokens at a time in forward and backward, so its
+                                     # ffn-wide intermediates exist for one chunk (one more MLP forward per layer):
+                                     # on, off, or auto (with activation_checkpoint="auto": on where the plan with it
+                                     # recomputes less attention or projections than the plan without; else off)
+    tiled_mlp_chunk: int = 8192      # tokens per chunk of the tiled MLP
+    cpu_offload: bool = False        # FSDP2's CPU offload: parameters, gradients and AdamW states live in host
+                                     # memory and the optimizer steps there; each layer's parameters are copied
+                                     # to the device for its forward and backward (a model whose states do not
+                                     # fit the device trains on it)
     fused_ops: bool = True           # RMSNorm, RoPE and SwiGLU as one compiled kernel each on GPUs
     loss: str = "naive"              # hidden states -> loss: naive, chunked, fused (see burstengine.model.losses)
     precision: str = "auto"          # auto: bf16 params / fp32 reduce on CUDA, fp32 on CPU; or fp32, bf16
@@ -112,6 +125,7 @@ class TrainConfig:
     init: str = ""                   # an HF model directory (config.json + safetensors); "" = random init.  Its
                                      # config.json gives the model's shape (a preset's [model] table is ignored);
                                      # model.rope_theta, model.rope_scaling.* and model.window may still be set
+    lora: LoraArgs = field(default_factory=LoraArgs)  # LoRA adapters ([lora] table; see burstengine/model/lora.py)
 
     # text corpora, packed documents, accumulation, metrics sinks
     data_format: str = "text"        # text data: "text" (every token a target) or "instruct" (prompt +
@@ -155,6 +169,13 @@ class TrainConfig:
             raise ValueError(f"offload_memory_gib must be a finite number >= 0 (0 = from the host's memory), "
                              f"got {self.offload_memory_gib}")
         _choice("loss", self.loss, tuple(LOSSES))
+        _choice("tiled_mlp", self.tiled_mlp, TILED_MODES)
+        if self.tiled_mlp_chunk < 1:
+            raise ValueError(f"tiled_mlp_chunk must be >= 1, got {self.tiled_mlp_chunk}")
+        self.lora.validate(self.model.arch)
+        why = dropout_conflict(self.lora, self.activation_checkpoint)
+        if why:
+            raise ValueError(why)
         if not 0.0 <= self.activation_checkpoint_split <= 1.0:
             raise ValueError(f"activation_checkpoint_split must be in [0, 1] (0 = recompute all attention, 1 = keep "
                              f"all attention outputs), got {self.activation_checkpoint_split}")
@@ -180,9 +201,9 @@ class TrainConfig:
         if self.model.window and self.activation_checkpoint == "sequence":
             raise ValueError(f"activation_checkpoint='sequence' does not support a sliding window (model.window="
                              f"{self.model.window}) yet; use 'full', 'selective' or 'auto'")
-        if self.model.rope_scaling.type == "dynamic" and self.attention == "torch-cp":
-            raise ValueError("dynamic rope scaling needs the global sequence length, which torch's context_parallel "
-                             "hides from the model: use attention='burst'")
+        if self.model.rope_scaling.follows_length and self.attention == "torch-cp":
+            raise ValueError(f"{self.model.rope_scaling.type} rope scaling needs the global sequence length, which "
+                             f"torch's context_parallel hides from the model: use attention='burst'")
         for name in ("min_lr_ratio", "beta1", "beta2"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
@@ -329,8 +350,8 @@ def _lookup(cfg: TrainConfig, key: str):
         if part not in known:
             prefix = ".".join(parts[:i])
             names = [f"{prefix}.{n}" if prefix else n for n in known]
-            close = difflib.get_close_matches(key, names + ([f"model.{n}" for n in _fields(ModelArgs)] if not prefix
-                                                            else []), n=1)
+            nested = [f"{t}.{n}" for t, c in (("model", ModelArgs), ("lora", LoraArgs)) for n in _fields(c)]
+            close = difflib.get_close_matches(key, names + (nested if not prefix else []), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ValueError(f"unknown config key {key!r}{hint}")
         typ = known[part]
@@ -348,6 +369,11 @@ _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
 def _parse(key: str, text: str, typ):
+    if typing.get_origin(typ) is list:  # numbers separated by commas (longrope's factors)
+        try:
+            return [float(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"config key {key!r} expects numbers separated by commas, got {text!r}") from None
     try:
         if typ is bool:
             if text.lower() in _TRUE:
@@ -370,6 +396,10 @@ def _parse(key: str, text: str, typ):
 
 def _coerce(key: str, value, typ):
     """A TOML value for a field of type ``typ`` (ints are fine for floats, nothing else converts)."""
+    if typing.get_origin(typ) is list:  # an array of numbers (longrope's factors)
+        if not (isinstance(value, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value)):
+            raise ValueError(f"config key {key!r} expects an array of numbers, got {type(value).__name__} {value!r}")
+        return [float(x) for x in value]
     ok = (isinstance(value, bool) if typ is bool else
           isinstance(value, int) and not isinstance(value, bool) if typ is int else
           isinstance(value, (int, float)) and not isinstance(value, bool) if typ is float else
@@ -393,8 +423,9 @@ def _apply_table(cfg: TrainConfig, table: dict, prefix: str = "", keys: set | No
     for k, v in table.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
-            if key not in ("model", "model.rope_scaling"):
-                raise ValueError(f"unknown config table {key!r} (only [model] and [model.rope_scaling] are tables)")
+            if key not in ("model", "model.rope_scaling", "lora"):
+                raise ValueError(f"unknown config table {key!r} (only [model], [model.rope_scaling] and [lora] are "
+                                 f"tables)")
             _apply_table(cfg, v, prefix=f"{key}.", keys=keys)
             continue
         obj, name, typ = _lookup(cfg, key)
@@ -465,7 +496,7 @@ MODEL_HELP = {
     "n_heads": "query heads",
     "n_kv_heads": "key/value heads (GQA when fewer than n_heads)",
     "vocab_size": "tokens in the vocabulary",
-    "ffn_dim": "hidden size of the SwiGLU MLP",
+    "ffn_dim": "hidden size of the gated MLP",
     "norm_eps": "RMSNorm epsilon",
     "rope_theta": "RoPE base",
     "tie_embeddings": "share the input embedding with the LM head",
@@ -474,21 +505,29 @@ MODEL_HELP = {
     "qkv_bias": "biases on the q, k, v projections (Qwen2)",
     "qk_norm": "RMSNorm over each head of q and k before RoPE (Qwen3)",
     "window": "sliding window: each query sees the W most recent keys, itself included; 0 = none",
+    "window_layers": "the layers the window applies to, a letter each: s sliding, f full (Gemma 3); empty = all",
+    "local_rope_theta": "RoPE base of the sliding layers, unscaled (Gemma 3); 0 = the global RoPE everywhere",
+    "norm_plus_one": "RMSNorms scale by 1 + weight (Gemma)",
+    "sandwich_norm": "RMSNorms on the attention and MLP outputs before their residuals (Gemma)",
+    "activation": "the MLP's gate: silu (SwiGLU) or gelu_tanh (GeGLU, Gemma)",
+    "embed_scale": "embeddings times sqrt(dim), rounded to the weights' dtype (Gemma)",
+    "query_pre_attn_scalar": "attention scores scaled by this ** -0.5 (Gemma); 0 = head_dim",
     "max_position_embeddings": "the context the weights were trained for (config.json); 0 = unknown",
-    "rope_scaling": "context extension: type none/linear/dynamic/yarn/llama3 and its parameters (model/rope.py)",
+    "rope_scaling": "context extension: type none/linear/dynamic/yarn/llama3, longrope (Phi-3) and its parameters "
+                    "(model/rope.py; longrope's short_factor / long_factor: head dim / 2 numbers each)",
 }
 
 
-def field_help() -> list[tuple[str, list[tuple[str, str]]]]:
-    """[(group title, [(field, help)])] of TrainConfig, from the comments in its source (see the
-    class docstring), then the [model] table."""
+def _source_help(cls) -> list[tuple[str, list[tuple[str, str]]]]:
+    """[(group title, [(field, help)])] of dataclass ``cls`` from the comments in its source (see
+    TrainConfig's docstring)."""
     import inspect
     import re
 
     groups: list[tuple[str, list[tuple[str, str]]]] = [("general", [])]
     last = None
     header = False  # the previous line was a group comment (a second one continues it)
-    src = inspect.getsource(TrainConfig).splitlines()
+    src = inspect.getsource(cls).splitlines()
     start = next(i for i, line in enumerate(src) if line.startswith("class "))
     for line in src[start + 1:]:
         body = line.strip()
@@ -512,9 +551,24 @@ def field_help() -> list[tuple[str, list[tuple[str, str]]]]:
             break
         else:
             last = None
-    out = [(title, [(n, h) for n, h in fields if n != "model"]) for title, fields in groups]
+    return groups
+
+
+TABLES = ("model", "lora")  # TrainConfig's fields that are tables of their own
+
+
+def field_help() -> list[tuple[str, list[tuple[str, str]]]]:
+    """[(group title, [(field, help)])] of TrainConfig, from the comments in its source (see the
+    class docstring), then the [model] and [lora] tables."""
+    out = [(title, [(n, h) for n, h in fields if n not in TABLES]) for title, fields in _source_help(TrainConfig)]
     out.append(("[model] table (model.<field>)", [(n, MODEL_HELP.get(n, "")) for n in _fields(ModelArgs)]))
+    out.append(("[lora] table (lora.<field>)", [f for _, fs in _source_help(LoraArgs) for f in fs]))
     return [(t, f) for t, f in out if f]
+
+
+def _table(title: str) -> str | None:
+    """The table a field_help group is (``model``, ``lora``), or None for top-level keys."""
+    return title[1:title.index("]")] if title.startswith("[") else None
 
 
 def _toml_value(v) -> str:
@@ -526,23 +580,25 @@ def _toml_value(v) -> str:
         return str(v)
     if isinstance(v, str):
         return json.dumps(v)  # a TOML basic string: JSON's escapes are TOML's
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     raise TypeError(f"no TOML form for {type(v).__name__} {v!r}")
 
 
 def to_toml(cfg: TrainConfig) -> str:
     """The whole config as a TOML file that ``load`` reads back to the same config: top-level
-    keys first (grouped, each with its help as a comment), then the [model] table."""
+    keys first (grouped, each with its help as a comment), then the [model] and [lora] tables."""
     d = cfg.to_dict()
     lines = ["# burstengine train config (burstengine train --config THIS_FILE)"]
     for title, fields in field_help():
-        table = title.startswith("[model]")
+        table = _table(title)
         lines.append("")
-        lines.append("[model]" if table else f"# {title}")
-        src = d["model"] if table else d
+        lines.append(f"[{table}]" if table else f"# {title}")
+        src = d[table] if table else d
         nested = []  # dict-valued fields (model.rope_scaling) become tables of their own, after the keys
         for name, text in fields:
             if isinstance(src[name], dict):
-                nested.append((f"model.{name}" if table else name, src[name], text))
+                nested.append((f"{table}.{name}" if table else name, src[name], text))
                 continue
             entry = f"{name} = {_toml_value(src[name])}"
             lines.append(f"{entry:<34} # {text}" if text else entry)
@@ -559,11 +615,11 @@ def help_epilog(defaults: TrainConfig | None = None) -> str:
     d = cfg.to_dict()
     out = ["config fields (--set KEY=VALUE, or KEY = VALUE in a --config TOML file; defaults of the tiny preset):"]
     for title, fields in field_help():
-        table = title.startswith("[model]")
+        table = _table(title)
         out.append(f"\n  {title}:")
         for name, text in fields:
-            key = f"model.{name}" if table else name
-            value = (d["model"] if table else d)[name]
+            key = f"{table}.{name}" if table else name
+            value = (d[table] if table else d)[name]
             val = _toml_value(value) if not isinstance(value, dict) else \
                 "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"  # an inline table
             out.append(f"    {key + ' = ' + val:<40} {text}")

@@ -59,9 +59,11 @@ def lr_at(cfg, step: int) -> float:
 
 
 def build_optimizer(model, cfg) -> torch.optim.Optimizer:
-    # no weight decay on norms (1-D parameters)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
+    # no weight decay on norms (1-D parameters); frozen parameters (LoRA's base) have no state.
+    # Under CPU offload the parameters are host tensors, and so AdamW's states and step are there
+    trained = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trained if p.dim() >= 2]
+    rest = [p for p in trained if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8, foreach=True)
 
@@ -70,11 +72,34 @@ def _full(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def _local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def clip_host_grads(params, max_norm: float, device, group) -> torch.Tensor:
+    """clip_grad_norm_ for gradients that FSDP2's CPU offload keeps on the host while the job's
+    collectives run on ``device`` (NCCL takes no host tensors): the squared norm of this rank's
+    shards, summed over ``group`` (the shards of every parameter are spread over all its ranks,
+    disjoint) on the device, then every shard scaled on the host.  Returns the global norm (on
+    ``device``)."""
+    grads = [_local(p.grad) for p in params]
+    sq = torch.zeros((), dtype=torch.float32)
+    if grads:
+        sq = torch.stack([n.float() for n in torch._foreach_norm(grads)]).pow(2).sum()
+    total = sq.to(device)
+    dist.all_reduce(total, group=group)
+    norm = total.sqrt()
+    coef = (max_norm / (norm + 1e-6)).clamp(max=1.0).cpu()
+    if grads:
+        torch._foreach_mul_(grads, coef.to(grads[0].dtype))
+    return norm
+
+
 # settings that change the data stream or the model: a resume must not change them (the
 # checkpoint's weights and data position would belong to another run); the rest (lr, steps,
 # schedule, checkpoint and logging knobs, parallelism) only changes how the run goes on
 FIXED_ON_RESUME = ("model", "data", "tokenizer", "token_dtype", "seq_len", "batch_size", "seed", "passkey_len",
-                   "passkey_symbols", "precision")
+                   "passkey_symbols", "precision", "lora")
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -91,6 +116,10 @@ def resume_changes(saved: dict, now: dict) -> list[str]:
     """Lines to log for the settings a resume changes; ValueError naming the first fixed one
     (FIXED_ON_RESUME) that differs from the checkpoint's."""
     a, b = _flat(saved), _flat(now)
+    if a.get("lora.rank") and a.get("init", "") != b.get("init", ""):
+        # a LoRA checkpoint holds the adapters only: the base comes from init again
+        raise ValueError(f"--resume of a LoRA run needs the init it started from (init={a.get('init', '')!r}; this "
+                         f"run has init={b.get('init', '')!r}): its checkpoint holds only the adapters")
     changed = [k for k in sorted(set(a) | set(b)) if k in a and k in b and a[k] != b[k]]
     fixed = [k for k in changed if k.split(".")[0] in FIXED_ON_RESUME]
     if fixed:
@@ -212,7 +241,7 @@ class Trainer:
         self.activity = "reading the data"
         # before the model: rank 0 may tokenize a corpus while the others wait
         self.loader = Loader(make_source(cfg, self.group), cfg.batch_size, dp, self.mesh.dp_rank, cfg.grad_accum)
-        self.model = build_model(cfg, self.mesh, self.offload_budget())
+        self.model = build_model(cfg, self.mesh, self.offload_budget(), self.host_policies())
         self.optimizer = build_optimizer(self.model, cfg)
         self.step = 0
         self.activity = "start-up"  # what the job is doing, for the message when a rank is lost
@@ -230,12 +259,18 @@ class Trainer:
         self.flops_per_token = cfg.model.flops_per_token(cfg.seq_len)  # documents as long as the sequence
         self.peak = peak_flops(self.device, cfg.peak_tflops)
 
+    def host_policies(self) -> tuple:
+        """The host policies checkpoint="auto" may plan: ``full-offload`` (when every layer
+        recomputing from a device-held input does not fit: for length) always, ``offload`` (for
+        speed) with ``activation_offload``."""
+        return ("full-offload",) + (("offload",) if self.cfg.activation_offload else ())
+
     def offload_budget(self) -> int:
         """Host bytes checkpoint="auto" may offload per rank: ``offload_memory_gib``, else this
         host's default (:func:`~burstengine.model.checkpointing.default_host_budget`), the smallest
         over the ranks: every rank must plan the same layers (a CP ring recomputes alike)."""
         cfg = self.cfg
-        if not cfg.activation_offload or cfg.activation_checkpoint != "auto":
+        if cfg.activation_checkpoint != "auto":
             return 0
         if cfg.offload_memory_gib:
             return int(cfg.offload_memory_gib * 2**30)
@@ -243,6 +278,45 @@ class Trainer:
         if self.mesh.world > 1:
             dist.all_reduce(mine, op=dist.ReduceOp.MIN, group=self.group)
         return int(mine.item())
+
+    def memory_needs(self) -> dict:
+        """What one step needs on each rank, from the planner's byte counts (planned now under
+        checkpoint="auto", as the first forward will plan it): :meth:`Transformer.memory_needs`,
+        plus the host budget and the host bytes of CPU-offloaded parameters and states."""
+        cfg, model = self.cfg, self.model
+        tokens = cfg.batch_size * cfg.seq_len // self.mesh.cp
+        elem = param_dtype(cfg.precision, self.device).itemsize
+        if model.auto_checkpoint:
+            model.plan_checkpointing(tokens, elem, self.device, sparse=cfg.doc_mask)
+        need = model.memory_needs(tokens, elem, self.device, sparse=cfg.doc_mask)
+        need["host_budget"] = model.offload_budget if model.auto_checkpoint else None
+        need["host_states"] = checkpointing.state_bytes(model.parameters()) if cfg.cpu_offload else 0
+        return need
+
+    def memory_line(self) -> str:
+        """One line: whether a step fits the device, and what it needs (parameters and states,
+        workspace, kept activations under the plan, the backward's transient; host memory)."""
+        n = self.memory_needs()
+        gib = 2 ** 30
+        total = n["state"] + n["workspace"] + n["activations"] + n["transient"]
+        plan = ", ".join(f"{c} {p}" for p, c in n["plan"].items())
+        parts = (f"{n['state'] / gib:.1f} GiB parameters and states + {n['workspace'] / gib:.1f} GiB workspace + "
+                 f"{n['activations'] / gib:.1f} GiB kept activations ({plan}"
+                 f"{'; tiled MLP' if n['tiled_mlp'] else ''}) + {n['transient'] / gib:.1f} GiB backward transient "
+                 f"= {total / gib:.1f} GiB")
+        if n["usable"] is None:
+            verdict, of = "not checked (the device's memory is unknown here)", ""
+        else:
+            verdict = "fits" if total <= n["usable"] else "does NOT fit"
+            of = f" of {n['usable'] / gib:.1f} GiB usable"
+        host = ""
+        if n["host"] or n["host_states"]:
+            budget = f" of {n['host_budget'] / gib:.1f} GiB allowed" if n["host_budget"] else ""
+            host = (f"; host: {n['host'] / gib:.1f} GiB offloaded activations{budget}"
+                    + (f" + {n['host_states'] / gib:.1f} GiB CPU-offloaded parameters and states"
+                       if n["host_states"] else ""))
+        return (f"memory at {n['tokens']:,} tokens per rank: {verdict}: {parts}{of}{host} "
+                f"(planner's counts, docs/training.md)")
 
     # --- batches ----------------------------------------------------------------------------
 
@@ -322,8 +396,11 @@ class Trainer:
         cfg = self.cfg
         loss_sum, count = self.forward_backward([batch] if isinstance(batch, Batch) else list(batch), step)
         params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"),
-                                              foreach=True)
+        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        if cfg.cpu_offload and self.device.type != "cpu":
+            norm = clip_host_grads(params, max_norm, self.device, self.group)
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
         lr = lr_at(cfg, step)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
@@ -337,7 +414,7 @@ class Trainer:
         loss_sum, count = self.forward_backward([batch] if isinstance(batch, Batch) else list(batch))
         total = loss_sum.clone()
         dist.all_reduce(total, group=self.group)
-        grads = {n: _full(p.grad).detach().clone() for n, p in self.model.named_parameters()}
+        grads = {n: _full(p.grad).detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
         self.optimizer.zero_grad(set_to_none=True)
         return (total / count).item(), grads
 
@@ -503,6 +580,7 @@ class Trainer:
         per, mem_label = ("gpu", "mem") if self.device.type == "cuda" else ("rank", "peak rss")
         t_run = time.perf_counter()
         window_t, window_steps, window_pairs = time.perf_counter(), 0, 0.0
+        self.log.say(self.memory_line())
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         acc_loss, acc_count = None, None

@@ -10,6 +10,12 @@ Precision: on CUDA, parameters are all-gathered in bf16 and gradients reduced in
 FSDP keeps fp32 master weights and optimizer state; on CPU everything is fp32.  FSDP averages
 gradients over the ranks; the loop scales each rank's loss so that this average is the gradient
 of the global mean loss (see loop.py).
+
+LoRA (``lora.rank`` > 0, :mod:`burstengine.model.lora`): the frozen base is stored in the compute
+dtype (bf16 on CUDA) and sharded as the adapters are, frozen and trainable parameters in the same
+FSDP2 unit (one all-gather per layer; only the adapters' gradients are reduced).  ``cpu_offload``:
+FSDP2's ``CPUOffloadPolicy`` on every unit (sharded parameters, gradients and so the optimizer
+states in host memory, pinned on CUDA); the model is materialised on the host.
 """
 from __future__ import annotations
 
@@ -20,8 +26,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ..comm.dist import LOCAL
-from ..model import fused
-from ..model import ContextParallel, Transformer
+from ..model import ContextParallel, Transformer, fused, lora
 from ..model.hf_dir import load_weights
 
 _MESHES: dict = {}
@@ -89,10 +94,13 @@ def param_dtype(precision: str, device: torch.device) -> torch.dtype:
 
 
 def parallelize(model: Transformer, m: Mesh, precision: str = "auto", layout: str = "zigzag",
-                attn_backward: str = "auto", kernel: str | None = None, attention: str = "burst") -> Transformer:
+                attn_backward: str = "auto", kernel: str | None = None, attention: str = "burst",
+                cpu_offload: bool = False) -> Transformer:
     """Shard ``model`` (on any device, meta included) with FSDP2 over all ranks of ``m`` and
-    point its attention at the CP group.  Returns the same module."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # only when the model is sharded
+    point its attention at the CP group; ``cpu_offload``: its shards (and their gradients and
+    optimizer states) in host memory.  Returns the same module."""
+    # only when the model is sharded
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     # torch-cp: the model calls plain SDPA, which torch's context_parallel patches into its ring;
     # burst with no CP (one rank, or pure data parallel): every layer runs BurstAttention's kernels
@@ -104,31 +112,41 @@ def parallelize(model: Transformer, m: Mesh, precision: str = "auto", layout: st
                                                attention="torch-cp" if attention == "torch-cp" and m.cp > 1 else None))
     pdt = param_dtype(precision, m.device)
     mp = MixedPrecisionPolicy(param_dtype=pdt, reduce_dtype=torch.float32)
+    off = CPUOffloadPolicy(pin_memory=m.device.type == "cuda") if cpu_offload else OffloadPolicy()
     for i, block in enumerate(model.layers):
         # the last block's parameters are needed again at once by backward: keep them gathered
-        fully_shard(block, mesh=m.fsdp_mesh, mp_policy=mp, reshard_after_forward=i < len(model.layers) - 1)
-    fully_shard(model, mesh=m.fsdp_mesh, mp_policy=mp, reshard_after_forward=False)
+        fully_shard(block, mesh=m.fsdp_mesh, mp_policy=mp, offload_policy=off,
+                    reshard_after_forward=i < len(model.layers) - 1)
+    fully_shard(model, mesh=m.fsdp_mesh, mp_policy=mp, offload_policy=off, reshard_after_forward=False)
+    model.states_on_host = cpu_offload
     return model
 
 
-def build_model(cfg, m: Mesh, offload_budget: int = 0) -> Transformer:
-    """The config's model, created on the meta device, sharded, then materialised on this
-    rank's device and initialised identically whatever the mesh: from ``cfg.init`` (an HF model
-    directory, each rank reading only the rows it keeps; ``model.load_stats`` says how long it
-    took and this process's peak host memory) or randomly from ``cfg.seed``.  ``offload_budget``:
-    host bytes for checkpoint="auto"'s offloaded layers (0: none)."""
+def build_model(cfg, m: Mesh, offload_budget: int = 0, host_policies: tuple = ("full-offload",)) -> Transformer:
+    """The config's model, created on the meta device, with LoRA adapters when ``cfg.lora`` asks,
+    sharded, then materialised on this rank's device (the host under ``cpu_offload``) and
+    initialised identically whatever the mesh: from ``cfg.init`` (an HF model directory, each rank
+    reading only the rows it keeps; ``model.load_stats`` says how long it took and this process's
+    peak host memory) or randomly from ``cfg.seed``, adapters as PEFT starts them.
+    ``offload_budget``: host bytes for checkpoint="auto"'s host layers (0: none), of the
+    ``host_policies`` it may plan."""
     with torch.device("meta"):
         model = Transformer(cfg.model, checkpoint=cfg.activation_checkpoint, loss=cfg.loss,
                             checkpoint_split=cfg.activation_checkpoint_split,
                             activation_budget=int(cfg.activation_memory_gib * 2**30) or None,
-                            offload_budget=offload_budget)
+                            offload_budget=offload_budget, host_policies=host_policies, tiled_mlp=cfg.tiled_mlp,
+                            mlp_chunk=cfg.tiled_mlp_chunk)
+        if cfg.lora.enabled:
+            lora.apply(model, cfg.lora, frozen_dtype=param_dtype(cfg.precision, m.device))
     fused.set_compiled(cfg.fused_ops)
-    parallelize(model, m, cfg.precision, cfg.layout, cfg.attn_backward, cfg.kernel, cfg.attention)
-    model.to_empty(device=m.device)
+    parallelize(model, m, cfg.precision, cfg.layout, cfg.attn_backward, cfg.kernel, cfg.attention, cfg.cpu_offload)
+    # under CPU offload FSDP2 keeps the shards on the host: made there, never on the device
+    model.to_empty(device="cpu" if cfg.cpu_offload else m.device)
     model.load_stats = None
     if getattr(cfg, "init", ""):
-
         model.load_stats = load_weights(model, cfg.init)
+        if cfg.lora.enabled:
+            model.init_weights(cfg.seed, only=lora.is_adapter)
     else:
         model.init_weights(cfg.seed)
     return model

@@ -10,9 +10,15 @@ torch.distributed.tensor.experimental.context_parallel, its head-tail load balan
 each total sequence length it runs --warmup + --steps optimizer steps per method and reports
 the median step time as tokens/s per GPU (TGS), MFU (docs/design.md's FLOPs per token, 989 TFLOP/s
 on H100/H200) and peak allocated memory (max over ranks), then writes a JSON record with the
-raw step times.  ``--longest`` keeps doubling the sequence after the last one until a method
-runs out of memory.  The loss of step 0 is printed per method: the same batch and weights give
-the same loss whichever attention runs (a cheap end-to-end correctness check).
+raw step times.  ``--longest`` finds, per method and for this launch's GPU count, the longest
+sequence that trains: it doubles the sequence after the last one until a method runs out of
+memory (or passes --max-seq), then bisects between the longest that trained and the shortest that
+did not (to --resolution of it), and reports that row's MFU and peak memory beside the other
+methods' (torch-native CP in the same launch).  Each row also carries what the planner predicted
+for it (``planned``: parameters and states, kept activations, transient, host; the line
+``burstengine train`` says before its first step).  The loss of step 0 is printed per method: the
+same batch and weights give the same loss whichever attention runs (a cheap end-to-end
+correctness check).
 
 On a CPU machine without torchrun it spawns --world gloo ranks (a tiny model, burst only, by
 default) so the whole path can be tried anywhere; torch-cp needs CUDA (torch's CP has no rule
@@ -54,9 +60,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seqs", default=None, help="total sequence lengths, comma-separated "
                                                 "(default: 131072,262144,524288 on GPU, 512,1024 on CPU)")
     p.add_argument("--longest", action="store_true",
-                   help="then double the sequence until a method runs out of memory (or passes --max-seq)")
+                   help="then double the sequence until a method runs out of memory (or passes --max-seq), and "
+                        "bisect to the longest that trains")
     p.add_argument("--max-seq", type=int, default=None,
                    help="cap for --longest (default: 4194304 on GPU, 2048 on CPU)")
+    p.add_argument("--resolution", type=float, default=0.125,
+                   help="--longest stops bisecting when the gap is at most this share of the longest that "
+                        "trained [%(default)s]")
     p.add_argument("--methods", default=None,
                    help=f"comma-separated subset of {','.join(METHODS)} [cuda: all, cpu: burst]")
     p.add_argument("--steps", type=int, default=5, help="timed steps per case [%(default)s]")
@@ -112,6 +122,9 @@ def _run_case(model, method, seq, args, config, row) -> dict:
         trainer = Trainer(cfg, echo=False, lock=False)  # never writes a run directory
         dev = trainer.device
         oom = oom.to(dev)
+        row["planned"] = {k: v / 2**30 if type(v) is int and k != "tokens" else v  # bytes -> GiB
+                          for k, v in trainer.memory_needs().items() if v is not None}
+        row["planned_line"] = trainer.memory_line()
         times, first_loss = [], None
         stats0 = {}
         for step in range(args.warmup + args.steps):
@@ -154,6 +167,11 @@ def _run_case(model, method, seq, args, config, row) -> dict:
     except torch.OutOfMemoryError:
         oom.fill_(1)
         row.update(ok=False, error="out of memory")
+    except RuntimeError as e:  # pinned host memory that could not be had (model/offload.py)
+        if not str(e).startswith("offload:"):
+            raise
+        oom.fill_(1)
+        row.update(ok=False, error=f"out of host memory: {str(e).splitlines()[0][:160]}")
     except NotImplementedError as e:  # torch-cp on CPU: its ring patches only the CUDA SDPA ops
         oom.fill_(1)
         row.update(ok=False, error=f"not supported here: {str(e).splitlines()[0][:160]}")
@@ -207,11 +225,14 @@ def run_rank(args) -> int:
     # what the figures are: per GPU and allocated memory, or per rank and its peak RSS on CPU (metrics.py)
     per, peak_label = ("GPU", "peak") if on_gpu else ("rank", "peak RSS")
     name = args.name or f"train_{model}_{world}x{'gpu' if on_gpu else 'cpu'}"
+    longest = {}
     payload = {"model": model, "world": world, "methods": methods, "warmup": args.warmup, "steps": args.steps,
-               "overrides": args.overrides, "rows": rows}
+               "overrides": args.overrides, "rows": rows, **({"longest": longest} if args.longest else {})}
     path = None  # the first write picks a free name; later rows rewrite that file (a timeout keeps the rows done)
+    unit = 2 * world * (1024 if on_gpu else 16)  # zigzag's 2 x cp chunks, in round lengths
     for method in methods:
         todo = list(seqs)
+        trained, failed = None, None  # --longest: the longest row that trained, the shortest length that did not
         while todo:
             seq = todo.pop(0)
             if ALL_METHODS[method].attention == "plain":
@@ -235,10 +256,20 @@ def run_rank(args) -> int:
                      f"{row['first_loss']:.5f}")
             else:
                 _say(f"{method:>9} S={seq:>8}: {row['error']}")
+            if args.longest:
+                if row["ok"] and (trained is None or seq > trained["seq_len"]):
+                    trained = row
+                elif not row["ok"]:
+                    failed = seq if failed is None else min(failed, seq)
+                if trained is not None:
+                    longest[method] = {k: trained.get(k) for k in ("seq_len", "mfu", "peak_mem_gib",
+                                                                    "tokens_per_s_per_gpu", "median_step_s")}
             if dist.get_rank() == 0:
                 path = write_record(name, payload, out_dir=args.out_dir, path=path)
-            if args.longest and not todo and row["ok"] and seq * 2 <= max_seq:
-                todo.append(seq * 2)
+            if args.longest and not todo:
+                nxt = next_longest(trained["seq_len"] if trained else None, failed, max_seq, unit, args.resolution)
+                if nxt is not None:
+                    todo.append(nxt)
     # the table, and ratios to torch-cp at the same sequence
     by = {(r["method"], r["seq_len"]): r for r in rows}
     if dist.get_rank() == 0:
@@ -258,9 +289,28 @@ def run_rank(args) -> int:
                 rel = abs(a["first_loss"] - b["first_loss"]) / abs(b["first_loss"])
                 print(f"S={seq}: step-0 loss burst {a['first_loss']:.5f} vs torch-cp {b['first_loss']:.5f} "
                       f"(rel diff {rel:.1e})")
+        for method, r in longest.items():
+            mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
+            print(f"longest that trains on {world} GPU(s): {method} {r['seq_len']:,} tokens, MFU {mfu}, peak "
+                  f"{r['peak_mem_gib']:.1f} GiB, {r['tokens_per_s_per_gpu']:,.0f} tok/s/GPU")
         path = write_record(name, payload, out_dir=args.out_dir, path=path)
         print(f"record: {path}")
     return 0
+
+
+def next_longest(trained: int | None, failed: int | None, cap: int, unit: int, resolution: float) -> int | None:
+    """--longest's next length to try (None: done), a multiple of ``unit``: double the longest
+    that trained until one fails or passes ``cap``, then bisect between them until the gap is at
+    most ``resolution`` of the longest that trained (or one unit); halve while nothing has trained."""
+    if trained is None:
+        nxt = failed // 2 // unit * unit
+        return nxt if nxt >= unit else None
+    if failed is None:
+        return trained * 2 if trained * 2 <= cap else None
+    if failed - trained <= max(unit, resolution * trained):
+        return None
+    mid = (trained + failed) // 2 // unit * unit
+    return mid if trained < mid < failed else None
 
 
 def validate(args) -> str | None:
@@ -278,6 +328,8 @@ def validate(args) -> str | None:
         return "--seqs and --max-seq must be positive"
     if args.steps < 1 or args.warmup < 0:
         return "--steps must be >= 1 and --warmup >= 0"
+    if not 0 < args.resolution < 1:
+        return f"--resolution must be in (0, 1), got {args.resolution}"
     if args.ablation:
 
         if args.longest:
