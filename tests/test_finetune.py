@@ -404,3 +404,30 @@ def test_export_copies_the_runs_tokenizer(pool, models, tokens, tmp_path):
     os.rename(folder / "tokenizer.json", folder / "words.json")
     assert tokenizer_sources(str(folder / "words.json")) == {"tokenizer.json": str(folder / "words.json")}
     assert tokenizer_sources(str(folder)) == {"tokenizer_config.json": str(folder / "tokenizer_config.json")}
+
+
+def test_export_refuses_a_full_folder_and_an_incomplete_checkpoint(pool, models, tokens, tmp_path, capsys):
+    """export writes into an empty or new folder, else asks for --overwrite (as train does); a
+    checkpoint with a file deleted or cut short is refused naming that file, in one line."""
+    from burstengine.cli import main
+
+    run, out = tmp_path / "run", tmp_path / "out"
+    pool.run(fc.train_and_export, models["llama"], tokens, 48, str(run), str(out), world=1)
+
+    def refused(argv, *words):
+        assert main(["export", *map(str, argv)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "error:" in err[0] and all(w in err[0] for w in words), err
+
+    refused([run, out], "is not empty", "model.safetensors", "--overwrite")
+    assert main(["export", str(run), str(out), "--overwrite"]) == 0
+    (tmp_path / "file").write_text("x")
+    refused([run, tmp_path / "file"], "is a file")
+    step = next((run / "checkpoints").iterdir())
+    shard = next(step.glob("*.distcp"))
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size // 2)
+    refused([run, tmp_path / "b"], f"{shard} has", "truncated", "incomplete")
+    shard.unlink()
+    refused([run, tmp_path / "c"], f"{shard} is missing", "incomplete")
+    assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()

@@ -16,7 +16,7 @@ import os
 import time
 import warnings
 
-from .checkpoint import latest
+from .checkpoint import latest, verify_sizes
 from ..model.hf_dir import DTYPES, SHARD_BYTES, hf_config_from_args, hf_tensors, peak_rss_gib, read_config, \
     shard_plan, tensor_files, write_hf_dir
 from ..model import ModelArgs, Transformer, lora
@@ -40,6 +40,10 @@ def _read(source: str):
     import torch.distributed.checkpoint as dcp
 
     ckpt = find_checkpoint(source)
+    problem = verify_sizes(ckpt)
+    if problem:
+        raise ValueError(f"{problem}: this checkpoint is incomplete; export another one (a step_N folder under its "
+                         f"checkpoints/)")
     with open(os.path.join(ckpt, "meta.json")) as f:
         meta = json.load(f)
     cfg = meta["config"]
