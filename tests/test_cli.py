@@ -202,3 +202,214 @@ def test_cli_sets_expandable_segments_unless_configured(monkeypatch):
     with pytest.raises(SystemExit):
         cli.main(["--version"])
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"
+
+
+# --- the newcomer's commands (issue 40): each error is one line, exit 2, before any rank starts
+
+LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64, "vocab_size": 100,
+                "max_position_embeddings": 64, "rms_norm_eps": 1e-6}
+
+
+@pytest.fixture
+def newcomer_files(tmp_path, monkeypatch):
+    """A GPT-2 directory (config.json only: it is refused on reading), a Llama one whose context
+    is 64 tokens, a token .npy, a text file that is not JSON; the current directory is tmp_path
+    (no benchmarks/results here)."""
+    import numpy as np
+
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text(json.dumps(
+        {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 32, "n_layer": 1, "n_head": 2}))
+    (tmp_path / "short").mkdir()
+    (tmp_path / "short" / "config.json").write_text(json.dumps(LLAMA_CONFIG))
+    np.save(tmp_path / "ids.npy", np.arange(20))
+    np.save(tmp_path / "long.npy", np.arange(65))
+    (tmp_path / "hello.txt").write_text("hello\n")
+    monkeypatch.chdir(tmp_path)
+    return {"gpt2": "gpt2", "short": "short", "npy": "ids.npy", "long": "long.npy", "hello": "hello.txt"}
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["bench", "cpu-kernels", "--heads", "4", "--kv-heads", "3"], "--heads 4 is not a multiple of --kv-heads 3"),
+    (["bench", "train", "--seqs", "250"], "--seqs 250: seq_len 250 is not divisible by 4"),
+    (["generate", "--model", "{gpt2}", "--prompt-tokens", "{npy}", "--max-new-tokens", "2"],
+     "architecture 'GPT2LMHeadModel' is not supported"),
+    (["prefill", "--model", "{gpt2}"], "architecture 'GPT2LMHeadModel' is not supported"),
+    (["plan", "--heads", "0"], "--heads must be >= 1, got 0"),
+    (["plan", "--intra-gbps", "0"], "--intra-gbps must be > 0"),
+    (["plot", "{hello}"], "'hello.txt' is not a metrics.jsonl of burstengine train"),
+    (["report", "--check"], "no records (*.json) in benchmarks/results"),
+    (["prefill", "--model", "{short}", "--seq", "128"],
+     "the prompt (--seq) has 128 tokens, more than the model's context of 64 (its max_position_embeddings)"),
+    (["eval", "needle", "--model", "{short}", "--lengths", "32,128"],
+     "the longest of --lengths has 128 tokens, more than the model's context of 64"),
+    (["eval", "perplexity", "--model", "{short}", "--data", "{npy}", "--lengths", "65"],
+     "the longest of --lengths has 65 tokens, more than the model's context of 64"),
+    (["generate", "--model", "{short}", "--prompt-tokens", "{long}", "--max-new-tokens", "2"],
+     "prompt 0 has 65 tokens, more than the model's context of 64 (its max_position_embeddings)"),
+    (["eval", "perplexity", "--model", "{short}", "--data", "{npy}", "--lengths", "32"],
+     "--data 'ids.npy' at length 32: 20 tokens are fewer than one window of 32 + 1"),
+    (["eval", "perplexity", "--model", "{short}", "--data", "{hello}", "--lengths", "8"], "has no tokenizer"),
+    (["eval", "perplexity", "--model", "{short}", "--data", "{npy}", "--lengths", "8", "--stride", "9"],
+     "--stride must be in [1, 8]"),
+])
+def test_newcomer_errors_are_one_line(argv, msg, newcomer_files, capfd):
+    from burstengine import cli
+
+    assert cli.main([a.format(**newcomer_files) for a in argv]) == 2
+    out, err = capfd.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and msg in lines[0] and "error:" in lines[0], err
+
+
+def test_allow_longer_lets_a_long_prompt_through(newcomer_files):
+    from burstengine import cli
+    from burstengine.cli import eval as eval_cli, generate as generate_cli, prefill as prefill_cli
+
+    parser = cli.build_parser()
+    assert prefill_cli.validate(parser.parse_args(["prefill", "--model", "short", "--seq", "64"])) is None
+    assert prefill_cli.validate(parser.parse_args(["prefill", "--model", "short", "--seq", "128",
+                                                   "--allow-longer"])) is None
+    assert eval_cli.validate(parser.parse_args(["eval", "needle", "--model", "short", "--lengths", "128",
+                                                "--allow-longer"])) is None
+    assert generate_cli.validate(parser.parse_args(["generate", "--model", "short", "--prompt-tokens", "long.npy",
+                                                    "--max-new-tokens", "2", "--allow-longer"])) is None
+
+
+def test_context_counts_rope_scaling(tmp_path):
+    """The one rule of prefill, generate and eval, read from a model directory: its context
+    after RoPE scaling; a preset has none known; a family only transformers runs: its own field."""
+    from burstengine.inference.context import check_context
+    from burstengine.inference.models import spec_args
+
+    cfg = dict(LLAMA_CONFIG, rope_scaling={"rope_type": "linear", "factor": 4.0})
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert spec_args(str(tmp_path)).context == 256
+    assert check_context(str(tmp_path), 256) is None and "--allow-longer" in check_context(str(tmp_path), 257)
+    cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 16,
+                           "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert spec_args(str(tmp_path)).context == 128  # original 16 x 8, longer than max_position_embeddings 64
+    assert check_context(str(tmp_path), 128) is None and "context of 128 (max_position_embeddings 64 with llama3 " \
+        "RoPE scaling x8)" in check_context(str(tmp_path), 129, "the prompt")
+    assert check_context("tiny", 1 << 20) is None  # a preset: no known context
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+                                                      "max_position_embeddings": 64}))
+    assert check_context(str(tmp_path), 64) is None and "context of 64" in check_context(str(tmp_path), 65)
+
+
+def test_cpu_kernels_kv_heads_default_to_heads(tmp_path):
+    from burstengine import cli
+
+    assert cli.main(["bench", "cpu-kernels", "--heads", "4", "--seq", "64", "--iters", "1", "--out-dir",
+                     str(tmp_path)]) == 0
+    rec = json.loads((tmp_path / "cpu_kernels_cpu.json").read_text())
+    assert rec["shape"]["H"] == rec["shape"]["Hkv"] == 4
+
+
+def _parsers(parser):
+    """A parser and every sub-command parser under it."""
+    import argparse
+
+    yield parser
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for sub in a.choices.values():
+                yield from _parsers(sub)
+
+
+def test_every_parser_shows_its_defaults(monkeypatch):
+    """Every command's and every bench's parser uses the shared formatter, which shows an
+    option's default unless its help already says it or there is none."""
+    import argparse
+    import importlib
+
+    from burstengine import cli
+    from burstengine.bench import BENCHES
+    from burstengine.bench.usage import HelpFormatter
+
+    class Built(Exception):
+        pass
+
+    def caught(self, *a, **k):
+        raise Built(self)
+
+    parsers = list(_parsers(cli.build_parser()))
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", caught)
+    for name, mod in BENCHES.items():
+        with pytest.raises(Built) as e:
+            importlib.import_module(mod).main([])
+        parsers += list(_parsers(e.value.args[0]))
+    parsers.pop(0)  # `burstengine` itself: a list of commands, no option with a default
+    bad = [p.prog for p in parsers if p.formatter_class is not HelpFormatter]
+    assert not bad, bad
+    p = argparse.ArgumentParser(formatter_class=HelpFormatter)
+    p.add_argument("--a", type=int, default=8, help="heads")
+    p.add_argument("--b", type=int, default=8)
+    p.add_argument("--c", default=None, help="kv heads [= --a]")
+    p.add_argument("--d", default=3, help="steps [%(default)s]")
+    p.add_argument("--e", action="store_true", help="a switch")
+    text = " ".join(p.format_help().split())
+    assert "--a A heads [8]" in text and "--b B [8]" in text and "kv heads [= --a] -" in text
+    assert "steps [3] -" in text and "a switch" in text and "[False]" not in text and "[None]" not in text
+    needle = next(q for q in parsers if q.prog == "burstengine eval needle")
+    assert "[0,0.25,0.5,0.75,1]" in needle.format_help()  # the depths' default, though "[0, 1]" ended their help once
+
+
+def test_ctrl_c_during_train_is_one_line(tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group) while `burstengine train` runs on 2
+    spawned ranks: one line naming the last complete checkpoint, exit 130, no rank's traceback."""
+    import signal
+    import time
+
+    run = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    sets = ["model.dim=32", "model.n_heads=4", "model.n_kv_heads=2", "model.ffn_dim=48", "model.vocab_size=64",
+            "passkey_symbols=8", "passkey_len=3", "seq_len=32", "batch_size=2", "steps=100000", "save_every=2",
+            "eval_every=0", "progress=false", f"out_dir={run}"]
+    p = subprocess.Popen([sys.executable, "-m", "burstengine", "train", *[a for s in sets for a in ("--set", s)]],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+                         start_new_session=True,  # its own process group, as a terminal's job is
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 240
+        while not (run / "checkpoints").is_dir() or not any(
+                (d / "meta.json").exists() for d in (run / "checkpoints").iterdir()):
+            assert p.poll() is None and time.monotonic() < deadline, "no checkpoint was saved"
+            time.sleep(0.5)
+        time.sleep(2)
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    lines = err.strip().splitlines()
+    assert p.returncode == 130 and len(lines) == 1, err
+    assert "interrupted; the last complete checkpoint is" in lines[0] and "--resume" in lines[0], err
+    assert str(run / "checkpoints" / "step_") in lines[0]
+
+
+def test_records_name_the_package_version_outside_a_checkout(tmp_path):
+    """A record's "commit" is the checkout the package runs from, wherever the command runs; a
+    package that is no checkout (an install) gives its version."""
+    import re
+    import shutil
+
+    import burstengine
+
+    code = "from burstengine.bench.records import git_commit; print(git_commit())"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(burstengine.__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "BURST_COMMIT"}
+    here = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          env=dict(env, PYTHONPATH=root))
+    assert re.fullmatch(r"[0-9a-f]{40}", here.stdout.strip()), here.stdout + here.stderr
+    shutil.copytree(os.path.join(root, "burstengine"), tmp_path / "site" / "burstengine",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    installed = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                               env=dict(env, PYTHONPATH=str(tmp_path / "site")))
+    assert installed.stdout.strip() == f"v{burstengine.__version__}", installed.stdout + installed.stderr

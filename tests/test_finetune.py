@@ -377,3 +377,57 @@ def test_export_cli_errors(tmp_path, capsys):
 
     assert main(["export", str(tmp_path), str(tmp_path / "out")]) == 2
     assert "neither a checkpoint" in capsys.readouterr().err
+
+
+def test_export_copies_the_runs_tokenizer(pool, models, tokens, tmp_path):
+    """The tokenizer= a run trained with (here beside data of token ids, over an init directory
+    that has none) lands in the export, which transformers' AutoTokenizer then reads as the run
+    did; a tokenizer file of another name is copied as tokenizer.json."""
+    from tokenizers import Tokenizer, models as tmodels, pre_tokenizers
+    from transformers import AutoTokenizer
+
+    from burstengine.model.hf_dir import tokenizer_sources
+
+    tok = Tokenizer(tmodels.WordLevel({w: i for i, w in enumerate(["<unk>", "</s>", "pass", "key", "is"])},
+                                      unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "unk_token": "<unk>"}))
+    out = tmp_path / "export"
+    res, _, _ = pool.run(fc.train_and_export, models["llama"], tokens, 48, str(tmp_path / "run"), str(out),
+                         [f"tokenizer={folder / 'tokenizer.json'}"], world=1)[0]
+    assert sorted(res["tokenizer_files"]) == ["tokenizer.json", "tokenizer_config.json"]
+    assert (out / "tokenizer.json").read_text() == (folder / "tokenizer.json").read_text()
+    assert AutoTokenizer.from_pretrained(str(out))("the pass key is").input_ids == tok.encode("the pass key is").ids
+    os.rename(folder / "tokenizer.json", folder / "words.json")
+    assert tokenizer_sources(str(folder / "words.json")) == {"tokenizer.json": str(folder / "words.json")}
+    assert tokenizer_sources(str(folder)) == {"tokenizer_config.json": str(folder / "tokenizer_config.json")}
+
+
+def test_export_refuses_a_full_folder_and_an_incomplete_checkpoint(pool, models, tokens, tmp_path, capsys):
+    """export writes into an empty or new folder, else asks for --overwrite (as train does); a
+    checkpoint with a file deleted or cut short is refused naming that file, in one line."""
+    from burstengine.cli import main
+
+    run, out = tmp_path / "run", tmp_path / "out"
+    pool.run(fc.train_and_export, models["llama"], tokens, 48, str(run), str(out), world=1)
+
+    def refused(argv, *words):
+        assert main(["export", *map(str, argv)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "error:" in err[0] and all(w in err[0] for w in words), err
+
+    refused([run, out], "is not empty", "model.safetensors", "--overwrite")
+    assert main(["export", str(run), str(out), "--overwrite"]) == 0
+    (tmp_path / "file").write_text("x")
+    refused([run, tmp_path / "file"], "is a file")
+    step = next((run / "checkpoints").iterdir())
+    shard = next(step.glob("*.distcp"))
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size // 2)
+    refused([run, tmp_path / "b"], f"{shard} has", "truncated", "incomplete")
+    shard.unlink()
+    refused([run, tmp_path / "c"], f"{shard} is missing", "incomplete")
+    assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()

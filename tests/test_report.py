@@ -75,12 +75,9 @@ def test_an_unknown_record_is_listed_not_dropped(tmp_path):
 def test_an_unknown_block_is_refused(tmp_path, capsys):
     doc = tmp_path / "doc.md"
     doc.write_text("<!-- report:nonsense -->\nx\n<!-- /report -->\n")
-    try:
-        report("--records", RECORDS, "--out", tmp_path / "r.md", "--docs", doc)
-    except SystemExit as e:
-        assert "report:nonsense" in str(e)
-    else:
-        raise AssertionError("an unknown block name was accepted")
+    assert report("--records", RECORDS, "--out", tmp_path / "r.md", "--docs", doc) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "report:nonsense" in err[0] and "error:" in err[0], err
 
 
 def test_both_demos_have_their_tables(tmp_path):

@@ -273,6 +273,9 @@ def test_cli_train_killed_in_save_then_resume_and_plot(tmp_path):
     rc, out = _cli(*args, "--resume", "--record", "rec", env_extra={"BURST_RESULTS": str(tmp_path)})
     assert rc == 0, out
     assert "resumed from" in out and "step_00000002" in out
+    # on CPU the log says what its figures are: per rank (a process), the peak resident set
+    assert "tok/s/rank" in out and "peak rss" in out and "peak_rss_gib=" in out and "per_s_per_gpu" not in out, out
+    assert "tok/s/gpu" not in out, out
     rec = json.loads((tmp_path / "rec.json").read_text())
     assert rec["summary"]["steps"] == 4 and rec["config"]["steps"] == 4 and "--resume" in rec["command"]
     recs = [json.loads(line) for line in open(run / "metrics.jsonl")]

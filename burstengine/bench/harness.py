@@ -14,6 +14,7 @@ import sys
 import time
 
 from .launch import run_command
+from .usage import command_parser
 
 
 def ranked_bench(name: str, doc: str, add_arguments, run_rank, validate=None, *, prepare=None, backend=None):
@@ -27,7 +28,7 @@ def ranked_bench(name: str, doc: str, add_arguments, run_rank, validate=None, *,
     prog = f"burstengine bench {name}"
 
     def build_parser() -> argparse.ArgumentParser:
-        p = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = command_parser(prog, doc)
         add_arguments(p)
         return p
 

@@ -4,13 +4,17 @@ when there are GPUs) so a plain ``burstengine <command>`` works on a laptop.
 
 ``spawn`` gives every rank an initialised default process group, runs ``entry(*entry_args)``
 (which returns the rank's exit code), stops every rank after ``timeout`` seconds, and returns
-the worst exit code: 1 when a rank raised, died or timed out.
+the worst exit code: 1 when a rank raised, died or timed out.  Ctrl-C stops the ranks without a
+word from them and raises KeyboardInterrupt in the caller (the command says what it means:
+``burstengine`` exits 130).
 """
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -50,6 +54,9 @@ def init_from_env(timeout: float, backend: str | None = None) -> bool:
 
 
 def _rank_main(rank, world, port, pg_timeout, threads, backend_name, entry, entry_args, results):
+    # Ctrl-C reaches every process of the terminal's group: the launcher alone answers it, by
+    # stopping the ranks (no rank's traceback, no collective failing on a peer that left)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if threads:
         torch.set_num_threads(threads)
     code = 1
@@ -107,8 +114,20 @@ def spawn(entry, entry_args: tuple, world: int, timeout: float, threads: int | N
                           timeout=timedelta(seconds=pg_timeout or timeout))
     args = (world, port, pg_timeout or timeout, threads, backend or default_backend(), entry, entry_args,
             results)
-    ctx = mp.start_processes(_rank_main, args=args, nprocs=world, join=False, start_method="spawn")
-    return _watch(ctx.processes, results, timeout, prog)
+    # the ranks start with Ctrl-C ignored (a new interpreter keeps an ignored SIGINT), so none is
+    # interrupted before _rank_main says so itself
+    main = threading.current_thread() is threading.main_thread()  # where signal handlers may be set
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        ctx = mp.start_processes(_rank_main, args=args, nprocs=world, join=False, start_method="spawn")
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGINT, before)
+    try:
+        return _watch(ctx.processes, results, timeout, prog)
+    except KeyboardInterrupt:  # Ctrl-C: the ranks go quietly, the caller says what it means
+        _stop([p for p in ctx.processes if p.exitcode is None])
+        raise
 
 
 # a rank that left on purpose (it reported its exit code) gives the others this long to leave too:
@@ -126,13 +145,6 @@ def _watch(procs, results, timeout: float, prog: str) -> int:
     deadline = time.monotonic() + timeout
     grace_end = None
     codes: dict[int, int] = {}
-
-    def stop(alive):
-        for p in alive:
-            p.kill()
-        for p in alive:
-            p.join(5)
-
     while True:
         codes.update(_reported(results))
         alive = [p for p in procs if p.exitcode is None]
@@ -142,7 +154,7 @@ def _watch(procs, results, timeout: float, prog: str) -> int:
             if p.exitcode < 0 or i not in codes:
                 codes.update(_reported(results))  # it may have reported just before leaving
             if p.exitcode < 0 or i not in codes:
-                stop(alive)
+                _stop(alive)
                 how = (f"was killed by {_signal_name(-p.exitcode)}" if p.exitcode < 0
                        else f"exited with code {p.exitcode}")
                 print(f"{prog}: rank {i} {how}; stopped the other ranks", file=sys.stderr)
@@ -154,10 +166,10 @@ def _watch(procs, results, timeout: float, prog: str) -> int:
         now = time.monotonic()
         if now > deadline:
             print(f"{prog}: no result after {timeout:.0f}s (--timeout); stopping the ranks", file=sys.stderr)
-            stop(alive)
+            _stop(alive)
             return 1
         if grace_end is not None and now > grace_end:
-            stop(alive)
+            _stop(alive)
             codes.update(_reported(results))
             return max(codes.values())
         wait([p.sentinel for p in alive], timeout=min(2.0, max(0.0, deadline - now)))
@@ -168,9 +180,14 @@ def _watch(procs, results, timeout: float, prog: str) -> int:
     return max(codes.values())
 
 
-def _signal_name(num: int) -> str:
-    import signal
+def _stop(alive) -> None:
+    for p in alive:
+        p.kill()
+    for p in alive:
+        p.join(5)
 
+
+def _signal_name(num: int) -> str:
     try:
         return signal.Signals(num).name
     except ValueError:

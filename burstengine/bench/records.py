@@ -15,14 +15,23 @@ import sys
 
 import torch
 
+from .. import __version__
+
 
 def git_commit() -> str:
+    """$BURST_COMMIT, else the commit of the git checkout the package runs from (wherever the
+    command runs), else the package's version ("v0.1.0": an installed release)."""
     if os.environ.get("BURST_COMMIT"):
         return os.environ["BURST_COMMIT"]
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], stderr=subprocess.DEVNULL, text=True).strip()
+        top, head = subprocess.check_output(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=package,
+                                            stderr=subprocess.DEVNULL, text=True).split()
+        if os.path.samefile(os.path.join(top, "burstengine"), package):  # not a repository around an install
+            return head
     except Exception:
-        return "unknown"
+        pass
+    return f"v{__version__}"
 
 
 def environment() -> dict:
@@ -62,6 +71,7 @@ def environment() -> dict:
 # committed records under benchmarks/results are evidence; regenerating one is an explicit
 # --out-dir benchmarks/results or BURST_RESULTS=benchmarks/results)
 DEFAULT_DIR = "burst-results"
+OUT_DIR_HELP = f"record directory [$BURST_RESULTS or ./{DEFAULT_DIR}]"  # every --out-dir's help: where they go
 
 
 def results_dir(out_dir: str | None = None) -> str:
@@ -69,21 +79,23 @@ def results_dir(out_dir: str | None = None) -> str:
     return out_dir or os.environ.get("BURST_RESULTS") or DEFAULT_DIR
 
 
-def free_path(out_dir: str, name: str) -> str:
-    """<out_dir>/<name>.json, or <name>-2.json, -3, ... if that exists: a record never replaces
-    another."""
-    path = os.path.join(out_dir, f"{name}.json")
-    i = 2
-    while os.path.exists(path):
-        path = os.path.join(out_dir, f"{name}-{i}.json")
+def free_path(out_dir: str, name: str, also: tuple[str, ...] = ()) -> str:
+    """<out_dir>/<name>.json, or <name>-2.json, -3, ... if that exists (or the same name with
+    one of the extensions ``also``, e.g. its figure's ".png"): a record never replaces another."""
+    stem, i = os.path.join(out_dir, name), 2
+    while any(os.path.exists(stem + ext) for ext in (".json", *also)):
+        stem = os.path.join(out_dir, f"{name}-{i}")
         i += 1
-    return path
+    return stem + ".json"
 
 
-def write_record(name: str, payload: dict, out_dir: str | None = None, path: str | None = None) -> str:
+def write_record(name: str, payload: dict, out_dir: str | None = None, path: str | None = None,
+                 also: tuple[str, ...] = ()) -> str:
     """Write {command, commit, env, **payload} as JSON and return its path: a new file
-    <out_dir>/<name>.json (a numbered name when that exists, see :func:`free_path`), or
-    ``path`` itself when given (the same run rewriting the record it wrote before)."""
+    <out_dir>/<name>.json (a numbered name when that exists, or when a file of that name with
+    an extension of ``also`` does, see :func:`free_path`: the caller writes its figure beside
+    the record, under the record's name), or ``path`` itself when given (the same run rewriting
+    the record it wrote before)."""
     rec = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv), "commit": git_commit(),
            "env": environment(), **payload}
     if path is not None:
@@ -93,7 +105,7 @@ def write_record(name: str, payload: dict, out_dir: str | None = None, path: str
     out_dir = results_dir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     while True:
-        path = free_path(out_dir, name)
+        path = free_path(out_dir, name, also)
         try:
             # exclusive create: two runs racing for one name cannot both take it
             with open(path, "x") as f:

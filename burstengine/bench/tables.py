@@ -56,6 +56,24 @@ def gib(nbytes) -> str:
     return "—" if nbytes is None else f"{nbytes / GIB:.1f}"
 
 
+def rate(flops_per_s) -> str:
+    """FLOP/s in the unit that shows its digits: a CPU's "3.1 GF/s", not "0.0 TF/s"."""
+    if flops_per_s is None:
+        return "—"
+    for unit, scale in (("TF/s", 1e12), ("GF/s", 1e9)):
+        if flops_per_s >= 0.1 * scale:
+            return f"{flops_per_s / scale:.1f} {unit}"
+    return f"{flops_per_s / 1e6:.1f} MF/s"
+
+
+def memory(nbytes) -> str:
+    """Bytes as GiB, or MiB below a tenth of one; "n/a" when nothing was measured (0 or None:
+    the device's allocator counts, a CPU's does not)."""
+    if not nbytes:
+        return "n/a"
+    return f"{nbytes / GIB:.1f} GiB" if nbytes >= 0.1 * GIB else f"{nbytes / MIB:.0f} MiB"
+
+
 def ratio(a, b, places: int = 2) -> str:
     return "—" if a is None or b in (None, 0) else f"{a / b:.{places}f}"
 

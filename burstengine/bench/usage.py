@@ -1,8 +1,11 @@
-"""Checks the commands run on their arguments before any rank starts: each returns a one-line
-message (or None), so a user error ends the command at once with exit code 2, on one process,
-instead of a traceback from every rank."""
+"""The commands' arguments: checks run on them before any rank starts (each returns a one-line
+message, or None, so a user error ends the command at once with exit code 2, on one process,
+instead of a traceback from every rank), and the help every command's parser prints
+(:class:`HelpFormatter`, :func:`command_parser`)."""
 from __future__ import annotations
 
+import argparse
+import copy
 import importlib.util
 
 import torch
@@ -39,6 +42,14 @@ def kernel_error(name: str | None, device) -> str | None:
     return None
 
 
+def add_allow_longer(p: argparse.ArgumentParser) -> None:
+    """--allow-longer: what lets a sequence past the model's context through
+    (burstengine.inference.context.check_context refuses it otherwise)."""
+    p.add_argument("--allow-longer", action="store_true",
+                   help="run sequences longer than the model's context (max_position_embeddings after RoPE "
+                        "scaling), which are refused otherwise")
+
+
 def fill_device_defaults(args, cpu_defaults: dict, gpu_defaults: dict):
     """``args.device`` (default: cuda when there is one) and, for every option left at None, the
     device's default size: a benchmark's defaults finish in under a minute on CPU."""
@@ -47,3 +58,29 @@ def fill_device_defaults(args, cpu_defaults: dict, gpu_defaults: dict):
         if getattr(args, key, None) is None:
             setattr(args, key, value)
     return args
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written (their examples keep their lines), and every option's default
+    shown as "[VALUE]" after its help, unless the help already says it ("[...]" at its end,
+    %(default)s, "default:") or there is none to show (None, "", an off switch)."""
+
+    def _format_action(self, action):
+        if _shows_default(action):
+            action = copy.copy(action)
+            action.help = f"{action.help or ''} [%(default)s]".lstrip()
+        return super()._format_action(action)
+
+
+def _shows_default(action) -> bool:
+    d, h = action.default, action.help
+    if not action.option_strings or h == argparse.SUPPRESS or d in (None, "", argparse.SUPPRESS, [], ()):
+        return False
+    if action.nargs == 0:  # a switch (store_true, store_const): its default is "off"
+        return False
+    return not (h and ("%(default)" in h or h.rstrip().endswith("]") or "default:" in h))
+
+
+def command_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """A command's parser: ``prog`` and its module docstring ``doc`` as the description."""
+    return argparse.ArgumentParser(prog=prog, description=doc, formatter_class=HelpFormatter)

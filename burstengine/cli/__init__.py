@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import sys
 
 from .. import __version__
+from ..bench.usage import HelpFormatter
 
 COMMANDS = {
     "demo": "burstengine.cli.demo",
@@ -36,8 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, modname in COMMANDS.items():
         mod = importlib.import_module(modname)
-        sp = sub.add_parser(name, help=mod.HELP, description=mod.__doc__,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        sp = sub.add_parser(name, help=mod.HELP, description=mod.__doc__, formatter_class=HelpFormatter)
         mod.add_arguments(sp)
         sp.set_defaults(_run=mod.run)
     return p
@@ -53,7 +54,11 @@ ALLOC_CONF = "expandable_segments:True"
 def main(argv=None) -> int:
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF)
     args = build_parser().parse_args(argv)
-    return args._run(args)
+    try:
+        return args._run(args)
+    except KeyboardInterrupt:  # Ctrl-C in a command that has nothing more to say about it
+        print(f"burstengine {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from ..bench.harness import RankLog
 from ..bench.launch import run_command
 from ..bench.records import write_record
 from ..bench.tables import Section, fixed, num, table
-from ..bench.usage import kernel_error
+from ..bench.usage import HelpFormatter, kernel_error
 from ..kernels.base import merge_
 from ..kernels.reference import ReferenceKernel
 from ..layout import LAYOUTS, position_ids
@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="demo", metavar="DEMO", required=False,
                            help="another demo instead of the attention check: finetune")
     fp = sub.add_parser("finetune", help=finetune_demo.HELP, description=finetune_demo.__doc__,
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
+                        formatter_class=HelpFormatter)
     finetune_demo.add_arguments(fp)
 
     p.add_argument("--world", type=int, default=default_world(),

@@ -9,9 +9,10 @@ process on the CPU, whatever the number of GPUs it was trained on, and only the 
 weights (``--max-shard-gb``).  Writes model.safetensors (sharded with an index above that size),
 config.json (the architecture, the rope settings the run trained with and
 max_position_embeddings = the trained sequence length when it is longer than the model's),
-generation_config.json, and the tokenizer files of the ``init`` directory the run started from.
-``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` then loads it with the engine's
-logits.
+generation_config.json, and the tokenizer the run trained with (its ``tokenizer=``, else the
+``init`` directory's).  ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` then loads
+it with the engine's logits.  OUT_DIR must be empty or new (--overwrite writes into it anyway),
+and a checkpoint with a file missing or cut short is refused, naming the file.
 
 A LoRA run (``lora.rank`` > 0) exports as the base (``init``) with its adapters merged in, or with
 ``--adapter`` as a PEFT adapter directory (adapter_config.json + adapter_model.safetensors) that
@@ -23,6 +24,7 @@ logits::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..bench.records import write_record
@@ -42,20 +44,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adapter", action="store_true",
                    help="a LoRA run: write its adapters as a PEFT adapter directory instead of the merged model "
                         "(--dtype auto = float32 here)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into OUT_DIR although it holds files (an earlier export's weights are replaced, "
+                        "other files stay)")
     p.add_argument("--record", metavar="NAME", default=None,
-                   help="also write the summary (time, peak host RSS, sizes) as benchmarks/results/NAME.json")
+                   help="also write the summary (time, peak host RSS, sizes) as a JSON record NAME.json in $BURST_RESULTS or "
+                        "./burst-results (a numbered name if that exists)")
+
+
+def _out_dir_error(out_dir: str, overwrite: bool) -> str | None:
+    """A message when ``out_dir`` is a file, or a folder with files in it and not ``overwrite``
+    (as train asks before writing into a run's folder)."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        return f"{out_dir!r} is a file, not a folder"
+    held = sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []
+    if held and not overwrite:
+        more = f" and {len(held) - 3} more" if len(held) > 3 else ""
+        return f"{out_dir!r} is not empty (it holds {', '.join(held[:3])}{more}); --overwrite writes into it anyway"
+    return None
 
 
 def run(args) -> int:
     if not args.max_shard_gb > 0:
         print(f"burstengine export: error: --max-shard-gb must be > 0, got {args.max_shard_gb}", file=sys.stderr)
         return 2
+    msg = _out_dir_error(args.out_dir, args.overwrite)
+    if msg:
+        print(f"burstengine export: error: {msg}", file=sys.stderr)
+        return 2
     try:
         if args.adapter:
             res = export_adapter(args.source, args.out_dir, "float32" if args.dtype == "auto" else args.dtype)
         else:
             res = export(args.source, args.out_dir, args.dtype, int(args.max_shard_gb * 2 ** 30))
-    except ValueError as e:
+    except (ValueError, OSError) as e:  # OSError: a file of a checkpoint that lists none (older ones), a full disk
         print(f"burstengine export: error: {e}", file=sys.stderr)
         return 2
     if args.adapter:

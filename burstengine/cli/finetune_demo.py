@@ -134,9 +134,9 @@ def plan(args) -> dict[str, list[list[str]]]:
                                        f"save_every={args.finetune_steps}"))
     run = lambda name: os.path.join(args.dir, "runs", name)  # noqa: E731
     return {
-        "train-short": [short, ["export", run("stage1"), stage1]],
-        "rope-scaling": [scaled, ["export", run("scaled"), model_dir(args, "scaled")]],
-        "finetune-long": [tuned, ["export", run("finetuned"), model_dir(args, "finetuned")]],
+        "train-short": [short, ["export", run("stage1"), stage1, "--overwrite"]],
+        "rope-scaling": [scaled, ["export", run("scaled"), model_dir(args, "scaled"), "--overwrite"]],
+        "finetune-long": [tuned, ["export", run("finetuned"), model_dir(args, "finetuned"), "--overwrite"]],
         "evaluate": [["demo", "finetune", "--eval-only", *_eval_flags(args)]],
     }
 

@@ -35,13 +35,15 @@ import torch
 import torch.distributed as dist
 
 from ..bench.launch import run_command
+from ..bench.usage import add_allow_longer
 from ..inference.generate import check_generate, generate
-from ..inference.models import check_spec, load_model, resolve_dtype
+from ..inference.context import context_error
+from ..inference.models import check_spec, load_model, resolve_dtype, spec_args
 from ..inference.sampling import Sampling
 from ..inference.step import MODES as GRAPH_MODES
 from ..layout import LAYOUTS
 from ..model import PRESETS
-from ..model.hf_dir import args_from_hf_config, read_config
+from ..model.hf_dir import read_config
 from ..model.layers import CHUNK
 from ..model.tensor_parallel import refuses
 
@@ -78,8 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tensor-parallel decoding over the ranks, each loading only its slice of the weights (auto: "
                         "where the model's shapes divide; on: an error where they do not; off: the whole model on "
                         "every rank) [%(default)s]")
-    p.add_argument("--allow-longer", action="store_true",
-                   help="run a prompt longer than the model's context (max_position_embeddings after RoPE scaling)")
+    add_allow_longer(p)
     p.add_argument("--output", default=None, help="rank 0 writes the tokens and timings here (JSON)")
     p.add_argument("--quiet", action="store_true", help="do not stream the text")
     p.add_argument("--world", type=int, default=2, help="ranks to spawn without torchrun [%(default)s]")
@@ -117,37 +118,16 @@ def validate(args) -> str | None:
     try:
         _eos_arg(args.eos)
         prompts = read_prompts(args)
-        margs = model_args(args.model)
+        margs = spec_args(args.model)
     except ValueError as e:
         return str(e)
     if not args.allow_longer:
-        msg = too_long(prompts, margs)
+        msg = next(filter(None, (context_error(margs, len(p), f"prompt {i}") for i, p in enumerate(prompts))), None)
         if msg:
             return msg
     s = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     msg = check_generate(prompts, margs.vocab_size, args.max_new_tokens, s)
     return msg.replace("max_new_tokens", "--max-new-tokens").replace("temperature", "--temperature") if msg else None
-
-
-def model_args(spec: str):
-    """The ModelArgs of a preset or a model directory's config.json (a ValueError for one we do not
-    run)."""
-    if spec in PRESETS:
-        return PRESETS[spec]
-    return args_from_hf_config(read_config(spec), f"{spec}/config.json")
-
-
-def too_long(prompts, margs) -> str | None:
-    """A one-line refusal of the first prompt longer than the model's context, or None."""
-    ctx = margs.context
-    for i, p in enumerate(prompts):
-        if ctx and len(p) > ctx:
-            how = (f"max_position_embeddings {margs.max_position_embeddings} with {margs.rope_scaling.type} RoPE "
-                   f"scaling x{margs.rope_scaling.factor:g}" if margs.rope_scaling.type != "none"
-                   else "its max_position_embeddings")
-            return (f"prompt {i} has {len(p)} tokens, more than the model's context of {ctx} ({how}); "
-                    f"--allow-longer runs it anyway")
-    return None
 
 
 def _eos_arg(text: str):
@@ -218,7 +198,7 @@ def run_rank(args) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     # tensor-parallel decoding: each rank loads only its slices (--tp on where they do not divide:
     # the whole model, and generate says why it cannot split it)
-    split = args.tp != "off" and world > 1 and refuses(model_args(args.model), world) is None
+    split = args.tp != "off" and world > 1 and refuses(spec_args(args.model), world) is None
     device, dtype, model, tok = rank_model(args, dist.group.WORLD if split else None)
     prompts = read_prompts(args)
     s = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,

@@ -122,17 +122,37 @@ def report(cluster, attn, out=None) -> dict:
     return rec
 
 
+def refused(args, cluster) -> str | None:
+    """One line for figures the model cannot divide by (a zero or negative size, bandwidth or
+    throughput, from the flags or the preset / file), else None."""
+    for flag, v in (("--seq", args.seq), ("--heads", args.heads), ("--kv-heads", args.kv_heads),
+                    ("--head-dim", args.head_dim), ("--batch", args.batch)):
+        if v is not None and v < 1:
+            return f"{flag} must be >= 1, got {v}"
+    if cluster.world < 1:
+        return f"the cluster has no GPUs (--nodes {cluster.nodes}, --gpus-per-node {cluster.gpus_per_node})"
+    for flag, v in (("--intra-gbps", cluster.intra.gbps), ("--inter-gbps", cluster.inter.gbps),
+                    ("--fwd-tflops", cluster.fwd_tflops), ("--bwd-tflops", cluster.bwd_tflops)):
+        if not v > 0:
+            return f"{flag} must be > 0, got {v:g}"
+    for flag, v in (("--intra-latency-us", cluster.intra.latency_us), ("--inter-latency-us", cluster.inter.latency_us)):
+        if not v >= 0:
+            return f"{flag} must be >= 0, got {v:g}"
+    return None
+
+
 def run(args) -> int:
     try:
         cluster = build_cluster(args)
-        if cluster.world < 1:
-            raise ValueError("the cluster has no GPUs")
+        msg = refused(args, cluster)
+        if msg:
+            raise ValueError(msg)
         attn = Attn(args.seq, args.heads, args.kv_heads, args.head_dim, args.batch, args.causal, ELEM[args.dtype],
                     args.layout)
         if attn.heads % attn.hkv:
             raise ValueError(f"--heads {attn.heads} is not a multiple of --kv-heads {attn.hkv}")
     except (ValueError, TypeError) as e:
-        print(f"burstengine plan: {e}", file=sys.stderr)
+        print(f"burstengine plan: error: {e}", file=sys.stderr)
         return 2
     rec = report(cluster, attn)
     if args.json:

@@ -61,7 +61,12 @@ def run(args) -> int:
     if not os.path.exists(args.metrics):
         print(f"burstengine plot: error: {args.metrics!r} does not exist", file=sys.stderr)
         return 2
-    recs = read_jsonl(args.metrics)
+    try:
+        recs = [r for r in read_jsonl(args.metrics) if isinstance(r, dict)]
+    except (OSError, ValueError) as e:  # a folder, a binary file, a line that is not JSON
+        print(f"burstengine plot: error: {args.metrics!r} is not a metrics.jsonl of burstengine train: "
+              f"{str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
     if not any(r.get("kind") == "step" for r in recs):
         print(f"burstengine plot: error: {args.metrics!r} holds no step records", file=sys.stderr)
         return 2

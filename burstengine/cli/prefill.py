@@ -26,8 +26,9 @@ import torch.distributed as dist
 from ..bench.harness import RankLog
 from ..bench.launch import run_command
 from ..bench.records import write_record
-from ..bench.usage import kernel_error, missing_package
+from ..bench.usage import add_allow_longer, kernel_error, missing_package
 from ..comm.dist import initialized
+from ..inference.context import check_context
 from ..inference.engine import check_prefill, peak_bytes, prefill, reset_peak
 from ..inference.models import IMPLS, check_spec, load_model, resolve_dtype
 from ..layout import LAYOUTS
@@ -45,6 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq", type=int, default=4096, help="prompt length in tokens (random ids) [%(default)s]")
     p.add_argument("--prompt-file", default=None,
                    help="a text file to tokenize with the model directory's tokenizer instead of random ids")
+    add_allow_longer(p)
     p.add_argument("--batch", type=int, default=1, help="prompts per batch [%(default)s]")
     p.add_argument("--layout", choices=LAYOUTS, default="zigzag", help="sequence layout [%(default)s]")
     p.add_argument("--dtype", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
@@ -71,6 +73,15 @@ def validate(args) -> str | None:
     """A message for arguments that cannot work on ``args.world`` ranks, else None."""
     world = args.world
 
+    # a missing package first: what the model directory holds cannot be read without it
+    needs = [("safetensors", "--model DIR (HF safetensors weights)") if os.path.isdir(args.model) else None,
+             ("transformers", "--impl hf") if args.impl == "hf" else None,
+             ("transformers", "--prompt-file (the model's tokenizer)") if args.prompt_file else None,
+             ("safetensors", "--save-kv") if args.save_kv else None]
+    for need in filter(None, needs):
+        msg = missing_package(*need)
+        if msg:
+            return msg
     msg = check_spec(args.model, args.impl)
     if msg:
         return msg
@@ -84,14 +95,6 @@ def validate(args) -> str | None:
     if not initialized() and torch.cuda.is_available() and world > torch.cuda.device_count():
         return f"--world {world} is more than the {torch.cuda.device_count()} GPU(s) here (one rank per GPU)"
 
-    needs = [("safetensors", "--model DIR (HF safetensors weights)") if os.path.isdir(args.model) else None,
-             ("transformers", "--impl hf") if args.impl == "hf" else None,
-             ("transformers", "--prompt-file (the model's tokenizer)") if args.prompt_file else None,
-             ("safetensors", "--save-kv") if args.save_kv else None]
-    for need in filter(None, needs):
-        msg = missing_package(*need)
-        if msg:
-            return msg
     msg = kernel_error(args.kernel, "cuda" if torch.cuda.is_available() else "cpu")
     if msg:
         return msg
@@ -100,8 +103,13 @@ def validate(args) -> str | None:
             return f"--prompt-file {args.prompt_file!r} does not exist"
         if not os.path.isdir(args.model):
             return "--prompt-file needs --model to be a model directory (with its tokenizer)"
-        return None
-    return check_prefill(args.seq, args.layout, world, args.batch)
+        return None  # its length is checked once tokenized (run_rank)
+    return check_prefill(args.seq, args.layout, world, args.batch) or _longer(args, args.seq)
+
+
+def _longer(args, tokens: int) -> str | None:
+    what = f"the prompt of {args.prompt_file!r}" if args.prompt_file else "the prompt (--seq)"
+    return None if args.allow_longer else check_context(args.model, tokens, what)
 
 
 def _prompt(args, vocab: int) -> torch.Tensor:
@@ -141,7 +149,7 @@ def run_rank(args) -> int:
     log(f"{model.describe} (loaded in {time.perf_counter() - t0:.1f}s)")
     ids = _prompt(args, model.vocab_size)
     B, S = ids.shape
-    msg = check_prefill(S, args.layout, world, B)
+    msg = check_prefill(S, args.layout, world, B) or _longer(args, S)
     if msg:  # a tokenized prompt's length is known only now; the same on every rank
         if rank == 0:
             print(f"burstengine prefill: error: {msg}", file=sys.stderr)

@@ -7,7 +7,7 @@ the same record. It also rewrites the marked blocks ``<!-- report:NAME -->`` ...
 in README.md and docs/*.md (the few headline figures quoted outside results.md).
 
     burstengine report            # rewrite docs/results.md and the marked blocks
-    burstengine report --check    # exit 1 when they differ from what the records give
+    burstengine report --check    # exit 1 when they differ from what the records give (2: no records here)
 
 Run it from the repository root (the defaults are relative paths). A record whose structure a
 family's table does not know is listed in a compact generic table instead, never dropped.
@@ -100,14 +100,14 @@ def generic(rows) -> list[str]:
 def load_records(records_dir: str) -> list[tuple[str, dict]]:
     paths = sorted(glob.glob(os.path.join(records_dir, "*.json")))
     if not paths:
-        raise SystemExit(f"burstengine report: no records (*.json) in {records_dir}")
+        raise ValueError(f"no records (*.json) in {records_dir} (run it from the repository root, or give --records DIR)")
     out = []
     for p in paths:
         with open(p) as f:
             try:
                 out.append((os.path.basename(p), json.load(f)))
             except json.JSONDecodeError as e:
-                raise SystemExit(f"burstengine report: {p} is not valid JSON: {e}") from None
+                raise ValueError(f"{p} is not valid JSON: {e}") from None
     return out
 
 
@@ -171,11 +171,11 @@ def rewrite_blocks(text: str, records, path: str) -> str:
     def sub(m):
         name = m.group("name")
         if name not in blocks:
-            raise SystemExit(f"burstengine report: {path}: unknown block report:{name} (known: {', '.join(blocks)})")
+            raise ValueError(f"{path}: unknown block report:{name} (known: {', '.join(blocks)})")
         try:
             body = blocks[name](records)
         except KeyError as e:
-            raise SystemExit(f"burstengine report: {path}: block report:{name}: {e.args[0]}") from None
+            raise ValueError(f"{path}: block report:{name}: {e.args[0]}") from None
         return m.group(1) + body + "\n" + m.group(4)
     return BLOCK_RE.sub(sub, text)
 
@@ -190,6 +190,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    try:
+        return _run(args)
+    except (ValueError, OSError) as e:  # no records, a bad one, a doc or block it cannot read
+        print(f"burstengine report: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args) -> int:
     records = load_records(args.records)
     docs = args.docs
     if docs is None:

@@ -56,6 +56,8 @@ def _kill_in_save() -> int | None:
     return int(v) if v else None
 
 
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports a process ended by SIGINT
+
 HELP = "train a LLaMA-style model (FSDP2 + BurstAttention context parallelism)"
 
 
@@ -130,14 +132,15 @@ def run_rank(cfg, resume: bool, overwrite: bool, memory_plan: bool = False) -> i
     return 0
 
 
-def _resume_hint(cfg) -> None:
+def _resume_hint(cfg, why: str = "") -> None:
     found = latest(os.path.join(cfg.run_dir, "checkpoints"))
     if found:
-        print(f"burstengine train: the last complete checkpoint is {found}; run the same command with --resume "
+        print(f"burstengine train: {why}the last complete checkpoint is {found}; run the same command with --resume "
               f"to continue from it", file=sys.stderr, flush=True)
     else:
-        print("burstengine train: no checkpoint was completed (set save_every to save some); a rerun starts "
-              "from step 0", file=sys.stderr, flush=True)
+        hint = "" if cfg.save_every else " (set save_every to save some)"
+        print(f"burstengine train: {why}no checkpoint was completed{hint}; a rerun starts from step 0",
+              file=sys.stderr, flush=True)
 
 
 def preflight(cfg, world: int | None = None) -> str | None:
@@ -203,6 +206,15 @@ def run(args) -> int:
     if args.print_config:
         print(to_toml(cfg), end="")
         return 0
+    try:
+        return _run(args, cfg)
+    except KeyboardInterrupt:  # Ctrl-C: the spawned ranks were stopped quietly (bench/launch.py)
+        if int(os.environ.get("RANK", "0")) == 0:
+            _resume_hint(cfg, "interrupted; ")
+        return EXIT_INTERRUPTED
+
+
+def _run(args, cfg) -> int:
     if args.resume and not args.overwrite:
         done = finished(cfg)
         if done:

@@ -11,13 +11,14 @@ attended with.  Two implementations provide them:
 """
 from __future__ import annotations
 
+import json
 import os
 
 import torch
 
 from ..comm.dist import rank_of, world_of
 from ..kernels import acc_dtype
-from ..model import PRESETS, ContextParallel, Hooks, Transformer, fused, tensor_parallel
+from ..model import PRESETS, ContextParallel, Hooks, ModelArgs, Transformer, fused, tensor_parallel
 from ..model.layers import CHUNK
 from ..model.hf_dir import args_from_hf_config, hf_config_from_args, load_hf_model, ours_to_hf, read_config
 
@@ -174,14 +175,29 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return table[name]
 
 
+def spec_args(spec: str) -> ModelArgs:
+    """The ModelArgs of a preset or of a model directory's config.json (a ValueError for a family
+    burstengine's model does not run)."""
+    return PRESETS[spec] if spec in PRESETS else args_from_hf_config(read_config(spec), f"{spec}/config.json")
+
+
 def check_spec(spec: str, impl: str) -> str | None:
-    """A message when ``spec`` is neither a preset nor a model directory (checked before any
-    rank starts)."""
+    """A message when ``spec`` is neither a preset nor a model directory, or (``impl="ours"``) a
+    directory of a family burstengine's model does not reproduce (checked before any rank starts)."""
     if impl not in IMPLS:
         return f"unknown --impl {impl!r}; expected one of {IMPLS}"
     if spec in PRESETS:
         return None
     if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, "config.json")):
+        if impl == "ours":  # a family our model does not reproduce: said here, not by every rank's load
+            try:
+                spec_args(spec)
+            except json.JSONDecodeError as e:
+                return f"{spec}/config.json is not JSON ({e})"
+            except ValueError as e:
+                return str(e)
+            except (KeyError, TypeError) as e:
+                return f"{spec}/config.json lacks or mistypes {e}"
         return None
     return f"--model {spec!r} is neither a preset ({', '.join(PRESETS)}) nor a directory with a config.json"
 
@@ -211,8 +227,7 @@ def load_model(spec: str, impl: str = "ours", device="cpu", dtype=torch.float32,
         split = None
         if tp_group is not None:
             split = tensor_parallel.Split(rank_of(tp_group), world_of(tp_group))
-            args = PRESETS[spec] if spec in PRESETS else args_from_hf_config(read_config(spec), f"{spec}/config.json")
-            why = tensor_parallel.refuses(args, split.world)
+            why = tensor_parallel.refuses(spec_args(spec), split.world)
             if why:
                 raise ValueError(f"--model {spec}: {why}")
         if spec in PRESETS:

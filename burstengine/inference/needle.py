@@ -11,12 +11,20 @@ Prompts are built in token space, so a prompt has exactly the length asked for:
 * without one (a preset with random weights): random filler ids, a needle of a fixed random
   "key" id sequence followed by random "value" ids, and the key again at the end; the answer is
   right when the continuation starts with the value ids.
+* ``passkey``: the built-in training task's own format (:class:`burstengine.train.data.Passkey`),
+  for a model trained on it: its filler sentence, ``KEY`` + the passkey symbols at the depth,
+  and the prompt ends with ``QUERY KEY``; the answer is right when the continuation is the
+  passkey.  The task's settings (key length, symbols, seed) must be the training run's.
 """
 from __future__ import annotations
 
 import random
 import re
 from dataclasses import dataclass
+
+from ..train.data import BOS, FIRST_SYMBOL, KEY, QUERY, Passkey
+
+FORMATS = ("auto", "text", "tokens", "passkey")  # auto: text with a tokenizer, else tokens
 
 FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ")
 NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key. "
@@ -92,6 +100,24 @@ def token_case(vocab: int, length: int, depth: float, sample: int, seed: int, ke
         raise ValueError(f"length {length} is shorter than the needle and question ({length - room} tokens)")
     filler = [rng.randrange(vocab) for _ in range(room)]
     return Case(length, depth, sample, _insert(filler, 0, key + value, depth) + key, value, value_len)
+
+
+def passkey_case(task: Passkey, length: int, depth: float, sample: int, seed: int) -> Case:
+    """A prompt of ``length`` tokens in the format ``task`` trained on, the KEY marker at
+    ``depth`` of the room before the question (where the task's own draws put it)."""
+    L, P = task.key_len, len(task.sentence)
+    q = length - 2  # the prompt ends with QUERY KEY; the answer is the L symbols after it
+    if q - L - 3 < 0:
+        raise ValueError(f"length {length} is too short for a passkey of {L} tokens ({L + 5} at least)")
+    rng = random.Random(f"{seed}:{length}:{depth}:{sample}")
+    phase = rng.randrange(P)
+    filler = [int(task.sentence[(phase + i) % P]) for i in range(length)]
+    key = [FIRST_SYMBOL + k for k in rng.sample(range(task.symbols), L)]
+    at = 1 + round(depth * (q - L - 3))  # in [1, q - L - 2], the range of the task's draws
+    ids = [BOS] + filler[1:length]
+    ids[at:at + 1 + L] = [KEY] + key
+    ids[q:q + 2] = [QUERY, KEY]
+    return Case(length, depth, sample, ids, key, L)
 
 
 def correct(case: Case, new_ids: list[int], tok) -> tuple[bool, str]:

@@ -26,11 +26,13 @@ rank's shard of K/V).  What is refused with a ValueError, raised on every rank o
 any ring traffic: a padding ``attention_mask`` with zeros (an all-ones mask is accepted), 4-D
 masks, chunked / bidirectional / multimodal masks, attention dropout, softcapping, attention
 sinks, position_ids that are neither the layout's global positions nor positions restarting per
-document, rows with different document boundaries, shards of different lengths, and decoding
-steps against a cache, ``output_attentions=True``, and, over several ranks, a causal-LM
-loss from plain ``labels=`` (transformers would shift them inside each shard): pass
-``shift_labels``, the labels shifted on the global sequence and then sharded (the error message
-shows the call).
+document, rows with different document boundaries, shards of different lengths,
+``output_attentions=True``, and, over several ranks, decoding steps against a cache (each rank's
+cache holds a shard: decode with :func:`burstengine.inference.generate`) and a causal-LM loss
+from plain ``labels=`` (transformers would shift them inside each shard): pass ``shift_labels``,
+the labels shifted on the global sequence and then sharded (the error message shows the call).
+In one process ``model.generate()`` works: its prefill is "burst" attention, and each decoding
+step attends plainly (exactly) over transformers' cache.
 
 The group and layout come from :func:`burst_context` (a context manager) or :func:`configure`
 (a process-wide setting).  In a single process without torch.distributed neither is needed: the
@@ -260,8 +262,7 @@ def burst_attention_forward(module, query, key, value, attention_mask, dropout: 
         raise ValueError(f'attn_implementation="burst" does not support {", ".join(refused)}')
     _SHARDED[:] = [(query.shape[0], query.shape[2], settings.layout)] if settings.world()[1] > 1 else []
     if key.shape[2] != query.shape[2]:
-        raise ValueError(f'attn_implementation="burst" attends within the sharded sequence only: the query has '
-                         f'{query.shape[2]} tokens but the keys {key.shape[2]} (a decoding step against a cache?)')
+        return _cached_step(settings, query, key, value, attention_mask, scaling, sliding_window), None
     if getattr(module, "layer_idx", 0) in (0, None):
         _docs = _agree(settings, module, query, key, attention_mask, position_ids)
     # transformers' sliding_window W keeps keys with kv > q - W: the W most recent, the query's own
@@ -270,6 +271,33 @@ def burst_attention_forward(module, query, key, value, attention_mask, dropout: 
                           causal=True, layout=settings.layout, softmax_scale=scaling, backward=settings.backward,
                           kernel=settings.kernel, window=sliding_window or None, cu_seqlens=_docs)
     return out, None
+
+
+def _cached_step(settings: BurstSettings, query, key, value, attention_mask, scaling, sliding_window):
+    """A decoding step against transformers' cache (``model.generate()``): the m new queries,
+    the last m of the K cached + new keys, attend causally to the keys, plainly (exact; a
+    step's m x K scores are small).  In one process only: over several ranks each rank's cache
+    holds its shard of the sequence (burstengine.inference.generate decodes against that)."""
+    m, K = query.shape[2], key.shape[2]
+    if settings.world()[1] > 1:
+        raise ValueError('attn_implementation="burst" decodes against a cache in one process only: over several ranks '
+                         "each rank's cache holds its shard of the prompt; decode with burstengine.inference.generate "
+                         "(`burstengine generate`)")
+    if m > K:
+        raise ValueError(f'attn_implementation="burst": {m} queries against {K} keys')
+    if attention_mask is PADDED:
+        raise ValueError('attn_implementation="burst" does not support padding: the attention_mask has zeros; pass '
+                         'unpadded sequences (an all-ones mask or None)')
+    if attention_mask is not None:
+        raise ValueError(f'attn_implementation="burst" takes no explicit attention mask (got a '
+                         f'{type(attention_mask).__name__}); causality comes from the positions')
+    # query i is the token at K - m + i: it sees the keys up to itself, the W most recent with a window
+    q_at = torch.arange(K - m, K, device=query.device)[:, None]
+    k_at = torch.arange(K, device=query.device)[None, :]
+    visible = (k_at <= q_at) & ((k_at > q_at - sliding_window) if sliding_window else True)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=visible, scale=scaling,
+                                                           enable_gqa=key.shape[1] != query.shape[1])
+    return out.transpose(1, 2).contiguous()
 
 
 # (batch, local tokens, layout) of the last "burst" forward over several ranks: a causal-LM loss

@@ -230,10 +230,12 @@ def shard_plan(sizes: dict[str, int], max_bytes: int = SHARD_BYTES) -> list[list
 
 
 def write_hf_dir(out_dir: str, config: dict, groups, n_files: int, source_dir: str | None = None,
-                 generation: dict | None = None) -> dict:
+                 generation: dict | None = None, tokenizer: str | None = None) -> dict:
     """Write an HF model directory: ``groups`` yields, for each of ``n_files`` files, a dict
     {HF name: tensor} (so a whole model never needs to be in memory); then config.json,
-    generation_config.json and the tokenizer files of ``source_dir``.  Returns {"files", "bytes"}."""
+    generation_config.json and the tokenizer files of ``tokenizer`` (a directory, or a
+    tokenizer.json file: see :func:`tokenizer_sources`; default ``source_dir``).  Returns
+    {"files", "bytes", "tokenizer_files"}."""
     from safetensors.torch import save_file
 
     os.makedirs(out_dir, exist_ok=True)
@@ -263,13 +265,22 @@ def write_hf_dir(out_dir: str, config: dict, groups, n_files: int, source_dir: s
     with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
         json.dump(gen, f, indent=2)
     copied = []
-    if source_dir:
-        for name in TOKENIZER_FILES:
-            src = os.path.join(source_dir, name)
-            if os.path.isfile(src):
-                shutil.copyfile(src, os.path.join(out_dir, name))
-                copied.append(name)
+    for name, src in tokenizer_sources(tokenizer or source_dir).items():
+        shutil.copyfile(src, os.path.join(out_dir, name))
+        copied.append(name)
     return {"files": n_files, "bytes": total, "tokenizer_files": copied}
+
+
+def tokenizer_sources(tokenizer: str | None) -> dict[str, str]:
+    """{file name in a model directory: its source} of a tokenizer: a directory's
+    TOKENIZER_FILES; a file named tokenizer.json with the files of TOKENIZER_FILES beside it (an
+    HF tokenizer's folder); any other .json file alone, as tokenizer.json."""
+    if not tokenizer:
+        return {}
+    if os.path.isfile(tokenizer) and os.path.basename(tokenizer) != "tokenizer.json":
+        return {"tokenizer.json": tokenizer}
+    folder = tokenizer if os.path.isdir(tokenizer) else os.path.dirname(tokenizer)
+    return {n: os.path.join(folder, n) for n in TOKENIZER_FILES if os.path.isfile(os.path.join(folder, n))}
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

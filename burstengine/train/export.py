@@ -16,7 +16,7 @@ import os
 import time
 import warnings
 
-from .checkpoint import latest
+from .checkpoint import latest, verify_sizes
 from ..model.hf_dir import DTYPES, SHARD_BYTES, hf_config_from_args, hf_tensors, peak_rss_gib, read_config, \
     shard_plan, tensor_files, write_hf_dir
 from ..model import ModelArgs, Transformer, lora
@@ -40,6 +40,10 @@ def _read(source: str):
     import torch.distributed.checkpoint as dcp
 
     ckpt = find_checkpoint(source)
+    problem = verify_sizes(ckpt)
+    if problem:
+        raise ValueError(f"{problem}: this checkpoint is incomplete; export another one (a step_N folder under its "
+                         f"checkpoints/)")
     with open(os.path.join(ckpt, "meta.json")) as f:
         meta = json.load(f)
     cfg = meta["config"]
@@ -159,7 +163,9 @@ def export(source: str, out_dir: str, dtype: str = "auto", max_shard_bytes: int 
             yield {hf: want.join(hf, lambda name: state[name]).to(dt) for hf in names}
 
     config = hf_config_from_args(args, seq_len=int(cfg.get("seq_len") or 0), base=base, dtype=dtype)
-    info = write_hf_dir(out_dir, config, groups(), len(plan), source_dir=init or None)
+    # the tokenizer the run trained with (tokenizer=, else init's): the export reads text as it did
+    info = write_hf_dir(out_dir, config, groups(), len(plan), source_dir=init or None,
+                        tokenizer=cfg.get("tokenizer") or None)
     return {"checkpoint": ckpt, "step": meta.get("step"), "out_dir": out_dir, "dtype": dtype,
             "export_s": time.perf_counter() - t0, "peak_rss_gib": peak_rss_gib(),
             "max_position_embeddings": config["max_position_embeddings"],

@@ -187,6 +187,11 @@ def lock_run_dir(cfg) -> tuple[runlock.RunLock | None, str | None]:
         return None, f"out_dir {run_dir}: cannot write its lock file ({e.strerror or e}: {e.filename})"
 
 
+# the summary's names said on CPU (its record keeps the keys): there a rank is a process, and the
+# memory figure is its peak resident set (train/metrics.py, peak_memory_gib)
+CPU_NAMES = {"mean_tokens_per_s_per_gpu": "mean_tokens_per_s_per_rank", "peak_mem_gib": "peak_rss_gib"}
+
+
 class Trainer:
     """A training job on the ranks of ``group`` (default: the world).
 
@@ -571,6 +576,8 @@ class Trainer:
         dense_flops = cfg.model.flops_per_token(0)
         attn_flops = cfg.model.flops_per_token(1) - dense_flops
         say_every = max(1, cfg.steps // 20)
+        # what the numbers are: per GPU and allocated device memory, or per rank and the peak RSS on CPU
+        per, mem_label = ("gpu", "mem") if self.device.type == "cuda" else ("rank", "peak rss")
         t_run = time.perf_counter()
         window_t, window_steps, window_pairs = time.perf_counter(), 0, 0.0
         self.log.say(self.memory_line())
@@ -604,12 +611,12 @@ class Trainer:
                        "peak_mem_gib": mem.item(), "tokens": self.step * tokens_per_step,
                        "target_tokens": int(acc_count.item()), "elapsed_s": time.perf_counter() - t_run}
                 self.log.write(rec)
-                progress.update(self.step, f"loss {loss:.4f} {tgs:,.0f} tok/s/gpu")
+                progress.update(self.step, f"loss {loss:.4f} {tgs:,.0f} tok/s/{per}")
                 if self.step % say_every == 0 or last or self.step == 1:
                     mfu = f" mfu {rec['mfu']:.1%}" if rec["mfu"] is not None else ""
                     self.log.say(f"step {self.step:>6}/{cfg.steps}  loss {loss:.4f}  lr {rec['lr']:.2e}  "
-                                 f"|g| {rec['grad_norm']:.3f}  {dt:.3f}s/step  {tgs:,.0f} tok/s/gpu{mfu}  "
-                                 f"mem {rec['peak_mem_gib']:.2f} GiB")
+                                 f"|g| {rec['grad_norm']:.3f}  {dt:.3f}s/step  {tgs:,.0f} tok/s/{per}{mfu}  "
+                                 f"{mem_label} {rec['peak_mem_gib']:.2f} GiB")
                 acc_loss, acc_count, window_steps, window_pairs = None, None, 0, 0.0
                 window_t = time.perf_counter()
             paused = False
@@ -640,6 +647,7 @@ class Trainer:
             summary.update(name=cfg.name, world=m.world, dp=m.dp, cp=m.cp, layout=cfg.layout, seq_len=cfg.seq_len,
                            device=self.device.type, wall_s=time.perf_counter() - t_run)
             self.log.write(summary)
-            self.log.say("summary: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+            named = {k: CPU_NAMES.get(k, k) if self.device.type == "cpu" else k for k in summary}
+            self.log.say("summary: " + ", ".join(f"{named[k]}={v:.4g}" if isinstance(v, float) else f"{named[k]}={v}"
                                                  for k, v in summary.items() if k not in ("kind", "eval")))
         return summary

@@ -8,7 +8,6 @@ Times are medians over ``--iters`` calls (rank 0's clock, after a barrier, level
 so that load on a shared machine hits them alike).  Writes check_cost_cpu.json to
 $BURST_RESULTS or ./burst-results (BURST_RESULTS=benchmarks/results to add to the committed ones).
 """
-import argparse
 import os
 import statistics
 import time
@@ -22,6 +21,7 @@ from ...attention.call import AttnCall, MaskArgs
 from ...attention.prepare import check_call
 from ...testing import DistPool
 from ..records import write_record
+from ..usage import command_parser
 
 SHAPES = {"tiny": (1, 64, 4, 2, 32), "moderate": (1, 1024, 8, 8, 64)}  # B, n (local), H, Hkv, D
 
@@ -53,7 +53,7 @@ def measure(group, shape, iters):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="burstengine bench check-cost", description=__doc__.splitlines()[0])
+    ap = command_parser("burstengine bench check-cost", __doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args(argv)
     pool = DistPool(world=4)

@@ -9,7 +9,6 @@ random inputs, for full and causal blocks, head dims 64 and 128, GQA 1 and 4.
     burstengine bench delta-error            # one GPU
     burstengine bench delta-error --device cpu --kernel reference --seq 256   # harness smoke run
 """
-import argparse
 import itertools
 
 import torch
@@ -19,17 +18,18 @@ from ...kernels.reference import ReferenceKernel
 from ...kernels.sdpa import out_from_delta
 from ...masks import CAUSAL, FULL
 from ...testing import fro_err
-from ..records import write_record
+from ..records import OUT_DIR_HELP, write_record
 from ..tables import Section, num, table
+from ..usage import command_parser
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="burstengine bench delta-error", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("burstengine bench delta-error", __doc__)
     ap.add_argument("--seq", type=int, default=8192)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--kernels", default="cudnn,flash")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--out-dir", default=None)
+    ap.add_argument("--out-dir", default=None, help=OUT_DIR_HELP)
     args = ap.parse_args(argv)
     dev = torch.device(args.device)
     low = torch.bfloat16 if dev.type == "cuda" else torch.float32

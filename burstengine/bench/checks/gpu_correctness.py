@@ -10,7 +10,6 @@ errors of the single-GPU kernel on the whole sequence in bf16 ("kernel_only"), s
 shows what the ring adds to the kernel's own rounding.  Writes
 gpu_correctness_<world>gpu.json in $BURST_RESULTS or ./burst-results.
 """
-import argparse
 import itertools
 import os
 import time
@@ -25,6 +24,7 @@ from ...kernels.reference import ReferenceKernel
 from ...masks import CAUSAL, FULL
 from ...testing import fro_err, rel_err
 from ..records import write_record
+from ..usage import command_parser
 
 NAMES = ("out", "lse", "dq", "dk", "dv")
 
@@ -52,7 +52,7 @@ def kernel_only(kern, q, k, v, do, causal, refs):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="burstengine bench gpu-correctness", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("burstengine bench gpu-correctness", __doc__)
     ap.add_argument("--seq-local", type=int, default=8192)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--tol", type=float, default=1e-2)

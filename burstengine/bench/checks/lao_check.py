@@ -17,7 +17,6 @@ Writes lao_check.json to $BURST_RESULTS or ./burst-results.
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import itertools
 import math
@@ -33,6 +32,7 @@ from ...masks import CAUSAL, FULL, MaskSpec, STRICT
 from ..records import write_record
 from ..tables import Section, num, table
 from ..triton_variants import load_configs, warm_variants
+from ..usage import command_parser
 
 
 def docs(n, seed, mean=150):
@@ -100,7 +100,7 @@ def _interpreter(tests_dir):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="burstengine bench lao-check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("burstengine bench lao-check", __doc__)
     ap.add_argument("--configs", default=None, help="JSON from `burstengine bench lao-bench --stage sweep` (default: CONFIGS)")
     ap.add_argument("--tol", type=float, default=1e-2)
     ap.add_argument("--jobs", type=int, default=8)

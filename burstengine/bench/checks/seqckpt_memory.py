@@ -18,7 +18,6 @@ the median step time.  Also the input-gradient difference of each mode against '
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
@@ -34,6 +33,7 @@ import burstengine as be
 from ...model.rope import rope_tables as model_rope_tables
 from ...testing import fro_err
 from ..records import write_record
+from ..usage import command_parser
 
 
 def rope_tables(positions, D, base=10000.0):
@@ -80,7 +80,7 @@ class Block(nn.Module):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="burstengine bench seqckpt-memory", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("burstengine bench seqckpt-memory", __doc__)
     ap.add_argument("--seq", type=int, default=32768, help="global sequence length")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--d-model", type=int, default=4096)

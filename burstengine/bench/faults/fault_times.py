@@ -9,14 +9,14 @@ train).  The tests assert the bounds; this writes what one run measured.
 It runs the test suite's own jobs, so it needs a source checkout: run it from the repository
 root (or name the tests folder with --tests).
 """
-import argparse
 import importlib
 import os
 import sys
 import tempfile
 
-from ..records import write_record
+from ..records import OUT_DIR_HELP, write_record
 from ..tables import Section, fixed, num, table
+from ..usage import command_parser
 
 
 def _test_modules(tests_dir):
@@ -31,10 +31,9 @@ def _test_modules(tests_dir):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="burstengine bench fault-times", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("burstengine bench fault-times", __doc__)
     ap.add_argument("--tests", default="tests", help="the checkout's tests folder [tests]")
-    ap.add_argument("--out-dir", default=None, help="record folder (default $BURST_RESULTS or ./burst-results)")
+    ap.add_argument("--out-dir", default=None, help=OUT_DIR_HELP)
     args = ap.parse_args(argv)
     tf, ttf = _test_modules(args.tests)
     jobs = tf.run_jobs()

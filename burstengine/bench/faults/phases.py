@@ -38,6 +38,7 @@ import subprocess
 import sys
 import time
 from ..tables import Section, fixed, num, table
+from ..usage import command_parser
 
 FAULTS = ("first_call", "subgroups", "ring_step", "skip_call", "skip_backward", "freeze", "store_host",
           "checkpoint_save")
@@ -254,7 +255,7 @@ def _fuzz_counts(tests_dir: str | None) -> dict | None:
 
 
 def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    p = p or argparse.ArgumentParser(prog="burstengine bench faults", description=__doc__.split("\n\n")[0])
+    p = p or command_parser("burstengine bench faults", __doc__.split("\n\n")[0])
     p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated subset of {FAULTS}")
     p.add_argument("--world", type=int, default=4)
     p.add_argument("--deadline", type=float, default=6.0, help="BURST_TIMEOUT of the jobs (seconds)")
@@ -263,7 +264,7 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     p.add_argument("--no-fuzz", action="store_true", help="skip the bad-call fuzz (counts of calls tried)")
     p.add_argument("--tests", default="tests", help="the checkout's tests/ folder, whose fuzz cases are counted "
                                                     "[%(default)s; skipped when absent]")
-    p.add_argument("--out-dir", default=None, help="where the JSON record goes (default benchmarks/results)")
+    p.add_argument("--out-dir", default=None, help="record directory [$BURST_RESULTS or ./burst-results]")
     p.add_argument("--name", default=None, help="record name (default faults_<device>)")
     return p
 

@@ -154,6 +154,7 @@ def run(args, model: str, seqs: list[int], run_case, record_name: str, say) -> i
          f"{', '.join('/'.join(r['rows']) for r in runs)}; {args.warmup} warm-up + {args.steps} timed steps each; "
          f"overrides {args.overrides or 'none'}" + (f"; appending to {path} ({len(done)} rows)" if done else ""))
     results = []
+    per, peak_label = ("GPU", "peak") if torch.cuda.is_available() else ("rank", "peak RSS")  # as train.py says them
     for seq in seqs:
         for r in runs:
             cfg = [f"{k}={v}" for k, v in r["config"].items()]
@@ -162,8 +163,8 @@ def run(args, model: str, seqs: list[int], run_case, record_name: str, say) -> i
                             "warmup": args.warmup, "steps": args.steps})
             results.append(row)
             say(f"{'/'.join(r['rows']):>24} S={seq}: " + (
-                f"{row['median_step_s']:.3f} s/step, {row['tokens_per_s_per_gpu']:,.0f} tok/s/GPU, "
-                f"MFU {_pct(row['mfu'])}, peak {row['peak_mem_gib']:.2f} GiB, step-0 loss {row['first_loss']:.5f}"
+                f"{row['median_step_s']:.3f} s/step, {row['tokens_per_s_per_gpu']:,.0f} tok/s/{per}, "
+                f"MFU {_pct(row['mfu'])}, {peak_label} {row['peak_mem_gib']:.2f} GiB, step-0 loss {row['first_loss']:.5f}"
                 if row["ok"] else row["error"]))
             if dist.get_rank() == 0:  # after every run: a stopped launch keeps what it finished
                 rows = _combine(done, results)

@@ -27,8 +27,8 @@ import burstengine as be
 from ...timing import median, timed
 from ..harness import attn_flops, device_backend, ranked_bench
 from ..launch import add_launch_arguments
-from ..records import results_dir, write_record
-from ..tables import Section, gib, med, ms, num, ratio, table
+from ..records import OUT_DIR_HELP, results_dir, write_record
+from ..tables import Section, gib, med, memory, ms, num, rate, ratio, table
 from ..usage import fill_device_defaults, kernel_error, missing_package
 from . import peer_attention as peers
 from .methods import METHODS as ALL_METHODS, method as lookup, unknown
@@ -172,8 +172,8 @@ def print_table(rows, file=None):
     file = file or sys.stdout  # per call, not bound at import
     key = lambda r: (r["world"], r["S"], r["causal"], r["Hkv"])
     base = {key(r): r for r in rows if r["method"] == BASELINE and "fwdbwd_tflops" in r}
-    hdr = f"{'method':20s} {'G':>2s} {'S':>8s} {'mask':6s} {'kvH':>4s} {'fwd TF/s':>9s} {'f+b TF/s':>9s} " \
-          f"{'f+b ms':>9s} {'vs CP':>6s} {'peak GiB':>8s}"
+    hdr = f"{'method':20s} {'G':>2s} {'S':>8s} {'mask':6s} {'kvH':>4s} {'fwd FLOP/s':>11s} {'f+b FLOP/s':>11s} " \
+          f"{'f+b ms':>9s} {'vs CP':>6s} {'peak':>9s}"
     print(hdr, file=file)
     print("-" * len(hdr), file=file)
     for r in rows:
@@ -184,8 +184,8 @@ def print_table(rows, file=None):
         b = base.get(key(r))
         vs_cp = f"{r['fwdbwd_tflops'] / b['fwdbwd_tflops']:6.3f}" if b else "   -  "
         print(f"{r['method']:20s} {r['world']:>2d} {r['S']:>8d} {'causal' if r['causal'] else 'full':6s} "
-              f"{r['Hkv']:>4d} {r['fwd_tflops']:9.1f} {r['fwdbwd_tflops']:9.1f} {median(r['fwdbwd_s']) * 1e3:9.1f} {vs_cp} "
-              f"{r['peak_bytes'] / 2**30:8.1f}", file=file)
+              f"{r['Hkv']:>4d} {rate(r['fwd_tflops'] * 1e12):>11s} {rate(r['fwdbwd_tflops'] * 1e12):>11s} "
+              f"{median(r['fwdbwd_s']) * 1e3:9.1f} {vs_cp} {memory(r['peak_bytes']):>9s}", file=file)
 
 
 def plot(json_path, out_png):
@@ -241,7 +241,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iters", type=int, default=None, help="[cuda: 5, cpu: 3]")
     p.add_argument("--profile", type=int, default=0, help="also trace one fwd+bwd at this total sequence (GPUs)")
     p.add_argument("--name", default=None, help="record name (default attention_<world>gpu or _<world>cpu)")
-    p.add_argument("--out-dir", default=None, help="record directory [$BURST_RESULTS or ./burst-results]")
+    p.add_argument("--out-dir", default=None, help=OUT_DIR_HELP)
     p.add_argument("--plot", default=None, help="draw the scaling plot from this JSON record and exit")
     p.add_argument("--worlds", default="", help="comma-separated world sizes to run on sub-groups of the launch "
                                                   "(default: the launch's world only)")
@@ -341,8 +341,8 @@ def run_rank(args) -> int:
                          error=f"OOM: {str(e).splitlines()[0]}")
             rows.append(r)
             if rank == 0:
-                msg = r.get("error") or (f"fwd {r['fwd_tflops']:.1f} TF/s, fwd+bwd {r['fwdbwd_tflops']:.1f} TF/s, "
-                                         f"peak {r['peak_bytes'] / 2**30:.1f} GiB")
+                msg = r.get("error") or (f"fwd {rate(r['fwd_tflops'] * 1e12)}, fwd+bwd {rate(r['fwdbwd_tflops'] * 1e12)}, "
+                                         f"peak {memory(r['peak_bytes'])}")
                 print(f"[{time.time() - t0:6.0f}s] case {i + 1}/{len(cases)} world={w} S={S} "
                       f"{'causal' if causal else 'full'} kvH={hkv} {m}: {msg}", flush=True)
                 path = write_record(name, payload, out_dir, path=path)

@@ -53,7 +53,7 @@ from ...inference.needle import parse_lengths
 from ...inference.step import MODES as GRAPH_MODES, use_graphs, use_tensor_parallel
 from ...model.tensor_parallel import head_weight
 from ..harness import RankLog, ranked_bench
-from ..records import write_record
+from ..records import OUT_DIR_HELP, write_record
 from ..tables import Section, device_of, fixed, ms, num, record, table
 
 ALIASES = {"llama-3.1-8b": "llama-8b"}
@@ -87,9 +87,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "tokens); a failure stops the run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default=None, help="record name [decode_<model>_<world><device>]")
-    p.add_argument("--out-dir", default=None, help="record directory [benchmarks/results]")
+    p.add_argument("--out-dir", default=None, help=OUT_DIR_HELP)
     p.add_argument("--world", type=int, default=1, help="ranks to spawn without torchrun [%(default)s]")
-    p.add_argument("--timeout", type=float, default=3600.0)
+    # one thread: a decode step is many small ops, which a thread pool slows down as soon as another
+    # process wants a core (tiny on a busy 2-core box: 1.3 ms/token with one, 34-211 ms with two)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads per rank (more only help a machine of idle cores) [%(default)s]")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds before the ranks are stopped")
 
 
 def _lengths(text):
@@ -114,6 +118,8 @@ def validate(args) -> str | None:
         return "--graphs on needs a CUDA device"
     if args.sliced and args.tp not in (None, "on", "auto"):
         return f"--sliced holds only tensor-parallel slices: it decodes with --tp on, not --tp {args.tp}"
+    if args.threads < 1:
+        return f"--threads must be >= 1, got {args.threads}"
     return None
 
 
@@ -238,7 +244,8 @@ def run_rank(args) -> dict:
     rows = []
     name = args.name or f"decode_{args.model}_{world}{device.type}"
     payload = dict(kind="decode", model=args.model, describe=model.describe, world=world, dtype=str(dtype),
-                   copy_bandwidth_Bps=bw, graphs=graphed, sliced=model.sliced, rows=rows)
+                   copy_bandwidth_Bps=bw, graphs=graphed, sliced=model.sliced, threads=torch.get_num_threads(),
+                   rows=rows)
     if check is not None:
         payload["check"] = check
     path = None  # the first write picks a free name; later rows rewrite that file

@@ -8,7 +8,7 @@
     # an exported directory in transformers vs the engine on the same tokens: logits
     burstengine bench finetune compare --model /tmp/l8b-export --seq 8192
 
-Each writes a JSON record (``--record NAME``: benchmarks/results/NAME.json, or $BURST_RESULTS).
+Each writes a JSON record (``--record NAME``: NAME.json in $BURST_RESULTS or ./burst-results).
 """
 from __future__ import annotations
 
@@ -27,13 +27,13 @@ from ...train.parallel import build_mesh, build_model
 from ..launch import init_from_env, under_launcher
 from ..records import write_record
 from ..tables import Section, device_of, fixed, num, record, table
+from ..usage import HelpFormatter, command_parser
 
 
 def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    p = p or argparse.ArgumentParser(prog="burstengine bench finetune", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = p or command_parser("burstengine bench finetune", __doc__)
     sub = p.add_subparsers(dest="what", required=True)
-    m = sub.add_parser("make", help="write a random-weight HF model directory of a known config")
+    m = sub.add_parser("make", formatter_class=HelpFormatter, help="write a random-weight HF model directory of a known config")
     m.add_argument("--config", required=True, help="one of burstengine.model.hf_dir.CONFIGS, or a config.json path")
     m.add_argument("--out", required=True)
     m.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float16"))
@@ -41,7 +41,7 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--shard-gb", type=float, default=2.0)
     m.add_argument("--record", default=None)
-    ld = sub.add_parser("load", help="load an HF directory into the FSDP2-sharded model (under torchrun or alone)")
+    ld = sub.add_parser("load", formatter_class=HelpFormatter, help="load an HF directory into the FSDP2-sharded model (under torchrun or alone)")
     ld.add_argument("--init", required=True)
     ld.add_argument("--save", default=None, metavar="RUN_DIR",
                     help="then save it as a step-0 checkpoint of a run in RUN_DIR (for `burstengine export`; "
@@ -50,7 +50,7 @@ def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentP
     ld.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="train config overrides (e.g. model.rope_scaling.factor=16)")
     ld.add_argument("--record", default=None)
-    c = sub.add_parser("compare", help="transformers vs the engine on one sequence of an HF directory")
+    c = sub.add_parser("compare", formatter_class=HelpFormatter, help="transformers vs the engine on one sequence of an HF directory")
     c.add_argument("--model", required=True)
     c.add_argument("--seq", type=int, default=4096)
     c.add_argument("--rows", type=int, default=512, help="positions whose logits are compared (the last ones)")

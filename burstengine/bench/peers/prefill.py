@@ -45,8 +45,8 @@ from ...model import ModelArgs, PRESETS
 from ...timing import median, reduce_max, timed
 from ..harness import RankLog, ranked_bench
 from ..launch import default_world
-from ..records import write_record
-from ..tables import Section, gib, med, ms, num, ratio, table
+from ..records import OUT_DIR_HELP, write_record
+from ..tables import Section, gib, med, memory, ms, num, ratio, table
 from ..usage import kernel_error
 from . import peer_attention as peers
 from .methods import METHODS as ALL_METHODS, unknown
@@ -89,7 +89,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--world", type=int, default=None, help="ranks to spawn without torchrun [one per GPU, else 2]")
     p.add_argument("--name", default=None, help="record name (default prefill_<world><gpu|cpu>)")
-    p.add_argument("--out-dir", default=None, help="record directory [$BURST_RESULTS or ./burst-results]")
+    p.add_argument("--out-dir", default=None, help=OUT_DIR_HELP)
     p.add_argument("--timeout", type=float, default=7200.0)
 
 
@@ -264,7 +264,7 @@ def run_rank(args, group=None) -> list[dict]:
                            tokens_per_s=S / median(secs))
                 if first is not None:
                     row.update(first_s=first, first_vs_warm=first / median(secs))
-                log(f"{name} {method} S={S}: {row['median_s']:.3f}s, peak {peak / 2**30:.1f} GiB"
+                log(f"{name} {method} S={S}: {row['median_s']:.3f}s, peak {memory(peak)} ({what})"
                     + (f", first call {first:.3f}s ({row['first_vs_warm']:.2f}x warm)" if first is not None else "")
                     + (f", logits vs burst {row['logits_rel_diff_vs_burst']:.1e}" if "logits_rel_diff_vs_burst" in row
                        else ""))
@@ -302,7 +302,8 @@ def print_tables(rows, methods, seqs, file=None):
             print("first call at the length (s), ÷ the warm median:", file=file)
             for m in methods:
                 line(m, lambda r: f"{r['first_s']:.3f} {r['first_vs_warm']:.2f}x" if "first_s" in r else "-")
-        print("peak memory per rank (GiB):", file=file)
+        kinds = {x.get("peak_kind") for x in rows if x["model"] == model and "peak_bytes" in x} - {None}
+        print(f"peak memory per rank (GiB{', ' + ', '.join(sorted(kinds)) if kinds else ''}):", file=file)
         for m in methods:
             line(m, lambda r: f"{r['peak_bytes'] / 2**30:.2f}" if "peak_bytes" in r else "-")
 

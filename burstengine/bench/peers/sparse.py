@@ -50,8 +50,8 @@ from ...testing import fro_err
 from ...timing import median
 from ..harness import device_backend, ranked_bench
 from ..launch import add_launch_arguments
-from ..records import write_record
-from ..tables import MIB, Section, fixed, ms, num, table
+from ..records import OUT_DIR_HELP, write_record
+from ..tables import MIB, Section, fixed, ms, num, rate, table
 from ..usage import fill_device_defaults, kernel_error
 
 
@@ -272,7 +272,7 @@ def check_case(case, args, group, device, dtype):
 def print_table(rows, file=None):
     file = file or sys.stdout  # per call, not bound at import
     base = {r["group"]: r for r in rows if r["name"] in ("causal", "one-doc")}
-    hdr = (f"{'case':12s} {'layout':10s} {'S':>8s} {'steps':>5s} {'fwd ms':>9s} {'f+b ms':>9s} {'TF/s':>7s} "
+    hdr = (f"{'case':12s} {'layout':10s} {'S':>8s} {'steps':>5s} {'fwd ms':>9s} {'f+b ms':>9s} {'FLOP/s':>10s} "
            f"{'speedup':>7s} {'ideal':>7s} {'eff':>5s} {'balance':>7s} {'ideal':>6s} {'MB sent':>8s} {'whole':>8s}")
     print(hdr, file=file)
     print("-" * len(hdr), file=file)
@@ -283,7 +283,7 @@ def print_table(rows, file=None):
         r["speedup"], r["ideal_speedup"] = sp, ideal
         sent = max(p["fwd_bytes"] + p["bwd_bytes"] for p in r["per_rank"]) / 2**20
         print(f"{r['name']:12s} {r['layout']:10s} {r['S']:>8d} {r['steps']:>2d}/{r['world']:<2d} {r['fwd_s'] * 1e3:9.1f} "
-              f"{r['fwdbwd_s'] * 1e3:9.1f} {r['fwdbwd_tflops']:7.1f} {sp:7.2f} {ideal:7.2f} {sp / ideal:5.2f} "
+              f"{r['fwdbwd_s'] * 1e3:9.1f} {rate(r['fwdbwd_tflops'] * 1e12):>10s} {sp:7.2f} {ideal:7.2f} {sp / ideal:5.2f} "
               f"{r['balance']:7.3f} {r['ideal_balance']:6.3f} {sent:8.1f} {r['whole_shard_bytes'] / 2**20:8.1f}",
               file=file)
 
@@ -330,7 +330,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check", action="store_true", help="also check each case against the reference kernel")
     p.add_argument("--check-seq", type=int, default=None, help="global length of the --check runs " + _d("check_seq"))
     p.add_argument("--name", default=None, help="record name (default sparse_<world><device>)")
-    p.add_argument("--out-dir", default=None, help="record folder [$BURST_RESULTS or ./burst-results]")
+    p.add_argument("--out-dir", default=None, help=OUT_DIR_HELP)
     add_launch_arguments(p)
 
 

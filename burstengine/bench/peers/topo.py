@@ -50,8 +50,8 @@ from ...layout import LAYOUTS
 from ...timing import median, timed
 from ..harness import device_backend, ranked_bench
 from ..launch import add_launch_arguments
-from ..records import write_record
-from ..tables import Section, med, ms, num, table
+from ..records import OUT_DIR_HELP, write_record
+from ..tables import Section, med, ms, num, rate, table
 from ..usage import fill_device_defaults, kernel_error
 from . import peer_attention as peers
 
@@ -83,7 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iters", type=int, default=None, help="[cuda: 5, cpu: 2]")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="[cuda when available]")
     p.add_argument("--name", default=None, help="record name [topo_bench_<world>gpu or _<world>cpu]")
-    p.add_argument("--out-dir", default=None, help="record folder [$BURST_RESULTS or ./burst-results]")
+    p.add_argument("--out-dir", default=None, help=OUT_DIR_HELP)
     add_launch_arguments(p)
 
 
@@ -388,8 +388,8 @@ def run(group, args, log=print) -> dict | None:
         f, b = measure_kernel(kernel, device, dtype, B, sq, sk, h, hkv, d, mask, group, args.warmup, args.iters)
         ktimes.append((key, f, b))
         say(f"[{time.perf_counter() - t0:6.1f}s] kernel {kernel.name} {sq}x{sk} H={h} Hkv={hkv} {mask}: "
-            f"fwd {f * 1e3:.2f} ms ({cm.block_flops(B, sq, sk, h, d, mask) / f / 1e12:.1f} TF/s), "
-            f"bwd {b * 1e3:.2f} ms ({2.5 * cm.block_flops(B, sq, sk, h, d, mask) / b / 1e12:.1f} TF/s)")
+            f"fwd {f * 1e3:.2f} ms ({rate(cm.block_flops(B, sq, sk, h, d, mask) / f)}), "
+            f"bwd {b * 1e3:.2f} ms ({rate(2.5 * cm.block_flops(B, sq, sk, h, d, mask) / b)})")
     flops = [cm.block_flops(k[0], k[1], k[2], k[3], k[5], k[6]) for k, _, _ in ktimes]
     fwd_tf = sum(flops) / sum(f for _, f, _ in ktimes) / 1e12
     bwd_tf = 2.5 * sum(flops) / sum(b for _, _, b in ktimes) / 1e12
@@ -443,14 +443,14 @@ def run(group, args, log=print) -> dict | None:
 def print_table(rec, file=None):
     file = file or sys.stdout  # per call, not bound at import
     hdr = (f"{'case':14s} {'topology':>8s} {'S':>8s} {'measured ms':>12s} {'predicted ms':>12s} {'error':>7s} "
-           f"{'compute ms':>10s} {'exposed ms':>10s} {'TF/s/GPU':>8s}")
+           f"{'compute ms':>10s} {'exposed ms':>10s} {'FLOP/s/rank':>11s}")
     print(hdr, file=file)
     print("-" * len(hdr), file=file)
     for r in rec["rows"]:
         p = r["prediction"]
         print(f"{r['label']:14s} {r['topology']:>8s} {r['S']:>8d} {r['measured_s'] * 1e3:12.2f} "
               f"{r['predicted_s'] * 1e3:12.2f} {100 * r['error']:+6.1f}% {p['compute_s'] * 1e3:10.2f} "
-              f"{p['exposed_s'] * 1e3:10.2f} {r['tflops']:8.1f}", file=file)
+              f"{p['exposed_s'] * 1e3:10.2f} {rate(r['tflops'] * 1e12):>11s}", file=file)
     hop = rec.get("inter_hop")
     if hop:
         print(f"inter-node hop: {hop['how']}; intra {hop['intra_gbps']:.1f} GB/s, inter {hop['inter_gbps']:.1f} GB/s, "

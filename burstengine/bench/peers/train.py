@@ -45,7 +45,7 @@ from ...timing import median
 from ...train import Trainer, load
 from ...train.metrics import peak_memory_gib
 from ..harness import ranked_bench, step_check_level
-from ..records import write_record
+from ..records import OUT_DIR_HELP, write_record
 from ..tables import Section, device_of, fixed, med, num, ratio, record, table
 from . import ablation
 from .ablation import runs_of
@@ -74,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="config overrides for every case (e.g. activation_checkpoint=selective)")
     p.add_argument("--name", default=None, help="record name [train_<model>_<world>x<device>]")
-    p.add_argument("--out-dir", default=None, help="record directory [$BURST_RESULTS or ./burst-results]")
+    p.add_argument("--out-dir", default=None, help=OUT_DIR_HELP)
     p.add_argument("--ablation", action="store_true",
                    help="run the ablation rows (BurstEngine Table 2) and the memory-vs-split curve instead of "
                         "--methods (default seqs: 524288 on GPU, 512 on CPU)")
@@ -222,6 +222,8 @@ def run_rank(args) -> int:
          f"{', '.join(map(str, seqs))}{' then doubling' if args.longest else ''}; {args.warmup} warm-up + "
          f"{args.steps} timed steps each; overrides {args.overrides or 'none'}")
     rows = []
+    # what the figures are: per GPU and allocated memory, or per rank and its peak RSS on CPU (metrics.py)
+    per, peak_label = ("GPU", "peak") if on_gpu else ("rank", "peak RSS")
     name = args.name or f"train_{model}_{world}x{'gpu' if on_gpu else 'cpu'}"
     longest = {}
     payload = {"model": model, "world": world, "methods": methods, "warmup": args.warmup, "steps": args.steps,
@@ -250,7 +252,8 @@ def run_rank(args) -> int:
             if row["ok"]:
                 mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "-"
                 _say(f"{method:>9} S={seq:>8}: {row['median_step_s']:.3f} s/step, {row['tokens_per_s_per_gpu']:,.0f} "
-                     f"tok/s/GPU, MFU {mfu}, peak {row['peak_mem_gib']:.1f} GiB, step-0 loss {row['first_loss']:.5f}")
+                     f"tok/s/{per}, MFU {mfu}, {peak_label} {row['peak_mem_gib']:.1f} GiB, step-0 loss "
+                     f"{row['first_loss']:.5f}")
             else:
                 _say(f"{method:>9} S={seq:>8}: {row['error']}")
             if args.longest:
@@ -270,7 +273,7 @@ def run_rank(args) -> int:
     # the table, and ratios to torch-cp at the same sequence
     by = {(r["method"], r["seq_len"]): r for r in rows}
     if dist.get_rank() == 0:
-        print(f"\n{'method':>9} {'seq':>9} {'s/step':>8} {'TGS':>9} {'MFU':>7} {'GiB':>7} {'TGS/peer':>13}")
+        print(f"\n{'method':>9} {'seq':>9} {'s/step':>8} {'tok/s/' + per:>11} {'MFU':>7} {'GiB':>7} {'TGS/peer':>13}")
         for r in rows:
             if not r["ok"]:
                 print(f"{r['method']:>9} {r['seq_len']:>9} {r['error']}")
@@ -278,7 +281,7 @@ def run_rank(args) -> int:
             base = by.get(("torch-cp", r["seq_len"])) or by.get(("plain", r["seq_len"]))
             ratio = f"{r['tokens_per_s_per_gpu'] / base['tokens_per_s_per_gpu']:.2f}x" if base and base["ok"] else "-"
             mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
-            print(f"{r['method']:>9} {r['seq_len']:>9} {r['median_step_s']:>8.3f} {r['tokens_per_s_per_gpu']:>9,.0f} "
+            print(f"{r['method']:>9} {r['seq_len']:>9} {r['median_step_s']:>8.3f} {r['tokens_per_s_per_gpu']:>11,.0f} "
                   f"{mfu:>7} {r['peak_mem_gib']:>7.1f} {ratio:>13}")
         for seq in sorted({r["seq_len"] for r in rows}):
             a, b = by.get(("burst", seq)), by.get(("torch-cp", seq))
@@ -342,6 +345,11 @@ def validate(args) -> str | None:
         return f"unknown methods {bad}; expected some of {METHODS}"
     if any(ALL_METHODS[m].cuda_only for m in methods) and not on_gpu:
         return "torch-cp (torch's context_parallel) needs CUDA GPUs: torch has no CPU rule for it; use --methods burst"
+    for seq in seqs:  # what every case's config will say on these ranks (--longest's doublings divide alike)
+        try:
+            load(model, list(args.overrides) + [f"seq_len={seq}", "cp=0"]).check_world(args.world)
+        except ValueError as e:
+            return f"--seqs {seq}: {e}"
     return None
 
 

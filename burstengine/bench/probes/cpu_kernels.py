@@ -8,16 +8,17 @@ and backward, float32 (and bfloat16 for the flash kernel).
 Times are medians of ``--iters`` calls after one warm-up, in seconds.  Writes
 <out-dir>/cpu_kernels_cpu.json (default: ./burst-results, or $BURST_RESULTS).
 """
-import argparse
 import statistics
+import sys
 import time
 
 import torch
 
 from ...kernels.cpu_flash import CpuFlashKernel
 from ...kernels.reference import ReferenceKernel
-from ..records import write_record
+from ..records import OUT_DIR_HELP, write_record
 from ..tables import Section, med, ms, ratio, table
+from ..usage import command_parser
 
 
 def timed(fn, iters):
@@ -30,18 +31,34 @@ def timed(fn, iters):
     return statistics.median(ts), ts
 
 
+def _refused(args) -> str | None:
+    """One line for a shape the kernels cannot run, else None."""
+    for name in ("seq", "batch", "heads", "kv_heads", "head_dim", "iters"):
+        if getattr(args, name) < 1:
+            return f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
+    if args.heads % args.kv_heads:
+        return f"--heads {args.heads} is not a multiple of --kv-heads {args.kv_heads}"
+    return None
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="burstengine bench cpu-kernels", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seq", type=int, default=4096)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=64)
+    p = command_parser("burstengine bench cpu-kernels", __doc__)
+    p.add_argument("--seq", type=int, default=4096, help="tokens of the block (queries and keys)")
+    p.add_argument("--batch", type=int, default=1, help="sequences")
+    p.add_argument("--heads", type=int, default=8, help="query heads")
+    p.add_argument("--kv-heads", type=int, default=None, help="key/value heads [= --heads]")
+    p.add_argument("--head-dim", type=int, default=64, help="width of a head")
     p.add_argument("--threads", type=int, default=None, help="torch threads [torch's default]")
-    p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--mask", default="causal", choices=("causal", "full", "strict"))
-    p.add_argument("--out-dir", default=None)
+    p.add_argument("--iters", type=int, default=5, help="timed calls after one warm-up")
+    p.add_argument("--mask", default="causal", choices=("causal", "full", "strict"), help="the block's mask")
+    p.add_argument("--out-dir", default=None, help=OUT_DIR_HELP)
     args = p.parse_args(argv)
+    if args.kv_heads is None:
+        args.kv_heads = args.heads
+    msg = _refused(args)
+    if msg:
+        print(f"burstengine bench cpu-kernels: error: {msg}", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     B, S, H, Hkv, D = args.batch, args.seq, args.heads, args.kv_heads, args.head_dim

@@ -19,7 +19,6 @@ $BURST_RESULTS or ./burst-results, the sweep included.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -39,6 +38,7 @@ from ..harness import attn_flops
 from ..records import write_record
 from ..tables import Section, device_of, keyed, med, ms, num, ratio, record, span, table
 from ..triton_variants import load_configs, log, warm_variants
+from ..usage import command_parser
 
 T = Tiles
 # candidates per head dim, each timed on its own: forward tiles; dK/dV tiles with dQ from the
@@ -504,7 +504,7 @@ def main_stage(args):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="burstengine bench lao-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("burstengine bench lao-bench", __doc__)
     ap.add_argument("--stage", choices=("sweep", "main"), required=True)
     ap.add_argument("--configs", default=None, help="JSON from the sweep (default: the CONFIGS table)")
     ap.add_argument("--configs-out", default="lao_configs.json")

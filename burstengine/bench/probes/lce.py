@@ -19,7 +19,6 @@ reduction none with a random upstream gradient).
 """
 from __future__ import annotations
 
-import argparse
 import gc
 import statistics
 import sys
@@ -33,6 +32,7 @@ import burstengine as be
 from ...testing import fro_err
 from ...timing import timed
 from ..records import write_record
+from ..usage import command_parser
 
 
 def naive(h, w, y):
@@ -145,7 +145,7 @@ def run_one(fn, h, w, y, device, warmup, iters):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="burstengine bench lce", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("burstengine bench lce", __doc__)
     ap.add_argument("--vocab", type=int, nargs="+", default=[131072, 32768])
     ap.add_argument("--tokens", type=int, nargs="+", default=[16384, 32768, 65536, 131072])
     ap.add_argument("--hidden", type=int, default=4096)

@@ -8,7 +8,6 @@ has (less --headroom), and the method is then run once (fwd+bwd) at the predicte
 stepping down by --step on an OOM.  One untimed iteration per size: this finds a size, it
 does not time one (bench attention does).  Writes longest_<world>gpu.json to $BURST_RESULTS or ./burst-results.
 """
-import argparse
 import os
 import time
 
@@ -16,8 +15,9 @@ import torch
 import torch.distributed as dist
 
 from ..peers.attention import make_method
-from ..records import write_record
+from ..records import OUT_DIR_HELP, write_record
 from ..tables import Section, table
+from ..usage import command_parser
 
 
 def _try(method, S, args, group, dev):
@@ -56,7 +56,7 @@ def _try(method, S, args, group, dev):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="burstengine bench longest", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser("burstengine bench longest", __doc__)
     ap.add_argument("--methods", default="burst-zigzag,torch-cp-cudnn")
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=32)
@@ -66,7 +66,7 @@ def main(argv=None):
     ap.add_argument("--headroom", type=float, default=0.04, help="fraction of GPU memory left free")
     ap.add_argument("--step", type=float, default=0.08, help="relative step down after an OOM")
     ap.add_argument("--tries", type=int, default=3)
-    ap.add_argument("--out-dir", default=None)
+    ap.add_argument("--out-dir", default=None, help=OUT_DIR_HELP)
     args = ap.parse_args(argv)
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()

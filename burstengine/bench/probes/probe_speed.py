@@ -4,7 +4,6 @@
 
 Writes probe_speed_<world>gpu.json to $BURST_RESULTS or ./burst-results (or --out-dir).
 """
-import argparse
 
 import torch
 import torch.distributed as dist
@@ -12,7 +11,8 @@ import torch.distributed as dist
 from ..tables import Section, fixed, med, ms, num, table
 import burstengine as be
 from ..harness import attn_flops
-from ..records import write_record
+from ..records import OUT_DIR_HELP, write_record
+from ..usage import command_parser
 
 
 def bench(fn, warm=2, iters=5):
@@ -35,9 +35,8 @@ def bench(fn, warm=2, iters=5):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="burstengine bench probe-speed", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out-dir", default=None, help="record folder (default $BURST_RESULTS or ./burst-results)")
+    ap = command_parser("burstengine bench probe-speed", __doc__)
+    ap.add_argument("--out-dir", default=None, help=OUT_DIR_HELP)
     args = ap.parse_args(argv)
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -25,7 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 from ...attention.checks import arg_checks
 from ...train import Trainer, load
 from ..harness import ranked_bench, step_check_level
-from ..records import write_record
+from ..records import OUT_DIR_HELP, write_record
 from ..tables import Section, fixed, table
 
 # first match wins; names are lower-cased kernel names
@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="config overrides (e.g. checkpoint=none)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before the profiled one [%(default)s]")
     p.add_argument("--name", default=None, help="record name [profile_<model>_<seq>]")
-    p.add_argument("--out-dir", default=None, help="record directory [benchmarks/results or $BURST_RESULTS]")
+    p.add_argument("--out-dir", default=None, help=OUT_DIR_HELP)
     p.add_argument("--top", type=int, default=25, help="kernels listed in the record [%(default)s]")
     p.add_argument("--trace", default=None, help="also write the Chrome trace to this path")
     p.add_argument("--world", type=int, default=1, help="ranks to spawn without torchrun [%(default)s]")
