@@ -25,10 +25,10 @@ from ..bench.harness import RankLog
 from ..bench.launch import run_command
 from ..bench.records import write_record
 from ..inference.generate import generate
-from ..inference.models import check_spec
+from ..inference.models import check_model_files, check_spec
 from ..inference.needle import correct, heatmap, parse_depths, parse_lengths, text_case, token_case
 from ..layout import LAYOUTS
-from .generate import rank_model
+from .generate import _vocab, has_tokenizer, hf_tokenizer, rank_model
 
 HELP = "evaluate long-context retrieval: needle in a haystack over lengths x depths (JSON record + heatmap)"
 
@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def validate(args) -> str | None:
-    msg = check_spec(args.model, "ours")
+    msg = check_spec(args.model, "ours") or check_model_files(args.model, "ours")
     if msg:
         return msg
     try:
@@ -63,6 +63,12 @@ def validate(args) -> str | None:
             return f"--{name} must be >= 1, got {getattr(args, name)}"
     if min(lengths) < 32:
         return f"--lengths: {min(lengths)} tokens leaves no room for a haystack (32 at least)"
+    try:  # the shortest prompt must hold the needle and the question (their length is the tokenizer's)
+        tok = hf_tokenizer(args.model) if has_tokenizer(args.model) else None
+        text_case(tok, min(lengths), 0.0, 0, args.seed) if tok else token_case(_vocab(args.model), min(lengths), 0.0,
+                                                                               0, args.seed)
+    except ValueError as e:
+        return f"--lengths: {e}"
     if not dist.is_initialized() and torch.cuda.is_available() and args.world > torch.cuda.device_count():
         return f"--world {args.world} is more than the {torch.cuda.device_count()} GPU(s) here (one rank per GPU)"
     return None

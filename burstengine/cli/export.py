@@ -12,6 +12,12 @@ max_position_embeddings = the trained sequence length when it is longer than the
 generation_config.json, and the tokenizer files of the ``init`` directory the run started from.
 ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` then loads it with the engine's
 logits.
+
+The checkpoint is verified first against the SHA-256s recorded at save, as ``train --resume``
+does: a damaged newest checkpoint of a run falls back to the newest intact one (said in a
+note), a damaged checkpoint named directly is refused.  OUT_DIR is written whole or not at all
+(a temporary directory beside it, swapped in at the end: a killed export leaves an earlier one
+intact); one holding anything but an earlier export needs --overwrite.
 """
 from __future__ import annotations
 
@@ -32,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "[%(default)s]")
     p.add_argument("--max-shard-gb", type=float, default=5.0,
                    help="largest safetensors file before the weights are split with an index [%(default)s]")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an out_dir that holds something other than an earlier export (it is replaced whole)")
     p.add_argument("--record", metavar="NAME", default=None,
                    help="also write the summary (time, peak host RSS, sizes) as benchmarks/results/NAME.json")
 
@@ -41,7 +49,8 @@ def run(args) -> int:
         print(f"burstengine export: error: --max-shard-gb must be > 0, got {args.max_shard_gb}", file=sys.stderr)
         return 2
     try:
-        res = export(args.source, args.out_dir, args.dtype, int(args.max_shard_gb * 2 ** 30))
+        res = export(args.source, args.out_dir, args.dtype, int(args.max_shard_gb * 2 ** 30), overwrite=args.overwrite,
+                     say=lambda line: print(f"burstengine export: note: {line}", file=sys.stderr))
     except ValueError as e:
         print(f"burstengine export: error: {e}", file=sys.stderr)
         return 2

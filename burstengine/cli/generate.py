@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from ..bench.launch import run_command
 from ..inference.generate import check_generate, generate
-from ..inference.models import check_spec, load_model, resolve_dtype
+from ..inference.models import check_model_files, check_spec, load_model, resolve_dtype
 from ..inference.sampling import Sampling
 from ..inference.step import MODES as GRAPH_MODES
 from ..model.hf_dir import read_config
@@ -72,7 +72,7 @@ def has_tokenizer(path: str) -> bool:
 
 
 def validate(args) -> str | None:
-    msg = check_spec(args.model, "ours")
+    msg = check_spec(args.model, "ours") or check_model_files(args.model, "ours")
     if msg:
         return msg
     if args.world < 1:
@@ -102,6 +102,10 @@ def validate(args) -> str | None:
 
 
     vocab = _vocab(args.model)
+    eos = _eos_arg(args.eos)
+    bad = [t for t in (eos if isinstance(eos, tuple) else ()) if not 0 <= t < vocab]
+    if bad:
+        return f"--eos {bad[0]} is not a token id of the model's vocabulary (0 to {vocab - 1})"
     s = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     msg = check_generate(prompts, vocab, args.max_new_tokens, s)
     return msg.replace("max_new_tokens", "--max-new-tokens").replace("temperature", "--temperature") if msg else None

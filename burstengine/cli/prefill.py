@@ -29,7 +29,7 @@ from ..bench.records import write_record
 from ..bench.usage import kernel_error, missing_package
 from ..comm.dist import initialized
 from ..inference.engine import check_prefill, peak_bytes, prefill, reset_peak
-from ..inference.models import IMPLS, check_spec, load_model, resolve_dtype
+from ..inference.models import IMPLS, check_model_files, check_spec, load_model, resolve_dtype
 from ..layout import LAYOUTS
 from ..model import PRESETS
 from ..timing import median, timed
@@ -92,7 +92,8 @@ def validate(args) -> str | None:
         msg = missing_package(*need)
         if msg:
             return msg
-    msg = kernel_error(args.kernel, "cuda" if torch.cuda.is_available() else "cpu")
+    msg = kernel_error(args.kernel, "cuda" if torch.cuda.is_available() else "cpu") or check_model_files(args.model,
+                                                                                                     args.impl)
     if msg:
         return msg
     if args.prompt_file:
