@@ -48,9 +48,13 @@ def latest(ckpt_dir: str) -> str | None:
     return done[0] if done else None
 
 
+# the ``group`` of a check run by this process alone (``burstengine export``, even inside a job)
+ONE_PROCESS = "this process alone"
+
+
 def _alone(group) -> bool:
-    """One process and no job (``burstengine export``): no collective to share the work over."""
-    return group is None and not dist.is_initialized()
+    """No collective to share the work over: ``ONE_PROCESS``, or no job at all."""
+    return group is ONE_PROCESS or (group is None and not dist.is_initialized())
 
 
 def _share(names: list[str], group) -> list[str]:
@@ -93,7 +97,8 @@ def read_meta(path: str) -> dict:
 def verify(path: str, group=None) -> str | None:
     """None when every file of the checkpoint at ``path`` matches the size and SHA-256 recorded at
     save (or the checkpoint predates checksums), else one line naming the first bad file.  The
-    same answer on every rank (each hashes its share, the verdicts are gathered)."""
+    same answer on every rank (each hashes its share, the verdicts are gathered); ``group``
+    :data:`ONE_PROCESS`: this process hashes every file, with no collective."""
     try:
         files = read_meta(path).get("files")
         problem = None

@@ -9,7 +9,7 @@ import time
 import warnings
 from contextlib import contextmanager
 
-from .checkpoint import finished, newest_intact, read_meta, verify
+from .checkpoint import ONE_PROCESS, finished, newest_intact, read_meta, verify
 from .diskfull import full_disk
 from .swapdir import refusal, replacing
 from ..model.hf_dir import DTYPES, SHARD_BYTES, hf_config_from_args, hf_tensors, peak_rss_gib, read_config, \
@@ -23,12 +23,12 @@ def find_checkpoint(source: str, say=None) -> str:
     meta.json recorded at save; a ValueError naming the bad file when none is intact."""
     say = say or (lambda msg: None)
     if os.path.isfile(os.path.join(source, "meta.json")):
-        problem = verify(source)
+        problem = verify(source, ONE_PROCESS)
         if problem:
             raise ValueError(f"checkpoint {source} is not intact: {problem}")
         return source
     ckpt_dir = os.path.join(source, "checkpoints")
-    found, bad = newest_intact(finished(ckpt_dir), say=say, verb="exporting")
+    found, bad = newest_intact(finished(ckpt_dir), ONE_PROCESS, say, verb="exporting")
     if found:
         return found
     if bad:
