@@ -7,12 +7,14 @@
 #   bash benchmarks/run_2gpu.sh finetune    # 24: Llama-3.1-8B config: init on 2 ranks, train, export, compare
 #   bash benchmarks/run_2gpu.sh generate    # 25: 8B prefill beside torch-CP and TP, decode with a sharded cache
 #   bash benchmarks/run_2gpu.sh profile     # 35: the 7B step profiled at 128K and 256K
+#   bash benchmarks/run_2gpu.sh decode      # 37: decode over 2 ranks (CUDA graph with NCCL in it, tensor-parallel
+#                                           #     weights), 8B at 128K / 512K / batch 8; prefill cold and warm
 #
 # Records land in $BURST_RESULTS (default $OUT/results, else ./burst-results) and come back as one
 # tarball; every step has its own timeout so one stuck step cannot eat the call, and a failed step
 # does not stop the others.  Set BURST_COMMIT to the commit that travelled.
 set -u
-stage=${1:?stage: attention, train, finetune or generate}
+stage=${1:?stage: attention, train, finetune, generate, profile or decode}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 export PYTHONPATH=${PYTHONPATH:-$PWD}
@@ -23,6 +25,15 @@ TR="python3 -m torch.distributed.run --standalone --nproc_per_node 2"
 BE="$TR -m burstengine bench"
 T0=$(date +%s)
 step() { local t=$1; shift; echo "=== [+$(( $(date +%s) - T0 ))s] $*"; timeout --signal=TERM --kill-after=10 "$t" "$@"; echo "=== rc=$? [+$(( $(date +%s) - T0 ))s]"; }
+# a step under the stage's budget (BUDGET seconds from the start): its timeout is cut to what is left,
+# and it is skipped (said so) when less than 30 s are, so the stage ends inside one device call
+BUDGET=${BUDGET:-540}
+bstep() {
+  local t=$1 left=$(( BUDGET - ($(date +%s) - T0) )); shift
+  if [ "$left" -lt 30 ]; then echo "=== skipped, ${left}s of the budget left: $*"; return; fi
+  [ "$t" -gt "$left" ] && t=$left
+  step "$t" "$@"
+}
 
 case $stage in
 attention)  # the first call of issue 23 (its 128K/512K rows ended at their timeouts: see peers below)
@@ -53,6 +64,33 @@ profile)  # issue 35 item 1: where the 2-GPU 7B step's time goes (FSDP's collect
   for S in 131072 262144; do
     step 300 $TR -m burstengine bench profile --model llama-7b --seq $S --warmup 1 --name profile_7b_2gpu_${S}
   done
+  ;;
+decode)  # issue 37 items 1-3 on 2 GPUs, ~8 min on 2xH200 (the expected time of each step beside it; on 2xH100 the
+  # 512K prefill is slower and batch 8 at 128K runs out of memory: its cache alone is 69 GB per rank)
+  nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader
+  # ~20 s: NCCL collectives captured in a CUDA graph here (all-gather + all-reduce x 32 layers), same bits as
+  # eager, and the cost of one collective inside the graph
+  bstep 45 $TR benchmarks/probe_nccl_graph.py --out "$BURST_RESULTS"
+  # ~70 s: the decode path on 2 ranks before timing: the kernel vs float64, and a small model's greedy tokens
+  # whole and tensor-parallel, graph (collectives captured) and op by op, vs the float64 model's
+  bstep 120 $BE decode --check --model tiny --seqs 1K --batches 1 --tokens 4 --warmup 2 --name decode_check_2gpu
+  # ~70 s: 8B at 128K, batch 1: the tensor-parallel step (each rank reads 8 GB of weights + its 8.6 GB of cache)
+  # and the whole-model one (16 + 8.6 GB), each from the CUDA graph and op by op (4 prefills of ~6 s);
+  # expected: TP + graph ~5-6 ms (its bound ~4 ms at ~4 TB/s: 7.5 GB of weights + 8.6 GB of cache; ~130 small
+  # collectives), whole-model graph ~6.5 ms (bound ~6 ms), op by op ~40-80 ms (host-bound)
+  bstep 120 $BE decode --model llama-3.1-8b --seqs 128K --batches 1 --tokens 8 --warmup 2 --tp both \
+      --name decode_8b_2gpu_128k
+  # ~110 s: 7B prefill at 128K and 256K beside torch-CP: each length's first call apart from the warm one
+  # (target: first <= 1.1x warm, and >= 1.10x torch-CP warm and cold)
+  bstep 160 $BE prefill --models 7b --seqs 131072,262144 --methods burst,torch-cp --cold --warmup 1 --iters 1 \
+      --name prefill_7b_2gpu_cold
+  # ~100 s: 8B at 512K, batch 1, tensor-parallel from the graph (one ~70 s prefill; op by op is measured at 128K)
+  bstep 160 $BE decode --model llama-3.1-8b --seqs 512K --batches 1 --tokens 8 --warmup 2 --tp on --eager-max 1 \
+      --name decode_8b_2gpu_512k
+  # ~80 s: 8B at 128K, batch 8, tensor-parallel, each rank loading only its slices (8 GB of weights beside a
+  # 69 GB cache shard; H200 only)
+  bstep 130 $BE decode --model llama-3.1-8b --seqs 128K --batches 8 --tokens 8 --warmup 2 --sliced --eager-max 1 \
+      --name decode_8b_2gpu_128k_b8
   ;;
 *) echo "unknown stage $stage"; exit 2;;
 esac

@@ -76,15 +76,25 @@ def attention(group, seed, cases=None):
     return rows
 
 
-def block(group, seed, policy):
+# Gemma 3's block: its RMSNorm, sandwich and q/k norms, GeGLU, attention scale, a sliding window
+GEMMA = dict(qk_norm=True, norm_plus_one=True, sandwich_norm=True, activation="gelu_tanh",
+             query_pre_attn_scalar=12.0, window=5)
+
+
+def block(group, seed, policy, options=None):
     """A decoder Block (BurstAttention over the group; LOCAL on one rank) under checkpointing
-    ``policy``, compiled with fullgraph=True: graph breaks, custom ops in the graph, and the errors
-    of output, input gradient and weight gradients relative to eager."""
+    ``policy`` (with ModelArgs ``options``), compiled with fullgraph=True: graph breaks, custom ops
+    in the graph, and the errors of output, input gradient and weight gradients relative to eager."""
     rank, world = _world(group)
     cp_group = LOCAL if world == 1 else (group if group is not None else dist.group.WORLD)
-    a = ModelArgs(dim=32, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=16, ffn_dim=48)
+    a = ModelArgs(dim=32, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=16, ffn_dim=48, **(options or {}))
     torch.manual_seed(seed)  # the same weights on every rank
     blk = Block(a, policy=policy)
+    if a.norm_plus_one:  # weights near 0: a scale near 1
+        with torch.no_grad():
+            for name, p in blk.named_parameters():
+                if "norm" in name:
+                    p.uniform_(-0.5, 0.5)
     blk.cp = ContextParallel(group=cp_group, layout="zigzag", backward="burst")
     n = 6
     S = n * world

@@ -79,6 +79,36 @@ def oracle(q, k, v, scale, valid, visible, window, qpos, kpos):
     return out, lse
 
 
+
+# aten ops whose result depends on a device value read on the host (a sync on CUDA, and a
+# capture error in a CUDA graph): item() / int() / bool() / tolist(), data-dependent shapes
+SYNCING = {"_local_scalar_dense", "item", "is_nonzero", "equal", "allclose", "nonzero", "nonzero_static",
+           "masked_select", "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim"}
+
+
+def watched(forward, ops: set, bad: list):
+    """``forward`` (a decode step's method) such that every op it runs (at the aten level,
+    collectives included) lands in ``ops``, and each one that reads a device value on the host,
+    or indexes with a boolean mask (a data-dependent shape), in ``bad``."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            ops.add(name)
+            if name in SYNCING:
+                bad.append(name)
+            if name.startswith("index") and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                                                for a in args if isinstance(a, (list, tuple)) for i in a):
+                bad.append(f"{name} with a boolean mask")
+            return func(*args, **(kwargs or {}))
+
+    def run(self):
+        with Watch():
+            return forward(self)
+
+    return run
+
 def in_generation():
     """The kernel inside generation: tiny Llama (two prompt lengths: a visibility mask) and
     Mistral (a sliding window) checkpoints decode with shard_attention sent to the kernel

@@ -1,34 +1,21 @@
-"""A synthetic family with Phi-3's fused tensors (q/k/v in one ``qkv_proj``, gate and up in one
-``gate_up_proj``) on the Llama-like model, an HF directory of it, and the sharded load run inside
+"""A synthetic family with Phi-3's fused tensors (its table: q/k/v in one ``qkv_proj``, gate and up
+in one ``gate_up_proj``) on the Llama-like model, an HF directory of it, and the sharded load run inside
 the gloo pool (tests/test_families.py)."""
 import torch
 import torch.distributed as dist
 
 from burstengine.model import ModelArgs, Transformer
 from burstengine.model.families import registry
-from burstengine.model.families.base import LLAMA_LIKE, layer
 from burstengine.model.families.llama import Llama
+from burstengine.model.families.phi3 import FUSED
 from burstengine.model.families.table import Table
 
 # a shape whose fused parts do not split evenly over 3 ranks, with GQA (q rows != k rows)
 ARGS = dict(dim=96, n_layers=2, n_heads=6, n_kv_heads=2, ffn_dim=200, vocab_size=80)
-SPLIT = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight")
-
-
-def qkv_rows(a):
-    return a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim, a.n_kv_heads * a.head_dim
-
-
-FUSED = tuple(e for e in LLAMA_LIKE if not e.hf.endswith(SPLIT)) + (
-    layer("self_attn.qkv_proj.weight", "attention.wq.weight", "attention.wk.weight", "attention.wv.weight",
-          rows=qkv_rows),
-    layer("mlp.gate_up_proj.weight", "feed_forward.w1.weight", "feed_forward.w3.weight",
-          rows=lambda a: (a.ffn_dim, a.ffn_dim)),
-)
 
 
 class FusedLlama(Llama):
-    """Llama's names with Phi-3's fusions (written as LlamaForCausalLM: only ours reads it)."""
+    """Llama's config with Phi-3's weight table (written as LlamaForCausalLM: only ours reads it)."""
 
     table = Table(FUSED)
 

@@ -5,11 +5,16 @@ import os
 import torch
 import torch.distributed as dist
 
+from hf_cases import gemma3_overrides
+
 VOCAB = 128
 BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=32)
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 16}
+# Phi-3's LongRoPE for head dim 16, switching to the long factors past 16 tokens (the tests' sequences are longer)
+LONGROPE = {"type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(8)],
+            "long_factor": [1.5 ** i for i in range(8)]}
 
 # name -> (transformers class names, config overrides)
 ARCHS = {
@@ -19,6 +24,11 @@ ARCHS = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32)),  # head_dim != hidden / heads
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=5)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", gemma3_overrides(window=5)),  # tied by default
+    # fused qkv / gate_up, LongRoPE, a window, a pad token the export keeps
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(rope_scaling=LONGROPE, original_max_position_embeddings=16,
+                                                   sliding_window=5, pad_token_id=VOCAB - 1, bos_token_id=1,
+                                                   eos_token_id=2)),
 }
 
 
@@ -28,7 +38,7 @@ def save_tiny(path, arch, seed=0, dtype=torch.float32, max_shard_size=None):
 
     cfg_cls, model_cls, kw = ARCHS[arch]
     torch.manual_seed(seed)
-    model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**BASE, **kw))
+    model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**{**BASE, **kw}))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
@@ -68,6 +78,36 @@ def first_loss(group, init, data, seq_len, extra=()):
         return None
     toks, labs, _ = D.global_sequences(t.loader.source, t.loader.indices(0))
     return loss, hf_loss(init, toks, labs), max(g.abs().max().item() for g in grads.values())
+
+
+def policy_variants(group, init, data, seq_len, plans, extra=(), auto_gib=None):
+    """The trainer's global loss and full gradients of step 0's batch with ``init``, one model and
+    one batch, with the layers' checkpoint policies set to each plan of ``plans`` (a policy per
+    layer; "offload" sends every saved tensor to the host); then, with ``auto_gib``, a trainer
+    under activation_checkpoint=auto with that budget: (its plan, loss, gradients).  Rank 0
+    returns them."""
+    from burstengine.model import offload
+    from burstengine.train import Trainer, load
+
+    old, offload.MIN_BYTES = offload.MIN_BYTES, 0
+    try:
+        t = Trainer(load("tiny", overrides(init, data, seq_len, extra)), group=group, echo=False)
+        batch = t.batch(0)
+        out = []
+        for plan in plans:
+            for b, policy in zip(t.model.layers, plan):
+                b.policy = policy
+            out.append(t.loss_and_grads(batch))
+        auto = None
+        if auto_gib is not None:
+            cfg = load("tiny", overrides(init, data, seq_len, [*extra, "activation_checkpoint=auto",
+                                                                   f"activation_memory_gib={auto_gib}"]))
+            t = Trainer(cfg, group=group, echo=False)
+            loss, grads = t.loss_and_grads(t.batch(0))
+            auto = (t.model.checkpoint_plan, loss, grads)
+    finally:
+        offload.MIN_BYTES = old
+    return (out, auto) if dist.get_rank(group) == 0 else None
 
 
 def train_and_export(group, init, data, seq_len, run_dir, out_dir, extra=(), max_shard_bytes=None):

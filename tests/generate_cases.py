@@ -1,26 +1,43 @@
 """Worker functions and models for tests/test_generate.py (run inside the gloo pool).
 
-Tiny random models of three architectures, made with transformers and saved with
+Tiny random models of four architectures, made with transformers and saved with
 save_pretrained, as a user's checkpoint would be: LlamaForCausalLM, Qwen2ForCausalLM (q/k/v
-biases) and MistralForCausalLM (a sliding window short enough that the prompts cross it).
+biases), MistralForCausalLM (a sliding window short enough that the prompts cross it) and
+Gemma3ForCausalLM (that window on two layers of three, a RoPE base per layer type, untied) and
+Phi3ForCausalLM (fused tensors, LongRoPE with an original context the prompts are longer than).
 """
 import functools
 
 import torch
 
+from hf_cases import gemma3_overrides
+
 VOCAB = 192
 WINDOW = 40  # Mistral's sliding window here: prompts of ~1000 tokens cross it many times
+ORIGINAL = 512  # Phi-3's original context here: prompts of ~1000 tokens use LongRoPE's long factors
+
+
+def longrope(head_dim=16):
+    """LongRoPE's factors for ``head_dim``: short ones near 1, long ones far apart."""
+    return {"type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(head_dim // 2)],
+            "long_factor": [1.5 ** i for i in range(head_dim // 2)]}
 
 
 def tiny_config(arch: str, **overrides):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+    from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config
 
     kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=8192, rope_theta=10000.0, tie_word_embeddings=False)
     if arch == "mistral":
         kw["sliding_window"] = WINDOW
+    if arch == "gemma3":
+        kw.update(gemma3_overrides(WINDOW))
+    if arch == "phi3":  # Phi3Config's token ids default to Phi-3's 32k vocabulary; no stop token
+        kw.update(rope_scaling=longrope(), original_max_position_embeddings=ORIGINAL, bos_token_id=1, eos_token_id=None,
+                  pad_token_id=None)
     kw.update(overrides)
-    return {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}[arch](**kw)
+    return {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig, "gemma3": Gemma3TextConfig,
+            "phi3": Phi3Config}[arch](**kw)
 
 
 def save_tiny(path, arch: str, seed: int = 0, **overrides) -> str:
@@ -31,7 +48,7 @@ def save_tiny(path, arch: str, seed: int = 0, **overrides) -> str:
     with torch.no_grad():  # random norms and biases, so that a loader that drops them is seen
         for name, p in model.named_parameters():
             if "norm" in name:
-                p.uniform_(0.5, 1.5)
+                p.uniform_(0.5, 1.5)  # Gemma's scale 1 + w: 1.5 to 2.5
             elif name.endswith("bias"):
                 p.normal_(0.0, 0.5)
             elif name.endswith("embed_tokens.weight") or name.endswith("lm_head.weight"):
@@ -60,14 +77,14 @@ def run_generate(group, path, lengths, max_new, seed=0, layout="zigzag", **sampl
     return out.tokens, out.shard_lengths
 
 
-def run_generate_logits(group, path, lengths, max_new, seed=0):
+def run_generate_logits(group, path, lengths, max_new, seed=0, prefill=False):
     """Our greedy tokens and, on rank 0, every decode step's (B, steps, vocab) logits (None
-    elsewhere)."""
+    elsewhere); with ``prefill``, the prefill's first."""
     from burstengine.inference import generate
 
     seen = []
     out = generate(_model(path), prompts(lengths, seed), max_new, group=group,
-                   on_logits=lambda i, x: seen.append(x.detach().clone()) if i else None)
+                   on_logits=lambda i, x: seen.append(x.detach().clone()) if i or prefill else None)
     return out.tokens, (torch.stack(seen, 1) if seen else None)
 
 

@@ -169,6 +169,35 @@ def bad_hf_call(group, path, case):
     return "no error"
 
 
+def gemma3_overrides(window: int) -> dict:
+    """What a tiny Gemma 3 text config sets beyond the tests' Llama shapes: three layers (sliding,
+    full, sliding) with a sliding window of ``window``, a head width apart from hidden / heads, an
+    attention scale apart from head_dim, a RoPE base per layer type, the global one linearly
+    scaled (the hub's larger Gemma 3s)."""
+    return dict(num_hidden_layers=3, head_dim=32, sliding_window=window, query_pre_attn_scalar=20,
+                layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 20000.0},
+                                 "sliding_attention": {"rope_type": "default", "rope_theta": 500.0}})
+
+
+def save_tiny_gemma3(path, seed=0, window=7):
+    """A Gemma3ForCausalLM (tied embeddings) with random weights, norms included."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(seed)
+    cfg = Gemma3TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                           num_key_value_heads=2, max_position_embeddings=1024, **gemma3_overrides(window))
+    model = Gemma3ForCausalLM(cfg)
+    with torch.no_grad():  # HF initialises Gemma's norms to 0 (a scale of 1); random ones make the test see them
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(-0.5, 0.5)
+            elif name.endswith("embed_tokens.weight"):
+                p.normal_(0.0, 0.2)
+    model.save_pretrained(path)
+    return str(path)
+
+
 def save_tiny_mistral(path, seed=0):
     from transformers import MistralConfig, MistralForCausalLM
 

@@ -17,22 +17,26 @@ def _model(path, impl):
 
 @functools.lru_cache(maxsize=4)
 def eager_reference(path, batch, S, seed):
-    """The HF eager model on the full prompt: last-position logits, and every layer's K/V."""
+    """The HF eager model on the full prompt: last-position logits, and every layer's K/V (a plain
+    cache: a sliding layer's own would keep only the window's last keys)."""
+    from transformers import DynamicCache
+
     from hf_cases import load
 
     ids = torch.randint(0, VOCAB, (batch, S), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
-        out = load(path, "eager")(input_ids=ids, use_cache=True)
+        out = load(path, "eager")(input_ids=ids, cache=DynamicCache(), use_cache=True)
     kv = [(layer.keys.transpose(1, 2), layer.values.transpose(1, 2)) for layer in out.past_key_values.layers]
     return ids, out.logits[:, -1].float(), kv
 
 
-def prefill_vs_hf(group, path, layout, impl, seed, batch=2, seq_per_rank=16):
-    """Our prefill's next-token logits and KV shards against transformers' eager model."""
+def prefill_vs_hf(group, path, layout, impl, seed, batch=2, seq_per_rank=16, chunk=None):
+    """Our prefill's next-token logits and KV shards against transformers' eager model
+    (``chunk``: the token-wise work that many tokens at a time)."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     S = seq_per_rank * world
     ids, ref_logits, ref_kv = eager_reference(path, batch, S, seed)
-    out = prefill(_model(path, impl), ids, group=group, layout=layout, keep_kv=True)
+    out = prefill(_model(path, impl), ids, group=group, layout=layout, keep_kv=True, chunk=chunk)
     errs = {"logits": rel_err(out.logits, ref_logits)}
     for i, ((k, v), (rk, rv)) in enumerate(zip(out.kv, ref_kv)):
         errs[f"k{i}"] = rel_err(k, be.shard(rk, layout, rank, world))

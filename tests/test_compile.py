@@ -22,9 +22,10 @@ def test_attention_compiles_fullgraph(pool, world, cases):
 
 
 # full: the block under torch.utils.checkpoint (a higher-order op around the custom op)
-@pytest.mark.parametrize("world,policy", [(1, "full"), (2, "none")])
-def test_block_compiles_fullgraph(pool, world, policy):
-    for rank, r in enumerate(pool.run(compile_cases.block, 5, policy, world=world)):
+@pytest.mark.parametrize("world,policy,options", [(1, "full", None), (2, "none", None),
+                                                  (2, "none", compile_cases.GEMMA)], ids=["full", "none", "gemma"])
+def test_block_compiles_fullgraph(pool, world, policy, options):
+    for rank, r in enumerate(pool.run(compile_cases.block, 5, policy, options, world=world)):
         assert (r["breaks"], r["ops"]) == (0, 1), f"rank {rank}"
         assert max(r["errs"]) <= TOL, f"rank {rank}: errors {r['errs']}"
 
@@ -104,3 +105,66 @@ def test_fused_ops_past_the_recompile_limit():
     finally:
         fused._RECOMPILE_LIMIT = before
         fused._compiled.pop(scaled, None)
+
+
+def test_fused_gemma_ops_compile_to_the_eager_arithmetic():
+    """Gemma's RMSNorm (1 + weight) and GeGLU through model/fused.py's compiled path (inductor on
+    CPU here, Triton on GPUs) against the eager functions, float32 and bfloat16."""
+    import torch
+    from burstengine.model import fused
+
+    g = torch.Generator().manual_seed(0)
+    for dt, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
+        x, gate, up = (torch.randn(3, 5, 24, generator=g).to(dt) for _ in range(3))
+        w = (0.5 * torch.randn(24, generator=g)).to(dt)
+        for got, want in ((fused._run_compiled(fused.rms_norm_eager, x, w, 1e-6, True),
+                           fused.rms_norm_eager(x, w, 1e-6, True)),
+                          (fused._run_compiled(fused.geglu_eager, gate, up), fused.geglu_eager(gate, up))):
+            assert got.dtype == want.dtype == dt
+            assert (got.float() - want.float()).abs().max() <= tol * want.float().abs().max()
+    # 1 + weight, not weight: the norm of a zero weight is the plain normalisation
+    assert torch.allclose(fused.rms_norm_eager(x.float(), torch.zeros(24), 1e-6, True),
+                          fused.rms_norm_eager(x.float(), torch.ones(24), 1e-6))
+
+
+def test_prefill_compiles_the_fused_ops_once_for_any_length(monkeypatch):
+    """A prefill at a new prompt length compiles nothing new (model/fused.py's any_length: the
+    batch and token dims are dynamic from the first compile), where a run outside it (training's
+    forward) specialises the first length and compiles again at the second: the first-call
+    penalty of a new length on a GPU.  Counted with a backend that records each graph dynamo
+    hands it (the fused ops run compiled on CPU here)."""
+    import torch
+    import torch._dynamo
+    from burstengine.inference import prefill
+    from burstengine.inference.models import OurLlama, random_llama
+    from burstengine.model import ModelArgs, fused
+
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    monkeypatch.setattr(fused, "_BACKEND", counting)
+    monkeypatch.setattr(fused, "_use_compiled", lambda x: x.dtype != torch.float64)
+    monkeypatch.setattr(fused, "_compiled", {})
+    torch._dynamo.reset()
+    a = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=97, ffn_dim=96)
+    model = OurLlama(random_llama(a, "cpu", torch.float32, seed=0), "compile test")
+    g = torch.Generator().manual_seed(0)
+    counts = []
+    try:
+        for n in (40, 56, 72, 33):
+            prefill(model, torch.randint(0, 97, (1, n), generator=g), layout="contiguous")
+            counts.append(len(graphs))
+        # chunked: pieces of one size and a remainder, also nothing new
+        prefill(model, torch.randint(0, 97, (1, 90), generator=g), layout="contiguous", chunk=32)
+        counts.append(len(graphs))
+        assert counts[0] > 0 and counts[1:] == [counts[0]] * 4, counts
+        # training's forward (outside any_length) specialises a length, then compiles again
+        with torch.no_grad():
+            for n in (24, 48):
+                model.model(torch.randint(0, 97, (2, n), generator=g), torch.arange(n))
+        assert len(graphs) >= counts[-1] + 2, (counts, len(graphs))
+    finally:
+        torch._dynamo.reset()

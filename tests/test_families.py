@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import families_cases as fam
-from burstengine.model import ModelArgs, hf_dir
+from burstengine.model import ModelArgs, RopeScaling, hf_dir
 from burstengine.model.families import ARCHS, FAMILIES
 from burstengine.model.families.table import entry
 
@@ -26,6 +26,14 @@ CASES = {
     "qwen2": ({"architectures": ["Qwen2ForCausalLM"], "attention_bias": True}, {"qkv_bias": True}),
     "qwen3": ({"architectures": ["Qwen3ForCausalLM"], "head_dim": 32}, {"qk_norm": True, "head_size": 32}),
     "mistral": ({"architectures": ["MistralForCausalLM"], "sliding_window": 5}, {"window": 5}),
+    "gemma3": ({"architectures": ["Gemma3ForCausalLM"], "head_dim": 32, "sliding_window": 5,
+                "layer_types": ["sliding_attention", "full_attention"], "query_pre_attn_scalar": 24,
+                "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 2e4},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 500.0}}},
+               {"window": 5, "window_layers": "sf", "local_rope_theta": 500.0, "rope_theta": 2e4, "qk_norm": True,
+                "norm_plus_one": True, "sandwich_norm": True, "embed_scale": True, "activation": "gelu_tanh",
+                "query_pre_attn_scalar": 24.0, "tie_embeddings": True, "head_size": 32}),
+    "phi3": ({"architectures": ["Phi3ForCausalLM"], "sliding_window": 5}, {"window": 5}),
 }
 
 
@@ -35,27 +43,27 @@ def test_registry_is_what_the_model_accepts():
     from burstengine.model import args as model_args
     from burstengine.train.config import MODEL_HELP
 
-    assert model_args.ARCHS == ARCHS == tuple(FAMILIES) == ("llama", "qwen2", "qwen3", "mistral")
+    assert model_args.ARCHS == ARCHS == tuple(FAMILIES) == ("llama", "qwen2", "qwen3", "mistral", "gemma3", "phi3")
     for name, f in FAMILIES.items():
         assert f.name == name and f.model_type and f.title and f.architectures
         assert name in MODEL_HELP["arch"]
-    with pytest.raises(ValueError, match=re.escape("model.arch must be one of ['llama', 'qwen2', 'qwen3', 'mistral'], "
-                                                   "got 'gpt2'")):
+    with pytest.raises(ValueError, match=re.escape("model.arch must be one of ['llama', 'qwen2', 'qwen3', 'mistral', "
+                                                   "'gemma3', 'phi3'], got 'gpt2'")):
         ModelArgs(arch="gpt2").validate()
 
 
 def test_unsupported_architecture_lists_the_registry():
     with pytest.raises(ValueError) as e:
-        hf_dir.args_from_hf_config(dict(TINY, architectures=["Phi3ForCausalLM"]), "x/config.json")
+        hf_dir.args_from_hf_config(dict(TINY, architectures=["GPTNeoXForCausalLM"]), "x/config.json")
     msg = str(e.value)
-    assert msg.startswith("x/config.json: architecture 'Phi3ForCausalLM' is not supported; burstengine's model "
+    assert msg.startswith("x/config.json: architecture 'GPTNeoXForCausalLM' is not supported; burstengine's model "
                           "reproduces LlamaForCausalLM (model_type 'llama'), "), msg
     for f in FAMILIES.values():
         assert f"{f.architectures[0]} (model_type {f.model_type!r})" in msg
     # no architectures: the model_type picks the family, or is named in the error
     assert hf_dir.args_from_hf_config(dict(TINY, model_type="mistral")).arch == "mistral"
-    with pytest.raises(ValueError, match="architecture 'phi3' is not supported"):
-        hf_dir.args_from_hf_config(dict(TINY, model_type="phi3"))
+    with pytest.raises(ValueError, match="architecture 'gpt_neox' is not supported"):
+        hf_dir.args_from_hf_config(dict(TINY, model_type="gpt_neox"))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -71,9 +79,23 @@ def test_config_both_ways(arch):
 
 
 @pytest.mark.parametrize("arch,key,value,text", [
-    ("llama", "window", 4, "a sliding window (model.window=4) can only be written as a Mistral model, not 'llama'"),
+    ("llama", "window", 4, "a sliding window (model.window=4) can only be written as a Mistral or Gemma 3 or Phi-3 "
+                           "model, not 'llama'"),
     ("qwen3", "qkv_bias", True, "q/k/v biases (model.qkv_bias=True) can only be written as a Qwen2 model, not 'qwen3'"),
-    ("mistral", "qk_norm", True, "q/k norms (model.qk_norm=True) can only be written as a Qwen3 model, not 'mistral'"),
+    ("mistral", "qk_norm", True, "q/k norms (model.qk_norm=True) can only be written as a Qwen3 or Gemma 3 model, "
+                                 "not 'mistral'"),
+    ("llama", "activation", "gelu_tanh", "a GeGLU MLP (model.activation=gelu_tanh) can only be written as a Gemma 3 "
+                                         "model, not 'llama'"),
+    ("qwen3", "norm_plus_one", True, "RMSNorms scaling by 1 + weight (model.norm_plus_one=True) can only be written "
+                                     "as a Gemma 3 model, not 'qwen3'"),
+    ("gemma3", "qkv_bias", True, "q/k/v biases (model.qkv_bias=True) can only be written as a Qwen2 model, "
+                                 "not 'gemma3'"),
+    ("llama", "rope_scaling", RopeScaling("longrope", short_factor=[1.0] * 8, long_factor=[2.0] * 8,
+                                          original_max_position_embeddings=16),
+     "longrope rope scaling (model.rope_scaling.type) can only be written as a Phi-3 model, not 'llama'"),
+    ("phi3", "rope_scaling", RopeScaling("yarn", factor=4.0, original_max_position_embeddings=16),
+     "yarn rope scaling (model.rope_scaling.type) can only be written as a Llama or Qwen2 or Qwen3 or Mistral or "
+     "Gemma 3 model, not 'phi3'"),
 ])
 def test_options_a_family_cannot_write_are_refused(arch, key, value, text):
     args = ModelArgs(dim=64, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=32, ffn_dim=96, arch=arch, **{key: value})
@@ -98,7 +120,8 @@ def test_loader_errors_keep_their_texts(tmp_path):
     save_file(dict(sd, **{"layers.0.mlp.extra.weight": torch.ones(64)}), path / "model.safetensors")
     with pytest.raises(ValueError, match=re.escape(
             "unexpected tensor 'model.layers.0.mlp.extra.weight' in the checkpoint: not part of a "
-            "LlamaForCausalLM/Qwen2ForCausalLM/Qwen3ForCausalLM/MistralForCausalLM model")):
+            "LlamaForCausalLM/Qwen2ForCausalLM/Qwen3ForCausalLM/MistralForCausalLM/Gemma3ForCausalLM/Phi3ForCausalLM "
+            "model")):
         hf_dir.load_hf_model(str(path))
 
 
@@ -166,3 +189,128 @@ def test_fused_tensors_load_sharded_reading_only_own_rows(pool, tmp_path, world)
     # every byte of the checkpoint is read once over the ranks: each rank reads only the rows it keeps
     assert sum(read for _, read, _ in res) == sum(t.numel() * t.element_size() for t in tensors.values())
     assert all(read == reported for _, read, reported in res)
+
+
+# --- Gemma 3: config.json as transformers reads it ------------------------------------------------
+
+GEMMA3_TINY = dict(TINY, architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", num_hidden_layers=7,
+                   head_dim=16)
+GEMMA3_CONFIGS = {
+    # transformers 5: rope_parameters per layer type, explicit layer_types
+    "v5": dict(GEMMA3_TINY, sliding_window=6, query_pre_attn_scalar=12,
+               layer_types=["sliding_attention", "full_attention"] * 3 + ["sliding_attention"],
+               rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+    # transformers 4.50's keys (Gemma 3's hub configs): a pattern, rope_theta / rope_local_base_freq, rope_scaling
+    "v4": dict(GEMMA3_TINY, sliding_window=4, sliding_window_pattern=3, rope_theta=2e5, rope_local_base_freq=300.0,
+               rope_scaling={"rope_type": "linear", "factor": 4.0}, tie_word_embeddings=False),
+    # nothing but the shape: the class's defaults (window 4096, pattern 6, bases 1e6 / 1e4, scalar 256, tied)
+    "defaults": dict(GEMMA3_TINY),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GEMMA3_CONFIGS))
+def test_gemma3_config_as_transformers_reads_it(case):
+    """Every Gemma 3 setting read as transformers' Gemma3TextConfig reads it (layer types, each
+    type's RoPE, window, attention scale, tied embeddings), in both configs' key styles and from
+    the class's defaults; the config we write back reads in transformers as the same model."""
+    from transformers import Gemma3TextConfig
+
+    cfg = GEMMA3_CONFIGS[case]
+
+    def read(c):
+        hf = Gemma3TextConfig(**{k: v for k, v in c.items() if k != "architectures"})
+        full, local = hf.rope_parameters["full_attention"], hf.rope_parameters["sliding_attention"]
+        return dict(types=[t[0] for t in hf.layer_types], window=hf.sliding_window, theta=float(full["rope_theta"]),
+                    scaling=(full["rope_type"], full.get("factor")), local=(local["rope_type"], local["rope_theta"]),
+                    scalar=hf.query_pre_attn_scalar, tied=hf.tie_word_embeddings, head_dim=hf.head_dim)
+
+    hf = read(cfg)
+    a = hf_dir.args_from_hf_config(cfg)
+    ours = dict(types=list(a.window_layers), window=a.window, theta=a.rope_theta,
+                scaling=("default" if a.rope_scaling.type == "none" else a.rope_scaling.type,
+                         None if a.rope_scaling.type == "none" else a.rope_scaling.factor),
+                local=("default", a.local_rope_theta), scalar=a.query_pre_attn_scalar, tied=a.tie_embeddings,
+                head_dim=a.head_dim)
+    assert ours == hf, (ours, hf)
+    assert "f" in a.window_layers and "s" in a.window_layers and a.arch == "gemma3"
+    back = hf_dir.hf_config_from_args(a, seq_len=0, base=cfg)
+    assert read(back) == hf and hf_dir.args_from_hf_config(back) == a
+    assert "hidden_act" not in back and back["hidden_activation"] == "gelu_pytorch_tanh"
+
+
+@pytest.mark.parametrize("change,text", [
+    (dict(attn_logit_softcapping=50.0), "attn_logit_softcapping=50.0"),
+    (dict(final_logit_softcapping=30.0), "final_logit_softcapping=30.0"),
+    (dict(use_bidirectional_attention=True), "use_bidirectional_attention=true"),
+    (dict(hidden_activation="gelu"), "hidden_activation='gelu'"),
+    (dict(attention_bias=True), "attention_bias=true"),
+    (dict(rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                           "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}),
+     "rope type 'linear' on the sliding layers"),
+    (dict(layer_types=["chunked_attention"] * 7), "layer_types ['chunked_attention']"),
+])
+def test_gemma3_refuses_what_it_does_not_implement(change, text):
+    with pytest.raises(ValueError) as e:
+        hf_dir.args_from_hf_config(dict(GEMMA3_TINY, **change), "g/config.json")
+    msg = str(e.value)
+    assert msg == f"g/config.json: this gemma3 checkpoint has {text}, which burstengine's model does not implement"
+
+
+def test_gemma3_writer_refuses_a_model_it_cannot_describe():
+    a = hf_dir.args_from_hf_config(GEMMA3_CONFIGS["v5"])
+    with pytest.raises(ValueError, match="a Gemma 3 model has norm_plus_one, sandwich_norm, qk_norm, embed_scale; "
+                                         "this one .* lacks sandwich_norm, embed_scale"):
+        hf_dir.hf_config_from_args(dataclasses.replace(a, sandwich_norm=False, embed_scale=False))
+    with pytest.raises(ValueError, match="gives its sliding layers unscaled RoPE"):
+        hf_dir.hf_config_from_args(dataclasses.replace(a, local_rope_theta=0.0))
+    with pytest.raises(ValueError, match=re.escape("model.window_layers must be empty or one letter per layer (7)")):
+        dataclasses.replace(a, window_layers="sf").validate()
+    with pytest.raises(ValueError, match="names sliding layers .* but model.window is 0"):
+        dataclasses.replace(a, window=0).validate()
+
+
+def test_gemma3_1b_stand_in_has_the_real_shape():
+    """CONFIGS["gemma-3-1b"] reads as transformers reads it: the same parameter count (999,885,952,
+    tied) and five sliding layers of every six."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    cfg = hf_dir.CONFIGS["gemma-3-1b"]
+    a = hf_dir.args_from_hf_config(cfg)
+    with torch.device("meta"):
+        hf = Gemma3ForCausalLM(Gemma3TextConfig(**{k: v for k, v in cfg.items() if k != "architectures"}))
+    assert a.num_params() == sum(p.numel() for p in hf.parameters()) == 999_885_952
+    assert a.window_layers == "sssssf" * 4 + "ss" and a.window == 512 and a.tie_embeddings
+    assert (a.head_dim, a.softmax_scale, a.local_rope_theta, a.rope_theta) == (256, 1 / 16, 1e4, 1e6)
+
+
+def test_gemma3_untied_random_dir_loads_exports_bitwise_and_reads_in_transformers(tmp_path):
+    """A random-weight Gemma 3 directory (write_random_hf_dir: norms 0, Gemma's scale 1) with an
+    LM head of its own: transformers' logits from it equal ours, and a training checkpoint of the
+    model exports as the same tensors bitwise."""
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from burstengine.train.export import export
+
+    cfg = dict(GEMMA3_CONFIGS["v5"], tie_word_embeddings=False)
+    hf_dir.write_random_hf_dir(str(tmp_path / "hf"), cfg, seed=4, dtype="float32")
+    src = load_file(tmp_path / "hf" / "model.safetensors")
+    assert "lm_head.weight" in src and all(not t.any() for k, t in src.items() if k.endswith("norm.weight"))
+    ours = hf_dir.load_hf_model(str(tmp_path / "hf"))
+    ids = torch.randint(0, TINY["vocab_size"], (1, 19), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got = ours.logits(ours(ids, torch.arange(19)))
+        ref = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32,
+                                                   attn_implementation="eager")(input_ids=ids).logits
+    assert (got - ref).abs().max() <= 1e-5 * ref.abs().max() and ref.abs().max() > 0
+    ckpt = tmp_path / "run" / "step_00000001"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save({"model": ours.state_dict()}, checkpoint_id=str(ckpt), no_dist=True)
+    (ckpt / "meta.json").write_text(json.dumps({"step": 1, "config": {"model": dataclasses.asdict(ours.args),
+                                                                      "seq_len": 16}}))
+    export(str(ckpt), str(tmp_path / "out"), dtype="float32")
+    out = load_file(tmp_path / "out" / "model.safetensors")
+    assert sorted(out) == sorted(src) and all(torch.equal(out[k], src[k]) for k in src)

@@ -1,5 +1,6 @@
 """Fine-tuning pretrained models: tiny random Llama (plain; llama3 scaling + tied embeddings),
-Qwen2, Qwen3 and Mistral made and saved by transformers are loaded with ``init`` (sharded over
+Qwen2, Qwen3, Mistral, Gemma 3 and Phi-3 (fused tensors, LongRoPE in its long regime) made and
+saved by transformers are loaded with ``init`` (sharded over
 the gloo ranks), give transformers' loss at CP 1/2/4, come back bitwise from init -> 1 step at
 lr 0 -> export, and the export loads in transformers with the engine's loss and logits.  Rope
 scaling equals transformers' for every type; packed documents give the loss of the documents
@@ -43,6 +44,8 @@ ROPES = {
                     "mscale_all_dim": 0.5, "truncate": False},
     "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64},
+    "longrope": {"rope_type": "longrope", "original_max_position_embeddings": 64,
+                 "short_factor": [1.0 + 0.03 * i for i in range(32)], "long_factor": [1.2 ** i for i in range(32)]},
 }
 
 
@@ -50,30 +53,34 @@ ROPES = {
 def test_rope_matches_transformers(kind):
     """Our float64 frequencies / attention factor equal transformers' ROPE_INIT_FUNCTIONS (float32),
     and our cos/sin its rotary embedding's on the same positions, beyond the original context
-    (dynamic: at a length the model recomputes for)."""
-    from transformers import LlamaConfig
+    (dynamic, longrope: at a length the model recomputes for).  Llama's config and rotary
+    embedding, Phi-3's for longrope (the family that reads it)."""
+    from transformers import LlamaConfig, Phi3Config
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 
     from burstengine.model.hf_dir import args_from_hf_config
 
-    hf = LlamaConfig(hidden_size=256, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64, vocab_size=64,
-                     max_position_embeddings=128, rope_scaling=ROPES[kind], rope_theta=20000.0)
+    config, rotary, extra = ((Phi3Config, Phi3RotaryEmbedding, {"original_max_position_embeddings": 64})
+                             if kind == "longrope" else (LlamaConfig, LlamaRotaryEmbedding, {}))
+    hf = config(hidden_size=256, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64, vocab_size=64,
+                max_position_embeddings=128, rope_scaling=ROPES[kind], rope_theta=20000.0, **extra)
     args = args_from_hf_config(hf.to_dict())
     assert args.rope_scaling.type == ("none" if kind == "none" else kind.split("-")[0])
     S = 300  # beyond max_position_embeddings and the original context
-    seq = S if kind == "dynamic" else 0
+    seq = S if args.rope_scaling.follows_length else 0
     ours, attn = inv_freq(args.head_dim, args.rope_theta, args.rope_scaling, args.max_position_embeddings, seq)
     if kind != "none":
         theirs, their_attn = ROPE_INIT_FUNCTIONS[hf.rope_parameters["rope_type"]](hf, "cpu", seq_len=seq or None)
         assert torch.allclose(ours, theirs.double(), rtol=1e-6, atol=0), (ours, theirs)
         assert attn == pytest.approx(their_attn, rel=1e-12)
-        if kind.startswith("yarn"):
+        if kind.startswith("yarn") or kind == "longrope":
             assert attn != 1.0
         assert not torch.allclose(ours, inv_freq(args.head_dim, args.rope_theta)[0])  # it did scale
     pos = torch.arange(S)
     cos, sin = rope_tables(pos, args.head_dim, args.rope_theta, args.rope_scaling, args.max_position_embeddings, seq)
-    rot = LlamaRotaryEmbedding(hf)
+    rot = rotary(hf)
     hc, hs = rot(torch.zeros(1, S, 8, dtype=torch.float32), pos[None])
     # transformers forms angles in float32: position x frequency is off by ~S * 6e-8
     assert torch.allclose(cos, hc[0].double(), atol=4e-5, rtol=0) and torch.allclose(sin, hs[0].double(), atol=4e-5,
@@ -129,6 +136,39 @@ def test_mistral_window_is_hf_sliding_window(models):
     assert errs[5] < 1e-5 and errs[4] > 1e-3 and errs[6] > 1e-3, errs
 
 
+def test_gemma3_windows_ropes_and_scales_are_hf(models):
+    """Gemma 3's sliding_window W is our window W on its sliding layers only (HF: kv > q - W, the
+    query's own key included), each layer type reads its own RoPE base, and the embedding and
+    attention scales are Gemma's: transformers' logits, which any one of them set otherwise moves."""
+    from burstengine.model.hf_dir import load_hf_model
+
+    ids = torch.randint(0, fc.VOCAB, (1, 23), generator=torch.Generator().manual_seed(2))
+    ref = fc.hf_model(models["gemma3"])(input_ids=ids).logits
+    ours = load_hf_model(models["gemma3"])
+    a = ours.args
+    assert (a.window, a.window_layers, a.local_rope_theta, a.query_pre_attn_scalar) == (5, "sfs", 500.0, 20.0)
+    assert [b.window for b in ours.layers] == [5, 0, 5] and [b.rope_index for b in ours.layers] == [1, 0, 1]
+
+    def err():
+        with torch.no_grad():
+            return ((ours(ids, torch.arange(23)) @ ours.head_weight.t() - ref).abs().max() / ref.abs().max()).item()
+
+    assert err() < 1e-5
+    off = {}
+    for name, attr, values in (("window 4", "window", [4, 0, 4]), ("window 6", "window", [6, 0, 6]),
+                               ("global layer windowed", "window", [5, 5, 5]),
+                               ("one RoPE", "rope_index", [0, 0, 0]), ("head_dim scale", "softmax_scale", [None] * 3)):
+        kept = [getattr(b, attr) for b in ours.layers]
+        for b, v in zip(ours.layers, values):
+            setattr(b, attr, v)
+        off[name] = err()
+        for b, v in zip(ours.layers, kept):
+            setattr(b, attr, v)
+    a.embed_scale = False
+    off["no embedding scale"] = err()
+    assert all(e > 1e-3 for e in off.values()), off
+
+
 # --- init -> train -> export, on the gloo ranks -------------------------------------------------
 
 @pytest.mark.parametrize("arch", sorted(fc.ARCHS))
@@ -144,8 +184,38 @@ def test_first_loss_matches_transformers_cp124(pool, models, tokens, arch):
     assert max(losses) - min(losses) <= TOL * losses[0], losses
 
 
+def test_gemma3_every_checkpoint_policy_is_exact(pool, models, tokens):
+    """Gemma 3 (sandwich norms, GeGLU, per-layer windows and RoPEs) at CP 2 under every checkpoint
+    policy: the loss and gradients of keeping everything.  Sequence-level checkpointing runs on the
+    global layer (its ring takes the attention scale) and is refused on a sliding one, as for
+    Mistral's window; "auto" plans "selective" where it would plan "sequence"."""
+    from burstengine.model import checkpointing as C
+    from burstengine.model.hf_dir import args_from_hf_config, read_config
+    from burstengine.train import load
+    from burstengine.testing import rel_err
+
+    plans = [["none"] * 3, ["full"] * 3, ["selective"] * 3, ["pointwise"] * 3, ["offload"] * 3,
+             ["selective", "sequence", "pointwise"], ["offload", "none", "full"]]
+    # at 48 local tokens (2 x 48 over CP 2): room for the layers' "sequence" bytes, not "pointwise"'s
+    a = args_from_hf_config(read_config(models["gemma3"]))
+    per = {k: v * 48 for k, v in C.activation_bytes(a, 4).items()}
+    budget = (3 * per["sequence"] + C.transient_bytes(a, 4)["full"] * 48) / 2 ** 30
+    (runs, (plan, loss, grads)) = pool.run(fc.policy_variants, models["gemma3"], tokens, 48, plans, ["cp=2"],
+                                           auto_gib=budget, world=2)[0]
+    (rloss, rgrads) = runs[0]
+    assert all(g.abs().max() > 0 for g in rgrads.values())
+    assert "selective" in plan and "sequence" not in plan, plan
+    for p, (l, g) in zip(plans[1:] + ["auto"], runs[1:] + [(loss, grads)]):
+        assert abs(l - rloss) <= TOL * rloss, (p, l, rloss)
+        worst = max((rel_err(g[n], rgrads[n]), n) for n in rgrads)
+        assert worst[0] <= 1e-5, (p, worst)
+    with pytest.raises(ValueError, match=r"'sequence' does not support a sliding window \(model.window=5\)"):
+        load("tiny", [f"init={models['gemma3']}", "activation_checkpoint=sequence"])
+
+
 @pytest.mark.parametrize("arch,extra,world", [
-    ("llama", [], 2), ("llama3-tied", [], 4), ("qwen2", [], 2), ("qwen3", [], 3), ("mistral", [], 2),
+    ("llama", [], 2), ("llama3-tied", [], 4), ("qwen2", [], 2), ("qwen3", [], 3), ("mistral", [], 2), ("gemma3", [], 2),
+    ("phi3", [], 2),
     # context extension set on the command line, with the export carrying it
     ("llama", ["model.rope_scaling.type=yarn", "model.rope_scaling.factor=4",
                "model.rope_scaling.original_max_position_embeddings=32"], 2),
@@ -204,6 +274,24 @@ def test_sharded_in_and_out(pool, tokens, tmp_path):
     assert ((got - ref).abs().max() / ref.abs().max()).item() < 1e-5
 
 
+def test_train_and_export_commands_take_a_gemma3_directory(models, tokens, tmp_path):
+    """`burstengine train` with init= a Gemma 3 directory (2 ranks, 1 step at lr 0), then
+    `burstengine export` of the run: the directory's tensors back bitwise, as a Gemma3ForCausalLM."""
+    from safetensors.torch import load_file
+
+    from test_cli import _run
+
+    src, run, out = models["gemma3"], tmp_path / "run", tmp_path / "out"
+    sets = [*fc.overrides(src, tokens, 24, ["steps=1", "lr=0", "warmup_steps=0", "save_every=1", f"out_dir={run}"])]
+    rc, text, err = _run("train", "--world", "2", *(a for s in sets for a in ("--set", s)), timeout=600)
+    assert rc == 0, text + err
+    rc, text, err = _run("export", str(run), str(out))
+    assert rc == 0, text + err
+    a, b = load_file(os.path.join(src, "model.safetensors")), load_file(out / "model.safetensors")
+    assert sorted(a) == sorted(b) and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["Gemma3ForCausalLM"]
+
+
 def test_weights_only_checkpoint_exports_and_resumes_fresh(pool, models, tokens, tmp_path):
     """`bench finetune load --save` writes the weights only (an 8B model's AdamW moments would
     triple the file): export reads them back bitwise, and a run resumed from it takes the same
@@ -223,7 +311,8 @@ def test_weights_only_checkpoint_exports_and_resumes_fresh(pool, models, tokens,
 # --- packed documents ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("arch,world,layout", [("llama", 1, "contiguous"), ("llama", 2, "zigzag"),
-                                               ("mistral", 2, "striped"), ("qwen3", 4, "contiguous")])
+                                               ("mistral", 2, "striped"), ("qwen3", 4, "contiguous"),
+                                               ("gemma3", 2, "zigzag")])
 def test_packed_documents_equal_documents_alone(pool, models, arch, world, layout):
     docs = [0, 7, 30, 31, 56]  # boundaries that cross shards, a one-token document
     got, alone = pool.run(fc.packed_vs_alone, models[arch], 56, docs, layout, world=world)[0]

@@ -1,6 +1,7 @@
 """Generation against the sharded KV cache (burstengine/inference/generate.py, kvcache.py,
 step.py, sampling.py): greedy tokens equal transformers' generate(do_sample=False) for tiny
-random Llama, Qwen2 and Mistral (sliding window) checkpoints on 1, 2 and 4 gloo ranks, for
+random Llama, Qwen2, Mistral (sliding window), Gemma 3 (sliding and global layers) and Phi-3
+(LongRoPE, long regime) checkpoints on 1, 2 and 4 gloo ranks, for
 prompt lengths that divide nothing and batches of different lengths (every decode step here is
 the static step of step.py, launched op by op: on CPU there is no CUDA graph to replay it, and
 the graph only replays these kernels); the step is idempotent, as graph capture's warm-up needs;
@@ -28,24 +29,26 @@ NEW = 8
 @pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("generate")
-    return {arch: gc.save_tiny(root / arch, arch, seed=1) for arch in ("llama", "qwen2", "mistral")}
+    return {arch: gc.save_tiny(root / arch, arch, seed=1) for arch in ("llama", "qwen2", "mistral", "gemma3", "phi3")}
 
 
 @functools.lru_cache(maxsize=8)
 def hf_greedy(path, lengths, new, seed=0):
-    """transformers' greedy tokens, each prompt alone (no padding)."""
+    """transformers' greedy tokens, each prompt alone (no padding: the attention mask says so, or
+    generate takes the prompt's token 0, pad_token_id, for padding, which Gemma 3's masks act on)."""
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
     out = []
     for p in gc.prompts(lengths, seed):
         with torch.no_grad():
-            r = hf.generate(torch.tensor([p]), max_new_tokens=new, do_sample=False, pad_token_id=0)
+            r = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                            max_new_tokens=new, do_sample=False, pad_token_id=0)
         out.append(r[0, len(p):].tolist())
     return out
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "gemma3", "phi3"])
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_greedy_equals_transformers(pool, model_dirs, arch, world):
     path = model_dirs[arch]
@@ -66,12 +69,15 @@ def hf_logits64(path, prompt: tuple, tokens: tuple):
         return hf(ids).logits[0, len(prompt):]
 
 
-@pytest.mark.parametrize("arch,world", [("llama", 1), ("qwen2", 2), ("mistral", 1), ("mistral", 2)])
+@pytest.mark.parametrize("arch,world", [("llama", 1), ("qwen2", 2), ("mistral", 1), ("mistral", 2), ("gemma3", 1),
+                                        ("gemma3", 2), ("phi3", 2)])
 def test_decode_logits_equal_transformers(pool, model_dirs, arch, world):
     """Every decode step's logits against transformers' float64 forward over the same tokens
     (the tiny models' greedy tokens hardly depend on attention; their logits do, beyond float32
     rounding): mixed lengths (the cache's visibility), a window (Mistral), two ranks (the
-    scratch slot of the rank that does not own a step's token, the all-gather merge)."""
+    scratch slot of the rank that does not own a step's token, the all-gather merge), Gemma 3's
+    window on some layers, its RoPE per layer type and its attention scale, LongRoPE's long
+    factors (Phi-3)."""
     path = model_dirs[arch]
     res = pool.run(gc.run_generate_logits, path, LENGTHS, NEW, world=world)
     tokens, logits = res[0]
@@ -205,9 +211,9 @@ def test_shard_attention_math_path_matches_oracle(case):
     scale = q.shape[-1] ** -0.5
     out, lse = shard_attention(q, k, v, scale, valid, visible, window, qpos, kpos)
     ro, rl = decode_cases.oracle(q, k, v, scale, valid, visible, window, qpos, kpos)
-    assert out.dtype == lse.dtype == torch.float32
+    assert out.dtype == lse.dtype == torch.float64  # float64 in, float64 out: the oracle keeps its precision
     assert torch.equal(torch.isfinite(lse), torch.isfinite(rl))
-    assert (out.double() - ro).abs().max() < 1e-5 and (lse.double() - rl)[torch.isfinite(rl)].abs().max() < 1e-5
+    assert (out - ro).abs().max() < 1e-12 and (lse - rl)[torch.isfinite(rl)].abs().max() < 1e-12
     assert (out[~torch.isfinite(rl)] == 0).all()
 
 
@@ -249,7 +255,7 @@ def test_a_failed_capture_under_auto_decodes_op_by_op(model_dirs, monkeypatch):
     def broken(self, warmup=2):
         raise RuntimeError("capturing the decode step in a CUDA graph failed: operation not permitted")
 
-    monkeypatch.setattr(gen, "use_graphs", lambda mode, device, world: True)  # as on one GPU
+    monkeypatch.setattr(gen, "use_graphs", lambda mode, device: True)  # as on a GPU
     monkeypatch.setattr(st.DecodeStep, "capture", broken)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -261,41 +267,15 @@ def test_a_failed_capture_under_auto_decodes_op_by_op(model_dirs, monkeypatch):
         gen.generate(gc._model(model_dirs["llama"]), gc.prompts(LENGTHS, 0), NEW, graphs="on")
 
 
-# aten ops whose result depends on a device value read on the host (a sync on CUDA, and a
-# capture error in a CUDA graph): item() / int() / bool() / tolist(), data-dependent shapes
-_SYNCING = {"_local_scalar_dense", "item", "is_nonzero", "equal", "allclose", "nonzero", "nonzero_static",
-            "masked_select", "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim"}
-
-
 def test_decode_step_reads_no_device_value_on_the_host(model_dirs, monkeypatch):
     """What a CUDA graph needs of the step, checked on CPU: every op the step's forward runs, at
     the aten level, for a batch of two lengths (visibility) and a window: none reads a tensor's
     value on the host, no index is a boolean mask (data-dependent shape)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from burstengine.inference import step as st
 
     ops, bad = set(), []
-
-    class Watch(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = func.overloadpacket.__name__
-            ops.add(name)
-            if name in _SYNCING:
-                bad.append(name)
-            if name.startswith("index") and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
-                                                for a in args if isinstance(a, (list, tuple)) for i in a):
-                bad.append(f"{name} with a boolean mask")
-            return func(*args, **(kwargs or {}))
-
-    forward = st.DecodeStep.forward
-
-    def watched(self):
-        with Watch():
-            return forward(self)
-
-    monkeypatch.setattr(st.DecodeStep, "forward", watched)
-    for arch in ("llama", "mistral"):
+    monkeypatch.setattr(st.DecodeStep, "forward", decode_cases.watched(st.DecodeStep.forward, ops, bad))
+    for arch in ("llama", "mistral", "gemma3"):
         tokens, _ = gc.run_generate(None, model_dirs[arch], (61, 30), 4)
         assert tokens == hf_greedy(model_dirs[arch], (61, 30), 4), arch
     assert {"index_copy", "embedding", "logsumexp"} <= {o.rstrip("_") for o in ops}, sorted(ops)
@@ -337,22 +317,21 @@ def test_dynamic_rope_follows_the_length_in_decode(tmp_path, monkeypatch):
 
 
 def test_graphs_option():
+    # "auto" captures on CUDA whatever the number of ranks (the collectives go into the graph)
     from burstengine.inference.step import use_graphs
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    assert use_graphs("auto", cuda, 1) and use_graphs("on", cuda, 1)
-    assert not use_graphs("auto", cuda, 2) and not use_graphs("auto", cpu, 1) and not use_graphs("off", cuda, 1)
-    with pytest.raises(ValueError, match="graphs='on' needs a CUDA device and one rank: the model is on cpu"):
-        use_graphs("on", cpu, 1)
-    with pytest.raises(ValueError, match="runs on 2 ranks"):
-        use_graphs("on", cuda, 2)
+    assert use_graphs("auto", cuda) and use_graphs("on", cuda)
+    assert not use_graphs("auto", cpu) and not use_graphs("off", cuda) and not use_graphs("off", cpu)
+    with pytest.raises(ValueError, match="graphs='on' needs a CUDA device: the model is on cpu"):
+        use_graphs("on", cpu)
     with pytest.raises(ValueError, match="graphs must be one of"):
-        use_graphs("yes", cuda, 1)
+        use_graphs("yes", cuda)
 
 
 def test_graphs_on_is_refused_on_every_rank_here(pool, model_dirs):
     msgs = pool.run(gc.raises, model_dirs["llama"], "generate", [[1, 2, 3]], 2, {}, world=2, graphs="on")
-    assert all(m is not None and "graphs='on' needs a CUDA device and one rank" in m for m in msgs), msgs
+    assert all(m is not None and "graphs='on' needs a CUDA device" in m for m in msgs), msgs
 
 
 def test_sampling_filters_match_transformers():
@@ -445,6 +424,19 @@ def test_generate_command_spawns_ranks_and_writes_tokens(text_model, tmp_path):
     assert len(toks) == 6 and out.strip() == tok.decode(toks, skip_special_tokens=True).strip()
 
 
+def test_generate_command_runs_a_gemma3_directory(model_dirs, tmp_path):
+    import json
+
+    import numpy as np
+
+    path, lengths = model_dirs["gemma3"], (97, 50)
+    np.save(tmp_path / "p.npy", np.array([np.array(p) for p in gc.prompts(lengths)], dtype=object), allow_pickle=True)
+    rc, out, err = _cli("generate", "--model", path, "--prompt-tokens", str(tmp_path / "p.npy"), "--max-new-tokens",
+                        "5", "--world", "2", "--eos", "none", "--output", str(tmp_path / "o.json"))
+    assert rc == 0, err
+    assert json.load(open(tmp_path / "o.json"))["tokens"] == hf_greedy(path, lengths, 5)
+
+
 @pytest.mark.parametrize("argv,match", [
     (["--model", "/nowhere", "--prompt-tokens", "x.npy", "--max-new-tokens", "4"], "neither a preset"),
     (["--model", "tiny", "--prompt-file", "/etc/hostname", "--max-new-tokens", "4"], "needs a tokenizer"),
@@ -454,7 +446,9 @@ def test_generate_command_spawns_ranks_and_writes_tokens(text_model, tmp_path):
     (["--model", "tiny", "--prompt-tokens", "{npy}", "--max-new-tokens", "2", "--eos", "x"], "--eos must be"),
     (["--model", "tiny", "--prompt-tokens", "{bad}", "--max-new-tokens", "2"], "outside the model's vocabulary"),
     (["--model", "tiny", "--prompt-tokens", "{npy}", "--max-new-tokens", "2", "--graphs", "on"],
-     "--graphs on needs one rank on a CUDA device"),
+     "--graphs on needs a CUDA device"),
+    (["--model", "tiny", "--prompt", "hello", "--max-new-tokens", "2"], "--prompt needs a tokenizer"),
+    (["--model", "tiny", "--prompt-tokens", "{npy}", "--max-new-tokens", "2", "--chunk", "-1"], "--chunk must be >= 0"),
 ])
 def test_generate_command_rejects_bad_arguments(argv, match, tmp_path, capsys):
     import numpy as np
@@ -466,6 +460,66 @@ def test_generate_command_rejects_bad_arguments(argv, match, tmp_path, capsys):
     argv = [a.format(npy=tmp_path / "p.npy", bad=tmp_path / "bad.npy") for a in argv]
     assert cli.main(["generate", *argv]) == 2  # before any rank starts
     assert match in capsys.readouterr().err
+
+
+def test_generate_command_takes_a_prompt_and_decodes_tensor_parallel(text_model, tmp_path):
+    """--prompt "text": the same tokens as the API on the tokenized text; on two ranks --tp auto
+    splits the tiny model (4 heads, 2 kv heads, ffn 96, vocab 192), each rank loading its slices,
+    and --tp off keeps it whole: the same tokens."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from burstengine.inference import generate, load_model
+
+    text = "Hello world, once upon a time"
+    ids = AutoTokenizer.from_pretrained(text_model)(text).input_ids
+    want = generate(load_model(text_model), [ids], 6).tokens
+    for tp in ("auto", "off"):
+        rc, out, err = _cli("generate", "--model", text_model, "--prompt", text, "--max-new-tokens", "6", "--world",
+                            "2", "--eos", "none", "--tp", tp, "--quiet", "--output", str(tmp_path / f"{tp}.json"))
+        assert rc == 0, err
+        rec = json.load(open(tmp_path / f"{tp}.json"))
+        assert rec["tokens"] == want and rec["timings"]["tensor_parallel"] is (tp == "auto"), (tp, rec["timings"])
+        assert ("tensor-parallel over 2 ranks" in err) is (tp == "auto")
+
+
+def test_generate_command_refuses_a_prompt_longer_than_the_context(tmp_path, capsys):
+    """A prompt longer than max_position_embeddings (stretched by the RoPE scaling factor) is
+    refused in one line before any rank starts, unless --allow-longer."""
+    import numpy as np
+
+    from burstengine import cli
+
+    plain = gc.save_tiny(tmp_path / "plain", "llama", max_position_embeddings=50)
+    linear = gc.save_tiny(tmp_path / "linear", "llama", max_position_embeddings=50,
+                          rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
+    np.save(tmp_path / "p60.npy", np.array(gc.prompts((60,))[0]))
+    np.save(tmp_path / "p120.npy", np.array(gc.prompts((120,))[0]))
+    base = ["generate", "--max-new-tokens", "2", "--world", "1", "--quiet"]
+    assert cli.main(base + ["--model", plain, "--prompt-tokens", str(tmp_path / "p60.npy")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("prompt 0 has 60 tokens, more than the model's context of 50 (its "
+                            "max_position_embeddings); --allow-longer runs it anyway"), err
+    assert cli.main(base + ["--model", linear, "--prompt-tokens", str(tmp_path / "p120.npy")]) == 2
+    assert "more than the model's context of 100 (max_position_embeddings 50 with linear RoPE scaling x2)" in \
+        capsys.readouterr().err
+    assert cli.main(base + ["--model", linear, "--prompt-tokens", str(tmp_path / "p60.npy")]) == 0  # within x2
+    assert cli.main(base + ["--model", plain, "--prompt-tokens", str(tmp_path / "p60.npy"), "--allow-longer"]) == 0
+
+
+def test_model_context_after_rope_scaling():
+    from burstengine.model import ModelArgs, RopeScaling
+
+    assert ModelArgs().context == 0  # unknown: no limit
+    assert ModelArgs(max_position_embeddings=4096).context == 4096
+    # Llama 3.1: max_position_embeddings is already the stretched context (8192 x 8 < 131072)
+    l31 = ModelArgs(max_position_embeddings=131072, rope_scaling=RopeScaling(
+        type="llama3", factor=8.0, original_max_position_embeddings=8192))
+    assert l31.context == 131072
+    # yarn / linear with max_position_embeddings the original length: stretched by the factor
+    assert ModelArgs(max_position_embeddings=32768, rope_scaling=RopeScaling(type="yarn", factor=4.0)).context == 131072
+    assert ModelArgs(max_position_embeddings=2048, rope_scaling=RopeScaling(type="linear", factor=2.0)).context == 4096
 
 
 def test_needle_eval_writes_a_record_and_a_heatmap(text_model, tmp_path):
@@ -526,7 +580,41 @@ def test_decode_bench_runs_on_cpu(tmp_path):
         # weights (all but the embedding) + the cache, in bytes
         assert r["step_bytes"] > 4 * (2 * 128 * 128 + 2 * 128 * 64) * 2
     rc, _, err = _cli("bench", "decode", "--model", "tiny", "--graphs", "on", "--world", "1")
-    assert rc == 2 and "--graphs on needs one rank on a CUDA device" in err
+    assert rc == 2 and "--graphs on needs a CUDA device" in err
+
+
+def test_decode_bench_on_two_ranks_records_tensor_parallel_rows(tmp_path):
+    """Two gloo ranks: the check runs over them (whole and tensor-parallel steps vs float64), and
+    each (prompt, batch) gets a tensor-parallel row beside a whole-model one, whose bound counts
+    this rank's slice of the weights (the tiny preset: every projection and the head halve); with
+    --sliced the ranks load only their slices."""
+    import json
+
+    rc, out, err = _cli("bench", "decode", "--model", "tiny", "--seqs", "128", "--batches", "1,2", "--tokens", "2",
+                        "--warmup", "1", "--world", "2", "--out-dir", str(tmp_path), "--name", "d", "--check")
+    assert rc == 0, err
+    rec = json.load(open(tmp_path / "d.json"))
+    assert rec["check"]["ok"] and rec["world"] == 2 and rec["sliced"] is False
+    assert [list(r["equal"]) for r in rec["check"]["tokens"]] == [["float32_eager == float64",
+                                                                  "float32_tp_eager == float64"]] * 2
+    rows = rec["rows"]
+    assert [(r["S"], r["batch"], r["tensor_parallel"]) for r in rows] == [(128, 1, True), (128, 1, False),
+                                                                         (128, 2, True), (128, 2, False)]
+    from burstengine.model import PRESETS
+
+    a = PRESETS["tiny"]
+    sliced = a.n_layers * (2 * a.dim * a.n_heads * a.head_dim + 2 * a.dim * a.n_kv_heads * a.head_dim
+                           + 3 * a.dim * a.ffn_dim) + a.vocab_size * a.dim
+    for tp, whole in ((rows[0], rows[1]), (rows[2], rows[3])):
+        assert whole["step_bytes"] - tp["step_bytes"] == sliced * 4 // 2  # float32, half of it on each rank
+    rc, out, err = _cli("bench", "decode", "--model", "tiny", "--seqs", "128", "--batches", "1", "--tokens", "2",
+                        "--warmup", "1", "--world", "2", "--out-dir", str(tmp_path), "--name", "s", "--sliced")
+    assert rc == 0, err
+    rec = json.load(open(tmp_path / "s.json"))
+    assert rec["sliced"] is True and [r["tensor_parallel"] for r in rec["rows"]] == [True]
+    assert rec["rows"][0]["step_bytes"] == rows[0]["step_bytes"]
+    rc, _, err = _cli("bench", "decode", "--model", "tiny", "--sliced", "--tp", "off")
+    assert rc == 2 and "--sliced holds only tensor-parallel slices" in err
 
 
 def test_decode_check_compares_logits_only_while_the_texts_agree():

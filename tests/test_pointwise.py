@@ -1,6 +1,7 @@
 """checkpoint="pointwise": every matmul's output and the attention kept, the two RMSNorms and
-SwiGLU's gate recomputed in backward by two autograd Functions (model/pointwise.py).  The loss
-and gradients equal checkpoint="none"'s in float64 (q/k/v biases, q/k norms, an odd length);
+the MLP's gate recomputed in backward by two autograd Functions (model/pointwise.py).  The loss
+and gradients equal checkpoint="none"'s in float64 (q/k/v biases, q/k norms, Gemma's options,
+an odd length);
 each Function keeps exactly its pointwise inputs and the weights, and one block what
 checkpointing.activation_bytes says; frozen inputs, unused outputs and bf16 behave as
 nn.Linear does; differentiating the gradients again raises."""
@@ -48,10 +49,22 @@ def _loss_and_grads(model, tokens, labels):
     return loss.item(), {n: p.grad for n, p in model.named_parameters()}
 
 
+# Gemma 3's options: its RMSNorm (1 + weight), sandwich norms, q/k norms, GeGLU, scales, per-layer windows and RoPEs
+GEMMA = dict(qk_norm=True, norm_plus_one=True, sandwich_norm=True, activation="gelu_tanh", embed_scale=True,
+             query_pre_attn_scalar=20.0, window=5, window_layers="sf", local_rope_theta=500.0)
+
+
 @pytest.mark.parametrize("qkv_bias", [False, True], ids=["nobias", "bias"])
 @pytest.mark.parametrize("qk_norm", [False, True], ids=["noqknorm", "qknorm"])
 def test_loss_and_grads_equal_none(qkv_bias, qk_norm):
-    a = dataclasses.replace(PRESETS["tiny"], qkv_bias=qkv_bias, qk_norm=qk_norm)
+    _check_equal_none(dataclasses.replace(PRESETS["tiny"], qkv_bias=qkv_bias, qk_norm=qk_norm))
+
+
+def test_gemma_loss_and_grads_equal_none():
+    _check_equal_none(dataclasses.replace(PRESETS["tiny"], **GEMMA))
+
+
+def _check_equal_none(a):
     ref, lean = _pair(a)
     assert all(b.policy == "pointwise" for b in lean.layers)
     g = torch.Generator().manual_seed(2)
@@ -89,7 +102,7 @@ def _grads(outs, wrt, seed=3):
 
 @pytest.mark.parametrize("frozen", ["none", "input", "norm+first"])
 def test_functions_match_autograd(frozen):
-    """norm_linears and swiglu_linear against the plain composition: every gradient, with parts
+    """norm_linears and gate_linear against the plain composition: every gradient, with parts
     frozen (ctx.needs_input_grad) and an unused output (no gradient reaches it)."""
     dt, d, f = torch.float64, 24, 40
     x = torch.randn(3, 7, d, dtype=dt, requires_grad=frozen != "input")
@@ -114,7 +127,7 @@ def test_functions_match_autograd(frozen):
     up = torch.randn(3, 7, f, dtype=dt, requires_grad=frozen != "input")
     (w2,) = _linears(f, (d,), False, dt, seed=4)
     wrt = [t for t in (gate, up, w2.weight) if t.requires_grad]
-    got = _grads([P.swiglu_linear(gate, up, w2)], wrt)
+    got = _grads([P.gate_linear(gate, up, w2)], wrt)
     ref = _grads([w2(fused.swiglu(gate, up))], wrt)
     assert all(rel_err(a, b) <= EXACT for a, b in zip(got, ref))
 
@@ -134,7 +147,7 @@ def test_bf16_gradients_come_in_the_weights_dtype():
         assert rel_err(a, b) <= 2e-2
     g, u = (torch.randn(2, 5, f, dtype=dt, requires_grad=True) for _ in range(2))
     (w2,) = _linears(f, (d,), False, dt)
-    got = _grads([P.swiglu_linear(g, u, w2)], [g, u, w2.weight])
+    got = _grads([P.gate_linear(g, u, w2)], [g, u, w2.weight])
     ref = _grads([w2(fused.swiglu(g, u))], [g, u, w2.weight])
     for a, b, t in zip(got, ref, (g, u, w2.weight)):
         assert a.dtype == t.dtype and rel_err(a, b) <= 2e-2
@@ -167,36 +180,40 @@ def test_functions_keep_only_their_inputs_and_weights():
     assert seen == {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in want}
     g, u = (torch.randn(2, 5, 24, requires_grad=True) for _ in range(2))
     (w2,) = _linears(24, (d,), False, torch.float32)
-    seen, _ = _saved(lambda: P.swiglu_linear(g, u, w2))
+    seen, _ = _saved(lambda: P.gate_linear(g, u, w2))
     assert seen == {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (g, u, w2.weight)}
 
 
-@pytest.mark.parametrize("qk_norm", [False, True], ids=["noqknorm", "qknorm"])
-def test_block_keeps_what_activation_bytes_says(qk_norm):
+@pytest.mark.parametrize("options", [{}, {"qk_norm": True}, GEMMA], ids=["llama", "qknorm", "gemma"])
+def test_block_keeps_what_activation_bytes_says(options):
     """One block's saved activations (parameters and the shared cos/sin tables left out), float32
     on CPU through BurstAttention (lse float32, as on GPUs): ``pointwise`` keeps exactly
     activation_bytes' count; ``none`` keeps its count plus what the eager ops keep beyond the
     fused kernels (each RMSNorm's float32 normalised input: d for each block norm, a + kv for the
-    q/k norms; SwiGLU's silu(gate): f), and so does ``pointwise`` for the q/k norms it runs
-    under autograd."""
-    a = dataclasses.replace(PRESETS["tiny"], n_layers=1, qk_norm=qk_norm)
+    q/k norms; the gate's act(gate): f), and so does ``pointwise`` for the norms it runs under
+    autograd (q/k norms, Gemma's output norms).  Gemma's eager norms also keep 1 + weight, per
+    layer, not per token."""
+    a = dataclasses.replace(PRESETS["tiny"], **dict(options, n_layers=1, window_layers=options.get("window_layers", "")[:1]))
     model = Transformer(a)
     model.init_weights(0)
     model.set_context_parallel(ContextParallel(group=LOCAL))
     B, n = 2, 37
     x = torch.randn(B, n, a.dim, requires_grad=True)
-    cos, sin = model.rope(torch.arange(n), torch.float32)
+    cos, sin = model.ropes(torch.arange(n), torch.float32)[model.layers[0].rope_index]
     block = model.layers[0]
     d, f = a.dim, a.ffn_dim
-    qk = (a.n_heads + a.n_kv_heads) * a.head_dim * qk_norm
+    qk = (a.n_heads + a.n_kv_heads) * a.head_dim * a.qk_norm
+    out = 2 * d * a.sandwich_norm
     per_token = C.activation_bytes(a, 4)
-    eager = {"pointwise": 4 * qk, "none": 4 * (2 * d + f + qk)}
+    eager = {"pointwise": 4 * (qk + out), "none": 4 * (2 * d + f + qk + out)}
+    plus_one = {"pointwise": 4 * (out + 2 * a.head_dim * a.qk_norm), "none": 4 * (2 * d + out + 2 * a.head_dim * a.qk_norm)}
     kept = {}
     for policy in ("none", "pointwise"):
         block.policy = policy
         seen, y = _saved(lambda: block(x, cos, sin), skip=(*model.parameters(), cos, sin))
         kept[policy] = sum(seen.values())
-        assert kept[policy] == B * n * (per_token[policy] + eager[policy]), policy
+        want = B * n * (per_token[policy] + eager[policy]) + plus_one[policy] * a.norm_plus_one
+        assert kept[policy] == want, policy
         y.sum().backward()
     assert kept["pointwise"] < kept["none"]
 
@@ -213,7 +230,7 @@ def test_double_backward_raises():
         for (name, _), g in zip(lean.named_parameters(), grads):
             assert rel_err(g.detach(), rgrads[name]) <= EXACT, name
         total = sum((g * g).sum() for g in grads)
-        with pytest.raises(RuntimeError, match="(norm_linears|swiglu_linear).* does not support double backward"):
+        with pytest.raises(RuntimeError, match="(norm_linears|gate_linear).* does not support double backward"):
             if second == "grad":
                 torch.autograd.grad(total, params, allow_unused=True)
             else:

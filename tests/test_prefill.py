@@ -1,7 +1,7 @@
 """Distributed prefill against the real client: a tiny LlamaForCausalLM built with transformers
 (random weights, saved to a temporary directory) gives next-token logits and K/V that our
-prefill reproduces with CP = 1, 2, 4 and every layout (fp32); the HF-checkpoint loader; the
-`burstengine prefill` command."""
+prefill reproduces with CP = 1, 2, 4 and every layout (fp32), and so does a Gemma3ForCausalLM
+(CP 1, 2, chunked); the HF-checkpoint loader; the `burstengine prefill` command."""
 import os
 import subprocess
 import sys
@@ -36,6 +36,23 @@ def test_prefill_matches_transformers(pool, llama_dir, world, layout, impl):
         worst = max(errs, key=errs.get)
         assert errs[worst] <= TOL, (rank, worst, errs)
         assert layers == 2 and ok_pos and shape == (2, hf_cases.VOCAB)
+
+
+@pytest.fixture(scope="session")
+def gemma3_dir(tmp_path_factory):
+    return hf_cases.save_tiny_gemma3(tmp_path_factory.mktemp("prefill") / "gemma3", seed=5)
+
+
+@pytest.mark.parametrize("world,layout,chunk", [(1, "contiguous", None), (2, "zigzag", None), (2, "striped", 5)])
+def test_prefill_gemma3_matches_transformers(pool, gemma3_dir, world, layout, chunk):
+    """Gemma 3 (a window of 7 on two layers of three, each layer type's RoPE) over 32 tokens:
+    logits and every layer's K/V (after the k norm and RoPE), whole and chunked."""
+    for rank, (errs, layers, ok_pos, shape) in enumerate(
+            pool.run(prefill_cases.prefill_vs_hf, gemma3_dir, layout, "ours", 3, seq_per_rank=32 // world,
+                     chunk=chunk, world=world)):
+        worst = max(errs, key=errs.get)
+        assert errs[worst] <= TOL, (rank, worst, errs)
+        assert layers == 3 and ok_pos and shape == (2, hf_cases.VOCAB)
 
 
 # --- the checkpoint loader (one process) ----------------------------------------------------------
@@ -153,6 +170,16 @@ def test_cli_in_a_launched_group_reproduces_transformers(pool, llama_dir, tmp_pa
     assert (torch.load(logits) - want).abs().max() <= TOL * want.abs().max()
 
 
+def test_cli_prefills_a_gemma3_directory(gemma3_dir, tmp_path):
+    logits = tmp_path / "logits.pt"
+    rc, out = _cli("--model", gemma3_dir, "--seq", "40", "--world", "2", "--layout", "zigzag", "--warmup", "0",
+                   "--save-logits", str(logits))
+    assert rc == 0, out
+    ids = torch.randint(0, hf_cases.VOCAB, (1, 40), generator=torch.Generator().manual_seed(1))  # the CLI's prompt
+    want = _eager_last_logits(gemma3_dir, ids)
+    assert (torch.load(logits) - want).abs().max() <= TOL * want.abs().max()
+
+
 def test_cli_spawns_ranks_and_writes_kv_shards(tmp_path):
     from safetensors import safe_open
 
@@ -212,6 +239,22 @@ def test_prefill_bench_runs_every_method_and_they_agree(pool, tmp_path, world):
     rec = json.load(open(tmp_path / f"prefill_{world}cpu.json"))
     assert rec["longest_fit"]["megatron-v3@tiny"] == 128 and rec["longest_fit"]["torch-cp@tiny"] is None
     assert rec["commit"] and rec["env"]["device"] == "cpu" and len(rec["rows"]) == 10
+
+
+def test_prefill_bench_times_the_first_call_at_each_length(pool, tmp_path):
+    """--cold: each length's first call timed apart from the warm ones, the record rewritten after
+    every case (the rows so far are on disk while the next case runs)."""
+    import json
+
+    argv = ["--models", "tiny", "--seqs", "64,128", "--iters", "2", "--warmup", "1", "--out-dir", str(tmp_path),
+            "--methods", "burst,megatron-v1", "--cold", "--name", "cold"]
+    rows = pool.run(prefill_cases.bench, argv, world=2)[0]
+    for r in rows:
+        assert r["first_s"] > 0 and r["first_vs_warm"] == r["first_s"] / r["median_s"] and len(r["seconds"]) == 2, r
+    rec = json.load(open(tmp_path / "cold.json"))
+    assert [r["first_s"] for r in rec["rows"]] == [r["first_s"] for r in rows]
+    seen = [f for f in tmp_path.iterdir() if f.name.startswith("cold")]
+    assert len(seen) == 1, seen  # one record, rewritten: not one file per case
 
 
 def test_prefill_bench_tables_and_longest_fit(capsys):

@@ -5,13 +5,23 @@
     burstengine generate --model DIR --prompt-tokens prompts.npy --max-new-tokens 32 --output out.json \\
         --temperature 0.7 --top-p 0.9 --seed 1
 
---prompt-file: text, tokenized with the model directory's tokenizer (one prompt; several
-files: several prompts).  --prompt-tokens: a .npy of token ids, 1-D (one prompt) or 2-D (one
-prompt per row), or an object array of 1-D arrays (prompts of different lengths).  Greedy by
-default; --temperature > 0 samples (with --top-k / --top-p), the same tokens for a --seed
-whatever the number of ranks.  Decoding stops at --max-new-tokens or the tokenizer's EOS
-(--eos to name others, --eos none to never stop early).  Rank 0 streams the text (the ids
-without a tokenizer) and --output writes {"tokens": [[...], ...], "timings": {...}}.
+    burstengine generate --model DIR --prompt "Once upon a time" --max-new-tokens 32 --world 1
+
+--prompt: text given on the command line, --prompt-file: text in files, both tokenized with
+the model directory's tokenizer (one prompt each).  --prompt-tokens: a .npy of token ids, 1-D
+(one prompt) or 2-D (one prompt per row), or an object array of 1-D arrays (prompts of
+different lengths).  A prompt longer than the model's context (max_position_embeddings,
+stretched by its RoPE scaling) is refused unless --allow-longer.  Greedy by default;
+--temperature > 0 samples (with --top-k / --top-p), the same tokens for a --seed whatever the
+number of ranks.  Decoding stops at --max-new-tokens or the tokenizer's EOS (--eos to name
+others, --eos none to never stop early).  Rank 0 streams the text (the ids without a tokenizer)
+and --output writes {"tokens": [[...], ...], "timings": {...}}.
+
+With more than one rank the decode step is tensor-parallel (--tp auto, where the model's heads,
+kv heads, ffn width and vocabulary divide over the ranks): each rank loads only its slice of the
+projections and reads 1/W of the weights per token; the prefill gathers each layer's weights as
+it runs.  --tp off keeps the whole model on every rank.  On GPUs the decode step is replayed
+from a CUDA graph (--graphs auto), its collectives included.
 """
 from __future__ import annotations
 
@@ -29,10 +39,13 @@ from ..inference.generate import check_generate, generate
 from ..inference.models import check_model_files, check_spec, load_model, resolve_dtype
 from ..inference.sampling import Sampling
 from ..inference.step import MODES as GRAPH_MODES
-from ..model.hf_dir import read_config
 from ..layout import LAYOUTS
 from ..model import PRESETS
+from ..model.hf_dir import args_from_hf_config, read_config
+from ..model.layers import CHUNK
+from ..model.tensor_parallel import refuses
 
+TP_MODES = {"auto": "auto", "on": True, "off": False}  # --tp -> generate(tensor_parallel=...)
 HELP = "generate text: prefill across ranks, then decode against a KV cache that stays sharded over them"
 
 
@@ -41,6 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"a local HF Llama / Mistral / Qwen2 directory, or a preset ({', '.join(PRESETS)}; random "
                         f"weights, token ids only)")
     src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", nargs="+", default=None, help="prompt text(s), one prompt each")
     src.add_argument("--prompt-file", nargs="+", default=None, help="text file(s), one prompt each")
     src.add_argument("--prompt-tokens", default=None, help="a .npy of token ids (see above)")
     p.add_argument("--max-new-tokens", type=int, required=True, help="tokens to generate per prompt")
@@ -55,10 +69,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="weights and activations (auto: bf16 on GPUs, fp32 on CPU) [%(default)s]")
     p.add_argument("--kernel", default=None, help="local attention kernel of the prefill (default: auto)")
     p.add_argument("--chunk", type=int, default=None,
-                   help="prefill the token-wise parts this many tokens at a time (long prompts) [whole shard]")
+                   help=f"prefill the token-wise parts this many tokens (per sequence) at a time (0: the whole shard "
+                        f"at once) [{CHUNK} tokens over the batch when a rank's shard holds more, else whole]")
     p.add_argument("--graphs", choices=GRAPH_MODES, default="auto",
-                   help="replay the decode step from a CUDA graph (auto: on CUDA with one rank; on: an error "
+                   help="replay the decode step from a CUDA graph (auto: on CUDA, any number of ranks; on: an error "
                         "elsewhere; off: launch its kernels each step) [%(default)s]")
+    p.add_argument("--tp", choices=tuple(TP_MODES), default="auto",
+                   help="tensor-parallel decoding over the ranks, each loading only its slice of the weights (auto: "
+                        "where the model's shapes divide; on: an error where they do not; off: the whole model on "
+                        "every rank) [%(default)s]")
+    p.add_argument("--allow-longer", action="store_true",
+                   help="run a prompt longer than the model's context (max_position_embeddings after RoPE scaling)")
     p.add_argument("--output", default=None, help="rank 0 writes the tokens and timings here (JSON)")
     p.add_argument("--quiet", action="store_true", help="do not stream the text")
     p.add_argument("--world", type=int, default=2, help="ranks to spawn without torchrun [%(default)s]")
@@ -81,38 +102,55 @@ def validate(args) -> str | None:
         return f"--world {args.world} is more than the {torch.cuda.device_count()} GPU(s) here (one rank per GPU)"
     if args.max_new_tokens < 1:
         return f"--max-new-tokens must be >= 1, got {args.max_new_tokens}"
-    if args.chunk is not None and args.chunk < 1:
-        return f"--chunk must be >= 1, got {args.chunk}"
-    if args.graphs == "on" and (args.world > 1 or not torch.cuda.is_available()):
-        return (f"--graphs on needs one rank on a CUDA device, got --world {args.world}"
-                f"{'' if torch.cuda.is_available() else ' and no CUDA device'} (use --graphs auto or off)")
-    if args.prompt_file:
-        for f in args.prompt_file:
-            if not os.path.isfile(f):
-                return f"--prompt-file {f!r} does not exist"
-        if not has_tokenizer(args.model):
-            return f"--prompt-file needs a tokenizer, and {args.model!r} has none (give --prompt-tokens FILE.npy)"
-    elif not os.path.isfile(args.prompt_tokens):
+    if args.chunk is not None and args.chunk < 0:
+        return f"--chunk must be >= 0, got {args.chunk}"
+    if args.graphs == "on" and not torch.cuda.is_available():
+        return "--graphs on needs a CUDA device (use --graphs auto or off)"
+    text = "--prompt" if args.prompt else "--prompt-file" if args.prompt_file else None
+    for f in args.prompt_file or ():
+        if not os.path.isfile(f):
+            return f"--prompt-file {f!r} does not exist"
+    if text and not has_tokenizer(args.model):
+        return f"{text} needs a tokenizer, and {args.model!r} has none (give --prompt-tokens FILE.npy)"
+    if args.prompt_tokens and not os.path.isfile(args.prompt_tokens):
         return f"--prompt-tokens {args.prompt_tokens!r} does not exist"
     try:
-        _eos_arg(args.eos)
+        eos = _eos_arg(args.eos)
         prompts = read_prompts(args)
+        margs = model_args(args.model)
     except ValueError as e:
         return str(e)
-
-
-    vocab = _vocab(args.model)
-    eos = _eos_arg(args.eos)
-    bad = [t for t in (eos if isinstance(eos, tuple) else ()) if not 0 <= t < vocab]
+    bad = [t for t in (eos if isinstance(eos, tuple) else ()) if not 0 <= t < margs.vocab_size]
     if bad:
-        return f"--eos {bad[0]} is not a token id of the model's vocabulary (0 to {vocab - 1})"
+        return f"--eos {bad[0]} is not a token id of the model's vocabulary (0 to {margs.vocab_size - 1})"
+    if not args.allow_longer:
+        msg = too_long(prompts, margs)
+        if msg:
+            return msg
     s = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    msg = check_generate(prompts, vocab, args.max_new_tokens, s)
+    msg = check_generate(prompts, margs.vocab_size, args.max_new_tokens, s)
     return msg.replace("max_new_tokens", "--max-new-tokens").replace("temperature", "--temperature") if msg else None
 
 
-def _vocab(spec: str) -> int:
-    return PRESETS[spec].vocab_size if spec in PRESETS else int(read_config(spec)["vocab_size"])
+def model_args(spec: str):
+    """The ModelArgs of a preset or a model directory's config.json (a ValueError for one we do not
+    run)."""
+    if spec in PRESETS:
+        return PRESETS[spec]
+    return args_from_hf_config(read_config(spec), f"{spec}/config.json")
+
+
+def too_long(prompts, margs) -> str | None:
+    """A one-line refusal of the first prompt longer than the model's context, or None."""
+    ctx = margs.context
+    for i, p in enumerate(prompts):
+        if ctx and len(p) > ctx:
+            how = (f"max_position_embeddings {margs.max_position_embeddings} with {margs.rope_scaling.type} RoPE "
+                   f"scaling x{margs.rope_scaling.factor:g}" if margs.rope_scaling.type != "none"
+                   else "its max_position_embeddings")
+            return (f"prompt {i} has {len(p)} tokens, more than the model's context of {ctx} ({how}); "
+                    f"--allow-longer runs it anyway")
+    return None
 
 
 def _eos_arg(text: str):
@@ -126,9 +164,10 @@ def _eos_arg(text: str):
 
 def read_prompts(args) -> list[list[int]]:
     """The prompts as token id lists (the same on every rank)."""
-    if args.prompt_file:
+    if args.prompt or args.prompt_file:
         tok = hf_tokenizer(args.model)
-        return [tok(open(f).read()).input_ids for f in args.prompt_file]
+        texts = args.prompt or [open(f).read() for f in args.prompt_file]
+        return [tok(t).input_ids for t in texts]
     import numpy as np
 
     try:
@@ -168,18 +207,22 @@ def _stop_ids(args, tok) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-def rank_model(args):
-    """This rank's device, dtype (--dtype), model (--model, --seed) and the model directory's
-    tokenizer (None without one)."""
+def rank_model(args, tp_group=None):
+    """This rank's device, dtype (--dtype), model (--model, --seed; only this rank's
+    tensor-parallel slices over ``tp_group`` when given) and the model directory's tokenizer
+    (None without one)."""
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     dtype = resolve_dtype(args.dtype, device)
-    model = load_model(args.model, "ours", device, dtype, args.seed)
+    model = load_model(args.model, "ours", device, dtype, args.seed, tp_group=tp_group)
     return device, dtype, model, hf_tokenizer(args.model) if has_tokenizer(args.model) else None
 
 
 def run_rank(args) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
-    device, dtype, model, tok = rank_model(args)
+    # tensor-parallel decoding: each rank loads only its slices (--tp on where they do not divide:
+    # the whole model, and generate says why it cannot split it)
+    split = args.tp != "off" and world > 1 and refuses(model_args(args.model), world) is None
+    device, dtype, model, tok = rank_model(args, dist.group.WORLD if split else None)
     prompts = read_prompts(args)
     s = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                  eos=_stop_ids(args, tok))
@@ -202,7 +245,7 @@ def run_rank(args) -> int:
         sys.stdout.flush()
 
     out = generate(model, prompts, args.max_new_tokens, s, layout=args.layout, kernel=args.kernel,
-                   chunk=args.chunk, graphs=args.graphs, on_tokens=on_tokens)
+                   chunk=args.chunk, graphs=args.graphs, tensor_parallel=TP_MODES[args.tp], on_tokens=on_tokens)
     if rank == 0:
         if stream:
             print()
@@ -213,6 +256,8 @@ def run_rank(args) -> int:
         steps = out.timings["decode_step_s"]
         per = sum(steps) / len(steps) if steps else float("nan")
         how = "replayed from a CUDA graph" if out.timings["graphs"] else "op by op"
+        if out.timings["tensor_parallel"]:
+            how += f", tensor-parallel over {world} ranks"
         print(f"[generate] first-token latency {out.timings['prefill_s']:.3f}s; {len(steps)} decode step(s), "
               f"{per * 1e3:.1f} ms/token ({how}); cache slots per rank {out.shard_lengths[-1]}", file=sys.stderr)
         if args.output:

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm.dist import initialized, rank_of, world_of
+from ..kernels import acc_dtype
 from ..layout import position_ids as layout_positions
 from ..layout import shard
 from ..model import ContextParallel
@@ -28,7 +29,8 @@ from .models import PrefillModel
 
 @dataclass
 class PrefillOutput:
-    logits: torch.Tensor   # (batch, vocab) float32: the next-token logits, the same on every rank
+    logits: torch.Tensor   # (batch, vocab) float32 (float64 for a float64 model): the next-token logits, the same
+    #                        on every rank
     positions: torch.Tensor  # (n,) global positions of this rank's tokens
     kv: list | None        # per layer, this rank's (k, v) shards (batch, n, kv_heads, head_dim), after RoPE
 
@@ -106,12 +108,22 @@ def prefill(model: PrefillModel, input_ids: torch.Tensor, group=None, layout: st
     values of this rank's shard as they are made, (batch, n, kv_heads, head_dim), the rows that
     pad the prompt to a length the layout shards included (generation fills its cache from
     them).  ``chunk``: token rows per piece of the model's token-wise work (norms, projections,
-    MLP), so a long prompt's intermediates never exist whole."""
+    MLP), so a long prompt's intermediates never exist whole (None: pieces of
+    ``model.layers.CHUNK`` tokens over the batch when the shard holds more; 0: the whole shard at
+    once).
+
+    A model that holds only its tensor-parallel slices over ``group`` (``load_model(...,
+    tp_group=group)``) runs each layer with its weights gathered from the ranks' slices, and
+    its LM head by vocabulary slices."""
     rank, world = _world(group)
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be (batch, seq), got shape {tuple(input_ids.shape)}")
     B, real = input_ids.shape
     msg = check_prefill(real, layout, world, B) or check_lengths(lengths, B, real) or model.refuses(attention)
+    split = model.model.tp if model.sliced else None
+    if split is not None and (split.rank, split.world) != (rank, world):
+        msg = (f"the model holds the tensor-parallel slice of rank {split.rank} of {split.world}; this prefill is "
+               f"rank {rank} of {world}")
     if msg:
         raise ValueError(msg)
     cp = context_parallel(attention, group, layout, backward, kernel)
@@ -134,12 +146,20 @@ def prefill(model: PrefillModel, input_ids: torch.Tensor, group=None, layout: st
                 kv_sink(i, k, v)
     pos = pos.to(dev)
     h = model.hidden(ids, pos, cp, rows=at, kv_sink=sink, chunk=chunk)
-    logits = torch.zeros(B, model.vocab_size, dtype=torch.float32, device=dev)
-    if rows:
-        logits[at[0]] = model.logits(h)
+    if model.sliced:  # the LM head is split by vocabulary: every rank needs the rows
+        last = h.new_zeros(B, h.shape[-1])
+        if rows:
+            last[at[0]] = h
+        if world > 1:
+            dist.all_reduce(last, group=group)
+        logits = model.logits(last)
+    else:
+        logits = torch.zeros(B, model.vocab_size, dtype=acc_dtype(model.dtype), device=dev)
+        if rows:
+            logits[at[0]] = model.logits(h)
+        if world > 1:
+            dist.all_reduce(logits, group=group)
     del h
-    if world > 1:
-        dist.all_reduce(logits, group=group)
     if S > real:  # what the caller keeps holds real tokens only
         keep = pos < real
         pos = pos[keep]

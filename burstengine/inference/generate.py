@@ -12,15 +12,19 @@ the i-th next from the token at position ``length + i`` of that sequence: every 
 the tokens it would get alone.
 
 Each decode step runs the token-wise parts of the model (embedding, norms, projections, RoPE,
-MLP, LM head) for the step's B tokens on every rank, identically; only attention is sharded:
-each rank attends to its own slots and one all-gather per layer merges the partials exactly.
-The step's K/V are written on one rank (the shortest shard).  Rank 0 chooses the tokens and
-broadcasts them (B ints), so every rank continues with the same tokens.
+MLP, LM head) for the step's B tokens on every rank: whole and identically, or (tensor
+parallelism, by default where the model's shapes divide over the ranks) each rank its slices of
+the projections and of the LM head (:mod:`burstengine.model.tensor_parallel`), so a step reads
+1/W of the weights on each of W ranks.  Attention is sharded either way: each rank attends to
+its own slots and one all-gather per layer merges the partials exactly.  The step's K/V are
+written on one rank (the shortest shard).  Rank 0 chooses the tokens and broadcasts them (B
+ints), so every rank continues with the same tokens.
 
 The step has static shapes and reads its per-step state from device tensors (:mod:`.step`), so
-with ``graphs`` on (by default on CUDA with one rank) it is captured once in a CUDA graph and
-replayed; with more ranks, or off, the same step runs op by op.  Sampling runs on the step's
-logits either way, so the tokens are the same.
+with ``graphs`` on (by default on CUDA, any number of ranks) it is captured once in a CUDA graph
+and replayed, its collectives included; on every rank or on none (a capture that fails on one
+rank runs the step op by op on all).  Sampling runs on the step's logits either way, so the
+tokens are the same.
 """
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ from .engine import padded_length, prefill
 from .kvcache import ShardedKVCache, appends, next_owner
 from .models import OurLlama, PrefillModel
 from .sampling import Sampling, choose
-from .step import DecodeStep, use_graphs
+from .step import DecodeStep, use_graphs, use_tensor_parallel
 
 
 @dataclass
@@ -81,20 +85,24 @@ def check_generate(prompts: list[list[int]], vocab: int, max_new_tokens: int, sa
 @torch.no_grad()
 def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampling | None = None, *, group=None,
              layout: str = "zigzag", attention: str = "burst", kernel: str | None = None,
-             chunk: int | None = None, graphs: str = "auto", on_tokens=None, on_logits=None) -> GenerateOutput:
+             chunk: int | None = None, graphs: str = "auto", tensor_parallel="auto", on_tokens=None,
+             on_logits=None) -> GenerateOutput:
     """New tokens for each prompt (a list of token id lists, or a (batch, seq) tensor).
 
     ``sampling``: greedy by default (:class:`~.sampling.Sampling`).  ``group``: the
     context-parallel group (None: the default group when one is initialised, else this process
     alone).  ``attention="sdpa"`` runs the prefill's attention as plain SDPA (one rank; the
-    benchmark's peer).  ``chunk``: token rows per piece of the prefill's token-wise work.
-    ``graphs``: capture the decode step in a CUDA graph and replay it (``"auto"``: on CUDA with
-    one rank; ``"on"``: the same, an error elsewhere; ``"off"``: launch its kernels each step).
+    benchmark's peer).  ``chunk``: token rows per piece of the prefill's token-wise work (None:
+    the default for the shard's length; 0: whole).  ``graphs``: capture the decode step in a CUDA
+    graph and replay it (``"auto"``: on CUDA; ``"on"``: the same, an error elsewhere; ``"off"``:
+    launch its kernels each step).  ``tensor_parallel``: the decode step runs the model's slices
+    over the group (``"auto"``: where its shapes divide over more than one rank; ``True``: an
+    error where they do not; ``False``: the whole model on every rank): :func:`.step.use_tensor_parallel`.
     ``on_tokens(step, tokens (B,) list, done (B,) list)`` is called on every rank after each
     step's tokens are known (streaming); ``on_logits(step, logits)`` on rank 0 with the (B,
-    vocab) float32 logits each step's tokens are chosen from (step 0: the prefill's), on the
-    device, before sampling; the tensor is the step's own buffer (a CUDA graph's output), so
-    copy what you keep."""
+    vocab) float32 logits (float64 for a float64 model) each step's tokens are chosen from (step
+    0: the prefill's), on the device, before sampling; the tensor is the step's own buffer (a
+    CUDA graph's output), so copy what you keep."""
     sampling = sampling or Sampling()
     if not isinstance(model, OurLlama):
         raise ValueError("generate runs burstengine's LLaMA (impl 'ours'); this model is a transformers one")
@@ -107,7 +115,8 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
         raise ValueError("attention 'sdpa' is plain SDPA on one rank; run it with world 1")
     a = model.model.args
     dev = model.device
-    graphed = use_graphs(graphs, dev, world)  # a ValueError here is the same on every rank
+    graphed = use_graphs(graphs, dev)  # a ValueError here is the same on every rank
+    sliced = use_tensor_parallel(tensor_parallel, model, world)
     B = len(prompts)
     L = [len(p) for p in prompts]
     ids = torch.zeros(B, max(L), dtype=torch.int64)
@@ -144,7 +153,7 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
     history = [list(cache.lengths)]
     if on_tokens:
         on_tokens(0, tok.tolist(), list(done))
-    step = DecodeStep(model, cache, B, group, rank)
+    step = DecodeStep(model, cache, B, group, rank, tensor_parallel=sliced)
     step_s, capture_s = [], 0.0
     for i in range(1, max_new_tokens):
         if all(done):
@@ -153,15 +162,7 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
         owner = next_owner(cache.lengths)
         step.load(tok, [L[b] + i - 1 for b in range(B)], owner)  # the token we feed, at its position
         if graphed and step.graph is None:  # the first step: capture it (not counted as a step's time)
-            try:
-                step.capture()
-            except RuntimeError as e:
-                if graphs == "on":
-                    raise
-                # "auto" asked for speed, not for the graph: the same step, op by op, says why once
-                warnings.warn(f"decode: {e}; decoding op by op (graphs='on' makes this an error)", RuntimeWarning,
-                              stacklevel=2)
-                graphed = False
+            graphed = _capture(step, graphs, world, group, dev)
             sync()
             capture_s = time.perf_counter() - t0
             t0 += capture_s
@@ -181,8 +182,33 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
             on_tokens(i, tok.tolist(), list(done))
     del step  # the graph and its memory pool go now, before the cache they point into
     timings = dict(prefill_s=t_prefill, decode_step_s=step_s, total_s=time.perf_counter() - t_start,
-                   prompt_lengths=L, padded_length=S, world=world, graphs=graphed, graph_capture_s=capture_s)
+                   prompt_lengths=L, padded_length=S, world=world, graphs=graphed, graph_capture_s=capture_s,
+                   tensor_parallel=sliced)
     return GenerateOutput(tokens=out, timings=timings, shard_lengths=history)
+
+
+def _capture(step: DecodeStep, graphs: str, world: int, group, dev) -> bool:
+    """Capture the step's CUDA graph on every rank or on none (a graph with collectives is replayed
+    by all ranks together): whether it was.  A failure under "auto" warns once and the step runs
+    op by op; under "on" it raises, on every rank."""
+    err = None
+    try:
+        step.capture()
+    except RuntimeError as e:
+        err = e
+    if world > 1:  # one host read, once per generation
+        failed = torch.tensor([0 if err is None else 1], device=dev)
+        dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=group)
+        if err is None and failed.item():
+            err = RuntimeError("capturing the decode step in a CUDA graph failed on another rank")
+    if err is None:
+        return True
+    step.graph = step.logits = None
+    if graphs == "on":
+        raise err
+    # "auto" asked for speed, not for the graph: the same step, op by op, says why once
+    warnings.warn(f"decode: {err}; decoding op by op (graphs='on' makes this an error)", RuntimeWarning, stacklevel=3)
+    return False
 
 
 def _choose(logits, B, sampling, gen, rank, world, group, dev):

@@ -122,7 +122,7 @@ class ShardedKVCache:
 
     def attend(self, layer: int, q: torch.Tensor, valid: torch.Tensor, qpos: torch.Tensor, window: int | None,
                scale: float):
-        """(out (B, H, D) float32, lse (B, H) float32) of the queries (B, H, D) at positions
+        """(out (B, H, D), lse (B, H)), float32 (float64 for float64 queries), of the queries (B, H, D) at positions
         ``qpos`` (B,) over this rank's first ``valid`` (B,) slots; lse = -inf (and out 0) where
         none is visible."""
         return shard_attention(q, self.k[layer], self.v[layer], scale, valid=valid,
@@ -197,8 +197,9 @@ def shard_attention(q, k, v, scale, valid=None, visible=None, window=None, qpos=
     (B, Hkv, n, D) (grouped-query: query head h reads kv head h // (H / Hkv)).  Slot j counts
     for sequence b when ``j < valid[b]`` (all n slots without ``valid``), ``visible[b, j]``
     (a (B, n) bool, when given) and, with a ``window``, ``qpos[b] - kpos[b, j] < window``.
-    Every one of these is a device tensor, read on the device.  Returns float32 (out (B, H, D),
-    lse (B, H)); lse = -inf and out = 0 where no slot counts.  The kernel never reads a slot
+    Every one of these is a device tensor, read on the device.  Returns (out (B, H, D), lse (B,
+    H)) in float32 (float64 for float64 queries: the tests' oracle keeps its precision through
+    the merge); lse = -inf and out = 0 where no slot counts.  The kernel never reads a slot
     past ``valid``; the math path reads every slot (weighing those 0), so they must hold finite
     values, as the cache's zero-filled ones do."""
     B, H, D = q.shape
@@ -239,11 +240,11 @@ def _math(q, k, v, scale, valid, visible, window, qpos, kpos):
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
     out = torch.matmul(p, v.to(acc))
-    return out.float().reshape(B, H, D), lse.float().reshape(B, H)
+    return out.reshape(B, H, D), lse.reshape(B, H)
 
 
 def merge(parts: torch.Tensor):
-    """Exact merge of per-rank partial attentions packed as (W, B, H, D + 1) float32: out in
+    """Exact merge of per-rank partial attentions packed as (W, B, H, D + 1) float32 (or float64): out in
     [..., :D], lse in [..., D].  Returns (out (B, H, D), lse (B, H)).  Deterministic: the same
     operations in rank order on every rank, so every rank gets the same bits."""
     out, lse = parts[..., :-1], parts[..., -1]

@@ -16,9 +16,12 @@ import warnings
 
 import torch
 
-from ..model import PRESETS, ContextParallel, Hooks, Transformer
-from ..model.hf_dir import UntiedHead, args_from_hf_dir, hf_config_from_args, load_hf_model, ours_to_hf, \
-    read_config, tensor_files
+from ..comm.dist import rank_of, world_of
+from ..kernels import acc_dtype
+from ..model import PRESETS, ContextParallel, Hooks, Transformer, fused, tensor_parallel
+from ..model.layers import CHUNK
+from ..model.hf_dir import UntiedHead, args_from_hf_config, args_from_hf_dir, hf_config_from_args, load_hf_model, \
+    ours_to_hf, read_config, tensor_files
 
 IMPLS = ("ours", "hf")
 
@@ -32,15 +35,18 @@ class PrefillModel:
     kv_sink=None, chunk=None)`` -> the final-norm hidden states of this rank's tokens, (B, n, dim),
     or (R, dim) at ``rows`` ((batch, token) index tensors); ``kv_sink(layer, k, v)`` receives each
     layer's keys (after RoPE) and values of this rank's tokens, (B, n, kv_heads, head_dim);
-    ``chunk``: the token-wise work this many tokens at a time.  ``logits(h (..., dim))`` ->
-    float32.  ``refuses(attention)``: why this model cannot run prefill's ``attention`` ("burst",
-    "sdpa"), or None.  ``describe`` is one line for the log."""
+    ``chunk``: the token-wise work this many tokens at a time (None: the default for the shard's
+    length, 0: all at once).  ``logits(h (..., dim))`` -> float32 (float64 for a float64 model).
+    ``refuses(attention)``: why this model cannot run prefill's ``attention`` ("burst", "sdpa"),
+    or None.  ``describe`` is one line for the log.  ``sliced``: the model holds only this rank's
+    tensor-parallel slices (its ``logits`` is then a collective of its group)."""
 
     vocab_size: int
     n_layers: int
     device: torch.device
     dtype: torch.dtype
     describe: str
+    sliced: bool = False
 
     def hidden(self, ids, positions, cp: ContextParallel, rows=None, kv_sink=None, chunk: int | None = None):
         raise NotImplementedError
@@ -53,8 +59,14 @@ class PrefillModel:
 
 
 class OurLlama(PrefillModel):
-    def __init__(self, model: Transformer, describe: str):
+    """burstengine's decoder, whole, or (``model.tp`` set) only this rank's tensor-parallel slices
+    over ``tp_group`` (:mod:`burstengine.model.tensor_parallel`): its prefill then gathers each
+    layer's weights as it runs, and its decoding is tensor-parallel over the same group."""
+
+    def __init__(self, model: Transformer, describe: str, tp_group=None):
         self.model = model.eval()
+        self.tp_group = tp_group
+        self._views = {}  # (rank, world) -> a tensor-parallel view of the whole model's weights
         a = model.args
         self.vocab_size, self.n_layers = a.vocab_size, a.n_layers
         p = next(model.parameters())
@@ -63,6 +75,8 @@ class OurLlama(PrefillModel):
         # itself included
         self.window = a.window or None
         extra = f", sliding window {self.window}" if self.window else ""
+        if model.tp is not None:
+            extra += f", tensor-parallel slice {model.tp.rank + 1} of {model.tp.world}"
         self.describe = (f"{describe}: burstengine LLaMA{extra}, {a.n_layers} layers, dim {a.dim}, heads {a.n_heads}/"
                          f"{a.n_kv_heads} kv, ffn {a.ffn_dim}, vocab {a.vocab_size}, "
                          f"{_count(a.num_params())} params")
@@ -72,14 +86,44 @@ class OurLlama(PrefillModel):
             return "plain SDPA attention has no sliding window; this model needs attention 'burst'"
         return None
 
+    @property
+    def sliced(self) -> bool:
+        """The model holds only this rank's tensor-parallel slices."""
+        return self.model.tp is not None
+
+    def decoder(self, group=None) -> Transformer:
+        """The Transformer a tensor-parallel decode step over ``group`` runs: the model itself
+        when it holds only its slices, else views of its whole weights (made once per place)."""
+        rank, world = rank_of(group), world_of(group)
+        split = self.model.tp
+        if split is not None:
+            if (split.rank, split.world) != (rank, world):
+                raise ValueError(f"the model holds the tensor-parallel slice of rank {split.rank} of {split.world}; "
+                                 f"this run is rank {rank} of {world}")
+            return self.model
+        if (rank, world) not in self._views:
+            self._views[(rank, world)] = tensor_parallel.view(self.model, tensor_parallel.Split(rank, world))
+        return self._views[(rank, world)]
+
     @torch.no_grad()
     def hidden(self, ids, positions, cp, rows=None, kv_sink=None, chunk=None):
         self.model.set_context_parallel(cp)
-        return self.model.hidden(ids, positions, hooks=Hooks(kv_sink=kv_sink, chunk=chunk), rows=rows)
+        block = tensor_parallel.LayerGather(self.model, self.tp_group) if self.sliced else None
+        if chunk is None:  # the default: a long shard in pieces of CHUNK tokens over the batch
+            B, n = ids.shape
+            chunk = max(1, CHUNK // B) if B * n > CHUNK else 0
+        with fused.any_length():  # a prompt's length is new at nearly every call: compile for any
+            return self.model.hidden(ids, positions, hooks=Hooks(kv_sink=kv_sink, chunk=chunk or None, block=block),
+                                     rows=rows)
 
     @torch.no_grad()
     def logits(self, h):
-        return self.model.logits(h).float()
+        """float32 logits (float64 for a float64 model, the tests' oracle); of a sliced model,
+        gathered from every rank's vocabulary slice (every rank of its group calls this with the
+        same rows)."""
+        if self.sliced:
+            return tensor_parallel.logits(self.model, h, self.tp_group)
+        return self.model.logits(h).to(acc_dtype(h))
 
 
 class HFCausalLM(PrefillModel):
@@ -120,7 +164,7 @@ class HFCausalLM(PrefillModel):
 
     @torch.no_grad()
     def logits(self, h):
-        return self.model.get_output_embeddings()(h).float()
+        return self.model.get_output_embeddings()(h).to(acc_dtype(h))
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -164,29 +208,42 @@ def check_model_files(spec: str, impl: str) -> str | None:
     return None
 
 
-def random_llama(args, device, dtype, seed: int = 0) -> Transformer:
+def random_llama(args, device, dtype, seed: int = 0, split=None) -> Transformer:
     """Our LLaMA with ``args``' shape and random weights (the same on every rank for a seed),
-    allocated once, directly in ``dtype`` on ``device``."""
-    with torch.device("meta"):
-        model = Transformer(args)
-    model.to(dtype).to_empty(device=device)
+    allocated once, directly in ``dtype`` on ``device``; with a tensor-parallel ``split``
+    (:class:`~burstengine.model.tensor_parallel.Split`) only its slices, the same values as the
+    whole model's there."""
+    model = tensor_parallel.empty_model(args, device, dtype, split)
     model.init_weights(seed)
     return model
 
 
-def load_model(spec: str, impl: str = "ours", device="cpu", dtype=torch.float32, seed: int = 0) -> PrefillModel:
+def load_model(spec: str, impl: str = "ours", device="cpu", dtype=torch.float32, seed: int = 0, *,
+               tp_group=None) -> PrefillModel:
     """A preset name (random weights drawn from ``seed``, the same on every rank) or a local HF
-    model directory (config.json + safetensors)."""
+    model directory (config.json + safetensors).  ``tp_group``: load only this rank's
+    tensor-parallel slices over that group (a preset draws only them, a checkpoint is read a
+    slice at a time), for decoding over it (:func:`~.generate.generate`); a ValueError when the
+    model's heads, kv heads, ffn width or vocabulary do not divide over it."""
     device = torch.device(device)
     msg = check_spec(spec, impl)
     if msg:
         raise ValueError(msg)
     if impl == "ours":
+        split = None
+        if tp_group is not None:
+            split = tensor_parallel.Split(rank_of(tp_group), world_of(tp_group))
+            args = PRESETS[spec] if spec in PRESETS else args_from_hf_config(read_config(spec), f"{spec}/config.json")
+            why = tensor_parallel.refuses(args, split.world)
+            if why:
+                raise ValueError(f"--model {spec}: {why}")
         if spec in PRESETS:
-            return OurLlama(random_llama(PRESETS[spec], device, dtype, seed),
-                            f"preset {spec} (random weights, seed {seed})")
+            return OurLlama(random_llama(PRESETS[spec], device, dtype, seed, split),
+                            f"preset {spec} (random weights, seed {seed})", tp_group)
 
-        return OurLlama(load_hf_model(spec, device, dtype), spec)
+        return OurLlama(load_hf_model(spec, device, dtype, split), spec, tp_group)
+    if tp_group is not None:
+        raise ValueError("tensor-parallel loading is for burstengine's LLaMA (impl 'ours')")
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     import burstengine.integrations.hf  # noqa: F401

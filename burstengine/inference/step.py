@@ -11,22 +11,33 @@ counts, visibility and positions on the device (kernels/triton/decode.py on CUDA
 host value is baked into a kernel, and the step never reads a device value on the host (no
 ``.item()``, no ``int(tensor)``): it is a fixed sequence of kernels on fixed buffers.
 
-CUDA graphs (one rank).  :meth:`DecodeStep.capture` follows torch's recipe: a few warm-up runs on
-a side stream (they compile the fused element-wise kernels and the Triton kernels for these
-shapes and let cuBLAS settle), then one capture into a graph with its own memory pool; each
-step then costs one ``replay()``.  The cache is allocated before the capture and never moves.
-The warm-up runs are the first step itself, which is idempotent (the same K/V into the same
-slot, the same logits from the same state), so running it more than once changes nothing.  A
-capture that fails raises, naming the cause; nothing falls back silently.
+CUDA graphs.  :meth:`DecodeStep.capture` follows torch's recipe: a few warm-up runs on a side
+stream (they compile the fused element-wise kernels and the Triton kernels for these shapes and
+let cuBLAS settle), then one capture into a graph with its own memory pool; each step then
+costs one ``replay()``.  The cache is allocated before the capture and never moves.  The
+warm-up runs are the first step itself, which is idempotent (the same K/V into the same slot,
+the same logits from the same state), so running it more than once changes nothing.  A capture
+that fails raises, naming the cause; nothing falls back silently.
 
-With more than one rank the step runs op by op: attention ends in one all-gather per layer
-(:func:`.kvcache.gather_merge`), which is not captured here (an NCCL collective in a graph
-needs every rank to replay in lockstep and the communicator set up for capture).  The code of
-the step is the same.
+With more than one rank the graph holds the step's NCCL collectives too (the all-gather merge of
+:func:`.kvcache.gather_merge`, and tensor parallelism's): NCCL captures a collective once its
+communicator exists and has run it, which the prefill and the warm-up runs see to, and a graph
+with collectives must be replayed by every rank of the group in lockstep, as generation's loop
+does (every rank captures at the same step and replays once per step).  On CPU (gloo) the same
+step runs op by op.
 
-Sampling stays outside the step, on its logits, exactly as before (sampling.py).  Dynamic RoPE
-scaling's frequencies depend on the length: they sit in a device buffer, recomputed before each
-step (outside any graph); every other RoPE type computes them once.
+Tensor parallelism (``tensor_parallel=True``, :mod:`burstengine.model.tensor_parallel`): the step
+runs the model's slices over the group that holds the cache, each layer's q, k and v gathered to
+all heads before attention and the partial sums after wo and w2 all-reduced; the new token's K/V
+are written from the gathered heads, and the logits gathered from the vocabulary slices.
+
+Sampling stays outside the step, on its logits, exactly as before (sampling.py).  Dynamic and
+LongRoPE scaling's frequencies depend on the length (the step's position + 1, as transformers
+reads it with a cache; keys cached before LongRoPE switches keep their short factors): they sit
+in a device buffer, recomputed before each step (outside any graph); every other RoPE type
+computes them once.  A model whose sliding layers have a RoPE of their own (Gemma 3) keeps those
+frequencies in a second buffer; each layer's window is a host constant of the step, as is the
+attention scale.
 """
 from __future__ import annotations
 
@@ -35,7 +46,7 @@ import math
 import torch
 
 from ..kernels import acc_dtype
-from ..model import Hooks
+from ..model import Hooks, tensor_parallel
 from ..model.rope import inv_freq, tables_from_inv
 from .kvcache import ShardedKVCache, gather_merge
 from .models import OurLlama
@@ -43,45 +54,71 @@ from .models import OurLlama
 MODES = ("auto", "on", "off")
 
 
-def use_graphs(mode: str, device: torch.device, world: int) -> bool:
-    """Whether generation captures its decode step in a CUDA graph: ``"auto"`` on CUDA with one
-    rank, ``"on"`` (an error where it cannot), ``"off"``."""
+def use_graphs(mode: str, device: torch.device) -> bool:
+    """Whether generation captures its decode step in a CUDA graph: ``"auto"`` on CUDA (any
+    number of ranks), ``"on"`` (an error where it cannot), ``"off"``."""
     if mode not in MODES:
         raise ValueError(f"graphs must be one of {MODES}, got {mode!r}")
     if mode == "off":
         return False
-    ok = torch.device(device).type == "cuda" and world == 1
-    if mode == "on" and not ok:
-        why = (f"the model is on {torch.device(device).type}" if torch.device(device).type != "cuda"
-               else f"this generation runs on {world} ranks (graphs capture one rank's step; the all-gather merge "
-                    f"between ranks runs op by op)")
-        raise ValueError(f"graphs='on' needs a CUDA device and one rank: {why}; use graphs='auto' or 'off'")
-    return ok
+    kind = torch.device(device).type
+    if mode == "on" and kind != "cuda":
+        raise ValueError(f"graphs='on' needs a CUDA device: the model is on {kind}; use graphs='auto' or 'off'")
+    return kind == "cuda"
+
+
+def use_tensor_parallel(mode, model: OurLlama, world: int) -> bool:
+    """Whether the decode step runs the model's tensor-parallel slices over the ``world`` ranks
+    that hold the cache: ``"auto"`` with more than one rank when the model's heads, kv heads, ffn
+    width and vocabulary divide over them (always for a model that holds only its slices),
+    ``True`` the same (an error where they do not divide), ``False`` every rank runs the whole
+    model (an error for a model that holds only its slices)."""
+    if not (mode is True or mode is False or mode == "auto"):
+        raise ValueError(f"tensor_parallel must be True, False or 'auto', got {mode!r}")
+    if model.sliced:
+        if mode is False and world > 1:
+            raise ValueError("tensor_parallel=False runs the whole model on every rank, and this one holds only its "
+                             "tensor-parallel slices (load it without tp_group)")
+        return world > 1
+    if world == 1 or mode is False:
+        return False
+    why = tensor_parallel.refuses(model.model.args, world)
+    if mode is True and why:
+        raise ValueError(f"tensor_parallel=True: {why}")
+    return why is None
 
 
 class DecodeStep:
     """The decode step of ``batch`` sequences against ``cache`` (this rank's shard).
     ``step(tokens (B,) CPU int64, positions list of B ints, owner rank)`` returns the (B, vocab)
-    float32 logits on rank 0 (None elsewhere); with a captured graph they are the graph's output
-    buffer, overwritten by the next step."""
+    float32 logits (float64 for a float64 model) on rank 0 (None elsewhere); with a captured graph
+    they are the graph's output buffer, overwritten by the next step.  ``tensor_parallel``: run
+    the model's slices over ``group`` (:func:`use_tensor_parallel`)."""
 
-    def __init__(self, model: OurLlama, cache: ShardedKVCache, batch: int, group=None, rank: int = 0):
+    def __init__(self, model: OurLlama, cache: ShardedKVCache, batch: int, group=None, rank: int = 0,
+                 tensor_parallel: bool = False):
         self.model, self.cache, self.group, self.rank = model, cache, group, rank
+        # the Transformer the step runs: the model, or its slices over the group (tensor parallelism)
+        self.decoder = model.decoder(group) if tensor_parallel else model.model
+        self.split = self.decoder.tp if tensor_parallel else None
         a = model.model.args
         self.args = a
         self.B = batch
         self.device = torch.device(model.device)
         self.acc = acc_dtype(torch.empty((), dtype=model.dtype))
-        self.scale = 1.0 / math.sqrt(a.head_dim)
-        self.window = model.window
+        self.scale = a.softmax_scale or 1.0 / math.sqrt(a.head_dim)
+        self.windows = [a.layer_window(i) or None for i in range(a.n_layers)]
         cuda = self.device.type == "cuda"
         B = batch
         self.state = torch.zeros(3 * B + 1, dtype=torch.int64, device=self.device)
         self.host = torch.zeros(3 * B + 1, dtype=torch.int64, pin_memory=cuda)
         self.tok, self.qpos = self.state[:B], self.state[B:2 * B]
         self.valid, self.slot = self.state[2 * B:3 * B], self.state[3 * B:]
-        self.dynamic = a.rope_scaling.type == "dynamic"
+        self.follows_length = a.rope_scaling.follows_length
         self.inv, self.rope_attn = self._inv(0)
+        # the sliding layers' own RoPE (unscaled: never recomputed), the model's second table
+        self.local_inv = inv_freq(a.head_dim, a.local_rope_theta, device=self.device)[0] if a.local_rope_theta \
+            else None
         self._copied = torch.cuda.Event() if cuda else None
         self.graph = None
         self.logits = None
@@ -104,7 +141,7 @@ class DecodeStep:
         self.state.copy_(self.host, non_blocking=self._copied is not None)
         if self._copied is not None:
             self._copied.record(torch.cuda.current_stream(self.device))
-        if self.dynamic:  # the frequencies follow the length (what the eager rope reads)
+        if self.follows_length:  # the frequencies follow the length (what the eager rope reads)
             self.inv.copy_(self._inv(max(positions) + 1)[0])
 
     def forward(self):
@@ -113,12 +150,20 @@ class DecodeStep:
         replaced by the cache's: the K/V append at the device slot, attention over the valid
         slots, the merge over ranks; then the LM head (rank 0).  What a graph captures."""
         c = self.cache
-        tables = tuple(t.to(self.acc) for t in tables_from_inv(self.qpos, self.inv, self.rope_attn))
-        c.write_slot(self.slot, self.qpos, self.window is not None)
+        tables = (tuple(t.to(self.acc) for t in tables_from_inv(self.qpos, self.inv, self.rope_attn)),)
+        if self.local_inv is not None:
+            tables += (tuple(t.to(self.acc) for t in tables_from_inv(self.qpos, self.local_inv)),)
+        c.write_slot(self.slot, self.qpos, any(w is not None for w in self.windows))
         # hooks made per call: kept on self, they would tie the step to itself in a cycle, and
         # `del step` would no longer free the graph before the cache it points into
-        hooks = Hooks(kv_sink=self._write, attend=self._attend)
-        h = self.model.model.hidden(self.tok[None], self.qpos, hooks=hooks, tables=tables)  # (1, B, dim)
+        if self.split is None:
+            hooks = Hooks(kv_sink=self._write, attend=self._attend)
+        else:  # the K/V are written once gathered to all heads (_attend_sliced)
+            hooks = Hooks(attend=self._attend_sliced, reduce=self._reduce)
+        h = self.decoder.hidden(self.tok[None], self.qpos, hooks=hooks, tables=tables)  # (1, B, dim)
+        if self.split is not None:  # every rank joins the vocabulary slices' gather
+            logits = tensor_parallel.logits(self.decoder, h[0], self.group)
+            return logits if self.rank == 0 else None
         if self.rank != 0:
             return None
         return self.model.logits(h[0])
@@ -127,9 +172,19 @@ class DecodeStep:
         self.cache.write(layer, self.slot, k[0], v[0])
 
     def _attend(self, layer: int, q, k, v):
-        o, lse = self.cache.attend(layer, q[0], self.valid, self.qpos, self.window, self.scale)
+        o, lse = self.cache.attend(layer, q[0], self.valid, self.qpos, self.windows[layer], self.scale)
         o, _ = gather_merge(o, lse, self.group)
         return o.to(q.dtype)[None]
+
+    def _attend_sliced(self, layer: int, q, k, v):
+        """Tensor parallelism: this rank's heads of q, k, v -> all heads, attention over this
+        rank's shard of the cache with all of them, the merge, this rank's heads of the output."""
+        q, k, v = tensor_parallel.gather_heads(q, k, v, self.split.world, self.group)
+        self._write(layer, k, v)
+        return tensor_parallel.my_heads(self._attend(layer, q, k, v), self.split)
+
+    def _reduce(self, x):
+        return tensor_parallel.all_reduce(x, self.group)
 
     def capture(self, warmup: int = 2) -> None:
         """Capture :meth:`forward` on the state loaded now in a CUDA graph (after ``warmup`` runs

@@ -29,6 +29,8 @@ under whatever recomputation it wants.  Adding one is a function and a line in P
   normed inputs and the gate's product took): the step between keeping everything and
   re-projecting, for a budget that almost fits ``none``, at the cost of three pointwise kernels
   per layer in backward.  Any attention (packed documents, windows, torch's CP) works under it.
+  The output norms of ``sandwich_norm`` (Gemma) feed no projection: they run under autograd and
+  keep their inputs, whose matmuls are never run again.
 * ``offload``: ``pointwise``, with what the layer saves kept in pinned host memory from its
   forward to its backward (:mod:`burstengine.model.offload`): copies on a side stream, overlapped
   with the next layers' forward and, coming back, with the backward of the layer above.  Nothing
@@ -103,7 +105,8 @@ def sequence(block, x, cos, sin, docs=None):
     return seq_checkpoint(x, lambda t: block.pre_attention(t, cos, sin), block.post_attention,
                           split=block.checkpoint_split, group=LOCAL if local else cp.group, causal=True,
                           # on one rank every layout is the identity: contiguous has the fewest blocks
-                          layout="contiguous" if local else cp.layout, backward=cp.backward, kernel=cp.kernel)
+                          layout="contiguous" if local else cp.layout, softmax_scale=block.softmax_scale,
+                          backward=cp.backward, kernel=cp.kernel)
 
 
 POLICIES = {
@@ -134,16 +137,19 @@ def activation_bytes(args, elem: int) -> dict[str, int]:
 
     d = dim, a = heads x head_dim, kv = kv heads x head_dim, f = ffn_dim.  With ``qk_norm``,
     ``pointwise`` and ``none`` also keep q and k before their norms and the norms' 1/rms per head
-    (``full`` and ``sequence`` recompute them).  Eager ops (CPU, ``fused_ops=false``) keep more: each
-    RMSNorm its float32 normalised input, SwiGLU silu(gate) too."""
+    (``full`` and ``sequence`` recompute them); with ``sandwich_norm``, the inputs of the two output
+    norms (the projections wo and w2 make them) and their 1/rms: 2d + 8 bytes more.  GeGLU keeps
+    what SwiGLU keeps.  Eager ops (CPU, ``fused_ops=false``) keep more: each RMSNorm its float32
+    normalised input, the gate act(gate) too."""
     d, a = args.dim, args.n_heads * args.head_dim
     kv, f, H = args.n_kv_heads * args.head_dim, args.ffn_dim, args.n_heads
     qk_pre_norm = ((a + kv) * elem + 4 * (H + args.n_kv_heads)) * bool(args.qk_norm)
+    out_norms = (2 * d * elem + 8) * bool(args.sandwich_norm)
     return {"full": d * elem,
             "sequence": (d + a) * elem + 4 * H,
             "offload": 0,
-            "pointwise": (2 * d + 2 * a + 2 * kv + 2 * f) * elem + 4 * H + qk_pre_norm,
-            "none": (4 * d + 2 * a + 2 * kv + 3 * f) * elem + 4 * H + 8 + qk_pre_norm}
+            "pointwise": (2 * d + 2 * a + 2 * kv + 2 * f) * elem + 4 * H + qk_pre_norm + out_norms,
+            "none": (4 * d + 2 * a + 2 * kv + 3 * f) * elem + 4 * H + 8 + qk_pre_norm + out_norms}
 
 
 def host_bytes(args, elem: int) -> int:

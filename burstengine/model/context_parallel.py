@@ -61,9 +61,11 @@ class ContextParallel:
         return self.attention == "torch-cp"
 
 
-def context_parallel_attention(q, k, v, cp: ContextParallel, window: int = 0, docs: tuple | None = None):
+def context_parallel_attention(q, k, v, cp: ContextParallel, window: int = 0, docs: tuple | None = None,
+                               scale: float | None = None):
     """Causal attention of this rank's (B, n, H, D) shard over the whole sequence, within a
-    sliding ``window`` (0: none) and packed documents ``docs`` (global cu_seqlens, or None)."""
+    sliding ``window`` (0: none) and packed documents ``docs`` (global cu_seqlens, or None),
+    scores scaled by ``scale`` (None: D ** -0.5)."""
     masked = bool(window) or docs is not None
     if masked and cp.sharded_outside:
         raise ValueError("torch's context_parallel (attention 'torch-cp') attends over the whole causal prefix: "
@@ -72,10 +74,10 @@ def context_parallel_attention(q, k, v, cp: ContextParallel, window: int = 0, do
         local = cp.local
         return burst_attn_func(q, k, v, group=LOCAL if local else cp.group, causal=True,
                                layout="contiguous" if local else cp.layout, backward=cp.backward, kernel=cp.kernel,
-                               window=window or None, cu_seqlens=docs)
+                               window=window or None, cu_seqlens=docs, softmax_scale=scale)
     qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     if kh.shape[1] != qh.shape[1]:
         # torch-native CP's ring does not take enable_gqa: expand K/V as its users must
         g = qh.shape[1] // kh.shape[1]
         kh, vh = kh.repeat_interleave(g, 1), vh.repeat_interleave(g, 1)
-    return F.scaled_dot_product_attention(qh, kh, vh, is_causal=True).transpose(1, 2)
+    return F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale).transpose(1, 2)

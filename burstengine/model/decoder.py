@@ -14,6 +14,7 @@ so that a fused LM head + cross-entropy never has to materialise the logits.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from contextlib import contextmanager
@@ -54,13 +55,12 @@ class Transformer(nn.Module):
         self.offloader = None  # made at the first forward with an "offload" layer
         self._planned_for = None
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleList(Block(args, "full" if self.auto_checkpoint else checkpoint, checkpoint_split)
-                                    for _ in range(args.n_layers))
-        for i, b in enumerate(self.layers):
-            b.index = i
-        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.layers = nn.ModuleList(Block(args, "full" if self.auto_checkpoint else checkpoint, checkpoint_split, i)
+                                    for i in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps, args.norm_plus_one)
         self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
         self.cp = ContextParallel()
+        self.tp = None  # a sliced model's Split (model/tensor_parallel.py): this rank's share of the projections
 
     def set_context_parallel(self, cp: ContextParallel) -> None:
         self.cp = cp
@@ -81,22 +81,25 @@ class Transformer(nn.Module):
         ``hooks``: what this run does besides training's forward (:class:`~.layers.Hooks`).
         ``rows``: (batch index, token index) tensors of the rows wanted: only those are normed and
         returned, (R, dim) (prefill's next-token rows; a rank that holds none of them still runs
-        every layer, which the ring needs).  ``tables``: RoPE's (cos, sin) for ``positions``, made
-        by the caller (a decode step keeps its frequencies in a device buffer); with them the loop
-        reads no host value of the run, as a CUDA graph's capture needs."""
+        every layer, which the ring needs).  ``tables``: RoPE's (cos, sin) for ``positions``, one
+        pair per RoPE of the model (:meth:`ropes`), made by the caller (a decode step keeps its
+        frequencies in device buffers); with them the loop reads no host value of the run, as a
+        CUDA graph's capture needs."""
         docs = _docs(cu_seqlens)
         h = self.tok_embeddings(tokens)
+        if self.args.embed_scale:
+            h = h * embed_scale(self.args.dim, h.dtype)
         if self.auto_checkpoint and self._planned_for != (h.shape[:2], docs is not None):
             self.plan_checkpointing(h.shape[0] * h.shape[1], h.element_size(), h.device, sparse=docs is not None)
             self._planned_for = (h.shape[:2], docs is not None)
         if tables is None:
-            tables = self.rope(positions, acc_dtype(h), self._global_length(tokens.shape[1], docs))
-        cos, sin = tables
+            tables = self.ropes(positions, acc_dtype(h), self._global_length(tokens.shape[1], docs))
         off = self._offloader(h.device)
+        swap = hooks.block if hooks is not None else None
         with self._hooked(hooks):
             for b in self.layers:
                 below = off.newest() if off else None  # an offloaded layer below: copy it back from this one's backward
-                h = b(h, cos, sin, docs)
+                h = (swap(b) if swap else b)(h, *tables[b.rope_index], docs)
                 if below is not None:
                     off.follow(below, h)
         if rows is not None:
@@ -145,10 +148,19 @@ class Transformer(nn.Module):
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype, seq_len: int = 0):
         """cos, sin (n, head_dim) in ``dtype`` for global ``positions`` (n,) under the model's RoPE
-        settings; ``seq_len``: the global sequence length (only dynamic scaling reads it)."""
+        settings; ``seq_len``: the global sequence length (only dynamic and longrope scaling read it)."""
         a = self.args
         return tuple(t.to(dtype) for t in rope_tables(positions, a.head_dim, a.rope_theta, a.rope_scaling,
                                                       a.max_position_embeddings, seq_len))
+
+    def ropes(self, positions: torch.Tensor, dtype: torch.dtype, seq_len: int = 0) -> tuple:
+        """One (cos, sin) per RoPE of the model, indexed by the layers' ``rope_index``: the global
+        one (:meth:`rope`), then the sliding layers' when they have their own base
+        (``local_rope_theta``, unscaled)."""
+        out = (self.rope(positions, dtype, seq_len),)
+        if self.args.local_rope_theta:
+            out += (tuple(t.to(dtype) for t in rope_tables(positions, self.args.head_dim, self.args.local_rope_theta)),)
+        return out
 
     def forward(self, tokens, positions, labels=None, ignore_index: int = -100, predict: bool = False,
                 cu_seqlens=None):
@@ -207,23 +219,29 @@ class Transformer(nn.Module):
         """Deterministic initialisation that does not depend on how parameters are sharded:
         each full parameter is drawn from a generator seeded by (seed, its name), on the
         parameter's device, and this rank keeps its shard.  Linear and embedding weights
-        ~ N(0, 0.02); output projections of attention and MLP scaled by 1/sqrt(2 n_layers)."""
+        ~ N(0, 0.02); output projections of attention and MLP scaled by 1/sqrt(2 n_layers); norms
+        scale by 1 (a weight of 0 under ``norm_plus_one``)."""
         from torch.distributed.tensor import DTensor, distribute_tensor  # only for DTensor (FSDP-sharded) weights
 
         for name, p in self.named_parameters():
             local = p.to_local() if isinstance(p, DTensor) else p
             dev = local.device
+            # a sliced model (tensor parallelism) draws the whole parameter and keeps its slice
+            cut = self.tp.cut(name, self.args) if self.tp is not None else None
+            shape = p.shape if cut is None else self.tp.full_shape(name, p.shape, self.args)
             if name.endswith("norm.weight"):
-                full = torch.ones(p.shape, device=dev, dtype=torch.float32)
+                full = torch.full(shape, 0.0 if self.args.norm_plus_one else 1.0, device=dev, dtype=torch.float32)
             elif name.endswith(".bias"):
-                full = torch.zeros(p.shape, device=dev, dtype=torch.float32)
+                full = torch.zeros(shape, device=dev, dtype=torch.float32)
             else:
                 std = 0.02
                 if name.endswith("wo.weight") or name.endswith("w2.weight"):
                     std /= math.sqrt(2 * self.args.n_layers)
                 g = torch.Generator(device=dev)
                 g.manual_seed(_param_seed(seed, name))
-                full = torch.empty(p.shape, device=dev, dtype=torch.float32).normal_(0.0, std, generator=g)
+                full = torch.empty(shape, device=dev, dtype=torch.float32).normal_(0.0, std, generator=g)
+            if cut is not None:
+                full = full.narrow(cut.dim, cut.start, cut.size)
             if isinstance(p, DTensor):
                 full = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
             local.copy_(full.to(local.dtype))
@@ -236,6 +254,13 @@ def _docs(cu_seqlens) -> tuple | None:
     if isinstance(cu_seqlens, torch.Tensor):
         return tuple(int(c) for c in cu_seqlens.tolist())
     return tuple(int(c) for c in cu_seqlens)
+
+
+@functools.lru_cache(maxsize=None)
+def embed_scale(dim: int, dtype: torch.dtype) -> float:
+    """sqrt(dim) rounded to ``dtype``, the embeddings' (Gemma's scale: a tensor of the weights'
+    dtype, so 55.4256 becomes 55.5 in bfloat16); a host value, computed once per dtype."""
+    return torch.tensor(dim ** 0.5, dtype=dtype, device="cpu").item()
 
 
 def _param_seed(seed: int, name: str) -> int:

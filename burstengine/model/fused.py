@@ -1,4 +1,4 @@
-"""The decoder's elementwise work (RMSNorm, RoPE, SwiGLU's gate) as one kernel each on GPUs.
+"""The decoder's elementwise work (RMSNorm, RoPE, the MLP's gate) as one kernel each on GPUs.
 
 Written out in torch, each of these is a chain of elementwise kernels with float32 temporaries
 that the backward keeps: at 128K tokens a 3B model spends ~7% of a training step in them and
@@ -11,6 +11,7 @@ shapes) or is switched off (``set_compiled(False)``, the ``fused_ops`` config kn
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -25,10 +26,15 @@ def set_compiled(on: bool) -> None:
     _enabled["on"] = bool(on)
 
 
-def rms_norm_eager(x, weight, eps: float):
+def rms_norm_eager(x, weight, eps: float, plus_one: bool = False):
+    """x / rms(x) times ``weight`` (``plus_one``: times 1 + weight, Gemma's), in float32 (float64
+    for float64), cast to x's dtype at the end."""
     xf = x.to(acc_dtype(x))
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (y * weight.to(xf.dtype)).to(x.dtype)
+    w = weight.to(xf.dtype)
+    if plus_one:
+        w = 1.0 + w
+    return (y * w).to(x.dtype)
 
 
 def rope_eager(x, cos, sin):
@@ -44,7 +50,38 @@ def swiglu_eager(gate, up):
     return F.silu(gate) * up
 
 
+def geglu_eager(gate, up):
+    """GELU's tanh approximation of the gate times up (Gemma's gelu_pytorch_tanh MLP)."""
+    return F.gelu(gate, approximate="tanh") * up
+
+
 _compiled: dict = {}
+_BACKEND = "inductor"  # torch.compile's backend (the tests count compiles with their own)
+_any_length = [0]  # open any_length() blocks
+
+
+@contextmanager
+def any_length():
+    """Within the block, the compiled kernels take any batch, token and head count from their
+    first compile: every dim of an input but its last (the batch, tokens and heads of a (B, n,
+    ...) tensor, the tokens of a (n, D) RoPE table) is marked dynamic before the call.  A prefill
+    sees a new prompt length at nearly every call; without this the first length is specialised
+    and the second compiles again (seconds on a GPU: the first-call penalty of a new length).
+    Training, which runs one shape, keeps its specialised kernels."""
+    _any_length[0] += 1
+    try:
+        yield
+    finally:
+        _any_length[0] -= 1
+
+
+def _mark_lengths(args) -> None:
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.dim() >= 2:
+            for d in range(a.dim() - 1):
+                torch._dynamo.maybe_mark_dynamic(a, d)
+
+
 # dynamo's default of 8 compiled variants per function is too few for these ops: sizes 0/1 are
 # always specialised, so one model meets (batch 1 | more) x (one token | more) x (grad | no grad)
 # x layouts, and a process may run several models (the decode bench's check, then an 8B one)
@@ -59,10 +96,12 @@ def _run_compiled(fn, *args):
     if k is None:
         # dynamic=None: the first shape is specialised, a second one compiles a dynamic kernel
         # (sequence-level checkpointing runs the front of the shard at another length)
-        k = _compiled[fn] = (torch.compile(fn, fullgraph=True, dynamic=None), False)
+        k = _compiled[fn] = (torch.compile(fn, fullgraph=True, dynamic=None, backend=_BACKEND), False)
     kernel, raised = k
     if kernel is fn:
         return fn(*args)
+    if _any_length[0]:
+        _mark_lengths(args)
     try:
         if not raised:
             return kernel(*args)
@@ -84,8 +123,10 @@ def _use_compiled(x: torch.Tensor) -> bool:
     return _enabled["on"] and x.is_cuda and x.dtype != torch.float64 and not torch.compiler.is_compiling()
 
 
-def rms_norm(x, weight, eps: float):
-    return _run_compiled(rms_norm_eager, x, weight, eps) if _use_compiled(x) else rms_norm_eager(x, weight, eps)
+def rms_norm(x, weight, eps: float, plus_one: bool = False):
+    if _use_compiled(x):
+        return _run_compiled(rms_norm_eager, x, weight, eps, plus_one)
+    return rms_norm_eager(x, weight, eps, plus_one)
 
 
 def rope(x, cos, sin):
@@ -94,3 +135,10 @@ def rope(x, cos, sin):
 
 def swiglu(gate, up):
     return _run_compiled(swiglu_eager, gate, up) if _use_compiled(gate) else swiglu_eager(gate, up)
+
+
+def geglu(gate, up):
+    return _run_compiled(geglu_eager, gate, up) if _use_compiled(gate) else geglu_eager(gate, up)
+
+
+GATES = {"silu": swiglu, "gelu_tanh": geglu}  # ModelArgs.activation -> the MLP's gate(gate, up)

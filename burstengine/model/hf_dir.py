@@ -18,7 +18,7 @@ One home for reading and writing the HF format, shared by training (``init``), i
 * :func:`write_hf_dir`: tensors -> model.safetensors (sharded with an index above a size) +
   config.json + generation_config.json (+ tokenizer files copied from a source directory).
 * :func:`write_random_hf_dir`: a random-weight HF directory of a given config (Llama-3.2-3B,
-  Llama-3.1-8B: :data:`CONFIGS`), written a tensor at a time.
+  Llama-3.1-8B, Gemma-3-1B, Phi-3-mini-128k: :data:`CONFIGS`), written a tensor at a time.
 
 Only json and safetensors are needed here; transformers itself is not imported.
 """
@@ -37,6 +37,7 @@ import torch
 from .families import family, from_config, writer
 from .families.registry import hf_parameter
 from .families.table import HFTensors
+from . import tensor_parallel
 from .args import ModelArgs
 from .decoder import Transformer
 
@@ -223,11 +224,12 @@ def local_rows(p: torch.Tensor) -> tuple[torch.Tensor, int, int]:
 
 @torch.no_grad()
 def load_weights(model, path: str) -> dict:
-    """Fill ``model``'s parameters (plain, or sharded by FSDP2 on any device) from the HF
-    checkpoint in directory ``path`` through its family's table, each rank reading only the rows
-    it keeps (of a fused tensor: the rows of the parts it keeps).  Returns {"load_s",
-    "peak_rss_gib", "read_gib", "nonfinite"} of this process; "nonfinite": one line naming the
-    first tensor (and file) whose rows read here hold NaN or inf, else None (the caller decides:
+    """Fill ``model``'s parameters (plain, sharded by FSDP2 on any device, or a tensor-parallel
+    slice: model/tensor_parallel.py) from the HF checkpoint in directory ``path`` through its
+    family's table, each rank reading only the rows it keeps (of a fused tensor: the rows of the
+    parts it keeps; of a slice of wo / w2: its columns).  Returns {"load_s", "peak_rss_gib",
+    "read_gib", "read_bytes", "nonfinite"} of this process; "nonfinite": one line naming the
+    first tensor (and file) whose part read here holds NaN or inf, else None (the caller decides:
     :func:`load_hf_model` raises it; a sharded load must share it between its ranks first).
     A directory whose files are damaged is a ValueError naming the file (:func:`tensor_files`)."""
     from safetensors import safe_open
@@ -235,7 +237,9 @@ def load_weights(model, path: str) -> dict:
     t0 = time.perf_counter()
     files = tensor_files(path)
     params = dict(model.named_parameters())
-    want = family(model.args.arch).table.tensors(model.args, {n: tuple(p.shape) for n, p in params.items()})
+    split = getattr(model, "tp", None)
+    shapes = {n: split.full_shape(n, p.shape, model.args) if split else tuple(p.shape) for n, p in params.items()}
+    want = family(model.args.arch).table.tensors(model.args, shapes)
     missing = sorted(set(want.parts) - set(files))
     if missing:
         raise ValueError(f"the checkpoint in {path!r} lacks {len(missing)} tensor(s) the model needs, e.g. {missing[:3]}")
@@ -262,24 +266,33 @@ def load_weights(model, path: str) -> dict:
                     raise ValueError(f"{os.path.basename(fname)}: {hf} has shape {shape}, {want.shapes[hf]} expected "
                                      f"from config.json")
                 for part in want.parts[hf]:
-                    local, lo, hi = local_rows(params[part.name])
-                    if hi > lo:
-                        try:
+                    cut = split.cut(part.name, model.args) if split else None
+                    try:
+                        if cut is not None and cut.dim == 1:  # columns of the part's rows
+                            local, t = params[part.name].data, sl[part.start:part.start + part.rows,
+                                                                  cut.start:cut.start + cut.size]
+                        else:
+                            local, lo, hi = local_rows(params[part.name])
+                            if cut is not None:
+                                lo, hi = cut.start, cut.start + cut.size
+                            if hi <= lo:
+                                continue
                             t = sl[part.start + lo:part.start + hi]
-                        except Exception as e:  # the file changed, or its data does not decode
-                            raise ValueError(f"{fname}: {hf} cannot be read ({_first_line(e)})") from None
-                        read += t.numel() * t.element_size()
-                        if nonfinite is None and t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                            nonfinite = f"{fname}: tensor {hf} holds NaN or inf"
-                        local.copy_(t)
+                    except Exception as e:  # the file changed, or its data does not decode
+                        raise ValueError(f"{fname}: {hf} cannot be read ({_first_line(e)})") from None
+                    read += t.numel() * t.element_size()
+                    if nonfinite is None and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                        nonfinite = f"{fname}: tensor {hf} holds NaN or inf"
+                    local.copy_(t)
     return {"load_s": time.perf_counter() - t0, "peak_rss_gib": peak_rss_gib(), "read_gib": read / 2 ** 30,
-            "nonfinite": nonfinite}
+            "read_bytes": read, "nonfinite": nonfinite}
 
 
 @torch.no_grad()
-def load_hf_model(path: str, device="cpu", dtype=torch.float32) -> Transformer:
+def load_hf_model(path: str, device="cpu", dtype=torch.float32, split=None) -> Transformer:
     """Our Transformer with the weights of the HF checkpoint in directory ``path`` (any family of
-    the registry), unsharded on ``device``.  A checkpoint our model cannot reproduce exactly is
+    the registry), unsharded on ``device``, or only ``split``'s tensor-parallel slices
+    (:class:`~.tensor_parallel.Split`).  A checkpoint our model cannot reproduce exactly is
     refused with a ValueError naming the field (run such models through ``--impl hf``); a
     damaged one (files missing, truncated or garbled, a weight holding NaN or inf) with a
     ValueError naming the file and tensor.
@@ -287,9 +300,7 @@ def load_hf_model(path: str, device="cpu", dtype=torch.float32) -> Transformer:
     Parameters are created on the meta device and filled tensor by tensor straight from the
     safetensors files onto ``device``, so a model is never held twice in memory."""
     args = args_from_hf_dir(path)
-    with torch.device("meta"):
-        model = Transformer(args)
-    model.to(dtype).to_empty(device=device)
+    model = tensor_parallel.empty_model(args, device, dtype, split)
     stats = load_weights(model, path)
     if stats["nonfinite"]:
         raise ValueError(stats["nonfinite"])
@@ -368,8 +379,8 @@ def write_random_hf_dir(out_dir: str, config: dict, seed: int = 0, dtype: str = 
                         max_shard_bytes: int = 2 * 2 ** 30) -> dict:
     """A random-weight HF model directory for ``config`` (a config.json dict, e.g. one of
     :data:`CONFIGS`), written a file at a time, so at most ``max_shard_bytes`` of weights are in
-    host memory.  Weights ~ N(0, 0.02), norms 1, biases 0; generated on ``device`` (a GPU is much
-    faster for 8B)."""
+    host memory.  Weights ~ N(0, 0.02), norms scaling by 1 (a weight of 0 where the family's norm
+    scales by 1 + weight: Gemma), biases 0; generated on ``device`` (a GPU is much faster for 8B)."""
     args = args_from_hf_config(config, "the given config")
     shapes = hf_tensors(args).shapes
     dt = DTYPES[dtype]
@@ -382,7 +393,7 @@ def write_random_hf_dir(out_dir: str, config: dict, seed: int = 0, dtype: str = 
             out = {}
             for k in names:
                 if k.endswith("norm.weight"):
-                    t = torch.ones(shapes[k], dtype=dt)
+                    t = torch.full(shapes[k], 0.0 if args.norm_plus_one else 1.0, dtype=dt)
                 elif k.endswith(".bias"):
                     t = torch.zeros(shapes[k], dtype=dt)
                 else:
@@ -414,4 +425,40 @@ CONFIGS = {
         "tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
         "attention_dropout": 0.0, "bos_token_id": 128000, "eos_token_id": 128001, "initializer_range": 0.02,
         "pretraining_tp": 1, "use_cache": True},
+    # google/gemma-3-1b-pt's config.json (transformers 4.50's keys; tied embeddings by the class default):
+    # a sliding window of 512 on five layers of every six, the sixth global
+    "gemma-3-1b": {
+        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "hidden_size": 1152,
+        "intermediate_size": 6912, "num_hidden_layers": 26, "num_attention_heads": 4, "num_key_value_heads": 1,
+        "head_dim": 256, "vocab_size": 262144, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000, "rope_local_base_freq": 10000, "rope_scaling": None, "sliding_window": 512,
+        "sliding_window_pattern": 6, "query_pre_attn_scalar": 256, "hidden_activation": "gelu_pytorch_tanh",
+        "attn_logit_softcapping": None, "final_logit_softcapping": None, "attention_bias": False,
+        "attention_dropout": 0.0, "bos_token_id": 2, "eos_token_id": [1, 106], "pad_token_id": 0,
+        "initializer_range": 0.02, "cache_implementation": "hybrid", "use_cache": True},
+    # Phi-3-mini-128k-instruct (the June 2024 revision): LongRoPE's 48 long / short factors (head dim 96)
+    "phi-3-mini-128k": {
+        "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32064,
+        "max_position_embeddings": 131072, "original_max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "rope_scaling": {"type": "longrope", "long_factor": [
+            1.0700000524520874, 1.1200000047683716, 1.149999976158142, 1.4199999570846558, 1.5699999332427979,
+            1.7999999523162842, 2.129999876022339, 2.129999876022339, 3.009999990463257, 5.910000324249268,
+            6.950000286102295, 9.070000648498535, 9.930000305175781, 10.710000038146973, 11.130000114440918,
+            14.609999656677246, 15.409998893737793, 19.809999465942383, 37.279998779296875, 38.279998779296875,
+            38.599998474121094, 40.12000274658203, 46.20000457763672, 50.940006256103516, 53.66000747680664,
+            54.9373893737793, 56.89738845825195, 57.28738784790039, 59.98738479614258, 60.86738586425781,
+            60.887386322021484, 61.71739196777344, 62.91739273071289, 62.957393646240234, 63.41739273071289,
+            63.8173942565918, 63.83739471435547, 63.897396087646484, 63.93739700317383, 64.06739807128906,
+            64.11434936523438, 64.12435150146484, 64.15435028076172, 64.19435119628906, 64.24435424804688,
+            64.57435607910156, 64.69000244140625, 64.76000213623047],
+            "short_factor": [1.1, 1.1, 1.1, 1.3000000000000003, 1.3500000000000003, 1.3500000000000003,
+                             1.4000000000000004, 1.5500000000000005] + [2.000000000000001] * 17
+            + [2.0500000000000007] * 6 + [2.1000000000000005] * 2 + [2.1500000000000004] + [2.25] * 5
+            + [2.3999999999999995, 2.4499999999999993, 2.499999999999999, 2.6999999999999984, 2.6999999999999984,
+               2.7499999999999982, 2.799999999999998, 2.8999999999999977, 3.049999999999997]},
+        "sliding_window": 262144, "tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False,
+        "attention_dropout": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0, "bos_token_id": 1, "eos_token_id": 32000,
+        "pad_token_id": 32000, "initializer_range": 0.02, "use_cache": True},
 }

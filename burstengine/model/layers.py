@@ -1,7 +1,8 @@
 """The layers of the decoder: RMSNorm, grouped-query attention's projections and rotary position
 embeddings (optionally scaled: :mod:`.rope`; q/k/v biases and per-head q/k RMSNorm as
-:class:`~.args.ModelArgs` says), the SwiGLU MLP, and the decoder layer (:class:`Block`) that
-joins them around attention.  How a block keeps its activations for backward is a pluggable step
+:class:`~.args.ModelArgs` says), the gated MLP (SwiGLU, or Gemma's GeGLU), and the decoder layer
+(:class:`Block`) that joins them around attention (Gemma: with sandwich norms, a window and a
+RoPE of its own per layer).  How a block keeps its activations for backward is a pluggable step
 (:mod:`burstengine.model.checkpointing`); what a run of the decoder does besides training's
 forward (a KV sink, a decode step's cache, chunked token-wise work) reaches the block as
 :class:`Hooks` (:mod:`.decoder`).
@@ -29,14 +30,30 @@ class Hooks:
     attention (a decode step's attention over the cache and the merge over ranks).  ``chunk``:
     run the token-wise parts of each layer (norms, projections, RoPE, MLP) this many tokens at a
     time, so a long prompt's MLP intermediates never exist whole; attention always sees the
-    whole shard."""
+    whole shard.
+
+    Tensor parallelism (:mod:`.tensor_parallel`): ``reduce(x)`` sums a row-parallel projection's
+    partial outputs over the ranks (after wo and after w2, before each residual add);
+    ``block(layer_module) -> module`` runs a layer as another module (a prefill of a model that
+    owns only its slices: the layer at full width, its weights gathered)."""
 
     kv_sink: Callable | None = None
     attend: Callable | None = None
     chunk: int | None = None
+    reduce: Callable | None = None
+    block: Callable | None = None
 
 
 NO_HOOKS = Hooks()
+# tokens (over the batch) per piece of a long shard's token-wise work in inference by default: an
+# 8B model's MLP intermediates are then ~1.4 GB whatever the prompt (a 1M-token prompt on 2 ranks
+# holds 512K tokens per rank: 44 GB whole), and the matmuls are long enough to run at full speed
+CHUNK = 16384
+
+
+def _whole(x):
+    """A projection's output that is already whole (no tensor parallelism)."""
+    return x
 
 
 def _by_rows(fn, n: int, chunk: int | None):
@@ -55,15 +72,26 @@ def _by_rows(fn, n: int, chunk: int | None):
     return outs
 
 
+def _rows(t: torch.Tensor, a: int, z: int) -> torch.Tensor:
+    """Token rows [a, z) of ``t`` (B, n, ...).  With one sequence, as a view with the strides of a
+    tensor of that shape (the batch dim's stride is then z - a rows, not n): a compiled fused op
+    guards on strides, and the slice of a longer shard would compile it again."""
+    return t[0, a:z][None] if t.shape[0] == 1 else t[:, a:z]
+
+
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    """x / rms(x) scaled by ``weight``, or by 1 + ``weight`` (``plus_one``: Gemma's, whose weights
+    are stored as HF stores them)."""
+
+    def __init__(self, dim: int, eps: float, plus_one: bool = False):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.plus_one = plus_one
+        self.weight = nn.Parameter(torch.zeros(dim) if plus_one else torch.ones(dim))
 
     def forward(self, x):
         # normalise in fp32 whatever the activation dtype (one kernel on GPUs: model/fused.py)
-        return fused.rms_norm(x, self.weight, self.eps)
+        return fused.rms_norm(x, self.weight, self.eps, self.plus_one)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -79,8 +107,8 @@ class Attention(nn.Module):
         self.wk = nn.Linear(a.dim, a.n_kv_heads * a.head_dim, bias=a.qkv_bias)
         self.wv = nn.Linear(a.dim, a.n_kv_heads * a.head_dim, bias=a.qkv_bias)
         self.wo = nn.Linear(a.n_heads * a.head_dim, a.dim, bias=False)
-        self.q_norm = RMSNorm(a.head_dim, a.norm_eps) if a.qk_norm else None
-        self.k_norm = RMSNorm(a.head_dim, a.norm_eps) if a.qk_norm else None
+        self.q_norm = RMSNorm(a.head_dim, a.norm_eps, a.norm_plus_one) if a.qk_norm else None
+        self.k_norm = RMSNorm(a.head_dim, a.norm_eps, a.norm_plus_one) if a.qk_norm else None
 
     def qkv(self, x, cos, sin):
         """Roped q, k and v (B, n, heads, head_dim) of the normed input ``x`` (B, n, dim)."""
@@ -98,42 +126,51 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
+    """w2(act(w1 x) * w3 x): SwiGLU (``activation`` silu) or GeGLU (gelu_tanh)."""
+
     def __init__(self, a: ModelArgs):
         super().__init__()
         self.w1 = nn.Linear(a.dim, a.ffn_dim, bias=False)
         self.w2 = nn.Linear(a.ffn_dim, a.dim, bias=False)
         self.w3 = nn.Linear(a.dim, a.ffn_dim, bias=False)
+        self.activation = a.activation
 
     def forward(self, x):
-        return self.w2(fused.swiglu(self.w1(x), self.w3(x)))
+        return self.w2(fused.GATES[self.activation](self.w1(x), self.w3(x)))
 
 
 class Block(nn.Module):
-    """One decoder layer, written as three stages so that checkpointing policies can choose
+    """Decoder layer ``layer``, written as three stages so that checkpointing policies can choose
     what to keep: ``pre_attention`` (norm, q/k/v, RoPE), ``attend`` (the ring, or the run's
-    hook: :class:`Hooks`), ``post_attention`` (output projection, residual, MLP, residual).  ``lean=True`` (the
-    ``pointwise`` policy): the same arithmetic, with each norm and the projections it feeds, and
-    SwiGLU's gate and ``w2``, as one autograd Function that recomputes the pointwise part in
-    backward instead of keeping it (:mod:`.pointwise`)."""
+    hook: :class:`Hooks`), ``post_attention`` (output projection, residual, MLP, residual; with
+    ``sandwich_norm`` the attention's and the MLP's outputs normed before their residuals).
+    ``lean=True`` (the ``pointwise`` policy): the same arithmetic, with each input norm and the
+    projections it feeds, and the MLP's gate and ``w2``, as one autograd Function that recomputes
+    the pointwise part in backward instead of keeping it (:mod:`.pointwise`)."""
 
-    def __init__(self, a: ModelArgs, policy: str = "none", checkpoint_split: float = 0.5):
+    def __init__(self, a: ModelArgs, policy: str = "none", checkpoint_split: float = 0.5, layer: int = 0):
         super().__init__()
-        self.attention_norm = RMSNorm(a.dim, a.norm_eps)
+        self.attention_norm = RMSNorm(a.dim, a.norm_eps, a.norm_plus_one)
         self.attention = Attention(a)
-        self.ffn_norm = RMSNorm(a.dim, a.norm_eps)
+        self.attention_out_norm = RMSNorm(a.dim, a.norm_eps, a.norm_plus_one) if a.sandwich_norm else None
+        self.ffn_norm = RMSNorm(a.dim, a.norm_eps, a.norm_plus_one)
         self.feed_forward = FeedForward(a)
+        self.ffn_out_norm = RMSNorm(a.dim, a.norm_eps, a.norm_plus_one) if a.sandwich_norm else None
         self.policy = policy
         self.checkpoint_split = checkpoint_split  # the "sequence" policy's: attention outputs kept
-        self.window = a.window
+        self.window = a.layer_window(layer)
+        self.rope_index = int(a.local_rope(layer))  # which of the decoder's RoPE tables it reads (0: global)
+        self.softmax_scale = a.softmax_scale
         self.cp = ContextParallel()
-        self.index = 0  # its place in the model, and the model's Offloader: the "offload" policy's
+        self.index = layer  # its place in the model, and the model's Offloader: the "offload" policy's
         self.offloader = None
         self.hooks = NO_HOOKS  # the decoder loop's, for the length of one run
 
     def pre_attention(self, x, cos, sin, lean: bool = False):
         """The roped q, k, v (B, n, heads, head_dim) of the block input ``x`` (B, n, dim)."""
         if self.hooks.chunk:
-            return _by_rows(lambda a, z: self._qkv(x[:, a:z], cos[a:z], sin[a:z], lean), x.shape[1], self.hooks.chunk)
+            return _by_rows(lambda a, z: self._qkv(_rows(x, a, z), cos[a:z], sin[a:z], lean), x.shape[1],
+                            self.hooks.chunk)
         return self._qkv(x, cos, sin, lean)
 
     def _qkv(self, x, cos, sin, lean):
@@ -150,22 +187,32 @@ class Block(nn.Module):
             hooks.kv_sink(self.index, k, v)
         if hooks.attend is not None:
             return hooks.attend(self.index, q, k, v)
-        return context_parallel_attention(q, k, v, self.cp, self.window, docs)
+        return context_parallel_attention(q, k, v, self.cp, self.window, docs, self.softmax_scale)
 
     def post_attention(self, x, o, lean: bool = False):
         """The block output from its input ``x`` and the attention output ``o`` (B, n, heads, head_dim)."""
         if self.hooks.chunk:
-            return _by_rows(lambda a, z: (self._residuals(x[:, a:z], o[:, a:z], lean),), x.shape[1],
+            return _by_rows(lambda a, z: (self._residuals(_rows(x, a, z), _rows(o, a, z), lean),), x.shape[1],
                             self.hooks.chunk)[0]
         return self._residuals(x, o, lean)
 
     def _residuals(self, x, o, lean):
-        h = x + self.attention.wo(o.flatten(2))
+        # one name for each step, so that without autograd (prefill) no step outlives the next;
+        # a sliced model (tensor parallelism) sums its ranks' partial projections before the norms
+        reduce = self.hooks.reduce or _whole
+        h = reduce(self.attention.wo(o.flatten(2)))
+        if self.attention_out_norm is not None:
+            h = self.attention_out_norm(h)
+        h = x + h
         if lean:
             ff = self.feed_forward
             g, u = pointwise.norm_linears(h, self.ffn_norm, ff.w1, ff.w3)
-            return h + pointwise.swiglu_linear(g, u, ff.w2)
-        return h + self.feed_forward(self.ffn_norm(h))
+            f = reduce(pointwise.gate_linear(g, u, ff.w2, ff.activation))
+        else:
+            f = reduce(self.feed_forward(self.ffn_norm(h)))
+        if self.ffn_out_norm is not None:
+            f = self.ffn_out_norm(f)
+        return h + f
 
     def forward(self, x, cos, sin, docs=None):
         return checkpointing.POLICIES[self.policy](self, x, cos, sin, docs)

@@ -180,9 +180,9 @@ class TrainConfig:
         if self.model.window and self.activation_checkpoint == "sequence":
             raise ValueError(f"activation_checkpoint='sequence' does not support a sliding window (model.window="
                              f"{self.model.window}) yet; use 'full', 'selective' or 'auto'")
-        if self.model.rope_scaling.type == "dynamic" and self.attention == "torch-cp":
-            raise ValueError("dynamic rope scaling needs the global sequence length, which torch's context_parallel "
-                             "hides from the model: use attention='burst'")
+        if self.model.rope_scaling.follows_length and self.attention == "torch-cp":
+            raise ValueError(f"{self.model.rope_scaling.type} rope scaling needs the global sequence length, which "
+                             f"torch's context_parallel hides from the model: use attention='burst'")
         for name in ("min_lr_ratio", "beta1", "beta2"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
@@ -348,6 +348,11 @@ _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
 def _parse(key: str, text: str, typ):
+    if typing.get_origin(typ) is list:  # numbers separated by commas (longrope's factors)
+        try:
+            return [float(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"config key {key!r} expects numbers separated by commas, got {text!r}") from None
     try:
         if typ is bool:
             if text.lower() in _TRUE:
@@ -370,6 +375,10 @@ def _parse(key: str, text: str, typ):
 
 def _coerce(key: str, value, typ):
     """A TOML value for a field of type ``typ`` (ints are fine for floats, nothing else converts)."""
+    if typing.get_origin(typ) is list:  # an array of numbers (longrope's factors)
+        if not (isinstance(value, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value)):
+            raise ValueError(f"config key {key!r} expects an array of numbers, got {type(value).__name__} {value!r}")
+        return [float(x) for x in value]
     ok = (isinstance(value, bool) if typ is bool else
           isinstance(value, int) and not isinstance(value, bool) if typ is int else
           isinstance(value, (int, float)) and not isinstance(value, bool) if typ is float else
@@ -465,7 +474,7 @@ MODEL_HELP = {
     "n_heads": "query heads",
     "n_kv_heads": "key/value heads (GQA when fewer than n_heads)",
     "vocab_size": "tokens in the vocabulary",
-    "ffn_dim": "hidden size of the SwiGLU MLP",
+    "ffn_dim": "hidden size of the gated MLP",
     "norm_eps": "RMSNorm epsilon",
     "rope_theta": "RoPE base",
     "tie_embeddings": "share the input embedding with the LM head",
@@ -474,8 +483,16 @@ MODEL_HELP = {
     "qkv_bias": "biases on the q, k, v projections (Qwen2)",
     "qk_norm": "RMSNorm over each head of q and k before RoPE (Qwen3)",
     "window": "sliding window: each query sees the W most recent keys, itself included; 0 = none",
+    "window_layers": "the layers the window applies to, a letter each: s sliding, f full (Gemma 3); empty = all",
+    "local_rope_theta": "RoPE base of the sliding layers, unscaled (Gemma 3); 0 = the global RoPE everywhere",
+    "norm_plus_one": "RMSNorms scale by 1 + weight (Gemma)",
+    "sandwich_norm": "RMSNorms on the attention and MLP outputs before their residuals (Gemma)",
+    "activation": "the MLP's gate: silu (SwiGLU) or gelu_tanh (GeGLU, Gemma)",
+    "embed_scale": "embeddings times sqrt(dim), rounded to the weights' dtype (Gemma)",
+    "query_pre_attn_scalar": "attention scores scaled by this ** -0.5 (Gemma); 0 = head_dim",
     "max_position_embeddings": "the context the weights were trained for (config.json); 0 = unknown",
-    "rope_scaling": "context extension: type none/linear/dynamic/yarn/llama3 and its parameters (model/rope.py)",
+    "rope_scaling": "context extension: type none/linear/dynamic/yarn/llama3, longrope (Phi-3) and its parameters "
+                    "(model/rope.py; longrope's short_factor / long_factor: head dim / 2 numbers each)",
 }
 
 
@@ -526,6 +543,8 @@ def _toml_value(v) -> str:
         return str(v)
     if isinstance(v, str):
         return json.dumps(v)  # a TOML basic string: JSON's escapes are TOML's
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     raise TypeError(f"no TOML form for {type(v).__name__} {v!r}")
 
 

@@ -13,8 +13,11 @@ before it is timed.
    equal the float64 model's (whose attention is the math path); every decode step's logits
    too, float32 within float32 rounding of float64's (1e-4 relative, largest over the
    vocabulary) and the graph's within 1e-5 of op by op (the same kernels: 0 expected), bf16
-   loosely (5e-2 of float64's, 1e-2 between graph and op by op).  The LM head is scaled up so that no greedy choice is a near-tie, and a token
-   that differs is a defect, not rounding.
+   loosely (5e-2 of float64's, 1e-2 between graph and op by op).  The LM head is scaled up so
+   that no greedy choice is a near-tie, and a token that differs is a defect, not rounding.  Run
+   on several ranks (under torchrun), the same over the ranks: the step whole on every rank and
+   tensor-parallel, each with and without the graph (its collectives captured), against the
+   float64 model decoded whole.
 
 On CPU the graph and kernel parts have nothing to run (the math path is the oracle there); the
 rest runs, which is what the CPU test covers.
@@ -26,10 +29,12 @@ import time
 
 import torch
 
+from ...comm.dist import world_of
 from ...inference.generate import generate
 from ...inference.kvcache import shard_attention
 from ...inference.models import OurLlama, random_llama
 from ...model import ModelArgs
+from ...model.tensor_parallel import refuses
 
 TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
 # largest logit error / largest logit, by (dtype, against float64 or else the same dtype op by op):
@@ -89,8 +94,9 @@ def check_attention(device) -> list[dict]:
 
 
 def _models(device, window: int):
-    """float64, float32 and bf16 copies of one small random model (the same weights, rounded)."""
-    args = ModelArgs(dim=256, n_layers=2, n_heads=4, n_kv_heads=1, vocab_size=512, ffn_dim=512, window=window)
+    """float64, float32 and bf16 copies of one small random model (the same weights, rounded);
+    its 4 heads, 2 kv heads, ffn 512 and vocabulary 512 split over 2 ranks (tensor parallelism)."""
+    args = ModelArgs(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=512, ffn_dim=512, window=window)
     m64 = random_llama(args, device, torch.float64, seed=3)
     with torch.no_grad():
         m64.output.weight.mul_(50.0)  # logits ~N(0, 10): greedy choices are far from ties
@@ -101,10 +107,11 @@ def _models(device, window: int):
 
 
 def _run(model, prompts, new, **kw):
-    """(greedy tokens, every decode step's logits (B, steps, V) float64 on the CPU)."""
+    """(greedy tokens, every decode step's logits (B, steps, V) float64 on the CPU; None on ranks
+    but 0, which see no logits)."""
     seen = []
     out = generate(model, prompts, new, on_logits=lambda i, x: seen.append(x.double().cpu()) if i else None, **kw)
-    return out.tokens, torch.stack(seen, 1)
+    return out.tokens, (torch.stack(seen, 1) if seen else None)
 
 
 def _rel_while_same(a, b, tokens_a, tokens_b) -> tuple[float, int]:
@@ -124,37 +131,56 @@ def _rel_while_same(a, b, tokens_a, tokens_b) -> tuple[float, int]:
 
 
 def check_tokens(device, lengths=(300, 137, 61), new: int = 12) -> list[dict]:
+    """Every rank of the default group (when one is initialised) runs it: with more than one, the
+    decode step over the ranks (the all-gather merge, captured in the graph on CUDA), whole and
+    tensor-parallel ("_tp")."""
     cuda = torch.device(device).type == "cuda"
+    world = world_of()
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in lengths]
     rows = []
     for window in (0, 48):
         models = _models(device, window)
+        splits = [False] + ([True] if world > 1 and not refuses(models["float64"].model.args, world) else [])
         # the prefill's attention in float32 / float64 runs in the reference kernel (the fused
         # SDPA kernels take fp16 / bf16 only); the decode step is what is checked
-        ref, ref_logits = _run(models["float64"], prompts, new, kernel="reference", graphs="off")
-        got, err, compared = {}, {}, {}
+        ref, ref_logits = _run(models["float64"], prompts, new, kernel="reference", graphs="off",
+                               tensor_parallel=False)
+        got, err, compared, failed = {}, {}, {}, {}
 
         def vs(name, logits, tokens, base_logits, base_tokens):
-            err[name], compared[name] = _rel_while_same(logits, base_logits, tokens, base_tokens)
+            if logits is not None:  # rank 0 compares the logits; every rank the tokens
+                err[name], compared[name] = _rel_while_same(logits, base_logits, tokens, base_tokens)
 
         for dt in ("float32", "bfloat16"):
             kern = "reference" if dt == "float32" else None
-            got[f"{dt}_eager"], eager_logits = _run(models[dt], prompts, new, kernel=kern, graphs="off")
-            vs(f"{dt}_eager vs float64", eager_logits, got[f"{dt}_eager"], ref_logits, ref)
-            if cuda:
-                got[f"{dt}_graph"], logits = _run(models[dt], prompts, new, kernel=kern, graphs="on")
-                vs(f"{dt}_graph vs float64", logits, got[f"{dt}_graph"], ref_logits, ref)
-                vs(f"{dt}_graph vs {dt}_eager", logits, got[f"{dt}_graph"], eager_logits, got[f"{dt}_eager"])
+            for tp in splits:
+                d = f"{dt}_tp" if tp else dt
+                got[f"{d}_eager"], eager_logits = _run(models[dt], prompts, new, kernel=kern, graphs="off",
+                                                       tensor_parallel=tp)
+                vs(f"{d}_eager vs float64", eager_logits, got[f"{d}_eager"], ref_logits, ref)
+                if cuda:
+                    try:
+                        got[f"{d}_graph"], logits = _run(models[dt], prompts, new, kernel=kern, graphs="on",
+                                                         tensor_parallel=tp)
+                    except RuntimeError as e:  # the capture failed (on every rank alike): recorded, a failure
+                        failed[f"{d}_graph"] = (str(e).splitlines() or [""])[0][:300]
+                        got[f"{d}_graph"] = None
+                        continue
+                    vs(f"{d}_graph vs float64", logits, got[f"{d}_graph"], ref_logits, ref)
+                    vs(f"{d}_graph vs {d}_eager", logits, got[f"{d}_graph"], eager_logits, got[f"{d}_eager"])
         same = {f"{k} == float64": t == ref for k, t in got.items() if k.startswith("float32")}
         if cuda:
-            same["bfloat16_graph == bfloat16_eager"] = got["bfloat16_graph"] == got["bfloat16_eager"]
+            for tp in splits:
+                d = "bfloat16_tp" if tp else "bfloat16"
+                same[f"{d}_graph == {d}_eager"] = got[f"{d}_graph"] == got[f"{d}_eager"]
         close = all(v < _LOGITS_TOL[(k.split("_")[0], k.endswith("float64"))] for k, v in err.items())
         # float32 must choose float64's tokens; bf16 is held to its logits while the texts agree
         # (its graph and op-by-op runs to the same tokens), and must agree for at least one step
         some = all(n > 0 for n in compared.values())
         rows.append(dict(window=window, lengths=list(lengths), new_tokens=new, equal=same, logits_err=err,
-                         steps_compared=compared, ok=all(same.values()) and close and some, float64=ref, **got))
+                         steps_compared=compared, ok=all(same.values()) and close and some and not failed,
+                         capture_failed=failed, float64=ref, **got))
     return rows
 
 
@@ -202,6 +228,17 @@ def kernel_speed(device, caps=(32768, 131072), batches=(1, 8)) -> list[dict]:
     return [_speed_row(device, cap, B) for cap in caps for B in batches if B * cap <= 8 * 32768]
 
 
+def _everywhere(ok: bool, device) -> bool:
+    """``ok`` on every rank of the default group (rank 0 alone compares logits)."""
+    if world_of() == 1:
+        return ok
+    import torch.distributed as dist
+
+    t = torch.tensor([int(ok)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
+
+
 def check(device, log=print) -> dict:
     """Both checks on ``device``; ``ok`` is whether every case passed."""
     t0 = time.perf_counter()
@@ -215,8 +252,9 @@ def check(device, log=print) -> dict:
     for r in tok:
         log(f"check: greedy tokens, window {r['window']}: " +
             ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in r["equal"].items()) + "; logits max rel. error " +
-            ", ".join(f"{k} {v:.1e} ({r['steps_compared'][k]} steps)" for k, v in r["logits_err"].items()))
-    ok = not bad and all(r["ok"] for r in tok)
+            ", ".join(f"{k} {v:.1e} ({r['steps_compared'][k]} steps)" for k, v in r["logits_err"].items()) +
+            "".join(f"; {k}: CAPTURE FAILED: {v}" for k, v in r["capture_failed"].items()))
+    ok = _everywhere(not bad and all(r["ok"] for r in tok), device)
     log(f"check {'PASSED' if ok else 'FAILED'} in {time.perf_counter() - t0:.1f}s")
     out = dict(ok=ok, attention=att, tokens=tok, seconds=time.perf_counter() - t0)
     if torch.device(device).type == "cuda":

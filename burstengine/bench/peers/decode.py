@@ -5,21 +5,28 @@ that HBM bandwidth sets, peak memory.
     burstengine bench decode --model tiny --seqs 256,512 --batches 1,2 --world 1        # CPU, seconds
     torchrun --nproc_per_node 1 -m burstengine bench decode --model llama-3.1-8b \\
         --seqs 32K,128K --batches 1,8 --batch-max 32K --sdpa-max 128K
+    torchrun --nproc_per_node 2 -m burstengine bench decode --model llama-3.1-8b --seqs 128K,512K \\
+        --batches 1,8 --batch-max 128K --tp both          # tensor-parallel rows beside whole-model ones
 
 For every prompt length S and batch B (B > 1 only up to --batch-max), one generate() call
 prefills B random prompts of S tokens and decodes --warmup + --tokens steps: its prefill time is
 the first-token latency (prompt on the device -> first token chosen, cache allocation
 included), the median of the last --tokens steps the decode time per token.  With --graphs on
-(auto: on CUDA with one rank) that call replays the decode step from a CUDA graph (its capture,
-at the first step, is recorded apart and not counted), and a second call on the same prompts
-decodes op by op: the row records both times, their ratio and whether the two calls chose the
-same greedy tokens (a run where they differ exits 1).  At B = 1 and
+(auto: on CUDA, any number of ranks) that call replays the decode step from a CUDA graph (its
+capture, at the first step, is recorded apart and not counted), and a second call on the same
+prompts decodes op by op: the row records both times, their ratio and whether the two calls
+chose the same greedy tokens (a run where they differ exits 1).  With more than one rank --tp
+picks the rows: the decode step tensor-parallel over the ranks (each reads its slice of the
+weights: model/tensor_parallel.py), the whole model on every rank, or both, one row each (auto:
+tensor-parallel where the model's shapes divide); --sliced loads only each rank's slices (the
+prefill then gathers each layer's weights; tensor-parallel rows only).  At B = 1 and
 S <= --sdpa-max a second call with plain SDPA prefill (world 1 only) gives the peer's
-first-token latency.  The bound of a decode step is the bytes it must read once, every
-weight but the embedding table plus every cached K and V of the B sequences, over the
-device-to-device copy bandwidth measured in the same launch (a large tensor copied, read +
-written bytes / time).  Each row records its raw times, and the record (command, commit,
-device, versions) is rewritten after every row, so an interrupted run keeps what it measured.
+first-token latency.  The bound of a decode step is the bytes one rank must read once: its
+weights but the embedding table (its slices under tensor parallelism, else all) plus its shard
+of the cached K and V of the B sequences, over the device-to-device copy bandwidth measured in
+the same launch (a large tensor copied, read + written bytes / time).  Each row records its raw
+times, and the record (command, commit, device, versions) is rewritten after every row, so an
+interrupted run keeps what it measured.
 
 --check first checks the decode path on this device in seconds (bench/checks/decode_check.py: the
 decode attention kernel against float64, and a small model's greedy tokens with and without the
@@ -43,12 +50,14 @@ from ...inference.engine import peak_bytes, reset_peak
 from ...inference.generate import generate
 from ...inference.models import check_spec, load_model, resolve_dtype
 from ...inference.needle import parse_lengths
-from ...inference.step import MODES as GRAPH_MODES, use_graphs
+from ...inference.step import MODES as GRAPH_MODES, use_graphs, use_tensor_parallel
+from ...model.tensor_parallel import head_weight
 from ..harness import RankLog, ranked_bench
 from ..records import write_record
 from ..tables import Section, device_of, fixed, ms, num, record, table
 
 ALIASES = {"llama-3.1-8b": "llama-8b"}
+TP_CHOICES = ("auto", "on", "off", "both")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -57,14 +66,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batches", default="1,2", help="batch sizes [%(default)s]")
     p.add_argument("--batch-max", default=None, help="run batches > 1 only up to this prompt length (e.g. 32K)")
     p.add_argument("--sdpa-max", default=None, help="run the SDPA prefill peer only up to this length [all]")
+    p.add_argument("--eager-max", default=None,
+                   help="with the graph on, decode the same prompts op by op beside it only up to this length "
+                        "(each costs a second prefill) [all]")
     p.add_argument("--tokens", type=int, default=16, help="timed decode steps [%(default)s]")
     p.add_argument("--warmup", type=int, default=4, help="untimed decode steps first [%(default)s]")
     p.add_argument("--chunk", type=int, default=16384, help="prefill token-wise work per chunk [%(default)s]")
     p.add_argument("--dtype", choices=("auto", "bf16", "fp16", "fp32"), default="auto", help="[%(default)s]")
     p.add_argument("--copy-mib", type=int, default=None, help="bytes of the bandwidth copy (default 4096 GPU, 64 CPU)")
     p.add_argument("--graphs", choices=GRAPH_MODES, default="auto",
-                   help="replay the decode step from a CUDA graph (auto: on CUDA with one rank); when on, each row "
-                        "also decodes without it [%(default)s]")
+                   help="replay the decode step from a CUDA graph (auto: on CUDA); when on, each row also decodes "
+                        "without it [%(default)s]")
+    p.add_argument("--tp", choices=TP_CHOICES, default=None,
+                   help="tensor-parallel decode rows (on), whole-model ones (off), both, or auto (tensor-parallel "
+                        "where the shapes divide); one rank: whole-model rows only [both; on with --sliced]")
+    p.add_argument("--sliced", action="store_true",
+                   help="load only each rank's tensor-parallel slices (implies --tp on)")
     p.add_argument("--check", action="store_true",
                    help="first check the decode path on this device (kernel vs float64, graph vs eager vs float64 "
                         "tokens); a failure stops the run")
@@ -86,17 +103,17 @@ def validate(args) -> str | None:
     try:
         _lengths(args.seqs)
         [int(b) for b in args.batches.split(",")]
-        for v in (args.batch_max, args.sdpa_max):
+        for v in (args.batch_max, args.sdpa_max, args.eager_max):
             if v is not None:
                 _lengths(v)
     except ValueError as e:
         return f"{e}"
     if args.tokens < 1 or args.warmup < 0:
         return f"--tokens must be >= 1 and --warmup >= 0, got {args.tokens}, {args.warmup}"
-    if args.graphs == "on" and (args.world > 1 or not torch.cuda.is_available()):
-        return "--graphs on needs one rank on a CUDA device (with more ranks the decode step runs op by op)"
-    if args.check and args.world > 1:
-        return "--check runs on one rank (--world 1)"
+    if args.graphs == "on" and not torch.cuda.is_available():
+        return "--graphs on needs a CUDA device"
+    if args.sliced and args.tp not in (None, "on", "auto"):
+        return f"--sliced holds only tensor-parallel slices: it decodes with --tp on, not --tp {args.tp}"
     return None
 
 
@@ -121,29 +138,73 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def step_bytes(model, B: int, kv_tokens: int, world: int) -> int:
-    """Bytes one decode step reads at least on one rank: every weight but the embedding table
-    (one row per token is read there), and this rank's share of the cached K/V."""
-    m = model.model
+def step_bytes(m, B: int, kv_tokens: int, world: int) -> int:
+    """Bytes one decode step of Transformer ``m`` (a whole model, or one rank's tensor-parallel
+    slices) reads at least on one rank: its weights but the embedding table (one row per token is
+    read there), and this rank's share of the cached K/V."""
     w = sum(p.numel() * p.element_size() for n, p in m.named_parameters() if n != "tok_embeddings.weight")
-    if m.output is None:  # tied: the LM head reads the embedding table
-        w += m.tok_embeddings.weight.numel() * m.tok_embeddings.weight.element_size()
+    if m.output is None:  # tied: the LM head reads the embedding table (its vocabulary slice)
+        w += head_weight(m).numel() * m.tok_embeddings.weight.element_size() if m.tp else \
+            m.tok_embeddings.weight.numel() * m.tok_embeddings.weight.element_size()
     a = m.args
     elem = next(m.parameters()).element_size()
     kv = 2 * a.n_layers * B * a.n_kv_heads * a.head_dim * elem * -(-kv_tokens // world)
     return w + kv
 
 
+def tp_rows(args, model, world: int) -> list[bool]:
+    """The tensor-parallel settings the rows decode with (--tp, --sliced), in order."""
+    if world == 1:
+        return [False]
+    if args.sliced or args.tp == "on":
+        return [True]
+    if args.tp == "off":
+        return [False]
+    auto = use_tensor_parallel("auto", model, world)  # --tp both (the default) or auto
+    return [auto] if args.tp == "auto" else ([True, False] if auto else [False])
+
+
+def _decode_row(model, ids, args, tp: bool, graphed: bool, bw: float, world: int, group, device) -> dict:
+    """One (prompt, batch, tensor-parallel) row: a generate() call (with the graph when on), and the
+    same prompts op by op beside it (up to --eager-max)."""
+    B, S = ids.shape
+    n_new = 1 + args.warmup + args.tokens
+    reset_peak(device)
+    out = generate(model, ids, n_new, chunk=args.chunk, graphs=args.graphs, tensor_parallel=tp)
+    per = statistics.median(out.timings["decode_step_s"][args.warmup:])
+    decoder = model.decoder(group) if tp else model.model
+    need = step_bytes(decoder, B, S + args.warmup + args.tokens // 2, world)
+    row = dict(S=S, batch=B, tensor_parallel=tp, first_token_s=out.timings["prefill_s"],
+               decode_step_s=out.timings["decode_step_s"], decode_s_per_token=per, step_bytes=need, bound_s=need / bw,
+               ratio_to_bound=per / (need / bw), shard_slots=out.shard_lengths[-1], graphs=out.timings["graphs"])
+    row["peak_bytes"], row["peak_kind"] = peak_bytes(device)
+    if graphed:
+        row["graph_capture_s"] = out.timings["graph_capture_s"]
+    emax = _lengths(args.eager_max)[0] if args.eager_max else None
+    if graphed and (emax is None or S <= emax):  # the same prompts op by op: the graph's gain, and the same tokens
+        tokens = out.tokens
+        del out
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        eager = generate(model, ids, n_new, chunk=args.chunk, graphs="off", tensor_parallel=tp)
+        e_per = statistics.median(eager.timings["decode_step_s"][args.warmup:])
+        row.update(eager_first_token_s=eager.timings["prefill_s"], eager_decode_step_s=eager.timings["decode_step_s"],
+                   eager_decode_s_per_token=e_per, eager_ratio_to_bound=e_per / (need / bw), graph_speedup=e_per / per,
+                   tokens_equal=eager.tokens == tokens)
+    return row
+
+
 def run_rank(args) -> dict:
     init = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if init else (0, 1)
+    group = dist.group.WORLD if init else None
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     dtype = resolve_dtype(args.dtype, device)
     spec = ALIASES.get(args.model, args.model)
 
     log = RankLog("bench decode", rank, clock=None)
 
-    graphed = use_graphs(args.graphs, device, world)
+    graphed = use_graphs(args.graphs, device)
     check = None
     if args.check:
         from ..checks.decode_check import check as check_decode  # the check's small models: only with --check
@@ -154,30 +215,30 @@ def run_rank(args) -> dict:
                          dict(kind="decode", check=check), args.out_dir)
             raise SystemExit(1)
     t0 = time.perf_counter()
-    model = load_model(spec, "ours", device, dtype, args.seed)
+    model = load_model(spec, "ours", device, dtype, args.seed, tp_group=group if args.sliced and world > 1 else None)
     log(f"{model.describe} on {world} rank(s), {device}, {dtype} (made in {time.perf_counter() - t0:.1f}s)")
     bw = copy_bandwidth(device, args.copy_mib or (4096 if device.type == "cuda" else 64))
     log(f"device-to-device copy bandwidth {bw / 1e9:.0f} GB/s")
     seqs, batches = _lengths(args.seqs), [int(b) for b in args.batches.split(",")]
     bmax = _lengths(args.batch_max)[0] if args.batch_max else None
     smax = _lengths(args.sdpa_max)[0] if args.sdpa_max else None
+    tps = tp_rows(args, model, world)
     g = torch.Generator().manual_seed(args.seed + 1)
-    # warm-up, kernels chosen / compiled at short lengths: torch.compile specialises the fused ops
-    # (model/fused.py) on the first shape and compiles a dynamic kernel at the next one that
-    # differs, in length or in batch; without these the first row's first-token time held ~3 s
-    # of compiling (an 8B at 32K on an H200: 4.36 s, 1.31 s in the same row's second call)
+    # warm-up, kernels chosen / compiled at short lengths (the decode step's fused ops for each batch,
+    # each way the step runs; prefill compiles its own for any length from the first call)
     shapes = [(1, 256), (1, 384)] + ([(2, 384)] if max(batches) > 1 else [])
     for b, n in shapes:
         warm = torch.randint(0, model.vocab_size, (b, n), generator=g)
-        generate(model, warm, 2, chunk=args.chunk, graphs=args.graphs)
-        if graphed:
-            generate(model, warm, 2, chunk=args.chunk, graphs="off")
+        for tp in tps:
+            generate(model, warm, 2, chunk=args.chunk, graphs=args.graphs, tensor_parallel=tp)
+            if graphed:
+                generate(model, warm, 2, chunk=args.chunk, graphs="off", tensor_parallel=tp)
         if world == 1 and b == 1:
             generate(model, warm, 1, attention="sdpa", chunk=args.chunk)
     rows = []
     name = args.name or f"decode_{args.model}_{world}{device.type}"
     payload = dict(kind="decode", model=args.model, describe=model.describe, world=world, dtype=str(dtype),
-                   copy_bandwidth_Bps=bw, graphs=graphed, rows=rows)
+                   copy_bandwidth_Bps=bw, graphs=graphed, sliced=model.sliced, rows=rows)
     if check is not None:
         payload["check"] = check
     path = None  # the first write picks a free name; later rows rewrite that file
@@ -185,60 +246,43 @@ def run_rank(args) -> dict:
         for B in batches:
             if B > 1 and bmax is not None and S > bmax:
                 continue
-            row = dict(S=S, batch=B)
             ids = torch.randint(0, model.vocab_size, (B, S), generator=g)
-            try:
-                reset_peak(device)
-                n_new = 1 + args.warmup + args.tokens
-                out = generate(model, ids, n_new, chunk=args.chunk, graphs=args.graphs)
-                per = statistics.median(out.timings["decode_step_s"][args.warmup:])
-                need = step_bytes(model, B, S + args.warmup + args.tokens // 2, world)
-                row.update(first_token_s=out.timings["prefill_s"], decode_step_s=out.timings["decode_step_s"],
-                           decode_s_per_token=per, step_bytes=need, bound_s=need / bw, ratio_to_bound=per / (need / bw),
-                           shard_slots=out.shard_lengths[-1], graphs=out.timings["graphs"])
-                row["peak_bytes"], row["peak_kind"] = peak_bytes(device)
-                if graphed:  # the same prompts op by op: the graph's gain, and the same tokens
-                    row["graph_capture_s"] = out.timings["graph_capture_s"]
-                    tokens = out.tokens
-                    del out
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
-                    eager = generate(model, ids, n_new, chunk=args.chunk, graphs="off")
-                    e_per = statistics.median(eager.timings["decode_step_s"][args.warmup:])
-                    row.update(eager_first_token_s=eager.timings["prefill_s"],
-                               eager_decode_step_s=eager.timings["decode_step_s"], eager_decode_s_per_token=e_per,
-                               eager_ratio_to_bound=e_per / (need / bw), graph_speedup=e_per / per,
-                               tokens_equal=eager.tokens == tokens)
-                    del eager
-                else:
-                    del out
-                if B == 1 and world == 1 and (smax is None or S <= smax):
-                    peer = generate(model, ids, 1, attention="sdpa", chunk=args.chunk)
-                    row["sdpa_first_token_s"] = peer.timings["prefill_s"]
-                    row["first_token_vs_sdpa"] = row["first_token_s"] / row["sdpa_first_token_s"]
-                    del peer
-            except torch.OutOfMemoryError as e:
-                row["error"] = f"OOM: {str(e).splitlines()[0][:160]}"
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            rows.append(row)
-            if "error" in row:
-                log(f"S={S} B={B}: {row['error']}")
-            else:
-                sd = f", SDPA prefill {row['sdpa_first_token_s']:.3f}s" if "sdpa_first_token_s" in row else ""
-                eg = ""
-                if "eager_decode_s_per_token" in row:
-                    eg = (f" with the CUDA graph, {row['eager_decode_s_per_token'] * 1e3:.2f} ms op by op "
-                          f"(x{row['eager_ratio_to_bound']:.2f}; graph {row['graph_speedup']:.2f}x faster; tokens "
-                          f"{'equal' if row['tokens_equal'] else 'DIFFER'})")
-                log(f"S={S} B={B}: first token {row['first_token_s']:.3f}s{sd}; decode "
-                    f"{row['decode_s_per_token'] * 1e3:.2f} ms/token{eg}, bound {row['bound_s'] * 1e3:.2f} ms "
-                    f"(x{row['ratio_to_bound']:.2f}); peak {row['peak_bytes'] / 2**30:.1f} GiB ({row['peak_kind']})")
-            if rank == 0:  # one record per launch, rewritten after each row (a timeout keeps the rows done)
-                path = write_record(name, payload, args.out_dir, path=path)
+            for tp in tps:
+                try:
+                    row = _decode_row(model, ids, args, tp, graphed, bw, world, group, device)
+                    if tp is tps[-1] and B == 1 and world == 1 and (smax is None or S <= smax):
+                        peer = generate(model, ids, 1, attention="sdpa", chunk=args.chunk)
+                        row["sdpa_first_token_s"] = peer.timings["prefill_s"]
+                        row["first_token_vs_sdpa"] = row["first_token_s"] / row["sdpa_first_token_s"]
+                        del peer
+                except torch.OutOfMemoryError as e:
+                    row = dict(S=S, batch=B, tensor_parallel=tp, error=f"OOM: {str(e).splitlines()[0][:160]}")
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                rows.append(row)
+                _log_row(log, row)
+                if rank == 0:  # one record per launch, rewritten after each row (a timeout keeps the rows done)
+                    path = write_record(name, payload, args.out_dir, path=path)
     if rank == 0:
         log(f"wrote {path}")
     return payload
+
+
+def _log_row(log, row: dict) -> None:
+    tp = " tensor-parallel" if row.get("tensor_parallel") else ""
+    where = f"S={row['S']} B={row['batch']}{tp}"
+    if "error" in row:
+        log(f"{where}: {row['error']}")
+        return
+    sd = f", SDPA prefill {row['sdpa_first_token_s']:.3f}s" if "sdpa_first_token_s" in row else ""
+    eg = ""
+    if "eager_decode_s_per_token" in row:
+        eg = (f" with the CUDA graph, {row['eager_decode_s_per_token'] * 1e3:.2f} ms op by op "
+              f"(x{row['eager_ratio_to_bound']:.2f}; graph {row['graph_speedup']:.2f}x faster; tokens "
+              f"{'equal' if row['tokens_equal'] else 'DIFFER'})")
+    log(f"{where}: first token {row['first_token_s']:.3f}s{sd}; decode {row['decode_s_per_token'] * 1e3:.2f} ms/token"
+        f"{eg}, bound {row['bound_s'] * 1e3:.2f} ms (x{row['ratio_to_bound']:.2f}); peak "
+        f"{row['peak_bytes'] / 2**30:.1f} GiB ({row['peak_kind']})")
 
 
 def _entry(args) -> int:
@@ -258,30 +302,36 @@ build_parser, main = ranked_bench("decode", __doc__, add_arguments, _entry, vali
 
 def render(rec):
     graphs = rec.get("graphs")
+    split = any(r.get("tensor_parallel") for r in rec["rows"])  # tensor-parallel rows beside whole-model ones
     head = [f"{rec['describe']}; {rec['world']} rank(s), {rec['dtype'].replace('torch.', '')}; device-to-device copy "
             f"bandwidth {rec['copy_bandwidth_Bps'] / 1e9:,.0f} GB/s measured in the launch. Decode time per token is "
-            "the median of the timed steps; the bound reads the KV cache and the weights once per token at that "
-            "bandwidth." + (" Decode steps replayed from a CUDA graph; the same prompts decoded op by op in a second "
-                            "call (whose prefill gives the second first-token time: nothing left to allocate or "
-                            "compile)." if graphs else ""), ""]
+            "the median of the timed steps; the bound reads one rank's KV cache shard and weights once per token at "
+            "that bandwidth." + (" Decode steps replayed from a CUDA graph; the same prompts decoded op by op in a "
+                                 "second call (whose prefill gives the second first-token time: nothing left to "
+                                 "allocate or compile)." if graphs else "")
+            + (" TP: the decode step tensor-parallel over the ranks (each reads its slice of the weights)."
+               if split else ""), ""]
     body = []
     for r in rec["rows"]:
+        lead = [r["S"], r["batch"]] + (["yes" if r.get("tensor_parallel") else "no"] if split else [])
         if "error" in r:
-            body.append([r["S"], r["batch"], r["error"]] + ["—"] * (7 if graphs else 5))
+            body.append(lead + [r["error"]] + ["—"] * (7 if graphs else 5))
             continue
         sdpa = r.get("sdpa_first_token_s")
         first = fixed(r["first_token_s"], 2)
+        eager = "eager_decode_s_per_token" in r  # not past --eager-max
         if graphs:
-            first += f" / {fixed(r['eager_first_token_s'], 2)}"
-        row = [r["S"], r["batch"], first, fixed(sdpa, 2) if sdpa else "—", ms(r["decode_s_per_token"])]
+            first += f" / {fixed(r['eager_first_token_s'], 2)}" if eager else ""
+        row = lead + [first, fixed(sdpa, 2) if sdpa else "—", ms(r["decode_s_per_token"])]
         if graphs:
-            row.append(ms(r["eager_decode_s_per_token"]))
+            row.append(ms(r["eager_decode_s_per_token"]) if eager else "—")
         row += [ms(r["bound_s"]), f"{r['ratio_to_bound']:.2f}×", fixed(r["peak_bytes"] / 2**30, 1)]
         if graphs:
-            row.insert(-1, "yes" if r.get("tokens_equal") else "NO")
+            row.insert(-1, ("yes" if r["tokens_equal"] else "NO") if eager else "—")
         body.append(row)
-    cols = ["prompt tokens", "batch", "first token s" + (" (first / again)" if graphs else ""), "SDPA prefill s",
-            "decode ms/token" + (" (graph)" if graphs else "")]
+    cols = ["prompt tokens", "batch"] + (["TP"] if split else [])
+    cols += ["first token s" + (" (first / again)" if graphs else ""), "SDPA prefill s",
+             "decode ms/token" + (" (graph)" if graphs else "")]
     cols += ["op by op ms/token"] if graphs else []
     cols += ["bound ms/token", "× bound"] + (["same tokens"] if graphs else []) + ["peak GiB"]
     return head + table(cols, body)

@@ -17,6 +17,10 @@ One launch, the same random weights (seeded per parameter), the same prompt, bf1
 Every case times the whole prefill (token ids in, next-token logits on every rank out; median
 of --iters after --warmup, slowest rank; once a method takes over --long seconds, its longer
 cases run once), records the peak allocated memory and compares its logits with ``burst``'s.
+With --cold each method first runs once at a short length (untimed: the process, NCCL and the
+kernels warm), and the first call at each length is timed on its own beside the warm median:
+what a served prompt of a new length pays (``first_s``, ``first_vs_warm``; the issue's target is
+1.1x).  The record is rewritten after every case, so a run stopped by a timeout keeps its rows.
 Budget: a 7B prefill of 1M tokens is ~2.9e17 FLOPs, about 2-3 minutes on 4 GPUs per method;
 13B about half as long again.  A method that runs out of memory at some length is not tried at longer
 ones; the summary gives the longest sequence each method fits.  Rank 0 prints the tables and
@@ -53,6 +57,7 @@ SHAPES: dict[str, ModelArgs] = {
     "tiny": PRESETS["tiny"],
     "7b": PRESETS["llama-7b"],
     "13b": ModelArgs(dim=5120, n_layers=40, n_heads=40, n_kv_heads=40, vocab_size=32000, ffn_dim=13824),
+    "8b": PRESETS["llama-8b"],  # Llama-3.1-8B's shape (GQA, 8 kv heads)
 }
 METHODS = ("burst", "torch-cp", "megatron-v3", "megatron-v1")  # a GPU run's, unless --methods says otherwise
 
@@ -74,6 +79,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sdpa", default=None, help="SDPA backend of the peers: cudnn, flash, math "
                                                 "(default: cudnn on GPUs, math on CPU)")
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--cold", action="store_true",
+                   help="time the first call at each length apart from the warm ones (after one untimed call per "
+                        "method at a short length)")
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--long", type=float, default=30.0,
                    help="once a method's prefill takes longer than this many seconds, its longer sequences "
@@ -158,6 +166,18 @@ def _case(method, S, ids, ours, tp, group, args, device):
     return (lambda: tp.next_token_logits(ids)), None
 
 
+def _warm_short(method, ours, tp, group, args, device, vocab: int, world: int) -> None:
+    """One untimed prefill of ``method`` at a short length (4K tokens per rank)."""
+    S = 4096 * world
+    ids = torch.randint(0, vocab, (1, S), generator=torch.Generator().manual_seed(args.seed))
+    fn, ctx = _case(method, S, ids, ours, tp, group, args, device)
+    try:
+        with ctx() if ctx else contextlib.nullcontext():
+            fn()
+    except Exception:  # noqa: BLE001  (the timed case meets and records the same failure)
+        pass
+
+
 def run_rank(args, group=None) -> list[dict]:
     """Every case on this rank of an initialised group; rank 0 prints and writes the record.
     Returns the rows (on every rank)."""
@@ -171,6 +191,8 @@ def run_rank(args, group=None) -> list[dict]:
 
     log(f"{world} rank(s) on {device.type}, {dtype}; models {args.models}; methods {methods}; S {seqs}")
     rows = []
+    record_name = args.name or f"prefill_{world}{'gpu' if device.type == 'cuda' else 'cpu'}"
+    path = None  # the first write picks a free name; later ones rewrite that file
     for name in (m for m in args.models.split(",") if m):
         a = SHAPES[name]
         model = random_llama(a, device, dtype, args.seed)
@@ -200,8 +222,10 @@ def run_rank(args, group=None) -> list[dict]:
                     row["error"] = stopped
                     continue
                 ids = torch.randint(0, a.vocab_size, (1, S), generator=torch.Generator().manual_seed(args.seed + S))
+                if args.cold and S == seqs[0]:  # warm the process at a short length: "cold" is a new length
+                    _warm_short(method, ours, tp, group, args, device, a.vocab_size, world)
                 fn, ctx = _case(method, S, ids, ours, tp, group, args, device)
-                box, err = {}, None
+                box, err, first = {}, None, None
 
                 def step():
                     box["logits"] = fn()
@@ -209,7 +233,9 @@ def run_rank(args, group=None) -> list[dict]:
                 reset_peak(device)
                 try:
                     with ctx() if ctx else contextlib.nullcontext():
-                        secs = timed(step, device, group, warmup, iters, events=False)
+                        if args.cold:  # the first call at this length, alone; it counts as a warm-up call
+                            first = timed(step, device, group, 0, 1, events=False)[0]
+                        secs = timed(step, device, group, max(warmup - (first is not None), 0), iters, events=False)
                 except Exception as e:  # noqa: BLE001  (an OOM, or a kernel refusing a shape)
                     first = (str(e).splitlines() or [""])[0][:160]
                     err = f"OOM: {first}" if _oom(e) else f"{type(e).__name__}: {first}"
@@ -236,21 +262,25 @@ def run_rank(args, group=None) -> list[dict]:
                 row.update(seconds=secs, median_s=median(secs),
                            std_s=statistics.pstdev(secs) if len(secs) > 1 else 0.0, peak_bytes=peak, peak_kind=what,
                            tokens_per_s=S / median(secs))
+                if first is not None:
+                    row.update(first_s=first, first_vs_warm=first / median(secs))
                 log(f"{name} {method} S={S}: {row['median_s']:.3f}s, peak {peak / 2**30:.1f} GiB"
+                    + (f", first call {first:.3f}s ({row['first_vs_warm']:.2f}x warm)" if first is not None else "")
                     + (f", logits vs burst {row['logits_rel_diff_vs_burst']:.1e}" if "logits_rel_diff_vs_burst" in row
                        else ""))
                 del box
+                if rank == 0:  # rewritten after every case: a timeout keeps what was measured
+                    path = write_record(record_name, dict(kind="prefill_bench", world=world, args=vars(args),
+                                                          rows=rows), args.out_dir, path=path)
         del tp, model, ours
         if device.type == "cuda":
             torch.cuda.empty_cache()
     if rank == 0:
         print_tables(rows, methods, seqs)
-        tag = "gpu" if device.type == "cuda" else "cpu"
-        path = write_record(args.name or f"prefill_{world}{tag}",
-                            dict(kind="prefill_bench", world=world, args=vars(args), rows=rows,
-                                 longest_fit={f"{m}@{r}": longest_fit(rows, m, r) for m in methods
-                                              for r in args.models.split(",") if r}),
-                            args.out_dir)
+        path = write_record(record_name, dict(kind="prefill_bench", world=world, args=vars(args), rows=rows,
+                                              longest_fit={f"{m}@{r}": longest_fit(rows, m, r) for m in methods
+                                                           for r in args.models.split(",") if r}),
+                            args.out_dir, path=path)
         print(f"wrote {path}")
     return rows
 
@@ -258,29 +288,31 @@ def run_rank(args, group=None) -> list[dict]:
 def print_tables(rows, methods, seqs, file=None):
     file = file or sys.stdout  # per call, not bound at import
     for model in dict.fromkeys(r["model"] for r in rows):
+        def line(m, cell, tail=""):  # one method's cells over the lengths
+            at = {x["S"]: x for x in rows if x["model"] == model and x["method"] == m}
+            print(f"{m:14s}" + "".join(f"{cell(at[s]):>14s}" for s in seqs) + tail, file=file)
+
         print(f"\nfirst-token latency (s), {model}, {rows[0]['world']} rank(s), {rows[0]['dtype']}:", file=file)
         head = f"{'method':14s}" + "".join(f"{s:>14,d}" for s in seqs) + f"{'longest fit':>14s}"
         print(head, file=file)
         print("-" * len(head), file=file)
         for m in methods:
-            cells = []
-            for s in seqs:
-                r = next(x for x in rows if x["model"] == model and x["method"] == m and x["S"] == s)
-                if "seconds" in r:
-                    cells.append(f"{r['median_s']:.3f}±{r['std_s']:.3f}")
-                else:
-                    e = r["error"]
-                    cells.append("OOM" if e.startswith("OOM") else "(OOM)" if e.startswith("not run: OOM")
-                                 else "-" if e.startswith(("not run", "needs")) else "error")
-            fit = longest_fit(rows, m, model)
-            print(f"{m:14s}" + "".join(f"{c:>14s}" for c in cells) + f"{fit or '-':>14}", file=file)
+            line(m, _latency_cell, f"{longest_fit(rows, m, model) or '-':>14}")
+        if any("first_s" in r for r in rows if r["model"] == model):
+            print("first call at the length (s), ÷ the warm median:", file=file)
+            for m in methods:
+                line(m, lambda r: f"{r['first_s']:.3f} {r['first_vs_warm']:.2f}x" if "first_s" in r else "-")
         print("peak memory per rank (GiB):", file=file)
         for m in methods:
-            cells = []
-            for s in seqs:
-                r = next(x for x in rows if x["model"] == model and x["method"] == m and x["S"] == s)
-                cells.append(f"{r['peak_bytes'] / 2**30:.2f}" if "peak_bytes" in r else "-")
-            print(f"{m:14s}" + "".join(f"{c:>14s}" for c in cells), file=file)
+            line(m, lambda r: f"{r['peak_bytes'] / 2**30:.2f}" if "peak_bytes" in r else "-")
+
+
+def _latency_cell(r) -> str:
+    if "seconds" in r:
+        return f"{r['median_s']:.3f}±{r['std_s']:.3f}"
+    e = r["error"]
+    return ("OOM" if e.startswith("OOM") else "(OOM)" if e.startswith("not run: OOM")
+            else "-" if e.startswith(("not run", "needs")) else "error")
 
 
 def _entry(args) -> int:
@@ -297,12 +329,15 @@ build_parser, main = ranked_bench("prefill", __doc__, add_arguments, _entry, val
 def render(rec):
     rows = rec["rows"]
     base = {(r["model"], r["S"]): r for r in rows if r["method"] == "burst"}
+    cold = any("first_s" in r for r in rows)
     body = [[r["model"], r["method"], r["S"], r["world"], ms(med(r["seconds"])), num(r["S"] / med(r["seconds"]), 4),
              gib(r.get("peak_bytes")), num(r.get("logits_rel_diff_vs_burst")),
              ratio(med(r["seconds"]), med(base[(r["model"], r["S"])]["seconds"])) if (r["model"], r["S"]) in base
-             else "—"] for r in rows if "seconds" in r]
+             else "—"] + ([ms(r["first_s"]) if "first_s" in r else "—",
+                          ratio(r["first_s"], med(r["seconds"])) if "first_s" in r else "—"] if cold else [])
+            for r in rows if "seconds" in r]
     out = table(["model", "method", "S", "world", "first-token ms", "tokens/s", "peak GiB",
-                 "logits vs burst", "time ÷ burst's"], body)
+                 "logits vs burst", "time ÷ burst's"] + (["first call ms", "first ÷ warm"] if cold else []), body)
     if rec.get("longest_fit"):
         out += table(["method@model", "longest prompt that fit"], [[k, v] for k, v in rec["longest_fit"].items()])
     return out

@@ -65,9 +65,13 @@ def unexpected(name: str, architectures) -> ValueError:
 
 def context_length(args, seq_len: int = 0) -> int:
     """max_position_embeddings to write: the trained length when it is longer than the model's,
-    except under dynamic NTK, where transformers reads it as the *original* length."""
+    except under dynamic NTK, where transformers reads it as the *original* length, and under
+    LongRoPE, where it sets the attention factor (Phi-3 in transformers 4.x reads it from
+    max_position_embeddings / original, whatever rope_scaling.factor says)."""
     if args.rope_scaling.type == "dynamic":
         return args.rope_scaling.original(args.max_position_embeddings)
+    if args.rope_scaling.type == "longrope" and args.max_position_embeddings:
+        return args.max_position_embeddings
     return max(args.max_position_embeddings, seq_len) or seq_len or 4096
 
 
@@ -126,6 +130,13 @@ class Family:
             s.original_max_position_embeddings = int(params["original_max_position_embeddings"])
         if params.get("truncate") is not None:
             s.truncate = bool(params["truncate"])
+        for key in ("short_factor", "long_factor"):
+            if params.get(key) is not None:
+                setattr(s, key, params[key])  # validated with the model's head dim (ModelArgs.validate)
+        if s.type == "longrope" and params.get("factor") is None:
+            # transformers: the attention factor's stretch is the context over the original one
+            context = int(cfg.get("max_position_embeddings") or 0)
+            s.factor = context / max(s.original(context), 1)
         if s.type == "dynamic":  # transformers' dynamic NTK uses max_position_embeddings as the original length
             s.original_max_position_embeddings = int(cfg.get("max_position_embeddings") or 0)
         return theta, s
@@ -165,6 +176,14 @@ class Family:
         elif s.type == "llama3":
             out.update(original_max_position_embeddings=s.original(args.max_position_embeddings),
                        low_freq_factor=s.low_freq_factor, high_freq_factor=s.high_freq_factor)
+        elif s.type == "longrope":
+            M = s.original(args.max_position_embeddings)
+            out.update(short_factor=list(s.short_factor), long_factor=list(s.long_factor),
+                       original_max_position_embeddings=M)
+            if args.max_position_embeddings and s.factor == args.max_position_embeddings / M:
+                del out["factor"]  # as checkpoints have it: transformers derives it from the context
+            if s.attention_factor:
+                out["attention_factor"] = s.attention_factor
         return out
 
     def write_options(self, args, cfg: dict) -> None:

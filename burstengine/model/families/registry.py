@@ -3,10 +3,13 @@
 and one line in ``FAMILIES``."""
 from __future__ import annotations
 
-from . import llama, mistral, qwen2, qwen3
+import dataclasses
+
+from . import gemma3, llama, mistral, phi3, qwen2, qwen3
 from .base import Family, full_hf_name, unexpected
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY, mistral.FAMILY)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY, mistral.FAMILY,
+                                                   gemma3.FAMILY, phi3.FAMILY)}
 ARCHS = tuple(FAMILIES)  # the values ModelArgs.arch takes
 BY_ARCHITECTURE = {a: f for f in FAMILIES.values() for a in f.architectures}
 BY_MODEL_TYPE = {f.model_type: f for f in FAMILIES.values()}
@@ -39,13 +42,20 @@ def from_config(cfg: dict, where: str = "config.json") -> Family:
 
 
 def writer(args) -> Family:
-    """The family ``args`` is written back as, or a ValueError naming the option of ``args`` its
-    config.json cannot carry and the families whose can."""
+    """The family ``args`` is written back as, or a ValueError naming the option of ``args`` (set
+    apart from its default) or the rope scaling its config.json cannot carry and the families whose
+    can."""
     f = family(args.arch)
+    rope = args.rope_scaling.type
+    if rope not in f.rope_types.values():
+        can = " or ".join(g.title for g in FAMILIES.values() if rope in g.rope_types.values())
+        raise ValueError(f"{rope} rope scaling (model.rope_scaling.type) can only be written as a {can} model, not "
+                         f"{args.arch!r}")
+    defaults = {x.name: x.default for x in dataclasses.fields(args)}
     for g in FAMILIES.values():
         for key, what in g.expresses.items():
             value = getattr(args, key)
-            if value and key not in f.expresses:
+            if value != defaults[key] and key not in f.expresses:
                 can = " or ".join(h.title for h in FAMILIES.values() if key in h.expresses)
                 raise ValueError(f"{what} (model.{key}={value}) can only be written as a {can} model, not "
                                  f"{args.arch!r}")
