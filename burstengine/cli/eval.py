@@ -28,7 +28,7 @@ from ..inference.generate import generate
 from ..inference.models import check_model_files, check_spec
 from ..inference.needle import correct, heatmap, parse_depths, parse_lengths, text_case, token_case
 from ..layout import LAYOUTS
-from .generate import _vocab, has_tokenizer, hf_tokenizer, rank_model
+from .generate import has_tokenizer, hf_tokenizer, model_args, rank_model
 
 HELP = "evaluate long-context retrieval: needle in a haystack over lengths x depths (JSON record + heatmap)"
 
@@ -65,8 +65,10 @@ def validate(args) -> str | None:
         return f"--lengths: {min(lengths)} tokens leaves no room for a haystack (32 at least)"
     try:  # the shortest prompt must hold the needle and the question (their length is the tokenizer's)
         tok = hf_tokenizer(args.model) if has_tokenizer(args.model) else None
-        text_case(tok, min(lengths), 0.0, 0, args.seed) if tok else token_case(_vocab(args.model), min(lengths), 0.0,
-                                                                               0, args.seed)
+        if tok:
+            text_case(tok, min(lengths), 0.0, 0, args.seed)
+        else:
+            token_case(model_args(args.model).vocab_size, min(lengths), 0.0, 0, args.seed)
     except ValueError as e:
         return f"--lengths: {e}"
     if not dist.is_initialized() and torch.cuda.is_available() and args.world > torch.cuda.device_count():

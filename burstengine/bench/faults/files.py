@@ -259,11 +259,14 @@ def full_disk_case(good_run: str, tmp: str) -> list[str]:
     """A disk that fills while export writes the weights; an earlier export there stays intact."""
     out = os.path.join(tmp, "out_full")
     rc, _, err = cli(["export", good_run, out])
-    before = sorted(os.listdir(out)) if rc == 0 else None
+    if rc:
+        return [f"full disk: the first export failed: rc {rc}: {err[-300:]}"]
+    before = sorted(os.listdir(out))
     rc, _, err = cli(["export", good_run, out], code=FULL_DISK)
     problems = [f"full disk: {p}" for p in [one_line(rc, err, "no space left on", out)] if p]
-    if before is None or sorted(os.listdir(out)) != before:
-        problems.append(f"full disk: the earlier export changed: {before} -> {sorted(os.listdir(out))}")
+    if not os.path.isdir(out) or sorted(os.listdir(out)) != before:
+        problems.append(f"full disk: the earlier export changed: {before} -> "
+                        f"{sorted(os.listdir(out)) if os.path.isdir(out) else 'gone'}")
     leftovers = [n for n in os.listdir(tmp) if n.startswith(".out_full.export-")]
     if leftovers:
         problems.append(f"full disk: temporary directories left behind: {leftovers}")
