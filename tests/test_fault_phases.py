@@ -26,7 +26,7 @@ def test_lost_rank_at_every_phase(fault, tmp_path):
 
 @pytest.mark.parametrize("fault", ["before_group", "generate_step", "generate_freeze", "prefill_freeze", "eval_freeze"])
 def test_every_command_ends_a_lost_rank(fault, tmp_path):
-    """The commands themselves (burstengine.cli.main on 2 ranks launched as torchrun launches
+    """The commands themselves (`python -m burstengine` on 2 ranks launched as torchrun launches
     them): a rank killed before the group forms, killed in a ring step of generate, or frozen
     (SIGSTOP) in generate, prefill or eval: the survivor exits non-zero within the deadline +
     slack, naming it in one line (no gloo traceback, no hour of silence)."""

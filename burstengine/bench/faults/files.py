@@ -148,7 +148,7 @@ def one_line(rc: int, err: str, *want: str) -> str | None:
 
 def make_hf_dir(path: str) -> str:
     """A random tiny Llama as an HF directory of several shards with an index."""
-    from ...model.hf_dir import write_random_hf_dir
+    from ...model.hf_dir import write_random_hf_dir  # torch: only when a case runs, not for --help
 
     write_random_hf_dir(path, TINY_CONFIG, dtype="float32", max_shard_bytes=40_000)
     return path
@@ -283,7 +283,7 @@ def concurrent_exports(good_run: str, tmp: str, n: int = 3) -> list[str]:
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(n)]
     results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
     problems = [f"concurrent export {i}: rc {rc}: {err[-300:]}" for i, (rc, err) in enumerate(results) if rc]
-    from ...model.hf_dir import load_hf_model
+    from ...model.hf_dir import load_hf_model  # torch: only when a case runs, not for --help
 
     try:
         load_hf_model(out)
@@ -326,7 +326,7 @@ def main(argv=None) -> int:
     p.add_argument("--out-dir", default=None, help="where the JSON record goes (default $BURST_RESULTS or "
                                                    "./burst-results)")
     args = p.parse_args(argv)
-    from ..records import write_record
+    from ..records import write_record  # only when writing a record
 
     res = run_all()
     print("\n".join(res["problems"]) or f"all {res['cases']} damaged-file cases ended in one line")

@@ -25,7 +25,7 @@ prefill_freeze    `burstengine prefill`: SIGSTOP in a ring step
 eval_freeze       `burstengine eval needle`: SIGSTOP in a decode step
 ================  ===========================================================================
 
-The last six run the commands themselves (``burstengine.cli.main`` in each rank, launched as
+The last six run the commands themselves (``python -m burstengine`` in each rank, launched as
 torchrun launches them), so what is tested is the commands' own fault handling.
 
 Every survivor must exit non-zero within the deadline plus slack, its error naming the victim
@@ -43,6 +43,7 @@ import argparse
 import importlib.util
 import os
 import re
+import runpy
 import signal
 import socket
 import subprocess
@@ -156,11 +157,10 @@ def _job(fault: str) -> int:
 
 
 def _command_job(fault: str, me: bool, die) -> int:
-    """One rank of a command run as torchrun runs it (``burstengine.cli.main``), the victim
+    """One rank of a command run as torchrun runs it (``-m burstengine``), the victim
     sabotaged at the fault's phase; the command's exit code."""
     import torch  # noqa: I001  (a rank's imports)
 
-    from burstengine import cli  # a rank of the job: see _job
     from burstengine.kernels import KERNELS  # a rank of the job: see _job
     from burstengine.kernels.reference import ReferenceKernel  # a rank of the job: see _job
 
@@ -183,7 +183,7 @@ def _command_job(fault: str, me: bool, die) -> int:
 
     KERNELS["saboteur"] = Saboteur()
     if me and fault in ("generate_freeze", "eval_freeze"):
-        from burstengine.inference import step
+        from burstengine.inference import step  # a rank of the job: see _job
 
         decode = step.DecodeStep.launch  # one decode step's work
         count = [0]
@@ -227,7 +227,13 @@ def _command_job(fault: str, me: bool, die) -> int:
     if fault == "train_step":
         os.environ["BURST_FAULT_KILL_IN_STEP"] = f"{os.environ['VICTIM']}:2"
     torch.set_num_threads(1)
-    code = cli.main(argv)
+    # the command's entry point as `torchrun -m burstengine` runs it (the bench imports no command)
+    sys.argv = ["burstengine", *argv]
+    try:
+        runpy.run_module("burstengine", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
     if code == 0:
         print("FINISHED", flush=True)
     return code
