@@ -230,3 +230,57 @@ def hf_loss_exact(group, path, layout="zigzag", n=8):
     got = got.detach().clone()
     dist.all_reduce(got, group=group)
     return abs(got.item() - want.item()) / abs(want.item())
+
+
+def shift_recipe_loss(group, path, layout, batch=2, n=8):
+    """The loss of the call the plain-labels refusal prints (SHIFT_RECIPE, run as printed),
+    summed over the ranks, against the eager model's loss from plain labels on the whole
+    sequence: relative error.  Batch > 1, every layout (contiguous shards are views: the
+    recipe's .contiguous() is what transformers' loss needs)."""
+    import burstengine
+    from burstengine.integrations.hf import SHIFT_RECIPE, burst_context
+
+    rank, world = _world(group)
+    S = n * world
+    ids_all = torch.randint(0, VOCAB, (batch, S), generator=torch.Generator().manual_seed(12))
+    labels = ids_all.clone()
+    labels[-1, 5] = -100
+    want = load(path, "eager")(input_ids=ids_all, labels=labels).loss
+    scope = dict(torch=torch, burstengine=burstengine, labels=labels, rank=rank, world=world,
+                 model=load(path, "burst"), ids=burstengine.shard(ids_all, layout, rank, world),
+                 pos=burstengine.position_ids(S, layout, rank, world).unsqueeze(0))
+    with burst_context(group=group, layout=layout):
+        exec(SHIFT_RECIPE.format(layout=layout), scope)
+    got = scope["loss"].detach().clone()
+    dist.all_reduce(got, group=group)
+    return abs(got.item() - want.item()) / abs(want.item())
+
+
+def eager_loss_after_burst(group, path, n=8):
+    """After a burst forward (no labels), an eager model's labels= loss on logits of the same
+    shape is computed (not refused) and equals transformers'; the burst model's own labels= loss
+    is still refused.  Returns (eager error or the refusal, the burst model's outcome)."""
+    from burstengine.integrations.hf import burst_context
+
+    rank, world = _world(group)
+    S = n * world
+    ids_all = torch.randint(0, VOCAB, (1, S), generator=torch.Generator().manual_seed(13))
+    mine = be.shard(ids_all, "zigzag", rank, world)
+    pos = be.position_ids(S, "zigzag", rank, world).unsqueeze(0)
+    burst, eager = load(path, "burst"), load(path, "eager")
+    with burst_context(group=group, layout="zigzag"):
+        burst(input_ids=mine, position_ids=pos)
+    try:
+        local = eager(input_ids=mine, labels=mine).loss  # a model of its own on this rank's tokens
+        logits = eager(input_ids=mine).logits[:, :-1]
+        want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), mine[:, 1:].flatten())
+        first = abs(local.item() - want.item())
+    except ValueError as e:
+        first = str(e)
+    try:
+        with burst_context(group=group, layout="zigzag"):
+            burst(input_ids=mine, position_ids=pos, labels=mine)
+        second = "no error"
+    except ValueError as e:
+        second = str(e)
+    return first, second

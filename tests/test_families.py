@@ -125,6 +125,35 @@ def test_loader_errors_keep_their_texts(tmp_path):
         hf_dir.load_hf_model(str(path))
 
 
+def test_tied_config_with_a_distinct_head_loads_untied_as_transformers(tmp_path):
+    """config.json ties the embeddings but the files hold their own lm_head.weight: transformers
+    uses the file's head, and so do we (with a warning), not the embeddings."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = dict(TINY, architectures=["LlamaForCausalLM"], model_type="llama", tie_word_embeddings=False,
+               rms_norm_eps=1e-5, rope_theta=10000.0, torch_dtype="float32")
+    hf_dir.write_random_hf_dir(str(tmp_path), cfg, seed=1, dtype="float32")
+    with open(tmp_path / "config.json") as f:
+        tied = dict(json.load(f), tie_word_embeddings=True)
+    with open(tmp_path / "config.json", "w") as f:
+        json.dump(tied, f)
+    with pytest.warns(hf_dir.UntiedHead, match="differs from model.embed_tokens.weight"):
+        ours = hf_dir.load_hf_model(str(tmp_path))
+    assert not ours.args.tie_embeddings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    assert not torch.equal(theirs.lm_head.weight, theirs.model.embed_tokens.weight)  # a case that can fail
+    tokens = torch.randint(0, TINY["vocab_size"], (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = theirs(tokens).logits
+        got = ours.logits(ours(tokens, torch.arange(tokens.shape[1])))
+    torch.testing.assert_close(got.float(), want, atol=1e-4, rtol=1e-4)
+    # a model built tied cannot be filled from these files
+    with pytest.raises(ValueError, match="lm_head.weight differs from the embeddings"):
+        hf_dir.load_weights(hf_dir.Transformer(dataclasses.replace(ours.args, tie_embeddings=True)), str(tmp_path))
+
+
 # --- fused tensors --------------------------------------------------------------------------------
 
 def test_fused_table_lookups_and_splits():

@@ -11,7 +11,8 @@ DEADLINE = 5.0
 LIMIT = 90.0  # hard limit per job: survivors still running then count as hung
 
 
-@pytest.mark.parametrize("fault", ["subgroups", "skip_backward", "store_host", "checkpoint_save", "first_call"])
+@pytest.mark.parametrize("fault", ["subgroups", "skip_backward", "store_host", "checkpoint_save", "first_call",
+                                   "agree_gather", "checks_local"])
 def test_lost_rank_at_every_phase(fault, tmp_path):
     res = faults.run_fault(fault, world=4, deadline=DEADLINE, limit=LIMIT, tmp=str(tmp_path))
     problems = faults.judge(res)
@@ -21,3 +22,15 @@ def test_lost_rank_at_every_phase(fault, tmp_path):
         problems = [p for p in problems if "did not name" not in p]
         assert all("RankLost" in s["error"] for s in res["survivors"].values()), res
     assert not problems, (problems, res)
+
+
+@pytest.mark.parametrize("fault", ["before_group", "generate_step", "generate_freeze", "prefill_freeze", "eval_freeze"])
+def test_every_command_ends_a_lost_rank(fault, tmp_path):
+    """The commands themselves (`python -m burstengine` on 2 ranks launched as torchrun launches
+    them): a rank killed before the group forms, killed in a ring step of generate, or frozen
+    (SIGSTOP) in generate, prefill or eval: the survivor exits non-zero within the deadline +
+    slack, naming it in one line (no gloo traceback, no hour of silence)."""
+    res = faults.run_fault(fault, world=2, deadline=DEADLINE, limit=LIMIT, tmp=str(tmp_path))
+    assert not faults.judge(res), (faults.judge(res), res)
+    for r, s in res["survivors"].items():
+        assert s["rc"] == 75 and not s["traceback"], (r, s)

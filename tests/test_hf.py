@@ -98,3 +98,18 @@ def test_generate_in_one_process_equals_eager(tiny_llama, model):
     assert torch.equal(got.sequences, want.sequences)
     for a, b in zip(got.scores, want.scores):
         assert (a - b).abs().max() < 2e-5
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
+def test_the_refusals_recipe_runs_as_printed(pool, tiny_llama, layout):
+    """The shift_labels call the plain-labels refusal prints, run as printed, with batch > 1 in
+    every layout, gives the eager model's loss (it crashed in transformers for contiguous shards,
+    which are views, without .contiguous())."""
+    for rank, err in enumerate(pool.run(hf_cases.shift_recipe_loss, tiny_llama, layout, world=2)):
+        assert err < 1e-6, (rank, err)
+
+
+def test_eager_loss_after_a_burst_forward_is_not_refused(pool, tiny_llama):
+    for rank, (eager, burst) in enumerate(pool.run(hf_cases.eager_loss_after_burst, tiny_llama, world=2)):
+        assert not isinstance(eager, str) and eager < 1e-6, (rank, eager)
+        assert "labels= would be shifted inside this rank's shard" in burst, (rank, burst)

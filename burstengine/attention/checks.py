@@ -131,8 +131,9 @@ def check_arguments(q, k, v, call: AttnCall, world: int, backend: str) -> None:
 
 
 def scale_value(softmax_scale) -> float:
-    """``softmax_scale`` as a float: any real number (int, float, numpy scalar) or a 0-d real
-    tensor; ValueError naming the type otherwise (the range is checked by the caller)."""
+    """``softmax_scale`` as a float: a real number of any type (int, float, numpy scalar) or a 0-d
+    real tensor; ValueError naming the type otherwise (the range, positive and finite, is checked
+    by the caller: docs/faults.md)."""
     if isinstance(softmax_scale, torch.Tensor):
         if softmax_scale.dim() != 0 or softmax_scale.is_complex() or softmax_scale.dtype == torch.bool:
             raise ValueError(f"softmax_scale must be a number or a 0-d real tensor, got a {softmax_scale.dtype} tensor "

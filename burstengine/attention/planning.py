@@ -86,8 +86,9 @@ def configured_timeout() -> float | None:
         t = float(v)
     except ValueError:
         raise ValueError(f"BURST_TIMEOUT must be a number of seconds, got {v!r}") from None
-    if not t > 0:
-        raise ValueError(f"BURST_TIMEOUT must be positive, got {v!r}")
+    if not (t > 0 and math.isfinite(t)):  # inf: no deadline is what leaving it unset means
+        raise ValueError(f"BURST_TIMEOUT must be a finite number of seconds > 0 (unset: the process group's own "
+                         f"timeout), got {v!r}")
     return t
 
 

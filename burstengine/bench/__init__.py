@@ -3,7 +3,7 @@
 * ``peers/``: BurstEngine timed beside the methods a user would pick instead (one method
   registry, :mod:`.peers.methods`, for the attention, prefill and train benches);
 * ``checks/``: correctness on the device against float64 (and the checks' own cost);
-* ``faults/``: lost ranks and long runs (soak);
+* ``faults/``: lost ranks, damaged files and long runs (soak);
 * ``probes/``: where time and memory go (profiles, kernels, one-off measurements).
 
 Each bench module provides ``main(argv) -> int`` (the ones that run on ranks build it with
@@ -37,6 +37,7 @@ BENCHES = {
     "faults": "burstengine.bench.faults.phases",
     "soak": "burstengine.bench.faults.soak",
     "fault-times": "burstengine.bench.faults.fault_times",
+    "faults-files": "burstengine.bench.faults.files",
     # probes
     "profile": "burstengine.bench.probes.profile",
     "lao-bench": "burstengine.bench.probes.lao_bench",

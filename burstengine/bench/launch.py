@@ -7,6 +7,14 @@ when there are GPUs) so a plain ``burstengine <command>`` works on a laptop.
 the worst exit code: 1 when a rank raised, died or timed out.  Ctrl-C stops the ranks without a
 word from them and raises KeyboardInterrupt in the caller (the command says what it means:
 ``burstengine`` exits 130).
+
+Every long-running command's ranks run under :func:`guarded`, the trainer's fault handling:
+a watchdog that ends the job within the fault deadline (BURST_TIMEOUT, else
+``fault.DEFAULT_TIMEOUT``) when a rank dies or freezes, each survivor naming the lost rank in
+one line (exit 75); the same deadline for every ring wait, argument check and the process
+group's own timeout; a ValueError (a user error found alike on every rank) said once by rank 0,
+exit 2.  Under a launcher the group forms through :func:`init_from_env`, whose check-in names a
+rank that never arrived instead of torch's DistStoreError.
 """
 from __future__ import annotations
 
@@ -17,13 +25,17 @@ import sys
 import threading
 import time
 import traceback
+import warnings
+from contextlib import contextmanager
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from ..attention.planning import call_timeout, configured_timeout
 from ..comm import fault
 from ..comm.dist import initialized
+from ..model.hf_dir import UntiedHead
 
 
 def under_launcher() -> bool:
@@ -43,14 +55,100 @@ def default_backend() -> str:
 
 def init_from_env(timeout: float, backend: str | None = None) -> bool:
     """Initialise the default group from torchrun's environment unless one exists; pins this
-    rank's GPU.  Returns True when this call created the group (the caller destroys it)."""
+    rank's GPU.  Returns True when this call created the group (the caller destroys it).  The
+    ranks check in through the c10d store first: one that never arrives within ``timeout``
+    (killed before the group formed, another MASTER_PORT) is named in a :class:`fault.RankLost`,
+    and a store that does not answer names rank 0 (its host under env:// rendezvous)."""
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if initialized():
         return False
-    dist.init_process_group(backend or default_backend(), timeout=timedelta(seconds=timeout))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    what = "forming the process group"
+    try:
+        store = _env_store(rank, world, timeout)
+    except (dist.DistError, RuntimeError, OSError) as e:  # rank 0's store cannot be reached
+        raise fault.store_lost(rank, f"{what} ({_first_line(e)})") from None
+    fault.check_in(store, "formed", rank, range(world), timeout, what)
+    dist.init_process_group(backend or default_backend(), store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout))
     fault.announce()
     return True
+
+
+def _env_store(rank: int, world: int, timeout: float):
+    """The c10d store of env:// rendezvous (MASTER_ADDR / MASTER_PORT) as torch makes it, except
+    that rank 0 does not wait for the others to connect: :func:`fault.check_in` does, naming
+    the ranks that never come."""
+    addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
+    t = timedelta(seconds=timeout)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True):  # torchrun's agent hosts it
+        return dist.TCPStore(addr, port, world, is_master=False, timeout=t)
+    return dist.TCPStore(addr, port, world, is_master=rank == 0, timeout=t, wait_for_workers=False,
+                         multi_tenant=True)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return (text.splitlines()[0] if text else type(e).__name__)[:200]
+
+
+def command_timeout() -> float:
+    """The fault deadline of a command's ranks: BURST_TIMEOUT, else fault.DEFAULT_TIMEOUT
+    (ValueError for a value that is not a finite number of seconds > 0)."""
+    return fault.job_timeout(0, configured_timeout())
+
+
+def guarded(body, prog: str, timeout: float, activity=None, on_lost=None) -> int:
+    """``body()`` (the rank's work; returns its exit code) under the trainer's fault handling:
+    a :class:`fault.Watchdog` with ``timeout`` and the same deadline for the ring waits and
+    argument checks.  A ValueError (an error found alike on every rank, before any collective)
+    is said by rank 0 in one line: exit 2.  A rank that dies or freezes ends every rank within
+    ``timeout``, each saying in one line which rank was lost: exit 75 (``fault.EXIT_LOST``),
+    after ``on_lost(error)`` on one survivor (e.g. where to resume from).  ``activity()``: what
+    the job was doing, for that message.  Warnings of :data:`NOTES` are one-line notes of rank 0."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        with fault.Watchdog(timeout) as dog, call_timeout(timeout), _notes(prog, rank):
+            try:
+                return body()
+            except ValueError as e:
+                if rank == 0:
+                    print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
+                return 2
+            except Exception as e:
+                lost = dog.explain(e, activity() if activity else prog.split()[-1])
+                if lost is None:
+                    raise  # this rank's own failure: leaving the watchdog posts it for the others
+                raise lost from e
+    except fault.RankLost as e:
+        print(f"{prog} (rank {rank}): {e}", file=sys.stderr, flush=True)
+        if on_lost is not None and rank == min(r for r in range(world) if r != e.lost):
+            on_lost(e)
+        return fault.EXIT_LOST
+
+
+NOTES = (UntiedHead,)  # warnings a command shows as "<prog>: note: ..." (once, by rank 0)
+
+
+@contextmanager
+def _notes(prog: str, rank: int):
+    with warnings.catch_warnings():
+        show = warnings.showwarning
+
+        def note(message, category, filename, lineno, file=None, line=None):
+            if not issubclass(category, NOTES):
+                show(message, category, filename, lineno, file, line)
+            elif rank == 0:
+                print(f"{prog}: note: {message}", file=sys.stderr, flush=True)
+
+        warnings.showwarning = note
+        yield
+
+
+def _guarded_command(entry, args, prog: str, timeout: float) -> int:
+    """One rank of :func:`run_command`: ``validate`` already passed; ``entry(args)`` guarded."""
+    return guarded(lambda: entry(args), prog, timeout)
 
 
 def _rank_main(rank, world, port, pg_timeout, threads, backend_name, entry, entry_args, results):
@@ -210,13 +308,24 @@ def run_command(entry, args, validate, prog: str, backend: str | None = None) ->
     """The ranks of a command: under torchrun (or in an initialised group) this process is one
     of them and ``args.world`` becomes the group's size; otherwise ``args.world`` local ranks are
     spawned.  ``validate(args)`` (an error message or None) runs first, on every rank, so bad
-    arguments exit 2 everywhere before any work; ``entry(args)`` returns the rank's exit code.
-    ``args`` needs ``world`` and ``timeout``; ``threads`` is used when present."""
+    arguments exit 2 everywhere before any work; ``entry(args)`` returns the rank's exit code and
+    runs under :func:`guarded` (a lost or frozen rank ends the job within the fault deadline,
+    which is the process group's timeout too).  ``args`` needs ``world`` and ``timeout`` (the
+    wall-clock limit of spawned ranks); ``threads`` is used when present."""
     threads = getattr(args, "threads", None)
+    try:
+        timeout = command_timeout()
+    except ValueError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
     if under_launcher():
         if threads:
             torch.set_num_threads(threads)
-        own = init_from_env(args.timeout, backend)
+        try:
+            own = init_from_env(timeout, backend)
+        except fault.RankLost as e:
+            print(f"{prog} (rank {os.environ.get('RANK', '?')}): {e}", file=sys.stderr, flush=True)
+            return fault.EXIT_LOST
         args.world = dist.get_world_size()
         msg = validate(args)
         if msg:
@@ -224,7 +333,7 @@ def run_command(entry, args, validate, prog: str, backend: str | None = None) ->
                 print(f"{prog}: error: {msg}", file=sys.stderr)
             code = 2
         else:
-            code = entry(args)
+            code = _guarded_command(entry, args, prog, timeout)
         if own:
             dist.destroy_process_group()
         return code
@@ -234,4 +343,5 @@ def run_command(entry, args, validate, prog: str, backend: str | None = None) ->
     if msg:
         print(f"{prog}: error: {msg}", file=sys.stderr)
         return 2
-    return spawn(entry, (args,), args.world, args.timeout, threads=threads, backend=backend, prog=prog)
+    return spawn(_guarded_command, (entry, args, prog, timeout), args.world, args.timeout, threads=threads,
+                 backend=backend, prog=prog, pg_timeout=timeout)

@@ -43,7 +43,7 @@ from ..bench.records import results_dir, write_record
 from ..bench.usage import HelpFormatter, add_allow_longer
 from ..inference.context import check_context
 from ..inference.generate import generate
-from ..inference.models import check_spec, spec_args
+from ..inference.models import check_model_files, check_spec, spec_args
 from ..inference.needle import FORMATS, correct, heatmap, parse_depths, parse_lengths, passkey_case, text_case, \
     token_case
 from ..inference.perplexity import curve, perplexity, windows
@@ -104,7 +104,7 @@ def out_dir(args) -> str:
 
 
 def validate(args) -> str | None:
-    msg = check_spec(args.model, "ours")
+    msg = check_spec(args.model, "ours") or check_model_files(args.model, "ours")
     if msg:
         return msg
     try:
@@ -141,6 +141,14 @@ def _validate_needle(args, lengths) -> str | None:
                     f"({args.passkey_len + 5} at least)")
     elif min(lengths) < 32:
         return f"--lengths: {min(lengths)} tokens leaves no room for a haystack (32 at least)"
+    else:
+        try:  # the shortest prompt must hold the needle and the question (their length is the tokenizer's)
+            if args.format == "text":
+                text_case(hf_tokenizer(args.model), min(lengths), 0.0, 0, args.seed)
+            else:
+                token_case(spec_args(args.model).vocab_size, min(lengths), 0.0, 0, args.seed)
+        except ValueError as e:
+            return f"--lengths: {e}"
     return None
 
 

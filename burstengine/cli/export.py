@@ -11,8 +11,13 @@ config.json (the architecture, the rope settings the run trained with and
 max_position_embeddings = the trained sequence length when it is longer than the model's),
 generation_config.json, and the tokenizer the run trained with (its ``tokenizer=``, else the
 ``init`` directory's).  ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` then loads
-it with the engine's logits.  OUT_DIR must be empty or new (--overwrite writes into it anyway),
-and a checkpoint with a file missing or cut short is refused, naming the file.
+it with the engine's logits.
+
+The checkpoint is verified first against the SHA-256s recorded at save, as ``train --resume``
+does: a damaged newest checkpoint of a run falls back to the newest intact one (said in a
+note), a damaged checkpoint named directly is refused.  OUT_DIR is written whole or not at all
+(a temporary directory beside it, swapped in at the end: a killed export leaves an earlier one
+intact); one holding anything but an earlier export needs --overwrite.
 
 A LoRA run (``lora.rank`` > 0) exports as the base (``init``) with its adapters merged in, or with
 ``--adapter`` as a PEFT adapter directory (adapter_config.json + adapter_model.safetensors) that
@@ -45,8 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a LoRA run: write its adapters as a PEFT adapter directory instead of the merged model "
                         "(--dtype auto = float32 here)")
     p.add_argument("--overwrite", action="store_true",
-                   help="write into OUT_DIR although it holds files (an earlier export's weights are replaced, "
-                        "other files stay)")
+                   help="replace an out_dir that holds something other than an earlier export (it is replaced whole; "
+                        "with --adapter: write into it)")
     p.add_argument("--record", metavar="NAME", default=None,
                    help="also write the summary (time, peak host RSS, sizes) as a JSON record NAME.json in $BURST_RESULTS or "
                         "./burst-results (a numbered name if that exists)")
@@ -68,7 +73,7 @@ def run(args) -> int:
     if not args.max_shard_gb > 0:
         print(f"burstengine export: error: --max-shard-gb must be > 0, got {args.max_shard_gb}", file=sys.stderr)
         return 2
-    msg = _out_dir_error(args.out_dir, args.overwrite)
+    msg = _out_dir_error(args.out_dir, args.overwrite) if args.adapter else None  # export() checks its own
     if msg:
         print(f"burstengine export: error: {msg}", file=sys.stderr)
         return 2
@@ -76,7 +81,9 @@ def run(args) -> int:
         if args.adapter:
             res = export_adapter(args.source, args.out_dir, "float32" if args.dtype == "auto" else args.dtype)
         else:
-            res = export(args.source, args.out_dir, args.dtype, int(args.max_shard_gb * 2 ** 30))
+            res = export(args.source, args.out_dir, args.dtype, int(args.max_shard_gb * 2 ** 30),
+                         overwrite=args.overwrite,
+                         say=lambda line: print(f"burstengine export: note: {line}", file=sys.stderr))
     except (ValueError, OSError) as e:  # OSError: a file of a checkpoint that lists none (older ones), a full disk
         print(f"burstengine export: error: {e}", file=sys.stderr)
         return 2

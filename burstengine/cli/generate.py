@@ -38,7 +38,7 @@ from ..bench.launch import run_command
 from ..bench.usage import add_allow_longer
 from ..inference.generate import check_generate, generate
 from ..inference.context import context_error
-from ..inference.models import check_spec, load_model, resolve_dtype, spec_args
+from ..inference.models import check_model_files, check_spec, load_model, resolve_dtype, spec_args
 from ..inference.sampling import Sampling
 from ..inference.step import MODES as GRAPH_MODES
 from ..layout import LAYOUTS
@@ -94,7 +94,7 @@ def has_tokenizer(path: str) -> bool:
 
 
 def validate(args) -> str | None:
-    msg = check_spec(args.model, "ours")
+    msg = check_spec(args.model, "ours") or check_model_files(args.model, "ours")
     if msg:
         return msg
     if args.world < 1:
@@ -116,11 +116,14 @@ def validate(args) -> str | None:
     if args.prompt_tokens and not os.path.isfile(args.prompt_tokens):
         return f"--prompt-tokens {args.prompt_tokens!r} does not exist"
     try:
-        _eos_arg(args.eos)
+        eos = _eos_arg(args.eos)
         prompts = read_prompts(args)
         margs = spec_args(args.model)
     except ValueError as e:
         return str(e)
+    bad = [t for t in (eos if isinstance(eos, tuple) else ()) if not 0 <= t < margs.vocab_size]
+    if bad:
+        return f"--eos {bad[0]} is not a token id of the model's vocabulary (0 to {margs.vocab_size - 1})"
     if not args.allow_longer:
         msg = next(filter(None, (context_error(margs, len(p), f"prompt {i}") for i, p in enumerate(prompts))), None)
         if msg:

@@ -30,7 +30,7 @@ from ..bench.usage import add_allow_longer, kernel_error, missing_package
 from ..comm.dist import initialized
 from ..inference.context import check_context
 from ..inference.engine import check_prefill, peak_bytes, prefill, reset_peak
-from ..inference.models import IMPLS, check_spec, load_model, resolve_dtype
+from ..inference.models import IMPLS, check_model_files, check_spec, load_model, resolve_dtype
 from ..layout import LAYOUTS
 from ..model import PRESETS
 from ..timing import median, timed
@@ -95,7 +95,8 @@ def validate(args) -> str | None:
     if not initialized() and torch.cuda.is_available() and world > torch.cuda.device_count():
         return f"--world {world} is more than the {torch.cuda.device_count()} GPU(s) here (one rank per GPU)"
 
-    msg = kernel_error(args.kernel, "cuda" if torch.cuda.is_available() else "cpu")
+    msg = kernel_error(args.kernel, "cuda" if torch.cuda.is_available() else "cpu") or check_model_files(args.model,
+                                                                                                     args.impl)
     if msg:
         return msg
     if args.prompt_file:

@@ -26,9 +26,9 @@ import warnings
 import torch.distributed as dist
 
 from ..attention.checks import arg_checks
-from ..attention.planning import call_timeout, configured_timeout
+from ..attention.planning import configured_timeout
 from ..bench.harness import step_check_level
-from ..bench.launch import init_from_env, spawn, under_launcher
+from ..bench.launch import guarded, init_from_env, spawn, under_launcher
 from ..bench.records import write_record
 from ..bench.usage import kernel_error, missing_package
 from ..comm import fault
@@ -93,43 +93,32 @@ def _err(msg: str) -> int:
     return 2
 
 
-def run_rank(cfg, resume: bool, overwrite: bool, memory_plan: bool = False) -> int:
-    """The job on this rank of an initialised default group, under a watchdog: a rank that
-    dies or stops answering ends the job on every rank within ``fault_timeout`` with a message
-    naming it and exit code 75 (``fault.EXIT_LOST``), and the run can go on with --resume.
-    ``memory_plan``: only say what a step would need (rank 0), without training."""
-    timeout = fault.job_timeout(cfg.fault_timeout, configured_timeout())
-    rank, world = dist.get_rank(), dist.get_world_size()
-    trainer = None
-    try:
-        # the ring's waits and the argument checks: the same deadline as the watchdog's
-        with fault.Watchdog(timeout) as dog, call_timeout(timeout), arg_checks(step_check_level()):
-            try:
-                trainer = Trainer(cfg, kill_in_step=_kill_in_step(rank), kill_in_save=_kill_in_save(),
-                                  lock=not memory_plan)
-                if memory_plan:
-                    line = trainer.memory_line()
-                    if rank == 0:
-                        print(line, flush=True)
-                    return 0
-                trainer.fit(resume=resume, overwrite=overwrite)
-            except ValueError as e:
-                # config/world mismatches are found on every rank alike, before any collective
+def run_rank(cfg, resume: bool, overwrite: bool, timeout: float, memory_plan: bool = False) -> int:
+    """The job on this rank of an initialised default group, under the commands' fault handling
+    (bench/launch.py's guarded): a rank that dies or stops answering ends the job on every rank
+    within ``timeout`` (``fault_timeout``) with a message naming it and exit code 75
+    (``fault.EXIT_LOST``), and the run can go on with --resume; config/world mismatches, found
+    on every rank alike before any collective, exit 2 said once.  ``memory_plan``: only say what
+    a step would need (rank 0), without training."""
+    rank = dist.get_rank()
+    box = {}
+
+    def body():
+        # the argument checks at the training level: the first call of each kind agreed on
+        with arg_checks(step_check_level()):
+            box["trainer"] = Trainer(cfg, kill_in_step=_kill_in_step(rank), kill_in_save=_kill_in_save(),
+                                     lock=not memory_plan)
+            if memory_plan:
+                line = box["trainer"].memory_line()
                 if rank == 0:
-                    print(f"burstengine train: error: {e}", file=sys.stderr)
-                return 2
-            except Exception as e:
-                lost = dog.explain(e, trainer.activity if trainer is not None else "start-up")
-                if lost is None:
-                    raise  # this rank's own failure: leaving the watchdog posts it for the others
-                raise lost from e
-    except fault.RankLost as e:
-        print(f"burstengine train (rank {rank}): {e}", file=sys.stderr, flush=True)
-        # one survivor says how to go on
-        if rank == min(r for r in range(world) if r != e.lost):
-            _resume_hint(cfg)
-        return fault.EXIT_LOST
-    return 0
+                    print(line, flush=True)
+                return 0
+            box["trainer"].fit(resume=resume, overwrite=overwrite)
+        return 0
+
+    return guarded(body, "burstengine train", timeout,
+                   activity=lambda: box["trainer"].activity if "trainer" in box else "start-up",
+                   on_lost=lambda e: _resume_hint(cfg))
 
 
 def _resume_hint(cfg, why: str = "") -> None:
@@ -226,16 +215,23 @@ def _run(args, cfg) -> int:
         code = _prepare_data(cfg, verbose=args.prepare_data)
         if code or args.prepare_data:
             return code
-    timeout = fault.job_timeout(cfg.fault_timeout, configured_timeout())
+    try:
+        timeout = fault.job_timeout(cfg.fault_timeout, configured_timeout())
+    except ValueError as e:  # BURST_TIMEOUT
+        return _err(str(e))
     if under_launcher():
         msg = preflight(cfg)
         if msg:
             if int(os.environ.get("RANK", "0")) == 0:
                 _err(msg)
             return 2
-        own = init_from_env(timeout)
         try:
-            code = run_rank(cfg, args.resume, args.overwrite, args.memory_plan)
+            own = init_from_env(timeout)
+        except fault.RankLost as e:
+            print(f"burstengine train (rank {os.environ.get('RANK', '?')}): {e}", file=sys.stderr, flush=True)
+            return fault.EXIT_LOST
+        try:
+            code = run_rank(cfg, args.resume, args.overwrite, timeout, args.memory_plan)
             rank = dist.get_rank()
         finally:
             if own:
@@ -245,7 +241,7 @@ def _run(args, cfg) -> int:
     msg = preflight(cfg, world)
     if msg:
         return _err(msg)
-    code = spawn(run_rank, (cfg, args.resume, args.overwrite, args.memory_plan), world, args.timeout,
+    code = spawn(run_rank, (cfg, args.resume, args.overwrite, timeout, args.memory_plan), world, args.timeout,
                  prog="burstengine train", pg_timeout=timeout)
     if code not in (0, 2):
         _resume_hint(cfg)

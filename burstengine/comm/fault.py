@@ -341,7 +341,11 @@ def _describe(op: Op, index: int, n: int, e: BaseException, deadline: float | No
     found = _census(op, me, blame, deadline)
     if found == STORE_DOWN:
         return store_lost(me, f"{op.what} failed ({reason})")
-    if found is not None and found != blame:
+    if found == me:
+        here += ("; this rank is the odd one: the other ranks wait in a collective it did not join (BURST_CHECKS="
+                 "local on it alone, or a call they made and it did not)")
+        blame = found
+    elif found is not None and found != blame:
         here += f"; rank {found} is the one the waiting ranks wait on"
         blame = found
     earlier = read_notice()
@@ -395,22 +399,36 @@ def _census(op: Op, me: int, peer: int | None, deadline: float | None) -> int | 
         return _bounded(lambda: st.get(f"{_WAITING}/{r}").decode() if st.check([f"{_WAITING}/{r}"]) else None)
 
     while True:
+        posts = {r: read(r) for r in ranks if r != me}
+        # who waits in a collective (-1) and who in the ring (a peer), this rank included
+        in_coll = [r for r, v in posts.items() if v is not None and int(v) < 0] + ([me] if peer is None else [])
+        in_ring = [r for r, v in posts.items() if v is not None and int(v) >= 0] + ([me] if peer is not None else [])
         if peer is not None:
             seen, r = {me}, peer
             while r not in seen:
                 seen.add(r)
-                v = read(r)
+                v = posts.get(r)
                 if v is None:
                     break  # r waits on no one here: the end of the chain
                 if int(v) < 0:
-                    break  # r waits in a collective while this rank waits in the ring: r is the odd one
+                    # r waits in a collective while this rank waits in the ring: the odd one is
+                    # the side with fewer ranks (a rank past an argument check the others wait
+                    # in, BURST_CHECKS=local on it alone; or one that skipped a backward and
+                    # waits in the next call's check); as many on each side: r
+                    if len(in_ring) < len(in_coll):
+                        r = me if in_ring == [me] else None
+                    elif len(in_coll) > 1 and len(in_ring) > len(in_coll):
+                        r = None
+                    break
                 r = int(v)
             else:
                 r = None  # a cycle: every rank waits on the next
             culprit = r
         else:
-            silent = [r for r in ranks if r != me and read(r) is None]
+            silent = [r for r, v in posts.items() if v is None]
             culprit = silent[0] if len(silent) == 1 else None
+            if not silent and len(in_ring) == 1 and len(in_coll) > 1:
+                culprit = in_ring[0]  # the one rank in the ring while the others wait here
         if time.monotonic() >= end:
             return culprit
         time.sleep(0.1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import torch
 
@@ -20,7 +21,8 @@ from ..comm.dist import rank_of, world_of
 from ..kernels import acc_dtype
 from ..model import PRESETS, ContextParallel, Hooks, ModelArgs, Transformer, fused, tensor_parallel
 from ..model.layers import CHUNK
-from ..model.hf_dir import args_from_hf_config, hf_config_from_args, load_hf_model, ours_to_hf, read_config
+from ..model.hf_dir import UntiedHead, args_from_hf_config, args_from_hf_dir, hf_config_from_args, load_hf_model, \
+    ours_to_hf, read_config, tensor_files
 
 IMPLS = ("ours", "hf")
 
@@ -200,6 +202,26 @@ def check_spec(spec: str, impl: str) -> str | None:
                 return f"{spec}/config.json lacks or mistypes {e}"
         return None
     return f"--model {spec!r} is neither a preset ({', '.join(PRESETS)}) nor a directory with a config.json"
+
+
+def check_model_files(spec: str, impl: str) -> str | None:
+    """A message naming the file when model directory ``spec`` is damaged (config.json or the
+    index not JSON, a shard missing, truncated or garbled, an index pointing at the wrong file)
+    or, for ``impl`` "ours", not a model burstengine reproduces; None for a preset.  Headers
+    only: commands call it before any rank starts (a NaN weight is found as the ranks load)."""
+    if spec in PRESETS or not os.path.isdir(spec):
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UntiedHead)  # the ranks say it as they load
+            if impl == "ours":
+                args_from_hf_dir(spec)
+            else:
+                read_config(spec)
+                tensor_files(spec)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def random_llama(args, device, dtype, seed: int = 0, split=None) -> Transformer:

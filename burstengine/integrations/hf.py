@@ -41,6 +41,8 @@ The group and layout come from :func:`burst_context` (a context manager) or :fun
 from __future__ import annotations
 
 import contextlib
+import sys
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -260,7 +262,8 @@ def burst_attention_forward(module, query, key, value, attention_mask, dropout: 
         refused.append("output_attentions=True (the attention weights are never formed)")
     if refused:
         raise ValueError(f'attn_implementation="burst" does not support {", ".join(refused)}')
-    _SHARDED[:] = [(query.shape[0], query.shape[2], settings.layout)] if settings.world()[1] > 1 else []
+    _SHARDED[:] = [(query.shape[0], query.shape[2], settings.layout, _config_of(module))] \
+        if settings.world()[1] > 1 else []
     if key.shape[2] != query.shape[2]:
         return _cached_step(settings, query, key, value, attention_mask, scaling, sliding_window), None
     if getattr(module, "layer_idx", 0) in (0, None):
@@ -300,30 +303,67 @@ def _cached_step(settings: BurstSettings, query, key, value, attention_mask, sca
     return out.transpose(1, 2).contiguous()
 
 
-# (batch, local tokens, layout) of the last "burst" forward over several ranks: a causal-LM loss
-# on logits of that shape is this rank's shard (see _sharded_loss)
+# (batch, local tokens, layout, the model's config) of the last "burst" forward over several
+# ranks: a causal-LM loss on logits of that shape, computed by that model, is this rank's shard
+# (see _sharded_loss)
 _SHARDED: list = []
+
+# what the refusal of plain labels= tells the user to run instead (tests/test_hf.py runs it)
+SHIFT_RECIPE = ("shift = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]; "
+                "mine = burstengine.shard(shift, {layout!r}, rank, world).contiguous(); "
+                "loss = model(input_ids=ids, position_ids=pos, labels=mine, shift_labels=mine, "
+                "num_items_in_batch=(shift != -100).sum()).loss")
+
+
+def _config_of(module):
+    """A weak reference to the config an attention module shares with its model (None if none)."""
+    cfg = getattr(module, "config", None)
+    try:
+        return weakref.ref(cfg) if cfg is not None else None
+    except TypeError:
+        return None
+
+
+def _calling_model():
+    """The transformers model whose forward is computing this loss (found up the call stack:
+    ``XForCausalLM.forward`` calls ``self.loss_function``), or None when the loss is called
+    from elsewhere."""
+    f = sys._getframe(2)
+    for _ in range(12):
+        if f is None:
+            return None
+        me = f.f_locals.get("self")
+        if me is not None and hasattr(me, "config") and hasattr(me, "loss_function"):
+            return me
+        f = f.f_back
+    return None
 
 
 def _sharded_loss(loss_fn):
     """transformers' causal-LM loss, refusing plain ``labels=`` on a shard: transformers shifts
     the labels inside the tensor it gets, so each shard's last token would be paired with the
     wrong label (a loss off by a fraction of a percent, silently).  Pre-shifted labels of the
-    global sequence (``shift_labels``, sharded like the inputs) are exact."""
+    global sequence (``shift_labels``, sharded like the inputs) are exact.  Only the model that
+    ran the last "burst" forward is refused: another model (eager, say) computing a loss of the
+    same shape afterwards is not."""
     def loss(logits, labels, vocab_size, *args, shift_labels=None, **kwargs):
         if _SHARDED and shift_labels is None and labels is not None and \
-                tuple(logits.shape[:2]) == _SHARDED[0][:2]:
+                tuple(logits.shape[:2]) == _SHARDED[0][:2] and _burst_model_computes(_SHARDED[0][3]):
             layout = _SHARDED[0][2]
             raise ValueError(
                 'attn_implementation="burst" over several ranks: labels= would be shifted inside this rank\'s shard, '
                 "pairing its last token with the wrong label. Shift on the global sequence before sharding and pass "
-                "it as shift_labels: shift = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]; "
-                f"mine = burstengine.shard(shift, {layout!r}, rank, world); model(input_ids=ids, position_ids=pos, "
-                "labels=mine, shift_labels=mine, num_items_in_batch=(shift != -100).sum()), then all_reduce the "
-                "ranks' losses (SUM)")
+                f"it as shift_labels: {SHIFT_RECIPE.format(layout=layout)}; then all_reduce the ranks' losses (SUM)")
         return loss_fn(logits, labels, vocab_size, *args, shift_labels=shift_labels, **kwargs)
     loss.burst_wrapped = loss_fn
     return loss
+
+
+def _burst_model_computes(config_ref) -> bool:
+    model = _calling_model()
+    if model is None or config_ref is None:
+        return True  # called outside a model's forward: the shape is all there is to go by
+    return model.config is config_ref()
 
 
 def register() -> None:

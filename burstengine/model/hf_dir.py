@@ -24,6 +24,7 @@ Only json and safetensors are needed here; transformers itself is not imported.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -59,12 +60,26 @@ def ours_to_hf(name: str, arch: str = "llama") -> str:
 
 # --- config.json --------------------------------------------------------------------------------
 
+def read_json(f: str, what: str = "a JSON object") -> dict:
+    """The JSON object in file ``f``: ValueError naming the file when it is unreadable, not JSON
+    or not an object (every JSON file of a model directory is read through here)."""
+    try:
+        with open(f) as fh:
+            obj = json.load(fh)
+    except OSError as e:
+        raise ValueError(f"{f}: cannot be read ({e.strerror or e})") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{f} is not valid JSON ({str(e).splitlines()[0][:160]})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{f} is not {what}: it holds a JSON {type(obj).__name__}")
+    return obj
+
+
 def read_config(path: str) -> dict:
     f = os.path.join(path, "config.json")
     if not os.path.isfile(f):
         raise ValueError(f"{path!r} is not an HF model directory: it has no config.json")
-    with open(f) as fh:
-        return json.load(fh)
+    return read_json(f, "an HF config (a JSON object)")
 
 
 def args_from_hf_config(cfg: dict, where: str = "config.json") -> ModelArgs:
@@ -99,19 +114,89 @@ def hf_tensors(args: ModelArgs) -> HFTensors:
 # --- reading weights ----------------------------------------------------------------------------
 
 def tensor_files(path: str) -> dict[str, str]:
-    """HF tensor name -> the safetensors file holding it."""
+    """HF tensor name -> the safetensors file holding it, after checking the directory's files
+    (headers only, no weights read): the index is JSON mapping names to files, every file it
+    names exists, is a complete safetensors file and holds the tensors the index puts in it.
+    Any problem is one ValueError naming the file (the same on every rank that reads it)."""
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):
-        with open(index) as f:
-            return {k: os.path.join(path, v) for k, v in json.load(f)["weight_map"].items()}
-    single = os.path.join(path, "model.safetensors")
-    if not os.path.isfile(single):
-        raise ValueError(f"no model.safetensors or model.safetensors.index.json in {path!r} (only safetensors "
-                         f"checkpoints are read)")
+        weight_map = read_json(index, "a safetensors index (a JSON object)").get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ValueError(f"{index} has no weight_map of tensor name -> file name")
+        files = {k: os.path.join(path, v) for k, v in weight_map.items()}
+    else:
+        single = os.path.join(path, "model.safetensors")
+        if not os.path.isfile(single):
+            raise ValueError(f"no model.safetensors or model.safetensors.index.json in {path!r} (only safetensors "
+                             f"checkpoints are read)")
+        files = {k: single for k in safetensors_names(single)}
+        return files
+    held: dict[str, list[str]] = {}
+    for k, f in files.items():
+        held.setdefault(f, []).append(k)
+    for f, names in sorted(held.items()):
+        if not os.path.isfile(f):
+            raise ValueError(f"{f} is missing: {os.path.basename(index)} puts {len(names)} tensor(s) in it, e.g. "
+                             f"{sorted(names)[0]}")
+        lacking = sorted(set(names) - safetensors_names(f))
+        if lacking:
+            raise ValueError(f"{f} does not hold {len(lacking)} tensor(s) that {os.path.basename(index)} puts in it, "
+                             f"e.g. {lacking[0]} (the index points at the wrong file)")
+    return files
+
+
+def safetensors_names(f: str) -> set[str]:
+    """The tensor names in safetensors file ``f`` (its header only); ValueError naming the file
+    when it is not a complete safetensors file (truncated, garbled, empty)."""
     from safetensors import safe_open
 
-    with safe_open(single, framework="pt") as f:
-        return {k: single for k in f.keys()}
+    try:
+        with safe_open(f, framework="pt") as fh:
+            return set(fh.keys())
+    except OSError as e:
+        raise ValueError(f"{f}: cannot be read ({e.strerror or e})") from None
+    except Exception as e:  # SafetensorError: the header does not parse or the data does not fit the file
+        raise ValueError(f"{f} is not a complete safetensors file, truncated or corrupt ({_first_line(e)})") from None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return (text.splitlines()[0] if text else type(e).__name__)[:200]
+
+
+def args_from_hf_dir(path: str) -> ModelArgs:
+    """ModelArgs of the HF model directory ``path``: its config.json, except that a config that
+    ties the embeddings (``tie_word_embeddings``) while the files hold an ``lm_head.weight`` that
+    differs from ``model.embed_tokens.weight`` gets an untied head, with a warning, as
+    transformers does (it loads such a checkpoint untied).  Checks the weight files' structure
+    (:func:`tensor_files`); every path that reads an HF directory builds its model through here."""
+    args = args_from_hf_config(read_config(path), os.path.join(path, "config.json"))
+    files = tensor_files(path)
+    if args.tie_embeddings and "lm_head.weight" in files:
+        embed = next((k for k in files if k.endswith("embed_tokens.weight")), None)
+        if embed is None or not _same_tensor(files, embed, "lm_head.weight"):
+            import warnings
+
+            warnings.warn(UntiedHead(
+                f"{path}/config.json ties the embeddings (tie_word_embeddings=true), but {files['lm_head.weight']} "
+                f"holds an lm_head.weight that differs from {embed or 'the embeddings'}: using the file's lm_head "
+                f"(as transformers does); set tie_word_embeddings=false to silence this"))
+            args = dataclasses.replace(args, tie_embeddings=False)
+    return args
+
+
+class UntiedHead(UserWarning):
+    """A config says tied embeddings, the files hold a distinct head: it is loaded untied."""
+
+
+def _same_tensor(files: dict[str, str], a: str, b: str) -> bool:
+    from safetensors import safe_open
+
+    got = []
+    for name in (a, b):
+        with safe_open(files[name], framework="pt") as f:
+            got.append(f.get_tensor(name))
+    return got[0].shape == got[1].shape and bool(torch.equal(got[0], got[1]))
 
 
 def local_rows(p: torch.Tensor) -> tuple[torch.Tensor, int, int]:
@@ -144,7 +229,11 @@ def load_weights(model, path: str) -> dict:
     slice: model/tensor_parallel.py; LoRA adapters aside) from the HF checkpoint in directory
     ``path`` through its family's table, each rank reading only the rows it keeps (of a fused
     tensor: the rows of the parts it keeps; of a slice of wo / w2: its columns).  Returns
-    {"load_s", "peak_rss_gib", "read_gib", "read_bytes"} of this process."""
+    {"load_s", "peak_rss_gib", "read_gib", "read_bytes", "nonfinite"} of this process;
+    "nonfinite": one line naming the first tensor (and file) whose part read here holds NaN or
+    inf, else None (the caller decides: :func:`load_hf_model` raises it; a sharded load must share
+    it between its ranks first).  A directory whose files are damaged is a ValueError naming the
+    file (:func:`tensor_files`)."""
     from safetensors import safe_open
 
     t0 = time.perf_counter()
@@ -157,6 +246,10 @@ def load_weights(model, path: str) -> dict:
     if missing:
         raise ValueError(f"the checkpoint in {path!r} lacks {len(missing)} tensor(s) the model needs, e.g. {missing[:3]}")
     tied = "output.weight" not in params
+    embed = next(hf for hf, ps in want.parts.items() if ps[0].name == "tok_embeddings.weight")
+    if tied and "lm_head.weight" in files and not _same_tensor(files, embed, "lm_head.weight"):
+        raise ValueError(f"{files['lm_head.weight']}: lm_head.weight differs from the embeddings, but the model ties "
+                         f"them: build it with args_from_hf_dir({path!r}), which unties it as transformers does")
     extra = [k for k in files if k not in want.parts and hf_parameter(k) and not (tied and k == "lm_head.weight")]
     if extra:
         raise ValueError(f"the checkpoint in {path!r} holds {len(extra)} tensor(s) its config.json does not describe, "
@@ -165,7 +258,7 @@ def load_weights(model, path: str) -> dict:
     for hf, f in files.items():
         if hf in want.parts:
             by_file.setdefault(f, []).append(hf)
-    read = 0
+    read, nonfinite = 0, None
     for fname in sorted(by_file):
         with safe_open(fname, framework="pt") as f:
             for hf in sorted(by_file[fname]):
@@ -176,20 +269,25 @@ def load_weights(model, path: str) -> dict:
                                      f"from config.json")
                 for part in want.parts[hf]:
                     cut = split.cut(part.name, model.args) if split else None
-                    if cut is not None and cut.dim == 1:  # columns of the part's rows
-                        local, t = params[part.name].data, sl[part.start:part.start + part.rows,
-                                                              cut.start:cut.start + cut.size]
-                    else:
-                        local, lo, hi = local_rows(params[part.name])
-                        if cut is not None:
-                            lo, hi = cut.start, cut.start + cut.size
-                        if hi <= lo:
-                            continue
-                        t = sl[part.start + lo:part.start + hi]
+                    try:
+                        if cut is not None and cut.dim == 1:  # columns of the part's rows
+                            local, t = params[part.name].data, sl[part.start:part.start + part.rows,
+                                                                  cut.start:cut.start + cut.size]
+                        else:
+                            local, lo, hi = local_rows(params[part.name])
+                            if cut is not None:
+                                lo, hi = cut.start, cut.start + cut.size
+                            if hi <= lo:
+                                continue
+                            t = sl[part.start + lo:part.start + hi]
+                    except Exception as e:  # the file changed, or its data does not decode
+                        raise ValueError(f"{fname}: {hf} cannot be read ({_first_line(e)})") from None
                     read += t.numel() * t.element_size()
+                    if nonfinite is None and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                        nonfinite = f"{fname}: tensor {hf} holds NaN or inf"
                     local.copy_(t)
     return {"load_s": time.perf_counter() - t0, "peak_rss_gib": peak_rss_gib(), "read_gib": read / 2 ** 30,
-            "read_bytes": read}
+            "read_bytes": read, "nonfinite": nonfinite}
 
 
 @torch.no_grad()
@@ -197,13 +295,17 @@ def load_hf_model(path: str, device="cpu", dtype=torch.float32, split=None) -> T
     """Our Transformer with the weights of the HF checkpoint in directory ``path`` (any family of
     the registry), unsharded on ``device``, or only ``split``'s tensor-parallel slices
     (:class:`~.tensor_parallel.Split`).  A checkpoint our model cannot reproduce exactly is
-    refused with a ValueError naming the field (run such models through ``--impl hf``).
+    refused with a ValueError naming the field (run such models through ``--impl hf``); a
+    damaged one (files missing, truncated or garbled, a weight holding NaN or inf) with a
+    ValueError naming the file and tensor.
 
     Parameters are created on the meta device and filled tensor by tensor straight from the
     safetensors files onto ``device``, so a model is never held twice in memory."""
-    args = args_from_hf_config(read_config(path), f"{path}/config.json")
+    args = args_from_hf_dir(path)
     model = tensor_parallel.empty_model(args, device, dtype, split)
-    load_weights(model, path)
+    stats = load_weights(model, path)
+    if stats["nonfinite"]:
+        raise ValueError(stats["nonfinite"])
     return model
 
 

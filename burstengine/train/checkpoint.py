@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from .digest import file_sha256
+from .diskfull import full_disk, nearly_full, no_space
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 
@@ -49,13 +50,26 @@ def latest(ckpt_dir: str) -> str | None:
     return done[0] if done else None
 
 
+# the ``group`` of a check run by this process alone (``burstengine export``, even inside a job)
+ONE_PROCESS = "this process alone"
+
+
+def _alone(group) -> bool:
+    """No collective to share the work over: ``ONE_PROCESS``, or no job at all."""
+    return group is ONE_PROCESS or (group is None and not dist.is_initialized())
+
+
 def _share(names: list[str], group) -> list[str]:
     """This rank's share of ``names`` (sorted, dealt round-robin): hashing is split over the ranks."""
+    if _alone(group):
+        return sorted(names)
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     return sorted(names)[rank::world]
 
 
 def _gather(obj, group) -> list:
+    if _alone(group):
+        return [obj]
     out = [None] * dist.get_world_size(group)
     dist.all_gather_object(out, obj, group=group)
     return out
@@ -85,7 +99,8 @@ def read_meta(path: str) -> dict:
 def verify(path: str, group=None) -> str | None:
     """None when every file of the checkpoint at ``path`` matches the size and SHA-256 recorded at
     save (or the checkpoint predates checksums), else one line naming the first bad file.  The
-    same answer on every rank (each hashes its share, the verdicts are gathered)."""
+    same answer on every rank (each hashes its share, the verdicts are gathered); ``group``
+    :data:`ONE_PROCESS`: this process hashes every file, with no collective."""
     try:
         files = read_meta(path).get("files")
         problem = None
@@ -149,7 +164,7 @@ def save(ckpt_dir: str, step: int, model, optimizer, extra: dict, group=None, ke
     moments would triple its size, and at step 0 they are zeros a resume makes afresh).
     ``kill_in_save`` (tests): rank 0 SIGKILLs itself inside the save of that step."""
     import torch.distributed.checkpoint as dcp  # heavy: only when a checkpoint is saved
-    # heavy: only when a checkpoint is saved
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
     if optimizer is None and step != 0:  # the same on every rank, before any collective
@@ -157,29 +172,37 @@ def save(ckpt_dir: str, step: int, model, optimizer, extra: dict, group=None, ke
     rank = dist.get_rank(group)
     final = os.path.join(ckpt_dir, f"step_{step:08d}")
     tmp = final + ".tmp"
-    if rank == 0:
+
+    def start():
         os.makedirs(ckpt_dir, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)  # a save that was killed earlier
         os.makedirs(tmp)
-    dist.barrier(group)
+
     opts = _options(model)
+
+    # every write below is followed by one collective that shares its failure: a full disk, on
+    # whichever rank, is the same one-line error on every rank, never a rank left waiting
+    _shared_write_error(_attempt(start) if rank == 0 else None, tmp, group)  # a barrier too
     if optimizer is None:
         state = {"model": get_model_state_dict(model, options=opts)}
     else:
         msd, osd = get_state_dict(model, optimizer, options=opts)
         state = {"model": msd, "optim": osd}
-    dcp.save(state, checkpoint_id=tmp, process_group=group)
-    torch.save(_rng_state(), os.path.join(tmp, f"rng_{rank}.pt"))
+    try:
+        dcp.save(state, checkpoint_id=tmp, process_group=group)  # DCP shares its ranks' failures: all raise
+    except CheckpointException as e:
+        _shared_write_error(e, tmp, group, shared=True)
+    _shared_write_error(_attempt(lambda: torch.save(_rng_state(), os.path.join(tmp, f"rng_{rank}.pt"))), tmp, group)
     if kill_in_save == step and rank == 0:
         os.kill(os.getpid(), 9)
-    dist.barrier(group)
     files = _checksums(tmp, group)
     # LoRA: the dtype its frozen base trained in, which an export of the adapters merges them into
     frozen = {str(p.dtype).removeprefix("torch.") for p in model.parameters() if not p.requires_grad}
-    if rank == 0:
+
+    def publish():
         with open(os.path.join(tmp, "meta.json"), "w") as f:
-            json.dump({"step": step, "world": dist.get_world_size(group), "optimizer": optimizer is not None, **extra,
-                       **({"frozen_dtype": min(frozen)} if frozen else {}), "files": files}, f, indent=1)
+            json.dump({"step": step, "world": dist.get_world_size(group), "optimizer": optimizer is not None,
+                       **extra, **({"frozen_dtype": min(frozen)} if frozen else {}), "files": files}, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
         if os.path.exists(final):  # the same step saved again (after a resume)
@@ -187,8 +210,44 @@ def save(ckpt_dir: str, step: int, model, optimizer, extra: dict, group=None, ke
         os.replace(tmp, final)
         _fsync_dir(ckpt_dir)
         _prune(ckpt_dir, keep)
-    dist.barrier(group)
+
+    _shared_write_error(_attempt(publish) if rank == 0 else None, tmp, group)  # also the save's last barrier
     return final
+
+
+def _attempt(write) -> Exception | None:
+    """The error of a local write (torch.save's C++ writer raises RuntimeError), None when it worked."""
+    try:
+        write()
+    except (OSError, RuntimeError) as e:
+        return e
+    return None
+
+
+def _shared_write_error(exc: BaseException | None, tmp: str, group, shared: bool = False) -> None:
+    """Every rank learns of any rank's failed write into the save ``tmp`` (one small all-gather,
+    which is also a barrier; none when ``shared``: DCP has told every rank already) and raises
+    the same error: a full disk as the one line "no space left on <dir>" (the partial save
+    removed, to give the space back), other failures naming the rank.  Returns when no rank
+    failed."""
+    def summary(e):
+        last = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]
+        return full_disk(e)[0] or nearly_full(tmp), last if last.startswith(type(e).__name__) else \
+            f"{type(e).__name__}: {last}"
+
+    if shared:  # CheckpointException: {rank: (exception, traceback)}
+        rows = {r: summary(v[0]) for r, v in sorted(exc.failures.items())}
+    else:
+        rows = dict(enumerate(_gather(None if exc is None else summary(exc), group)))
+    bad = [(r, row) for r, row in rows.items() if row is not None]
+    if not bad:
+        return
+    if _alone(group) or dist.get_rank(group) == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if any(full for _, (full, _) in bad):
+        raise no_space(os.path.dirname(tmp)) from None
+    r, (_, text) = bad[0]
+    raise ValueError(f"rank {r} could not write the checkpoint {tmp} ({text})") from None
 
 
 def load(path: str, model, optimizer, group=None) -> dict:
@@ -226,22 +285,33 @@ def load(path: str, model, optimizer, group=None) -> dict:
     return meta
 
 
+def newest_intact(paths: list[str], group=None, say=print, verb: str = "resuming from") -> tuple[str | None, list[str]]:
+    """The first of ``paths`` (checkpoints, newest first) that passes :func:`verify`, saying
+    which ones were skipped and why, and "<verb> <path> instead" when one was; (None, ...) when
+    none is intact.  Also returns one "<name>: <problem>" per skipped checkpoint.  The same
+    answer on every rank of ``group`` (or in one process without a job)."""
+    bad = []
+    for path in paths:
+        problem = verify(path, group)
+        if problem is None:
+            if bad:
+                say(f"{verb} {path} instead, the newest intact checkpoint")
+            return path, bad
+        say(f"checkpoint {path} is not intact: {problem}")
+        bad.append(f"{os.path.basename(path)}: {problem}")
+    return None, bad
+
+
 def load_intact(ckpt_dir: str, model, optimizer, group=None, say=print, accept=None) -> tuple[str, dict] | None:
     """Load the newest checkpoint in ``ckpt_dir`` that passes :func:`verify` (saying which ones
     were skipped and why); returns (its path, its meta.json), None when there is none at all;
     ValueError when none is intact.  ``accept(meta)`` runs before the load and may raise
     ValueError (a checkpoint of another run: same on every rank, as meta.json is shared)."""
-    bad = []
-    for path in finished(ckpt_dir):
-        problem = verify(path, group)
-        if problem is None:
-            if bad:
-                say(f"resuming from {path} instead, the newest intact checkpoint")
-            if accept is not None:
-                accept(read_meta(path))
-            return path, load(path, model, optimizer, group)
-        say(f"checkpoint {path} is not intact: {problem}")
-        bad.append(f"{os.path.basename(path)}: {problem}")
+    path, bad = newest_intact(finished(ckpt_dir), group, say)
+    if path is not None:
+        if accept is not None:
+            accept(read_meta(path))
+        return path, load(path, model, optimizer, group)
     if bad:
         raise ValueError(f"no intact checkpoint in {ckpt_dir} to resume from ({'; '.join(bad)}); "
                          "start again with --overwrite")

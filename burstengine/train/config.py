@@ -34,7 +34,7 @@ from ..model import PRESETS as MODEL_PRESETS
 from ..model import ModelArgs, Transformer
 from ..model.losses import LOSSES
 from ..model.families import ARCHS
-from ..model.hf_dir import args_from_hf_config, read_config
+from ..model.hf_dir import args_from_hf_dir
 from .corpus import FORMATS, list_files
 
 SCHEDULES = ("cosine", "linear", "constant")
@@ -449,7 +449,7 @@ def _from_init(cfg: TrainConfig, keys: set) -> None:
                              f"only model.rope_theta, model.rope_scaling.* and model.window may be changed")
         obj, name, _ = _lookup(cfg, key)
         user[key] = getattr(obj, name)
-    cfg.model = args_from_hf_config(read_config(cfg.init), os.path.join(cfg.init, "config.json"))
+    cfg.model = args_from_hf_dir(cfg.init)  # the files checked too: a damaged directory is refused here
     for key, value in user.items():
         obj, name, _ = _lookup(cfg, key)
         setattr(obj, name, value)

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .digest import file_sha256
+from .diskfull import full_disk, no_space
 
 CACHE_VERSION = 2  # 2: meta.json records the identity, file hashes and its own checksum
 # a corpus this small is identified by the contents of its files too (see source_identity)
@@ -315,6 +316,10 @@ def build(sp: Spec) -> str:
         except OSError:  # another job finished the same entry first: theirs is as good as ours
             if not os.path.exists(os.path.join(sp.cache, "meta.json")):
                 raise
+    except OSError as e:
+        if full_disk(e)[0]:
+            raise no_space(parent) from None
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return sp.cache

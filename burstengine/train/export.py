@@ -15,39 +15,51 @@ import math
 import os
 import time
 import warnings
+from contextlib import contextmanager
 
-from .checkpoint import latest, verify_sizes
+from .checkpoint import ONE_PROCESS, finished, newest_intact, read_meta, verify, verify_sizes
+from .diskfull import full_disk
+from .swapdir import refusal, replacing
 from ..model.hf_dir import DTYPES, SHARD_BYTES, hf_config_from_args, hf_tensors, peak_rss_gib, read_config, \
     shard_plan, tensor_files, write_hf_dir
 from ..model import ModelArgs, Transformer, lora
 from ..model.lora import LoraArgs
 
 
-def find_checkpoint(source: str) -> str:
-    """The checkpoint directory that ``source`` names (a run directory: its latest one)."""
-
+def find_checkpoint(source: str, say=None) -> str:
+    """The checkpoint directory that ``source`` names (a run directory: its newest intact one,
+    saying which newer ones were skipped, as a resume does), verified against the SHA-256s its
+    meta.json recorded at save; a ValueError naming the bad file when none is intact."""
+    say = say or (lambda msg: None)
     if os.path.isfile(os.path.join(source, "meta.json")):
+        problem = verify(source, ONE_PROCESS)
+        if problem:
+            raise ValueError(f"checkpoint {source} is not intact: {problem}")
         return source
-    found = latest(os.path.join(source, "checkpoints"))
+    ckpt_dir = os.path.join(source, "checkpoints")
+    found, bad = newest_intact(finished(ckpt_dir), ONE_PROCESS, say, verb="exporting")
     if found:
         return found
+    if bad:
+        raise ValueError(f"no intact checkpoint in {ckpt_dir} to export ({'; '.join(bad)})")
     raise ValueError(f"{source!r} is neither a checkpoint (a directory with meta.json) nor a run directory with a "
                      f"finished checkpoint under checkpoints/ (set save_every to save some)")
 
 
-def _read(source: str):
-    """(checkpoint dir, meta.json, its config, ModelArgs, DCP metadata of its entries)."""
+def _read(source: str, say=None):
+    """(checkpoint dir, meta.json, its config, ModelArgs, DCP metadata of its entries) of the
+    intact checkpoint ``source`` names (:func:`find_checkpoint`)."""
     import torch.distributed.checkpoint as dcp
 
-    ckpt = find_checkpoint(source)
-    problem = verify_sizes(ckpt)
+    ckpt = find_checkpoint(source, say)
+    problem = verify_sizes(ckpt)  # a checkpoint saved before checksums: its files' sizes at least
     if problem:
         raise ValueError(f"{problem}: this checkpoint is incomplete; export another one (a step_N folder under its "
                          f"checkpoints/)")
-    with open(os.path.join(ckpt, "meta.json")) as f:
-        meta = json.load(f)
+    meta = read_meta(ckpt)
     cfg = meta["config"]
-    stored = dcp.FileSystemReader(ckpt).read_metadata().state_dict_metadata
+    with unreadable(ckpt):  # a checkpoint saved before checksums has only DCP's own checks
+        stored = dcp.FileSystemReader(ckpt).read_metadata().state_dict_metadata
     return ckpt, meta, cfg, ModelArgs.from_dict(cfg["model"]), stored
 
 
@@ -57,7 +69,7 @@ def _load(ckpt: str, stored, keys) -> dict:
     import torch.distributed.checkpoint as dcp
 
     state = {k: torch.empty(tuple(stored[k].size), dtype=stored[k].properties.dtype) for k in keys}
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+    with warnings.catch_warnings(), unreadable(ckpt):  # "assuming ... a single process": it is
         warnings.simplefilter("ignore", UserWarning)
         dcp.load(state, checkpoint_id=ckpt, no_dist=True)
     return state
@@ -112,11 +124,19 @@ def _base(cfg: dict, args, meta: dict, want):
     return get
 
 
-def export(source: str, out_dir: str, dtype: str = "auto", max_shard_bytes: int | None = None) -> dict:
+def export(source: str, out_dir: str, dtype: str = "auto", max_shard_bytes: int | None = None,
+           overwrite: bool = False, say=None) -> dict:
     """Write the checkpoint ``source`` names as an HF model directory (a LoRA run's: its adapters
-    merged into the base); returns a summary."""
+    merged into the base); returns a summary.  The directory is written whole or not at all
+    (train/swapdir.py: an ``out_dir`` holding anything but an earlier export needs
+    ``overwrite``); ``say(line)`` hears about skipped checkpoints."""
     t0 = time.perf_counter()
-    ckpt, meta, cfg, args, stored = _read(source)
+    problem = refusal(out_dir, overwrite)  # before any reading
+    if problem:
+        raise ValueError(problem)
+    ckpt, meta, cfg, args, stored = _read(source, say)
+    if os.path.realpath(ckpt).startswith(os.path.join(os.path.realpath(out_dir), "")):
+        raise ValueError(f"out_dir {out_dir} holds the checkpoint {ckpt} being exported: name another directory")
     init = cfg.get("init") or ""
     base = read_config(init) if init and os.path.isfile(os.path.join(init, "config.json")) else None
     if dtype == "auto":
@@ -164,8 +184,9 @@ def export(source: str, out_dir: str, dtype: str = "auto", max_shard_bytes: int 
 
     config = hf_config_from_args(args, seq_len=int(cfg.get("seq_len") or 0), base=base, dtype=dtype)
     # the tokenizer the run trained with (tokenizer=, else init's): the export reads text as it did
-    info = write_hf_dir(out_dir, config, groups(), len(plan), source_dir=init or None,
-                        tokenizer=cfg.get("tokenizer") or None)
+    with replacing(out_dir, overwrite, note={"checkpoint": os.path.abspath(ckpt), "step": meta.get("step")}) as tmp:
+        info = write_hf_dir(tmp, config, groups(), len(plan), source_dir=init or None,
+                            tokenizer=cfg.get("tokenizer") or None)
     return {"checkpoint": ckpt, "step": meta.get("step"), "out_dir": out_dir, "dtype": dtype,
             "export_s": time.perf_counter() - t0, "peak_rss_gib": peak_rss_gib(),
             "max_position_embeddings": config["max_position_embeddings"],
@@ -202,6 +223,22 @@ def export_adapter(source: str, out_dir: str, dtype: str = "float32") -> dict:
     return {"checkpoint": ckpt, "step": meta.get("step"), "out_dir": out_dir, "dtype": dtype, "adapter": True,
             "tensors": len(tensors), "bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
             "target_modules": config["target_modules"], "base_model": init, "export_s": time.perf_counter() - t0}
+
+
+@contextmanager
+def unreadable(ckpt: str):
+    """DCP's errors reading ``ckpt`` (a missing or truncated .metadata or shard) as one ValueError
+    naming the checkpoint; a full disk is not this checkpoint's fault and goes up as it is."""
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: named to be caught
+
+    try:
+        yield
+    except (Exception, CheckpointException) as e:
+        if isinstance(e, ValueError) or full_disk(e)[0]:
+            raise
+        text = str(e).strip().splitlines()
+        raise ValueError(f"checkpoint {ckpt} could not be read ({type(e).__name__}: "
+                         f"{(text[-1] if text else '')[:200]})") from None
 
 
 def _hf_order(name: str):

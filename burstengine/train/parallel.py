@@ -145,6 +145,12 @@ def build_model(cfg, m: Mesh, offload_budget: int = 0, host_policies: tuple = ("
     model.load_stats = None
     if getattr(cfg, "init", ""):
         model.load_stats = load_weights(model, cfg.init)
+        # each rank read only its rows: a NaN in one rank's rows is told to every rank, so all
+        # refuse alike (before the first step, naming the tensor) rather than one of them
+        found = [None] * m.world
+        dist.all_gather_object(found, model.load_stats["nonfinite"], group=m.group)
+        if any(found):
+            raise ValueError(f"init={cfg.init}: {next(f for f in found if f)}")
         if cfg.lora.enabled:
             model.init_weights(cfg.seed, only=lora.is_adapter)
     else:

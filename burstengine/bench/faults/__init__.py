@@ -1,1 +1,1 @@
-"""Lost ranks at every phase of a job, how fast they are named, and long runs (soak)."""
+"""Lost ranks at every phase of a job, how fast they are named, damaged files, and long runs (soak)."""

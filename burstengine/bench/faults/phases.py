@@ -8,6 +8,8 @@ runs on a GPU host.  The victim rank (VICTIM) does something to itself at one ph
 
 ================  ===========================================================================
 first_call        SIGKILL at the start of the first attention call (before the argument check)
+agree_gather      SIGKILL inside the first argument-check all-gather (the double ring's, at 4+)
+checks_local      runs BURST_CHECKS=local alone: it skips the argument check the others wait in
 subgroups         SIGKILL just before the double ring's sub-groups are made (topology "2x2")
 ring_step         SIGKILL in the middle of a forward ring step
 skip_call         skips the last attention call (stays alive, as if stuck elsewhere)
@@ -15,7 +17,16 @@ skip_backward     skips the backward of its second call and goes on to the third
 freeze            SIGSTOP mid ring step (a frozen rank)
 store_host        rank 0, hosting the c10d store, SIGKILLed mid ring step
 checkpoint_save   SIGKILL while writing its part of a torch.distributed.checkpoint save
+before_group      `burstengine train`: SIGKILL before the process group forms
+train_step        `burstengine train`: SIGKILL mid training step (after its forward)
+generate_step     `burstengine generate`: SIGKILL in a ring step of the prefill
+generate_freeze   `burstengine generate`: SIGSTOP in a decode step
+prefill_freeze    `burstengine prefill`: SIGSTOP in a ring step
+eval_freeze       `burstengine eval needle`: SIGSTOP in a decode step
 ================  ===========================================================================
+
+The last six run the commands themselves (``python -m burstengine`` in each rank, launched as
+torchrun launches them), so what is tested is the commands' own fault handling.
 
 Every survivor must exit non-zero within the deadline plus slack, its error naming the victim
 ("rank V lost"); none may hang or finish.  The record holds, per fault, each survivor's
@@ -32,6 +43,7 @@ import argparse
 import importlib.util
 import os
 import re
+import runpy
 import signal
 import socket
 import subprocess
@@ -40,14 +52,18 @@ import time
 from ..tables import Section, fixed, num, table
 from ..usage import command_parser
 
-FAULTS = ("first_call", "subgroups", "ring_step", "skip_call", "skip_backward", "freeze", "store_host",
-          "checkpoint_save")
+FAULTS = ("first_call", "agree_gather", "checks_local", "subgroups", "ring_step", "skip_call", "skip_backward",
+          "freeze", "store_host", "checkpoint_save", "before_group", "train_step", "generate_step", "generate_freeze",
+          "prefill_freeze", "eval_freeze")
+COMMANDS = ("before_group", "train_step", "generate_step", "generate_freeze", "prefill_freeze", "eval_freeze")
+NEEDS_4 = ("subgroups",)  # the double ring (topology 2x2)
 SLACK = 10.0  # seconds past the deadline (and the census, and a watchdog's grace) a survivor may take
 
 
 # --- one rank of a fault job -------------------------------------------------------------------
 
-def _job(fault: str) -> None:
+def _job(fault: str) -> int:
+    """One rank's part of a fault job; its exit code."""
     # the ranks of a job only: the runner itself stays light (no torch.distributed state)
     import torch  # noqa: I001  (a rank's imports, see above)
     import torch.distributed as dist
@@ -69,6 +85,9 @@ def _job(fault: str) -> None:
         print(f"FAULT_AT {time.time():.3f}", flush=True)
         os.kill(os.getpid(), sig)
 
+    if fault in COMMANDS:
+        return _command_job(fault, me, die)
+
     class Saboteur(ReferenceKernel):
         """The reference kernel, except that the victim dies or freezes in its 3rd block."""
 
@@ -89,11 +108,24 @@ def _job(fault: str) -> None:
     if fault == "subgroups" and me:
         made = topo.make_groups
         topo.make_groups = lambda *a, **k: (die(), made(*a, **k))[1]
+    if fault == "agree_gather" and me:
+        post = fl.post
+
+        def post_then_die(start, op):  # the victim joins the argument check's all-gather, then dies in it
+            works = post(start, op)
+            if op.what.startswith("burst_attn_func's argument check"):
+                die()
+            return works
+
+        fl.post = post_then_die
+    if fault == "checks_local" and me:
+        os.environ["BURST_CHECKS"] = "local"
+        print(f"FAULT_AT {time.time():.3f}", flush=True)  # from its first call on, it is the odd one
     g = torch.Generator().manual_seed(rank)
     q, k, v = (torch.randn(1, 16, h, 16, generator=g).to(device).requires_grad_() for h in (4, 2, 2))
     # the saboteur on every device: it is where the victim dies, and the reference kernel runs on GPUs
-    kw = dict(causal=True, layout="zigzag", kernel="saboteur",
-              topology="2x2" if fault == "subgroups" else "auto")
+    double = fault == "subgroups" or (fault == "agree_gather" and int(os.environ["WORLD_SIZE"]) >= 4)
+    kw = dict(causal=True, layout="zigzag", kernel="saboteur", topology="2x2" if double else "auto")
     if fault == "checkpoint_save":
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint import FileSystemWriter
@@ -108,7 +140,7 @@ def _job(fault: str) -> None:
                 lost = dog.explain(e, "the checkpoint save")
                 raise lost or e
         print("FINISHED", flush=True)
-        return
+        return 0
     for call in range(3):
         if fault == "first_call" and me and call == 0:
             die()
@@ -122,13 +154,97 @@ def _job(fault: str) -> None:
         out.sum().backward()
     dist.barrier()
     print("FINISHED", flush=True)
+    return 0
+
+
+def _command_job(fault: str, me: bool, die) -> int:
+    """One rank of a command run as torchrun runs it (``-m burstengine``), the victim
+    sabotaged at the fault's phase; the command's exit code."""
+    import torch  # noqa: I001  (a rank's imports)
+
+    from burstengine.kernels import KERNELS  # a rank of the job: see _job
+    from burstengine.kernels.reference import ReferenceKernel  # a rank of the job: see _job
+
+    tmp = os.environ["FAULT_DIR"]
+    os.makedirs(tmp, exist_ok=True)
+    world = int(os.environ["WORLD_SIZE"])
+    stop = signal.SIGSTOP if fault.endswith("_freeze") else signal.SIGKILL
+
+    class Saboteur(ReferenceKernel):
+        """The reference kernel; the victim dies or freezes in its 3rd block."""
+
+        name = "saboteur"
+        calls = 0
+
+        def forward_into(self, *args, **kwargs):
+            Saboteur.calls += 1
+            if me and Saboteur.calls == 3 and fault in ("generate_step", "prefill_freeze"):
+                die(stop)
+            return super().forward_into(*args, **kwargs)
+
+    KERNELS["saboteur"] = Saboteur()
+    if me and fault in ("generate_freeze", "eval_freeze"):
+        from burstengine.inference import step  # a rank of the job: see _job
+
+        decode = step.DecodeStep.launch  # one decode step's work
+        count = [0]
+
+        def frozen_at_third(self):
+            count[0] += 1
+            if count[0] == 3:
+                die(stop)
+            return decode(self)
+
+        step.DecodeStep.launch = frozen_at_third
+    if me and fault == "before_group":
+        die()
+    if me and fault == "train_step":
+        kill = os.kill  # the trainer kills itself (BURST_FAULT_KILL_IN_STEP): say when
+
+        def said(pid, sig):
+            if pid == os.getpid() and sig == signal.SIGKILL:
+                print(f"FAULT_AT {time.time():.3f}", flush=True)
+            kill(pid, sig)
+
+        os.kill = said
+    prompt = os.path.join(tmp, "prompt.npy")
+    if not os.path.exists(prompt):
+        import numpy as np
+
+        np.save(f"{prompt}.{os.getpid()}.npy", np.arange(64) % 500)
+        os.replace(f"{prompt}.{os.getpid()}.npy", prompt)
+    kernel = ["--kernel", "saboteur"]
+    argv = {
+        "before_group": ["train", "--set", f"out_dir={tmp}/run", "--set", "steps=3", "--set", f"cp={world}"],
+        "train_step": ["train", "--set", f"out_dir={tmp}/run", "--set", "steps=3", "--set", f"cp={world}"],
+        "generate_step": ["generate", "--model", "tiny", "--prompt-tokens", prompt, "--max-new-tokens", "8",
+                          "--quiet", *kernel],
+        "generate_freeze": ["generate", "--model", "tiny", "--prompt-tokens", prompt, "--max-new-tokens", "8",
+                            "--quiet"],
+        "prefill_freeze": ["prefill", "--model", "tiny", "--seq", str(64 * world), *kernel],
+        "eval_freeze": ["eval", "needle", "--model", "tiny", "--lengths", "64", "--depths", "0.5",
+                        "--out", f"{tmp}/needle"],
+    }[fault]
+    if fault == "train_step":
+        os.environ["BURST_FAULT_KILL_IN_STEP"] = f"{os.environ['VICTIM']}:2"
+    torch.set_num_threads(1)
+    # the command's entry point as `torchrun -m burstengine` runs it (the bench imports no command)
+    sys.argv = ["burstengine", *argv]
+    try:
+        runpy.run_module("burstengine", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    if code == 0:
+        print("FINISHED", flush=True)
+    return code
 
 
 def _job_main(fault: str) -> None:
     import traceback
 
     try:
-        _job(fault)
+        code = _job(fault)
     except BaseException:
         print(f"RAISED_AT {time.time():.3f}", flush=True)
         traceback.print_exc()
@@ -137,7 +253,8 @@ def _job_main(fault: str) -> None:
         # store whose host (rank 0) is gone
         os._exit(1)
     sys.stdout.flush()
-    os._exit(0)
+    sys.stderr.flush()
+    os._exit(code or 0)
 
 
 # --- the runner --------------------------------------------------------------------------------
@@ -218,6 +335,7 @@ def run_fault(fault: str, world: int = 4, deadline: float = 6.0, device: str = "
         survivors[r] = dict(rc=procs[r].returncode, hung=r not in ends, finished="FINISHED" in out,
                             seconds=None if r not in ends or at is None else round(ends[r] - at, 2),
                             named_victim=bool(re.search(rf"rank {victim} lost", err)),
+                            traceback="Traceback" in err,
                             error=(lines[-1] if lines else (err.strip().splitlines() or [""])[-1])[:400])
     return dict(fault=fault, world=world, victim=victim, deadline_s=deadline, device=device, survivors=survivors)
 
@@ -256,7 +374,8 @@ def _fuzz_counts(tests_dir: str | None) -> dict | None:
 
 def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     p = p or command_parser("burstengine bench faults", __doc__.split("\n\n")[0])
-    p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated subset of {FAULTS}")
+    p.add_argument("--faults", default=None, help=f"comma-separated subset of {FAULTS} [all; {', '.join(NEEDS_4)} "
+                                                  f"only with --world 4 or more]")
     p.add_argument("--world", type=int, default=4)
     p.add_argument("--deadline", type=float, default=6.0, help="BURST_TIMEOUT of the jobs (seconds)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -274,9 +393,10 @@ def main(argv=None) -> int:
         _job_main(argv[1])
         return 0
     args = build_parser().parse_args(argv)
-    faults = [f for f in args.faults.split(",") if f]
+    faults = [f for f in args.faults.split(",") if f] if args.faults else \
+        [f for f in FAULTS if args.world >= 4 or f not in NEEDS_4]
     unknown = [f for f in faults if f not in FAULTS]
-    if unknown or args.world < (4 if "subgroups" in faults else 2) or args.deadline <= 0:
+    if unknown or args.world < (4 if set(faults) & set(NEEDS_4) else 2) or args.deadline <= 0:
         print(f"burstengine bench faults: error: unknown faults {unknown} (known: {FAULTS}), or --world < 2 "
               f"(< 4 with subgroups: the double ring needs 2x2), or --deadline <= 0", file=sys.stderr)
         return 2
@@ -307,6 +427,14 @@ def main(argv=None) -> int:
 
 FAULT_WHAT = {
     "first_call": "SIGKILL at the start of the first call (before the argument check)",
+    "agree_gather": "SIGKILL inside the first argument-check all-gather",
+    "checks_local": "runs BURST_CHECKS=local alone (skips the argument check)",
+    "before_group": "train: SIGKILL before the process group forms",
+    "train_step": "train: SIGKILL mid training step",
+    "generate_step": "generate: SIGKILL in a prefill ring step",
+    "generate_freeze": "generate: frozen (SIGSTOP) in a decode step",
+    "prefill_freeze": "prefill: frozen (SIGSTOP) in a ring step",
+    "eval_freeze": "eval needle: frozen (SIGSTOP) in a decode step",
     "subgroups": "SIGKILL before the double ring's sub-groups are made",
     "ring_step": "SIGKILL mid forward ring step",
     "skip_call": "skips the last call (alive elsewhere)",
