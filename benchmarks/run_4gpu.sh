@@ -9,6 +9,9 @@
 #                                        #   cards 2,3: run_2gpu.sh longctx-proxy's BurstAttention row (36)
 #   bash benchmarks/run_4gpu.sh scale    # 38.1/3/5/6: llama-8b at 128K beside torch-CP, the rank-loss
 #                                        #   faults over NCCL, 8B decode over 4 ranks, the 2x2 topology
+#   bash benchmarks/run_4gpu.sh last     # 38.6 again (faults at 4 ranks, commands included) beside
+#                                        #   card 0: run_1gpu.sh checks; then cards 2,3: 8B prefill at 512K
+#                                        #   beside torch-CP (37), card 1: the 8B-shaped LoRA proxy at 512K (36)
 #
 # Records land in $BURST_RESULTS (default $OUT/results); every step has its own timeout and the
 # stage its BUDGET (seconds), so one stuck step cannot eat the call.
@@ -72,6 +75,30 @@ scale)
   FAULT_DEBUG=1 bstep 120 python3 -m burstengine bench faults --device cuda --world 4 --no-fuzz --deadline 10 \
       --faults ring_step,subgroups,checkpoint_save,skip_backward \
       --limit 40 --out-dir "$BURST_RESULTS" --name faults_4gpu_nccl
+  ;;
+last)
+  ( CUDA_VISIBLE_DEVICES=0 BUDGET=$(( BUDGET - 15 )) OUT= bash benchmarks/run_1gpu.sh checks ) > "$out/logs/checks_1of4.log" 2>&1 &
+  A=$!
+  # ~3 min: a rank lost in a ring step, a skipped backward, a frozen rank, sub-group creation, a checkpoint
+  # save, and inside the commands (a training step, generate's prefill ring) over NCCL at 4 ranks
+  FAULT_DEBUG=1 bstep 240 python3 -m burstengine bench faults --device cuda --world 4 --no-fuzz --deadline 10 \
+      --faults ring_step,skip_backward,freeze,subgroups,checkpoint_save,train_step,generate_step --limit 45 \
+      --out-dir "$BURST_RESULTS" --name faults_4gpu_nccl_watchdog > "$out/logs/faults.log" 2>&1
+  tail -n 25 "$out/logs/faults.log"
+  L=$(left)
+  ( export CUDA_VISIBLE_DEVICES=2,3
+    step $(( L - 15 )) python3 -m torch.distributed.run --standalone --nproc_per_node 2 -m burstengine bench prefill \
+        --models 8b --seqs 524288 --methods burst,torch-cp --warmup 0 --iters 1 --name prefill_8b_2gpu_512k_cold
+  ) > "$out/logs/prefill_2of4.log" 2>&1 &
+  C=$!
+  ( export CUDA_VISIBLE_DEVICES=1
+    step $(( L - 15 )) python3 -m torch.distributed.run --standalone --nproc_per_node 1 -m burstengine bench train \
+        --model llama-8b --methods burst --seqs 524288 --warmup 0 --steps 1 --set model.n_layers=4 --set lora.rank=16 \
+        --set activation_checkpoint=full-offload --set tiled_mlp=on --name longctx_proxy_8b4l_lora_1gpu_512k
+  ) > "$out/logs/longctx_1of4.log" 2>&1 &
+  D=$!
+  wait $A $C $D
+  for f in checks_1of4 prefill_2of4 longctx_1of4; do echo "--- $f"; grep -v "OMP_NUM\|\*\*\*\*\|UserWarning\|return func" "$out/logs/$f.log" | tail -n 30; done
   ;;
 *) echo "unknown stage $stage"; exit 2;;
 esac

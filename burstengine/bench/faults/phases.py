@@ -141,18 +141,33 @@ def _job(fault: str) -> int:
                 raise lost or e
         print("FINISHED", flush=True)
         return 0
-    for call in range(3):
-        if fault == "first_call" and me and call == 0:
-            die()
-        if fault == "skip_call" and me and call == 2:
-            print(f"FAULT_AT {time.time():.3f}", flush=True)
-            time.sleep(3 * deadline + 30)  # alive, elsewhere: the runner ends it
-        out = be.burst_attn_func(q, k, v, **kw)
-        if fault == "skip_backward" and me and call == 1:
-            print(f"FAULT_AT {time.time():.3f}", flush=True)
-            continue
-        out.sum().backward()
-    dist.barrier()
+    def calls():
+        for call in range(3):
+            if fault == "first_call" and me and call == 0:
+                die()
+            if fault == "skip_call" and me and call == 2:
+                print(f"FAULT_AT {time.time():.3f}", flush=True)
+                time.sleep(3 * deadline + 30)  # alive, elsewhere: the runner ends it
+            out = be.burst_attn_func(q, k, v, **kw)
+            if fault == "skip_backward" and me and call == 1:
+                print(f"FAULT_AT {time.time():.3f}", flush=True)
+                continue
+            out.sum().backward()
+        dist.barrier()
+
+    if device == "cuda":
+        # on NCCL the host does not wait for a ring transfer: what ends the survivors of a lost
+        # peer is a watchdog, as every burstengine command runs one.  NCCL's own, at the group's
+        # timeout, first dumps its debug state, and did not end 4 H200 ranks within 30 s of it
+        # (benchmarks/results/faults_4gpu_nccl.json)
+        with fl.Watchdog(timeout=deadline) as dog:
+            try:
+                calls()
+            except Exception as e:
+                lost = dog.explain(e, "the attention calls")
+                raise lost or e
+    else:
+        calls()  # gloo's waits are the host's: the ring's own deadlines end them, naming the rank
     print("FINISHED", flush=True)
     return 0
 
