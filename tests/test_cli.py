@@ -213,16 +213,17 @@ LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "h
 
 @pytest.fixture
 def newcomer_files(tmp_path, monkeypatch):
-    """A GPT-2 directory (config.json only: it is refused on reading), a Llama one whose context
-    is 64 tokens, a token .npy, a text file that is not JSON; the current directory is tmp_path
+    """A GPT-2 directory (config.json only: it is refused on reading), a random Llama one whose
+    context is 64 tokens, a token .npy, a text file that is not JSON; the current directory is tmp_path
     (no benchmarks/results here)."""
     import numpy as np
 
     (tmp_path / "gpt2").mkdir()
     (tmp_path / "gpt2" / "config.json").write_text(json.dumps(
         {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 32, "n_layer": 1, "n_head": 2}))
-    (tmp_path / "short").mkdir()
-    (tmp_path / "short" / "config.json").write_text(json.dumps(LLAMA_CONFIG))
+    from burstengine.model.hf_dir import write_random_hf_dir
+
+    write_random_hf_dir(str(tmp_path / "short"), LLAMA_CONFIG, dtype="float32")  # whole: commands read its files
     np.save(tmp_path / "ids.npy", np.arange(20))
     np.save(tmp_path / "long.npy", np.arange(65))
     (tmp_path / "hello.txt").write_text("hello\n")

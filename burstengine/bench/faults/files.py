@@ -19,7 +19,6 @@ run whose newest checkpoint is damaged, falls back to the newest intact one and 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -27,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from ..usage import command_parser
 
 # a Llama small enough to write, load and spawn ranks on in seconds
 TINY_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32,
@@ -322,7 +323,7 @@ def run_all(tmp: str | None = None, commands=tuple(HF_COMMANDS)) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="burstengine bench faults-files", description=__doc__.split("\n\n")[0])
+    p = command_parser("burstengine bench faults-files", __doc__.split("\n\n")[0])
     p.add_argument("--out-dir", default=None, help="where the JSON record goes (default $BURST_RESULTS or "
                                                    "./burst-results)")
     args = p.parse_args(argv)
