@@ -97,3 +97,23 @@ def test_training_benches_check_at_the_trainers_level(monkeypatch):
     assert profile.run_rank(None) == "once"
     monkeypatch.setenv("BURST_CHECKS", "full")
     assert train.run_case("tiny", "burst", 8, None) == "full" and profile.run_rank(None) == "full"
+
+
+def test_suite_time_records_the_readme_command(tmp_path, monkeypatch, capsys):
+    """bench suite-time runs pytest as the README does (here on one small file) and records its
+    summary, wall and CPU time; from a folder without tests/ it refuses in one line."""
+    from burstengine.bench.probes import suite_time
+
+    root = os.getcwd()
+    assert suite_time.main(["--pytest-args", "-q tests/test_layout.py", "--out-dir", str(tmp_path)]) == 0
+    rec = json.loads((tmp_path / "suite_cpu.json").read_text())
+    assert rec["returncode"] == 0 and "passed" in rec["summary"] and "failed" not in rec["summary"]
+    assert rec["wall_s"] > 0 and rec["cpu_s"] > 0 and rec["pytest"].endswith("tests/test_layout.py")
+    assert "passed" in suite_time.block_suite([("suite_cpu.json", rec)])
+    assert suite_time.main(["--pytest-args", "-q tests/test_layout.py -k no_such_test_at_all",
+                            "--out-dir", str(tmp_path), "--name", "none"]) == 1  # pytest's exit 5: nothing ran
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert suite_time.main([]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    monkeypatch.chdir(root)

@@ -45,6 +45,7 @@ BENCHES = {
     "lce": "burstengine.bench.probes.lce",
     "longest": "burstengine.bench.probes.longest",
     "probe-speed": "burstengine.bench.probes.probe_speed",
+    "suite-time": "burstengine.bench.probes.suite_time",
 }
 
 # modules that are no bench but render records (benchmarks/*.py scripts write them)
