@@ -336,3 +336,15 @@ def test_trainer_policies_with_lora_across_cp_ranks(pool, policy):
     assert abs(got[0] - want[0]) <= 1e-6 * abs(want[0])
     assert got[1].keys() == want[1].keys() and all(lora.is_adapter(n) for n in got[1])
     assert all(rel_err(got[1][n], want[1][n]) <= 1e-5 for n in want[1])
+
+
+def test_lora_flops_count_no_weight_gradients_of_the_base():
+    """MFU of a LoRA run: its frozen base costs forward + input gradients (4 x params), the
+    adapters 6 x theirs; attention is unchanged."""
+    from burstengine.model import PRESETS
+
+    a = PRESETS["llama-8b"]
+    dense = a.flops_per_token(0)
+    assert a.flops_per_token(0, frozen=True, trained=1000) == dense * 4 / 6 + 6000
+    assert a.flops_per_token(4096, frozen=True) - a.flops_per_token(0, frozen=True) == \
+        a.flops_per_token(4096) - dense

@@ -126,11 +126,13 @@ class ModelArgs:
         head = 0 if self.tie_embeddings else V * d
         return L * block + d + head + (V * d if embedding else 0)
 
-    def flops_per_token(self, seq_len: int, causal: bool = True) -> float:
+    def flops_per_token(self, seq_len: int, causal: bool = True, frozen: bool = False, trained: int = 0) -> float:
         """Training FLOPs per token (forward + backward), as docs/design.md ("FLOP conventions") defines them for MFU:
-        6 x (non-embedding params + LM head) + 6 (causal; 12 full) x n_layers x dim x seq."""
+        6 x (non-embedding params + LM head) + 6 (causal; 12 full) x n_layers x dim x seq.  ``frozen`` (LoRA: the
+        base takes no weight gradients): 4 x the base's params + 6 x the ``trained`` (adapter) params."""
         dense = self.num_params(embedding=False) + (self.vocab_size * self.dim if self.tie_embeddings else 0)
-        return 6.0 * dense + (6.0 if causal else 12.0) * self.n_layers * self.dim * seq_len
+        weights = 4.0 * dense + 6.0 * trained if frozen else 6.0 * dense
+        return weights + (6.0 if causal else 12.0) * self.n_layers * self.dim * seq_len
 
 
 # shapes of the BurstEngine paper (§4.1) and of LLaMA-3 8B

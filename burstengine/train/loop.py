@@ -256,7 +256,9 @@ class Trainer:
             st = self.model.load_stats
             self.log.say(f"loaded {cfg.init} in {st['load_s']:.1f}s (rank 0 read {st['read_gib']:.2f} GiB, peak host "
                          f"RSS {st['peak_rss_gib']:.2f} GiB)")
-        self.flops_per_token = cfg.model.flops_per_token(cfg.seq_len)  # documents as long as the sequence
+        # documents as long as the sequence; a LoRA run's frozen base takes no weight gradients
+        trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad) if cfg.lora.enabled else 0
+        self.flops_per_token = cfg.model.flops_per_token(cfg.seq_len, frozen=cfg.lora.enabled, trained=trained)
         self.peak = peak_flops(self.device, cfg.peak_tflops)
 
     def host_policies(self) -> tuple:
@@ -573,8 +575,8 @@ class Trainer:
                      f"{self.device.type} ({str(param_dtype(cfg.precision, self.device))[6:]} compute)"
                      f"{', documents masked' if cfg.doc_mask else ''}")
         # training FLOPs = tokens x (6 x dense params) + (6 x layers x dim) x sum of causal length^2
-        dense_flops = cfg.model.flops_per_token(0)
-        attn_flops = cfg.model.flops_per_token(1) - dense_flops
+        dense_flops = self.flops_per_token - cfg.model.flops_per_token(cfg.seq_len) + cfg.model.flops_per_token(0)
+        attn_flops = cfg.model.flops_per_token(1) - cfg.model.flops_per_token(0)
         say_every = max(1, cfg.steps // 20)
         # what the numbers are: per GPU and allocated device memory, or per rank and the peak RSS on CPU
         per, mem_label = ("gpu", "mem") if self.device.type == "cuda" else ("rank", "peak rss")
