@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 
+from ..records import write_record
 from ..tables import Section, fixed, table
 from ..usage import command_parser
 
@@ -47,8 +48,6 @@ def main(argv=None) -> int:
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     summary = next((m.group("line") for m in map(SUMMARY.match, reversed(lines)) if m), lines[-1] if lines else "")
-    from ..records import write_record
-
     path = write_record(args.name, {"kind": "suite-time", "pytest": " ".join(cmd[1:]), "returncode": proc.returncode,
                                     "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "summary": summary,
                                     "load_before": round(load0, 2), "load_after": round(os.getloadavg()[0], 2)},
