@@ -556,7 +556,9 @@ class Watchdog:
     ``init_process_group`` (a rank that has not started beating within ``timeout`` counts as
     lost).  Rank r watches rank r-1 (or, once that rank is done, the rank it watched), and
     whoever sees a loss posts the notice every other watchdog reads within ``interval``.  Cost:
-    about four store round trips per ``interval`` per rank.
+    about four store round trips per ``interval`` per rank.  While it runs, :func:`wait` queues
+    the waits the host does not block in (NCCL), and a queued wait still not complete after
+    ``timeout`` is a fault too, named by the census of who waits on whom (:func:`_unanswered`).
 
     On a fault it prints the reason to stderr, waits ``grace`` seconds for the main thread to
     end the process itself (an exception it raised on its own, e.g. :class:`RankLost`), then
