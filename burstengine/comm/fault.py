@@ -454,7 +454,8 @@ def _census(op: Op, me: int, peer: int | None, deadline: float | None) -> int | 
 # (when queued, op, works) of each wait on non-blocking works, oldest first; None while no
 # watchdog runs, so that wait() then costs one global read.  Capped: past it the oldest goes (a
 # transfer queued after a stuck one is stuck behind it, so the newest still tells the hang).
-# Works stay here until complete: the backend holds an incomplete work (and its buffers) anyway
+# A work stays here until it is complete (its buffers are in use until then anyway) and is
+# dropped at the next wait or watchdog beat after: its buffers may outlive it by that much
 _QUEUED: deque | None = None
 _QUEUED_CAP = 1024
 _QUEUED_LOCK = threading.Lock()
