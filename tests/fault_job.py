@@ -10,7 +10,11 @@ stall:  rank VICTIM freezes itself (SIGSTOP) mid-step; every rank runs a Watchdo
         has no deadline of its own: the watchdogs must notice the silence and end the job.
 groups: ranks disagree on the group (rank VICTIM passes a 2-rank subgroup): the argument
         check's all-gathers never complete; BURST_TIMEOUT must turn that into an error.
+diverge: rank VICTIM, alive, skips one backward and goes on to the next call (its heartbeat goes
+        on); every wait is made non-blocking, as on NCCL (no deadline of the ring's or the
+        check's; gloo's own timeout is long): the watchdogs must bound the queued waits.
 """
+import dataclasses
 import os
 import signal
 import sys
@@ -48,8 +52,11 @@ def steps(group=None, n=200):
     q = torch.randn(1, 32, 4, 16, generator=g, requires_grad=True)
     k = torch.randn(1, 32, 2, 16, generator=g, requires_grad=True)
     v = torch.randn(1, 32, 2, 16, generator=g, requires_grad=True)
-    for _ in range(n):
+    for i in range(n):
         out = be.burst_attn_func(q, k, v, group=group, causal=True, layout="zigzag", kernel="saboteur")
+        if MODE == "diverge" and RANK == VICTIM and i == 2:
+            print(f"FAULT_AT {time.time():.3f}", flush=True)
+            continue
         out.sum().backward()
 
 
@@ -58,7 +65,11 @@ def main():
     # the group's own timeout is long: the deadlines under test (BURST_TIMEOUT, the watchdog's)
     # are shorter, so they are what ends the job
     fault.init_process_group("gloo", timeout_s=120)
-    if MODE == "stall":
+    if MODE == "diverge":
+        wait = fault.wait  # as on NCCL: the host queues the wait and goes on; no deadline applies
+
+        fault.wait = lambda works, op: wait(works, dataclasses.replace(op, blocking=False))
+    if MODE in ("stall", "diverge"):
         with fault.Watchdog(timeout=float(os.environ.get("WATCHDOG_TIMEOUT", "5"))):
             steps()
     elif MODE == "groups":

@@ -16,6 +16,7 @@ JOBS = {
     "kill": (4, {"BURST_TIMEOUT": "10"}, 10.0),
     "stall": (3, {"WATCHDOG_TIMEOUT": "4"}, 4.0),
     "groups": (3, {"BURST_TIMEOUT": "4"}, 4.0),
+    "diverge": (4, {"WATCHDOG_TIMEOUT": "5"}, 5.0),
 }
 VICTIM = 2
 GRACE = 2.0  # the watchdog's grace: min(5, timeout / 2)
@@ -98,6 +99,21 @@ def test_frozen_rank_is_named_by_the_watchdogs(jobs):
         assert j["end"] - froze <= timeout + 1 + GRACE + 15, (r, j["end"] - froze)
 
 
+def test_rank_that_skips_a_backward_is_named_when_waits_do_not_block(jobs):
+    """Rank 2, alive and beating, skips a backward; the ring's waits do not block the host (as
+    on NCCL, emulated on gloo with a long group timeout): the watchdogs bound the queued waits
+    and every rank, the victim too, exits with 75 naming rank 2 after the timeout, the census
+    (a quarter of it), rank 0's pause for the store and the grace."""
+    skipped = _stamp(jobs["diverge", VICTIM]["out"], "FAULT_AT")
+    assert skipped is not None
+    timeout = JOBS["diverge"][2]
+    for r, j in {**_survivors(jobs, "diverge"), VICTIM: jobs["diverge", VICTIM]}.items():
+        assert not j["hung"] and j["rc"] == fault.EXIT_LOST, (r, j["rc"], j["err"][-2000:])
+        assert "FINISHED" not in j["out"]
+        assert re.search(rf"burstengine watchdog \(rank {r}\): rank {VICTIM} lost", j["err"]), (r, j["err"][-2000:])
+        assert j["end"] - skipped <= timeout + 1 + timeout / 4 + 2 + GRACE + 15, (r, j["end"] - skipped)
+
+
 def test_ranks_on_different_groups_time_out(jobs):
     """Rank 2 passes a 2-rank subgroup, the others the world: no all-gather can complete, and
     BURST_TIMEOUT turns the would-be hang into an error on every rank."""
@@ -149,6 +165,45 @@ def test_failed_receive_names_the_peer_and_posts_a_notice(store):
     assert (e.value.lost, e.value.peer) == (5, 2)
     fault.clear_notice(store)
     assert fault.read_notice(store) is None
+
+
+class _Queued(_Work):
+    """A work the host does not block in (NCCL's): complete once the test says so."""
+
+    done = False
+
+    def is_completed(self):
+        return self.done
+
+
+def test_watchdog_bounds_the_waits_the_host_does_not_block_in(store, monkeypatch):
+    """NCCL's waits only make the stream wait: while a watchdog runs they are queued, complete
+    ones dropped, at most _QUEUED_CAP kept; one not complete after the watchdog's timeout names
+    the rank it receives from (one work for a whole batch, as NCCL coalesces it)."""
+    op = fault.Op("forward ring shift of k, v", (("sending to", 3), ("receiving from", 1)), blocking=False)
+    fault.wait([_Queued()], op)
+    assert fault._QUEUED is None  # no watchdog: nothing is kept
+    monkeypatch.setattr(fault, "_QUEUED_CAP", 4)
+    faults = []
+    dog = fault.Watchdog(timeout=0.5, interval=0.05, grace=0.0, store=store, rank=0, world=1,
+                         on_fault=faults.append).start()
+    for _ in range(3):
+        w = _Queued()
+        fault.wait([w], op)
+        w.done = True
+    stuck = [_Queued() for _ in range(10)]
+    for w in stuck:
+        fault.wait([w], op)
+    assert [works for _, _, works in fault._QUEUED] == [(w,) for w in stuck[-4:]]
+    time.sleep(0.3)
+    assert faults == []  # not yet past the timeout
+    deadline = time.time() + 10
+    while not faults and time.time() < deadline:
+        time.sleep(0.05)
+    assert faults and faults[0].startswith("rank 1 lost: rank 0: forward ring shift of k, v: receiving from rank 1 "
+                                           "failed (no answer within 0.5 s)"), faults
+    dog.stop(done=False)
+    assert fault._QUEUED is None
 
 
 def test_timeout_is_read_from_the_environment(monkeypatch):

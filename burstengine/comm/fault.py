@@ -10,7 +10,8 @@ module turns that into a clear failure on every rank.  The pieces are independen
   ``BURST_TIMEOUT`` seconds, which attention/planning.py reads and hands to the rings and the
   argument check), else the process group's own timeout; it is enforced on CPU
   backends (gloo), where waits block the host.  On NCCL the host does not wait for the
-  transfer, and NCCL's own watchdog aborts a collective that outlives the group's timeout.
+  transfer (``Op.blocking`` False): while a :class:`Watchdog` runs, such a wait is kept in a
+  small registry, and the watchdog's thread bounds it instead (see below).
 * Fault notices in the c10d store: the first rank that sees a peer fail posts "rank P lost"
   (first writer wins).  A rank that fails later because *its* peer gave up and exited names
   P from the notice, not its innocent neighbour.
@@ -19,6 +20,10 @@ module turns that into a clear failure on every rank.  The pieces are independen
   notice, it prints a message naming the lost rank and ends this process (``os._exit``) after
   a short grace period.  This covers ranks blocked where no Python code runs (an NCCL
   collective, an FSDP all-gather, a wait with no deadline), and is what a training loop uses.
+  It also bounds the waits the host did not block in (NCCL): one whose works are still not
+  complete ``timeout`` seconds after it was queued is a fault of the peer it waits on (a rank
+  alive but elsewhere, e.g. one that skipped a backward, whose heartbeat goes on), named as
+  a ring wait that timed out on gloo is (the census below).
   :meth:`Watchdog.explain` turns an error a collective raised (gloo's "Connection reset by
   peer", which names an address, not a rank) into a :class:`RankLost` naming the ranks whose
   heartbeats stopped.
@@ -35,9 +40,11 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from .dist import rank_of
@@ -342,8 +349,12 @@ def _describe(op: Op, index: int, n: int, e: BaseException, deadline: float | No
     if found == STORE_DOWN:
         return store_lost(me, f"{op.what} failed ({reason})")
     if found == me:
-        here += ("; this rank is the odd one: the other ranks wait in a collective it did not join (BURST_CHECKS="
-                 "local on it alone, or a call they made and it did not)")
+        if blame is None:  # this rank waits in a collective, the others in the ring
+            here += ("; this rank is the odd one: the other ranks wait in a ring transfer it did not join (it "
+                     "skipped a backward, or a call they made)")
+        else:
+            here += ("; this rank is the odd one: the other ranks wait in a collective it did not join "
+                     "(BURST_CHECKS=local on it alone, or a call they made and it did not)")
         blame = found
     elif found is not None and found != blame:
         here += f"; rank {found} is the one the waiting ranks wait on"
@@ -429,13 +440,88 @@ def _census(op: Op, me: int, peer: int | None, deadline: float | None) -> int | 
             culprit = silent[0] if len(silent) == 1 else None
             if not silent and len(in_ring) == 1 and len(in_coll) > 1:
                 culprit = in_ring[0]  # the one rank in the ring while the others wait here
+            elif not silent and in_coll == [me] and in_ring:
+                # the others all wait in the ring, this rank alone here: it is the one that left
+                # the ring (skipped a backward: its heartbeat goes on), as the ring side sees it
+                culprit = me
         if time.monotonic() >= end:
             return culprit
         time.sleep(0.1)
 
 
+# --- waits the host does not block in (NCCL), bounded by the watchdog --------------------------
+
+# (when queued, op, works) of each wait on non-blocking works, oldest first; None while no
+# watchdog runs, so that wait() then costs one global read.  Capped: past it the oldest goes (a
+# transfer queued after a stuck one is stuck behind it, so the newest still tells the hang).
+# A work stays here until it is complete (its buffers are in use until then anyway) and is
+# dropped at the next wait or watchdog beat after: its buffers may outlive it by that much
+_QUEUED: deque | None = None
+_QUEUED_CAP = 1024
+_QUEUED_LOCK = threading.Lock()
+_WATCHDOGS = [0]  # watchdogs running in this process
+
+
+def _watch_queued(on: bool) -> None:
+    """A watchdog starts (``on``) or stops: keep the registry while at least one runs."""
+    global _QUEUED
+    with _QUEUED_LOCK:
+        _WATCHDOGS[0] += 1 if on else -1
+        if _WATCHDOGS[0] > 0 and _QUEUED is None:
+            _QUEUED = deque(maxlen=_QUEUED_CAP)
+        elif _WATCHDOGS[0] <= 0:
+            _WATCHDOGS[0], _QUEUED = 0, None
+
+
+def _capturing() -> bool:
+    # a work queued in a CUDA graph capture has no completion the host can query
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+
+
+def _queue(works, op: Op) -> None:
+    """Keep a non-blocking wait for the watchdog, dropping the oldest ones already complete."""
+    q = _QUEUED
+    if q is None or not works or _capturing():
+        return
+    with _QUEUED_LOCK:
+        while q and all(w.is_completed() for w in q[0][2]):
+            q.popleft()
+        q.append((time.monotonic(), op, tuple(works)))
+
+
+def _overdue(timeout: float):
+    """The oldest queued wait still not complete ``timeout`` seconds after it was queued, as
+    (op, works), else None; complete ones at the front are dropped."""
+    q = _QUEUED
+    if q is None:
+        return None
+    with _QUEUED_LOCK:
+        while q and all(w.is_completed() for w in q[0][2]):
+            q.popleft()
+        if q and time.monotonic() - q[0][0] > timeout:
+            return q[0][1], q[0][2]
+    return None
+
+
+def _unanswered(op: Op, works, timeout: float) -> RankLost:
+    """The :class:`RankLost` of a queued wait that outlived ``timeout``, as :func:`wait` raises
+    for one that timed out on gloo: the census names the rank at the end of the chain of waits.
+    The op's group is not aborted (this runs beside the main thread, whose kernels may still
+    use it); the process is about to end anyway."""
+    i = next((i for i, w in enumerate(works) if not w.is_completed()), 0)
+    if op.peers and len(op.peers) != len(works):
+        # one work for the whole batch (NCCL coalesces a batch's P2P ops): it waits on the rank
+        # it receives from, if any (a send waits on its receiver, which then waits on its own)
+        role = next((p for p in op.peers if p[0] == "receiving from"), op.peers[0])
+        op, works, i = replace(op, peers=(role,)), (works[i],), 0
+    return describe(replace(op, group=False), i, len(works), TimeoutError("timed out"), timeout)
+
+
 def wait(works, op: Op) -> None:
-    """Wait for every work; a failure or a missed deadline raises :class:`RankLost`."""
+    """Wait for every work; a failure or a missed deadline raises :class:`RankLost`.  A wait
+    the host does not block in (``op.blocking`` False: NCCL) is queued for the watchdog."""
+    if _QUEUED is not None and not op.blocking:
+        _queue(works, op)
     deadline = op.deadline if op.blocking else None
     for i, w in enumerate(works):
         try:
@@ -471,7 +557,9 @@ class Watchdog:
     ``init_process_group`` (a rank that has not started beating within ``timeout`` counts as
     lost).  Rank r watches rank r-1 (or, once that rank is done, the rank it watched), and
     whoever sees a loss posts the notice every other watchdog reads within ``interval``.  Cost:
-    about four store round trips per ``interval`` per rank.
+    about four store round trips per ``interval`` per rank.  While it runs, :func:`wait` queues
+    the waits the host does not block in (NCCL), and a queued wait still not complete after
+    ``timeout`` is a fault too, named by the census of who waits on whom (:func:`_unanswered`).
 
     On a fault it prints the reason to stderr, waits ``grace`` seconds for the main thread to
     end the process itself (an exception it raised on its own, e.g. :class:`RankLost`), then
@@ -508,6 +596,7 @@ class Watchdog:
         self._store.set(self._key(self.rank), "0")
         announce(self._store)
         self._thread = threading.Thread(target=self._run, name="burstengine-watchdog", daemon=True)
+        _watch_queued(True)
         self._thread.start()
         return self
 
@@ -518,6 +607,8 @@ class Watchdog:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2 * self.interval + 1)
+            self._thread = None
+            _watch_queued(False)
         if self._store is not None:
             _bounded(lambda: self._store.set(self._key(self.rank), _DONE if done else _EXIT))
 
@@ -619,6 +710,9 @@ class Watchdog:
                     if notice.lost is None:
                         return self._fault(f"fault reported: {notice.text}")
                     return self._fault(f"rank {notice.lost} lost ({notice.text})")
+                late = _overdue(self.timeout)
+                if late is not None:  # a transfer the host did not wait for (NCCL) never came
+                    return self._fault(str(_unanswered(*late, self.timeout)))
                 while pred != me and store.check([self._key(pred)]):
                     v = store.get(self._key(pred))
                     if v not in (_DONE, _EXIT):
