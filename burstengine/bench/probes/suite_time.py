@@ -67,8 +67,9 @@ def block_suite(records):
     rec = dict(records).get("suite_cpu.json")
     if rec is None:
         return "in docs/results.md."
-    return (f"{rec['wall_s'] / 60:.0f} minutes on a {rec['env'].get('cpu_count', '?')}-core machine "
-            f"({rec['cpu_s'] / 60:.0f} minutes of CPU; {rec['summary']}; `suite_cpu.json`)")
+    counts = re.sub(r"\s+in [\d.]+s.*", "", rec["summary"])
+    return (f"{rec['wall_s'] / 60:.0f} minutes on {rec['env'].get('cpu_count', '?')} cores, {counts} "
+            f"(`suite_cpu.json`).")
 
 
 SECTIONS = (Section("The test suite", r"^suite_", render,
