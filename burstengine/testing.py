@@ -6,6 +6,7 @@ import math
 import multiprocessing as mp
 import os
 import socket
+import sys
 import traceback
 from datetime import timedelta
 
@@ -76,6 +77,19 @@ def fro_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     if not torch.isfinite(x).all():
         return float("inf")
     return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def suite_on_path(tests_dir: str) -> None:
+    """Put a checkout's test suite on ``sys.path``: ``tests_dir`` (the shared helpers, the
+    ``*_cases`` modules) and each folder under it (the tests, grouped like the package).  The
+    suite's modules import each other by basename, unique across the folders; the gloo workers
+    spawned afterwards inherit the path."""
+    root = os.path.abspath(tests_dir)
+    dirs = [root] + sorted(os.path.join(root, d) for d in os.listdir(root)
+                           if os.path.isdir(os.path.join(root, d)) and not d.startswith((".", "_")))
+    for d in reversed(dirs):
+        if d not in sys.path:
+            sys.path.insert(0, d)
 
 
 def _free_port() -> int:

@@ -1,4 +1,4 @@
-"""Functions run inside the gloo worker processes for tests/test_compile.py: burst_attn_func and a
+"""Functions run inside the gloo worker processes for tests/attention/test_compile.py: burst_attn_func and a
 decoder block compiled with torch.compile(fullgraph=True) (inductor) against the eager call."""
 import torch
 import torch.distributed as dist

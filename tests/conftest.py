@@ -9,7 +9,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from burstengine.testing import DistPool  # noqa: E402
+from burstengine.testing import DistPool, suite_on_path  # noqa: E402
+
+# the tests sit in folders named like the package's parts, the helpers they share (*_cases.py,
+# triton_interp.py) here: every module of the suite is importable by its basename, in this process
+# and in the gloo workers it spawns
+suite_on_path(os.path.dirname(os.path.abspath(__file__)))
 
 # the suite runs beside 4 worker processes on small CI machines: one thread each keeps tiny ops
 # from paying for thread hand-offs

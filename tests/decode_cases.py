@@ -1,4 +1,4 @@
-"""Cases for tests/test_decode_kernel.py: the flash-decoding kernel (kernels/triton/decode.py)
+"""Cases for tests/kernels/test_decode_kernel.py: the flash-decoding kernel (kernels/triton/decode.py)
 against a float64 oracle.  Run as a script, it runs the kernel under Triton's CPU interpreter on
 every case and prints one JSON line {case id: result}.
 

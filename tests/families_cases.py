@@ -1,6 +1,6 @@
 """A synthetic family with Phi-3's fused tensors (its table: q/k/v in one ``qkv_proj``, gate and up
 in one ``gate_up_proj``) on the Llama-like model, an HF directory of it, and the sharded load run inside
-the gloo pool (tests/test_families.py)."""
+the gloo pool (tests/model/test_families.py)."""
 import torch
 import torch.distributed as dist
 

@@ -1,5 +1,5 @@
 """Tiny pretrained models of each supported architecture (made with transformers, saved with
-save_pretrained) and the work run on them inside the gloo pool (tests/test_finetune.py)."""
+save_pretrained) and the work run on them inside the gloo pool (tests/train/test_finetune.py)."""
 import os
 
 import torch

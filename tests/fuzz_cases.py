@@ -621,7 +621,7 @@ def env_batch(group, seed: int, count: int) -> list[dict]:
 
 
 def run_all(env_cases: int = 60) -> dict:
-    """The fuzz of tests/test_fuzz.py in one go, for `burstengine bench faults`'s record: calls
+    """The fuzz of tests/attention/test_fuzz.py in one go, for `burstengine bench faults`'s record: calls
     tried, bad calls, failures, hangs (a batch that never came back) and silent wrong answers
     (a call that returned where it must raise, or a valid one off the oracle), per world."""
     import test_fuzz  # the judge of the test suite itself

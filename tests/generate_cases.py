@@ -1,4 +1,4 @@
-"""Worker functions and models for tests/test_generate.py (run inside the gloo pool).
+"""Worker functions and models for tests/inference/test_generate.py (run inside the gloo pool).
 
 Tiny random models of four architectures, made with transformers and saved with
 save_pretrained, as a user's checkpoint would be: LlamaForCausalLM, Qwen2ForCausalLM (q/k/v

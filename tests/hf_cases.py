@@ -1,4 +1,4 @@
-"""Worker functions for tests/test_hf.py and tests/test_prefill.py (run inside the gloo pool).
+"""Worker functions for tests/integrations/test_hf.py and tests/inference/test_prefill.py (run inside the gloo pool).
 
 The model is a tiny LlamaForCausalLM with random weights saved to a temporary directory by
 the test; every rank loads it with from_pretrained, as a user would.

@@ -1,4 +1,4 @@
-"""Calls a hostile user makes, run inside the gloo workers of tests/test_hostile.py: double
+"""Calls a hostile user makes, run inside the gloo workers of tests/attention/test_hostile.py: double
 backward through every autograd Function of the library, softmax_scale of odd types, sparse
 masks that differ between ranks, and settings from the environment that differ per rank."""
 from __future__ import annotations

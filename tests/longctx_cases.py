@@ -1,4 +1,4 @@
-"""Long-context training options run inside the gloo pool (tests/test_longctx.py): the tiled MLP,
+"""Long-context training options run inside the gloo pool (tests/model/test_longctx.py): the tiled MLP,
 FSDP2's CPU offload, the host-side gradient clip."""
 import torch
 import torch.distributed as dist

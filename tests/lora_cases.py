@@ -1,4 +1,4 @@
-"""LoRA runs inside the gloo pool (tests/test_lora.py): our trainer beside transformers + peft on
+"""LoRA runs inside the gloo pool (tests/model/test_lora.py): our trainer beside transformers + peft on
 the same weights and batches, resume, CPU offload, export."""
 import os
 

@@ -1,4 +1,4 @@
-"""Worker functions for tests/test_peers.py (run inside the gloo pool)."""
+"""Worker functions for tests/bench/test_peers.py (run inside the gloo pool)."""
 import torch
 import torch.distributed as dist
 

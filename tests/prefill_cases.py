@@ -1,4 +1,4 @@
-"""Worker functions for tests/test_prefill.py (run inside the gloo pool)."""
+"""Worker functions for tests/inference/test_prefill.py (run inside the gloo pool)."""
 import functools
 
 import torch

@@ -1,4 +1,4 @@
-"""Functions run inside the gloo workers for tests/test_double_ring.py and tests/test_hybrid.py."""
+"""Functions run inside the gloo workers for tests/comm/test_double_ring.py and tests/attention/test_hybrid.py."""
 import itertools
 import os
 

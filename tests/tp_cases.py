@@ -1,4 +1,4 @@
-"""Worker functions for tests/test_tensor_parallel.py (run inside the gloo pool).
+"""Worker functions for tests/model/test_tensor_parallel.py (run inside the gloo pool).
 
 Random float64 models whose heads (24), kv heads (12), ffn width (384) and vocabulary (480)
 divide over 1-4 ranks; the LM head is scaled up so that greedy choices are far from ties."""

@@ -2,7 +2,7 @@
 import torch
 import torch.distributed as dist
 
-from burstengine.model import losses
+from burstengine.loss import model_loss
 from burstengine.train import Trainer, load
 from burstengine.train.metrics import read_jsonl
 
@@ -23,14 +23,14 @@ def loss_and_grads(group, data, extra=(), chunk=None):
     """Global loss and full gradients of step 0's batch on this dp x cp mesh (rank 0 returns them)."""
     torch.manual_seed(0)
     cfg = small_config(extra, data)
-    old = losses.CHUNK_TOKENS
+    old = model_loss.CHUNK_TOKENS
     if chunk:
-        losses.CHUNK_TOKENS = chunk
+        model_loss.CHUNK_TOKENS = chunk
     try:
         t = Trainer(cfg, group=group, echo=False, lock=False)
         loss, grads = t.loss_and_grads(t.batch(0))
     finally:
-        losses.CHUNK_TOKENS = old
+        model_loss.CHUNK_TOKENS = old
     return (loss, grads) if dist.get_rank(group) == 0 else None
 
 
@@ -61,8 +61,8 @@ def variants(group, data, extra, variants, fused_chunk=None):
     torch.manual_seed(0)
     t = Trainer(small_config(extra, data), group=group, echo=False, lock=False)
     batch = t.batch(0)
-    old = losses.FUSED_CHUNK_TOKENS
-    losses.FUSED_CHUNK_TOKENS = fused_chunk
+    old = model_loss.FUSED_CHUNK_TOKENS
+    model_loss.FUSED_CHUNK_TOKENS = fused_chunk
     out = []
     try:
         for loss, policy, split in variants:
@@ -71,7 +71,7 @@ def variants(group, data, extra, variants, fused_chunk=None):
                 b.policy, b.checkpoint_split = policy, split
             out.append(t.loss_and_grads(batch))
     finally:
-        losses.FUSED_CHUNK_TOKENS = old
+        model_loss.FUSED_CHUNK_TOKENS = old
     return out if dist.get_rank(group) == 0 else None
 
 

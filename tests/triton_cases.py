@@ -1,4 +1,4 @@
-"""Kernel cases for tests/test_kernels.py.  Run as a script, it runs our Triton kernels under
+"""Kernel cases for tests/kernels/test_kernels.py.  Run as a script, it runs our Triton kernels under
 Triton's CPU interpreter on every case and prints one JSON line {case id: errors}."""
 import json
 import sys

@@ -5,7 +5,7 @@ it on every rank (attention/checks.py locally, then attention/agreement.py; the 
 includes the call's plan, attention/planning.py, so the ranks agree on the planned backward),
 builds the plan's rings and runs the loops (attention/loops.py).  :func:`prepare_call` is the
 first two steps, for callers that run the loops themselves (attention/prepare.py,
-attention/seqckpt.py).  Under torch.compile the call goes through a custom op instead
+attention/sequence_recompute.py).  Under torch.compile the call goes through a custom op instead
 (attention/compiled.py), which takes the AttnCall encoded.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ def burst_attn_func(q, k, v, *, group=None, causal=False, layout="contiguous", s
     :func:`burstengine.shard`).  Returns this rank's output shard (and, with
     ``return_lse``, the float32 log-sum-exp of shape (batch, heads, seq_local)).
 
-    group: the ring's ranks (None: the default group); ``burstengine.comm.topology.LOCAL``: this
+    group: the ring's ranks (None: the default group); ``burstengine.comm.dist.LOCAL``: this
     rank alone inside any job (attention of its own tokens, nothing communicated).
 
     backward: "burst" moves Q, dO, D, lse and dQ; "ring" moves K, V, dK, dV; "auto" lets the

@@ -25,7 +25,7 @@ import torch
 from ..comm import topology as topo
 from ..comm.alltoall import HeadsToSeq, SeqToHeads
 from ..comm.dist import LOCAL, rank_of
-from ..comm.topology import RingComm
+from ..comm.rings import RingComm
 from ..costmodel import head_split
 from ..layout import position_ids
 from . import planning

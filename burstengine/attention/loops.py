@@ -23,7 +23,7 @@ tasks subtract its offset; the travelling gradient partial covers only the rows 
 touched, and the step on a rank's own shard stays home.  Every rank derives the same steps and
 message sizes from shared arguments.
 
-The loops run on a :class:`~burstengine.comm.topology.RingComm`: one ring, or the
+The loops run on a :class:`~burstengine.comm.rings.RingComm`: one ring, or the
 topology-aware double ring (intra-node rounds, inter-node hops overlapping a whole round; it runs
 every step, so calls that skip steps use the single ring); which shard is held at each step
 comes from ``ring.source(i, direction)``.
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from ..autograd import once_differentiable
-from ..comm.topology import RingComm
+from ..comm.rings import RingComm
 from ..kernels import Kernel, acc_dtype
 from ..masks import Pattern
 from ..schedule import block_tasks, partial_rows, travel_rows

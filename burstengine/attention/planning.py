@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from .. import costmodel
 from ..comm import topology as topo
-from ..comm.topology import RingComm
+from ..comm.rings import RingComm
 from ..kernels import Kernel, get_kernel
 from ..masks import Pattern, as_pattern
 from ..schedule import Topology, backward_by_bytes, run_steps

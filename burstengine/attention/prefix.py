@@ -1,5 +1,5 @@
 """Attention of the first ``m`` local query rows of every rank (the "front" of each shard),
-forward only.  Sequence-level selective checkpointing (attention/seqckpt.py) stores the attention
+forward only.  Sequence-level selective checkpointing (attention/sequence_recompute.py) stores the attention
 output of the back of each shard and rebuilds the front with this in the backward.
 
 Within a rank, tokens are in increasing global position in every layout, so the first m rows

@@ -6,7 +6,7 @@ NCCL (GPU) and gloo (CPU).  Posting and waiting go through ``fault``: a peer tha
 missed the deadline (``timeout``: BURST_TIMEOUT's seconds) raises ``RankLost`` naming it instead of hanging.
 
 ``peers=(next, prev)`` (group ranks) replaces the neighbours for hops that are not rank+1
-(the double ring's last gradient hop, comm/topology.py); ``link`` labels the bytes this rank
+(the double ring's last gradient hop, comm/rings.py); ``link`` labels the bytes this rank
 sends for the byte accounting ("intra" or "inter" node).
 """
 from __future__ import annotations

@@ -308,7 +308,7 @@ def _cached_step(settings: BurstSettings, query, key, value, attention_mask, sca
 # (see _sharded_loss)
 _SHARDED: list = []
 
-# what the refusal of plain labels= tells the user to run instead (tests/test_hf.py runs it)
+# what the refusal of plain labels= tells the user to run instead (tests/integrations/test_hf.py runs it)
 SHIFT_RECIPE = ("shift = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]; "
                 "mine = burstengine.shard(shift, {layout!r}, rank, world).contiguous(); "
                 "loss = model(input_ids=ids, position_ids=pos, labels=mine, shift_labels=mine, "

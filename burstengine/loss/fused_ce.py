@@ -347,7 +347,7 @@ def fused_linear_cross_entropy(hidden, weight, labels, *, ignore_index=-100, red
 
     check_labels: raise ValueError (on every rank of ``group``) for a label outside [0, vocab)
     that is not ``ignore_index``.  It is the one host sync of a call; with ``check_labels=False``
-    there is none (a training step's hot path: model/losses.py), and such a label makes its
+    there is none (a training step's hot path: loss/model_loss.py), and such a label makes its
     token's loss and gradients NaN instead of reading out of bounds.  The token count of a
     mean stays on the device; a tensor ``total_tokens`` is read once (pass a number to avoid it).
     The backward scales the saved gradients in place, so a graph through this loss can be

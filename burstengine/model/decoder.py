@@ -4,12 +4,12 @@ Training (:meth:`Transformer.forward`), prefill, generation's prefill and its de
 (:mod:`burstengine.inference`) all run :meth:`Transformer.hidden`; what differs between them
 reaches the layers as :class:`~.layers.Hooks` (a KV sink that prefill fills, a decode step's
 cache in place of attention, chunked token-wise work), and the per-layer checkpoint policy
-(:mod:`.checkpointing`) decides what training keeps for backward.  Under context parallelism
+(:mod:`.recompute`) decides what training keeps for backward.  Under context parallelism
 each rank holds the tokens of its shard of the global sequence, so RoPE is computed from the
 *global* positions those tokens have (:class:`~.context_parallel.ContextParallel`).
 
 The model ends at the final norm: turning hidden states into a loss is a separate, pluggable
-step (:mod:`burstengine.model.losses`) that the root ``forward`` calls with the LM head's weight,
+step (:mod:`burstengine.loss.model_loss`) that the root ``forward`` calls with the LM head's weight,
 so that a fused LM head + cross-entropy never has to materialise the logits.
 """
 from __future__ import annotations
@@ -24,7 +24,8 @@ import torch.nn as nn
 
 from ..comm.dist import world_of
 from ..kernels import acc_dtype
-from . import checkpointing, losses, offload, tiled
+from ..loss import model_loss
+from . import offload, recompute, tiled
 from .args import ModelArgs
 from .context_parallel import ContextParallel
 from .layers import NO_HOOKS, Block, Hooks, RMSNorm
@@ -34,26 +35,26 @@ from .rope import rope_tables
 class Transformer(nn.Module):
     """The decoder: token embedding, ``n_layers`` :class:`~.layers.Block` s, the final norm, and
     the LM head (the embedding's weight when tied), with the checkpoint policy of its layers
-    (``checkpoint``: one of :data:`.checkpointing.POLICIES`, or "auto": planned per layer) and
-    the loss ``forward`` ends in (:data:`.losses.LOSSES`)."""
+    (``checkpoint``: one of :data:`.recompute.POLICIES`, or "auto": planned per layer) and
+    the loss ``forward`` ends in (:data:`burstengine.loss.model_loss.LOSSES`)."""
 
     def __init__(self, args: ModelArgs, checkpoint: str = "none", loss: str = "naive", checkpoint_split: float = 0.5,
                  activation_budget: int | None = None, offload_budget: int | None = 0,
-                 host_policies: tuple = checkpointing.HOST, tiled_mlp: str = "off", mlp_chunk: int = 8192):
+                 host_policies: tuple = recompute.HOST, tiled_mlp: str = "off", mlp_chunk: int = 8192):
         super().__init__()
         args.validate()
-        checkpointing.check(checkpoint, checkpoint_split)
+        recompute.check(checkpoint, checkpoint_split)
         tiled.check(tiled_mlp, mlp_chunk)
-        losses.check(loss)
+        model_loss.check(loss)
         self.args = args
         self.loss_name = loss
         # checkpoint="auto": per-layer policies planned from this budget (bytes; None: the device's
-        # default) when the local token count is first seen (checkpointing.plan_layers)
-        self.auto_checkpoint = checkpoint == checkpointing.AUTO
+        # default) when the local token count is first seen (recompute.plan_layers)
+        self.auto_checkpoint = checkpoint == recompute.AUTO
         self.activation_budget = activation_budget
         # host bytes the host layers of an auto plan may keep (0, the default: no layer is
-        # offloaded; None: the host's default, checkpointing.default_host_budget), and which host
-        # policies it may plan (checkpointing.HOST)
+        # offloaded; None: the host's default, recompute.default_host_budget), and which host
+        # policies it may plan (recompute.HOST)
         self.offload_budget = offload_budget
         self.host_policies = tuple(host_policies)
         # the MLP run a chunk of tokens at a time (model/tiled.py): "on", "off", or "auto" (with
@@ -121,7 +122,7 @@ class Transformer(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """The LM head on final-norm hidden states (..., dim), in their dtype: for the few rows
         a caller wants (prefill's next tokens, a decode step's, training's predictions); the
-        training loss never makes them (:mod:`.losses`)."""
+        training loss never makes them (:mod:`burstengine.loss.model_loss`)."""
         return h @ self.head_weight.to(h.dtype).t()
 
     def _global_length(self, n: int, docs) -> int:
@@ -148,7 +149,7 @@ class Transformer(nn.Module):
 
     def _offloader(self, device):
         """The Offloader of this model's "offload" layers (one side stream and its host buffers), or None."""
-        if not any(b.policy in checkpointing.HOST for b in self.layers):
+        if not any(b.policy in recompute.HOST for b in self.layers):
             return None
         if self.offloader is None:
             self.offloader = offload.Offloader(device)
@@ -187,7 +188,7 @@ class Transformer(nn.Module):
             preds = torch.full_like(labels, ignore_index)
             preds[keep] = self.logits(h[keep]).argmax(-1)
             return preds
-        return losses.LOSSES[self.loss_name](h.flatten(0, 1), self.head_weight, labels.flatten(), ignore_index)
+        return model_loss.LOSSES[self.loss_name](h.flatten(0, 1), self.head_weight, labels.flatten(), ignore_index)
 
     def plan_checkpointing(self, tokens: int, elem: int, device, sparse: bool = False) -> list[str]:
         """Set each layer's policy for ``tokens`` local tokens of ``elem``-byte activations from
@@ -199,22 +200,22 @@ class Transformer(nn.Module):
         no ``pointwise`` or ``offload`` layers."""
         budget = self.activation_budget
         if budget is None:
-            budget = checkpointing.default_budget(checkpointing.state_bytes(self.parameters(), self.states_on_host),
+            budget = recompute.default_budget(recompute.state_bytes(self.parameters(), self.states_on_host),
                                                   device)
         host = self.offload_budget
         if host is None:
-            host = checkpointing.default_host_budget(device)
+            host = recompute.default_host_budget(device)
         random = any(b.random for b in self.layers)
-        allowed = [p for p in checkpointing.LADDER
-                   if (p not in checkpointing.HOST or p in self.host_policies)
+        allowed = [p for p in recompute.LADDER
+                   if (p not in recompute.HOST or p in self.host_policies)
                    and not (random and p in ("pointwise", "offload"))]
         best = None
         for on in ((False, True) if self.tiled_mlp == "auto" else (self.tiled_mlp == "on",)):
             per_layer, transient, host_per_layer = self.activation_model(tokens, elem, on, sparse)
             plan = (["none"] * len(self.layers) if budget is None
-                    else checkpointing.plan_layers(len(self.layers), per_layer, budget, transient, host_per_layer,
+                    else recompute.plan_layers(len(self.layers), per_layer, budget, transient, host_per_layer,
                                                    host, allowed))
-            if best is None or checkpointing.recompute_rank(plan) < checkpointing.recompute_rank(best[0]):
+            if best is None or recompute.recompute_rank(plan) < recompute.recompute_rank(best[0]):
                 best = (plan, on)
         plan, on = best
         if self._no_ring(sparse):
@@ -232,38 +233,38 @@ class Transformer(nn.Module):
 
     def activation_model(self, tokens: int, elem: int, tiled_mlp: bool, sparse: bool = False):
         """(kept device bytes per layer, transient bytes, host bytes per layer), each by policy,
-        for ``tokens`` local tokens of ``elem``-byte activations (:mod:`.checkpointing`'s counts)."""
+        for ``tokens`` local tokens of ``elem``-byte activations (:mod:`.recompute`'s counts)."""
         a = self.args
-        per_token = checkpointing.activation_bytes(a, elem, tiled_mlp)
-        transient = checkpointing.transient_bytes(a, elem, tiled_mlp)
+        per_token = recompute.activation_bytes(a, elem, tiled_mlp)
+        transient = recompute.transient_bytes(a, elem, tiled_mlp)
         # "selective" keeps the roped q, k, v as well; it runs where "sequence" cannot
         per_token["selective"] = per_token["sequence"] + (a.n_heads + 2 * a.n_kv_heads) * a.head_dim * elem
         transient["selective"] = transient["sequence"]
         if self._no_ring(sparse):
             per_token["sequence"] = per_token["selective"]
         chunk = tiled.chunk_bytes(a, elem, min(self.mlp_chunk, tokens)) if tiled_mlp else 0
-        head = checkpointing.head_bytes(a, elem) * tokens  # the backward's start: the loss's part
+        head = recompute.head_bytes(a, elem) * tokens  # the backward's start: the loss's part
         return ({k: v * tokens for k, v in per_token.items()},
                 {k: max(v * tokens + chunk, head) for k, v in transient.items()},
-                {k: v * tokens for k, v in checkpointing.host_bytes(a, elem, tiled_mlp).items()})
+                {k: v * tokens for k, v in recompute.host_bytes(a, elem, tiled_mlp).items()})
 
     def memory_needs(self, tokens: int, elem: int, device, sparse: bool = False) -> dict:
         """What a training step of ``tokens`` local tokens needs under the layers' policies (plan
-        them first with checkpoint="auto"), in bytes, from :mod:`.checkpointing`'s counts: the
+        them first with checkpoint="auto"), in bytes, from :mod:`.recompute`'s counts: the
         parameters and their training states on the device, the fixed workspace, the layers' kept
         activations, the transient of the backward, the host memory of host layers, and the device
         memory a plan may fill (None where unknown: CPU)."""
         plan = [b.policy for b in self.layers]
         per_layer, transient, host_per_layer = self.activation_model(tokens, elem, bool(self.layers[0].mlp_chunk),
                                                                      sparse)
-        kept = sum(per_layer[p] for p in plan if p not in checkpointing.HOST)
+        kept = sum(per_layer[p] for p in plan if p not in recompute.HOST)
         return {"tokens": tokens, "plan": {p: plan.count(p) for p in dict.fromkeys(plan)},
                 "tiled_mlp": bool(self.layers[0].mlp_chunk),
-                "state": checkpointing.state_bytes(self.parameters(), self.states_on_host),
-                "workspace": checkpointing.WORKSPACE, "activations": kept,
-                "transient": checkpointing.plan_bytes(plan, per_layer, transient) - kept,
-                "host": sum(host_per_layer[p] for p in plan if p in checkpointing.HOST),
-                "usable": checkpointing.usable_bytes(device) if getattr(device, "type", device) == "cuda"
+                "state": recompute.state_bytes(self.parameters(), self.states_on_host),
+                "workspace": recompute.WORKSPACE, "activations": kept,
+                "transient": recompute.plan_bytes(plan, per_layer, transient) - kept,
+                "host": sum(host_per_layer[p] for p in plan if p in recompute.HOST),
+                "usable": recompute.usable_bytes(device) if getattr(device, "type", device) == "cuda"
                 and torch.cuda.is_available() else None}
 
     # --- initialisation -----------------------------------------------------------------------

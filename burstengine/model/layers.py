@@ -3,7 +3,7 @@ embeddings (optionally scaled: :mod:`.rope`; q/k/v biases and per-head q/k RMSNo
 :class:`~.args.ModelArgs` says), the gated MLP (SwiGLU, or Gemma's GeGLU), and the decoder layer
 (:class:`Block`) that joins them around attention (Gemma: with sandwich norms, a window and a
 RoPE of its own per layer).  How a block keeps its activations for backward is a pluggable step
-(:mod:`burstengine.model.checkpointing`); what a run of the decoder does besides training's
+(:mod:`burstengine.model.recompute`); what a run of the decoder does besides training's
 forward (a KV sink, a decode step's cache, chunked token-wise work) reaches the block as
 :class:`Hooks` (:mod:`.decoder`).
 """
@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from . import checkpointing, fused, pointwise, tiled
+from . import fused, pointwise, recompute, tiled
 from .args import ModelArgs
 from .context_parallel import ContextParallel, context_parallel_attention
 
@@ -226,4 +226,4 @@ class Block(nn.Module):
         return [*self.ffn_norm.parameters(), *self.feed_forward.parameters()]
 
     def forward(self, x, cos, sin, docs=None):
-        return checkpointing.POLICIES[self.policy](self, x, cos, sin, docs)
+        return recompute.POLICIES[self.policy](self, x, cos, sin, docs)

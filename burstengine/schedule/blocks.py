@@ -21,7 +21,7 @@ touched.  Everything here is a function of arguments
 every rank shares (layout, pattern, world, local length), never of local data, so all ranks
 agree on which steps run.
 
-On a double ring (``nodes`` > 1, see comm/topology.py) the order of the steps changes, not their
+On a double ring (``nodes`` > 1, see comm/rings.py) the order of the steps changes, not their
 set; the double ring runs every step, so sparse patterns that skip steps use the single ring.
 """
 from __future__ import annotations

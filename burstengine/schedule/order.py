@@ -5,7 +5,7 @@ node * gpus_per_node + local), as torchrun numbers them (:class:`Topology`).  Th
 (:func:`double_ring_steps`) runs a round of m = gpus_per_node steps around the node (intra-node
 hops), then takes one inter-node hop, ``nodes`` rounds in all; gradient partials follow one step
 behind the data.  Plain Python that tests enumerate and the cost model simulates; the rings
-that run it are comm/topology.py's.
+that run it are comm/rings.py's.
 """
 from __future__ import annotations
 

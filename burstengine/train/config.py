@@ -27,14 +27,14 @@ import warnings
 from dataclasses import dataclass, field
 
 from ..layout import LAYOUTS
-from ..model.checkpointing import POLICIES
+from ..loss.model_loss import LOSSES
 from ..model.lora import LoraArgs, dropout_conflict
 from ..model.tiled import MODES as TILED_MODES
 from ..model import PRESETS as MODEL_PRESETS
 from ..model import ModelArgs, Transformer
-from ..model.losses import LOSSES
 from ..model.families import ARCHS
 from ..model.hf_dir import args_from_hf_dir
+from ..model.recompute import POLICIES
 from .corpus import FORMATS, list_files
 
 SCHEDULES = ("cosine", "linear", "constant")
@@ -66,7 +66,7 @@ class TrainConfig:
                                      # outputs, recompute the norms and SwiGLU's gate), offload (pointwise,
                                      # kept in host memory), full-offload (full, its input kept in host
                                      # memory), or auto (per layer from activation_memory_gib and
-                                     # offload_memory_gib; see burstengine.model.checkpointing); was "checkpoint"
+                                     # offload_memory_gib; see burstengine.model.recompute); was "checkpoint"
     activation_checkpoint_split: float = 0.5  # activation_checkpoint="sequence": share of each rank's tokens
                                      # whose attention output is kept (0 = recompute all, 1 = keep all)
     activation_memory_gib: float = 0.0  # activation_checkpoint="auto": GiB of activations the layers may keep,
@@ -90,7 +90,7 @@ class TrainConfig:
                                      # to the device for its forward and backward (a model whose states do not
                                      # fit the device trains on it)
     fused_ops: bool = True           # RMSNorm, RoPE and SwiGLU as one compiled kernel each on GPUs
-    loss: str = "naive"              # hidden states -> loss: naive, chunked, fused (see burstengine.model.losses)
+    loss: str = "naive"              # hidden states -> loss: naive, chunked, fused (see burstengine.loss.model_loss)
     precision: str = "auto"          # auto: bf16 params / fp32 reduce on CUDA, fp32 on CPU; or fp32, bf16
     # data
     data: str = "passkey"            # "passkey" (synthetic), a .bin token file, or text: .jsonl / .parquet /

@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from ..attention import planning
 from ..attention.agreement import ranks_by_value, ranks_text
-from ..model import checkpointing
+from ..model import recompute
 from . import checkpoint as ckpt
 from . import runlock
 from .data import IGNORE, Batch, Loader, global_sequences, make_source, packed_sequences, shard_batch
@@ -269,14 +269,14 @@ class Trainer:
 
     def offload_budget(self) -> int:
         """Host bytes checkpoint="auto" may offload per rank: ``offload_memory_gib``, else this
-        host's default (:func:`~burstengine.model.checkpointing.default_host_budget`), the smallest
+        host's default (:func:`~burstengine.model.recompute.default_host_budget`), the smallest
         over the ranks: every rank must plan the same layers (a CP ring recomputes alike)."""
         cfg = self.cfg
         if cfg.activation_checkpoint != "auto":
             return 0
         if cfg.offload_memory_gib:
             return int(cfg.offload_memory_gib * 2**30)
-        mine = torch.tensor([checkpointing.default_host_budget(self.device)], dtype=torch.int64, device=self.device)
+        mine = torch.tensor([recompute.default_host_budget(self.device)], dtype=torch.int64, device=self.device)
         if self.mesh.world > 1:
             dist.all_reduce(mine, op=dist.ReduceOp.MIN, group=self.group)
         return int(mine.item())
@@ -292,7 +292,7 @@ class Trainer:
             model.plan_checkpointing(tokens, elem, self.device, sparse=cfg.doc_mask)
         need = model.memory_needs(tokens, elem, self.device, sparse=cfg.doc_mask)
         need["host_budget"] = model.offload_budget if model.auto_checkpoint else None
-        need["host_states"] = checkpointing.state_bytes(model.parameters()) if cfg.cpu_offload else 0
+        need["host_states"] = recompute.state_bytes(model.parameters()) if cfg.cpu_offload else 0
         return need
 
     def memory_line(self) -> str:

@@ -21,7 +21,6 @@ import importlib
 import itertools
 import math
 import os
-import sys
 import time
 
 import torch
@@ -29,6 +28,7 @@ import torch
 from ...kernels.triton.kernel import TritonKernel, gluon_bwd_takes, gluon_takes
 from ...kernels.verify import NAMES, run_case, run_plain_backward, run_plain_forward
 from ...masks import CAUSAL, FULL, MaskSpec, STRICT
+from ...testing import suite_on_path
 from ..records import write_record
 from ..tables import Section, num, table
 from ..triton_variants import load_configs, warm_variants
@@ -95,7 +95,7 @@ def _interpreter(tests_dir):
     if not os.path.exists(os.path.join(tests_dir, "triton_interp.py")):
         raise SystemExit(f"burstengine bench lao-check --device cpu: no triton_interp.py in "
                          f"{os.path.abspath(tests_dir)}; run it from a source checkout's root or pass --tests DIR")
-    sys.path.insert(0, os.path.abspath(tests_dir))
+    suite_on_path(tests_dir)
     importlib.import_module("triton_interp")
 
 

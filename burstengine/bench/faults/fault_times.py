@@ -1,6 +1,6 @@
-"""How fast a lost rank is named, on CPU/gloo, as a record: the jobs of tests/test_fault.py (a
+"""How fast a lost rank is named, on CPU/gloo, as a record: the jobs of tests/comm/test_fault.py (a
 rank SIGKILLed mid ring step; a rank frozen by SIGSTOP under the watchdog; ranks on different
-groups) and the killed training run of tests/test_train_fault.py, each run once with the
+groups) and the killed training run of tests/train/test_train_fault.py, each run once with the
 tests' settings.  Seconds from the fault to each survivor's error (ring) or exit (watchdog,
 train).  The tests assert the bounds; this writes what one run measured.
 
@@ -10,23 +10,25 @@ It runs the test suite's own jobs, so it needs a source checkout: run it from th
 root (or name the tests folder with --tests).
 """
 import importlib
+import importlib.util
 import os
-import sys
 import tempfile
 
+from ...testing import suite_on_path
 from ..records import OUT_DIR_HELP, write_record
 from ..tables import Section, fixed, num, table
 from ..usage import command_parser
 
 
 def _test_modules(tests_dir):
-    """tests/test_fault.py and tests/test_train_fault.py, imported from a checkout's tests folder
-    (they are not part of the installed package)."""
-    for name in ("test_fault.py", "test_train_fault.py"):
-        if not os.path.exists(os.path.join(tests_dir, name)):
-            raise SystemExit(f"burstengine bench fault-times: no {name} in {os.path.abspath(tests_dir)}; "
-                             "run it from a source checkout's root or pass --tests DIR")
-    sys.path.insert(0, os.path.abspath(tests_dir))
+    """tests/comm/test_fault.py and tests/train/test_train_fault.py, imported from a checkout's
+    tests folder (they are not part of the installed package)."""
+    if os.path.isdir(tests_dir):
+        suite_on_path(tests_dir)
+    for name in ("test_fault", "test_train_fault"):
+        if importlib.util.find_spec(name) is None:
+            raise SystemExit(f"burstengine bench fault-times: no {name}.py in {os.path.abspath(tests_dir)} or its "
+                             "folders; run it from a source checkout's root or pass --tests DIR")
     return importlib.import_module("test_fault"), importlib.import_module("test_train_fault")
 
 

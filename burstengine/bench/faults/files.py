@@ -15,7 +15,7 @@ run whose newest checkpoint is damaged, falls back to the newest intact one and 
 * A full disk under export (the safetensors writer fails with ENOSPC): "no space left on".
 * Two exports into one out_dir at once: both succeed and the directory holds one whole export.
 
-    burstengine bench faults-files [--out-dir DIR]     # tests/test_fault_files.py runs the same cases
+    burstengine bench faults-files [--out-dir DIR]     # tests/bench/test_fault_files.py runs the same cases
 """
 from __future__ import annotations
 

@@ -379,7 +379,8 @@ def _fuzz_counts(tests_dir: str | None) -> dict | None:
     path = os.path.join(tests_dir, "fuzz_cases.py") if tests_dir else None
     if not path or not os.path.exists(path):
         return None
-    sys.path.insert(0, os.path.abspath(tests_dir))  # fuzz_cases imports the suite's helpers
+    from ...testing import suite_on_path  # torch comes with the fuzz: the runner stays light otherwise
+    suite_on_path(tests_dir)  # fuzz_cases imports the suite's helpers and tests/attention/test_fuzz.py
     spec = importlib.util.spec_from_file_location("fuzz_cases", path)
     cases = importlib.util.module_from_spec(spec)
     sys.modules["fuzz_cases"] = cases  # one module object: the pool pickles its functions by name

@@ -189,7 +189,7 @@ def test_gemma3_every_checkpoint_policy_is_exact(pool, models, tokens):
     policy: the loss and gradients of keeping everything.  Sequence-level checkpointing runs on the
     global layer (its ring takes the attention scale) and is refused on a sliding one, as for
     Mistral's window; "auto" plans "selective" where it would plan "sequence"."""
-    from burstengine.model import checkpointing as C
+    from burstengine.model import recompute as C
     from burstengine.model.hf_dir import args_from_hf_config, read_config
     from burstengine.train import load
     from burstengine.testing import rel_err

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ..loss import fused_linear_cross_entropy
+from .fused_ce import fused_linear_cross_entropy
 
 CHUNK_TOKENS = 8192
 # tokens per chunk of the fused loss; None = its default (a 1 GiB logits workspace on CUDA)

@@ -2,9 +2,9 @@
 checkpoints saved by transformers: config.json both ways (LongRoPE, the sliding window, what is
 refused), weights in and out bitwise through the fused tensors, float32 logits and prefill K/V at
 CP 1 and 2 in LongRoPE's short and long regimes, the first training loss in the short regime (the
-long one: tests/test_finetune.py), generation in the short regime and across the switch, and the
+long one: tests/train/test_finetune.py), generation in the short regime and across the switch, and the
 four commands on a Phi-3 directory.  Transformers' generate, the long regime and more CP degrees
-are in tests/test_generate.py's parametrisations."""
+are in tests/inference/test_generate.py's parametrisations."""
 import json
 import re
 
@@ -187,7 +187,7 @@ def test_train_config_carries_the_factors(phi3_dir, tmp_path):
 
 def test_weights_in_and_out_bitwise(phi3_dir):
     """qkv_proj and gate_up_proj split into our projections and joined again give the checkpoint's
-    tensors, bit for bit (the loader's FSDP2-sharded reads: tests/test_families.py)."""
+    tensors, bit for bit (the loader's FSDP2-sharded reads: tests/model/test_families.py)."""
     from safetensors.torch import load_file
 
     src = load_file(f"{phi3_dir}/model.safetensors")
@@ -247,7 +247,7 @@ def test_prefill_logits_and_kv_equal_transformers_cp12(pool, phi3_dir, world, se
 @pytest.mark.parametrize("world", [1, 2])
 def test_first_loss_in_the_short_regime(pool, tmp_path, world):
     """The trainer's first loss from init= equals transformers' on a batch within the original
-    context (the long regime, CP 1/2/4: tests/test_finetune.py)."""
+    context (the long regime, CP 1/2/4: tests/train/test_finetune.py)."""
     path = fc.save_tiny(tmp_path / "phi3", "phi3", seed=3)
     data = fc.token_file(tmp_path / "tokens.bin")
     loss, ref, gmax = pool.run(fc.first_loss, path, data, 16, ["layout=zigzag"], world=world)[0]

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from burstengine.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECORDS = ROOT / "benchmarks" / "results"
 DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
 

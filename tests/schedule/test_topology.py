@@ -1,4 +1,4 @@
-"""The double ring's schedule (comm/topology.py), enumerated without running attention.
+"""The double ring's schedule (schedule/order.py, run by comm/rings.py), enumerated without running attention.
 
 The step plan is replayed symbolically: shards moved along the hops it posts must be where
 ``ring_source`` says at every step, every gradient partial must collect each of its shard's

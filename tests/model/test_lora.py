@@ -21,7 +21,7 @@ import finetune_cases as fc  # noqa: E402
 import lora_cases as lc  # noqa: E402
 import train_cases as tc  # noqa: E402
 from burstengine.model import PRESETS, Transformer, lora  # noqa: E402
-from burstengine.model.checkpointing import POLICIES  # noqa: E402
+from burstengine.model.recompute import POLICIES  # noqa: E402
 from burstengine.testing import rel_err  # noqa: E402
 from burstengine.train import load  # noqa: E402
 from test_finetune import models, tokens  # noqa: E402,F401  (the fixtures: tiny pretrained models, a token file)
@@ -242,7 +242,7 @@ def test_dropout_is_replayed_by_recomputing_policies():
 
 def test_auto_plan_with_dropout_avoids_policies_that_do_not_replay():
     a = PRESETS["tiny"]
-    from burstengine.model import checkpointing as C
+    from burstengine.model import recompute as C
 
     per = {k: v * 64 for k, v in C.activation_bytes(a, 8).items()}
     for dropout, banned in ((0.0, set()), (0.1, {"sequence", "pointwise", "offload"})):

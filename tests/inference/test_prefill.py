@@ -115,7 +115,7 @@ def test_name_mapping_round_trips():
 
 
 # rope scaling, head_dim != hidden / heads, Qwen2/3 and Mistral's window are reproduced now
-# (tests/test_finetune.py); these are not
+# (tests/train/test_finetune.py); these are not
 @pytest.mark.parametrize("change,match", [
     (dict(rope_parameters={"rope_type": "longrope", "rope_theta": 5e5, "factor": 8.0}), "rope type 'longrope'"),
     (dict(partial_rotary_factor=0.5), "partial_rotary_factor"),

@@ -25,7 +25,7 @@ TINY = {
 
 def _run(*argv, cwd=None, env_extra=None, timeout=240):
     env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "BURST_RESULTS", "BURST_KERNEL"):
         env.pop(var, None)
@@ -366,7 +366,7 @@ def test_ctrl_c_during_train_is_one_line(tmp_path):
 
     run = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)

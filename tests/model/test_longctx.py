@@ -10,7 +10,7 @@ import torch
 
 import longctx_cases as lx
 from burstengine.model import PRESETS, Transformer, lora
-from burstengine.model import checkpointing as C
+from burstengine.model import recompute as C
 from burstengine.model import tiled as T
 from burstengine.testing import rel_err
 from test_pointwise import reference

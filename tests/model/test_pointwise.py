@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from burstengine.comm.dist import LOCAL
-from burstengine.model import checkpointing as C
+from burstengine.model import recompute as C
 from burstengine.model import fused
 from burstengine.model import pointwise as P
 from burstengine.model import PRESETS, ContextParallel, Transformer

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import burstengine as be
-import seqckpt_cases
+import sequence_recompute_cases
 from burstengine.attention.prefix import prefix_kv_rows, prefix_tasks
 from burstengine.schedule import ring_source
 
@@ -14,18 +14,18 @@ SPLITS = (0.0, 0.25, 0.5, 0.75, 1.0)
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_matches_no_checkpointing(pool, world, layout):
-    for rank, res in enumerate(pool.run(seqckpt_cases.against_plain, world * 7, layout, SPLITS, world=world)):
+    for rank, res in enumerate(pool.run(sequence_recompute_cases.against_plain, world * 7, layout, SPLITS, world=world)):
         for split, err in res.items():
             assert err <= 1e-12, f"world {world} rank {rank} {layout} split {split}: rel err {err:.2e}"
 
 
 def test_non_causal_matches(pool):
-    for res in pool.run(seqckpt_cases.against_plain, 3, "zigzag", (0.0, 0.5), False, world=3):
+    for res in pool.run(sequence_recompute_cases.against_plain, 3, "zigzag", (0.0, 0.5), False, world=3):
         assert max(res.values()) <= 1e-12, res
 
 
 def _saved_bytes(split, n=12):
-    blk = seqckpt_cases.Block()
+    blk = sequence_recompute_cases.Block()
     x = torch.randn(2, n, 24, dtype=torch.float64, requires_grad=True)
     sizes = []
 
@@ -71,21 +71,21 @@ def test_prefix_schedule(world):
 def test_recompute_sends_only_the_prefix(pool):
     world, n, split = 4, 16, 0.75
     m = n - round(split * n)
-    for by in pool.run(seqckpt_cases.recompute_bytes, "striped", split, n, world=world):
+    for by in pool.run(sequence_recompute_cases.recompute_bytes, "striped", split, n, world=world):
         # k and v rows [0, m) of (1, n, Hkv=2, D=8) float32, G-1 hops
         assert by["backward.k_recompute"] == by["backward.v_recompute"] == (world - 1) * m * 2 * 8 * 4
-    for by in pool.run(seqckpt_cases.recompute_bytes, "striped", 1.0, n, world=world):
+    for by in pool.run(sequence_recompute_cases.recompute_bytes, "striped", 1.0, n, world=world):
         assert "backward.k_recompute" not in by  # split 1: nothing recomputed, nothing sent
 
 
 @pytest.mark.parametrize("case,match", [("split", "split must be"), ("odd_zigzag", "even number")])
 def test_bad_input_raises_on_every_rank(pool, case, match):
-    msgs = pool.run(seqckpt_cases.bad_split_or_shape, case, world=2)
+    msgs = pool.run(sequence_recompute_cases.bad_split_or_shape, case, world=2)
     assert all(m is not None and match in m for m in msgs), msgs
 
 
 def test_parameters_get_gradients_when_the_input_needs_none():
-    blk = seqckpt_cases.Block()
+    blk = sequence_recompute_cases.Block()
     x = torch.randn(1, 10, 24, dtype=torch.float64)  # e.g. the first block over frozen embeddings
     blk.post_attn(x, be.burst_attn_func(*blk.pre_attn(x), causal=True)).sum().backward()
     ref = blk.grads()

@@ -18,7 +18,7 @@ under whatever recomputation it wants.  Adding one is a function and a line in P
   Split 0 is ``full`` (attention recomputed whole), split 1 is selective checkpointing++ in its
   lean form: the attention output is kept but not its q/k/v, which are re-projected from the
   input (``selective`` keeps those too).  What "front" means under zigzag and striped:
-  burstengine/attention/seqckpt.py.  With no CP group the block's attention runs as BurstAttention
+  burstengine/attention/sequence_recompute.py.  With no CP group the block's attention runs as BurstAttention
   on a one-rank ring (``LOCAL``), never through a ring of the whole job; torch's native CP
   (which patches SDPA) cannot be checkpointed this way.
 * ``pointwise``: keep every matmul's output and the attention output (and lse), recompute only
@@ -57,7 +57,7 @@ import os
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ..attention.seqckpt import seq_checkpoint
+from ..attention.sequence_recompute import seq_checkpoint
 from ..comm.dist import LOCAL
 from .offload import Offloader
 

@@ -86,7 +86,7 @@ def test_perplexity_over_ranks_equals_one_process(pool, llama_dir):
 
 def _cli(*argv, cwd, timeout=400):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "BURST_RESULTS"):
         env.pop(var, None)

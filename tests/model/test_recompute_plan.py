@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 import train_cases as tc
-from burstengine.model import checkpointing as C
+from burstengine.model import recompute as C
 from burstengine.model import PRESETS
 
 # kept bytes grow up the ladder (offload and full-offload keep nothing on the device; offload's
@@ -179,7 +179,7 @@ def test_torch_cp_plans_no_sequence_layers():
     "sequence" layer must refuse."""
     import torch
     from burstengine.model import ContextParallel, Transformer
-    from burstengine.model.checkpointing import sequence
+    from burstengine.model.recompute import sequence
 
     a = tc.small_config().model
     budget = int(_budget_gib({"sequence": 2}) * 2**30)

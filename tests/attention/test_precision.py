@@ -21,7 +21,7 @@ import torch
 
 import precision_cases as pc
 from burstengine.comm.dist import LOCAL
-from burstengine.comm.topology import RingComm
+from burstengine.comm.rings import RingComm
 
 ONE_RANK = 1e-4  # world 1 this close to float64: an input float32 can do
 RATIO = 3.0
