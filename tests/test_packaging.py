@@ -82,7 +82,9 @@ def test_extras_cover_the_optional_imports():
 
 def test_commands_need_no_file_outside_the_package():
     """The package never opens a file relative to its own location or a checkout's folders:
-    what a command needs is code in burstengine/ (the wheel holds exactly that)."""
+    what a command needs is code in burstengine/ (the wheel holds exactly that).  Its location
+    may still name the checkout for git (a record's commit) or a child's PYTHONPATH, through
+    ``burstengine.__path__``."""
     pattern = re.compile(r"__file__|open\([^)]*benchmarks/|\"(?:tests|benchmarks)/[^\"]*\.(?:json|toml|txt)\"\)")
     for dirpath, _, files in os.walk(PKG):
         for name in files:

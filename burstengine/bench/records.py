@@ -15,6 +15,8 @@ import sys
 
 import torch
 
+import burstengine
+
 from .. import __version__
 
 
@@ -23,7 +25,7 @@ def git_commit() -> str:
     command runs), else the package's version ("v0.1.0": an installed release)."""
     if os.environ.get("BURST_COMMIT"):
         return os.environ["BURST_COMMIT"]
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    package = os.path.abspath(burstengine.__path__[0])  # where git is asked, not a file read
     try:
         top, head = subprocess.check_output(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=package,
                                             stderr=subprocess.DEVNULL, text=True).split()

@@ -92,7 +92,7 @@ def generic(rows) -> list[str]:
     body = []
     for name, rec in rows:
         keys = ", ".join(k for k in rec if k not in ("command", "commit", "env"))
-        body.append([f"`{name}`", f"`{rec.get('command', '?')}`", f"`{str(rec.get('commit', '?'))[:10]}`",
+        body.append([f"`benchmarks/results/{name}`", f"`{rec.get('command', '?')}`", f"`{str(rec.get('commit', '?'))[:10]}`",
                      device_of(rec), rec.get("env", {}).get("date", "")[:10], keys])
     return table(["record", "command", "commit", "device", "date", "fields"], body)
 

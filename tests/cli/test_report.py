@@ -68,7 +68,7 @@ def test_an_unknown_record_is_listed_not_dropped(tmp_path):
     out = tmp_path / "results.md"
     assert report("--records", records, "--out", out, "--docs") == 0
     text = out.read_text()
-    assert "## Other records" in text and "`attention_odd.json`" in text and "`python odd.py`" in text
+    assert "## Other records" in text and "`benchmarks/results/attention_odd.json`" in text and "`python odd.py`" in text
     assert "### soak_cpu" in text
 
 

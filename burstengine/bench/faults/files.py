@@ -27,6 +27,8 @@ import sys
 import tempfile
 import time
 
+import burstengine
+
 from ..usage import command_parser
 
 # a Llama small enough to write, load and spawn ranks on in seconds
@@ -126,7 +128,7 @@ CKPT_DAMAGE = {
 def cli(argv, timeout: float = 300.0, env=None, code: str | None = None) -> tuple[int, str, str]:
     """``burstengine ARGV`` in a fresh process (``code``: Python run first in that process, e.g. a
     patch); (exit code, stdout, stderr)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    root = os.path.dirname(os.path.abspath(burstengine.__path__[0]))  # the checkout: the child imports this tree
     full = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     full["PYTHONPATH"] = os.pathsep.join([root, full.get("PYTHONPATH", "")])
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "BURST_CHECKS"):
@@ -278,7 +280,7 @@ def concurrent_exports(good_run: str, tmp: str, n: int = 3) -> list[str]:
     """``n`` exports into one out_dir at once: all succeed, one whole export remains, no temporary
     directory is left."""
     out = os.path.join(tmp, "out_concurrent")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    root = os.path.dirname(os.path.abspath(burstengine.__path__[0]))  # the checkout: the child imports this tree
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     procs = [subprocess.Popen([sys.executable, "-m", "burstengine", "export", good_run, out], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(n)]

@@ -445,6 +445,6 @@ def block_offload(records):
                         "", "On six layers alone (`benchmarks/probe_offload.py`): " + "; ".join(probe) + "."])
 
 
-SECTIONS = (Section("Training", r"^(train_|ablation)", render,
+SECTIONS = (Section("Training", r"^(train_|ablation|longctx_)", render,
                     "`burstengine train` and `burstengine bench train` (throughput, ablation)."),)
 BLOCKS = {"train-3b": block_train_3b, "offload": block_offload}

@@ -123,7 +123,32 @@ def block_gluon_bwd(records):
                         f"TFLOP/s): {tr_line}."])
 
 
+def probe_families(rec):
+    head = [f"{rec['layers']} layers of each family's hub shape, {rec['seq']:,} tokens, random weights; "
+            f"||x − ref|| / ||ref|| against transformers in float32 (eager attention), transformers "
+            f"{rec['transformers']}.", ""]
+    body = [[r["family"], r.get("model_type", "—"), num(r["ours_bf16_err"]), num(r["hf_bf16_err"]),
+             f"{r['ours_bf16_argmax_agree']:.3f}", "yes" if r["pass"] else "NO"] if "error" not in r
+            else [r["family"], "—", r["error"], "", "", "NO"] for r in rec["rows"]]
+    return head + table(["family", "model_type", "ours bf16", "transformers bf16 (SDPA)", "same argmax",
+                         "within 2× transformers'"], body)
+
+
+def probe_nccl_graph(rec):
+    return table(["ranks", "layers", "collectives per step", "eager ms", "graph ms", "µs per collective in the graph",
+                  "graph = eager"],
+                 [[rec["world"], rec["layers"], rec["collectives_per_step"], fixed(rec["eager_step_ms"], 2),
+                   fixed(rec["graph_step_ms"], 2), fixed(rec["graph_us_per_collective"], 1),
+                   "yes" if rec["graph_equals_eager"] else "NO"]])
+
+
 SECTIONS = (
+    Section("Every family on the GPU kernels", r"^probe_families", probe_families,
+            "`python benchmarks/probe_families.py --seq 8192`: each model family's bf16 logits through the "
+            "kernels a GPU picks, beside transformers' own bf16 error."),
+    Section("NCCL collectives inside a CUDA graph", r"^probe_nccl_graph", probe_nccl_graph,
+            "`torchrun --nproc_per_node 2 benchmarks/probe_nccl_graph.py`: a multi-rank decode step's all-gathers "
+            "and all-reduces captured in one graph, against the same ops eager."),
     Section("Gluon kernel variants", r"^gluon_", gluon_variants,
             "`benchmarks/probe_gluon.py`: the Gluon kernels and variants of them built behind flags for one "
             "measurement (docs/kernels.md): causal forward and backward alone, beside cuDNN in the same launch."),
