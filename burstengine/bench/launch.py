@@ -155,6 +155,8 @@ def _rank_main(rank, world, port, pg_timeout, threads, backend_name, entry, entr
     # Ctrl-C reaches every process of the terminal's group: the launcher alone answers it, by
     # stopping the ranks (no rank's traceback, no collective failing on a peer that left)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # ... by SIGTERM first: the rank unwinds as from sys.exit (a run gives its lock back), quietly
+    signal.signal(signal.SIGTERM, _stopped)
     if threads:
         torch.set_num_threads(threads)
     code = 1
@@ -185,6 +187,10 @@ def _rank_main(rank, world, port, pg_timeout, threads, backend_name, entry, entr
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _stopped(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 def _reported(results) -> dict[int, int]:
@@ -224,7 +230,7 @@ def spawn(entry, entry_args: tuple, world: int, timeout: float, threads: int | N
     try:
         return _watch(ctx.processes, results, timeout, prog)
     except KeyboardInterrupt:  # Ctrl-C: the ranks go quietly, the caller says what it means
-        _stop([p for p in ctx.processes if p.exitcode is None])
+        _stop([p for p in ctx.processes if p.exitcode is None], gently=True)
         raise
 
 
@@ -278,7 +284,16 @@ def _watch(procs, results, timeout: float, prog: str) -> int:
     return max(codes.values())
 
 
-def _stop(alive) -> None:
+def _stop(alive, gently: bool = False) -> None:
+    """Stop the ranks: at once (a rank already lost or out of time), or ``gently`` (Ctrl-C):
+    SIGTERM, which each rank turns into a quiet exit that gives back what it holds (a run's lock),
+    then SIGKILL for any still there after a few seconds (stuck in a collective)."""
+    if gently:
+        for p in alive:
+            p.terminate()
+        for p in alive:
+            p.join(5)
+        alive = [p for p in alive if p.exitcode is None]
     for p in alive:
         p.kill()
     for p in alive:
