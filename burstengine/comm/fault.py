@@ -460,6 +460,10 @@ _QUEUED: deque | None = None
 _QUEUED_CAP = 1024
 _QUEUED_LOCK = threading.Lock()
 _WATCHDOGS = [0]  # watchdogs running in this process
+# when a queued work was last seen complete: a wait is overdue only when nothing has completed
+# for the timeout either, so a long but moving GPU queue (the host runs ahead of minutes-long
+# steps at long context) is progress, not a hang
+_LAST_DONE = [0.0]
 
 
 def _watch_queued(on: bool) -> None:
@@ -469,6 +473,7 @@ def _watch_queued(on: bool) -> None:
         _WATCHDOGS[0] += 1 if on else -1
         if _WATCHDOGS[0] > 0 and _QUEUED is None:
             _QUEUED = deque(maxlen=_QUEUED_CAP)
+            _LAST_DONE[0] = time.monotonic()
         elif _WATCHDOGS[0] <= 0:
             _WATCHDOGS[0], _QUEUED = 0, None
 
@@ -484,21 +489,26 @@ def _queue(works, op: Op) -> None:
     if q is None or not works or _capturing():
         return
     with _QUEUED_LOCK:
-        while q and all(w.is_completed() for w in q[0][2]):
-            q.popleft()
+        _drop_done(q)
         q.append((time.monotonic(), op, tuple(works)))
 
 
+def _drop_done(q) -> None:
+    while q and all(w.is_completed() for w in q[0][2]):
+        q.popleft()
+        _LAST_DONE[0] = time.monotonic()
+
+
 def _overdue(timeout: float):
-    """The oldest queued wait still not complete ``timeout`` seconds after it was queued, as
-    (op, works), else None; complete ones at the front are dropped."""
+    """The oldest queued wait still not complete ``timeout`` seconds after it was queued, with
+    no queued wait completed in those seconds either, as (op, works), else None; complete ones
+    at the front are dropped."""
     q = _QUEUED
     if q is None:
         return None
     with _QUEUED_LOCK:
-        while q and all(w.is_completed() for w in q[0][2]):
-            q.popleft()
-        if q and time.monotonic() - q[0][0] > timeout:
+        _drop_done(q)
+        if q and time.monotonic() - max(q[0][0], _LAST_DONE[0]) > timeout:
             return q[0][1], q[0][2]
     return None
 

@@ -206,6 +206,29 @@ def test_watchdog_bounds_the_waits_the_host_does_not_block_in(store, monkeypatch
     assert fault._QUEUED is None
 
 
+def test_watchdog_takes_a_moving_queue_for_progress():
+    """Waits queued together behind a long GPU queue (the host runs ahead of a long step): the
+    second is not overdue while the first completed less than the timeout ago, only once nothing
+    has completed for the timeout."""
+    op = fault.Op("forward ring shift of k, v", (("sending to", 3), ("receiving from", 1)), blocking=False)
+    fault._watch_queued(True)  # as a running watchdog does
+    try:
+        first, second = _Queued(), _Queued()
+        fault.wait([first], op)
+        fault.wait([second], op)
+        time.sleep(0.4)
+        first.done = True
+        assert fault._overdue(0.6) is None  # sees the first complete
+        time.sleep(0.4)  # 0.8 s since both were queued, 0.4 s since the first completed
+        assert fault._overdue(0.6) is None
+        time.sleep(0.35)
+        late = fault._overdue(0.6)
+        assert late is not None and late[1] == (second,)
+    finally:
+        fault._watch_queued(False)
+    assert fault._QUEUED is None
+
+
 def test_timeout_is_read_from_the_environment(monkeypatch):
     monkeypatch.setenv("BURST_TIMEOUT", "2.5")
     assert planning.configured_timeout() == 2.5
