@@ -12,15 +12,7 @@ out=${OUT:-$PWD/out}
 export BURST_RESULTS=${BURST_RESULTS:-$out/results}
 mkdir -p "$BURST_RESULTS"
 TR1="python3 -m torch.distributed.run --standalone --nproc_per_node 1"
-T0=$(date +%s)
-BUDGET=${BUDGET:-540}
-step() { local t=$1; shift; echo "=== [+$(( $(date +%s) - T0 ))s] $*"; timeout --signal=TERM --kill-after=10 "$t" "$@"; echo "=== rc=$? [+$(( $(date +%s) - T0 ))s]"; }
-bstep() {
-  local t=$1 left=$(( BUDGET - ($(date +%s) - T0) )); shift
-  if [ "$left" -lt 30 ]; then echo "=== skipped, ${left}s of the budget left: $*"; return; fi
-  [ "$t" -gt "$left" ] && t=$left
-  step "$t" "$@"
-}
+source "$(dirname "$0")/steps.sh"  # T0, BUDGET, step, bstep, left
 nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader
 
 case $stage in

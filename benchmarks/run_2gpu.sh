@@ -62,17 +62,7 @@ export BURST_RESULTS=${BURST_RESULTS:-$out/results}
 mkdir -p "$BURST_RESULTS"
 TR="python3 -m torch.distributed.run --standalone --nproc_per_node 2"
 BE="$TR -m burstengine bench"
-T0=$(date +%s)
-step() { local t=$1; shift; echo "=== [+$(( $(date +%s) - T0 ))s] $*"; timeout --signal=TERM --kill-after=10 "$t" "$@"; echo "=== rc=$? [+$(( $(date +%s) - T0 ))s]"; }
-# a step under the stage's budget (BUDGET seconds from the start): its timeout is cut to what is left,
-# and it is skipped (said so) when less than 30 s are, so the stage ends inside one device call
-BUDGET=${BUDGET:-540}
-bstep() {
-  local t=$1 left=$(( BUDGET - ($(date +%s) - T0) )); shift
-  if [ "$left" -lt 30 ]; then echo "=== skipped, ${left}s of the budget left: $*"; return; fi
-  [ "$t" -gt "$left" ] && t=$left
-  step "$t" "$@"
-}
+source "$(dirname "$0")/steps.sh"  # T0, BUDGET, step, bstep, left
 
 case $stage in
 attention)  # the first call of issue 23 (its 128K/512K rows ended at their timeouts: see peers below)

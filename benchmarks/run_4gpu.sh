@@ -26,16 +26,7 @@ export BURST_RESULTS=${BURST_RESULTS:-/tmp/burst-results}
 mkdir -p "$BURST_RESULTS" "$out/logs"
 TR="python3 -m torch.distributed.run --standalone --nproc_per_node 4"
 BE="$TR -m burstengine bench"
-T0=$(date +%s)
-BUDGET=${BUDGET:-540}
-step() { local t=$1; shift; echo "=== [+$(( $(date +%s) - T0 ))s] $*"; timeout --signal=TERM --kill-after=10 "$t" "$@"; echo "=== rc=$? [+$(( $(date +%s) - T0 ))s]"; }
-bstep() {
-  local t=$1 left=$(( BUDGET - ($(date +%s) - T0) )); shift
-  if [ "$left" -lt 30 ]; then echo "=== skipped, ${left}s of the budget left: $*"; return; fi
-  [ "$t" -gt "$left" ] && t=$left
-  step "$t" "$@"
-}
-left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+source "$(dirname "$0")/steps.sh"  # T0, BUDGET, step, bstep, left
 
 nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader; nvidia-smi topo -m | head -6
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'nccl', torch.cuda.nccl.version())"
