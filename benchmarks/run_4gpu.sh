@@ -9,6 +9,11 @@
 #                                        #   cards 2,3: run_2gpu.sh longctx-proxy's BurstAttention row (36)
 #   bash benchmarks/run_4gpu.sh scale    # 38.1/3/5/6: llama-8b at 128K beside torch-CP, the rank-loss
 #                                        #   faults over NCCL, 8B decode over 4 ranks, the 2x2 topology
+#   bash benchmarks/run_4gpu.sh long     # 38.6 skip_backward over NCCL under the watchdog; 38.1 llama-8b at 256K
+#                                        #   beside torch-CP, the paper's Table 5 (CP 1, 2 at 32K per GPU);
+#                                        #   38.7 window 32K at 1M, documents at 512K
+#   bash benchmarks/run_4gpu.sh longer   # 38.1 llama-8b at 512K beside torch-CP (one cold step each), then
+#                                        #   38.5 the 2x2 topology at 512K, slowed and not
 #   bash benchmarks/run_4gpu.sh last     # 38.6 again (faults at 4 ranks, commands included) beside
 #                                        #   card 0: run_1gpu.sh checks; then cards 2,3: 8B prefill at 512K
 #                                        #   beside torch-CP (37), card 1: the 8B-shaped LoRA proxy at 512K (36)
@@ -90,6 +95,30 @@ last)
   D=$!
   wait $A $C $D
   for f in checks_1of4 prefill_2of4 longctx_1of4; do echo "--- $f"; grep -v "OMP_NUM\|\*\*\*\*\|UserWarning\|return func" "$out/logs/$f.log" | tail -n 30; done
+  ;;
+long)
+  # ~60 s: the faults the watchdog's NCCL-wait bound was built for (a rank that skips a backward), over NCCL
+  FAULT_DEBUG=1 bstep 100 python3 -m burstengine bench faults --device cuda --world 4 --no-fuzz --deadline 10 \
+      --faults skip_backward,ring_step --limit 40 --out-dir "$BURST_RESULTS" --name faults_4gpu_nccl_skip_backward
+  # ~240 s: llama-8b at 256K over 4 ranks beside torch-native CP
+  bstep 300 $BE train --model llama-8b --methods burst,torch-cp --seqs 262144 --steps 1 --warmup 1 \
+      --name train_llama-8b_4gpu_256k
+  # ~120 s: the paper's Table 5 on this machine: 32K tokens per GPU at CP 1 (data parallel 4) and CP 2
+  # (data parallel 2); CP 4 is the 128K record (train_llama-8b_4gpu_128k.json)
+  bstep 90 $BE train --model llama-8b --methods burst --seqs 32768 --steps 2 --warmup 1 --set cp=1 \
+      --name table5_llama-8b_4gpu_cp1
+  bstep 90 $BE train --model llama-8b --methods burst --seqs 65536 --steps 2 --warmup 1 --set cp=2 \
+      --name table5_llama-8b_4gpu_cp2
+  # what is left: sliding window 32K at 1M (vs causal at 1M), packed documents at 512K, checked at 8K
+  bstep 200 $BE sparse --device cuda --seq 1048576 --windows 32768 --doc-seq 524288 --iters 2 --warmup 1 \
+      --check --check-seq 8192 --name sparse_4gpu_1m
+  ;;
+longer)
+  # ~350 s: llama-8b at 512K over 4 ranks beside torch-native CP, one step each (its first: a step is ~2.5 min)
+  bstep 420 $BE train --model llama-8b --methods burst,torch-cp --seqs 524288 --steps 1 --warmup 0 \
+      --name train_llama-8b_4gpu_512k
+  bstep 100 $BE topo --topology 2x2 --seqs 524288 --warmup 1 --iters 1 --inter-ctas 1 \
+      --name topo_bench_4gpu_2x2_512k_interctas1
   ;;
 *) echo "unknown stage $stage"; exit 2;;
 esac

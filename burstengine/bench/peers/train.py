@@ -111,8 +111,9 @@ def run_case(model: str, method: str, seq: int, args, config: list[str] = (), ro
 
 
 def _run_case(model, method, seq, args, config, row) -> dict:
-    over = list(args.overrides) + list(config) + [
-        f"seq_len={seq}", "cp=0", f"attention={ALL_METHODS[method].attention}", "progress=false", f"steps={args.warmup + args.steps}",
+    # cp=0 (all ranks) unless --set cp=N asks for data parallelism beside it (the paper's Table 5)
+    over = ["cp=0"] + list(args.overrides) + list(config) + [
+        f"seq_len={seq}", f"attention={ALL_METHODS[method].attention}", "progress=false", f"steps={args.warmup + args.steps}",
         "batch_size=1", "eval_every=0"]
     row = dict(row or {}, method=method, seq_len=seq)
     trainer = None
@@ -150,9 +151,9 @@ def _run_case(model, method, seq, args, config, row) -> dict:
         dist.all_reduce(mem, op=dist.ReduceOp.MAX)
         med = median(t.tolist())
         world = dist.get_world_size()
-        tgs = seq / world / med
+        tgs = seq * trainer.mesh.dp / world / med  # every data-parallel rank group trains its own sequence
         peak = trainer.peak
-        row.update(ok=True, step_times_s=t.tolist(), median_step_s=med, tokens_per_s_per_gpu=tgs,
+        row.update(ok=True, cp=trainer.mesh.cp, dp=trainer.mesh.dp, step_times_s=t.tolist(), median_step_s=med, tokens_per_s_per_gpu=tgs,
                    mfu=tgs * trainer.flops_per_token / peak if peak else None, peak_mem_gib=mem.item(),
                    first_loss=first_loss, flops_per_token=trainer.flops_per_token)
         if stats0:  # the caching allocator over the timed steps: retries free its cache (a device-wide stall)
@@ -347,7 +348,7 @@ def validate(args) -> str | None:
         return "torch-cp (torch's context_parallel) needs CUDA GPUs: torch has no CPU rule for it; use --methods burst"
     for seq in seqs:  # what every case's config will say on these ranks (--longest's doublings divide alike)
         try:
-            load(model, list(args.overrides) + [f"seq_len={seq}", "cp=0"]).check_world(args.world)
+            load(model, ["cp=0"] + list(args.overrides) + [f"seq_len={seq}"]).check_world(args.world)
         except ValueError as e:
             return f"--seqs {seq}: {e}"
     return None
