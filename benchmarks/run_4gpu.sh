@@ -117,6 +117,8 @@ longer)
   # ~350 s: llama-8b at 512K over 4 ranks beside torch-native CP, one step each (its first: a step is ~2.5 min)
   bstep 420 $BE train --model llama-8b --methods burst,torch-cp --seqs 524288 --steps 1 --warmup 0 \
       --name train_llama-8b_4gpu_512k
+  bstep 150 $BE sparse --device cuda --seq 1048576 --windows 32768 --doc-seq 524288 --iters 1 --warmup 1 \
+      --check --check-seq 8192 --name sparse_4gpu_1m
   bstep 100 $BE topo --topology 2x2 --seqs 524288 --warmup 1 --iters 1 --inter-ctas 1 \
       --name topo_bench_4gpu_2x2_512k_interctas1
   ;;
