@@ -122,6 +122,14 @@ longer)
   bstep 100 $BE topo --topology 2x2 --seqs 524288 --warmup 1 --iters 1 --inter-ctas 1 \
       --name topo_bench_4gpu_2x2_512k_interctas1
   ;;
+fill)
+  # the rows the long/longer stages ran out of: window 32K at 1M and documents at 512K (~250 s), then
+  # llama-8b at 128K beside torch-CP on this card (Table 5's CP 4 row; the earlier 128K record is H200)
+  bstep 280 $BE sparse --device cuda --seq 1048576 --windows 32768 --doc-seq 524288 --iters 1 --warmup 1 \
+      --check --check-seq 8192 --name sparse_4gpu_1m
+  bstep 260 $BE train --model llama-8b --methods burst,torch-cp --seqs 131072 --steps 2 --warmup 1 \
+      --name train_llama-8b_4gpu_128k_h100
+  ;;
 *) echo "unknown stage $stage"; exit 2;;
 esac
 ls -la "$BURST_RESULTS"
