@@ -378,8 +378,11 @@ def render(rec):
              num(med(r["step_times_s"]), 4) if r.get("step_times_s") else "—",
              num(r.get("tokens_per_s_per_gpu"), 4), fixed(r.get("mfu"), 3), fixed(r.get("peak_mem_gib"), 1),
              fixed(r.get("first_loss"), 4)] for r in rec["rows"]]
-    head = [f"model {rec.get('model', '?')}, world {rec.get('world', '?')}, {rec.get('steps', '?')} steps after "
-            f"{rec.get('warmup', '?')} warm-up.", ""]
+    r0 = rec["rows"][0] if rec["rows"] else {}
+    mesh = f" (dp {r0['dp']} × cp {r0['cp']})" if "dp" in r0 else ""
+    over = f"; overrides {', '.join(rec['overrides'])}" if rec.get("overrides") else ""
+    head = [f"model {rec.get('model', '?')}, world {rec.get('world', '?')}{mesh}, {rec.get('steps', '?')} steps after "
+            f"{rec.get('warmup', '?')} warm-up{over}.", ""]
     return head + table(["method", "seq", "ok", "median step s", "tokens/s/GPU", "MFU", "peak GiB", "step-0 loss"],
                         body)
 
@@ -446,6 +449,6 @@ def block_offload(records):
                         "", "On six layers alone (`benchmarks/probe_offload.py`): " + "; ".join(probe) + "."])
 
 
-SECTIONS = (Section("Training", r"^(train_|ablation|longctx_)", render,
+SECTIONS = (Section("Training", r"^(train_|ablation|longctx_|table5_)", render,
                     "`burstengine train` and `burstengine bench train` (throughput, ablation)."),)
 BLOCKS = {"train-3b": block_train_3b, "offload": block_offload}
