@@ -404,11 +404,22 @@ def _census(op: Op, me: int, peer: int | None, deadline: float | None) -> int | 
     if len(dead) == 1:
         return dead[0]
     window = _window(deadline)
-    end = time.monotonic() + window
+    start = time.monotonic()
+    end = start + window
+    # a rank at the end of the chain that has posted nothing but still heartbeats is alive and waiting
+    # somewhere: it will post when its own wait times out.  Over NCCL those timeouts come on each
+    # rank's watchdog beat, seconds apart, so the census waits for it (up to the deadline) rather
+    # than blame a neighbour that is merely slower to notice
+    last = start + max(window, deadline or 8.0)
 
     def read(r):
         return _bounded(lambda: st.get(f"{_WAITING}/{r}").decode() if st.check([f"{_WAITING}/{r}"]) else None)
 
+    def beat(r):
+        key = f"{PREFIX}/hb/{r}"
+        return _bounded(lambda: st.get(key) if st.check([key]) else None, 1.0)
+
+    beats = {r: beat(r) for r in ranks if r != me}
     while True:
         posts = {r: read(r) for r in ranks if r != me}
         # who waits in a collective (-1) and who in the ring (a peer), this rank included
@@ -434,6 +445,11 @@ def _census(op: Op, me: int, peer: int | None, deadline: float | None) -> int | 
                 r = int(v)
             else:
                 r = None  # a cycle: every rank waits on the next
+            silent = [q for q, v in posts.items() if v is None]
+            if r is None and not silent and len(in_coll) == 1 and len(in_ring) > 1:
+                # the ring's waits form a cycle (an exchange with every rank names one peer of
+                # many): the one rank waiting in a collective instead is the one that left the ring
+                r = in_coll[0]
             culprit = r
         else:
             silent = [r for r, v in posts.items() if v is None]
@@ -444,8 +460,12 @@ def _census(op: Op, me: int, peer: int | None, deadline: float | None) -> int | 
                 # the others all wait in the ring, this rank alone here: it is the one that left
                 # the ring (skipped a backward: its heartbeat goes on), as the ring side sees it
                 culprit = me
-        if time.monotonic() >= end:
-            return culprit
+        now = time.monotonic()
+        if now >= end:
+            waiting_for = (peer is not None and culprit is not None and culprit != me and posts.get(culprit) is None
+                           and now < last and beat(culprit) not in (None, beats.get(culprit), _DONE, _EXIT))
+            if not waiting_for:
+                return culprit
         time.sleep(0.1)
 
 

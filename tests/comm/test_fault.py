@@ -6,6 +6,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -313,3 +314,46 @@ def test_gone_tells_an_ended_process_on_this_host(store):
     # a collective's census names the one ended process at once, whatever the others post
     op = fault.Op("an all-gather", group_ranks=(0, 1, 2), group=False)
     assert fault._census(op, 0, None, 8.0) == (1 if ns != "-" else None)
+
+
+def test_census_names_the_rank_that_left_an_exchange_with_every_rank(store):
+    """Over NCCL a rank that skipped a backward waits in the next call's all-gather while the others
+    wait in the backward ring's exchange with every rank, each naming one peer of many: their waits
+    form a cycle, and the census names the one rank waiting in a collective (it blamed the first
+    peer of rank 0's list on 4 H100s, faults_4gpu_nccl_skip_backward.json)."""
+    op = fault.Op("the backward ring's shared key component", (("receiving from", 1),), group_ranks=(0, 1, 2, 3),
+                  group=False)
+    for r, v in ((1, 0), (2, 0), (3, -1)):
+        store.set(f"{fault.PREFIX}/waiting/{r}", str(v))
+    assert fault._census(op, 0, 1, 2.0) == 3
+
+
+def test_census_waits_for_a_beating_rank_to_say_where_it_waits(store):
+    """The chain ends at a rank that has posted nothing yet but still heartbeats: the census waits
+    (up to the deadline) for its post instead of blaming it; a rank whose heartbeat stands still is
+    named when the window ends."""
+    op = fault.Op("forward ring shift of k, v", (("receiving from", 1),), group_ranks=(0, 1, 2), group=False)
+    store.set(f"{fault.PREFIX}/waiting/2", "-1")
+    stop = threading.Event()
+
+    def rank1():  # beats every 0.1 s; its own wait times out 1.5 s in (after the census window of 0.5 s)
+        t0, n = time.monotonic(), 0
+        while not stop.is_set():
+            n += 1
+            store.set(f"{fault.PREFIX}/hb/1", str(n))
+            if time.monotonic() - t0 > 1.5:
+                store.set(f"{fault.PREFIX}/waiting/1", "2")
+            time.sleep(0.1)
+
+    store.set(f"{fault.PREFIX}/hb/1", "0")
+    t = threading.Thread(target=rank1, daemon=True)
+    t.start()
+    try:
+        assert fault._census(op, 0, 1, 2.0) == 2
+    finally:
+        stop.set()
+        t.join()
+    store.delete_key(f"{fault.PREFIX}/waiting/1")
+    t0 = time.monotonic()
+    assert fault._census(op, 0, 1, 2.0) == 1  # no beat: named when the window ends
+    assert time.monotonic() - t0 < 1.5
