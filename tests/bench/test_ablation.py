@@ -81,3 +81,35 @@ def test_bench_train_counts_data_parallel_sequences(tmp_path):
     (row,) = json.loads((tmp_path / "t5.json").read_text())["rows"]
     assert (row["dp"], row["cp"]) == (2, 1), row
     assert row["tokens_per_s_per_gpu"] == pytest.approx(64 * 2 / 2 / row["median_step_s"]), row
+
+
+def test_a_case_that_runs_out_of_memory_is_retried_with_the_fallback_plans(monkeypatch):
+    """bench train gives every method the best plan that fits: after an OOM under the planned
+    checkpointing, the --fallback plans in order (torch-CP ran out of memory at 256K and 512K on
+    4 H100s under the plan BurstEngine's planner makes); a user's own plan is never replaced."""
+    from argparse import Namespace
+
+    from burstengine.bench.peers import train
+
+    calls = []
+    monkeypatch.setattr(train, "_say", lambda msg: None)  # rank 0's printer: no process group here
+
+    def case(model, method, seq, args, config=(), row=None):
+        calls.append(list(config))
+        fits = "activation_checkpoint=full-offload" in config
+        return dict(row or {}, ok=fits, **({} if fits else {"error": "out of memory"}))
+
+    args = Namespace(fallback="full,full-offload", overrides=[])
+    row = train.fitting_case("tiny", "torch-cp", 64, args, case=case)
+    assert calls == [[], ["activation_checkpoint=full"], ["activation_checkpoint=full-offload"]]
+    assert row["ok"] and row["activation_checkpoint"] == "full-offload"
+    assert row["tried"] == [{"activation_checkpoint": "auto", "error": "out of memory"},
+                            {"activation_checkpoint": "full", "error": "out of memory"}]
+    calls.clear()
+    row = train.fitting_case("tiny", "torch-cp", 64, Namespace(fallback="full", overrides=["activation_checkpoint=none"]),
+                             case=case)
+    assert calls == [[]] and not row["ok"] and "tried" not in row
+    # a plan name the config does not know is refused before any rank starts
+    bad = Namespace(model="tiny", fallback="fulll", overrides=[], ablation=False, seqs="64", methods="burst",
+                    world=2, longest=False)
+    assert train.validate(bad).startswith("--fallback fulll: activation_checkpoint must be one of")

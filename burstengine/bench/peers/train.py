@@ -73,6 +73,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first [%(default)s]")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="config overrides for every case (e.g. activation_checkpoint=selective)")
+    p.add_argument("--fallback", default="full,full-offload",
+                   help="activation_checkpoint plans to retry a case with, in order, when it runs out of memory "
+                        "under the planned one (each method gets the best plan that fits: the planner counts "
+                        "BurstEngine's memory, not a peer's); '' for none; not with --set activation_checkpoint "
+                        "[%(default)s]")
     p.add_argument("--name", default=None, help="record name [train_<model>_<world>x<device>]")
     p.add_argument("--out-dir", default=None, help=OUT_DIR_HELP)
     p.add_argument("--ablation", action="store_true",
@@ -190,6 +195,27 @@ def _run_case(model, method, seq, args, config, row) -> dict:
     return row
 
 
+def fitting_case(model: str, method: str, seq: int, args, case=None) -> dict:
+    """``run_case`` under the planned checkpointing, then, while it runs out of device memory, under
+    each of ``--fallback``'s plans: the row of the first that trains (or the last OOM), with the
+    plans that did not fit in ``row["tried"]``.  A user's own activation_checkpoint is kept as is."""
+    case = case or run_case
+    row = case(model, method, seq, args)
+    ladder = [p for p in (getattr(args, "fallback", "") or "").split(",") if p]
+    if any(o.split("=", 1)[0].strip() == "activation_checkpoint" for o in args.overrides):
+        ladder = []
+    tried = []
+    for plan in ladder:
+        if row["ok"] or row.get("error") != "out of memory":
+            break
+        tried.append({"activation_checkpoint": row.get("activation_checkpoint", "auto"), "error": row["error"]})
+        _say(f"{method:>9} S={seq:>8}: out of memory; again with activation_checkpoint={plan}")
+        row = case(model, method, seq, args, [f"activation_checkpoint={plan}"], {"activation_checkpoint": plan})
+    if tried:
+        row["tried"] = tried
+    return row
+
+
 def _ablation_seqs(args) -> list[int]:
     try:
         return [int(s) for s in (args.seqs or ("524288" if torch.cuda.is_available() else "512")).split(",")]
@@ -248,13 +274,14 @@ def run_rank(args) -> int:
                 row["plain_ac"] = row["method"]  # plain-<the activation checkpointing that fit>
                 row["method"] = "plain"
             else:
-                row = run_case(model, method, seq, args)
+                row = fitting_case(model, method, seq, args)
             rows.append(row)
             if row["ok"]:
                 mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "-"
+                plan = f" (activation_checkpoint={row['activation_checkpoint']})" if row.get("activation_checkpoint") else ""
                 _say(f"{method:>9} S={seq:>8}: {row['median_step_s']:.3f} s/step, {row['tokens_per_s_per_gpu']:,.0f} "
                      f"tok/s/{per}, MFU {mfu}, {peak_label} {row['peak_mem_gib']:.1f} GiB, step-0 loss "
-                     f"{row['first_loss']:.5f}")
+                     f"{row['first_loss']:.5f}{plan}")
             else:
                 _say(f"{method:>9} S={seq:>8}: {row['error']}")
             if args.longest:
@@ -319,6 +346,11 @@ def validate(args) -> str | None:
 
     on_gpu = torch.cuda.is_available()
     model = args.model or ("llama-7b" if on_gpu else "tiny")
+    for plan in (p for p in (args.fallback or "").split(",") if p):
+        try:
+            load(model, list(args.overrides) + [f"activation_checkpoint={plan}"])
+        except ValueError as e:
+            return f"--fallback {plan}: {e}"
     try:
         load(model, list(args.overrides))
         seqs = _ablation_seqs(args) if args.ablation else \
@@ -374,7 +406,8 @@ def render(rec):
         body = [[e["step"], e["samples"], fixed(e["passkey_acc"], 3), fixed(e["chance_passkey_acc"], 3),
                  " / ".join(fixed(x, 2) for x in e["passkey_acc_by_depth"])] for e in rec.get("evals", [])]
         return out + table(["step", "samples", "passkey accuracy", "chance", "by depth quartile"], body)
-    body = [[r["method"], r.get("seq_len", "—"), num(r.get("ok")),
+    body = [[r["method"] + (f" ({r['activation_checkpoint']})" if r.get("activation_checkpoint") else ""),
+             r.get("seq_len", "—"), num(r.get("ok")),
              num(med(r["step_times_s"]), 4) if r.get("step_times_s") else "—",
              num(r.get("tokens_per_s_per_gpu"), 4), fixed(r.get("mfu"), 3), fixed(r.get("peak_mem_gib"), 1),
              fixed(r.get("first_loss"), 4)] for r in rec["rows"]]
