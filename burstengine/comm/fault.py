@@ -408,9 +408,10 @@ def _census(op: Op, me: int, peer: int | None, deadline: float | None) -> int | 
     end = start + window
     # a rank at the end of the chain that has posted nothing but still heartbeats is alive and waiting
     # somewhere: it will post when its own wait times out.  Over NCCL those timeouts come on each
-    # rank's watchdog beat, seconds apart, so the census waits for it (up to the deadline) rather
-    # than blame a neighbour that is merely slower to notice
-    last = start + max(window, deadline or 8.0)
+    # rank's watchdog beat, seconds apart, so the census waits for it (up to the deadline, at most 15 s) rather
+    # than blame a neighbour that is merely slower to notice; capped, as a rank stuck in a loop
+    # beats on and never posts (its neighbours then name it late, not never)
+    last = start + max(window, min(deadline or 8.0, 15.0))
 
     def read(r):
         return _bounded(lambda: st.get(f"{_WAITING}/{r}").decode() if st.check([f"{_WAITING}/{r}"]) else None)
