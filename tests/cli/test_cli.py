@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 
+import cli_cases
 from burstengine.bench.records import write_record
 from burstengine.train.config import DEPRECATED, field_help, load, preset, to_toml
 
@@ -23,16 +24,9 @@ TINY = {
 }
 
 
-def _run(*argv, cwd=None, env_extra=None, timeout=240):
-    env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "BURST_RESULTS", "BURST_KERNEL"):
-        env.pop(var, None)
-    env.update(env_extra or {})
-    p = subprocess.run([sys.executable, "-m", "burstengine", *argv], capture_output=True, text=True,
-                       timeout=timeout, env=env, cwd=cwd)
-    return p.returncode, p.stdout, p.stderr
+def _run(*argv, cwd=None, env_extra=None):
+    """``burstengine ARGV`` as from a fresh shell (in this process: tests/cli_cases.py)."""
+    return cli_cases.run(argv, cwd=cwd, env=env_extra)
 
 
 @pytest.mark.parametrize("bench", sorted(TINY))
@@ -71,7 +65,7 @@ def test_bench_runs_without_torchrun(bench, tmp_path):
 def test_user_errors_are_one_line_before_any_rank(argv, msg, tmp_path):
     if argv[0] == "train":
         argv = argv + ["--set", f"out_dir={tmp_path}/run"]
-    rc, out, err = _run(*argv, cwd=tmp_path, timeout=120)
+    rc, out, err = _run(*argv, cwd=tmp_path)
     assert rc == 2, out + err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and msg in lines[0] and "error:" in lines[0], err
@@ -83,8 +77,7 @@ def test_profile_data_error_is_one_line(tmp_path):
     import numpy as np
 
     np.arange(1000, dtype=np.uint16).tofile(tmp_path / "toks.bin")  # ids past the tiny vocab of 512
-    rc, out, err = _run("bench", "profile", "--set", f"data={tmp_path / 'toks.bin'}", "--world", "2", cwd=tmp_path,
-                        timeout=120)
+    rc, out, err = _run("bench", "profile", "--set", f"data={tmp_path / 'toks.bin'}", "--world", "2", cwd=tmp_path)
     assert rc == 2, out + err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "holds token id 999 >= model.vocab_size 512" in lines[0], err
@@ -111,7 +104,7 @@ def test_config_ranges(over, msg):
 
 def test_print_config_is_toml_that_config_reads(tmp_path):
     rc, out, err = _run("train", "--set", "steps=7", "--set", "activation_checkpoint=full", "--set",
-                        "model.n_layers=3", "--set", "progress=false", "--print-config", cwd=tmp_path, timeout=120)
+                        "model.n_layers=3", "--set", "progress=false", "--print-config", cwd=tmp_path)
     assert rc == 0 and not err, err
     path = tmp_path / "c.toml"
     path.write_text(out)
@@ -125,7 +118,7 @@ def test_print_config_is_toml_that_config_reads(tmp_path):
 
 
 def test_help_lists_every_field_with_default_and_meaning():
-    rc, out, err = _run("train", "--help", timeout=120)
+    rc, out, err = _run("train", "--help")
     assert rc == 0, err
     cfg = preset("tiny").to_dict()
     for title, fields in field_help():
@@ -156,8 +149,7 @@ def test_resume_of_a_finished_run_has_nothing_to_do(tmp_path):
     step = run / "checkpoints" / "step_00000004"
     step.mkdir(parents=True)
     (step / "meta.json").write_text(json.dumps({"step": 4}))
-    rc, out, err = _run("train", "--set", "steps=4", "--set", f"out_dir={run}", "--resume", cwd=tmp_path,
-                        timeout=120)
+    rc, out, err = _run("train", "--set", "steps=4", "--set", f"out_dir={run}", "--resume", cwd=tmp_path)
     assert rc == 0 and "nothing to do" in err and len(err.strip().splitlines()) == 1, out + err
     assert sorted(os.listdir(run)) == ["checkpoints"]
 
