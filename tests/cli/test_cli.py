@@ -406,3 +406,40 @@ def test_records_name_the_package_version_outside_a_checkout(tmp_path):
     installed = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                                env=dict(env, PYTHONPATH=str(tmp_path / "site")))
     assert installed.stdout.strip() == f"v{burstengine.__version__}", installed.stdout + installed.stderr
+
+
+def test_commands_in_this_process_see_what_a_fresh_one_does(tmp_path, monkeypatch):
+    """tests/cli_cases.py, which runs most of the suite's commands in the test process, against the
+    console script: the same exit code, stdout and stderr (an error; a note and a TOML on stdout);
+    a warning reaches stderr (not pytest's summary), an exception ends as the interpreter ends it,
+    a spawned rank's output is captured, and the test process gets its state back."""
+    import torch
+
+    from burstengine import cli
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK") and
+           not k.startswith("BURST_")}
+    for argv in (["plan", "--heads", "0"], ["train", "--set", "ckpt_every=3", "--print-config"]):
+        p = subprocess.run([sys.executable, "-m", "burstengine", *argv], capture_output=True, text=True, timeout=120,
+                           env=dict(env, OMP_NUM_THREADS="1"))
+        assert cli_cases.run(argv) == (p.returncode, p.stdout, p.stderr), argv
+    monkeypatch.setenv("BURST_KERNEL", "nope")
+    before = (dict(os.environ), os.getcwd(), list(sys.argv), torch.get_num_threads())
+
+    def noisy(argv):
+        assert "BURST_KERNEL" not in os.environ and os.getcwd() == str(tmp_path)
+        assert sys.argv[1:] == argv and sys.argv[0].endswith(os.path.join("burstengine", "__main__.py"))
+        torch.set_num_threads(3)
+        warnings.warn("a warning", UserWarning)
+        subprocess.run([sys.executable, "-c", "import sys; print('from a child', file=sys.stderr)"])
+        if argv == ["boom"]:
+            raise RuntimeError("boom")
+        print("out")
+        return 5
+
+    monkeypatch.setattr(cli, "main", noisy)
+    rc, out, err = cli_cases.run(["quiet"], cwd=tmp_path)
+    assert (rc, out) == (5, "out\n") and "UserWarning: a warning" in err and "from a child" in err, err
+    rc, out, err = cli_cases.run(["boom"], cwd=tmp_path)
+    assert rc == 1 and err.rstrip().endswith("RuntimeError: boom") and "Traceback" in err, err
+    assert (dict(os.environ), os.getcwd(), list(sys.argv), torch.get_num_threads()) == before
