@@ -149,3 +149,29 @@ def attention_groups(group, extra=()):
     t = Trainer(small_config(extra), group=group, echo=False, lock=False)
     kinds = ["local" if b.cp.group is LOCAL else "sdpa" if b.cp.group is None else "ring" for b in t.model.layers]
     return kinds if dist.get_rank(group) == 0 else None
+
+
+def save_stopped(group, ckpt_dir):
+    """A checkpoint save in which rank 0 is told to stop while DCP writes its files (SystemExit
+    143, what the launcher's SIGTERM on Ctrl-C raises in a rank): (type, text) of what each rank
+    raises, None if nothing."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    from burstengine.train import checkpoint as ckpt
+
+    t = Trainer(small_config(), group=group, echo=False, lock=False)
+    write = FileSystemWriter.write_data
+
+    def stopped(self, *args, **kwargs):
+        if dist.get_rank(group) == 0:
+            raise SystemExit(143)
+        return write(self, *args, **kwargs)
+
+    FileSystemWriter.write_data = stopped
+    try:
+        ckpt.save(ckpt_dir, 1, t.model, t.optimizer, {}, group=group)
+    except BaseException as e:  # noqa: BLE001 (SystemExit is the point)
+        return type(e).__name__, str(e)
+    finally:
+        FileSystemWriter.write_data = write
+    return None

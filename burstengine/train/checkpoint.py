@@ -191,6 +191,9 @@ def save(ckpt_dir: str, step: int, model, optimizer, extra: dict, group=None, ke
     try:
         dcp.save(state, checkpoint_id=tmp, process_group=group)  # DCP shares its ranks' failures: all raise
     except CheckpointException as e:
+        stopped = [f[0] for f in e.failures.values() if not isinstance(f[0], Exception)]
+        if stopped:  # a rank told to stop mid-save (the launcher's SIGTERM on Ctrl-C): no write failed
+            raise stopped[0] from None
         _shared_write_error(e, tmp, group, shared=True)
     _shared_write_error(_attempt(lambda: torch.save(_rng_state(), os.path.join(tmp, f"rng_{rank}.pt"))), tmp, group)
     if kill_in_save == step and rank == 0:

@@ -1,12 +1,10 @@
 """`burstengine bench train --ablation`: which runs the rows stand for, and one launch on CPU/gloo
 at a tiny size (every row runs, the step-0 losses agree, the record and tables are written)."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
+import cli_cases
 import train_cases as tc
 from burstengine.bench.peers import ablation as A
 
@@ -40,14 +38,11 @@ def test_append_replaces_rerun_rows():
 
 
 def _bench(*argv, out):
-    env = dict(os.environ, OMP_NUM_THREADS="1", BURST_RESULTS=str(out))
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(var, None)
+    """``burstengine bench train --ablation`` on 2 ranks (in this process: tests/cli_cases.py)."""
     sets = [a for s in tc.SMALL[:6] + ["passkey_symbols=8", "passkey_len=3", "layout=striped"] for a in ("--set", s)]
-    p = subprocess.run([sys.executable, "-m", "burstengine", "bench", "train", "--ablation", "--world", "2",
-                        "--seqs", "64", "--steps", "1", "--warmup", "0", *sets, *argv],
-                       capture_output=True, text=True, timeout=300, env=env)
-    return p.returncode, p.stdout + p.stderr
+    rc, stdout, stderr = cli_cases.run(["bench", "train", "--ablation", "--world", "2", "--seqs", "64", "--steps", "1",
+                                        "--warmup", "0", *sets, *argv], env={"BURST_RESULTS": str(out)})
+    return rc, stdout + stderr
 
 
 def test_ablation_runs_every_row_on_cpu(tmp_path):

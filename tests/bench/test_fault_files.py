@@ -1,12 +1,27 @@
 """Damaged files in, one line out: the cases of `burstengine bench faults-files`
-(burstengine/bench/faults/files.py), each a subprocess as a user runs it.  A damaged HF directory
+(burstengine/bench/faults/files.py), each run as a user runs it.  A damaged HF directory
 through train, generate and prefill; a damaged newest checkpoint through export (the run falls
 back to the intact one and says why, the checkpoint named directly is refused naming the file);
 an out_dir that is a file or another model's directory; a disk that fills mid-export; exports
-racing into one out_dir."""
+racing into one out_dir.  The bench starts a fresh interpreter per command; here they run in the
+test process (tests/cli_cases.py), but for the full disk (a patch of the writer in a process of
+its own) and the racing exports (processes at once), which keep theirs."""
 import pytest
 
+import cli_cases
 from burstengine.bench.faults import files as ff
+
+
+@pytest.fixture(scope="module", autouse=True)
+def commands_in_this_process():
+    spawned = ff.cli
+
+    def cli(argv, timeout=300.0, env=None, code=None):
+        return spawned(argv, timeout, env, code) if code else cli_cases.run(argv, env=env)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ff, "cli", cli)
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 
+import cli_cases
 from burstengine.bench.records import write_record
 from burstengine.train.config import DEPRECATED, field_help, load, preset, to_toml
 
@@ -23,16 +24,9 @@ TINY = {
 }
 
 
-def _run(*argv, cwd=None, env_extra=None, timeout=240):
-    env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "BURST_RESULTS", "BURST_KERNEL"):
-        env.pop(var, None)
-    env.update(env_extra or {})
-    p = subprocess.run([sys.executable, "-m", "burstengine", *argv], capture_output=True, text=True,
-                       timeout=timeout, env=env, cwd=cwd)
-    return p.returncode, p.stdout, p.stderr
+def _run(*argv, cwd=None, env_extra=None):
+    """``burstengine ARGV`` as from a fresh shell (in this process: tests/cli_cases.py)."""
+    return cli_cases.run(argv, cwd=cwd, env=env_extra)
 
 
 @pytest.mark.parametrize("bench", sorted(TINY))
@@ -71,7 +65,7 @@ def test_bench_runs_without_torchrun(bench, tmp_path):
 def test_user_errors_are_one_line_before_any_rank(argv, msg, tmp_path):
     if argv[0] == "train":
         argv = argv + ["--set", f"out_dir={tmp_path}/run"]
-    rc, out, err = _run(*argv, cwd=tmp_path, timeout=120)
+    rc, out, err = _run(*argv, cwd=tmp_path)
     assert rc == 2, out + err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and msg in lines[0] and "error:" in lines[0], err
@@ -83,8 +77,7 @@ def test_profile_data_error_is_one_line(tmp_path):
     import numpy as np
 
     np.arange(1000, dtype=np.uint16).tofile(tmp_path / "toks.bin")  # ids past the tiny vocab of 512
-    rc, out, err = _run("bench", "profile", "--set", f"data={tmp_path / 'toks.bin'}", "--world", "2", cwd=tmp_path,
-                        timeout=120)
+    rc, out, err = _run("bench", "profile", "--set", f"data={tmp_path / 'toks.bin'}", "--world", "2", cwd=tmp_path)
     assert rc == 2, out + err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "holds token id 999 >= model.vocab_size 512" in lines[0], err
@@ -111,7 +104,7 @@ def test_config_ranges(over, msg):
 
 def test_print_config_is_toml_that_config_reads(tmp_path):
     rc, out, err = _run("train", "--set", "steps=7", "--set", "activation_checkpoint=full", "--set",
-                        "model.n_layers=3", "--set", "progress=false", "--print-config", cwd=tmp_path, timeout=120)
+                        "model.n_layers=3", "--set", "progress=false", "--print-config", cwd=tmp_path)
     assert rc == 0 and not err, err
     path = tmp_path / "c.toml"
     path.write_text(out)
@@ -125,7 +118,7 @@ def test_print_config_is_toml_that_config_reads(tmp_path):
 
 
 def test_help_lists_every_field_with_default_and_meaning():
-    rc, out, err = _run("train", "--help", timeout=120)
+    rc, out, err = _run("train", "--help")
     assert rc == 0, err
     cfg = preset("tiny").to_dict()
     for title, fields in field_help():
@@ -156,8 +149,7 @@ def test_resume_of_a_finished_run_has_nothing_to_do(tmp_path):
     step = run / "checkpoints" / "step_00000004"
     step.mkdir(parents=True)
     (step / "meta.json").write_text(json.dumps({"step": 4}))
-    rc, out, err = _run("train", "--set", "steps=4", "--set", f"out_dir={run}", "--resume", cwd=tmp_path,
-                        timeout=120)
+    rc, out, err = _run("train", "--set", "steps=4", "--set", f"out_dir={run}", "--resume", cwd=tmp_path)
     assert rc == 0 and "nothing to do" in err and len(err.strip().splitlines()) == 1, out + err
     assert sorted(os.listdir(run)) == ["checkpoints"]
 
@@ -414,3 +406,40 @@ def test_records_name_the_package_version_outside_a_checkout(tmp_path):
     installed = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                                env=dict(env, PYTHONPATH=str(tmp_path / "site")))
     assert installed.stdout.strip() == f"v{burstengine.__version__}", installed.stdout + installed.stderr
+
+
+def test_commands_in_this_process_see_what_a_fresh_one_does(tmp_path, monkeypatch):
+    """tests/cli_cases.py, which runs most of the suite's commands in the test process, against the
+    console script: the same exit code, stdout and stderr (an error; a note and a TOML on stdout);
+    a warning reaches stderr (not pytest's summary), an exception ends as the interpreter ends it,
+    a spawned rank's output is captured, and the test process gets its state back."""
+    import torch
+
+    from burstengine import cli
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK") and
+           not k.startswith("BURST_")}
+    for argv in (["plan", "--heads", "0"], ["train", "--set", "ckpt_every=3", "--print-config"]):
+        p = subprocess.run([sys.executable, "-m", "burstengine", *argv], capture_output=True, text=True, timeout=120,
+                           env=dict(env, OMP_NUM_THREADS="1"))
+        assert cli_cases.run(argv) == (p.returncode, p.stdout, p.stderr), argv
+    monkeypatch.setenv("BURST_KERNEL", "nope")
+    before = (dict(os.environ), os.getcwd(), list(sys.argv), torch.get_num_threads())
+
+    def noisy(argv):
+        assert "BURST_KERNEL" not in os.environ and os.getcwd() == str(tmp_path)
+        assert sys.argv[1:] == argv and sys.argv[0].endswith(os.path.join("burstengine", "__main__.py"))
+        torch.set_num_threads(3)
+        warnings.warn("a warning", UserWarning)
+        subprocess.run([sys.executable, "-c", "import sys; print('from a child', file=sys.stderr)"])
+        if argv == ["boom"]:
+            raise RuntimeError("boom")
+        print("out")
+        return 5
+
+    monkeypatch.setattr(cli, "main", noisy)
+    rc, out, err = cli_cases.run(["quiet"], cwd=tmp_path)
+    assert (rc, out) == (5, "out\n") and "UserWarning: a warning" in err and "from a child" in err, err
+    rc, out, err = cli_cases.run(["boom"], cwd=tmp_path)
+    assert rc == 1 and err.rstrip().endswith("RuntimeError: boom") and "Traceback" in err, err
+    assert (dict(os.environ), os.getcwd(), list(sys.argv), torch.get_num_threads()) == before

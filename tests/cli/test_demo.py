@@ -6,18 +6,22 @@ import sys
 
 import pytest
 
+import cli_cases
 from burstengine import cli
 from burstengine.cli import finetune_demo
 
 SMALL = ["--seq", "256", "--heads", "4", "--kv-heads", "2", "--head-dim", "16"]
 
 
-def _run(*argv, launcher=None, timeout=300):
-    return _run_env({}, *argv, launcher=launcher, timeout=timeout)
+def _run(*argv, env=None):
+    """``burstengine ARGV`` (in this process: tests/cli_cases.py); exit code, stdout + stderr."""
+    rc, out, err = cli_cases.run(argv, env=env)
+    return rc, out + err
 
 
-def _run_env(extra, *argv, launcher=None, timeout=300):
-    env = dict(os.environ, OMP_NUM_THREADS="1", **extra)
+def _spawned(*argv, launcher=None, timeout=300):
+    """``python -m burstengine ARGV`` in a fresh process (``launcher``: torchrun's command before it)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("BURST_KERNEL", None)
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
@@ -32,7 +36,8 @@ def _run_env(extra, *argv, launcher=None, timeout=300):
     ["--world", "4", "--layout", "contiguous"],
 ])
 def test_demo_spawns_and_passes(extra):
-    rc, out = _run("demo", *SMALL, *extra)
+    # at 2 ranks the README's first command itself, a fresh `python -m burstengine demo`
+    rc, out = (_spawned if extra[1] == "2" else _run)("demo", *SMALL, *extra)
     assert rc == 0, out
     lines = out.splitlines()
     assert any(l.startswith("burst ") and "(match)" in l for l in lines), out
@@ -55,7 +60,7 @@ def test_demo_rejects_bad_arguments():
 
 def test_demo_under_torchrun():
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    rc, out = _run("demo", *SMALL, "--world", "5", launcher=launcher)  # --world is ignored under torchrun
+    rc, out = _spawned("demo", *SMALL, "--world", "5", launcher=launcher)  # --world is ignored under torchrun
     assert rc == 0, out
     assert "on 2 CPU ranks" in out and "OK: every error" in out
 
@@ -91,7 +96,7 @@ def test_demo_finetune_stages_connect(tmp_path):
 
     d = tmp_path / "demo"
     env_extra = {"BURST_RESULTS": str(tmp_path / "records")}
-    rc, out = _run_env(env_extra, "demo", "finetune", "--dir", str(d), *TINY_FT, "--record", "ft")
+    rc, out = _run("demo", "finetune", "--dir", str(d), *TINY_FT, "--record", "ft", env=env_extra)
     assert rc == 0, out
     rec = json.loads((tmp_path / "records" / "ft.json").read_text())
 
@@ -140,7 +145,7 @@ def test_demo_finetune_stages_connect(tmp_path):
     assert "passkey @32" in "\n".join(finetune_demo.render(rec))
 
     # the evaluate stage alone, by its printed command, gives the same numbers
-    rc, again = _run_env(env_extra, *shlex.split(rec["commands"]["evaluate"][0])[3:], *TINY_FT, "--record", "ft2")
+    rc, again = _run(*shlex.split(rec["commands"]["evaluate"][0])[3:], *TINY_FT, "--record", "ft2", env=env_extra)
     assert rc == 0, again
     rec2 = json.loads((tmp_path / "records" / "ft2.json").read_text())
     assert rec2["evals"] == rec["evals"]

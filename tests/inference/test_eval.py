@@ -4,14 +4,13 @@ that never replace earlier ones; needle prompts in the passkey task's own format
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 pytest.importorskip("transformers")
 
+import cli_cases  # noqa: E402
 import generate_cases as gc  # noqa: E402
 
 TOL = 1e-6  # float32 prefill of a tiny model against float64 sums of transformers' float32 logits
@@ -84,15 +83,9 @@ def test_perplexity_over_ranks_equals_one_process(pool, llama_dir):
         assert n == count and abs(got - want) <= TOL * want, (got, want)
 
 
-def _cli(*argv, cwd, timeout=400):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "BURST_RESULTS"):
-        env.pop(var, None)
-    p = subprocess.run([sys.executable, "-m", "burstengine", *argv], capture_output=True, text=True, timeout=timeout,
-                       env=env, cwd=cwd)
-    return p.returncode, p.stdout, p.stderr
+def _cli(*argv, cwd):
+    """``burstengine ARGV`` run in ``cwd`` (in this process: tests/cli_cases.py); exit code, stdout, stderr."""
+    return cli_cases.run(argv, cwd=cwd)
 
 
 def test_perplexity_command(llama_dir, tmp_path):

@@ -16,6 +16,7 @@ pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 
+import cli_cases  # noqa: E402
 import decode_cases  # noqa: E402
 import generate_cases as gc  # noqa: E402
 from burstengine.inference import Sampling  # noqa: E402
@@ -384,17 +385,9 @@ def text_model(model_dirs):
     return model_dirs["llama"]
 
 
-def _cli(*argv, timeout=300):
-    import os
-    import subprocess
-    import sys
-
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(var, None)
-    p = subprocess.run([sys.executable, "-m", "burstengine", *argv], capture_output=True, text=True, timeout=timeout,
-                       env=env)
-    return p.returncode, p.stdout, p.stderr
+def _cli(*argv):
+    """``burstengine ARGV`` (in this process: tests/cli_cases.py); exit code, stdout, stderr."""
+    return cli_cases.run(argv)
 
 
 def test_generate_command_spawns_ranks_and_writes_tokens(text_model, tmp_path):

@@ -3,8 +3,6 @@
 prefill reproduces with CP = 1, 2, 4 and every layout (fp32), and so does a Gemma3ForCausalLM
 (CP 1, 2, chunked); the HF-checkpoint loader; the `burstengine prefill` command."""
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -12,6 +10,7 @@ pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 
+import cli_cases  # noqa: E402
 import hf_cases  # noqa: E402
 import prefill_cases  # noqa: E402
 from burstengine.model import hf_dir  # noqa: E402
@@ -150,13 +149,10 @@ def test_loader_errors_name_the_problem(tmp_path, llama_dir):
 
 # --- the command ----------------------------------------------------------------------------------
 
-def _cli(*argv, launcher=None, timeout=300):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "BURST_KERNEL"):
-        env.pop(var, None)
-    cmd = (launcher or [sys.executable]) + ["-m", "burstengine", "prefill", *argv]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    return p.returncode, p.stdout + p.stderr
+def _cli(*argv):
+    """``burstengine prefill ARGV`` (in this process: tests/cli_cases.py); exit code, stdout + stderr."""
+    rc, out, err = cli_cases.run(["prefill", *argv])
+    return rc, out + err
 
 
 def test_cli_in_a_launched_group_reproduces_transformers(pool, llama_dir, tmp_path):

@@ -229,14 +229,12 @@ def test_longest_doubles_then_bisects(limit):
 
 
 def test_train_memory_plan_says_one_line_and_trains_nothing(tmp_path):
-    import subprocess
-    import sys
+    import cli_cases
 
     out = tmp_path / "run"
-    p = subprocess.run([sys.executable, "-m", "burstengine", "train", "--config", "tiny", "--memory-plan", "--set",
-                        f"out_dir={out}", "--set", "activation_checkpoint=auto", "--set", "tiled_mlp=on"],
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
-    lines = [line for line in p.stdout.splitlines() if line.strip()]
+    rc, stdout, stderr = cli_cases.run(["train", "--config", "tiny", "--memory-plan", "--set", f"out_dir={out}",
+                                        "--set", "activation_checkpoint=auto", "--set", "tiled_mlp=on"])
+    assert rc == 0, stderr
+    lines = [line for line in stdout.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("memory at 2,048 tokens per rank") and "tiled MLP" in lines[0]
     assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()

@@ -129,3 +129,12 @@ def test_weights_only_checkpoint_must_be_step_0(tmp_path):
     (tmp_path / "meta.json").write_text(json.dumps({"step": 3, "world": 1, "optimizer": False, "files": {}}))
     with pytest.raises(ValueError, match="holds no optimizer state but says step 3"):
         ckpt.load(str(tmp_path), None, None)
+
+
+def test_a_rank_stopped_mid_save_exits_as_told_not_as_a_write_error(pool, tmp_path):
+    """Ctrl-C under the spawning launcher stops each rank by SIGTERM (SystemExit 143): one caught
+    inside DCP's writer is the rank being stopped, not a failed write, so every rank leaves with it
+    (once said "rank 0 could not write the checkpoint ... (SystemExit: 143)" beside the one line
+    Ctrl-C gives)."""
+    got = pool.run(tc.save_stopped, str(tmp_path / "ckpt"), world=2)
+    assert got == [("SystemExit", "143")] * 2, got

@@ -283,7 +283,7 @@ def test_train_and_export_commands_take_a_gemma3_directory(models, tokens, tmp_p
 
     src, run, out = models["gemma3"], tmp_path / "run", tmp_path / "out"
     sets = [*fc.overrides(src, tokens, 24, ["steps=1", "lr=0", "warmup_steps=0", "save_every=1", f"out_dir={run}"])]
-    rc, text, err = _run("train", "--world", "2", *(a for s in sets for a in ("--set", s)), timeout=600)
+    rc, text, err = _run("train", "--world", "2", *(a for s in sets for a in ("--set", s)))
     assert rc == 0, text + err
     rc, text, err = _run("export", str(run), str(out))
     assert rc == 0, text + err

@@ -3,13 +3,12 @@ against a float64 single-process model, checkpoint policies and chunked loss, re
 a save killed mid-way, data labels at shard edges, config errors, the CLI and the plot."""
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
+import cli_cases
 import train_cases as tc
 from burstengine.layout import LAYOUTS, position_ids, shard, unshard
 from burstengine.model import Transformer
@@ -244,13 +243,10 @@ def test_config_toml_and_world(tmp_path):
 
 # --- CLI ----------------------------------------------------------------------------------------
 
-def _cli(*argv, env_extra=None, timeout=300):
-    env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(var, None)
-    p = subprocess.run([sys.executable, "-m", "burstengine", *argv], capture_output=True, text=True,
-                       timeout=timeout, env=env)
-    return p.returncode, p.stdout + p.stderr
+def _cli(*argv, env_extra=None):
+    """``burstengine ARGV`` (in this process: tests/cli_cases.py); exit code, stdout + stderr."""
+    rc, out, err = cli_cases.run(argv, env=env_extra)
+    return rc, out + err
 
 
 def test_cli_train_killed_in_save_then_resume_and_plot(tmp_path):

@@ -186,7 +186,7 @@ def test_cli_second_run_in_one_out_dir_is_refused_then_a_stale_lock_taken_over(t
         want = (f"burstengine train: error: out_dir {run} is in use by another run: pid {holder['pid']} on host "
                 f"{socket.gethostname()}, started {holder['started']}, command 'python -m burstengine train")
         for extra in (["--world", "2"], ["--world", "1", "--overwrite"]):  # any rank count, --overwrite or not
-            rc, out = _cli(*_args(run, "steps=2"), *extra, timeout=LIMIT)
+            rc, out = _cli(*_args(run, "steps=2"), *extra)
             assert rc == 2, (extra, out[-3000:])
             assert out.count(want) == 1 and "Traceback" not in out, (extra, out[-3000:])
         assert _files(run) == before
@@ -195,7 +195,7 @@ def test_cli_second_run_in_one_out_dir_is_refused_then_a_stale_lock_taken_over(t
         os.killpg(first.pid, signal.SIGCONT)
         first.communicate()
     assert json.load(open(_lock_file(run)))["pid"] == holder["pid"]
-    rc, out = _cli(*_args(run, "steps=2"), "--world", "2", "--overwrite", timeout=LIMIT)
+    rc, out = _cli(*_args(run, "steps=2"), "--world", "2", "--overwrite")
     assert rc == 0, out[-3000:]
     assert f"note: took over the lock on {run} left by pid {holder['pid']}" in out, out[-3000:]
     assert "which is no longer running" in out

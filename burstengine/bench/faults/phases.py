@@ -85,6 +85,7 @@ def _job(fault: str) -> int:
         print(f"FAULT_AT {time.time():.3f}", flush=True)
         os.kill(os.getpid(), sig)
 
+    _all_started(rank, int(os.environ["WORLD_SIZE"]))
     if fault in COMMANDS:
         return _command_job(fault, me, die)
 
@@ -170,6 +171,20 @@ def _job(fault: str) -> int:
         calls()  # gloo's waits are the host's: the ring's own deadlines end them, naming the rank
     print("FINISHED", flush=True)
     return 0
+
+
+def _all_started(rank: int, world: int, limit: float = 120.0) -> None:
+    """Wait (a file each, in FAULT_START) until every rank of the job has started and imported
+    torch.  The deadline under test also bounds forming the group (the check-in, gloo's
+    connections), and a loaded machine can take longer than that to start the processes, which
+    is no phase of the job: the fault's timings start at FAULT_AT, after this."""
+    where = os.environ.get("FAULT_START")
+    if not where:
+        return
+    open(os.path.join(where, str(rank)), "w").close()
+    end = time.time() + limit
+    while len(os.listdir(where)) < world and time.time() < end:
+        time.sleep(0.05)
 
 
 def _command_job(fault: str, me: bool, die) -> int:
@@ -299,6 +314,8 @@ def run_fault(fault: str, world: int = 4, deadline: float = 6.0, device: str = "
     port = _port()
     tmp = tmp or tempfile.mkdtemp(prefix="burst_faults_")
     procs, logs = {}, {}
+    start = os.path.join(tmp, "started")
+    os.makedirs(start, exist_ok=True)
     agent = {}
     if fault != "store_host":
         # as torchrun does: its agent (here, this runner) hosts the c10d store, so the store
@@ -310,7 +327,8 @@ def run_fault(fault: str, world: int = 4, deadline: float = 6.0, device: str = "
     for r in range(world):
         env = dict(os.environ, **agent.get("env", {}), RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), VICTIM=str(victim), OMP_NUM_THREADS="1",
-                   BURST_TIMEOUT=str(deadline), FAULT_DEVICE=device, FAULT_DIR=os.path.join(tmp, "ckpt"))
+                   BURST_TIMEOUT=str(deadline), FAULT_DEVICE=device, FAULT_DIR=os.path.join(tmp, "ckpt"),
+                   FAULT_START=start)
         for key in ("BURST_CHECKS", "BURST_TOPOLOGY", "BURST_CLUSTER"):
             env.pop(key, None)
         # files, not pipes: a rank must never block writing its (long, C++) error output
