@@ -160,12 +160,13 @@ class DistPool:
         return self._collect()[:w]
 
     def close(self, force=False):
-        for c, p in zip(self.conns, self.procs):
-            if not force:
-                try:
-                    c.send(None)
-                except Exception:
-                    pass
+        # every rank told first: each leaves through destroy_process_group, which waits for the others
+        for c in self.conns if not force else ():
+            try:
+                c.send(None)
+            except Exception:
+                pass
+        for p in self.procs:
             p.join(timeout=5 if not force else 0)
             if p.is_alive():
                 p.kill()
