@@ -56,6 +56,11 @@ _NOTICE = f"{PREFIX}/notice"
 _DONE, _EXIT = b"done", b"exit"  # heartbeat values of a rank that finished / left on an error it reported
 
 
+def _beat_key(rank: int) -> str:
+    """Where ``rank``'s watchdog posts its heartbeat (a count, or _DONE / _EXIT)."""
+    return f"{PREFIX}/hb/{rank}"
+
+
 class RankLost(RuntimeError):
     """A peer rank died or did not answer in time.  ``lost``: the global rank to blame (the
     root cause when another rank reported one), None when it cannot be told; ``peer``: the
@@ -417,8 +422,7 @@ def _census(op: Op, me: int, peer: int | None, deadline: float | None) -> int | 
         return _bounded(lambda: st.get(f"{_WAITING}/{r}").decode() if st.check([f"{_WAITING}/{r}"]) else None)
 
     def beat(r):
-        key = f"{PREFIX}/hb/{r}"
-        return _bounded(lambda: st.get(key) if st.check([key]) else None, 1.0)
+        return _bounded(lambda: st.get(_beat_key(r)) if st.check([_beat_key(r)]) else None, 1.0)
 
     beats = {r: beat(r) for r in ranks if r != me}
     while True:
@@ -614,9 +618,6 @@ class Watchdog:
         self.fault: str | None = None
         self.notice: Notice | None = None  # the last notice this watchdog read (the store may go first)
 
-    def _key(self, rank: int) -> str:
-        return f"{PREFIX}/hb/{rank}"
-
     def start(self) -> "Watchdog":
         if self._store is None:
             self._store = _store()
@@ -624,7 +625,7 @@ class Watchdog:
             raise RuntimeError("Watchdog needs torch.distributed initialised (or a store)")
         if self.rank is None:
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self._store.set(self._key(self.rank), "0")
+        self._store.set(_beat_key(self.rank), "0")
         announce(self._store)
         self._thread = threading.Thread(target=self._run, name="burstengine-watchdog", daemon=True)
         _watch_queued(True)
@@ -641,7 +642,7 @@ class Watchdog:
             self._thread = None
             _watch_queued(False)
         if self._store is not None:
-            _bounded(lambda: self._store.set(self._key(self.rank), _DONE if done else _EXIT))
+            _bounded(lambda: self._store.set(_beat_key(self.rank), _DONE if done else _EXIT))
 
     def __enter__(self) -> "Watchdog":
         return self.start()
@@ -665,7 +666,7 @@ class Watchdog:
         others = [r for r in range(self.world) if r != me]
 
         def read(r):
-            return store.get(self._key(r)) if store.check([self._key(r)]) else None
+            return store.get(_beat_key(r)) if store.check([_beat_key(r)]) else None
 
         dead = [r for r in others if gone(r, store)]
         if dead:  # their processes have ended: no need to wait for their heartbeats
@@ -734,7 +735,7 @@ class Watchdog:
             now = time.monotonic()
             try:
                 beat += 1
-                store.set(self._key(me), str(beat))
+                store.set(_beat_key(me), str(beat))
                 notice = read_notice(store, bounded=False)
                 if notice is not None:
                     self.notice = notice
@@ -744,8 +745,8 @@ class Watchdog:
                 late = _overdue(self.timeout)
                 if late is not None:  # a transfer the host did not wait for (NCCL) never came
                     return self._fault(str(_unanswered(*late, self.timeout)))
-                while pred != me and store.check([self._key(pred)]):
-                    v = store.get(self._key(pred))
+                while pred != me and store.check([_beat_key(pred)]):
+                    v = store.get(_beat_key(pred))
                     if v not in (_DONE, _EXIT):
                         if v != seen:
                             seen, since = v, now

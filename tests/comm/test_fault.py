@@ -340,12 +340,12 @@ def test_census_waits_for_a_beating_rank_to_say_where_it_waits(store):
         t0, n = time.monotonic(), 0
         while not stop.is_set():
             n += 1
-            store.set(f"{fault.PREFIX}/hb/1", str(n))
+            store.set(fault._beat_key(1), str(n))
             if time.monotonic() - t0 > 1.5:
                 store.set(f"{fault.PREFIX}/waiting/1", "2")
             time.sleep(0.1)
 
-    store.set(f"{fault.PREFIX}/hb/1", "0")
+    store.set(fault._beat_key(1), "0")
     t = threading.Thread(target=rank1, daemon=True)
     t.start()
     try:

@@ -201,11 +201,9 @@ def fitting_case(model: str, method: str, seq: int, args, case=None) -> dict:
     plans that did not fit in ``row["tried"]``.  A user's own activation_checkpoint is kept as is."""
     case = case or run_case
     row = case(model, method, seq, args)
-    ladder = [p for p in (getattr(args, "fallback", "") or "").split(",") if p]
-    if any(o.split("=", 1)[0].strip() == "activation_checkpoint" for o in args.overrides):
-        ladder = []
+    own = any(o.split("=", 1)[0].strip() == "activation_checkpoint" for o in args.overrides)
     tried = []
-    for plan in ladder:
+    for plan in [] if own else _fallback_plans(args):
         if row["ok"] or row.get("error") != "out of memory":
             break
         tried.append({"activation_checkpoint": row.get("activation_checkpoint", "auto"), "error": row["error"]})
@@ -214,6 +212,10 @@ def fitting_case(model: str, method: str, seq: int, args, case=None) -> dict:
     if tried:
         row["tried"] = tried
     return row
+
+
+def _fallback_plans(args) -> list[str]:
+    return [p for p in (args.fallback or "").split(",") if p]
 
 
 def _ablation_seqs(args) -> list[int]:
@@ -346,7 +348,7 @@ def validate(args) -> str | None:
 
     on_gpu = torch.cuda.is_available()
     model = args.model or ("llama-7b" if on_gpu else "tiny")
-    for plan in (p for p in (args.fallback or "").split(",") if p):
+    for plan in _fallback_plans(args):
         try:
             load(model, list(args.overrides) + [f"activation_checkpoint={plan}"])
         except ValueError as e:
