@@ -17,6 +17,12 @@
 #   bash benchmarks/run_4gpu.sh last     # 38.6 again (faults at 4 ranks, commands included) beside
 #                                        #   card 0: run_1gpu.sh checks; then cards 2,3: 8B prefill at 512K
 #                                        #   beside torch-CP (37), card 1: the 8B-shaped LoRA proxy at 512K (36)
+#   bash benchmarks/run_4gpu.sh rest     # 38.6 skip_backward again (the census fix), 38.1 llama-8b at 128K beside
+#                                        #   torch-CP on H100 in one launch, a profile of that step; then what is
+#                                        #   left: torch-CP at 256K with its fallback plans
+#   bash benchmarks/run_4gpu.sh pairs    # 35 on two pairs of cards side by side: cards 0,1 llama-7b at 128K
+#                                        #   beside torch-CP and Table 5 (CP 1, 2 at 32K per GPU); cards 2,3 the
+#                                        #   3B preset at 128K beside torch-CP, then llama-7b at 256K
 #
 # Records land in $BURST_RESULTS (default $OUT/results); every step has its own timeout and the
 # stage its BUDGET (seconds), so one stuck step cannot eat the call.
@@ -129,6 +135,41 @@ fill)
       --check --check-seq 8192 --name sparse_4gpu_1m
   bstep 260 $BE train --model llama-8b --methods burst,torch-cp --seqs 131072 --steps 2 --warmup 1 \
       --name train_llama-8b_4gpu_128k_h100
+  ;;
+rest)
+  # ~60 s: a rank that skips a backward (the census now names it) and a lost ring step, over NCCL
+  FAULT_DEBUG=1 bstep 100 python3 -m burstengine bench faults --device cuda --world 4 --no-fuzz --deadline 10 \
+      --faults skip_backward,ring_step --limit 40 --out-dir "$BURST_RESULTS" --name faults_4gpu_nccl_skip_backward2
+  # ~230 s: llama-8b at 128K, burst beside torch-CP in one launch (the fill stage's torch-CP row ran out of time)
+  bstep 280 $BE train --model llama-8b --methods burst,torch-cp --seqs 131072 --steps 2 --warmup 1 \
+      --name train_llama-8b_4gpu_128k_pair
+  # ~120 s: where that step's time goes
+  bstep 170 $TR -m burstengine bench profile --model llama-8b --seq 131072 --warmup 1 --name profile_8b_4gpu_131072
+  # what is left: torch-CP at 256K, which ran out of memory with its default plan (full, full-offload next)
+  bstep 400 $BE train --model llama-8b --methods torch-cp --seqs 262144 --steps 1 --warmup 0 \
+      --name train_llama-8b_4gpu_256k_torchcp
+  ;;
+pairs)
+  T2="python3 -m torch.distributed.run --standalone --nproc_per_node 2"
+  L=$(left)
+  ( export CUDA_VISIBLE_DEVICES=0,1; BUDGET=$L; T0=$(date +%s)
+    bstep 300 $T2 -m burstengine bench train --model llama-7b --methods burst,torch-cp --seqs 131072 --steps 2 \
+        --warmup 1 --name train_llama-7b_2gpu_128k
+    bstep 100 $T2 -m burstengine bench train --model llama-7b --methods burst --seqs 32768 --steps 2 --warmup 1 \
+        --set cp=1 --name table5_llama-7b_2gpu_cp1
+    bstep 120 $T2 -m burstengine bench train --model llama-7b --methods burst --seqs 65536 --steps 2 --warmup 1 \
+        --set cp=2 --name table5_llama-7b_2gpu_cp2
+  ) > "$out/logs/pair01.log" 2>&1 &
+  A=$!
+  ( export CUDA_VISIBLE_DEVICES=2,3; BUDGET=$L; T0=$(date +%s)
+    bstep 200 $T2 -m burstengine bench train --model llama-3b --methods burst,torch-cp --seqs 131072 --steps 2 \
+        --warmup 1 --name train_llama-3b_2gpu_128k
+    bstep 400 $T2 -m burstengine bench train --model llama-7b --methods burst,torch-cp --seqs 262144 --steps 1 \
+        --warmup 1 --name train_llama-7b_2gpu_256k
+  ) > "$out/logs/pair23.log" 2>&1 &
+  B=$!
+  wait $A $B
+  for f in pair01 pair23; do echo "--- $f"; grep -v "OMP_NUM\|\*\*\*\*\|UserWarning\|return func" "$out/logs/$f.log" | tail -n 40; done
   ;;
 *) echo "unknown stage $stage"; exit 2;;
 esac
