@@ -614,6 +614,7 @@ class Watchdog:
         self.handled = threading.Event()
         # rank 0's pause in explain(), which the grace of its own watchdog then covers too
         self.linger = 3 * self.interval + 2.0
+        self.handled_at: float | None = None  # when the main thread took the fault over (explain)
         self._thread = None
         self.fault: str | None = None
         self.notice: Notice | None = None  # the last notice this watchdog read (the store may go first)
@@ -692,6 +693,7 @@ class Watchdog:
         notice every other rank will name.  None when every rank is alive: ``exc`` is no lost
         rank's doing, and the caller should re-raise it (leaving the ``with`` block posts it)."""
         me = self.rank
+        self.handled_at = time.monotonic()
         self.handled.set()  # the main thread reports this fault: the watchdog need not print it
         if isinstance(exc, RankLost) and exc.lost is not None:
             return exc
@@ -772,8 +774,14 @@ class Watchdog:
             print(f"burstengine watchdog (rank {self.rank}): {reason}", file=sys.stderr, flush=True)
         if self._stop.wait(self.grace):
             return  # the process is handling it
-        if self.handled.is_set() and self.rank == 0 and self._stop.wait(self.linger + 1.0):
-            return  # the main thread reports it, after rank 0's pause in explain()
+        if self.handled.is_set() and self.rank == 0:
+            # the main thread reports it after rank 0's pause in explain(), which began at
+            # handled_at, mostly inside the grace just waited: wait for what is left of it only
+            # (waiting a whole linger after the grace made rank 0 the last survivor to leave,
+            # 3.5 s after the others on 4 GPUs)
+            left = (self.handled_at or time.monotonic()) + self.linger + 1.0 - time.monotonic()
+            if left > 0 and self._stop.wait(left):
+                return
         if self.handled.is_set():  # the main thread meant to report it but did not get that far
             print(f"burstengine watchdog (rank {self.rank}): {reason}", file=sys.stderr, flush=True)
         if self.on_fault is not None:

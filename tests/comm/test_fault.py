@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import pytest
 
@@ -357,3 +358,22 @@ def test_census_waits_for_a_beating_rank_to_say_where_it_waits(store):
     t0 = time.monotonic()
     assert fault._census(op, 0, 1, 2.0) == 1  # no beat: named when the window ends
     assert time.monotonic() - t0 < 1.5
+
+
+def test_rank_0_waits_out_what_is_left_of_its_linger_after_the_grace(store):
+    # rank 0's main thread pauses `linger` s in explain() (from handled_at) before it reports; its
+    # watchdog, which found the fault at the same time, waits `grace` and then only what is left of
+    # that pause (a whole linger after the grace made rank 0 leave 3.5 s after the others on GPUs)
+    ended = []
+    d = fault.Watchdog(timeout=30, interval=0.5, grace=2.0, store=store, rank=0, world=2, on_fault=ended.append)
+    waits = []
+    d._stop = types.SimpleNamespace(wait=lambda t: waits.append(t) or False)  # never told to stop
+    d.handled_at = time.monotonic() - 1.0  # explain() began a second ago
+    d.handled.set()
+    d._fault("rank 1 lost")
+    assert waits[0] == d.grace and len(waits) == 2 and d.linger - 0.1 < waits[1] <= d.linger, waits
+    assert ended == ["rank 1 lost"]
+    waits.clear()
+    d.handled_at = time.monotonic() - 100.0  # its pause is long over: nothing more to wait for
+    d._fault("rank 1 lost")
+    assert waits == [d.grace] and ended == ["rank 1 lost"] * 2

@@ -484,39 +484,60 @@ def block_offload(records):
                         "", "On six layers alone (`benchmarks/probe_offload.py`): " + "; ".join(probe) + "."])
 
 
-def block_scale_4gpu(records):
-    """docs/training.md: llama-8b over 4 ranks at 128K-512K beside torch-native CP (one launch per
-    length; a peer that ran out of memory said so), and the paper's Table 5 at 32K tokens per GPU."""
+def _scale_block(records, runs, table5, what):
+    """A docs block: ``runs`` (records of burst beside torch-native CP, one launch per length) and
+    the paper's Table 5 from the ``table5`` records."""
     body = []
-    for name in ("train_llama-8b_4gpu_128k.json", "train_llama-8b_4gpu_128k_h100.json",
-                 "train_llama-8b_4gpu_256k.json", "train_llama-8b_4gpu_512k.json"):
+    for name in runs:
         rec = record(records, name)
         by = {r["method"]: r for r in rec["rows"]}
         b, t = by["burst"], by.get("torch-cp")
         if t is None:
-            peer = "not run (the call's time ran out)"
+            peer = "did not finish in the call (the record's note says why)" if rec.get("note") else \
+                "not run (the call's time ran out)"
         elif not t["ok"]:
             peer = t["error"]
         else:
             peer = (f"{fixed(t['median_step_s'], 2)} s, {100 * t['mfu']:.1f}%, {fixed(t['peak_mem_gib'], 1)} GiB; "
                     f"BurstEngine {ratio(b['tokens_per_s_per_gpu'], t['tokens_per_s_per_gpu'])}×")
-        body.append([f"`{name}`", device_of(rec), f"{b['seq_len'] // 1024}K", f"{rec['warmup']} + {rec['steps']}",
-                     fixed(b["median_step_s"], 2), f"{100 * b['mfu']:.1f}%", fixed(b["peak_mem_gib"], 1), peer])
+        body.append([f"`{name}`", device_of(rec), rec["model"], f"{b['seq_len'] // 1024}K",
+                     f"{rec['warmup']} + {rec['steps']}", fixed(b["median_step_s"], 2), f"{100 * b['mfu']:.1f}%",
+                     fixed(b["peak_mem_gib"], 1), peer])
     t5 = []
-    for name in ("table5_llama-8b_4gpu_cp1.json", "table5_llama-8b_4gpu_cp2.json", "train_llama-8b_4gpu_128k_h100.json"):
+    for name in table5:
         rec = record(records, name)
         r = {x["method"]: x for x in rec["rows"]}["burst"]
-        t5.append([f"`{name}`", r.get("cp", rec["world"]), r.get("dp", 1), f"{r['seq_len'] // 1024}K",
+        t5.append([f"`{name}`", device_of(rec), r.get("cp", rec["world"]), r.get("dp", 1), f"{r['seq_len'] // 1024}K",
                    f"{100 * r['mfu']:.1f}%", f"{r['tokens_per_s_per_gpu']:,.0f}", fixed(r["peak_mem_gib"], 1)])
-    return "\n".join(["`bench train --model llama-8b --methods burst,torch-cp --seqs S` over 4 ranks, one launch per "
-                      "length (warm-up + timed steps; at 512K one cold step each):", ""]
-                     + table(["record", "device", "tokens", "steps", "BurstEngine s/step", "MFU", "peak GiB",
-                              "torch-native CP"], body)
-                     + ["", "The paper's Table 5 on 4× H100 (32K tokens per GPU, `--set cp=N`; the rest of the "
-                        "ranks data parallel, FSDP over all four):", ""]
-                     + table(["record", "CP", "DP", "sequence", "MFU", "tokens/s/GPU", "peak GiB"], t5))
+    return "\n".join([f"`bench train --methods burst,torch-cp --seqs S` {what}:", ""]
+                     + table(["record", "device", "model", "tokens", "steps", "BurstEngine s/step", "MFU",
+                              "peak GiB", "torch-native CP"], body)
+                     + ["", "The paper's Table 5 on this machine (32K tokens per GPU, `--set cp=N`; the other ranks "
+                        "data parallel, FSDP over all of them):", ""]
+                     + table(["record", "device", "CP", "DP", "sequence", "MFU", "tokens/s/GPU", "peak GiB"], t5))
+
+
+def block_scale_2gpu(records):
+    """docs/training.md: the 7B and 3B presets over 2 ranks at 128K and 256K beside torch-native CP,
+    and the paper's Table 5 at 32K tokens per GPU."""
+    return _scale_block(records, ("train_llama-7b_2gpu_128k.json", "train_llama-7b_2gpu_256k.json",
+                                  "train_llama-3b_2gpu_128k.json"),
+                        ("table5_llama-7b_2gpu_cp1.json", "table5_llama-7b_2gpu_cp2.json"),
+                        "over 2 ranks, one launch per length (warm-up + timed steps)")
+
+
+def block_scale_4gpu(records):
+    """docs/training.md: llama-8b over 4 ranks at 128K-512K beside torch-native CP (one launch per
+    length; a peer that ran out of memory said so), and the paper's Table 5 at 32K tokens per GPU."""
+    return _scale_block(records, ("train_llama-8b_4gpu_128k.json", "train_llama-8b_4gpu_128k_pair.json",
+                                  "train_llama-8b_4gpu_128k_h100.json", "train_llama-8b_4gpu_256k.json",
+                                  "train_llama-8b_4gpu_512k.json"),
+                        ("table5_llama-8b_4gpu_cp1.json", "table5_llama-8b_4gpu_cp2.json",
+                         "train_llama-8b_4gpu_128k_h100.json"),
+                        "over 4 ranks, one launch per length (warm-up + timed steps; at 512K one cold step each)")
 
 
 SECTIONS = (Section("Training", r"^(train_|ablation|longctx_|table5_)", render,
                     "`burstengine train` and `burstengine bench train` (throughput, ablation)."),)
-BLOCKS = {"train-3b": block_train_3b, "offload": block_offload, "scale-4gpu": block_scale_4gpu}
+BLOCKS = {"train-3b": block_train_3b, "offload": block_offload, "scale-2gpu": block_scale_2gpu,
+          "scale-4gpu": block_scale_4gpu}
