@@ -23,6 +23,8 @@
 #   bash benchmarks/run_4gpu.sh pairs    # 35 on two pairs of cards side by side: cards 0,1 llama-7b at 128K
 #                                        #   beside torch-CP and Table 5 (CP 1, 2 at 32K per GPU); cards 2,3 the
 #                                        #   3B preset at 128K beside torch-CP, then llama-7b at 256K
+#   bash benchmarks/run_4gpu.sh verify   # 38.6 the faults again after rank 0's linger fix; then side by side:
+#                                        #   cards 0,1 / 2,3: 8B decode over 2 ranks at 128K / 512K, profiled
 #
 # Records land in $BURST_RESULTS (default $OUT/results); every step has its own timeout and the
 # stage its BUDGET (seconds), so one stuck step cannot eat the call.
@@ -170,6 +172,28 @@ pairs)
   B=$!
   wait $A $B
   for f in pair01 pair23; do echo "--- $f"; grep -v "OMP_NUM\|\*\*\*\*\|UserWarning\|return func" "$out/logs/$f.log" | tail -n 40; done
+  ;;
+verify)
+  # ~150 s: a rank lost at 4 ranks over NCCL: every survivor out within deadline + 10 s, naming the victim
+  FAULT_DEBUG=1 bstep 200 python3 -m burstengine bench faults --device cuda --world 4 --no-fuzz --deadline 10 \
+      --faults skip_backward,ring_step,freeze,train_step,checkpoint_save --limit 45 --out-dir "$BURST_RESULTS" \
+      --name faults_4gpu_nccl_linger > "$out/logs/faults.log" 2>&1
+  grep -v "^\[rank\|^#\|^$\|Traceback\|File \|^  " "$out/logs/faults.log" | tail -n 30
+  # where a tensor-parallel decode step's time goes (issue 37: 2.3x its bound at 128K, 1.45x at 512K)
+  T2="python3 -m torch.distributed.run --standalone --nproc_per_node 2"
+  L=$(left)
+  ( export CUDA_VISIBLE_DEVICES=0,1; BUDGET=$L; T0=$(date +%s)
+    bstep 200 $T2 -m burstengine bench decode --model llama-3.1-8b --seqs 128K --batches 1 --tokens 8 --warmup 2 \
+        --tp on --eager-max 1 --profile 8 --name decode_8b_2gpu_128k_profile
+  ) > "$out/logs/decode128.log" 2>&1 &
+  A=$!
+  ( export CUDA_VISIBLE_DEVICES=2,3; BUDGET=$L; T0=$(date +%s)
+    bstep 300 $T2 -m burstengine bench decode --model llama-3.1-8b --seqs 512K --batches 1 --tokens 8 --warmup 2 \
+        --tp on --eager-max 1 --profile 8 --name decode_8b_2gpu_512k_profile
+  ) > "$out/logs/decode512.log" 2>&1 &
+  B=$!
+  wait $A $B
+  for f in decode128 decode512; do echo "--- $f"; grep "bench decode\|===\|Error\|error" "$out/logs/$f.log" | tail -n 20; done
   ;;
 *) echo "unknown stage $stage"; exit 2;;
 esac

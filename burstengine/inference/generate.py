@@ -51,6 +51,9 @@ class GenerateOutput:
     shard_lengths: list[list[int]] = field(default_factory=list)  # every rank's cache slots after prefill, each step
 
 
+# the profiler range around each decode step's launch (bench decode --profile)
+STEP_LABEL = "burstengine.decode_step"
+
 def _as_lists(prompts) -> list[list[int]]:
     if isinstance(prompts, torch.Tensor):
         if prompts.dim() == 1:
@@ -166,7 +169,8 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
             sync()
             capture_s = time.perf_counter() - t0
             t0 += capture_s
-        logits = step.launch()
+        with torch.profiler.record_function(STEP_LABEL):  # what bench decode --profile reads
+            logits = step.launch()
         if on_logits and rank == 0:
             on_logits(i, logits)
         cache.advance(owner)

@@ -557,9 +557,14 @@ def test_decode_bench_runs_on_cpu(tmp_path):
 
     rc, out, err = _cli("bench", "decode", "--model", "tiny", "--seqs", "128,200", "--batches", "1,2", "--batch-max",
                         "128", "--tokens", "3", "--warmup", "1", "--world", "1", "--out-dir", str(tmp_path),
-                        "--name", "d", "--check")
+                        "--name", "d", "--check", "--profile", "2")
     assert rc == 0, err
     rec = json.load(open(tmp_path / "d.json"))
+    # --profile: the last row's case again, its decode steps found by their profiler range (no GPU
+    # kernels on a CPU: the kinds stay empty)
+    prof = rec["profile"]
+    assert (prof["S"], prof["batch"], prof["steps"]) == (200, 1, 2) and len(prof["per_step"]) == 2
+    assert all(p["wall_s"] > 0 for p in prof["per_step"]) and prof["kinds_s"] == {}
     assert rec["commit"] and rec["env"]["device"] == "cpu" and rec["copy_bandwidth_Bps"] > 0
     assert rec["threads"] == 1  # the default: a decode step's small ops slow down on a shared machine's pool
     # the check ran what a CPU has (the math path; the float32 step's tokens vs float64's), and
@@ -575,6 +580,8 @@ def test_decode_bench_runs_on_cpu(tmp_path):
         assert r["step_bytes"] > 4 * (2 * 128 * 128 + 2 * 128 * 64) * 2
     rc, _, err = _cli("bench", "decode", "--model", "tiny", "--graphs", "on", "--world", "1")
     assert rc == 2 and "--graphs on needs a CUDA device" in err
+    rc, _, err = _cli("bench", "decode", "--model", "tiny", "--profile", "-1", "--world", "1")
+    assert rc == 2 and "--profile must be >= 0" in err
 
 
 def test_decode_bench_on_two_ranks_records_tensor_parallel_rows(tmp_path):

@@ -28,6 +28,11 @@ the same launch (a large tensor copied, read + written bytes / time).  Each row 
 times, and the record (command, commit, device, versions) is rewritten after every row, so an
 interrupted run keeps what it measured.
 
+--profile N profiles N decode steps of the last row's case (torch.profiler, after its warm-up
+steps) and records, per step, each kind of kernel's GPU time (matrix products, decode attention,
+collectives, element-wise, copies), the kernels launched and the time no kernel ran: where a step
+beyond its bound goes.
+
 --check first checks the decode path on this device in seconds (bench/checks/decode_check.py: the
 decode attention kernel against float64, and a small model's greedy tokens with and without the
 graph against the float64 model's), records it, and stops with exit 1 if anything fails.
@@ -39,6 +44,7 @@ time) or a local HF directory.
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 import time
@@ -47,12 +53,13 @@ import torch
 import torch.distributed as dist
 
 from ...inference.engine import peak_bytes, reset_peak
-from ...inference.generate import generate
+from ...inference.generate import STEP_LABEL, generate
 from ...inference.models import check_spec, load_model, resolve_dtype
 from ...inference.needle import parse_lengths
 from ...inference.step import MODES as GRAPH_MODES, use_graphs, use_tensor_parallel
 from ...model.tensor_parallel import head_weight
 from ..harness import RankLog, ranked_bench
+from ..probes.profile import _union
 from ..records import OUT_DIR_HELP, write_record
 from ..tables import Section, device_of, fixed, ms, num, record, table
 
@@ -85,6 +92,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check", action="store_true",
                    help="first check the decode path on this device (kernel vs float64, graph vs eager vs float64 "
                         "tokens); a failure stops the run")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="profile N decode steps of the last row's case: GPU time per kind of kernel per step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default=None, help="record name [decode_<model>_<world><device>]")
     p.add_argument("--out-dir", default=None, help=OUT_DIR_HELP)
@@ -120,6 +129,8 @@ def validate(args) -> str | None:
         return f"--sliced holds only tensor-parallel slices: it decodes with --tp on, not --tp {args.tp}"
     if args.threads < 1:
         return f"--threads must be >= 1, got {args.threads}"
+    if args.profile < 0:
+        return f"--profile must be >= 0 (decode steps to profile), got {args.profile}"
     return None
 
 
@@ -200,6 +211,59 @@ def _decode_row(model, ids, args, tp: bool, graphed: bool, bw: float, world: int
     return row
 
 
+# decode-step kernels by kind, first match wins (lower-cased names)
+DECODE_KINDS = (
+    ("collective", r"nccl"),
+    ("attention", r"_split_kernel|_reduce_kernel|decode|flash|attn|fmha"),  # kernels/triton/decode.py
+    ("matrix products", r"gemv|gemm|nvjet|cutlass|xmma|sm90_|cublas|splitk|matmul"),
+    ("copy", r"memcpy|memset|copy|cat_|catarray|fill"),
+)
+
+
+def _kind(name: str) -> str:
+    n = name.lower()
+    return next((k for k, rx in DECODE_KINDS if re.search(rx, n)), "element-wise and other")
+
+
+def step_profile(model, ids, args, tp: bool, device) -> dict:
+    """--profile: ``args.profile`` decode steps (after ``args.warmup``) of one generate() call on
+    ``ids`` under torch.profiler; per step, the GPU time of each kind of kernel, the kernels
+    launched, the union of kernel time and the step's wall time (its host-side range)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        generate(model, ids, 1 + args.warmup + args.profile, chunk=args.chunk, graphs=args.graphs,
+                 tensor_parallel=tp)
+    steps = sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.name == STEP_LABEL)
+    steps = steps[args.warmup:]
+    kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+               if e.device_type == torch.autograd.DeviceType.CUDA]
+    per = []
+    for lo, hi in steps:
+        # a step's kernels start after its launch began and before the next one (its sync ends it)
+        mine = [k for k in kernels if lo <= k[1] <= hi]
+        kinds: dict[str, float] = {}
+        for name, a, b in mine:
+            kinds[_kind(name)] = kinds.get(_kind(name), 0.0) + (b - a) / 1e6
+        busy = _union([(a, b) for _, a, b in mine]) / 1e6
+        per.append(dict(wall_s=(hi - lo) / 1e6, busy_s=busy, kernels=len(mine), kinds_s=kinds))
+    n = max(len(per), 1)
+    mean = lambda key: sum(p[key] for p in per) / n  # noqa: E731
+    kinds = sorted({k for p in per for k in p["kinds_s"]})
+    top: dict[str, list] = {}
+    for name, a, b in kernels:
+        if any(lo <= a <= hi for lo, hi in steps):
+            t = top.setdefault(name[:120], [0.0, 0])
+            t[0] += (b - a) / 1e6 / n
+            t[1] += 1
+    return dict(S=ids.shape[1], batch=ids.shape[0], tensor_parallel=tp, steps=len(per), wall_s=mean("wall_s"),
+                busy_s=mean("busy_s"), kernels_per_step=mean("kernels") if per else 0,
+                kinds_s={k: sum(p["kinds_s"].get(k, 0.0) for p in per) / n for k in kinds},
+                top_kernels=[dict(name=k, s_per_step=v[0], calls_per_step=v[1] / n)
+                             for k, v in sorted(top.items(), key=lambda kv: -kv[1][0])[:15]], per_step=per)
+
+
 def run_rank(args) -> dict:
     init = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if init else (0, 1)
@@ -270,6 +334,17 @@ def run_rank(args) -> dict:
                 _log_row(log, row)
                 if rank == 0:  # one record per launch, rewritten after each row (a timeout keeps the rows done)
                     path = write_record(name, payload, args.out_dir, path=path)
+    if args.profile and rows and "error" not in rows[-1]:
+        last = rows[-1]
+        ids = torch.randint(0, model.vocab_size, (last["batch"], last["S"]), generator=g)
+        prof = step_profile(model, ids, args, last["tensor_parallel"], device)
+        payload["profile"] = prof
+        kinds = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in prof["kinds_s"].items())
+        log(f"profile S={prof['S']} B={prof['batch']}{' tensor-parallel' if prof['tensor_parallel'] else ''}: "
+            f"{prof['wall_s'] * 1e3:.2f} ms a step, kernels busy {prof['busy_s'] * 1e3:.2f} ms "
+            f"({prof['kernels_per_step']:.0f} kernels): {kinds} ms")
+        if rank == 0:
+            path = write_record(name, payload, args.out_dir, path=path)
     if rank == 0:
         log(f"wrote {path}")
     return payload
@@ -341,7 +416,17 @@ def render(rec):
              "decode ms/token" + (" (graph)" if graphs else "")]
     cols += ["op by op ms/token"] if graphs else []
     cols += ["bound ms/token", "× bound"] + (["same tokens"] if graphs else []) + ["peak GiB"]
-    return head + table(cols, body)
+    out = head + table(cols, body)
+    prof = rec.get("profile")
+    if prof and prof["steps"]:
+        out += ["", f"Profiled ({prof['steps']} steps at {prof['S']} tokens, batch {prof['batch']}"
+                f"{', tensor-parallel' if prof['tensor_parallel'] else ''}): {ms(prof['wall_s'])} ms a step, kernels "
+                f"busy {ms(prof['busy_s'])} ms of it, {prof['kernels_per_step']:.0f} kernels a step. GPU time per "
+                "step by kind of kernel:", ""]
+        out += table(["kind", "ms per step", "share of the step"],
+                     [[k, ms(v), f"{100 * v / prof['wall_s']:.1f}%"]
+                      for k, v in sorted(prof["kinds_s"].items(), key=lambda kv: -kv[1])])
+    return out
 
 
 def block_decode_graphs(records):
