@@ -25,6 +25,9 @@
 #                                        #   3B preset at 128K beside torch-CP, then llama-7b at 256K
 #   bash benchmarks/run_4gpu.sh verify   # 38.6 the faults again after rank 0's linger fix; then side by side:
 #                                        #   cards 0,1 / 2,3: 8B decode over 2 ranks at 128K / 512K, profiled
+#   bash benchmarks/run_4gpu.sh verify2  # the same, short: train_step and skip_backward after the watchdog's
+#                                        #   backstop; the 128K decode profile with the profiler started after
+#                                        #   the graph's capture
 #
 # Records land in $BURST_RESULTS (default $OUT/results); every step has its own timeout and the
 # stage its BUDGET (seconds), so one stuck step cannot eat the call.
@@ -194,6 +197,18 @@ verify)
   B=$!
   wait $A $B
   for f in decode128 decode512; do echo "--- $f"; grep "bench decode\|===\|Error\|error" "$out/logs/$f.log" | tail -n 20; done
+  ;;
+verify2)
+  FAULT_DEBUG=1 bstep 110 python3 -m burstengine bench faults --device cuda --world 4 --no-fuzz --deadline 10 \
+      --faults train_step,skip_backward --limit 45 --out-dir "$BURST_RESULTS" --name faults_4gpu_nccl_backstop \
+      > "$out/logs/faults.log" 2>&1
+  grep -v "^\[rank\|^#\|^$\|Traceback\|File \|^  " "$out/logs/faults.log" | tail -n 30
+  ( export CUDA_VISIBLE_DEVICES=0,1
+    bstep 120 python3 -m torch.distributed.run --standalone --nproc_per_node 2 -m burstengine bench decode \
+        --model llama-3.1-8b --seqs 128K --batches 1 --tokens 8 --warmup 2 --tp on --eager-max 1 --profile 8 \
+        --name decode_8b_2gpu_128k_profile
+  ) > "$out/logs/decode128.log" 2>&1
+  grep "bench decode\|===\|Error\|error" "$out/logs/decode128.log" | tail -n 20
   ;;
 *) echo "unknown stage $stage"; exit 2;;
 esac

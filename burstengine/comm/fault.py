@@ -35,6 +35,7 @@ Exit codes: an uncaught :class:`RankLost` exits with Python's usual 1; the watch
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import socket
 import sys
@@ -598,7 +599,10 @@ class Watchdog:
 
     On a fault it prints the reason to stderr, waits ``grace`` seconds for the main thread to
     end the process itself (an exception it raised on its own, e.g. :class:`RankLost`), then
-    calls ``on_fault(reason)`` if given, else ``os._exit(EXIT_LOST)``.  Leaving the ``with``
+    calls ``on_fault(reason)`` if given, else ``os._exit(EXIT_LOST)``; without ``on_fault``, a
+    process still alive ``backstop`` seconds after the fault (a thread stuck in a collective, the
+    exit path hung) prints every thread's stack and exits with 1 (faulthandler, which needs no
+    Python thread to run).  Leaving the ``with``
     block normally marks this rank done, so its watcher does not take a finished rank for a
     lost one; leaving it on an exception posts a notice, so the others stop within ``interval``
     instead of waiting for ``timeout``.
@@ -615,6 +619,8 @@ class Watchdog:
         # rank 0's pause in explain(), which the grace of its own watchdog then covers too
         self.linger = 3 * self.interval + 2.0
         self.handled_at: float | None = None  # when the main thread took the fault over (explain)
+        # seconds after a fault past which the process is ended whatever its threads do (_fault)
+        self.backstop = self.grace + self.linger + 10.0
         self._thread = None
         self.fault: str | None = None
         self.notice: Notice | None = None  # the last notice this watchdog read (the store may go first)
@@ -772,6 +778,12 @@ class Watchdog:
         self.fault = reason
         if not self.handled.is_set():
             print(f"burstengine watchdog (rank {self.rank}): {reason}", file=sys.stderr, flush=True)
+        if self.on_fault is None:
+            # a backstop no Python thread has to run: faulthandler's own C thread prints every
+            # thread's stack and ends the process if nothing else has within `backstop` seconds.
+            # On 4 H200s a survivor of a rank killed mid-step printed the loss above and then
+            # neither its main thread nor this one ended the process (hung past 45 s)
+            faulthandler.dump_traceback_later(self.backstop, exit=True)
         if self._stop.wait(self.grace):
             return  # the process is handling it
         if self.handled.is_set() and self.rank == 0:

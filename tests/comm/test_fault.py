@@ -377,3 +377,24 @@ def test_rank_0_waits_out_what_is_left_of_its_linger_after_the_grace(store):
     d.handled_at = time.monotonic() - 100.0  # its pause is long over: nothing more to wait for
     d._fault("rank 1 lost")
     assert waits == [d.grace] and ended == ["rank 1 lost"] * 2
+
+
+def test_a_process_still_alive_after_a_fault_is_ended_by_the_backstop():
+    # the main thread took the fault over (stop set: the watchdog thread returns) and then hangs:
+    # faulthandler's thread prints the stacks and ends the process after `backstop` seconds
+    code = (
+        "import time\n"
+        "from burstengine.comm import fault\n"
+        "d = fault.Watchdog(timeout=2, interval=0.1, grace=0.1, store=object(), rank=1, world=2)\n"
+        "d.backstop = 1.0\n"
+        "d._stop.set()\n"
+        "d._fault('rank 0 lost (a test)')\n"
+        "print('HANGING', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    assert p.returncode == 1 and "HANGING" in p.stdout, (p.returncode, p.stdout, p.stderr[-2000:])
+    assert "burstengine watchdog (rank 1): rank 0 lost (a test)" in p.stderr
+    assert "most recent call first" in p.stderr and 'File "<string>", line 8' in p.stderr  # the sleep
+    assert time.monotonic() - t0 < 40

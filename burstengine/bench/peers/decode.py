@@ -229,14 +229,18 @@ def step_profile(model, ids, args, tp: bool, device) -> dict:
     """--profile: ``args.profile`` decode steps (after ``args.warmup``) of one generate() call on
     ``ids`` under torch.profiler; per step, the GPU time of each kind of kernel, the kernels
     launched, the union of kernel time and the step's wall time (its host-side range)."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, schedule
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=acts) as prof:
-        generate(model, ids, 1 + args.warmup + args.profile, chunk=args.chunk, graphs=args.graphs,
-                 tensor_parallel=tp)
+    # the profiler starts only after the prefill, the first step (the CUDA graph's capture: CUPTI
+    # active during a capture with NCCL in it failed it on 2 H200s) and the warm-up steps: each
+    # generated token advances its schedule (on_tokens), one more step warms the profiler up
+    idle = 2 + args.warmup
+    plan = schedule(wait=idle, warmup=1, active=args.profile, repeat=1)
+    with profile(activities=acts, schedule=plan) as prof:
+        generate(model, ids, idle + 1 + args.profile + 1, chunk=args.chunk, graphs=args.graphs, tensor_parallel=tp,
+                 on_tokens=lambda *_: prof.step())
     steps = sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.name == STEP_LABEL)
-    steps = steps[args.warmup:]
     kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
                if e.device_type == torch.autograd.DeviceType.CUDA]
     per = []
@@ -336,6 +340,8 @@ def run_rank(args) -> dict:
                     path = write_record(name, payload, args.out_dir, path=path)
     if args.profile and rows and "error" not in rows[-1]:
         last = rows[-1]
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         ids = torch.randint(0, model.vocab_size, (last["batch"], last["S"]), generator=g)
         prof = step_profile(model, ids, args, last["tensor_parallel"], device)
         payload["profile"] = prof
