@@ -564,7 +564,7 @@ def test_decode_bench_runs_on_cpu(tmp_path):
     # kernels on a CPU: the kinds stay empty)
     prof = rec["profile"]
     assert (prof["S"], prof["batch"], prof["steps"]) == (200, 1, 2) and len(prof["per_step"]) == 2
-    assert all(p["wall_s"] > 0 for p in prof["per_step"]) and prof["kinds_s"] == {}
+    assert all(p["wall_s"] > 0 for p in prof["per_step"]) and prof["kinds_s"] == {} and prof["window"] == "host"
     assert rec["commit"] and rec["env"]["device"] == "cpu" and rec["copy_bandwidth_Bps"] > 0
     assert rec["threads"] == 1  # the default: a decode step's small ops slow down on a shared machine's pool
     # the check ran what a CPU has (the math path; the float32 step's tokens vs float64's), and

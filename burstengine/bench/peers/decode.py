@@ -228,7 +228,8 @@ def _kind(name: str) -> str:
 def step_profile(model, ids, args, tp: bool, device) -> dict:
     """--profile: ``args.profile`` decode steps (after ``args.warmup``) of one generate() call on
     ``ids`` under torch.profiler; per step, the GPU time of each kind of kernel, the kernels
-    launched, the union of kernel time and the step's wall time (its host-side range)."""
+    launched, the union of kernel time and the step's window (``wall_s``: first kernel to last on
+    a GPU; the host range elsewhere): the window minus the union is time between kernels."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -240,12 +241,18 @@ def step_profile(model, ids, args, tp: bool, device) -> dict:
     with profile(activities=acts, schedule=plan) as prof:
         generate(model, ids, idle + 1 + args.profile + 1, chunk=args.chunk, graphs=args.graphs, tensor_parallel=tp,
                  on_tokens=lambda *_: prof.step())
-    steps = sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.name == STEP_LABEL)
+    cuda = torch.autograd.DeviceType.CUDA
+    # a step's window: its range as the GPU ran it (the profiler's GPU-side copy of the host range,
+    # from the step's first kernel to its last) where there is one, else the host range (CPU);
+    # the host range of a graph's replay ends long before its kernels do
+    marks = [e for e in prof.events() if e.name == STEP_LABEL]
+    on_gpu = [e for e in marks if e.device_type == cuda]
+    steps = sorted((e.time_range.start, e.time_range.end) for e in (on_gpu or marks))
+    window = "gpu" if on_gpu else "host"
     kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
-               if e.device_type == torch.autograd.DeviceType.CUDA]
+               if e.device_type == cuda and e.name != STEP_LABEL]
     per = []
     for lo, hi in steps:
-        # a step's kernels start after its launch began and before the next one (its sync ends it)
         mine = [k for k in kernels if lo <= k[1] <= hi]
         kinds: dict[str, float] = {}
         for name, a, b in mine:
@@ -261,7 +268,8 @@ def step_profile(model, ids, args, tp: bool, device) -> dict:
             t = top.setdefault(name[:120], [0.0, 0])
             t[0] += (b - a) / 1e6 / n
             t[1] += 1
-    return dict(S=ids.shape[1], batch=ids.shape[0], tensor_parallel=tp, steps=len(per), wall_s=mean("wall_s"),
+    return dict(S=ids.shape[1], batch=ids.shape[0], tensor_parallel=tp, steps=len(per), window=window,
+                wall_s=mean("wall_s"),
                 busy_s=mean("busy_s"), kernels_per_step=mean("kernels") if per else 0,
                 kinds_s={k: sum(p["kinds_s"].get(k, 0.0) for p in per) / n for k in kinds},
                 top_kernels=[dict(name=k, s_per_step=v[0], calls_per_step=v[1] / n)
@@ -424,7 +432,7 @@ def render(rec):
     cols += ["bound ms/token", "× bound"] + (["same tokens"] if graphs else []) + ["peak GiB"]
     out = head + table(cols, body)
     prof = rec.get("profile")
-    if prof and prof["steps"]:
+    if prof and prof["steps"] and prof.get("window"):  # (earlier profiles double-counted: their note says)
         out += ["", f"Profiled ({prof['steps']} steps at {prof['S']} tokens, batch {prof['batch']}"
                 f"{', tensor-parallel' if prof['tensor_parallel'] else ''}): {ms(prof['wall_s'])} ms a step, kernels "
                 f"busy {ms(prof['busy_s'])} ms of it, {prof['kernels_per_step']:.0f} kernels a step. GPU time per "
