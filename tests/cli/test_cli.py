@@ -83,6 +83,17 @@ def test_profile_data_error_is_one_line(tmp_path):
     assert len(lines) == 1 and "holds token id 999 >= model.vocab_size 512" in lines[0], err
 
 
+def test_profile_keeps_the_data_parallelism_asked_for(tmp_path):
+    # --set cp=1 on 2 ranks: data parallel 2 (it used to be overridden by the profile's own cp=0),
+    # and a GPU's tokens are its share of the step's two sequences
+    rc, out, err = _run("bench", "profile", "--world", "2", "--set", "cp=1", "--set", "model.n_layers=1", "--seq",
+                        "128", "--warmup", "0", "--name", "p", "--out-dir", str(tmp_path), cwd=tmp_path)
+    assert rc == 0, out + err
+    rec = json.loads((tmp_path / "p.json").read_text())
+    assert (rec["cp"], rec["dp"], rec["world"]) == (1, 2, 2), rec
+    assert rec["tokens_per_s_per_gpu"] * rec["step_wall_s"] == pytest.approx(128)
+
+
 @pytest.mark.parametrize("over,msg", [
     ("grad_clip=nan", "grad_clip must be a finite number >= 0"),
     ("lr=inf", r"lr must be in \[0, 1\]"),

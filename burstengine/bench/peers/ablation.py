@@ -123,8 +123,9 @@ def runs_of(args, model: str, seqs=(), world: int | None = None) -> tuple[list[d
     runs = row_runs(args.split, splits, names)
     for r in runs:
         for seq in seqs or [None]:
-            cfg = load(model, list(args.overrides) + [f"{k}={v}" for k, v in r["config"].items()]
-                       + ([f"seq_len={seq}", "cp=0"] if seq else []))
+            # cp=0 before --set's, as bench train runs it (--set cp=N keeps data parallelism beside it)
+            cfg = load(model, (["cp=0"] if seq else []) + list(args.overrides)
+                       + [f"{k}={v}" for k, v in r["config"].items()] + ([f"seq_len={seq}"] if seq else []))
             if seq and world:
                 cfg.check_world(world)
     return runs, splits

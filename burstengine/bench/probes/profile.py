@@ -134,8 +134,9 @@ def _profile(args) -> int:
     on_gpu = torch.cuda.is_available()
     model = _model(args)
     seq = args.seq or (131072 if on_gpu else 512)
-    over = list(args.overrides) + [f"seq_len={seq}", "cp=0", "progress=false", f"steps={args.warmup + 1}",
-                                   "batch_size=1", "eval_every=0"]
+    # cp=0 (every rank in the ring) unless --set cp=N keeps data parallelism beside it, as in bench train
+    over = ["cp=0"] + list(args.overrides) + [f"seq_len={seq}", "progress=false", f"steps={args.warmup + 1}",
+                                              "batch_size=1", "eval_every=0"]
     cfg = load(model, over)
     try:
         trainer = Trainer(cfg, echo=False, lock=False)  # never writes a run directory
@@ -179,9 +180,11 @@ def _profile(args) -> int:
         k[2] += 1
     busy_us = _union([(a[1], a[2]) for a in acts])
     wall_us = wall * 1e6
-    tokens = seq // dist.get_world_size()
+    mesh = trainer.mesh
+    tokens = seq * mesh.dp // dist.get_world_size()  # a GPU's share of the step's dp sequences of seq tokens
     row = {
         "model": model, "seq_len": seq, "overrides": args.overrides, "world": dist.get_world_size(),
+        "cp": mesh.cp, "dp": mesh.dp,
         "step_wall_s": wall, "gpu_busy_s" if on_gpu else "cpu_busy_s": busy_us / 1e6,
         "host_gap_s": max(0.0, wall_us - busy_us) / 1e6,
         "tokens_per_s_per_gpu": tokens / wall, "flops_per_token": trainer.flops_per_token,
