@@ -582,6 +582,29 @@ def post(start, op: Op):
 
 # --- the watchdog ------------------------------------------------------------------------------
 
+_BACKSTOP: list = []  # the Watchdog whose fault armed faulthandler's backstop (one timer a process)
+
+
+def _stderr_fd() -> int:
+    """The file descriptor of stderr for faulthandler: sys.stderr's, else the interpreter's own,
+    else 2.  sys.stderr may have none (a notebook's stream, redirect_stderr(StringIO())), and
+    faulthandler refuses such a file with an exception that would end the watchdog's thread
+    before it ends the process."""
+    for f in (sys.stderr, sys.__stderr__):
+        try:
+            return f.fileno()
+        except (AttributeError, ValueError, OSError):
+            pass
+    return 2
+
+
+def _arm_backstop(dog: "Watchdog") -> None:
+    """End this process ``dog.backstop`` seconds from now, every thread's stack printed, whatever
+    its Python threads do (faulthandler's own C thread)."""
+    faulthandler.dump_traceback_later(dog.backstop, exit=True, file=_stderr_fd())
+    _BACKSTOP[:] = [dog]
+
+
 class Watchdog:
     """Heartbeats through the c10d store and ends this process, naming the lost rank, when a
     rank stops beating for ``timeout`` seconds or any rank posts a fault notice.
@@ -602,8 +625,8 @@ class Watchdog:
     calls ``on_fault(reason)`` if given, else ``os._exit(EXIT_LOST)``; without ``on_fault``, a
     process still alive ``backstop`` seconds after the fault (a thread stuck in a collective, the
     exit path hung) prints every thread's stack and exits with 1 (faulthandler, which needs no
-    Python thread to run).  Leaving the ``with``
-    block normally marks this rank done, so its watcher does not take a finished rank for a
+    Python thread to run; a Watchdog started after that one was stopped, as a process that has
+    recovered does, disarms it).  Leaving the ``with`` block normally marks this rank done, so its watcher does not take a finished rank for a
     lost one; leaving it on an exception posts a notice, so the others stop within ``interval``
     instead of waiting for ``timeout``.
     """
@@ -633,6 +656,11 @@ class Watchdog:
         if self.rank is None:
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self._store.set(_beat_key(self.rank), "0")
+        if _BACKSTOP and _BACKSTOP[0]._stop.is_set():
+            # the watchdog whose fault armed it was stopped (its fault taken over) and this process
+            # watches a job again: it has recovered, and is no process to end
+            faulthandler.cancel_dump_traceback_later()
+            _BACKSTOP.clear()
         announce(self._store)
         self._thread = threading.Thread(target=self._run, name="burstengine-watchdog", daemon=True)
         _watch_queued(True)
@@ -783,7 +811,7 @@ class Watchdog:
             # thread's stack and ends the process if nothing else has within `backstop` seconds.
             # On 4 H200s a survivor of a rank killed mid-step printed the loss above and then
             # neither its main thread nor this one ended the process (hung past 45 s)
-            faulthandler.dump_traceback_later(self.backstop, exit=True)
+            _arm_backstop(self)
         if self._stop.wait(self.grace):
             return  # the process is handling it
         if self.handled.is_set() and self.rank == 0:

@@ -398,3 +398,38 @@ def test_a_process_still_alive_after_a_fault_is_ended_by_the_backstop():
     assert "burstengine watchdog (rank 1): rank 0 lost (a test)" in p.stderr
     assert "most recent call first" in p.stderr and 'File "<string>", line 8' in p.stderr  # the sleep
     assert time.monotonic() - t0 < 40
+
+
+def _watchdog_script(body: str) -> subprocess.CompletedProcess:
+    code = ("import io, sys, time\nimport torch.distributed as dist\nfrom burstengine.comm import fault\n"
+            "st = dist.HashStore()\n" + body)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+def test_the_watchdog_ends_its_process_where_stderr_has_no_file_descriptor():
+    # a notebook's stream, redirect_stderr(StringIO()): arming the backstop on such a stderr raised
+    # in the watchdog's thread, which then never ended the process (it lived on, exit 0)
+    p = _watchdog_script(
+        "d = fault.Watchdog(timeout=2, interval=0.05, grace=0.2, store=st, rank=1, world=2).start()\n"
+        "sys.stderr = io.StringIO()\n"
+        "fault.post_notice(0, 0, 'rank 0 died (a test)', store=st)\n"
+        "time.sleep(8)\n"
+        "print('STILL ALIVE', flush=True)\n")
+    assert p.returncode == fault.EXIT_LOST and "STILL ALIVE" not in p.stdout, (p.returncode, p.stdout, p.stderr)
+
+
+def test_a_process_that_recovered_from_a_fault_outlives_the_backstop():
+    # the main thread took the fault over (its watchdog stopped), the job recovered on the same
+    # store and watches again: the first fault's backstop must not end the process later
+    p = _watchdog_script(
+        "d = fault.Watchdog(timeout=2, interval=0.05, grace=2.0, store=st, rank=1, world=2).start()\n"
+        "d.backstop = 1.0\n"
+        "fault.post_notice(0, 0, 'rank 0 died (a test)', store=st)\n"
+        "while d.fault is None:\n"
+        "    time.sleep(0.01)\n"
+        "d.stop(done=False)\n"
+        "fault.clear_notice(st)\n"
+        "with fault.Watchdog(timeout=2, interval=0.05, grace=2.0, store=st, rank=0, world=1):\n"
+        "    time.sleep(3)\n"
+        "print('RECOVERED', flush=True)\n")
+    assert p.returncode == 0 and "RECOVERED" in p.stdout, (p.returncode, p.stdout, p.stderr[-2000:])
