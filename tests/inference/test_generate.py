@@ -584,6 +584,51 @@ def test_decode_bench_runs_on_cpu(tmp_path):
     assert rc == 2 and "--profile must be >= 0" in err
 
 
+def test_decode_profile_counts_kernels_not_the_gpu_side_ranges_of_annotations(monkeypatch):
+    # a record_function's GPU-side range (nccl:all_reduce around a collective launched op by op,
+    # the step's own range) is a user annotation spanning kernels listed already: counted as a
+    # kernel, it doubled the collectives' time (as in the training profiles' nccl:coalesced rows)
+    import types
+
+    from burstengine.bench.peers import decode
+    from burstengine.inference.generate import STEP_LABEL
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def ev(name, dev, a, b, note=False):
+        return types.SimpleNamespace(name=name, device_type=dev, is_user_annotation=note,
+                                     time_range=types.SimpleNamespace(start=a, end=b))
+
+    events = [ev(STEP_LABEL, cpu, 0, 5, True), ev(STEP_LABEL, cuda, 10, 30, True),
+              ev("gemv_kernel", cuda, 10, 16), ev("nccl:all_reduce", cuda, 16, 30, True),
+              ev("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", cuda, 16, 30)]
+
+    class Prof:
+        def __init__(self, **kw):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def step(self):
+            pass
+
+        def events(self):
+            return events
+
+    monkeypatch.setattr(torch.profiler, "profile", Prof)
+    monkeypatch.setattr(decode, "generate", lambda *a, **k: None)
+    args = types.SimpleNamespace(warmup=0, profile=1, chunk=None, graphs="off")
+    prof = decode.step_profile(None, torch.zeros(1, 8, dtype=torch.int64), args, True, torch.device("cuda"))
+    assert prof["window"] == "gpu" and prof["steps"] == 1, prof
+    assert prof["kernels_per_step"] == 2 and prof["wall_s"] == pytest.approx(20e-6), prof
+    assert prof["kinds_s"] == pytest.approx({"collective": 14e-6, "matrix products": 6e-6}), prof
+    assert [k["name"] for k in prof["top_kernels"]] == ["ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "gemv_kernel"]
+
+
 def test_decode_bench_on_two_ranks_records_tensor_parallel_rows(tmp_path):
     """Two gloo ranks: the check runs over them (whole and tensor-parallel steps vs float64), and
     each (prompt, batch) gets a tensor-parallel row beside a whole-model one, whose bound counts

@@ -59,7 +59,7 @@ from ...inference.needle import parse_lengths
 from ...inference.step import MODES as GRAPH_MODES, use_graphs, use_tensor_parallel
 from ...model.tensor_parallel import head_weight
 from ..harness import RankLog, ranked_bench
-from ..probes.profile import _union
+from ..probes.profile import _union, kernel_events
 from ..records import OUT_DIR_HELP, write_record
 from ..tables import Section, device_of, fixed, ms, num, record, table
 
@@ -249,8 +249,7 @@ def step_profile(model, ids, args, tp: bool, device) -> dict:
     on_gpu = [e for e in marks if e.device_type == cuda]
     steps = sorted((e.time_range.start, e.time_range.end) for e in (on_gpu or marks))
     window = "gpu" if on_gpu else "host"
-    kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
-               if e.device_type == cuda and e.name != STEP_LABEL]
+    kernels = [(e.name, e.time_range.start, e.time_range.end) for e in kernel_events(prof.events())]
     per = []
     for lo, hi in steps:
         mine = [k for k in kernels if lo <= k[1] <= hi]
