@@ -641,7 +641,7 @@ class Watchdog:
         self.handled = threading.Event()
         # rank 0's pause in explain(), which the grace of its own watchdog then covers too
         self.linger = 3 * self.interval + 2.0
-        self.handled_at: float | None = None  # when the main thread took the fault over (explain)
+        self.handled_at: float | None = None  # when rank 0's pause in explain() began
         # seconds after a fault past which the process is ended whatever its threads do (_fault)
         self.backstop = self.grace + self.linger + 10.0
         self._thread = None
@@ -727,7 +727,7 @@ class Watchdog:
         notice every other rank will name.  None when every rank is alive: ``exc`` is no lost
         rank's doing, and the caller should re-raise it (leaving the ``with`` block posts it)."""
         me = self.rank
-        self.handled_at = time.monotonic()
+        self.handled_at = None  # its pause (explain) begins once the rank is found, which may take a census
         self.handled.set()  # the main thread reports this fault: the watchdog need not print it
         if isinstance(exc, RankLost) and exc.lost is not None:
             return exc
@@ -760,6 +760,7 @@ class Watchdog:
         with it) goes."""
         lost = self._explain(exc, what)
         if self.rank == 0 and lost is not None:
+            self.handled_at = time.monotonic()  # the watchdog's _fault waits out what is left of this pause
             time.sleep(self.linger)  # the store's host: let the others finish their census first
         return lost
 
@@ -818,7 +819,9 @@ class Watchdog:
             # the main thread reports it after rank 0's pause in explain(), which began at
             # handled_at, mostly inside the grace just waited: wait for what is left of it only
             # (waiting a whole linger after the grace made rank 0 the last survivor to leave,
-            # 3.5 s after the others on 4 GPUs)
+            # 3.5 s after the others on 4 GPUs).  Not begun yet (explain() still takes its
+            # census): a whole one from now.  Counted from the start of explain() instead, a 4 s
+            # census ended rank 0 3 s into its 5 s pause
             left = (self.handled_at or time.monotonic()) + self.linger + 1.0 - time.monotonic()
             if left > 0 and self._stop.wait(left):
                 return

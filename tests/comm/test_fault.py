@@ -433,3 +433,21 @@ def test_a_process_that_recovered_from_a_fault_outlives_the_backstop():
         "    time.sleep(3)\n"
         "print('RECOVERED', flush=True)\n")
     assert p.returncode == 0 and "RECOVERED" in p.stdout, (p.returncode, p.stdout, p.stderr[-2000:])
+
+
+def test_rank_0_watchdog_counts_its_linger_from_the_start_of_the_pause(store):
+    # explain() first finds the rank (here a census of 1.5 s), then pauses `linger` s: the watchdog,
+    # which found the fault at the same moment, must not end rank 0 inside that pause (counted from
+    # the start of explain(), it ended it 0.5 s before the pause was over)
+    ended = []
+    d = fault.Watchdog(timeout=30, interval=0.1, grace=2.0, store=store, rank=0, world=2,
+                       on_fault=lambda reason: ended.append(time.monotonic()))
+    d.silent_ranks = lambda window=None: (time.sleep(1.5), [1])[1]
+    dog = threading.Thread(target=d._fault, args=("rank 1 lost",))
+    dog.start()
+    lost = d.explain(RuntimeError("Connection reset by peer"), "a collective")
+    back = time.monotonic()
+    d._stop.set()  # the main thread reports it now and leaves its with block
+    dog.join()
+    assert lost is not None and lost.lost == 1
+    assert not ended or ended[0] >= back, (ended[0] - back)
