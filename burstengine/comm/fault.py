@@ -626,9 +626,9 @@ class Watchdog:
     process still alive ``backstop`` seconds after the fault (a thread stuck in a collective, the
     exit path hung) prints every thread's stack and exits with 1 (faulthandler, which needs no
     Python thread to run; a Watchdog started after that one was stopped, as a process that has
-    recovered does, disarms it).  Leaving the ``with`` block normally marks this rank done, so its watcher does not take a finished rank for a
-    lost one; leaving it on an exception posts a notice, so the others stop within ``interval``
-    instead of waiting for ``timeout``.
+    recovered does, disarms it).  Leaving the ``with`` block normally marks this rank done, so
+    its watcher does not take a finished rank for a lost one; leaving it on an exception posts a
+    notice, so the others stop within ``interval`` instead of waiting for ``timeout``.
     """
 
     def __init__(self, timeout: float | None = None, interval: float | None = None, grace: float | None = None,
@@ -817,11 +817,11 @@ class Watchdog:
             return  # the process is handling it
         if self.handled.is_set() and self.rank == 0:
             # the main thread reports it after rank 0's pause in explain(), which began at
-            # handled_at, mostly inside the grace just waited: wait for what is left of it only
-            # (waiting a whole linger after the grace made rank 0 the last survivor to leave,
-            # 3.5 s after the others on 4 GPUs).  Not begun yet (explain() still takes its
+            # handled_at, mostly inside the grace just waited: wait for what is left of it only,
+            # not a whole linger after the grace.  Not begun yet (explain() still takes its
             # census): a whole one from now.  Counted from the start of explain() instead, a 4 s
-            # census ended rank 0 3 s into its 5 s pause
+            # census ended rank 0 3 s into its 5 s pause.  (On 4 H200s rank 0 still left ~3.5 s
+            # after the others: torch's NCCL debug dump on the first rank to time out, not this.)
             left = (self.handled_at or time.monotonic()) + self.linger + 1.0 - time.monotonic()
             if left > 0 and self._stop.wait(left):
                 return
