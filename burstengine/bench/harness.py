@@ -66,6 +66,20 @@ class RankLog:
         print(f"[{self.tag}{stamp}] {msg}", file=self.file or sys.stdout, flush=True)
 
 
+# config keys a training bench sets itself for every case: one sequence per data-parallel rank
+# group per step, timed step by step (a --set of them would be replaced without a word)
+STEP_KEYS = ("batch_size", "grad_accum", "seq_len", "steps")
+
+
+def step_overrides_refused(overrides, prog: str) -> str | None:
+    """One line when ``overrides`` (--set KEY=VALUE) set a key the bench sets itself, else None."""
+    keys = sorted({o.split("=", 1)[0].strip() for o in overrides} & set(STEP_KEYS))
+    if keys:
+        return (f"{prog} sets {', '.join(STEP_KEYS)} itself (one sequence per data-parallel group per timed "
+                f"step; lengths from its own flags): --set {', '.join(keys)} is not taken; use burstengine train")
+    return None
+
+
 def attn_flops(B, S_q, S_k, H, D, visible_frac=1.0):
     """Forward FLOPs of attention over the visible (query, key) pairs: 4 * pairs * H * D; a causal
     square block counts half its pairs (docs/design.md, "FLOP conventions"), and fwd + bwd is 3.5x.

@@ -54,6 +54,9 @@ def test_bench_runs_without_torchrun(bench, tmp_path):
     (["bench", "sparse", "--device", "cpu", "--doc-lengths", "5"], "--doc-lengths takes lo,hi"),
     (["bench", "topo", "--device", "cpu", "--topology", "3x3"], "does not describe the 2 ranks"),
     (["bench", "train", "--methods", "torch-cp"], "needs CUDA"),
+    # keys the training benches set themselves are refused, not silently replaced
+    (["bench", "train", "--set", "grad_accum=2"], "--set grad_accum is not taken"),
+    (["bench", "profile", "--set", "batch_size=2", "--set", "seq_len=64"], "--set batch_size, seq_len is not taken"),
     (["bench", "prefill", "--kernel", "nope"], "unknown kernel"),
     (["prefill", "--kernel", "nope"], "unknown kernel"),
     (["train", "--set", "attention=torch-cp"], "attention='torch-cp'"),

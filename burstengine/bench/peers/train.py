@@ -44,7 +44,7 @@ from ...attention.checks import arg_checks
 from ...timing import median
 from ...train import Trainer, load
 from ...train.metrics import peak_memory_gib
-from ..harness import ranked_bench, step_check_level
+from ..harness import ranked_bench, step_check_level, step_overrides_refused
 from ..records import OUT_DIR_HELP, write_record
 from ..tables import Section, device_of, fixed, med, num, ratio, record, table
 from . import ablation
@@ -119,7 +119,7 @@ def _run_case(model, method, seq, args, config, row) -> dict:
     # cp=0 (all ranks) unless --set cp=N asks for data parallelism beside it (the paper's Table 5)
     over = ["cp=0"] + list(args.overrides) + list(config) + [
         f"seq_len={seq}", f"attention={ALL_METHODS[method].attention}", "progress=false", f"steps={args.warmup + args.steps}",
-        "batch_size=1", "eval_every=0"]
+        "batch_size=1", "grad_accum=1", "eval_every=0"]
     row = dict(row or {}, method=method, seq_len=seq)
     trainer = None
     oom = torch.zeros(1)
@@ -348,6 +348,9 @@ def validate(args) -> str | None:
 
     on_gpu = torch.cuda.is_available()
     model = args.model or ("llama-7b" if on_gpu else "tiny")
+    refused = step_overrides_refused(args.overrides, "bench train")
+    if refused:
+        return refused
     for plan in _fallback_plans(args):
         try:
             load(model, list(args.overrides) + [f"activation_checkpoint={plan}"])

@@ -24,7 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from ...attention.checks import arg_checks
 from ...train import Trainer, load
-from ..harness import ranked_bench, step_check_level
+from ..harness import ranked_bench, step_check_level, step_overrides_refused
 from ..records import OUT_DIR_HELP, write_record
 from ..tables import Section, fixed, table
 
@@ -145,7 +145,7 @@ def _profile(args) -> int:
     seq = args.seq or (131072 if on_gpu else 512)
     # cp=0 (every rank in the ring) unless --set cp=N keeps data parallelism beside it, as in bench train
     over = ["cp=0"] + list(args.overrides) + [f"seq_len={seq}", "progress=false", f"steps={args.warmup + 1}",
-                                              "batch_size=1", "eval_every=0"]
+                                              "batch_size=1", "grad_accum=1", "eval_every=0"]
     cfg = load(model, over)
     try:
         trainer = Trainer(cfg, echo=False, lock=False)  # never writes a run directory
@@ -228,6 +228,9 @@ def validate(args) -> str | None:
     """One line for arguments that cannot work (before any rank starts), else None."""
     if args.warmup < 0 or (args.seq is not None and args.seq < 1):
         return "--warmup must be >= 0 and --seq >= 1"
+    refused = step_overrides_refused(args.overrides, "bench profile")
+    if refused:
+        return refused
     try:
         load(_model(args), list(args.overrides))
     except ValueError as e:
