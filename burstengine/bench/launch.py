@@ -122,6 +122,8 @@ def guarded(body, prog: str, timeout: float, activity=None, on_lost=None) -> int
                     raise  # this rank's own failure: leaving the watchdog posts it for the others
                 raise lost from e
     except fault.RankLost as e:
+        if fault.quiet():  # a peer stopped by Ctrl-C before this rank was: the launcher says it
+            return fault.EXIT_LOST
         print(f"{prog} (rank {rank}): {e}", file=sys.stderr, flush=True)
         if on_lost is not None and rank == min(r for r in range(world) if r != e.lost):
             on_lost(e)
@@ -167,6 +169,9 @@ def _rank_main(rank, world, port, pg_timeout, threads, backend_name, entry, entr
         # the launcher hosts the store (as torchrun's agent does): it outlives any rank, so the
         # others can still read what a failing rank posted there and name the rank at fault
         store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(seconds=pg_timeout))
+        # Ctrl-C: the launcher marks the job stopping before it stops the ranks, so a rank that sees
+        # a peer stopped first fails quietly instead of reporting a lost rank
+        fault.quiet_when(lambda: store.check([STOPPING]))
         dist.init_process_group(backend_name, store=store, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=pg_timeout))
         fault.announce()
@@ -187,6 +192,10 @@ def _rank_main(rank, world, port, pg_timeout, threads, backend_name, entry, entr
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+# the store key the launcher sets when Ctrl-C stops the job (its ranks then fail quietly)
+STOPPING = "burstengine/stopping"
 
 
 def _stopped(signum, frame):
@@ -214,7 +223,7 @@ def spawn(entry, entry_args: tuple, world: int, timeout: float, threads: int | N
         threads = max(1, (os.cpu_count() or 1) // world)
     results = mp.get_context("spawn").SimpleQueue()
     port = free_port()
-    store = dist.TCPStore("127.0.0.1", port, world, is_master=True, wait_for_workers=False,  # noqa: F841 (kept alive)
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=pg_timeout or timeout))
     args = (world, port, pg_timeout or timeout, threads, backend or default_backend(), entry, entry_args,
             results)
@@ -230,6 +239,10 @@ def spawn(entry, entry_args: tuple, world: int, timeout: float, threads: int | N
     try:
         return _watch(ctx.processes, results, timeout, prog)
     except KeyboardInterrupt:  # Ctrl-C: the ranks go quietly, the caller says what it means
+        try:
+            store.set(STOPPING, "1")  # before any rank is stopped (fault.quiet_when in _rank_main)
+        except Exception:  # noqa: BLE001 (the store is this process's: it does not fail)
+            pass
         _stop([p for p in ctx.processes if p.exitcode is None], gently=True)
         raise
 

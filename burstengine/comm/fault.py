@@ -192,6 +192,23 @@ def _bounded(fn, seconds: float = 3.0):
     return box[0] if box else None
 
 
+# what tells this process that its job is being stopped on purpose (Ctrl-C at the launcher), when a
+# peer that was stopped first makes it fail: callables a launcher registers (quiet_when)
+_QUIET: list = []
+
+
+def quiet_when(check) -> None:
+    """Register ``check()``: true once this process's job is being stopped on purpose, after which
+    the losses its peers' stopping causes are not reported here (the launcher says what happened,
+    in one line)."""
+    _QUIET.append(check)
+
+
+def quiet() -> bool:
+    """Whether this process's job is being stopped on purpose (:func:`quiet_when`)."""
+    return any(_bounded(check, 1.0) for check in _QUIET)
+
+
 def _encode(n: Notice) -> str:
     return f"{-1 if n.lost is None else n.lost}|{n.reporter}|{n.text}"
 
@@ -805,7 +822,8 @@ class Watchdog:
 
     def _fault(self, reason: str) -> None:
         self.fault = reason
-        if not self.handled.is_set():
+        hush = quiet()  # the job is being stopped on purpose: its launcher says so, these lines not
+        if not self.handled.is_set() and not hush:
             print(f"burstengine watchdog (rank {self.rank}): {reason}", file=sys.stderr, flush=True)
         if self.on_fault is None:
             # a backstop no Python thread has to run: faulthandler's own C thread prints every
@@ -825,11 +843,12 @@ class Watchdog:
             left = (self.handled_at or time.monotonic()) + self.linger + 1.0 - time.monotonic()
             if left > 0 and self._stop.wait(left):
                 return
-        if self.handled.is_set():  # the main thread meant to report it but did not get that far
+        if self.handled.is_set() and not hush:  # the main thread meant to report it but did not get that far
             print(f"burstengine watchdog (rank {self.rank}): {reason}", file=sys.stderr, flush=True)
         if self.on_fault is not None:
             self.on_fault(reason)
             return
-        print(f"burstengine watchdog (rank {self.rank}): exiting with code {EXIT_LOST}", file=sys.stderr,
-              flush=True)
+        if not hush:
+            print(f"burstengine watchdog (rank {self.rank}): exiting with code {EXIT_LOST}", file=sys.stderr,
+                  flush=True)
         os._exit(EXIT_LOST)

@@ -451,3 +451,23 @@ def test_rank_0_watchdog_counts_its_linger_from_the_start_of_the_pause(store):
     dog.join()
     assert lost is not None and lost.lost == 1
     assert not ended or ended[0] >= back, (ended[0] - back)
+
+
+def test_a_job_being_stopped_reports_no_lost_rank(monkeypatch, capsys):
+    # Ctrl-C: the launcher marks the job stopping (fault.quiet_when's check) before it stops the
+    # ranks; a rank whose peer was stopped first then fails without a line of its own (seen in a
+    # fresh-clone CI run: a watchdog's and a train rank's lines beside the launcher's one)
+    def fault_lines(stopping):
+        monkeypatch.setattr(fault, "_QUIET", [lambda: stopping])
+        ended = []
+        d = fault.Watchdog(timeout=30, interval=0.5, grace=0.0, store=object(), rank=1, world=2, on_fault=ended.append)
+        d._stop = types.SimpleNamespace(wait=lambda t: False)
+        capsys.readouterr()
+        d._fault("rank 0 lost (rank 0 failed: SystemExit: 143)")
+        assert ended == ["rank 0 lost (rank 0 failed: SystemExit: 143)"]
+        return capsys.readouterr().err
+
+    assert "rank 0 lost" in fault_lines(False)
+    assert fault_lines(True) == ""
+    monkeypatch.setattr(fault, "_QUIET", [lambda: 1 / 0])  # a check that fails (the store gone) is no stop
+    assert not fault.quiet()
