@@ -251,27 +251,26 @@ def step_profile(model, ids, args, tp: bool, device) -> dict:
     window = "gpu" if on_gpu else "host"
     kernels = [(e.name, e.time_range.start, e.time_range.end) for e in kernel_events(prof.events())]
     per = []
+    top: dict[str, list] = {}  # kernel name -> [seconds, calls] over the steps (windows do not overlap)
     for lo, hi in steps:
         mine = [k for k in kernels if lo <= k[1] <= hi]
         kinds: dict[str, float] = {}
         for name, a, b in mine:
-            kinds[_kind(name)] = kinds.get(_kind(name), 0.0) + (b - a) / 1e6
+            kind = _kind(name)
+            kinds[kind] = kinds.get(kind, 0.0) + (b - a) / 1e6
+            t = top.setdefault(name[:120], [0.0, 0])
+            t[0] += (b - a) / 1e6
+            t[1] += 1
         busy = _union([(a, b) for _, a, b in mine]) / 1e6
         per.append(dict(wall_s=(hi - lo) / 1e6, busy_s=busy, kernels=len(mine), kinds_s=kinds))
     n = max(len(per), 1)
     mean = lambda key: sum(p[key] for p in per) / n  # noqa: E731
     kinds = sorted({k for p in per for k in p["kinds_s"]})
-    top: dict[str, list] = {}
-    for name, a, b in kernels:
-        if any(lo <= a <= hi for lo, hi in steps):
-            t = top.setdefault(name[:120], [0.0, 0])
-            t[0] += (b - a) / 1e6 / n
-            t[1] += 1
     return dict(S=ids.shape[1], batch=ids.shape[0], tensor_parallel=tp, steps=len(per), window=window,
                 wall_s=mean("wall_s"),
                 busy_s=mean("busy_s"), kernels_per_step=mean("kernels") if per else 0,
                 kinds_s={k: sum(p["kinds_s"].get(k, 0.0) for p in per) / n for k in kinds},
-                top_kernels=[dict(name=k, s_per_step=v[0], calls_per_step=v[1] / n)
+                top_kernels=[dict(name=k, s_per_step=v[0] / n, calls_per_step=v[1] / n)
                              for k, v in sorted(top.items(), key=lambda kv: -kv[1][0])[:15]], per_step=per)
 
 
