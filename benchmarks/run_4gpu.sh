@@ -28,6 +28,11 @@
 #   bash benchmarks/run_4gpu.sh verify2  # the same, short: train_step and skip_backward after the watchdog's
 #                                        #   backstop; the 128K decode profile with the profiler started after
 #                                        #   the graph's capture
+#   bash benchmarks/run_4gpu.sh prompt   # 38.6 train_step lost at 4 ranks (after the backstop); 38.3 a 1M-token
+#                                        #   prompt of llama-3.1-8b: prefill beside torch-CP (first calls), then
+#                                        #   tensor-parallel decode against the 1M cache
+#   bash benchmarks/run_4gpu.sh longest  # 38.7 the longest attention fwd+bwd (8B heads 32/8), 38.1 torch-CP at
+#                                        #   256K with its fallback plans
 #
 # Records land in $BURST_RESULTS (default $OUT/results); every step has its own timeout and the
 # stage its BUDGET (seconds), so one stuck step cannot eat the call.
@@ -209,6 +214,26 @@ verify2)
         --name decode_8b_2gpu_128k_profile
   ) > "$out/logs/decode128.log" 2>&1
   grep "bench decode\|===\|Error\|error" "$out/logs/decode128.log" | tail -n 20
+  ;;
+prompt)
+  FAULT_DEBUG=1 bstep 70 python3 -m burstengine bench faults --device cuda --world 4 --no-fuzz --deadline 10 \
+      --faults train_step --limit 45 --out-dir "$BURST_RESULTS" --name faults_4gpu_nccl_train_step \
+      > "$out/logs/faults.log" 2>&1
+  grep -v "^\[rank\|^#\|^$\|Traceback\|File \|^  " "$out/logs/faults.log" | tail -n 20
+  # ~2 x 150 s: a 1M-token prompt, each method's first call at that length (serving's case)
+  bstep 330 $BE prefill --models 8b --seqs 1048576 --methods burst,torch-cp --warmup 0 --iters 1 \
+      --name prefill_8b_4gpu_1m_cold
+  # ~150 s prefill + 10 steps: decode against the 1M cache, weights and cache sharded over 4 ranks
+  bstep 250 $BE decode --model llama-3.1-8b --seqs 1M --batches 1 --tokens 8 --warmup 2 --tp on --eager-max 1 \
+      --name decode_8b_4gpu_1m
+  ;;
+longest)
+  # the longest attention fwd+bwd over 4 ranks with the 8B's heads (32 query, 8 K/V): memory line from
+  # two probes, then one fwd+bwd at the predicted length (~4M: ~4 min)
+  bstep 330 $TR -m burstengine bench longest --methods burst-zigzag --heads 32 --kv-heads 8 \
+      --probes 262144,524288 --out-dir "$BURST_RESULTS"
+  bstep 400 $BE train --model llama-8b --methods torch-cp --seqs 262144 --steps 1 --warmup 0 \
+      --fallback full,full-offload --name train_llama-8b_4gpu_256k_torchcp
   ;;
 *) echo "unknown stage $stage"; exit 2;;
 esac
