@@ -822,15 +822,17 @@ class Watchdog:
 
     def _fault(self, reason: str) -> None:
         self.fault = reason
-        hush = quiet()  # the job is being stopped on purpose: its launcher says so, these lines not
-        if not self.handled.is_set() and not hush:
-            print(f"burstengine watchdog (rank {self.rank}): {reason}", file=sys.stderr, flush=True)
         if self.on_fault is None:
             # a backstop no Python thread has to run: faulthandler's own C thread prints every
             # thread's stack and ends the process if nothing else has within `backstop` seconds.
-            # On 4 H200s a survivor of a rank killed mid-step printed the loss above and then
-            # neither its main thread nor this one ended the process (hung past 45 s)
+            # Armed before anything that lets go of the GIL (the line below writes to stderr): on 4
+            # GPUs a survivor of a rank killed mid-step printed that line and then never ran Python
+            # again, this thread included (another thread held the GIL), so a backstop armed after
+            # the print was never armed (H200s and H100s, hung past 45 s)
             _arm_backstop(self)
+        hush = quiet()  # the job is being stopped on purpose: its launcher says so, these lines not
+        if not self.handled.is_set() and not hush:
+            print(f"burstengine watchdog (rank {self.rank}): {reason}", file=sys.stderr, flush=True)
         if self._stop.wait(self.grace):
             return  # the process is handling it
         if self.handled.is_set() and self.rank == 0:

@@ -400,6 +400,32 @@ def test_a_process_still_alive_after_a_fault_is_ended_by_the_backstop():
     assert time.monotonic() - t0 < 40
 
 
+def test_the_backstop_is_armed_before_the_watchdog_lets_go_of_the_gil():
+    # on 4 GPUs a survivor printed the watchdog's line and never ran Python again (another thread
+    # held the GIL): the backstop, armed after that print, was never armed and the rank hung.  Here
+    # the write itself never gives the GIL back (a C sleep that keeps it): only a backstop armed
+    # before it can end the process
+    code = (
+        "import ctypes, sys\n"
+        "from burstengine.comm import fault\n"
+        "class Stuck:\n"
+        "    def write(self, s):\n"
+        "        ctypes.PyDLL(None).sleep(40)\n"
+        "    def flush(self):\n"
+        "        pass\n"
+        "    def fileno(self):\n"
+        "        return 2\n"
+        "d = fault.Watchdog(timeout=2, interval=0.1, grace=0.1, store=object(), rank=1, world=2)\n"
+        "d.backstop = 1.0\n"
+        "sys.stderr = Stuck()\n"
+        "d._fault('rank 0 lost (a test)')\n"
+    )
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1 and "most recent call first" in p.stderr, (p.returncode, p.stderr[-2000:])
+    assert time.monotonic() - t0 < 25
+
+
 def _watchdog_script(body: str) -> subprocess.CompletedProcess:
     code = ("import io, sys, time\nimport torch.distributed as dist\nfrom burstengine.comm import fault\n"
             "st = dist.HashStore()\n" + body)
