@@ -31,8 +31,9 @@
 #   bash benchmarks/run_4gpu.sh prompt   # 38.6 train_step lost at 4 ranks (after the backstop); 38.3 a 1M-token
 #                                        #   prompt of llama-3.1-8b: prefill beside torch-CP (first calls), then
 #                                        #   tensor-parallel decode against the 1M cache
-#   bash benchmarks/run_4gpu.sh longest  # 38.7 the longest attention fwd+bwd (8B heads 32/8), 38.1 torch-CP at
-#                                        #   256K with its fallback plans
+#   bash benchmarks/run_4gpu.sh longest  # 38.6 train_step again (the backstop armed before the GIL is let go);
+#                                        #   38.1 torch-CP at 256K with its fallback plans; 38.7 the longest
+#                                        #   attention fwd+bwd (8B heads 32/8)
 #
 # Records land in $BURST_RESULTS (default $OUT/results); every step has its own timeout and the
 # stage its BUDGET (seconds), so one stuck step cannot eat the call.
@@ -228,12 +229,17 @@ prompt)
       --name decode_8b_4gpu_1m
   ;;
 longest)
+  FAULT_DEBUG=1 bstep 70 python3 -m burstengine bench faults --device cuda --world 4 --no-fuzz --deadline 10 \
+      --faults train_step --limit 45 --out-dir "$BURST_RESULTS" --name faults_4gpu_nccl_train_step2 \
+      > "$out/logs/faults.log" 2>&1
+  grep -v "^\[rank\|^#\|^$\|Traceback\|File \|^  " "$out/logs/faults.log" | tail -n 20
+  # ~250 s: torch-CP at 256K: out of memory with the default plan, then full checkpointing
+  bstep 300 $BE train --model llama-8b --methods torch-cp --seqs 262144 --steps 1 --warmup 0 \
+      --fallback full,full-offload --name train_llama-8b_4gpu_256k_torchcp
   # the longest attention fwd+bwd over 4 ranks with the 8B's heads (32 query, 8 K/V): memory line from
-  # two probes, then one fwd+bwd at the predicted length (~4M: ~4 min)
+  # two probes, then one fwd+bwd at the predicted length
   bstep 330 $TR -m burstengine bench longest --methods burst-zigzag --heads 32 --kv-heads 8 \
       --probes 262144,524288 --out-dir "$BURST_RESULTS"
-  bstep 400 $BE train --model llama-8b --methods torch-cp --seqs 262144 --steps 1 --warmup 0 \
-      --fallback full,full-offload --name train_llama-8b_4gpu_256k_torchcp
   ;;
 *) echo "unknown stage $stage"; exit 2;;
 esac
