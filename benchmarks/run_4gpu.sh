@@ -233,8 +233,8 @@ longest)
       --faults train_step --limit 45 --out-dir "$BURST_RESULTS" --name faults_4gpu_nccl_train_step2 \
       > "$out/logs/faults.log" 2>&1
   grep -v "^\[rank\|^#\|^$\|Traceback\|File \|^  " "$out/logs/faults.log" | tail -n 20
-  # ~250 s: torch-CP at 256K: out of memory with the default plan, then full checkpointing
-  bstep 300 $BE train --model llama-8b --methods torch-cp --seqs 262144 --steps 1 --warmup 0 \
+  # ~300 s: llama-8b at 256K, burst beside torch-CP (out of memory with its default plan, then full checkpointing)
+  bstep 330 $BE train --model llama-8b --methods burst,torch-cp --seqs 262144 --steps 1 --warmup 0 \
       --fallback full,full-offload --name train_llama-8b_4gpu_256k_torchcp
   # the longest attention fwd+bwd over 4 ranks with the 8B's heads (32 query, 8 K/V): memory line from
   # two probes, then one fwd+bwd at the predicted length
