@@ -235,7 +235,7 @@ longest)
   grep -v "^\[rank\|^#\|^$\|Traceback\|File \|^  " "$out/logs/faults.log" | tail -n 20
   # ~300 s: llama-8b at 256K, burst beside torch-CP (out of memory with its default plan, then full checkpointing)
   bstep 330 $BE train --model llama-8b --methods burst,torch-cp --seqs 262144 --steps 1 --warmup 0 \
-      --fallback full,full-offload --name train_llama-8b_4gpu_256k_torchcp
+      --fallback full,full-offload --name train_llama-8b_4gpu_256k_pair
   # the longest attention fwd+bwd over 4 ranks with the 8B's heads (32 query, 8 K/V): memory line from
   # two probes, then one fwd+bwd at the predicted length
   bstep 330 $TR -m burstengine bench longest --methods burst-zigzag --heads 32 --kv-heads 8 \
