@@ -31,6 +31,9 @@
 #   bash benchmarks/run_4gpu.sh prompt   # 38.6 train_step lost at 4 ranks (after the backstop); 38.3 a 1M-token
 #                                        #   prompt of llama-3.1-8b: prefill beside torch-CP (first calls), then
 #                                        #   tensor-parallel decode against the 1M cache
+#   bash benchmarks/run_4gpu.sh warm256  # 38.6 train_step with a runner limit past the backstop (the 45 s limit
+#                                        #   stopped the survivors first: the fault comes ~25 s into the job);
+#                                        #   38.1 llama-8b at 256K beside torch-CP after a warm-up step each
 #   bash benchmarks/run_4gpu.sh longest  # 38.6 train_step again (the backstop armed before the GIL is let go);
 #                                        #   38.1 torch-CP at 256K with its fallback plans; 38.7 the longest
 #                                        #   attention fwd+bwd (8B heads 32/8)
@@ -227,6 +230,14 @@ prompt)
   # ~150 s prefill + 10 steps: decode against the 1M cache, weights and cache sharded over 4 ranks
   bstep 250 $BE decode --model llama-3.1-8b --seqs 1M --batches 1 --tokens 8 --warmup 2 --tp on --eager-max 1 \
       --name decode_8b_4gpu_1m
+  ;;
+warm256)
+  FAULT_DEBUG=1 bstep 110 python3 -m burstengine bench faults --device cuda --world 4 --no-fuzz --deadline 10 \
+      --faults train_step --limit 90 --out-dir "$BURST_RESULTS" --name faults_4gpu_nccl_train_step3 \
+      > "$out/logs/faults.log" 2>&1
+  grep -v "^\[rank\|^#\|^$\|Traceback\|File \|^  " "$out/logs/faults.log" | tail -n 40
+  bstep 420 $BE train --model llama-8b --methods burst,torch-cp --seqs 262144 --steps 1 --warmup 1 \
+      --fallback full,full-offload --name train_llama-8b_4gpu_256k_warm
   ;;
 longest)
   FAULT_DEBUG=1 bstep 70 python3 -m burstengine bench faults --device cuda --world 4 --no-fuzz --deadline 10 \

@@ -131,7 +131,7 @@ def _run_case(model, method, seq, args, config, row) -> dict:
         row["planned"] = {k: v / 2**30 if type(v) is int and k != "tokens" else v  # bytes -> GiB
                           for k, v in trainer.memory_needs().items() if v is not None}
         row["planned_line"] = trainer.memory_line()
-        times, first_loss = [], None
+        times, warm, first_loss = [], [], None
         stats0 = {}
         for step in range(args.warmup + args.steps):
             if step == args.warmup and dev.type == "cuda":
@@ -148,17 +148,19 @@ def _run_case(model, method, seq, args, config, row) -> dict:
                 total = loss_sum.clone()
                 dist.all_reduce(total)
                 first_loss = (total / count).item()
-            if step >= args.warmup:
-                times.append(dt)
-        t = torch.tensor(times, dtype=torch.float64, device=dev)
+            (times if step >= args.warmup else warm).append(dt)
+        t = torch.tensor(times + warm, dtype=torch.float64, device=dev)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace of a step
+        t, w = t[:len(times)], t[len(times):]
         mem = torch.tensor([peak_memory_gib(dev)], device=dev)
         dist.all_reduce(mem, op=dist.ReduceOp.MAX)
         med = median(t.tolist())
         world = dist.get_world_size()
         tgs = seq * trainer.mesh.dp / world / med  # every data-parallel rank group trains its own sequence
         peak = trainer.peak
-        row.update(ok=True, cp=trainer.mesh.cp, dp=trainer.mesh.dp, step_times_s=t.tolist(), median_step_s=med, tokens_per_s_per_gpu=tgs,
+        # the untimed steps too: the first step at a length (kernel builds, autotuning, allocation)
+        row.update(ok=True, cp=trainer.mesh.cp, dp=trainer.mesh.dp, step_times_s=t.tolist(), warmup_step_times_s=w.tolist(),
+                   median_step_s=med, tokens_per_s_per_gpu=tgs,
                    mfu=tgs * trainer.flops_per_token / peak if peak else None, peak_mem_gib=mem.item(),
                    first_loss=first_loss, flops_per_token=trainer.flops_per_token)
         if stats0:  # the caching allocator over the timed steps: retries free its cache (a device-wide stall)
