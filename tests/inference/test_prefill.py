@@ -253,6 +253,35 @@ def test_prefill_bench_times_the_first_call_at_each_length(pool, tmp_path):
     assert len(seen) == 1, seen  # one record, rewritten: not one file per case
 
 
+def test_prefill_bench_profiles_one_more_call_at_the_last_length(pool, tmp_path):
+    """--profile: one call of each method that ran at the last length, after its timed calls, under
+    torch.profiler; its breakdown (the calling thread's ops on CPU: they do not overlap, so the
+    categories add up to the busy time) lands in that row alone, and rank 0 prints it."""
+    import json
+
+    argv = ["--models", "tiny", "--seqs", "64,128", "--iters", "1", "--warmup", "0", "--out-dir", str(tmp_path),
+            "--methods", "burst,torch-cp,megatron-v3"]
+    rows = pool.run(prefill_cases.bench, argv + ["--profile", "--top", "5", "--name", "prof"], world=2)[0]
+    profiled = [r for r in rows if "profile" in r]
+    assert [(r["method"], r["S"]) for r in profiled] == [("burst", 128), ("megatron-v3", 128)], rows
+    for r in profiled:
+        p = r["profile"]
+        assert len(r["seconds"]) == 1 and p["wall_s"] > 0, r  # the timed figures: the --iters calls alone
+        assert 0 < p["cpu_busy_s"] <= p["wall_s"] and abs(p["host_gap_s"] - (p["wall_s"] - p["cpu_busy_s"])) < 1e-9
+        assert sum(p["categories_s"].values()) <= p["cpu_busy_s"] * (1 + 1e-6) + 1e-9, p
+        assert 0 < len(p["top_kernels"]) <= 5 and all(len(k["name"]) <= 160 and k["calls"] > 0
+                                                      for k in p["top_kernels"]), p
+        assert set(p["collectives_s"]) == {"gather/reduce", "send/recv and other"}, p
+    # Megatron-v3's all-gathers and reduce-scatters are collectives, BurstAttention's ring is inside its attention
+    assert profiled[0]["profile"]["categories_s"]["attention forward"] > 0
+    assert profiled[1]["profile"]["collectives_s"]["gather/reduce"]["kernel_s"] > 0
+    rec = json.load(open(tmp_path / "prof.json"))
+    assert [("profile" in r) for r in rec["rows"]] == [("profile" in r) for r in rows]
+
+    plain = pool.run(prefill_cases.bench, argv + ["--name", "plain"], world=2)[0]
+    assert not any("profile" in r for r in plain)
+
+
 def test_prefill_bench_tables_and_longest_fit(capsys):
     from burstengine.bench.peers import prefill as pb
 
@@ -265,5 +294,12 @@ def test_prefill_bench_tables_and_longest_fit(capsys):
     pb.print_tables(rows, ["burst", "megatron-v3"], [256, 512, 1024])
     out = capsys.readouterr().out
     assert "megatron-v3      1.100±0.100   1.100±0.100         (OOM)           512" in out
+    rows[2]["profile"] = dict(wall_s=2.0, gpu_busy_s=1.5, host_gap_s=0.5, categories_s={"gemm": 1.0, "collective": 0.5},
+                              top_kernels=[], collectives_s={"gather/reduce": dict(kernel_s=0.5, exposed_s=0.25)})
+    pb.print_profiles(rows)
+    out = capsys.readouterr().out
+    assert "profile of 7b burst S=1,024 (rank 0): call 2.000 s, busy 1.500 s" in out and "host gaps" in out
+    assert "gemm                        1.000          50.0%" in out and "0.250 s exposed" in out
     assert "not divisible by 2 x 4" in pb.validate(pb.build_parser().parse_args(["--seqs", "100", "--world", "4"]))
     assert "unknown method" in pb.validate(pb.build_parser().parse_args(["--methods", "ring"]))
+    assert "--top must be >= 1" in pb.validate(pb.build_parser().parse_args(["--top", "0"]))

@@ -59,7 +59,7 @@ from ...inference.needle import parse_lengths
 from ...inference.step import MODES as GRAPH_MODES, use_graphs, use_tensor_parallel
 from ...model.tensor_parallel import head_weight
 from ..harness import RankLog, ranked_bench
-from ..probes.profile import _union, kernel_events
+from ..probes.profile import kernel_events, union
 from ..records import OUT_DIR_HELP, write_record
 from ..tables import Section, device_of, fixed, ms, num, record, table
 
@@ -261,7 +261,7 @@ def step_profile(model, ids, args, tp: bool, device) -> dict:
             t = top.setdefault(name[:120], [0.0, 0])
             t[0] += (b - a) / 1e6
             t[1] += 1
-        busy = _union([(a, b) for _, a, b in mine]) / 1e6
+        busy = union([(a, b) for _, a, b in mine]) / 1e6
         per.append(dict(wall_s=(hi - lo) / 1e6, busy_s=busy, kernels=len(mine), kinds_s=kinds))
     n = max(len(per), 1)
     mean = lambda key: sum(p[key] for p in per) / n  # noqa: E731

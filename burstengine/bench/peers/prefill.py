@@ -21,6 +21,12 @@ With --cold each method first runs once at a short length (untimed: the process,
 kernels warm), and the first call at each length is timed on its own beside the warm median:
 what a served prompt of a new length pays (``first_s``, ``first_vs_warm``; the issue's target is
 1.1x).  The record is rewritten after every case, so a run stopped by a timeout keeps its rows.
+With --profile each method that ran at the last length makes one more call there, after its
+timed ones, under torch.profiler (every rank; rank 0's numbers kept): the row's ``profile``
+holds the call's wall time, the time some kernel ran (the union of their intervals; on CPU the
+calling thread's ops), the host gaps (wall minus busy), each kind of kernel's time (the categories of
+``bench profile``), the --top kernels, and per kind of collective its kernel time and the part
+no computing kernel covers (exposed); rank 0 prints each one's breakdown after the tables.
 Budget: a 7B prefill of 1M tokens is ~2.9e17 FLOPs, about 2-3 minutes on 4 GPUs per method;
 13B about half as long again.  A method that runs out of memory at some length is not tried at longer
 ones; the summary gives the longest sequence each method fits.  Rank 0 prints the tables and
@@ -45,6 +51,7 @@ from ...model import ModelArgs, PRESETS
 from ...timing import median, reduce_max, timed
 from ..harness import RankLog, ranked_bench
 from ..launch import default_world
+from ..probes.profile import breakdown, category_lines, exposure, profiled
 from ..records import OUT_DIR_HELP, write_record
 from ..tables import Section, gib, med, memory, ms, num, ratio, table
 from ..usage import kernel_error
@@ -86,6 +93,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--long", type=float, default=30.0,
                    help="once a method's prefill takes longer than this many seconds, its longer sequences "
                         "run once without warm-up (NCCL and the kernels are warm by then) [%(default)s]")
+    p.add_argument("--profile", action="store_true",
+                   help="after each method's timed calls at the last length, profile one more call there "
+                        "(torch.profiler): kernel time by category, host gaps, top kernels, exposed collectives")
+    p.add_argument("--top", type=int, default=15, help="kernels a --profile lists [%(default)s]")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--world", type=int, default=None, help="ranks to spawn without torchrun [one per GPU, else 2]")
     p.add_argument("--name", default=None, help="record name (default prefill_<world><gpu|cpu>)")
@@ -134,6 +145,8 @@ def validate(args) -> str | None:
             return f"{name}: heads {a.n_heads} and ffn {a.ffn_dim} must be divisible by {world} for tensor parallelism"
     if args.iters < 1 or args.warmup < 0:
         return "--iters must be >= 1 and --warmup >= 0"
+    if args.top < 1:
+        return f"--top must be >= 1 (kernels a --profile lists), got {args.top}"
     if args.sdpa is not None and args.sdpa not in ("cudnn", "flash", "math"):
         return f"--sdpa must be one of cudnn, flash, math, got {args.sdpa!r}"
 
@@ -164,6 +177,11 @@ def _case(method, S, ids, ours, tp, group, args, device):
         return fn, (lambda: peers.torch_cp_context(group, S, device, causal=True))
     tp.mode, tp.backend = m.mode, backend  # megatron
     return (lambda: tp.next_token_logits(ids)), None
+
+
+# a prefill's collectives by kernel name: Megatron's and torch CP's all-gather / reduce-scatter /
+# all-reduce, then the rest: BurstAttention's ring (send/recv), broadcasts, all-to-all
+COLLECTIVES = ("gather/reduce", "send/recv and other")
 
 
 def _warm_short(method, ours, tp, group, args, device, vocab: int, world: int) -> None:
@@ -269,6 +287,8 @@ def run_rank(args, group=None) -> list[dict]:
                     + (f", logits vs burst {row['logits_rel_diff_vs_burst']:.1e}" if "logits_rel_diff_vs_burst" in row
                        else ""))
                 del box
+                if args.profile and S == seqs[-1]:  # after the timed calls: the profiler slows none
+                    _profile_row(row, fn, ctx, device, group, args.top, log)
                 if rank == 0:  # rewritten after every case: a timeout keeps what was measured
                     path = write_record(record_name, dict(kind="prefill_bench", world=world, args=vars(args),
                                                           rows=rows), args.out_dir, path=path)
@@ -277,12 +297,52 @@ def run_rank(args, group=None) -> list[dict]:
             torch.cuda.empty_cache()
     if rank == 0:
         print_tables(rows, methods, seqs)
+        print_profiles(rows)
         path = write_record(record_name, dict(kind="prefill_bench", world=world, args=vars(args), rows=rows,
                                               longest_fit={f"{m}@{r}": longest_fit(rows, m, r) for m in methods
                                                            for r in args.models.split(",") if r}),
                             args.out_dir, path=path)
         print(f"wrote {path}")
     return rows
+
+
+def _profile_row(row, fn, ctx, device, group, top: int, log) -> None:
+    """``row["profile"]``: where one more call of its case, under torch.profiler, spent its time
+    (see the module's doc); ``row["profile_error"]`` when that call failed on some rank (all ranks
+    agree, as for the timed calls)."""
+    err = None
+    try:
+        with ctx() if ctx else contextlib.nullcontext():
+            prof, wall = profiled(fn, device, group)
+        summary, acts = breakdown(prof, wall, device.type == "cuda", top)
+        prof = dict(wall_s=wall, **summary, collectives_s=exposure(acts, COLLECTIVES))
+    except Exception as e:  # noqa: BLE001  (an OOM under the profiler: the timed figures stand)
+        err = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if reduce_max([1.0 if err else 0.0], device, group)[0] > 0:
+        row["profile_error"] = err or "failed on another rank"
+        log(f"{row['model']} {row['method']} S={row['S']}: profile failed: {row['profile_error']}")
+        return
+    row["profile"] = prof
+    busy = prof.get("gpu_busy_s", prof.get("cpu_busy_s"))
+    log(f"{row['model']} {row['method']} S={row['S']}: profiled call {prof['wall_s']:.3f}s, busy {busy:.3f}s, "
+        f"host gaps {prof['host_gap_s']:.3f}s")
+
+
+def print_profiles(rows, file=None) -> None:
+    """Each profiled call's breakdown: kernel time by category, host gaps, collectives."""
+    file = file or sys.stdout
+    for r in rows:
+        if "profile" not in r:
+            continue
+        p = r["profile"]
+        busy = p.get("gpu_busy_s", p.get("cpu_busy_s"))
+        print(f"\nprofile of {r['model']} {r['method']} S={r['S']:,d} (rank 0): call {p['wall_s']:.3f} s, "
+              f"busy {busy:.3f} s", file=file)
+        print("\n".join(category_lines(p, p["wall_s"], "call")), file=file)
+        print("collectives: " + "; ".join(f"{kind} {c['kernel_s']:.3f} s of kernels, {c['exposed_s']:.3f} s exposed"
+                                          for kind, c in p["collectives_s"].items()), file=file)
 
 
 def print_tables(rows, methods, seqs, file=None):

@@ -9,7 +9,8 @@ GEMMs, elementwise/norm/RoPE, loss, collectives, optimizer, copies, other).  Hos
 step's wall time minus the time at least one kernel ran (the union of kernel intervals), i.e.
 time the GPU sat idle waiting for the host.  Writes a JSON record with the step's wall time,
 each category's kernel time, the top kernels, and the config it came from.  On CPU (no CUDA) it
-profiles CPU ops instead, so the path can be tried anywhere.
+profiles the step's CPU ops instead (those the calling thread runs), so the path can be tried
+anywhere.
 """
 from __future__ import annotations
 
@@ -20,9 +21,11 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
 
 from ...attention.checks import arg_checks
+from ...comm.dist import world_of
+from ...timing import sync
 from ...train import Trainer, load
 from ..harness import ranked_bench, step_check_level, step_overrides_refused
 from ..records import OUT_DIR_HELP, write_record
@@ -30,15 +33,17 @@ from ..tables import Section, fixed, table
 
 # first match wins; names are lower-cased kernel names
 CATEGORIES = (
-    ("collective", r"nccl|allgather|reducescatter|all_reduce|allreduce"),
+    ("collective", r"nccl|allgather|reducescatter|all_reduce|allreduce|^c10d::|^gloo:"),  # c10d, gloo: CPU ops
     ("attention backward", r"(fmha|flash|sdpa|attn|attention|_bwd_|gluon).*(bprop|bwd|backward|dq|dkdv)|"
                            r"(bprop|bwd|backward).*(fmha|flash|sdpa|attn)|_attn_bwd|_bwd_kernel|_bwd_preprocess|"
                            r"_delta|^kv_kernel|^dq_kernel|^bwd_kernel"),  # kernels/triton/bwd.py, kernels/gluon/bwd.py
     ("attention forward", r"fmha|flash|sdpa|cudnn_generated|attn|attention|fwd_kernel|gluon|_merge"),
     ("loss", r"cross_entropy|log_softmax|softmax_backward|_ce_|nll_loss|logsumexp|fused_ce|lce"),
     ("optimizer", r"multi_tensor|adam|foreach|_amp_|clip|norm_kernel"),
-    ("gemm", r"gemm|nvjet|cutlass|xmma|sm90_|sm80_|ampere|cublas|wgmma|matmul|splitk"),
-    ("copy", r"memcpy|memset|copy|cat_|catarray|fill"),
+    ("gemm", r"gemm|nvjet|cutlass|xmma|sm90_|sm80_|ampere|cublas|wgmma|matmul|splitk|^aten::(linear|addmm|mm|bmm)$"),
+    # not inductor's fused kernels (triton_poi/red/per_fused_*): the compiled RMSNorm, RoPE, SwiGLU
+    # (model/fused.py) name the casts (_to_copy) and cats inside them, yet compute
+    ("copy", r"^(?!triton_).*(memcpy|memset|copy|cat_|catarray|fill)"),
     ("elementwise/norm/rope", r"elementwise|vectorized|reduce|rms|norm|silu|mul|add|triton_|pow|rsqrt|neg|index|"
                               r"unrolled|where|embedding|scatter|gather"),
 )
@@ -50,7 +55,7 @@ def category(kernel_name: str) -> str:
     return next((c for c, rx in _PATTERNS if rx.search(n)), "other")
 
 
-def _union(intervals) -> float:
+def union(intervals) -> float:
     """Total length covered by a list of (start, end) intervals."""
     total, end = 0.0, float("-inf")
     for s, e in sorted(intervals):
@@ -68,6 +73,71 @@ def kernel_events(events) -> list:
     the collectives' time (torch's own tables leave annotations out too)."""
     cuda = torch.autograd.DeviceType.CUDA
     return [e for e in events if e.device_type == cuda and not e.is_user_annotation]
+
+
+# the range around a profiled call: its CPU ops are the ones directly inside it, on the thread
+# that made the call (a collective's worker threads, gloo's, run their own ops beside it)
+PROFILED = "burst::profiled"
+
+
+def profiled(fn, device, group=None):
+    """-> (torch.profiler profile, wall seconds) of one call of ``fn`` on ``device``: CPU and CUDA
+    activities on a GPU, CPU ones elsewhere; the ranks of ``group`` start it together and the wall
+    time runs until the device is done."""
+    device = torch.device(device)
+    sync(device)
+    if world_of(group) > 1:
+        dist.barrier(group=group)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        with record_function(PROFILED):
+            fn()
+        sync(device)
+        wall = time.perf_counter() - t0
+    return prof, wall
+
+
+def breakdown(prof, wall: float, on_gpu: bool, top: int) -> tuple[dict, list]:
+    """Where the ``wall`` seconds of a call made by :func:`profiled` went: -> (summary, activities).
+    The activities are its kernels on a GPU (elsewhere the CPU ops right inside the call, on its
+    thread: they do not overlap) as ``(name, start_us, end_us, category)``; the summary holds the
+    time at least one ran (``gpu_busy_s`` / ``cpu_busy_s``, the union of their intervals), the host
+    gaps (wall minus busy: the device waited for the host), each category's time (``categories_s``;
+    kernels on different streams overlap, so these can add up to more than busy) and the ``top``
+    kernels by time."""
+    evs = kernel_events(prof.events()) if on_gpu else [
+        e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU and e.cpu_parent is not None
+        and e.cpu_parent.name == PROFILED]
+    per_cat: dict[str, float] = {}
+    per_kernel: dict[str, list] = {}
+    acts = []
+    for e in evs:
+        dur = e.time_range.elapsed_us()
+        c = category(e.name)
+        acts.append((e.name, e.time_range.start, e.time_range.end, c))
+        per_cat[c] = per_cat.get(c, 0.0) + dur
+        k = per_kernel.setdefault(e.name, [c, 0.0, 0])
+        k[1] += dur
+        k[2] += 1
+    busy_us = union([(a[1], a[2]) for a in acts])
+    summary = {
+        "gpu_busy_s" if on_gpu else "cpu_busy_s": busy_us / 1e6,
+        "host_gap_s": max(0.0, wall * 1e6 - busy_us) / 1e6,
+        "categories_s": {c: v / 1e6 for c, v in sorted(per_cat.items(), key=lambda kv: -kv[1])},
+        "top_kernels": [{"name": n[:160], "category": c, "total_s": t / 1e6, "calls": k}
+                        for n, (c, t, k) in sorted(per_kernel.items(), key=lambda kv: -kv[1][1])[:top]],
+    }
+    return summary, acts
+
+
+def category_lines(summary, wall: float, call: str) -> list[str]:
+    """A breakdown's table for a terminal: each category's seconds and share of the ``call``'s
+    wall time (``call``: what was profiled, e.g. "step"), then the host gaps."""
+    out = [f"{'category':<24} {'s':>8} {'share of ' + call:>14}"]
+    for c, t in summary["categories_s"].items():
+        out.append(f"{c:<24} {t:>8.3f} {t / wall:>14.1%}")
+    return out + [f"{'host gaps':<24} {summary['host_gap_s']:>8.3f} {summary['host_gap_s'] / wall:>14.1%}"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -101,13 +171,13 @@ def timeline(kernels, wall_us: float) -> dict:
     everything = [iv for ivs in moved.values() for iv in ivs]
 
     def covered(lo, hi):
-        return _union([(max(a, lo), min(b, hi)) for a, b in compute if b > lo and a < hi])
+        return union([(max(a, lo), min(b, hi)) for a, b in compute if b > lo and a < hi])
 
     end = start + wall_us
     return {"compute_gaps_s": {"forward": (bwd - start - covered(start, bwd)) / 1e6,
                                "backward": (end - bwd - covered(bwd, end)) / 1e6},
-            "transfers_s": {d: _union(ivs) / 1e6 for d, ivs in moved.items()},
-            "transfer_only_s": (_union(everything + compute) - _union(compute)) / 1e6,
+            "transfers_s": {d: union(ivs) / 1e6 for d, ivs in moved.items()},
+            "transfer_only_s": (union(everything + compute) - union(compute)) / 1e6,
             "collectives_s": exposure(kernels)}
 
 
@@ -115,17 +185,18 @@ def timeline(kernels, wall_us: float) -> dict:
 _FSDP = re.compile(r"allgather|reducescatter|all_gather|reduce_scatter|allreduce|all_reduce", re.I)
 
 
-def exposure(kernels) -> dict:
-    """Each kind of collective (FSDP's all-gather / reduce-scatter, the ring's send/recv): its
-    kernel time and the part of it no computing kernel covers (exposed: the step waits on it,
-    or nothing else was ready).  A NCCL kernel runs for as long as it waits for its peer, so
-    its own time is an upper bound of the traffic; the exposed part is what overlap missed."""
+def exposure(kernels, kinds=("fsdp", "ring")) -> dict:
+    """Each kind of collective, named by ``kinds`` (a training step's: FSDP's all-gather /
+    reduce-scatter / all-reduce, then the ring's send/recv): its kernel time and the part of it
+    no computing kernel covers (exposed: the step waits on it, or nothing else was ready).  A NCCL
+    kernel runs for as long as it waits for its peer, so its own time is an upper bound of the
+    traffic; the exposed part is what overlap missed."""
     compute = [(k[1], k[2]) for k in kernels if k[3] != "collective" and not _TRANSFER.search(k[0])]
-    base = _union(compute)
+    base = union(compute)
     out = {}
-    for kind, pick in (("fsdp", lambda n: bool(_FSDP.search(n))), ("ring", lambda n: not _FSDP.search(n))):
+    for kind, pick in zip(kinds, (lambda n: bool(_FSDP.search(n)), lambda n: not _FSDP.search(n))):
         ivs = [(k[1], k[2]) for k in kernels if k[3] == "collective" and pick(k[0])]
-        out[kind] = {"kernel_s": _union(ivs) / 1e6, "exposed_s": (_union(ivs + compute) - base) / 1e6}
+        out[kind] = {"kernel_s": union(ivs) / 1e6, "exposed_s": (union(ivs + compute) - base) / 1e6}
     return out
 
 
@@ -154,64 +225,30 @@ def _profile(args) -> int:
             print(f"burstengine bench profile: error: {e}", file=sys.stderr, flush=True)
         return 2
     dev = trainer.device
-
-    def sync():
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-
     for step in range(args.warmup):
         trainer.train_step(trainer.batch(step), step)
     batch = trainer.batch(args.warmup)
-    sync()
-    dist.barrier()
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-    with profile(activities=acts) as prof:
-        t0 = time.perf_counter()
-        trainer.train_step(batch, args.warmup)
-        sync()
-        wall = time.perf_counter() - t0
+    prof, wall = profiled(lambda: trainer.train_step(batch, args.warmup), dev)
     if args.trace and dist.get_rank() == 0:
         prof.export_chrome_trace(args.trace)
-    # kernels (GPU) or top-level CPU ops, with their intervals in microseconds
-    evs = kernel_events(prof.events()) if on_gpu else [
-        e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU and e.cpu_parent is None]
-    per_cat: dict[str, float] = {}
-    per_kernel: dict[str, list] = {}
-    acts = []  # (name, start, end, category) of every activity
-    for e in evs:
-        dur = e.time_range.elapsed_us()
-        c = category(e.name)
-        acts.append((e.name, e.time_range.start, e.time_range.end, c))
-        per_cat[c] = per_cat.get(c, 0.0) + dur
-        k = per_kernel.setdefault(e.name, [c, 0.0, 0])
-        k[1] += dur
-        k[2] += 1
-    busy_us = _union([(a[1], a[2]) for a in acts])
-    wall_us = wall * 1e6
+    summary, acts = breakdown(prof, wall, on_gpu, args.top)
     mesh = trainer.mesh
     tokens = seq * mesh.dp // dist.get_world_size()  # a GPU's share of the step's dp sequences of seq tokens
     row = {
         "model": model, "seq_len": seq, "overrides": args.overrides, "world": dist.get_world_size(),
-        "cp": mesh.cp, "dp": mesh.dp,
-        "step_wall_s": wall, "gpu_busy_s" if on_gpu else "cpu_busy_s": busy_us / 1e6,
-        "host_gap_s": max(0.0, wall_us - busy_us) / 1e6,
+        "cp": mesh.cp, "dp": mesh.dp, "step_wall_s": wall,
         "tokens_per_s_per_gpu": tokens / wall, "flops_per_token": trainer.flops_per_token,
         "mfu": tokens / wall * trainer.flops_per_token / trainer.peak if trainer.peak else None,
         "peak_mem_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if on_gpu else None,
-        "categories_s": {c: v / 1e6 for c, v in sorted(per_cat.items(), key=lambda kv: -kv[1])},
-        "top_kernels": [{"name": n[:160], "category": c, "total_s": t / 1e6, "calls": k}
-                        for n, (c, t, k) in sorted(per_kernel.items(), key=lambda kv: -kv[1][1])[:args.top]],
+        **summary,
     }
     if on_gpu:
-        row.update(timeline(acts, wall_us))
+        row.update(timeline(acts, wall * 1e6))
     if dist.get_rank() == 0:
         print(f"{model} S={seq} on {torch.cuda.get_device_name() if on_gpu else 'cpu'}: step {wall:.3f} s, "
-              f"busy {busy_us / 1e6:.3f} s, host gaps {row['host_gap_s']:.3f} s"
+              f"busy {row['gpu_busy_s' if on_gpu else 'cpu_busy_s']:.3f} s, host gaps {row['host_gap_s']:.3f} s"
               + (f", MFU {row['mfu']:.1%}" if row["mfu"] else ""))
-        print(f"{'category':<24} {'s':>8} {'share of step':>14}")
-        for c, s in row["categories_s"].items():
-            print(f"{c:<24} {s:>8.3f} {s / wall:>14.1%}")
-        print(f"{'host gaps':<24} {row['host_gap_s']:>8.3f} {row['host_gap_s'] / wall:>14.1%}")
+        print("\n".join(category_lines(row, wall, "step")))
         if on_gpu:
             g, t = row["compute_gaps_s"], row["transfers_s"]
             print(f"no compute kernel running: {g['forward']:.3f} s in the forward, {g['backward']:.3f} s in the "
