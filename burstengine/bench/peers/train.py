@@ -503,8 +503,9 @@ def _scale_block(records, runs, table5, what):
         elif not t["ok"]:
             peer = t["error"]
         else:
-            peer = (f"{fixed(t['median_step_s'], 2)} s, {100 * t['mfu']:.1f}%, {fixed(t['peak_mem_gib'], 1)} GiB; "
-                    f"BurstEngine {ratio(b['tokens_per_s_per_gpu'], t['tokens_per_s_per_gpu'])}×")
+            plan = f" (its default plan out of memory: {t['activation_checkpoint']})" if t.get("tried") else ""
+            peer = (f"{fixed(t['median_step_s'], 2)} s, {100 * t['mfu']:.1f}%, {fixed(t['peak_mem_gib'], 1)} GiB"
+                    f"{plan}; BurstEngine {ratio(b['tokens_per_s_per_gpu'], t['tokens_per_s_per_gpu'])}×")
         body.append([f"`{name}`", device_of(rec), rec["model"], f"{b['seq_len'] // 1024}K",
                      f"{rec['warmup']} + {rec['steps']}", fixed(b["median_step_s"], 2), f"{100 * b['mfu']:.1f}%",
                      fixed(b["peak_mem_gib"], 1), peer])
@@ -536,10 +537,12 @@ def block_scale_4gpu(records):
     length; a peer that ran out of memory said so), and the paper's Table 5 at 32K tokens per GPU."""
     return _scale_block(records, ("train_llama-8b_4gpu_128k.json", "train_llama-8b_4gpu_128k_pair.json",
                                   "train_llama-8b_4gpu_128k_h100.json", "train_llama-8b_4gpu_256k.json",
+                                  "train_llama-8b_4gpu_256k_pair.json", "train_llama-8b_4gpu_256k_warm.json",
                                   "train_llama-8b_4gpu_512k.json"),
                         ("table5_llama-8b_4gpu_cp1.json", "table5_llama-8b_4gpu_cp2.json",
                          "train_llama-8b_4gpu_128k_h100.json"),
-                        "over 4 ranks, one launch per length (warm-up + timed steps; at 512K one cold step each)")
+                        "over 4 ranks, one launch per length (warm-up + timed steps; `_256k_pair` and 512K: one cold "
+                        "step each)")
 
 
 SECTIONS = (Section("Training", r"^(train_|ablation|longctx_|table5_)", render,
