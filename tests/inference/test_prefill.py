@@ -247,6 +247,8 @@ def test_prefill_bench_times_the_first_call_at_each_length(pool, tmp_path):
     rows = pool.run(prefill_cases.bench, argv, world=2)[0]
     for r in rows:
         assert r["first_s"] > 0 and r["first_vs_warm"] == r["first_s"] / r["median_s"] and len(r["seconds"]) == 2, r
+    # each method ran once at a short length before its first length
+    assert [r.get("warmed_at") for r in rows] == [8192, None, 8192, None], rows
     rec = json.load(open(tmp_path / "cold.json"))
     assert [r["first_s"] for r in rec["rows"]] == [r["first_s"] for r in rows]
     seen = [f for f in tmp_path.iterdir() if f.name.startswith("cold")]
@@ -264,6 +266,8 @@ def test_prefill_bench_profiles_one_more_call_at_the_last_length(pool, tmp_path)
     rows = pool.run(prefill_cases.bench, argv + ["--profile", "--top", "5", "--name", "prof"], world=2)[0]
     profiled = [r for r in rows if "profile" in r]
     assert [(r["method"], r["S"]) for r in profiled] == [("burst", 128), ("megatron-v3", 128)], rows
+    # --warmup 0: each method still ran once at a short length first (no method pays the process's start)
+    assert [r.get("warmed_at") for r in rows if "seconds" in r] == [8192, None, 8192, None], rows
     for r in profiled:
         p = r["profile"]
         assert len(r["seconds"]) == 1 and p["wall_s"] > 0, r  # the timed figures: the --iters calls alone

@@ -17,8 +17,9 @@ One launch, the same random weights (seeded per parameter), the same prompt, bf1
 Every case times the whole prefill (token ids in, next-token logits on every rank out; median
 of --iters after --warmup, slowest rank; once a method takes over --long seconds, its longer
 cases run once), records the peak allocated memory and compares its logits with ``burst``'s.
-With --cold each method first runs once at a short length (untimed: the process, NCCL and the
-kernels warm), and the first call at each length is timed on its own beside the warm median:
+With --cold or --warmup 0 each method first runs once at a short length (untimed: the process,
+NCCL and the kernels warm; ``warmed_at`` in its first row), so no method pays for what the next
+one reuses.  With --cold the first call at each length is timed on its own beside the warm median:
 what a served prompt of a new length pays (``first_s``, ``first_vs_warm``; the issue's target is
 1.1x).  The record is rewritten after every case, so a run stopped by a timeout keeps its rows.
 With --profile each method that ran at the last length makes one more call there, after its
@@ -240,8 +241,13 @@ def run_rank(args, group=None) -> list[dict]:
                     row["error"] = stopped
                     continue
                 ids = torch.randint(0, a.vocab_size, (1, S), generator=torch.Generator().manual_seed(args.seed + S))
-                if args.cold and S == seqs[0]:  # warm the process at a short length: "cold" is a new length
+                # warm the process at a short length first: "cold" is a new length, and with no warm-up at
+                # all the first method would pay the process's start (kernel builds, NCCL's communicators,
+                # torch.compile's shared fused ops) that the next one reuses: 8B at 1M on 4 H100s, burst's
+                # first call of the process beside torch-CP's after it
+                if (args.cold or args.warmup == 0) and S == seqs[0]:
                     _warm_short(method, ours, tp, group, args, device, a.vocab_size, world)
+                    row["warmed_at"] = 4096 * world
                 fn, ctx = _case(method, S, ids, ours, tp, group, args, device)
                 box, err, first = {}, None, None
 
