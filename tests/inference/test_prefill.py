@@ -248,7 +248,7 @@ def test_prefill_bench_times_the_first_call_at_each_length(pool, tmp_path):
     for r in rows:
         assert r["first_s"] > 0 and r["first_vs_warm"] == r["first_s"] / r["median_s"] and len(r["seconds"]) == 2, r
     # each method ran once at a short length before its first length
-    assert [r.get("warmed_at") for r in rows] == [8192, None, 8192, None], rows
+    assert [r.get("warmed_at") for r in rows] == [32, None, 32, None], rows
     rec = json.load(open(tmp_path / "cold.json"))
     assert [r["first_s"] for r in rec["rows"]] == [r["first_s"] for r in rows]
     seen = [f for f in tmp_path.iterdir() if f.name.startswith("cold")]
@@ -267,7 +267,7 @@ def test_prefill_bench_profiles_one_more_call_at_the_last_length(pool, tmp_path)
     profiled = [r for r in rows if "profile" in r]
     assert [(r["method"], r["S"]) for r in profiled] == [("burst", 128), ("megatron-v3", 128)], rows
     # --warmup 0: each method still ran once at a short length first (no method pays the process's start)
-    assert [r.get("warmed_at") for r in rows if "seconds" in r] == [8192, None, 8192, None], rows
+    assert [r.get("warmed_at") for r in rows if "seconds" in r] == [32, None, 32, None], rows
     for r in profiled:
         p = r["profile"]
         assert len(r["seconds"]) == 1 and p["wall_s"] > 0, r  # the timed figures: the --iters calls alone

@@ -185,9 +185,8 @@ def _case(method, S, ids, ours, tp, group, args, device):
 COLLECTIVES = ("gather/reduce", "send/recv and other")
 
 
-def _warm_short(method, ours, tp, group, args, device, vocab: int, world: int) -> None:
-    """One untimed prefill of ``method`` at a short length (4K tokens per rank)."""
-    S = 4096 * world
+def _warm_short(method, ours, tp, group, args, device, vocab: int, S: int) -> None:
+    """One untimed prefill of ``method`` at a short length ``S``."""
     ids = torch.randint(0, vocab, (1, S), generator=torch.Generator().manual_seed(args.seed))
     fn, ctx = _case(method, S, ids, ours, tp, group, args, device)
     try:
@@ -246,8 +245,9 @@ def run_rank(args, group=None) -> list[dict]:
                 # torch.compile's shared fused ops) that the next one reuses: 8B at 1M on 4 H100s, burst's
                 # first call of the process beside torch-CP's after it
                 if (args.cold or args.warmup == 0) and S == seqs[0]:
-                    _warm_short(method, ours, tp, group, args, device, a.vocab_size, world)
-                    row["warmed_at"] = 4096 * world
+                    # shorter than the first length (4K tokens a rank at most): still a new length for --cold
+                    row["warmed_at"] = max(2 * world, min(4096 * world, S // 2) // (2 * world) * (2 * world))
+                    _warm_short(method, ours, tp, group, args, device, a.vocab_size, row["warmed_at"])
                 fn, ctx = _case(method, S, ids, ours, tp, group, args, device)
                 box, err, first = {}, None, None
 
