@@ -56,3 +56,30 @@ def bench(group, argv):
     from burstengine.bench.peers import prefill as pb
 
     return pb.run_rank(pb.build_parser().parse_args(argv), group)
+
+
+def bench_warm_fails_on_rank_1(group, argv):
+    """bench prefill's ranks where rank 1's warm-up call (the short length before the first one)
+    raises after its collectives and rank 0's does not: a failure one rank alone sees (one before
+    the ring would leave rank 0 waiting in it, the hang the call's own deadlines end)."""
+    import torch.distributed as dist
+
+    from burstengine.bench.peers import prefill as pb
+
+    case = pb._case
+
+    def failing(method, S, ids, ours, tp, group_, args, device):
+        fn, ctx = case(method, S, ids, ours, tp, group_, args, device)
+        if dist.get_rank(group_) == 1 and S < int(args.seqs.split(",")[0]):
+            real = fn
+
+            def fn():
+                real()
+                raise RuntimeError("a warm-up failure on rank 1 (a test)")
+        return fn, ctx
+
+    pb._case = failing
+    try:
+        return pb.run_rank(pb.build_parser().parse_args(argv), group)
+    finally:
+        pb._case = case

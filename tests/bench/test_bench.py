@@ -61,6 +61,8 @@ def test_profile_categories_name_every_attention_kernel():
         "Memcpy DtoD (Device -> Device)": "copy",
         "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)": "collective",
         "c10d::_reduce_scatter_base_": "collective", "gloo:all_gather": "collective", "aten::linear": "gemm",
+        # kernels/triton/bwd.py's D = rowsum(O * dO) before the backward, loss/fused_ce.py's rows
+        "delta_kernel": "attention backward", "ce_rows_kernel": "loss",
     }
     for name, want in cases.items():
         assert category(name) == want, name

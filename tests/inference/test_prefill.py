@@ -255,6 +255,20 @@ def test_prefill_bench_times_the_first_call_at_each_length(pool, tmp_path):
     assert len(seen) == 1, seen  # one record, rewritten: not one file per case
 
 
+def test_prefill_bench_ranks_agree_when_one_ranks_warm_up_call_fails(pool, tmp_path):
+    """--warmup 0: a warm-up call that fails on one rank only stops that method on every rank, said
+    in its row (each rank going on alone would put the ranks in different collectives)."""
+    argv = ["--models", "tiny", "--seqs", "64,128", "--iters", "1", "--warmup", "0", "--out-dir", str(tmp_path),
+            "--methods", "burst,megatron-v3", "--name", "warmfail"]
+    per_rank = pool.run(prefill_cases.bench_warm_fails_on_rank_1, argv, world=2)
+    for rows in per_rank:
+        first = [r for r in rows if r["S"] == 64]
+        assert all("warm-up call at 32 tokens failed" in r["error"] for r in first), first
+        assert all(r["error"] == "not run: its warm-up call failed" for r in rows if r["S"] == 128), rows
+    assert "a warm-up failure on rank 1" in per_rank[1][0]["error"]
+    assert per_rank[0][0]["error"].endswith("failed on another rank")
+
+
 def test_prefill_bench_profiles_one_more_call_at_the_last_length(pool, tmp_path):
     """--profile: one call of each method that ran at the last length, after its timed calls, under
     torch.profiler; its breakdown (the calling thread's ops on CPU: they do not overlap, so the

@@ -86,7 +86,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel", default=None, help="BurstAttention's local kernel (default: auto, cuDNN on GPUs)")
     p.add_argument("--sdpa", default=None, help="SDPA backend of the peers: cudnn, flash, math "
                                                 "(default: cudnn on GPUs, math on CPU)")
-    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=1,
+                   help="untimed calls per case; with 0 each method still makes one untimed call at a short length "
+                        "first (the row's warmed_at) [%(default)s]")
     p.add_argument("--cold", action="store_true",
                    help="time the first call at each length apart from the warm ones (after one untimed call per "
                         "method at a short length)")
@@ -185,15 +187,22 @@ def _case(method, S, ids, ours, tp, group, args, device):
 COLLECTIVES = ("gather/reduce", "send/recv and other")
 
 
-def _warm_short(method, ours, tp, group, args, device, vocab: int, S: int) -> None:
-    """One untimed prefill of ``method`` at a short length ``S``."""
+def _warm_short(method, ours, tp, group, args, device, vocab: int, S: int) -> str | None:
+    """One untimed prefill of ``method`` at a short length ``S``; why it failed on any rank (the
+    ranks agree), else None."""
     ids = torch.randint(0, vocab, (1, S), generator=torch.Generator().manual_seed(args.seed))
     fn, ctx = _case(method, S, ids, ours, tp, group, args, device)
+    err = None
     try:
         with ctx() if ctx else contextlib.nullcontext():
             fn()
-    except Exception:  # noqa: BLE001  (the timed case meets and records the same failure)
-        pass
+    except Exception as e:  # noqa: BLE001  (an OOM, or a kernel refusing a shape: said in the row)
+        err = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if reduce_max([1.0 if err else 0.0], device, group)[0] > 0:
+        return err or "failed on another rank"
+    return None
 
 
 def run_rank(args, group=None) -> list[dict]:
@@ -247,7 +256,12 @@ def run_rank(args, group=None) -> list[dict]:
                 if (args.cold or args.warmup == 0) and S == seqs[0]:
                     # shorter than the first length (4K tokens a rank at most): still a new length for --cold
                     row["warmed_at"] = max(2 * world, min(4096 * world, S // 2) // (2 * world) * (2 * world))
-                    _warm_short(method, ours, tp, group, args, device, a.vocab_size, row["warmed_at"])
+                    bad = _warm_short(method, ours, tp, group, args, device, a.vocab_size, row["warmed_at"])
+                    if bad:  # every rank agrees: this method's lengths are not tried
+                        row["error"] = f"the warm-up call at {row['warmed_at']} tokens failed: {bad}"
+                        stopped = "not run: its warm-up call failed"
+                        log(f"{name} {method}: {row['error']}")
+                        continue
                 fn, ctx = _case(method, S, ids, ours, tp, group, args, device)
                 box, err, first = {}, None, None
 
