@@ -618,7 +618,7 @@ def _stderr_fd() -> int:
 def _arm_backstop(dog: "Watchdog") -> None:
     """End this process ``dog.backstop`` seconds from now, every thread's stack printed, whatever
     its Python threads do (faulthandler's own C thread)."""
-    faulthandler.dump_traceback_later(dog.backstop, exit=True, file=_stderr_fd())
+    faulthandler.dump_traceback_later(dog.backstop, exit=True, file=dog._fd if dog._fd is not None else _stderr_fd())
     _BACKSTOP[:] = [dog]
 
 
@@ -661,6 +661,8 @@ class Watchdog:
         self.handled_at: float | None = None  # when rank 0's pause in explain() began
         # seconds after a fault past which the process is ended whatever its threads do (_fault)
         self.backstop = self.grace + self.linger + 10.0
+        self._fd: int | None = None  # stderr's descriptor, found once at start (finding it runs Python)
+        self._rearm_at: float | None = None  # when the dead man's switch is next pushed back (_keep_alive)
         self._thread = None
         self.fault: str | None = None
         self.notice: Notice | None = None  # the last notice this watchdog read (the store may go first)
@@ -679,6 +681,7 @@ class Watchdog:
             faulthandler.cancel_dump_traceback_later()
             _BACKSTOP.clear()
         announce(self._store)
+        self._fd = _stderr_fd()
         self._thread = threading.Thread(target=self._run, name="burstengine-watchdog", daemon=True)
         _watch_queued(True)
         self._thread.start()
@@ -693,6 +696,9 @@ class Watchdog:
             self._thread.join(timeout=2 * self.interval + 1)
             self._thread = None
             _watch_queued(False)
+        if self._rearm_at is not None and not _BACKSTOP:  # this watchdog's switch, not a fault's backstop
+            faulthandler.cancel_dump_traceback_later()
+        self._rearm_at = None
         if self._store is not None:
             _bounded(lambda: self._store.set(_beat_key(self.rank), _DONE if done else _EXIT))
 
@@ -781,11 +787,29 @@ class Watchdog:
             time.sleep(self.linger)  # the store's host: let the others finish their census first
         return lost
 
+    def _keep_alive(self) -> None:
+        """The dead man's switch: unless this thread runs again within 2 x (timeout + backstop)
+        seconds, faulthandler's C thread prints every thread's stack and ends the process (exit 1).
+        The backstop a fault arms covers a thread that stops running Python after it saw the
+        fault; this covers one starved before it could see it (another thread holding the
+        interpreter from a store call on: every call here lets go of it).  Never earlier than
+        timeout + backstop: by then the other ranks have counted this one lost.  Pushed back
+        every half span, not every beat (each push starts a new C thread)."""
+        if self.on_fault is not None or _BACKSTOP or self._stop.is_set():  # a caller's own handling, a
+            return  # fault's backstop, or stopping (stop() cancels the switch after this thread ends)
+        now = time.monotonic()
+        if self._rearm_at is None or now >= self._rearm_at:
+            span = 2 * (self.timeout + self.backstop)
+            faulthandler.dump_traceback_later(span, exit=True, file=self._fd if self._fd is not None else 2)
+            self._rearm_at = now + span / 2
+
     def _run(self) -> None:
         store, me = self._store, self.rank
         pred = (me - 1) % self.world
         beat, seen, since, store_down = 0, None, time.monotonic(), None
+        self._keep_alive()
         while not self._stop.wait(self.interval):
+            self._keep_alive()
             now = time.monotonic()
             try:
                 beat += 1

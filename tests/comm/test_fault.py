@@ -426,6 +426,44 @@ def test_the_backstop_is_armed_before_the_watchdog_lets_go_of_the_gil():
     assert time.monotonic() - t0 < 25
 
 
+def test_a_watchdog_starved_before_any_fault_still_ends_its_process():
+    # another thread takes the interpreter and never lets go (a C call that keeps the GIL) while
+    # the watchdog runs, before any fault: the watchdog's thread never runs again, so nothing it
+    # would do on a fault happens; its dead man's switch ends the process after 2 x (timeout +
+    # backstop) seconds, stacks printed
+    code = (
+        "import ctypes, time\n"
+        "import torch.distributed as dist\n"
+        "from burstengine.comm import fault\n"
+        "d = fault.Watchdog(timeout=1, interval=0.1, grace=0.1, store=dist.HashStore(), rank=0, world=1)\n"
+        "d.backstop = 1.0\n"
+        "d.start()\n"
+        "time.sleep(0.5)\n"
+        "ctypes.PyDLL(None).sleep(40)\n"
+        "print('NOT ENDED', flush=True)\n"
+    )
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=35)
+    assert p.returncode == 1 and "most recent call first" in p.stderr and "NOT ENDED" not in p.stdout, \
+        (p.returncode, p.stdout, p.stderr[-2000:])
+    assert time.monotonic() - t0 < 25
+
+
+def test_a_stopped_watchdog_leaves_no_dead_mans_switch_behind():
+    # a watchdog that stopped normally must not end its process later, however long it then
+    # keeps the interpreter (the switch is cancelled with the watchdog)
+    p = _watchdog_script(
+        "import ctypes\n"
+        "d = fault.Watchdog(timeout=1, interval=0.1, grace=0.1, store=st, rank=0, world=1)\n"
+        "d.backstop = 1.0\n"
+        "d.start()\n"
+        "time.sleep(0.5)\n"
+        "d.stop()\n"
+        "ctypes.PyDLL(None).sleep(6)\n"
+        "print('ALIVE', flush=True)\n")
+    assert p.returncode == 0 and "ALIVE" in p.stdout, (p.returncode, p.stdout, p.stderr[-2000:])
+
+
 def _watchdog_script(body: str) -> subprocess.CompletedProcess:
     code = ("import io, sys, time\nimport torch.distributed as dist\nfrom burstengine.comm import fault\n"
             "st = dist.HashStore()\n" + body)
