@@ -34,6 +34,12 @@
 #   bash benchmarks/run_4gpu.sh warm256  # 38.6 train_step with a runner limit past the backstop (the 45 s limit
 #                                        #   stopped the survivors first: the fault comes ~25 s into the job);
 #                                        #   38.1 llama-8b at 256K beside torch-CP after a warm-up step each
+#   bash benchmarks/run_4gpu.sh prompt2  # 38.3 the 1M prompt's prefill again, each method warmed at a short length
+#                                        #   first (bench prefill --warmup 0 now does: a first call at a new length,
+#                                        #   the process warm), then 512K warm, both beside torch-CP
+#   bash benchmarks/run_4gpu.sh ablation512a|ablation512b|ablation512c
+#                                        #   38.1 the Table 2 ablation of llama-8b at 512K, two rows a call
+#                                        #   (one cold step each, ~3 min), appended to one record
 #   bash benchmarks/run_4gpu.sh longest  # 38.6 train_step again (the backstop armed before the GIL is let go);
 #                                        #   38.1 torch-CP at 256K with its fallback plans; 38.7 the longest
 #                                        #   attention fwd+bwd (8B heads 32/8)
@@ -230,6 +236,23 @@ prompt)
   # ~150 s prefill + 10 steps: decode against the 1M cache, weights and cache sharded over 4 ranks
   bstep 250 $BE decode --model llama-3.1-8b --seqs 1M --batches 1 --tokens 8 --warmup 2 --tp on --eager-max 1 \
       --name decode_8b_4gpu_1m
+  ;;
+prompt2)
+  bstep 380 $BE prefill --models 8b --seqs 1048576 --methods burst,torch-cp --warmup 0 --iters 1 \
+      --name prefill_8b_4gpu_1m_first
+  bstep 200 $BE prefill --models 8b --seqs 524288 --methods burst,torch-cp --warmup 1 --iters 1 \
+      --name prefill_8b_4gpu_512k_warm
+  ;;
+ablation512a|ablation512b|ablation512c)
+  case $stage in
+    ablation512a) rows=baseline,+burst-bwd; more=;;
+    ablation512b) rows=+fused-loss,+seq-ckpt; more=--append;;
+    ablation512c) rows=store-all; more=--append;;
+  esac
+  # a fresh machine each call: the rows of the earlier calls come from the committed record
+  [ -n "$more" ] && cp benchmarks/results/ablation_llama-8b_4gpu_512k.json "$BURST_RESULTS"/ 2>/dev/null
+  bstep 540 $BE train --ablation --model llama-8b --seqs 524288 --steps 1 --warmup 0 --rows "$rows" $more \
+      --name ablation_llama-8b_4gpu_512k
   ;;
 warm256)
   FAULT_DEBUG=1 bstep 110 python3 -m burstengine bench faults --device cuda --world 4 --no-fuzz --deadline 10 \
