@@ -175,3 +175,25 @@ def save_stopped(group, ckpt_dir):
     finally:
         FileSystemWriter.write_data = write
     return None
+
+
+def planned_state(group):
+    """The parameter/state bytes checkpoint="auto" plans with, counted in the first step's forward,
+    beside the count made while FSDP2 keeps its shards: (before, [in the forward, ...])."""
+    from burstengine.model import recompute
+
+    torch.manual_seed(0)
+    t = Trainer(small_config(["activation_checkpoint=auto"]), group=group, echo=False, lock=False)
+    before = recompute.state_bytes(t.model.parameters())
+    seen, budget = [], recompute.default_budget
+
+    def spy(state, device):
+        seen.append(state)
+        return budget(state, device)
+
+    recompute.default_budget = spy
+    try:
+        t.train_step(t.batch(0), 0)
+    finally:
+        recompute.default_budget = budget
+    return before, seen

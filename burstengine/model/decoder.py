@@ -61,6 +61,10 @@ class Transformer(nn.Module):
         # checkpoint="auto": where the plan with it recomputes less than the plan without)
         self.tiled_mlp, self.mlp_chunk = tiled_mlp, mlp_chunk
         self.states_on_host = False  # FSDP2's CPU offload keeps parameters, gradients and optimizer states there
+        # this rank's parameter and optimizer-state bytes, counted once while FSDP2 keeps its shards
+        # (train/parallel.py): counted in a forward, the root's unsharded parameters (embedding, LM
+        # head) weighed whole, ~4 GiB too much at 8B over 4 ranks, and the plan recomputed more
+        self.state_nbytes: int | None = None
         self.offloader = None  # made at the first forward with an "offload" layer
         self._planned_for = None
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
@@ -200,8 +204,7 @@ class Transformer(nn.Module):
         no ``pointwise`` or ``offload`` layers."""
         budget = self.activation_budget
         if budget is None:
-            budget = recompute.default_budget(recompute.state_bytes(self.parameters(), self.states_on_host),
-                                                  device)
+            budget = recompute.default_budget(self.state_bytes(), device)
         host = self.offload_budget
         if host is None:
             host = recompute.default_host_budget(device)
@@ -227,6 +230,13 @@ class Transformer(nn.Module):
                 b.checkpoint_split = 1.0
         self.checkpoint_plan = plan
         return plan
+
+    def state_bytes(self) -> int:
+        """Device bytes of this rank's parameters and what training keeps for them (the count made
+        while sharded, :attr:`state_nbytes`, where the trainer made one)."""
+        if self.state_nbytes is not None:
+            return self.state_nbytes
+        return recompute.state_bytes(self.parameters(), self.states_on_host)
 
     def _no_ring(self, sparse: bool) -> bool:
         return bool(sparse or self.args.window or self.cp.sharded_outside or any(b.random for b in self.layers))
@@ -260,7 +270,7 @@ class Transformer(nn.Module):
         kept = sum(per_layer[p] for p in plan if p not in recompute.HOST)
         return {"tokens": tokens, "plan": {p: plan.count(p) for p in dict.fromkeys(plan)},
                 "tiled_mlp": bool(self.layers[0].mlp_chunk),
-                "state": recompute.state_bytes(self.parameters(), self.states_on_host),
+                "state": self.state_bytes(),
                 "workspace": recompute.WORKSPACE, "activations": kept,
                 "transient": recompute.plan_bytes(plan, per_layer, transient) - kept,
                 "host": sum(host_per_layer[p] for p in plan if p in recompute.HOST),

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ..comm.dist import LOCAL
-from ..model import ContextParallel, Transformer, fused, lora
+from ..model import ContextParallel, Transformer, fused, lora, recompute
 from ..model.hf_dir import load_weights
 
 _MESHES: dict = {}
@@ -155,4 +155,5 @@ def build_model(cfg, m: Mesh, offload_budget: int = 0, host_policies: tuple = ("
             model.init_weights(cfg.seed, only=lora.is_adapter)
     else:
         model.init_weights(cfg.seed)
+    model.state_nbytes = recompute.state_bytes(model.parameters(), model.states_on_host)  # sharded now
     return model

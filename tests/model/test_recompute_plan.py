@@ -172,6 +172,14 @@ def test_mixed_plan_is_exact(pool, budget, expect):
     check_same((loss, grads), reference(None, 1))
 
 
+def test_the_plan_counts_the_sharded_state_in_the_forward(pool):
+    """checkpoint="auto" plans in the first forward, when FSDP2 has unsharded the root's parameters
+    (embedding, LM head): counted then, they weighed whole, the budget for activations shrank (~4
+    GiB at 8B over 4 ranks) and the plan recomputed more layers than the one the trainer printed."""
+    for before, seen in pool.run(tc.planned_state, world=2):
+        assert seen and all(s == before for s in seen), (before, seen)
+
+
 def test_torch_cp_plans_no_sequence_layers():
     """Under torch's context_parallel (attention='torch-cp') a layer's tokens are a shard that
     torch's ring attends across: sequence-level checkpointing's own ring would attend within the
