@@ -472,7 +472,31 @@ def block_decode_graphs(records):
                                          "first token s (ours / SDPA)", "same tokens", "record"], body))
 
 
+RANK_RUNS = ("decode_8b_2gpu_128k.json", "decode_8b_2gpu_512k.json", "decode_8b_4gpu_128k.json",
+             "decode_8b_4gpu_1m.json")
+
+
+def block_decode_ranks(records):
+    """docs/inference.md: decode over several ranks (the cache sharded by sequence; tensor-parallel
+    projections or whole weights on every rank), each row beside its bound, from the records."""
+    body = []
+    for name in RANK_RUNS:
+        rec = record(records, name)
+        for r in rec["rows"]:
+            if "error" in r:
+                continue
+            body.append([f"{rec['world']} × {device_of(rec).split('× ')[-1]}", f"{r['S'] // 1024}K",
+                         "tensor-parallel" if r["tensor_parallel"] else "whole on every rank",
+                         ms(r["decode_s_per_token"]), ms(r["bound_s"]), f"{r['ratio_to_bound']:.2f}×",
+                         fixed(r["first_token_s"], 1), f"`{name}`"])
+    return "\n".join(["Decode of llama-3.1-8b's shape (random weights, bf16, batch 1, CUDA graph) over several ranks: "
+                      "per token, the bound of one rank reading its weights and its cache shard once at the copy "
+                      "bandwidth measured in the launch, and the first token (the prompt's prefill):", ""]
+                     + table(["ranks", "prompt", "weights", "ms/token", "bound ms", "× bound", "first token s",
+                              "record"], body))
+
+
 SECTIONS = (Section("Decode against the sharded KV cache", r"^decode_", render,
                     "`burstengine bench decode`: first-token latency beside plain SDPA prefill, decode time per "
                     "token beside the HBM-bandwidth bound."),)
-BLOCKS = {"decode-graphs": block_decode_graphs}
+BLOCKS = {"decode-graphs": block_decode_graphs, "decode-ranks": block_decode_ranks}
