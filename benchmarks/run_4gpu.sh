@@ -40,6 +40,10 @@
 #   bash benchmarks/run_4gpu.sh ablation512a|ablation512b|ablation512c
 #                                        #   38.1 the Table 2 ablation of llama-8b at 512K, two rows a call
 #                                        #   (one cold step each, ~3 min), appended to one record
+#   bash benchmarks/run_4gpu.sh longest2 # 38.7 the longest attention fwd+bwd with RingAttention's backward: with
+#                                        #   8 K/V heads to 32 Q heads it passes K, V, dK, dV round the ring where the
+#                                        #   burst backward passes Q, dO, dQ (the larger ones): ~8 min at the length
+#                                        #   its memory line predicts
 #   bash benchmarks/run_4gpu.sh longest  # 38.6 train_step again (the backstop armed before the GIL is let go);
 #                                        #   38.1 torch-CP at 256K with its fallback plans; 38.7 the longest
 #                                        #   attention fwd+bwd (8B heads 32/8)
@@ -261,6 +265,10 @@ warm256)
   grep -v "^\[rank\|^#\|^$\|Traceback\|File \|^  " "$out/logs/faults.log" | tail -n 40
   bstep 420 $BE train --model llama-8b --methods burst,torch-cp --seqs 262144 --steps 1 --warmup 1 \
       --fallback full,full-offload --name train_llama-8b_4gpu_256k_warm
+  ;;
+longest2)
+  bstep 560 $TR -m burstengine bench longest --methods ringbwd-zigzag --heads 32 --kv-heads 8 \
+      --probes 262144,524288 --out-dir "$BURST_RESULTS"
   ;;
 longest)
   FAULT_DEBUG=1 bstep 70 python3 -m burstengine bench faults --device cuda --world 4 --no-fuzz --deadline 10 \
