@@ -615,10 +615,16 @@ def _stderr_fd() -> int:
     return 2
 
 
+def _end_in(seconds: float, dog: "Watchdog") -> None:
+    """End this process ``seconds`` from now, every thread's stack printed on ``dog``'s stderr,
+    whatever its Python threads do (faulthandler's own C thread; one timer a process: this
+    replaces the one set before)."""
+    faulthandler.dump_traceback_later(seconds, exit=True, file=dog._fd if dog._fd is not None else _stderr_fd())
+
+
 def _arm_backstop(dog: "Watchdog") -> None:
-    """End this process ``dog.backstop`` seconds from now, every thread's stack printed, whatever
-    its Python threads do (faulthandler's own C thread)."""
-    faulthandler.dump_traceback_later(dog.backstop, exit=True, file=dog._fd if dog._fd is not None else _stderr_fd())
+    """End this process ``dog.backstop`` seconds from now (:func:`_end_in`): a fault's backstop."""
+    _end_in(dog.backstop, dog)
     _BACKSTOP[:] = [dog]
 
 
@@ -800,7 +806,7 @@ class Watchdog:
         now = time.monotonic()
         if self._rearm_at is None or now >= self._rearm_at:
             span = 2 * (self.timeout + self.backstop)
-            faulthandler.dump_traceback_later(span, exit=True, file=self._fd if self._fd is not None else 2)
+            _end_in(span, self)
             self._rearm_at = now + span / 2
 
     def _run(self) -> None:

@@ -165,6 +165,24 @@ def _oom(e: BaseException) -> bool:
     return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 
+def _failure(e: BaseException, device) -> str:
+    """One line for a call that raised (an OOM, a kernel refusing a shape); the allocator's cache
+    is freed for what runs next."""
+    first = (str(e).splitlines() or [""])[0][:160]
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return f"OOM: {first}" if _oom(e) else f"{type(e).__name__}: {first}"
+
+
+def _agreed(err: str | None, device, group) -> str | None:
+    """Whether a call failed on any rank, the same on every rank: this rank's ``err``, or "failed on
+    another rank"; None where it ran everywhere.  A failure is normally simultaneous (the work is
+    symmetric), but a rank going on alone would meet the others in different collectives."""
+    if reduce_max([1.0 if err else 0.0], device, group)[0] > 0:
+        return err or "failed on another rank"
+    return None
+
+
 def _case(method, S, ids, ours, tp, group, args, device):
     """-> (fn, context manager factory or None) running one prefill of ``ids`` with ``method``."""
     from torch.nn.attention import sdpa_kernel  # only for the SDPA baselines
@@ -197,12 +215,8 @@ def _warm_short(method, ours, tp, group, args, device, vocab: int, S: int) -> st
         with ctx() if ctx else contextlib.nullcontext():
             fn()
     except Exception as e:  # noqa: BLE001  (an OOM, or a kernel refusing a shape: said in the row)
-        err = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    if reduce_max([1.0 if err else 0.0], device, group)[0] > 0:
-        return err or "failed on another rank"
-    return None
+        err = _failure(e, device)
+    return _agreed(err, device, group)
 
 
 def run_rank(args, group=None) -> list[dict]:
@@ -275,16 +289,12 @@ def run_rank(args, group=None) -> list[dict]:
                             first = timed(step, device, group, 0, 1, events=False)[0]
                         secs = timed(step, device, group, max(warmup - (first is not None), 0), iters, events=False)
                 except Exception as e:  # noqa: BLE001  (an OOM, or a kernel refusing a shape)
-                    first = (str(e).splitlines() or [""])[0][:160]
-                    err = f"OOM: {first}" if _oom(e) else f"{type(e).__name__}: {first}"
                     box.clear()
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
-                # all ranks agree on whether the case ran (a failure is normally simultaneous: the
-                # work is symmetric); longer sequences of a failed method are not tried
-                failed = reduce_max([1.0 if err else 0.0], device, group)[0] > 0
-                if failed:
-                    row["error"] = err or "failed on another rank"
+                    err = _failure(e, device)
+                # all ranks agree on whether the case ran; longer sequences of a failed method are not tried
+                err = _agreed(err, device, group)
+                if err:
+                    row["error"] = err
                     stopped = f"not run: {'OOM' if row['error'].startswith('OOM') else 'failed'} at {S}"
                     log(f"{name} {method} S={S}: {row['error']}")
                     continue
@@ -337,11 +347,10 @@ def _profile_row(row, fn, ctx, device, group, top: int, log) -> None:
         summary, acts = breakdown(prof, wall, device.type == "cuda", top)
         prof = dict(wall_s=wall, **summary, collectives_s=exposure(acts, COLLECTIVES))
     except Exception as e:  # noqa: BLE001  (an OOM under the profiler: the timed figures stand)
-        err = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    if reduce_max([1.0 if err else 0.0], device, group)[0] > 0:
-        row["profile_error"] = err or "failed on another rank"
+        err = _failure(e, device)
+    err = _agreed(err, device, group)
+    if err:
+        row["profile_error"] = err
         log(f"{row['model']} {row['method']} S={row['S']}: profile failed: {row['profile_error']}")
         return
     row["profile"] = prof
