@@ -63,6 +63,14 @@ TR="python3 -m torch.distributed.run --standalone --nproc_per_node 4"
 BE="$TR -m burstengine bench"
 source "$(dirname "$0")/steps.sh"  # T0, BUDGET, step, bstep, left
 
+# faults4 T LIMIT NAME FAULTS: ranks lost over NCCL at 4 ranks (38.6) under a T-second step, the bench's
+# LIMIT; the survivors' lines shown, the whole log in $out/logs/faults.log
+faults4() {
+  FAULT_DEBUG=1 bstep "$1" python3 -m burstengine bench faults --device cuda --world 4 --no-fuzz --deadline 10 \
+      --faults "$4" --limit "$2" --out-dir "$BURST_RESULTS" --name "$3" > "$out/logs/faults.log" 2>&1
+  grep -v "^\[rank\|^#\|^$\|Traceback\|File \|^  " "$out/logs/faults.log" | tail -n 40
+}
+
 nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader; nvidia-smi topo -m | head -6
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'nccl', torch.cuda.nccl.version())"
 free -g | head -2
@@ -197,10 +205,7 @@ pairs)
   ;;
 verify)
   # ~150 s: a rank lost at 4 ranks over NCCL: every survivor out within deadline + 10 s, naming the victim
-  FAULT_DEBUG=1 bstep 200 python3 -m burstengine bench faults --device cuda --world 4 --no-fuzz --deadline 10 \
-      --faults skip_backward,ring_step,freeze,train_step,checkpoint_save --limit 45 --out-dir "$BURST_RESULTS" \
-      --name faults_4gpu_nccl_linger > "$out/logs/faults.log" 2>&1
-  grep -v "^\[rank\|^#\|^$\|Traceback\|File \|^  " "$out/logs/faults.log" | tail -n 30
+  faults4 200 45 faults_4gpu_nccl_linger skip_backward,ring_step,freeze,train_step,checkpoint_save
   # where a tensor-parallel decode step's time goes (issue 37: 2.3x its bound at 128K, 1.45x at 512K)
   T2="python3 -m torch.distributed.run --standalone --nproc_per_node 2"
   L=$(left)
@@ -218,10 +223,7 @@ verify)
   for f in decode128 decode512; do echo "--- $f"; grep "bench decode\|===\|Error\|error" "$out/logs/$f.log" | tail -n 20; done
   ;;
 verify2)
-  FAULT_DEBUG=1 bstep 110 python3 -m burstengine bench faults --device cuda --world 4 --no-fuzz --deadline 10 \
-      --faults train_step,skip_backward --limit 45 --out-dir "$BURST_RESULTS" --name faults_4gpu_nccl_backstop \
-      > "$out/logs/faults.log" 2>&1
-  grep -v "^\[rank\|^#\|^$\|Traceback\|File \|^  " "$out/logs/faults.log" | tail -n 30
+  faults4 110 45 faults_4gpu_nccl_backstop train_step,skip_backward
   ( export CUDA_VISIBLE_DEVICES=0,1
     bstep 120 python3 -m torch.distributed.run --standalone --nproc_per_node 2 -m burstengine bench decode \
         --model llama-3.1-8b --seqs 128K --batches 1 --tokens 8 --warmup 2 --tp on --eager-max 1 --profile 8 \
@@ -230,10 +232,7 @@ verify2)
   grep "bench decode\|===\|Error\|error" "$out/logs/decode128.log" | tail -n 20
   ;;
 prompt)
-  FAULT_DEBUG=1 bstep 70 python3 -m burstengine bench faults --device cuda --world 4 --no-fuzz --deadline 10 \
-      --faults train_step --limit 45 --out-dir "$BURST_RESULTS" --name faults_4gpu_nccl_train_step \
-      > "$out/logs/faults.log" 2>&1
-  grep -v "^\[rank\|^#\|^$\|Traceback\|File \|^  " "$out/logs/faults.log" | tail -n 20
+  faults4 70 45 faults_4gpu_nccl_train_step train_step
   # ~2 x 150 s: a 1M-token prompt, each method's first call at that length (serving's case)
   bstep 330 $BE prefill --models 8b --seqs 1048576 --methods burst,torch-cp --warmup 0 --iters 1 \
       --name prefill_8b_4gpu_1m_cold
@@ -259,10 +258,7 @@ ablation512a|ablation512b|ablation512c)
       --name ablation_llama-8b_4gpu_512k
   ;;
 warm256)
-  FAULT_DEBUG=1 bstep 110 python3 -m burstengine bench faults --device cuda --world 4 --no-fuzz --deadline 10 \
-      --faults train_step --limit 90 --out-dir "$BURST_RESULTS" --name faults_4gpu_nccl_train_step3 \
-      > "$out/logs/faults.log" 2>&1
-  grep -v "^\[rank\|^#\|^$\|Traceback\|File \|^  " "$out/logs/faults.log" | tail -n 40
+  faults4 110 90 faults_4gpu_nccl_train_step3 train_step
   bstep 420 $BE train --model llama-8b --methods burst,torch-cp --seqs 262144 --steps 1 --warmup 1 \
       --fallback full,full-offload --name train_llama-8b_4gpu_256k_warm
   ;;
@@ -271,10 +267,7 @@ longest2)
       --probes 262144,524288 --out-dir "$BURST_RESULTS"
   ;;
 longest)
-  FAULT_DEBUG=1 bstep 70 python3 -m burstengine bench faults --device cuda --world 4 --no-fuzz --deadline 10 \
-      --faults train_step --limit 45 --out-dir "$BURST_RESULTS" --name faults_4gpu_nccl_train_step2 \
-      > "$out/logs/faults.log" 2>&1
-  grep -v "^\[rank\|^#\|^$\|Traceback\|File \|^  " "$out/logs/faults.log" | tail -n 20
+  faults4 70 45 faults_4gpu_nccl_train_step2 train_step
   # ~300 s: llama-8b at 256K, burst beside torch-CP (out of memory with its default plan, then full checkpointing)
   bstep 330 $BE train --model llama-8b --methods burst,torch-cp --seqs 262144 --steps 1 --warmup 0 \
       --fallback full,full-offload --name train_llama-8b_4gpu_256k_pair

@@ -405,9 +405,9 @@ def test_the_backstop_is_armed_before_the_watchdog_lets_go_of_the_gil():
     # held the GIL): the backstop, armed after that print, was never armed and the rank hung.  Here
     # the write itself never gives the GIL back (a C sleep that keeps it): only a backstop armed
     # before it can end the process
-    code = (
-        "import ctypes, sys\n"
-        "from burstengine.comm import fault\n"
+    t0 = time.monotonic()
+    p = _watchdog_script(
+        "import ctypes\n"
         "class Stuck:\n"
         "    def write(self, s):\n"
         "        ctypes.PyDLL(None).sleep(40)\n"
@@ -418,12 +418,16 @@ def test_the_backstop_is_armed_before_the_watchdog_lets_go_of_the_gil():
         "d = fault.Watchdog(timeout=2, interval=0.1, grace=0.1, store=object(), rank=1, world=2)\n"
         "d.backstop = 1.0\n"
         "sys.stderr = Stuck()\n"
-        "d._fault('rank 0 lost (a test)')\n"
-    )
-    t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
-    assert p.returncode == 1 and "most recent call first" in p.stderr, (p.returncode, p.stderr[-2000:])
-    assert time.monotonic() - t0 < 25
+        "d._fault('rank 0 lost (a test)')\n", timeout=30)
+    _ended_by_faulthandler(p, t0)
+
+
+# a one-rank watchdog running (for half a second) in a _watchdog_script, its backstop 1 s
+_RUNNING = ("import ctypes\n"
+            "d = fault.Watchdog(timeout=1, interval=0.1, grace=0.1, store=st, rank=0, world=1)\n"
+            "d.backstop = 1.0\n"
+            "d.start()\n"
+            "time.sleep(0.5)\n")
 
 
 def test_a_watchdog_starved_before_any_fault_still_ends_its_process():
@@ -431,43 +435,36 @@ def test_a_watchdog_starved_before_any_fault_still_ends_its_process():
     # the watchdog runs, before any fault: the watchdog's thread never runs again, so nothing it
     # would do on a fault happens; its dead man's switch ends the process after 2 x (timeout +
     # backstop) seconds, stacks printed
-    code = (
-        "import ctypes, time\n"
-        "import torch.distributed as dist\n"
-        "from burstengine.comm import fault\n"
-        "d = fault.Watchdog(timeout=1, interval=0.1, grace=0.1, store=dist.HashStore(), rank=0, world=1)\n"
-        "d.backstop = 1.0\n"
-        "d.start()\n"
-        "time.sleep(0.5)\n"
-        "ctypes.PyDLL(None).sleep(40)\n"
-        "print('NOT ENDED', flush=True)\n"
-    )
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=35)
-    assert p.returncode == 1 and "most recent call first" in p.stderr and "NOT ENDED" not in p.stdout, \
-        (p.returncode, p.stdout, p.stderr[-2000:])
-    assert time.monotonic() - t0 < 25
+    p = _watchdog_script(
+        _RUNNING +
+        "ctypes.PyDLL(None).sleep(40)\n"
+        "print('NOT ENDED', flush=True)\n", timeout=35)
+    assert "NOT ENDED" not in p.stdout, p.stdout
+    _ended_by_faulthandler(p, t0)
+
+
+def _ended_by_faulthandler(p: subprocess.CompletedProcess, started: float, within: float = 25.0) -> None:
+    """The script was ended by faulthandler's timer (exit 1, every thread's stack), soon enough."""
+    assert p.returncode == 1 and "most recent call first" in p.stderr, (p.returncode, p.stdout, p.stderr[-2000:])
+    assert time.monotonic() - started < within
 
 
 def test_a_stopped_watchdog_leaves_no_dead_mans_switch_behind():
     # a watchdog that stopped normally must not end its process later, however long it then
     # keeps the interpreter (the switch is cancelled with the watchdog)
     p = _watchdog_script(
-        "import ctypes\n"
-        "d = fault.Watchdog(timeout=1, interval=0.1, grace=0.1, store=st, rank=0, world=1)\n"
-        "d.backstop = 1.0\n"
-        "d.start()\n"
-        "time.sleep(0.5)\n"
+        _RUNNING +
         "d.stop()\n"
         "ctypes.PyDLL(None).sleep(6)\n"
         "print('ALIVE', flush=True)\n")
     assert p.returncode == 0 and "ALIVE" in p.stdout, (p.returncode, p.stdout, p.stderr[-2000:])
 
 
-def _watchdog_script(body: str) -> subprocess.CompletedProcess:
+def _watchdog_script(body: str, timeout: float = 60) -> subprocess.CompletedProcess:
     code = ("import io, sys, time\nimport torch.distributed as dist\nfrom burstengine.comm import fault\n"
             "st = dist.HashStore()\n" + body)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
 
 
 def test_the_watchdog_ends_its_process_where_stderr_has_no_file_descriptor():
