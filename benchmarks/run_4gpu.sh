@@ -44,6 +44,9 @@
 #                                        #   8 K/V heads to 32 Q heads it passes K, V, dK, dV round the ring where the
 #                                        #   burst backward passes Q, dO, dQ (the larger ones): ~8 min at the length
 #                                        #   its memory line predicts
+#   bash benchmarks/run_4gpu.sh plan128  # 38.1 llama-8b at 128K beside torch-CP again after the planner's fix (the
+#                                        #   first forward counted root's unsharded parameters); 38.3 8B prefill
+#                                        #   at 512K beside torch-CP, warm
 #   bash benchmarks/run_4gpu.sh longest  # 38.6 train_step again (the backstop armed before the GIL is let go);
 #                                        #   38.1 torch-CP at 256K with its fallback plans; 38.7 the longest
 #                                        #   attention fwd+bwd (8B heads 32/8)
@@ -256,6 +259,12 @@ ablation512a|ablation512b|ablation512c)
   [ -n "$more" ] && cp benchmarks/results/ablation_llama-8b_4gpu_512k.json "$BURST_RESULTS"/ 2>/dev/null
   bstep 540 $BE train --ablation --model llama-8b --seqs 524288 --steps 1 --warmup 0 --rows "$rows" $more \
       --name ablation_llama-8b_4gpu_512k
+  ;;
+plan128)
+  bstep 300 $BE train --model llama-8b --methods burst,torch-cp --seqs 131072 --steps 2 --warmup 1 \
+      --name train_llama-8b_4gpu_128k_plan
+  bstep 220 $BE prefill --models 8b --seqs 524288 --methods burst,torch-cp --warmup 1 --iters 1 \
+      --name prefill_8b_4gpu_512k_warm
   ;;
 warm256)
   faults4 110 90 faults_4gpu_nccl_train_step3 train_step
