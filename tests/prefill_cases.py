@@ -83,3 +83,11 @@ def bench_warm_fails_on_rank_1(group, argv):
         return pb.run_rank(pb.build_parser().parse_args(argv), group)
     finally:
         pb._case = case
+
+
+def prefill_kernel_error(group, path, layout, seed, kernel, seq_per_rank=16):
+    """Our prefill's next-token logits with local kernel ``kernel`` against transformers' eager model."""
+    S = seq_per_rank * dist.get_world_size(group)
+    ids, ref_logits, _ = eager_reference(path, 2, S, seed)
+    out = prefill(_model(path, "ours"), ids, group=group, layout=layout, kernel=kernel)
+    return rel_err(out.logits, ref_logits)

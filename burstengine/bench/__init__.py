@@ -41,6 +41,7 @@ BENCHES = {
     # probes
     "profile": "burstengine.bench.probes.profile",
     "lao-bench": "burstengine.bench.probes.lao_bench",
+    "fp8": "burstengine.bench.probes.fp8",
     "cpu-kernels": "burstengine.bench.probes.cpu_kernels",
     "lce": "burstengine.bench.probes.lce",
     "longest": "burstengine.bench.probes.longest",

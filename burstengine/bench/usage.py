@@ -31,14 +31,16 @@ def missing_package(name: str, what: str) -> str | None:
     return f"{what} needs the {name} package, which is not installed: {how}"
 
 
-def kernel_error(name: str | None, device) -> str | None:
+def kernel_error(name: str | None, device, backward: bool = False) -> str | None:
     """A message when kernel ``name`` (None: $BURST_KERNEL or auto) is unknown or cannot run on
-    ``device``, else None."""
-
+    ``device``, or (``backward``: training) has no backward, else None."""
+    where = "--kernel" if name else "BURST_KERNEL"
     try:
-        get_kernel(name, device)
+        kernel = get_kernel(name, device)
     except ValueError as e:
-        return f"--kernel: {e}" if name else f"BURST_KERNEL: {e}"
+        return f"{where}: {e}"
+    if backward and kernel.forward_only:
+        return f"{where}: {kernel.forward_only}"
     return None
 
 

@@ -23,6 +23,7 @@ from ..kernels import acc_dtype
 from ..layout import position_ids as layout_positions
 from ..layout import shard
 from ..model import ContextParallel
+from ..model.context_parallel import LOCAL
 from ..timing import reduce_max
 from .models import PrefillModel
 
@@ -74,10 +75,13 @@ def context_parallel(attention: str, group=None, layout: str = "zigzag", backwar
     rank, "burst" means BurstAttention's kernels; else this process alone, where the model runs
     plain SDPA on its whole prompt).  ``"sdpa"``: plain SDPA on this rank's tokens: the whole
     prompt on one rank, else a shard that torch's context_parallel patches into its own ring
-    (the benchmark's peer)."""
+    (the benchmark's peer).  A kernel named outside a job (``kernel="fp8"``, not "auto") runs
+    on the whole prompt as a one-rank ring (LOCAL), rather than being dropped for SDPA."""
     if attention == "burst":
         if group is None and initialized():
             group = dist.group.WORLD
+        elif group is None and kernel not in (None, "auto"):
+            group = LOCAL
         return ContextParallel(group=group, layout=layout, backward=backward, kernel=kernel)
     if attention == "sdpa":
         return ContextParallel(layout=layout, attention="sdpa" if world_of(group) == 1 else "torch-cp")

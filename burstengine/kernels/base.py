@@ -42,6 +42,7 @@ def merge_(out: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, l: torch.Tenso
 
 class Kernel:
     name = "base"
+    forward_only = ""  # why a kernel without a backward has none (its message), else empty
 
     def available(self, device: torch.device) -> bool:
         raise NotImplementedError

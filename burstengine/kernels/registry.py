@@ -14,13 +14,15 @@ import torch
 from ..masks import CAUSAL, FULL, STRICT, MaskSpec
 from .base import Kernel
 from .cpu_flash import CpuFlashKernel
+from .fp8 import Fp8Kernel
 from .pieces import large_pairs
 from .reference import ReferenceKernel
 from .sdpa import CudnnKernel, FlashKernel
 from .triton.kernel import TritonKernel, gluon_bwd_takes, gluon_forward_into
 
+# "fp8" (kernels/fp8.py) runs only where named: forward only, and less precise than the others
 KERNELS: dict[str, Kernel] = {k.name: k for k in (ReferenceKernel(), FlashKernel(), CudnnKernel(), TritonKernel(),
-                                                   CpuFlashKernel())}
+                                                   CpuFlashKernel(), Fp8Kernel())}
 
 # Which kernel "auto" runs on CUDA for each (direction, mask): (most query rows in the block, kernel)
 # pairs, first match wins; before the table, a forward_into (ring step) of a full/causal/strict block

@@ -83,6 +83,47 @@ def run_case(kernel, B, Sq, Sk, H, Hkv, D, dtype, mask, device, seed=0, poison_k
     return errs
 
 
+def run_forward_case(kernel, B, Sq, Sk, H, Hkv, D, dtype, mask, device, seed=0, oracle=None,
+                     poison_out=True) -> dict:
+    """A forward-only kernel's case (kernels/fp8.py): ``forward_into`` onto a random running state
+    whose empty rows hold NaN where the block makes them visible (``poison_out``: a fused merge
+    must not read them; the torch merge needs them 0, as in :func:`run_case`), against the float64 reference
+    merged the same way -> {"out", "lse", "nan"}; with ``oracle`` (q, k, v, scale, mask) -> (o, lse),
+    a block result to merge instead of the reference's, also {"out_oracle", "lse_oracle"} (the kernel
+    against its own arithmetic done in torch)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(device)
+
+    q, k, v = rnd(B, Sq, H, D).to(dtype), rnd(B, Sk, Hkv, D).to(dtype), rnd(B, Sk, Hkv, D).to(dtype)
+    scale = D ** -0.5
+    vis = visible_mask(mask, Sq, Sk, device)
+    vis = torch.ones(Sq, Sk, dtype=torch.bool, device=device) if vis is None else vis
+    out0 = rnd(B, Sq, H, D).float()
+    lse0 = (rnd(B, H, Sq) + 2.0).float()
+    empty = torch.rand(B, H, Sq, generator=g).to(device) < 0.25
+    lse0[empty] = float("-inf")
+    out0.transpose(1, 2)[empty] = 0.0
+    out_k, lse_k = out0.clone(), lse0.clone()
+    if poison_out:
+        out_k[empty.transpose(1, 2) & vis.any(1)[None, :, None]] = float("nan")
+    kernel.forward_into(q, k, v, scale, mask, out_k, lse_k)
+    errs = {"nan": not bool(torch.isfinite(out_k).all()) or bool(torch.isnan(lse_k).any()),
+            "visible_frac": vis.float().mean().item()}
+    refs = {"": ReferenceKernel().forward(q.double(), k.double(), v.double(), scale, mask)}
+    if oracle is not None:
+        refs["_oracle"] = oracle(q, k, v, scale, mask)
+    for tag, (o_blk, l_blk) in refs.items():
+        out_r, lse_r = out0.double(), lse0.double()
+        merge_(out_r, lse_r, o_blk.double(), l_blk.double())
+        fin = torch.isfinite(lse_r)
+        errs["out" + tag] = fro_err(out_k, out_r)
+        errs["lse" + tag] = fro_err(lse_k[fin], lse_r[fin]) if bool((torch.isinf(lse_k) == ~fin).all()) \
+            else float("inf")
+    return errs
+
+
 def _plain_inputs(B, S, H, Hkv, D, dtype, device, seed):
     # q, k, v, then dO (drawn last, so q, k, v are the same whether or not dO is used)
     g = torch.Generator(device="cpu").manual_seed(seed)

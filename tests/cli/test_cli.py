@@ -61,6 +61,7 @@ def test_bench_runs_without_torchrun(bench, tmp_path):
     (["prefill", "--kernel", "nope"], "unknown kernel"),
     (["train", "--set", "attention=torch-cp"], "attention='torch-cp'"),
     (["train", "--set", "kernel=nope"], "unknown kernel"),
+    (["train", "--set", "kernel=fp8"], "kernel 'fp8' computes the attention forward only"),
     (["train", "--world", "0"], "--world must be >= 1"),
     (["train", "--set", "grad_clip=nan"], "grad_clip must be a finite number"),
     (["bench", "profile", "--set", "model.dim=-3"], "model.dim must be >= 1"),

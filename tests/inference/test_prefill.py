@@ -37,6 +37,16 @@ def test_prefill_matches_transformers(pool, llama_dir, world, layout, impl):
         assert layers == 2 and ok_pos and shape == (2, hf_cases.VOCAB)
 
 
+@pytest.mark.parametrize("world", [1, 2])
+def test_prefill_with_the_fp8_kernel(pool, llama_dir, world):
+    """kernel="fp8" reaches every ring step of the prefill: the logits carry FP8's error (many times
+    the float32 kernel's, still small), the same on every rank."""
+    fp8 = pool.run(prefill_cases.prefill_kernel_error, llama_dir, "zigzag", 3, "fp8", world=world)
+    exact = pool.run(prefill_cases.prefill_kernel_error, llama_dir, "zigzag", 3, None, world=world)
+    assert len(set(fp8)) == 1, fp8
+    assert exact[0] <= TOL and max(10 * exact[0], 1e-3) < fp8[0] <= 0.1, (fp8, exact)
+
+
 @pytest.fixture(scope="session")
 def gemma3_dir(tmp_path_factory):
     return hf_cases.save_tiny_gemma3(tmp_path_factory.mktemp("prefill") / "gemma3", seed=5)

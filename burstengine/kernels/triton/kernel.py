@@ -292,24 +292,35 @@ class TritonKernel(Kernel):
         return (spec.q_start, spec.q_step, spec.k_start, spec.k_step, lo, hi), int(spec.causal)
 
     def _forward(self, q, k, v, scale, mask, out, lse, fresh=False):
+        cfg = self.config[q.shape[-1]]
+        self.launch_forward(q, k, v, scale, mask, out, lse, fresh, cfg.fwd if fresh or cfg.fwd_into is None
+                            else cfg.fwd_into)
+
+    def launch_forward(self, q, k, v, scale, mask, out, lse, fresh: bool, t: Tiles, fp8=None):
+        """fwd_kernel on tiles ``t``; with ``fp8`` (kernels/fp8.Fp8Blocks) q, k are its e4m3 q8, k8
+        and v its transposed vt8."""
         from .fwd import fwd_kernel  # imports triton: only when a kernel runs
 
         B, Sq, H, D = q.shape
         Sk, Hkv = k.shape[1], k.shape[2]
         if Sq == 0 or Sk == 0:
             return
-        cfg = self.config[D]
-        t = cfg.fwd if fresh or cfg.fwd_into is None else cfg.fwd_into
         spec = as_spec(mask)
         margs, has_doc, has_block = self._mask_args(spec, Sq, Sk, t.block_m, t.block_n, True, q.device)
         pos, reverse = self._positions(spec)
         tma = t.tma and _tma_ok(q, k, v, out)
+        if fp8 is None:
+            dummy = self._dummy_of(q.device)
+            scales = (dummy,) * 4 + (1, 1, 1)
+        else:
+            scales = (fp8.qs, fp8.ks, fp8.voff, fp8.vu, fp8.qs.shape[-1], fp8.ks.shape[-1], v.shape[-1])
         _prepare()
         grid = (triton_cdiv(Sq, t.block_m), B * H)
         fwd_kernel[grid](q, k, v, out, lse, *_dims(q), *_dims(k), *_dims(v), *_dims(out), *lse.stride(),
-                         Sq, Sk, H, H // Hkv, scale * _LOG2E, *pos, *margs, reverse,
+                         Sq, Sk, H, H // Hkv, scale * _LOG2E, *pos, *margs, reverse, *scales,
                          HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, HAS_DOC=has_doc, HAS_BLOCK=has_block,
-                         USE_TMA=tma, WS=t.ws, FRESH=fresh, **t.launch(has_block))
+                         USE_TMA=tma, WS=t.ws, FRESH=fresh, FP8=fp8 is not None,
+                         QB=128 if fp8 is None else fp8.block, **t.launch(has_block))
 
     def _backward(self, dout, q, k, v, lse, delta, scale, mask, dq, dk, dv, fresh=False):
         """``fresh``: dQ/dK/dV hold nothing yet (the plain backward): stored, not added to."""
