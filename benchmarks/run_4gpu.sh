@@ -47,6 +47,8 @@
 #   bash benchmarks/run_4gpu.sh plan128  # 38.1 llama-8b at 128K beside torch-CP again after the planner's fix (the
 #                                        #   first forward counted root's unsharded parameters); 38.3 8B prefill
 #                                        #   at 512K beside torch-CP, warm
+#   bash benchmarks/run_4gpu.sh fp8prompt # 38.3/41.3 a 1M-token prompt of llama-3.1-8b: burst, burst on the FP8 forward
+#                                        #   and torch-CP, each warmed at a short length, then its first call at 1M
 #   bash benchmarks/run_4gpu.sh longest  # 38.6 train_step again (the backstop armed before the GIL is let go);
 #                                        #   38.1 torch-CP at 256K with its fallback plans; 38.7 the longest
 #                                        #   attention fwd+bwd (8B heads 32/8)
@@ -259,6 +261,10 @@ ablation512a|ablation512b|ablation512c)
   [ -n "$more" ] && cp benchmarks/results/ablation_llama-8b_4gpu_512k.json "$BURST_RESULTS"/ 2>/dev/null
   bstep 540 $BE train --ablation --model llama-8b --seqs 524288 --steps 1 --warmup 0 --rows "$rows" $more \
       --name ablation_llama-8b_4gpu_512k
+  ;;
+fp8prompt)
+  bstep 540 $BE prefill --models 8b --seqs 1048576 --methods burst,burst-fp8,torch-cp --warmup 0 --iters 1 \
+      --name prefill_8b_4gpu_1m_fp8
   ;;
 plan128)
   bstep 300 $BE train --model llama-8b --methods burst,torch-cp --seqs 131072 --steps 2 --warmup 1 \

@@ -31,9 +31,11 @@ V_FLOOR = 2.0 ** -24  # a V block's scale is at least this times its head's larg
 _TINY = 2.0 ** -100  # the scale of an all-zero block (anything positive: its values quantize to 0)
 _CHUNK = 1 << 26  # elements per float32 temporary while quantizing
 
-# Launch shape of the FP8 forward per head dim, plain and onto a running state (the ring step):
-# 128x128 tiles on 8 warps (FP8's products take half the registers of bf16's per tile).
-TILES = {64: Tiles(128, 128, 8, 3, tma=True), 128: Tiles(128, 128, 8, 3, tma=True)}
+# Launch shape of the FP8 forward per head dim, plain and onto a running state (the ring step): 64 q
+# rows x 128 keys on 4 warps, the fastest of five shapes at 32K tokens on one H100 (32 q / 8 kv heads,
+# d=128: 11.4 / 22.1 ms causal / full against 13.5 / 25.7 for 128x128 on 8 warps; the "sweep" of
+# benchmarks/results/fp8_h100.json).
+TILES = {64: Tiles(64, 128, 4, 3, tma=True), 128: Tiles(64, 128, 4, 3, tma=True)}
 
 FORWARD_ONLY = ("kernel 'fp8' computes the attention forward only (prefill and generation); training needs a "
                 "kernel with a backward ('auto', 'cudnn', 'triton')")

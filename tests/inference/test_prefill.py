@@ -247,6 +247,14 @@ def test_prefill_bench_runs_every_method_and_they_agree(pool, tmp_path, world):
     assert rec["commit"] and rec["env"]["device"] == "cpu" and len(rec["rows"]) == 10
 
 
+def test_prefill_bench_burst_fp8_is_burst_on_the_fp8_kernel(pool, tmp_path):
+    argv = ["--models", "tiny", "--seqs", "64", "--iters", "1", "--warmup", "0", "--out-dir", str(tmp_path),
+            "--methods", "burst,burst-fp8"]
+    rows = pool.run(prefill_cases.bench, argv, world=2)[0]
+    fp8 = next(r for r in rows if r["method"] == "burst-fp8")
+    assert 1e-3 < fp8["logits_rel_diff_vs_burst"] < 0.1, fp8  # FP8's error, not another model's
+
+
 def test_prefill_bench_times_the_first_call_at_each_length(pool, tmp_path):
     """--cold: each length's first call timed apart from the warm ones, the record rewritten after
     every case (the rows so far are on disk while the next case runs)."""

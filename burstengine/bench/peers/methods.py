@@ -44,6 +44,7 @@ class Method:
     backward: str | None = None  # burst: the ring's backward scheme ("burst": Q, dO, D, lse, dQ travel; "ring": K, V)
     sdpa: str | None = None
     mode: str | None = None  # megatron: v1 or v3
+    kernel: str | None = None  # burst: the local kernel this method pins (None: the bench's --kernel)
 
     @property
     def cuda_only(self) -> bool:
@@ -56,6 +57,8 @@ def _methods() -> dict[str, Method]:
                   ("prefill", "train"), layout="zigzag", backward="burst"),
            Method("torch-cp", "torch-cp", "torch's context parallelism around SDPA (--sdpa's backend in prefill)",
                   ("prefill", "train"), layout="zigzag"),
+           Method("burst-fp8", "burst", "BurstAttention over zigzag shards with the FP8 forward (kernel 'fp8')",
+                  ("prefill",), layout="zigzag", backward="burst", kernel="fp8"),
            Method("plain", "plain", "the plain-PyTorch model on one GPU, no context parallelism", ("train",)),
            *(Method(f"megatron-{m}", "megatron", f"Megatron tensor-parallel LLaMA, {how}", ("prefill",), mode=m)
              for m, how in (("v3", "sequence parallel"), ("v1", "all-reduce")))]

@@ -190,7 +190,7 @@ def _case(method, S, ids, ours, tp, group, args, device):
     backend = args.sdpa or ("cudnn" if device.type == "cuda" else "math")
     m = ALL_METHODS[method]
     if m.attention == "burst":
-        return (lambda: prefill(ours, ids, group=group, layout=m.layout, kernel=args.kernel).logits), None
+        return (lambda: prefill(ours, ids, group=group, layout=m.layout, kernel=m.kernel or args.kernel).logits), None
     if m.attention == "torch-cp":
         def fn():
             with sdpa_kernel(peers.BACKENDS[backend]):
