@@ -79,6 +79,27 @@ def main():
     out["plain"] = dict(out=fro_err(o, ro), lse=fro_err(lse[seen], rl[seen]), dtype=str(o.dtype)[6:],
                         unseen_exact=bool((o.transpose(1, 2)[~seen] == 0).all() and (lse[~seen] == -torch.inf).all()),
                         unseen=int((~seen).sum()))
+    # the quantization in kernels/triton/quant.py against the torch expression it replaces
+    from burstengine.kernels import fp8
+
+    for i, (S, H, D, dtype, block) in enumerate([(37, 4, 64, torch.bfloat16, 16), (300, 2, 128, torch.float32, 128),
+                                                 (129, 3, 64, torch.float16, 64)]):
+        g = torch.Generator().manual_seed(i)
+        x = (torch.randn(2, S + 5, H, D, generator=g) * 3).to(dtype)[:, 5:]  # a slice, as the ring passes them
+        x[:, :block // 2] = 0  # an all-zero half block
+        q, k, v = x, x[:, :, :1].contiguous(), x[:, :, 1:].contiguous()
+        got = fp8.quantize(q, k, v, block)
+        torch_in = fp8._in_triton
+        fp8._in_triton = lambda t: False
+        try:
+            want = fp8.quantize(q, k, v, block)
+        finally:
+            fp8._in_triton = torch_in
+        same = {n: bool(torch.equal(getattr(got, n).view(torch.uint8) if getattr(got, n).dtype == fp8.E4M3
+                                    else getattr(got, n), getattr(want, n).view(torch.uint8)
+                                    if getattr(want, n).dtype == fp8.E4M3 else getattr(want, n)))
+                for n in ("q8", "qs", "k8", "ks", "vt8", "voff", "vu")}
+        out[f"quant-{i}"] = dict(same=same, triton=torch_in(q))
     print(json.dumps(out))
 
 

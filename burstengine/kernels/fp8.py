@@ -37,6 +37,8 @@ _CHUNK = 1 << 26  # elements per float32 temporary while quantizing
 # benchmarks/results/fp8_h100.json).
 TILES = {64: Tiles(64, 128, 4, 3, tma=True), 128: Tiles(64, 128, 4, 3, tma=True)}
 
+_TRITON = TritonKernel()  # where Triton runs (its ``available``)
+
 FORWARD_ONLY = ("kernel 'fp8' computes the attention forward only (prefill and generation); training needs a "
                 "kernel with a backward ('auto', 'cudnn', 'triton')")
 
@@ -58,19 +60,42 @@ class Fp8Blocks:
     block: int
 
 
+def _in_triton(x: torch.Tensor) -> bool:
+    """Whether x's quantization runs in kernels/triton/quant.py (CUDA with Triton, or Triton's
+    interpreter on CPU): heads side by side in contiguous rows, a power-of-two head dim."""
+    D = x.shape[-1]
+    return (x.dtype in (torch.bfloat16, torch.float16, torch.float32) and 16 <= D <= 256 and D & (D - 1) == 0
+            and x.stride(-1) == 1 and x.stride(-2) == D and _TRITON.available(x.device))
+
+
 def block_scales(x: torch.Tensor, block: int) -> torch.Tensor:
     """float32 (B, blocks, H): each block of ``block`` rows and head, its largest magnitude / 448."""
-    B, S, H, _ = x.shape
-    nb = -(-S // block)
-    amax = x.abs().amax(-1)
-    amax = torch.nn.functional.pad(amax, (0, 0, 0, nb * block - S)).view(B, nb, block, H).amax(2)
-    return amax.float().clamp_min(_TINY) / E4M3_MAX
-
-
-def cast_blocks(x: torch.Tensor, scale: torch.Tensor, block: int) -> torch.Tensor:
-    """x (B, S, H, D) divided by its block's ``scale`` (B, blocks, H) and rounded to e4m3 (nearest,
-    saturating), a chunk of rows at a time so the float32 temporary stays small."""
     B, S, H, D = x.shape
+    nb = -(-S // block)
+    if _in_triton(x):
+        from .triton.quant import amax_kernel  # imports triton: only when a kernel runs
+
+        amax = torch.empty(B, nb, H, device=x.device, dtype=torch.float32)
+        amax_kernel[(nb, B * H)](x, amax, x.stride(0), x.stride(1), S, H, nb, HEAD_DIM=D, BLOCK=block, num_warps=4)
+    else:
+        amax = x.abs().amax(-1)
+        amax = torch.nn.functional.pad(amax, (0, 0, 0, nb * block - S)).view(B, nb, block, H).amax(2).float()
+    return amax.clamp_min(_TINY) / E4M3_MAX
+
+
+def cast_blocks(x: torch.Tensor, scale: torch.Tensor, block: int, vt: torch.Tensor | None = None) -> torch.Tensor:
+    """x (B, S, H, D) divided by its block's ``scale`` (B, blocks, H) and rounded to e4m3 (nearest,
+    saturating); with ``vt`` written transposed into it, (B, H * D, columns >= S), and returned.  In
+    torch a chunk of rows at a time, so the float32 temporary stays small."""
+    B, S, H, D = x.shape
+    if _in_triton(x):
+        from .triton.quant import cast_kernel  # imports triton: only when a kernel runs
+
+        out = torch.empty(x.shape, dtype=E4M3, device=x.device) if vt is None else vt
+        cast_kernel[(-(-S // block), B * H)](x, scale, out, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
+                                             S, H, scale.shape[1], HEAD_DIM=D, BLOCK=block, TRANS=vt is not None,
+                                             num_warps=4)
+        return out
     out = torch.empty(x.shape, dtype=E4M3, device=x.device)
     rows = max(block, _CHUNK // max(1, B * H * D) // block * block)
     inv = 1.0 / scale
@@ -78,7 +103,10 @@ def cast_blocks(x: torch.Tensor, scale: torch.Tensor, block: int) -> torch.Tenso
         r1 = min(S, r0 + rows)
         f = inv[:, r0 // block:-(-r1 // block)].repeat_interleave(block, 1)[:, :r1 - r0]
         out[:, r0:r1] = (x[:, r0:r1].float() * f[..., None]).clamp_(-E4M3_MAX, E4M3_MAX)
-    return out
+    if vt is None:
+        return out
+    vt[:, :, :S] = out.view(B, S, H * D).transpose(1, 2)
+    return vt
 
 
 def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int = 128) -> Fp8Blocks:
@@ -90,8 +118,7 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int = 128
     vs = torch.maximum(vs, vmax * V_FLOOR)
     B, Sk, Hkv, D = v.shape
     cols = -(-Sk // 128) * 128
-    vt8 = torch.zeros(B, Hkv * D, cols, dtype=E4M3, device=v.device)
-    vt8[:, :, :Sk] = cast_blocks(v, vs, block).view(B, Sk, Hkv * D).transpose(1, 2)
+    vt8 = cast_blocks(v, vs, block, vt=torch.zeros(B, Hkv * D, cols, dtype=E4M3, device=v.device))
     voff = torch.log2(P_SCALE * vs / vmax)
     return Fp8Blocks(q8=cast_blocks(q, qs, block), qs=qs.transpose(1, 2).contiguous(), k8=cast_blocks(k, ks, block),
                      ks=ks.transpose(1, 2).contiguous(), vt8=vt8, voff=voff.transpose(1, 2).contiguous(),

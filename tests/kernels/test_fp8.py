@@ -131,3 +131,9 @@ def test_a_named_kernel_reaches_a_prefill_outside_a_job():
     sdpa = prefill(model, ids).logits
     assert rel_err(prefill(model, ids, kernel="reference").logits, sdpa) < 1e-5
     assert 1e-3 < rel_err(prefill(model, ids, kernel="fp8").logits, sdpa) < 0.1
+
+
+@pytest.mark.parametrize("i", range(3))
+def test_triton_quantization_equals_torchs(fp8_results, i):
+    r = fp8_results[f"quant-{i}"]
+    assert r["triton"] and all(r["same"].values()), r
