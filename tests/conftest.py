@@ -16,6 +16,14 @@ from burstengine.testing import DistPool, suite_on_path  # noqa: E402
 # and in the gloo workers it spawns
 suite_on_path(os.path.dirname(os.path.abspath(__file__)))
 
+# where triton is installed (not in CI), kernels tried in this process run in its interpreter:
+# with triton_interp's fixes to it, as in the interpreter scripts
+if not torch.cuda.is_available():
+    try:
+        import triton_interp  # noqa: F401,E402
+    except ImportError:
+        pass
+
 # the suite runs beside 4 worker processes on small CI machines: one thread each keeps tiny ops
 # from paying for thread hand-offs
 torch.set_num_threads(1)
