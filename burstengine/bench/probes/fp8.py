@@ -30,7 +30,7 @@ from ...kernels.verify import run_forward_case
 from ...masks import CAUSAL, FULL, STRICT, MaskSpec
 from ...testing import fro_err
 from ..records import OUT_DIR_HELP, write_record
-from ..tables import Section, num, table
+from ..tables import Section, device_of, num, record, table
 from ..usage import command_parser
 
 PEAK_BF16 = 989e12
@@ -228,17 +228,52 @@ def main(argv=None):
 
 # --- docs/results.md ----------------------------------------------------------------------------
 
-def render(rec):
-    out = []
-    if rec.get("speed"):
-        out.append(table(["S", "mask", "cuDNN bf16", "ours bf16", "FP8 (with quantization)", "FP8 kernel alone",
+def render(rec) -> list[str]:
+    if not rec.get("speed"):
+        return ["(no speed rows)", ""]
+    return table(["S", "mask", "cuDNN bf16", "ours bf16", "FP8 (with quantization)", "FP8 kernel alone",
                           "FP8 / cuDNN", "quantize ms"],
-                         [[r["S"], r["mask"], num(r["cudnn"]["tflops"], 4), num(r["ours_bf16"]["tflops"], 4),
-                           num(r["fp8"]["tflops"], 4), num(r["fp8_kernel"]["tflops"], 4), f"{r['fp8_vs_cudnn']:.2f}×",
-                           f"{r['quantize']['s'] * 1e3:.2f}"] for r in rec["speed"]]))
-    return "\n\n".join(out)
+                         [[r["S"], r["mask"], num(r["cudnn"]["tflops"], 3), num(r["ours_bf16"]["tflops"], 3),
+                           num(r["fp8"]["tflops"], 3), num(r["fp8_kernel"]["tflops"], 3), f"{r['fp8_vs_cudnn']:.2f}×",
+                           f"{r['quantize']['s'] * 1e3:.2f}"] for r in rec["speed"]])
 
 
 SECTIONS = (Section("FP8 forward", r"^fp8_", render,
                     "`burstengine bench fp8`: the plain attention forward in TFLOP/s (bf16 inputs, 32 q / 8 kv "
                     "heads, d=128), one GPU."),)
+
+
+def block_fp8(records):
+    """docs/kernels.md: speed and checks (fp8_h100_quant.json), the model's error (fp8_h100.json), and
+    the 1M-token prompt over 4 GPUs (prefill_8b_4gpu_1m_fp8.json)."""
+    sp = record(records, "fp8_h100_quant.json")
+    md = record(records, "fp8_h100.json")
+    pf = record(records, "prefill_8b_4gpu_1m_fp8.json")
+    chk = sp["check"]
+    m = md["model"]
+    rows = {r["method"]: r for r in pf["rows"]}
+    b, f, t = (rows[n]["median_s"] for n in ("burst", "burst-fp8", "torch-cp"))
+    return "\n".join([
+        f"On {device_of(sp)} (`fp8_h100_quant.json`, commit {sp['commit'][:7]}; bf16 inputs, 32 q / 8 kv heads, "
+        f"d=128, TFLOP/s of the plain forward, median of 5; FP8 includes quantizing Q, K and V):",
+        "", *render(sp),
+        f"The check of the same launch: {len(chk)} cases (every mask kind, d 64/128, GQA 1-8, lengths that divide "
+        f"nothing), worst normwise error {max(r['out'] for r in chk):.3f} against float64 "
+        f"({max(r['out_oracle'] for r in chk):.3f} against the torch emulation of the same quantization), "
+        f"{sum(r['nan'] for r in chk)} with NaN.",
+        "",
+        f"In a model (`fp8_h100.json`): Llama-3.1-8B's shape cut to {m['layers']} layers, random weights, a "
+        f"{m['S']:,}-token prompt; next-token logits against the float64 model: bf16 attention "
+        f"{m['bf16']['logits_rel_err']:.3f}, FP8 attention {m['fp8']['logits_rel_err']:.3f} (normwise; top-10 "
+        f"tokens shared with float64's: {m['bf16']['top10_overlap']} and {m['fp8']['top10_overlap']}); of "
+        f"{m['new']} greedy tokens after the prompt, bf16 and FP8 chose the same first "
+        f"{m['fp8_vs_bf16_same_prefix']}, both the same first {m['bf16']['tokens_same_prefix']} as float64.",
+        "",
+        f"A 1M-token prompt of llama-3.1-8b over {pf['world']} GPUs (`prefill_8b_4gpu_1m_fp8.json`, each method's "
+        f"first call at 1M in one launch): burst {b:.1f} s, burst on the FP8 forward {f:.1f} s, torch-CP {t:.1f} s "
+        f"(FP8 {t / f:.2f}× torch-CP, bf16 burst {t / b:.2f}×); FP8's logits differ from bf16 burst's by "
+        f"{rows['burst-fp8']['logits_rel_diff_vs_burst']:.3f}.",
+    ])
+
+
+BLOCKS = {"fp8": block_fp8}
