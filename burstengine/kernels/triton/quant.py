@@ -12,16 +12,24 @@ import triton.language as tl
 
 
 @triton.jit
-def amax_kernel(X, A, sxb, sxs, S, H, n_b, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
-    """A (B, blocks, H) float32: the largest |x| of each block of BLOCK rows and head."""
+def _block(X, sxb, sxs, S, H, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+    """This program's (block of BLOCK rows, batch x head): (x tile, batch, head, block, rows, cols,
+    rows inside S)."""
     blk = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = bh % H
     rows = blk * BLOCK + tl.arange(0, BLOCK)
     cols = tl.arange(0, HEAD_DIM)
-    x = tl.load(X + b * sxb + rows[:, None].to(tl.int64) * sxs + h * HEAD_DIM + cols[None, :],
-                mask=rows[:, None] < S, other=0.0)
+    ok = rows[:, None] < S
+    x = tl.load(X + b * sxb + rows[:, None].to(tl.int64) * sxs + h * HEAD_DIM + cols[None, :], mask=ok, other=0.0)
+    return x, b, h, blk, rows, cols, ok
+
+
+@triton.jit
+def amax_kernel(X, A, sxb, sxs, S, H, n_b, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+    """A (B, blocks, H) float32: the largest |x| of each block of BLOCK rows and head."""
+    x, b, h, blk, rows, cols, ok = _block(X, sxb, sxs, S, H, HEAD_DIM, BLOCK)
     tl.store(A + (b * n_b + blk) * H + h, tl.max(tl.max(tl.abs(x.to(tl.float32)), 1), 0))
 
 
@@ -31,14 +39,7 @@ def cast_kernel(X, SC, Y, sxb, sxs, syb, sys_, S, H, n_b, HEAD_DIM: tl.constexpr
     """Y = x / its block's scale SC (B, blocks, H), rounded to e4m3 (nearest even, saturating):
     rows of (B, S, H * D) like x, or with ``TRANS`` V's layout (B, H * D, columns), element (s, h, d)
     at row h * D + d, column s."""
-    blk = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // H).to(tl.int64)
-    h = bh % H
-    rows = blk * BLOCK + tl.arange(0, BLOCK)
-    cols = tl.arange(0, HEAD_DIM)
-    ok = rows[:, None] < S
-    x = tl.load(X + b * sxb + rows[:, None].to(tl.int64) * sxs + h * HEAD_DIM + cols[None, :], mask=ok, other=0.0)
+    x, b, h, blk, rows, cols, ok = _block(X, sxb, sxs, S, H, HEAD_DIM, BLOCK)
     inv = 1.0 / tl.load(SC + (b * n_b + blk) * H + h)
     y = tl.clamp(x.to(tl.float32) * inv, -448.0, 448.0).to(Y.dtype.element_ty)
     if TRANS:
