@@ -68,7 +68,8 @@ def main():
             fin = torch.isfinite(el)
             out[cid].update(fresh_oracle=fro_err(o.float(), eo), fresh_lse_oracle=fro_err(lse[fin], el[fin]))
     # the plain forward: a fresh bf16 output, rows that see nothing (a whole q tile here) O = 0, lse = -inf
-    from burstengine.masks import MaskSpec
+    from burstengine.kernels.base import merge_
+    from burstengine.masks import CAUSAL, MaskSpec
 
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(1, 37, h, 64, generator=g).to(torch.bfloat16) for h in (4, 2, 2))
@@ -79,6 +80,19 @@ def main():
     out["plain"] = dict(out=fro_err(o, ro), lse=fro_err(lse[seen], rl[seen]), dtype=str(o.dtype)[6:],
                         unseen_exact=bool((o.transpose(1, 2)[~seen] == 0).all() and (lse[~seen] == -torch.inf).all()),
                         unseen=int((~seen).sum()))
+    # onto a running state of large outputs (1e4), a block whose V is all zero in one kv head: the
+    # kernel holds the state's O divided by V's scale, which must stay finite
+    q, k, v = (torch.randn(1, 37, h, 64, generator=g).to(torch.bfloat16) for h in (4, 2, 2))
+    v[:, :, 1] = 0
+    out0 = torch.randn(1, 37, 4, 64, generator=g) * 1e4
+    lse0 = torch.randn(1, 4, 37, generator=g)
+    out_k, lse_k = out0.clone(), lse0.clone()
+    ks["small"].forward_into(q, k, v, 0.125, CAUSAL, out_k, lse_k)
+    ro, rl = ReferenceKernel().forward(q.double(), k.double(), v.double(), 0.125, CAUSAL)
+    out_r, lse_r = out0.double(), lse0.double()
+    merge_(out_r, lse_r, ro, rl)
+    out["zero_v_head"] = dict(finite=bool(torch.isfinite(out_k).all()), out=fro_err(out_k, out_r),
+                              lse=fro_err(lse_k, lse_r))
     # the quantization in kernels/triton/quant.py against the torch expression it replaces
     from burstengine.kernels import fp8
 

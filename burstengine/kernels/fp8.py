@@ -115,6 +115,10 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int = 128
     ks = block_scales(k, block)
     vs = block_scales(v, block)
     vmax = vs.amax(1, keepdim=True)
+    # the Triton forward divides the running O by vu = vmax / 256: an all-zero V head (scale 2^-100 / 448)
+    # made that overflow for |O| above ~2^11.  A floor of 2^-60 keeps it finite for any bf16 O; a head
+    # whose V lies below ~2^-80 everywhere then rounds to 0 (a contribution no bf16 output can hold)
+    vmax = vmax.clamp_min(2.0 ** -60)
     vs = torch.maximum(vs, vmax * V_FLOOR)
     B, Sk, Hkv, D = v.shape
     cols = -(-Sk // 128) * 128

@@ -113,6 +113,11 @@ def test_triton_fp8_plain_forward(fp8_results):
     assert r["out"] <= FP8_TOL and r["lse"] <= 0.02, r
 
 
+def test_triton_fp8_zero_v_head_onto_a_large_state(fp8_results):
+    r = fp8_results["zero_v_head"]
+    assert r["finite"] and r["out"] <= FP8_TOL and r["lse"] <= 0.02, r
+
+
 def test_a_named_kernel_reaches_a_prefill_outside_a_job():
     """Outside a process group a prefill ran plain SDPA and dropped ``kernel``; a named kernel now
     runs as a one-rank ring, so kernel="fp8" changes the logits (by FP8's error) and "reference"
