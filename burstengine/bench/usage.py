@@ -10,6 +10,7 @@ import importlib.util
 
 import torch
 
+from ..attention.planning import kernel_from_env
 from ..kernels import get_kernel
 
 # optional packages -> the extra of pyproject.toml that brings them
@@ -36,7 +37,7 @@ def kernel_error(name: str | None, device, backward: bool = False) -> str | None
     ``device``, or (``backward``: training) has no backward, else None."""
     where = "--kernel" if name else "BURST_KERNEL"
     try:
-        kernel = get_kernel(name, device)
+        kernel = get_kernel(name or kernel_from_env(), device)
     except ValueError as e:
         return f"{where}: {e}"
     if backward and kernel.forward_only:

@@ -148,9 +148,10 @@ def preflight(cfg, world: int | None = None) -> str | None:
     if cfg.attention == "torch-cp" and not cuda:
         return ("attention='torch-cp' (torch's context_parallel) needs CUDA GPUs: torch has no CPU rule for it; "
                 "on CPU use attention='burst'")
-    msg = kernel_error(cfg.kernel, "cuda" if cuda else "cpu", backward=True)
+    # "auto" leaves the choice to BURST_KERNEL (train/parallel.py), which kernel_error reads for None
+    msg = kernel_error(None if cfg.kernel == "auto" else cfg.kernel, "cuda" if cuda else "cpu", backward=True)
     if msg:
-        return msg.replace("--kernel", "kernel").replace("BURST_KERNEL", "kernel")
+        return msg.replace("--kernel", "kernel")
     if cfg.data != "passkey" and not cfg.data.endswith(".bin"):  # text data: the tokenizer must load
         msg = missing_package("tokenizers", "text data")
         if msg:

@@ -76,6 +76,16 @@ def test_user_errors_are_one_line_before_any_rank(argv, msg, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_train_refuses_a_forward_only_kernel_from_the_environment(tmp_path):
+    # BURST_KERNEL=fp8 with the default kernel="auto": training's attention reads the variable, so the
+    # refusal must come before any rank starts, as for --set kernel=fp8
+    rc, out, err = _run("train", "--set", f"out_dir={tmp_path}/run", cwd=tmp_path, env_extra={"BURST_KERNEL": "fp8"})
+    assert rc == 2, out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "BURST_KERNEL: kernel 'fp8' computes the attention forward only" in lines[0], err
+    assert "training" not in out and not (tmp_path / "run").exists(), out
+
+
 def test_profile_data_error_is_one_line(tmp_path):
     """A data error found when the ranks build the trainer: said once, exit 2, no traceback."""
     import numpy as np
