@@ -23,11 +23,14 @@ import statistics
 
 import torch
 
+from ...inference import generate, prefill
+from ...inference.models import OurLlama, random_llama
 from ...kernels import KERNELS
 from ...kernels.fp8 import Fp8Kernel, emulate
 from ...kernels.triton.kernel import Tiles
 from ...kernels.verify import run_forward_case
 from ...masks import CAUSAL, FULL, STRICT, MaskSpec
+from ...model import PRESETS
 from ...testing import fro_err
 from ..records import OUT_DIR_HELP, write_record
 from ..tables import Section, device_of, num, record, table
@@ -153,10 +156,6 @@ def speed(seqs, device, tiles: Tiles | None) -> list[dict]:
 
 
 def model_error(device, layers: int, S: int, new: int, seed: int = 0, preset: str = "llama-8b") -> dict:
-    from ...inference import generate, prefill
-    from ...inference.models import OurLlama, random_llama
-    from ...model import PRESETS
-
     args = copy.deepcopy(PRESETS[preset])
     args.n_layers = layers
     raw = random_llama(args, device, torch.float64, seed)
