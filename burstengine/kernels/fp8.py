@@ -47,7 +47,7 @@ FORWARD_ONLY = ("kernel 'fp8' computes the attention forward only (prefill and g
 class Fp8Blocks:
     """Quantized q, k, v of one call and their scales: ``q8`` (B, Sq, H, D) and ``k8`` (B, Sk, Hkv, D)
     in e4m3 with ``qs`` (B, H, q blocks) and ``ks`` (B, Hkv, k blocks) float32; ``vt8`` V transposed,
-    (B, Hkv * D, columns) with the keys zero-padded to a multiple of 128; ``voff`` (B, Hkv, k blocks)
+    (B, Hkv * D, columns) with the keys zero-padded to a multiple of 128 and of ``block``; ``voff`` (B, Hkv, k blocks)
     log2(256 * block scale / head's largest) and ``vu`` (B, Hkv) the head's largest scale / 256."""
 
     q8: torch.Tensor
@@ -121,7 +121,9 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int = 128
     vmax = vmax.clamp_min(2.0 ** -60)
     vs = torch.maximum(vs, vmax * V_FLOOR)
     B, Sk, Hkv, D = v.shape
-    cols = -(-Sk // 128) * 128
+    # the Triton forward reads V^T in tiles of up to ``block`` keys without a column bound: pad past them
+    pad = max(128, block)
+    cols = -(-Sk // pad) * pad
     vt8 = cast_blocks(v, vs, block, vt=torch.zeros(B, Hkv * D, cols, dtype=E4M3, device=v.device))
     voff = torch.log2(P_SCALE * vs / vmax)
     return Fp8Blocks(q8=cast_blocks(q, qs, block), qs=qs.transpose(1, 2).contiguous(), k8=cast_blocks(k, ks, block),

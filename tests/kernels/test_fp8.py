@@ -46,6 +46,8 @@ def test_quantize_blocks_scales_and_layout():
     assert fro_err(vdeq, v.float()) < 0.05
     assert bool((fp.vt8[:, :, 300:].float() == 0).all())  # padded keys are zeros
     assert float(fp.voff.max()) <= 8.0 + 1e-6 and float(fp.voff.min()) >= -16.0 - 1e-6
+    # tiles of 256 keys (block=256) read V^T's columns in 256s: no tile may pass its end
+    assert quantize(q, k, v, block=256).vt8.shape[-1] == 512
 
 
 @pytest.mark.parametrize("name", sorted(MASKS))
