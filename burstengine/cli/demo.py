@@ -98,7 +98,7 @@ def validate(args) -> str | None:
     except ValueError as e:
         return str(e)
 
-    return kernel_error(args.kernel, "cpu")
+    return kernel_error(args.kernel, "cpu", backward=True)  # the demo trains
 
 
 # --- the reference ------------------------------------------------------------------------------

@@ -48,6 +48,8 @@ def test_bench_runs_without_torchrun(bench, tmp_path):
 @pytest.mark.parametrize("argv,msg", [
     (["demo", "--kernel", "nope"], "unknown kernel 'nope'"),
     (["demo", "--kernel", "cudnn"], "cannot run on device cpu"),
+    (["demo", "--kernel", "fp8"], "computes the attention forward only"),
+    (["bench", "attention", "--device", "cpu", "--kernel", "fp8"], "computes the attention forward only"),
     (["bench", "attention", "--device", "cpu", "--kernel", "nope"], "unknown kernel"),
     (["bench", "attention", "--device", "cpu", "--methods", "torch-cp-cudnn"], "need CUDA"),
     (["bench", "attention", "--device", "cpu", "--seqs", "102"], "equal chunks"),

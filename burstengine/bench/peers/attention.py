@@ -302,7 +302,7 @@ def validate(args) -> str | None:
             if S % (chunks * w):
                 return f"--seqs: {S} tokens do not split into {chunks * w} equal chunks (world {w})"
 
-    return kernel_error(args.kernel, args.device)
+    return kernel_error(args.kernel, args.device, backward=True)  # it times the backward too
 
 
 def run_rank(args) -> int:

@@ -368,7 +368,7 @@ def validate(args) -> str | None:
         if S < 1 or S % (2 * args.world):
             return f"--{name.replace('_', '-')} {S} must be a positive multiple of 2 x {args.world} ranks"
 
-    return kernel_error(args.kernel, args.device)
+    return kernel_error(args.kernel, args.device, backward=True)  # it times the backward too
 
 
 def run(group, argv=None) -> dict:

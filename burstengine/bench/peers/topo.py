@@ -133,7 +133,7 @@ def validate(args) -> str | None:
         if shape is None or shape.nodes == 1:
             return f"--inter-ctas needs a --topology of more than one node, got {shape or args.topology!r}"
 
-    return kernel_error(args.kernel, args.device)
+    return kernel_error(args.kernel, args.device, backward=True)  # it times the backward too
 
 
 def bench_shape(topology, G) -> topo.Topology | None:
