@@ -243,9 +243,9 @@ SECTIONS = (Section("FP8 forward", r"^fp8_", render,
 
 
 def block_fp8(records):
-    """docs/kernels.md: speed and checks (fp8_h100_quant.json), the model's error (fp8_h100.json), and
+    """docs/kernels.md: speed and checks (fp8_h100_final.json), the model's error (fp8_h100.json), and
     the 1M-token prompt over 4 GPUs (prefill_8b_4gpu_1m_fp8.json)."""
-    sp = record(records, "fp8_h100_quant.json")
+    sp = record(records, "fp8_h100_final.json")
     md = record(records, "fp8_h100.json")
     pf = record(records, "prefill_8b_4gpu_1m_fp8.json")
     chk = sp["check"]
@@ -253,7 +253,7 @@ def block_fp8(records):
     rows = {r["method"]: r for r in pf["rows"]}
     b, f, t = (rows[n]["median_s"] for n in ("burst", "burst-fp8", "torch-cp"))
     return "\n".join([
-        f"On {device_of(sp)} (`fp8_h100_quant.json`, commit {sp['commit'][:7]}; bf16 inputs, 32 q / 8 kv heads, "
+        f"On {device_of(sp)} (`fp8_h100_final.json`, commit {sp['commit'][:7]}; bf16 inputs, 32 q / 8 kv heads, "
         f"d=128, TFLOP/s of the plain forward, median of 5; FP8 includes quantizing Q, K and V):",
         "", *render(sp),
         f"The check of the same launch: {len(chk)} cases (every mask kind, d 64/128, GQA 1-8, lengths that divide "
