@@ -178,7 +178,7 @@ class Fp8Kernel(Kernel):
     def __init__(self, block: int = 128, tiles: dict[int, Tiles] | None = None):
         self.block = block
         self.tiles = dict(TILES if tiles is None else tiles)
-        self._triton = TritonKernel()
+        self._triton = _TRITON
 
     def available(self, device) -> bool:
         device = torch.device(device)

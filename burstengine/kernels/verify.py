@@ -22,6 +22,33 @@ from .reference import ReferenceKernel
 NAMES = ("out", "lse", "dq", "dk", "dv")
 
 
+def _running_state(rnd, g, B, Sq, H, D, vis, device, poison_out, empty_frac=0.25):
+    """Earlier blocks' (out, lse), some rows still empty (O = 0, lse = -inf): the reference copy
+    (out0, lse0) and the kernel's (out_k, lse_k), whose empty rows hold NaN where this block makes
+    them visible when ``poison_out``."""
+    out0 = rnd(B, Sq, H, D).float()
+    lse0 = (rnd(B, H, Sq) + 2.0).float()
+    empty = torch.rand(B, H, Sq, generator=g).to(device) < empty_frac
+    lse0[empty] = float("-inf")
+    out0.transpose(1, 2)[empty] = 0.0
+    out_k = out0.clone()
+    if poison_out:
+        out_k[empty.transpose(1, 2) & vis.any(1)[None, :, None]] = float("nan")
+    return out0, lse0, out_k, lse0.clone()
+
+
+def _merged_errors(out_k, lse_k, out0, lse0, o_blk, l_blk):
+    """The float64 merge of the block result (o_blk, l_blk) into (out0, lse0), and the kernel's
+    state's normwise errors against it: ((out, lse) errors, merged out, merged lse); lse's error is
+    inf when the rows left empty differ."""
+    out_r, lse_r = out0.double(), lse0.double()
+    merge_(out_r, lse_r, o_blk.double(), l_blk.double())
+    fin = torch.isfinite(lse_r)
+    same_inf = bool((torch.isinf(lse_k) == ~fin).all())
+    errs = (fro_err(out_k, out_r), fro_err(lse_k[fin], lse_r[fin]) if same_inf else float("inf"))
+    return errs, out_r, lse_r
+
+
 def run_case(kernel, B, Sq, Sk, H, Hkv, D, dtype, mask, device, seed=0, poison_kv=0, poison_out=True,
              empty_frac=0.25):
     """-> dict of normwise errors (out, lse, dq, dk, dv; inf on NaN) plus bookkeeping."""
@@ -46,22 +73,10 @@ def run_case(kernel, B, Sq, Sk, H, Hkv, D, dtype, mask, device, seed=0, poison_k
     ref = ReferenceKernel()
     q64, k64, v64, do64 = (t.double().nan_to_num(0.0) for t in (q, k, v, do))
 
-    # running state: earlier blocks' (out, lse), some rows still empty
-    out0 = rnd(B, Sq, H, D).float()
-    lse0 = (rnd(B, H, Sq) + 2.0).float()
-    empty = torch.rand(B, H, Sq, generator=g).to(device) < empty_frac
-    lse0[empty] = float("-inf")
-    out0.transpose(1, 2)[empty] = 0.0
-    seen_here = vis.any(1)[None, :, None].expand(B, Sq, H)
-    out_k = out0.clone()
-    if poison_out:
-        out_k[(empty.transpose(1, 2) & seen_here)] = float("nan")
-    lse_k = lse0.clone()
+    out0, lse0, out_k, lse_k = _running_state(rnd, g, B, Sq, H, D, vis, device, poison_out, empty_frac)
     kernel.forward_into(q, k, v, scale, mask, out_k, lse_k)
-
     o_blk, l_blk = ref.forward(q64, k64, v64, scale, mask)
-    out_r, lse_r = out0.double(), lse0.double()
-    merge_(out_r, lse_r, o_blk, l_blk)
+    (out_err, lse_err), out_r, lse_r = _merged_errors(out_k, lse_k, out0, lse0, o_blk, l_blk)
 
     # backward of the whole (merged) attention restricted to this block, global lse and delta
     delta = (do64 * out_r).sum(-1).transpose(1, 2)
@@ -71,10 +86,7 @@ def run_case(kernel, B, Sq, Sk, H, Hkv, D, dtype, mask, device, seed=0, poison_k
     grads = ref.backward(do64, q64, k64, v64, lse_r, delta, scale, mask)
     refs = [a.double() + gr for a, gr in zip(acc, grads)]
     # compare the increments, so a large accumulator does not hide a wrong gradient
-    errs = {"out": fro_err(out_k, out_r)}
-    fin = torch.isfinite(lse_r)
-    same_inf = bool((torch.isinf(lse_k) == ~fin).all())
-    errs["lse"] = fro_err(lse_k[fin], lse_r[fin]) if same_inf else float("inf")
+    errs = {"out": out_err, "lse": lse_err}
     for name, a0, ak, r in zip(("dq", "dk", "dv"), acc, acc_k, refs):
         errs[name] = fro_err(ak.double() - a0.double(), r - a0.double())
     errs["nan"] = not all(torch.isfinite(t).all() for t in (out_k, *acc_k)) or bool(torch.isnan(lse_k).any())
@@ -100,27 +112,15 @@ def run_forward_case(kernel, B, Sq, Sk, H, Hkv, D, dtype, mask, device, seed=0, 
     scale = D ** -0.5
     vis = visible_mask(mask, Sq, Sk, device)
     vis = torch.ones(Sq, Sk, dtype=torch.bool, device=device) if vis is None else vis
-    out0 = rnd(B, Sq, H, D).float()
-    lse0 = (rnd(B, H, Sq) + 2.0).float()
-    empty = torch.rand(B, H, Sq, generator=g).to(device) < 0.25
-    lse0[empty] = float("-inf")
-    out0.transpose(1, 2)[empty] = 0.0
-    out_k, lse_k = out0.clone(), lse0.clone()
-    if poison_out:
-        out_k[empty.transpose(1, 2) & vis.any(1)[None, :, None]] = float("nan")
+    out0, lse0, out_k, lse_k = _running_state(rnd, g, B, Sq, H, D, vis, device, poison_out)
     kernel.forward_into(q, k, v, scale, mask, out_k, lse_k)
     errs = {"nan": not bool(torch.isfinite(out_k).all()) or bool(torch.isnan(lse_k).any()),
             "visible_frac": vis.float().mean().item()}
     refs = {"": ReferenceKernel().forward(q.double(), k.double(), v.double(), scale, mask)}
     if oracle is not None:
         refs["_oracle"] = oracle(q, k, v, scale, mask)
-    for tag, (o_blk, l_blk) in refs.items():
-        out_r, lse_r = out0.double(), lse0.double()
-        merge_(out_r, lse_r, o_blk.double(), l_blk.double())
-        fin = torch.isfinite(lse_r)
-        errs["out" + tag] = fro_err(out_k, out_r)
-        errs["lse" + tag] = fro_err(lse_k[fin], lse_r[fin]) if bool((torch.isinf(lse_k) == ~fin).all()) \
-            else float("inf")
+    for tag, blk in refs.items():
+        (errs["out" + tag], errs["lse" + tag]), _, _ = _merged_errors(out_k, lse_k, out0, lse0, *blk)
     return errs
 
 

@@ -32,12 +32,10 @@ from ...kernels.verify import run_forward_case
 from ...masks import CAUSAL, FULL, STRICT, MaskSpec
 from ...model import PRESETS
 from ...testing import fro_err
+from ...timing import timed
 from ..records import OUT_DIR_HELP, write_record
 from ..tables import Section, device_of, num, record, table
 from ..usage import command_parser
-
-PEAK_BF16 = 989e12
-
 
 def _masks(S: int):
     g = torch.Generator().manual_seed(S)
@@ -73,20 +71,6 @@ def check(device) -> list[dict]:
     return rows
 
 
-def _time(fn, warm=2, iters=5) -> list[float]:
-    for _ in range(warm):
-        fn()
-    out = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) / 1e3)
-    return out
-
-
 def _inputs(S, device, seed=0):
     g = torch.Generator(device=device).manual_seed(seed)
     return tuple(torch.randn(1, S, h, 128, device=device, dtype=torch.bfloat16, generator=g) for h in (32, 8, 8))
@@ -106,8 +90,8 @@ def sweep(S, device) -> tuple[list[dict], Tiles]:
         lse = torch.empty(1, 32, S, device=device)
         for mask in (CAUSAL, FULL):
             try:
-                raw = _time(lambda: kern._triton.launch_forward(fp.q8, fp.k8, fp.vt8, 128 ** -0.5, mask, out, lse,
-                                                                True, t, fp))
+                raw = timed(lambda: kern._triton.launch_forward(fp.q8, fp.k8, fp.vt8, 128 ** -0.5, mask, out, lse,
+                                                                True, t, fp), device, warmup=2, iters=5)
             except Exception as e:  # a shape that does not build (shared memory, registers) is a row too
                 rows.append(dict(tiles=t.__dict__, mask=mask, error=f"{type(e).__name__}: {str(e)[:200]}"))
                 continue
@@ -140,7 +124,7 @@ def speed(seqs, device, tiles: Tiles | None) -> list[dict]:
                     "quantize": lambda: fp8.quantize(q, k, v)}
             row = dict(S=S, mask=mask, flops=flops)
             for name, fn in runs.items():
-                raw = _time(fn)
+                raw = timed(fn, device, warmup=2, iters=5)
                 row[name] = dict(raw=raw, s=statistics.median(raw))
                 if name != "quantize":
                     row[name]["tflops"] = flops / row[name]["s"] / 1e12
@@ -149,10 +133,16 @@ def speed(seqs, device, tiles: Tiles | None) -> list[dict]:
             rows.append(row)
             print(f"[bench fp8] S={S} {mask}: cuDNN {row['cudnn']['tflops']:.0f}, ours bf16 "
                   f"{row['ours_bf16']['tflops']:.0f}, fp8 {row['fp8']['tflops']:.0f} (kernel alone "
-                  f"{row['fp8_kernel']['tflops']:.0f}) TFLOP/s; quantize {row['quantize']['s'] * 1e3:.2f} ms", flush=True)
+                  f"{row['fp8_kernel']['tflops']:.0f}) TFLOP/s; quantize {row['quantize']['s'] * 1e3:.2f} ms",
+                  flush=True)
         del q, k, v, fp, out, lse
         torch.cuda.empty_cache()
     return rows
+
+
+def _same_prefix(a, b) -> int:
+    """How many tokens two greedy runs chose alike before they first differ."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def model_error(device, layers: int, S: int, new: int, seed: int = 0, preset: str = "llama-8b") -> dict:
@@ -180,11 +170,9 @@ def model_error(device, layers: int, S: int, new: int, seed: int = 0, preset: st
         base = toks.get("float64")
         for name in ("bf16", "fp8"):
             if base is not None and name in toks:
-                a, b = list(toks[name]), list(base)
-                res[name]["tokens_same_prefix"] = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+                res[name]["tokens_same_prefix"] = _same_prefix(toks[name], base)
         if "bf16" in toks and "fp8" in toks:
-            a, b = list(toks["bf16"]), list(toks["fp8"])
-            res["fp8_vs_bf16_same_prefix"] = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+            res["fp8_vs_bf16_same_prefix"] = _same_prefix(toks["bf16"], toks["fp8"])
     return res
 
 
