@@ -4,6 +4,9 @@
 #   bash benchmarks/run_1gpu.sh checks   # kernels vs float64 (lao-check), the decode path's check, every family's
 #                                        # bf16 logits beside transformers', 8B decode (regression vs the
 #                                        # decode_8b_h200_graphs record), issue 36's bytes per token per layer
+#   bash benchmarks/run_1gpu.sh gemv     # 37: the GEMV kernel beside cuBLAS (check, speed, tile sweep), and 8B
+#                                        # decode at 128K with it on / off, and with the tree in $OLD (a
+#                                        # `git archive` of the commit before it: OLD=build/old93)
 set -u
 stage=${1:?stage: checks}
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-$PWD}
@@ -30,6 +33,19 @@ checks)
         --steps 1 --set model.n_layers=2 --set lora.rank=16 --set activation_checkpoint=none --set tiled_mlp=$T \
         --name longctx_bytes_8b2l_tiled_$T
   done
+  ;;
+gemv)
+  nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
+  bstep 150 python3 -m burstengine bench gemv --rows 1,8 --sweep --name gemv_$card
+  D8="decode --model llama-3.1-8b --seqs 128K --batches 1 --tokens 8 --warmup 2 --eager-max 1 --sdpa-max 1"
+  for G in on off; do
+    bstep 100 python3 -m burstengine bench $D8 --gemv $G --name decode_8b_1gpu_128k_gemv_$G
+  done
+  if [ -n "${OLD:-}" ]; then  # python -m puts the working directory first on the path: run from the old tree
+    (cd "$OLD" && BURST_COMMIT=${OLD_COMMIT:-} PYTHONPATH=$PWD bstep 100 python3 -m burstengine bench $D8 \
+        --name decode_8b_1gpu_128k_before)
+  fi
   ;;
 *) echo "unknown stage $stage"; exit 2;;
 esac

@@ -42,6 +42,7 @@ BENCHES = {
     "profile": "burstengine.bench.probes.profile",
     "lao-bench": "burstengine.bench.probes.lao_bench",
     "fp8": "burstengine.bench.probes.fp8",
+    "gemv": "burstengine.bench.probes.gemv",
     "cpu-kernels": "burstengine.bench.probes.cpu_kernels",
     "lce": "burstengine.bench.probes.lce",
     "longest": "burstengine.bench.probes.longest",

@@ -35,6 +35,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..model import fused
+
 # torch >= 2.13 names it all_gather_single (all_gather_into_tensor warns there)
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -256,13 +258,27 @@ def merge(parts: torch.Tensor):
     return o, m + torch.log(den)
 
 
-def gather_merge(out: torch.Tensor, lse: torch.Tensor, group=None):
-    """The exact attention over every rank's shard from this rank's (out (B, H, D), lse (B, H)):
-    one all-gather of B x H x (D + 1) floats per rank."""
+def gather_parts(out: torch.Tensor, lse: torch.Tensor, group=None) -> torch.Tensor | None:
+    """Every rank's (out, lse) packed as :func:`merge` reads them, (W, B, H, D + 1): one
+    all-gather; None with one rank."""
     world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
-    if world == 1:  # one shard: its partial is the whole
-        return out, lse
+    if world == 1:
+        return None
     mine = torch.cat([out, lse[..., None]], dim=-1).contiguous()
     parts = mine.new_empty((world * mine.shape[0],) + tuple(mine.shape[1:]))
     _all_gather(parts, mine, group=group)
-    return merge(parts.view((world,) + tuple(mine.shape)))
+    return parts.view((world,) + tuple(mine.shape))
+
+
+def merged_heads(out: torch.Tensor, lse: torch.Tensor, group, lo: int, hi: int, dtype) -> torch.Tensor:
+    """Heads [lo, hi) of the exact attention over every rank's shard, (B, hi - lo, D) in
+    ``dtype``: what a decode step reads (the merge of only the heads it keeps, and the cast, one
+    compiled kernel on GPUs)."""
+    parts = gather_parts(out, lse, group)
+    if parts is None:
+        return out[:, lo:hi].to(dtype)
+    return fused.run(_merge_heads, parts, lo, hi, dtype)
+
+
+def _merge_heads(parts, lo: int, hi: int, dtype):
+    return merge(parts[:, :, lo:hi])[0].to(dtype)

@@ -20,7 +20,7 @@ import torch
 from ..comm.dist import rank_of, world_of
 from ..kernels import acc_dtype
 from ..model import PRESETS, ContextParallel, Hooks, ModelArgs, Transformer, fused, tensor_parallel
-from ..model.layers import CHUNK
+from ..model.layers import CHUNK, pack_model
 from ..model.hf_dir import UntiedHead, args_from_hf_config, args_from_hf_dir, hf_config_from_args, load_hf_model, \
     ours_to_hf, read_config, tensor_files
 
@@ -253,10 +253,12 @@ def load_model(spec: str, impl: str = "ours", device="cpu", dtype=torch.float32,
             if why:
                 raise ValueError(f"--model {spec}: {why}")
         if spec in PRESETS:
-            return OurLlama(random_llama(PRESETS[spec], device, dtype, seed, split),
-                            f"preset {spec} (random weights, seed {seed})", tp_group)
-
-        return OurLlama(load_hf_model(spec, device, dtype, split), spec, tp_group)
+            model, describe = random_llama(PRESETS[spec], device, dtype, seed, split), \
+                f"preset {spec} (random weights, seed {seed})"
+        else:
+            model, describe = load_hf_model(spec, device, dtype, split), spec
+        pack_model(model)  # one matmul for q, k, v and one for gate and up (model/layers.py: pack)
+        return OurLlama(model, describe, tp_group)
     if tp_group is not None:
         raise ValueError("tensor-parallel loading is for burstengine's LLaMA (impl 'ours')")
     from transformers import AutoModelForCausalLM, LlamaConfig

@@ -20,7 +20,7 @@ the same logits from the same state), so running it more than once changes nothi
 that fails raises, naming the cause; nothing falls back silently.
 
 With more than one rank the graph holds the step's NCCL collectives too (the all-gather merge of
-:func:`.kvcache.gather_merge`, and tensor parallelism's): NCCL captures a collective once its
+:func:`.kvcache.merged_heads`, and tensor parallelism's): NCCL captures a collective once its
 communicator exists and has run it, which the prefill and the warm-up runs see to, and a graph
 with collectives must be replayed by every rank of the group in lockstep, as generation's loop
 does (every rank captures at the same step and replays once per step).  On CPU (gloo) the same
@@ -48,7 +48,7 @@ import torch
 from ..kernels import acc_dtype
 from ..model import Hooks, tensor_parallel
 from ..model.rope import inv_freq, tables_from_inv
-from .kvcache import ShardedKVCache, gather_merge
+from .kvcache import ShardedKVCache, merged_heads
 from .models import OurLlama
 
 MODES = ("auto", "on", "off")
@@ -171,17 +171,19 @@ class DecodeStep:
     def _write(self, layer: int, k, v) -> None:
         self.cache.write(layer, self.slot, k[0], v[0])
 
-    def _attend(self, layer: int, q, k, v):
+    def _attend(self, layer: int, q, k, v, heads: tuple[int, int] | None = None):
+        """Attention of the step's q (1, B, H, D) over the cache's shards, merged over the ranks:
+        heads [lo, hi) of it (all without ``heads``), (1, B, hi - lo, D) in q's dtype."""
         o, lse = self.cache.attend(layer, q[0], self.valid, self.qpos, self.windows[layer], self.scale)
-        o, _ = gather_merge(o, lse, self.group)
-        return o.to(q.dtype)[None]
+        lo, hi = heads or (0, q.shape[2])
+        return merged_heads(o, lse, self.group, lo, hi, q.dtype)[None]
 
     def _attend_sliced(self, layer: int, q, k, v):
         """Tensor parallelism: this rank's heads of q, k, v -> all heads, attention over this
-        rank's shard of the cache with all of them, the merge, this rank's heads of the output."""
+        rank's shard of the cache with all of them, the merge of this rank's heads."""
         q, k, v = tensor_parallel.gather_heads(q, k, v, self.split.world, self.group)
         self._write(layer, k, v)
-        return tensor_parallel.my_heads(self._attend(layer, q, k, v), self.split)
+        return self._attend(layer, q, k, v, tensor_parallel.my_heads(q.shape[2], self.split))
 
     def _reduce(self, x):
         return tensor_parallel.all_reduce(x, self.group)

@@ -29,6 +29,7 @@ from . import offload, recompute, tiled
 from .args import ModelArgs
 from .context_parallel import ContextParallel
 from .layers import NO_HOOKS, Block, Hooks, RMSNorm
+from .projection import linear
 from .rope import rope_tables
 
 
@@ -127,7 +128,7 @@ class Transformer(nn.Module):
         """The LM head on final-norm hidden states (..., dim), in their dtype: for the few rows
         a caller wants (prefill's next tokens, a decode step's, training's predictions); the
         training loss never makes them (:mod:`burstengine.loss.model_loss`)."""
-        return h @ self.head_weight.to(h.dtype).t()
+        return linear(h, self.head_weight.to(h.dtype))
 
     def _global_length(self, n: int, docs) -> int:
         """The global sequence length (what dynamic RoPE scaling reads): the longest packed

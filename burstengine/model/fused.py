@@ -123,6 +123,14 @@ def _use_compiled(x: torch.Tensor) -> bool:
     return _enabled["on"] and x.is_cuda and x.dtype != torch.float64 and not torch.compiler.is_compiling()
 
 
+def run(fn, *args):
+    """``fn(*args)`` compiled as the ops here are, where they are (CUDA, not float64, switched on):
+    for a chain of small elementwise steps elsewhere (a decode step's merge over ranks), a kernel
+    or two instead of one per step.  ``fn`` must be a module-level function (its compiled form is
+    kept per function)."""
+    return _run_compiled(fn, *args) if _use_compiled(args[0]) else fn(*args)
+
+
 def rms_norm(x, weight, eps: float, plus_one: bool = False):
     if _use_compiled(x):
         return _run_compiled(rms_norm_eager, x, weight, eps, plus_one)

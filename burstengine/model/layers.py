@@ -18,6 +18,7 @@ import torch.nn as nn
 from . import fused, pointwise, recompute, tiled
 from .args import ModelArgs
 from .context_parallel import ContextParallel, context_parallel_attention
+from .projection import linear, project
 
 
 @dataclass(frozen=True)
@@ -111,8 +112,13 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(a.head_dim, a.norm_eps, a.norm_plus_one) if a.qk_norm else None
 
     def qkv(self, x, cos, sin):
-        """Roped q, k and v (B, n, heads, head_dim) of the normed input ``x`` (B, n, dim)."""
-        return self.heads(self.wq(x), self.wk(x), self.wv(x), cos, sin)
+        """Roped q, k and v (B, n, heads, head_dim) of the normed input ``x`` (B, n, dim): one
+        matmul where :func:`pack` laid wq, wk, wv back to back."""
+        w = packed(self.wq, self.wk, self.wv)
+        if w is None:
+            return self.heads(project(self.wq, x), project(self.wk, x), project(self.wv, x), cos, sin)
+        q, k, v = linear(x, *w).split([self.wq.out_features, self.wk.out_features, self.wv.out_features], dim=-1)
+        return self.heads(q, k, v, cos, sin)
 
     def heads(self, q, k, v, cos, sin):
         """The projections q, k, v (B, n, width) as heads, q and k normed (qk_norm) and roped."""
@@ -136,7 +142,75 @@ class FeedForward(nn.Module):
         self.activation = a.activation
 
     def forward(self, x):
-        return self.w2(fused.GATES[self.activation](self.w1(x), self.w3(x)))
+        w = packed(self.w1, self.w3)
+        if w is None:
+            return project(self.w2, fused.GATES[self.activation](project(self.w1, x), project(self.w3, x)))
+        gate, up = linear(x, *w).chunk(2, dim=-1)
+        return project(self.w2, fused.GATES[self.activation](gate, up))
+
+
+# --- projections that read one weight (inference) --------------------------------------------------
+#
+# A decode step multiplies one row per sequence by every weight: it is a read of the weights, and
+# each matmul is a launch (cuBLAS's split-K adds a reduction kernel) over a few MB.  q, k and v read
+# the same input, as do the MLP's gate and up; with their weights back to back in one tensor each
+# pair or triple is one matmul over a longer weight (one launch instead of three or two, and a
+# longer read).  The modules keep their own parameters (names, shapes, loading, tensor-parallel
+# slicing unchanged): :func:`pack` only moves them into one storage, and :func:`packed` finds them
+# there at each call, so a model whose parameters were moved apart again (``.to(dtype)``, FSDP)
+# simply runs the separate matmuls.
+
+def pack(*linears: nn.Linear) -> None:
+    """Move the weights (and biases) of ``linears``, which read the same input, back to back into
+    one new tensor each, the parameters becoming views of it (inference: no gradients)."""
+    for leaf in ("weight", "bias"):
+        ps = [getattr(m, leaf) for m in linears]
+        if any(p is None for p in ps):
+            continue
+        whole = torch.cat([p.detach() for p in ps])
+        at = 0
+        for m, p in zip(linears, ps):
+            setattr(m, leaf, nn.Parameter(whole[at:at + p.shape[0]], requires_grad=False))
+            at += p.shape[0]
+
+
+def _adjacent(ts):
+    """One view over tensors ``ts`` (same trailing shape) that lie back to back in one storage,
+    in order, else None."""
+    if any(type(t) not in (torch.Tensor, nn.Parameter) for t in ts):  # DTensors (FSDP): never packed
+        return None
+    first = ts[0]
+    at, rows = first.data_ptr(), 0
+    for t in ts:
+        if (not t.is_contiguous() or t.dtype != first.dtype or t.device != first.device
+                or t.shape[1:] != first.shape[1:] or t.data_ptr() != at):
+            return None
+        at += t.numel() * t.element_size()
+        rows += t.shape[0]
+    return first.as_strided((rows,) + tuple(first.shape[1:]), first.stride())
+
+
+def packed(*linears):
+    """(weight, bias) of ``linears`` as one projection, where :func:`pack` laid them out so, no
+    gradient is being recorded and nothing is compiling; else None."""
+    if torch.is_grad_enabled() or torch.compiler.is_compiling() or any(type(m) is not nn.Linear for m in linears):
+        return None
+    w = _adjacent([m.weight for m in linears])
+    if w is None:
+        return None
+    if all(m.bias is None for m in linears):
+        return w, None
+    b = _adjacent([m.bias for m in linears]) if all(m.bias is not None for m in linears) else None
+    return None if b is None else (w, b)
+
+
+def pack_model(model: nn.Module) -> None:
+    """:func:`pack` every layer's q/k/v and gate/up projections (an inference model's)."""
+    for b in model.layers:
+        if all(type(m) is nn.Linear for m in (b.attention.wq, b.attention.wk, b.attention.wv)):
+            pack(b.attention.wq, b.attention.wk, b.attention.wv)
+        if all(type(m) is nn.Linear for m in (b.feed_forward.w1, b.feed_forward.w3)):
+            pack(b.feed_forward.w1, b.feed_forward.w3)
 
 
 class Block(nn.Module):
@@ -202,7 +276,7 @@ class Block(nn.Module):
         # one name for each step, so that without autograd (prefill) no step outlives the next;
         # a sliced model (tensor parallelism) sums its ranks' partial projections before the norms
         reduce = self.hooks.reduce or _whole
-        h = reduce(self.attention.wo(o.flatten(2)))
+        h = reduce(project(self.attention.wo, o.flatten(2)))
         if self.attention_out_norm is not None:
             h = self.attention_out_norm(h)
         h = x + h

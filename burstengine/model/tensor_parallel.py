@@ -41,8 +41,10 @@ import torch.nn as nn
 
 from ..comm.dist import world_of
 from ..kernels import acc_dtype
+from . import fused
 from .args import ModelArgs
 from .decoder import Transformer
+from .projection import linear
 
 # our parameters a rank keeps a slice of: (module suffix, dim the slice is taken along, width kind)
 _SLICED = {
@@ -195,25 +197,34 @@ def _all_gather(out: torch.Tensor, mine: torch.Tensor, group) -> None:
 
 def gather_heads(q, k, v, world: int, group):
     """Every rank's heads of the step's (1, B, heads / W, D) q, k, v, in one all-gather: (1, B,
-    heads, D) each, rank r's heads at [r heads / W, (r+1) heads / W)."""
-    parts = (q, k, v)
-    widths = [t.shape[2] for t in parts]
-    B, D = q.shape[1], q.shape[3]
-    mine = torch.cat([t[0].reshape(B, -1) for t in parts], dim=-1).contiguous()
+    heads, D) each, rank r's heads at [r heads / W, (r+1) heads / W).  The packing before and
+    the unpacking after are one compiled kernel each on GPUs (fused.run)."""
+    mine = fused.run(_pack_heads, q, k, v)
     every = mine.new_empty((world,) + tuple(mine.shape))
     _all_gather(every, mine, group)
+    return fused.run(_unpack_heads, every, q.shape[2], k.shape[2], v.shape[2])
+
+
+def _pack_heads(q, k, v):
+    B = q.shape[1]
+    return torch.cat([t[0].reshape(B, -1) for t in (q, k, v)], dim=-1)
+
+
+def _unpack_heads(every, hq: int, hk: int, hv: int):
+    W, B = every.shape[:2]
+    D = every.shape[2] // (hq + hk + hv)
     out, at = [], 0
-    for h in widths:
-        t = every[:, :, at * D:(at + h) * D].reshape(world, B, h, D)
-        out.append(t.transpose(0, 1).reshape(1, B, world * h, D))
+    for h in (hq, hk, hv):
+        t = every[:, :, at * D:(at + h) * D].reshape(W, B, h, D)
+        out.append(t.transpose(0, 1).reshape(1, B, W * h, D))
         at += h
     return tuple(out)
 
 
-def my_heads(o: torch.Tensor, split: Split) -> torch.Tensor:
-    """This rank's heads of an attention output (1, B, heads, D)."""
-    h = o.shape[2] // split.world
-    return o[:, :, split.rank * h:(split.rank + 1) * h]
+def my_heads(heads: int, split: Split) -> tuple[int, int]:
+    """This rank's range [lo, hi) of ``heads`` attention heads."""
+    h = heads // split.world
+    return split.rank * h, (split.rank + 1) * h
 
 
 def all_reduce(x: torch.Tensor, group) -> torch.Tensor:
@@ -235,7 +246,7 @@ def logits(model: nn.Module, h: torch.Tensor, group) -> torch.Tensor:
     """(R, V) logits of final-norm rows ``h`` (R, dim), float32 (float64 for float64 rows), from a
     sliced model's vocabulary slice of the LM head on every rank of ``group`` (each passes the
     same rows)."""
-    local = (h @ head_weight(model).to(h.dtype).t()).to(acc_dtype(h))
+    local = linear(h, head_weight(model).to(h.dtype)).to(acc_dtype(h))
     return gather_vocab(local, model.tp.world, group)
 
 

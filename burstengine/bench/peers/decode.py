@@ -57,6 +57,7 @@ from ...inference.generate import STEP_LABEL, generate
 from ...inference.models import check_spec, load_model, resolve_dtype
 from ...inference.needle import parse_lengths
 from ...inference.step import MODES as GRAPH_MODES, use_graphs, use_tensor_parallel
+from ...model import projection
 from ...model.tensor_parallel import head_weight
 from ..harness import RankLog, ranked_bench
 from ..probes.profile import kernel_events, union
@@ -89,6 +90,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "where the shapes divide); one rank: whole-model rows only [both; on with --sliced]")
     p.add_argument("--sliced", action="store_true",
                    help="load only each rank's tensor-parallel slices (implies --tp on)")
+    p.add_argument("--gemv", choices=("on", "off"), default="on",
+                   help="the decode step's projections through our GEMV kernel on CUDA (on) or cuBLAS (off) "
+                        "[%(default)s]")
     p.add_argument("--check", action="store_true",
                    help="first check the decode path on this device (kernel vs float64, graph vs eager vs float64 "
                         "tokens); a failure stops the run")
@@ -285,6 +289,7 @@ def run_rank(args) -> dict:
     log = RankLog("bench decode", rank, clock=None)
 
     graphed = use_graphs(args.graphs, device)
+    projection.set_gemv(args.gemv == "on")
     check = None
     if args.check:
         from ..checks.decode_check import check as check_decode  # the check's small models: only with --check
@@ -318,7 +323,7 @@ def run_rank(args) -> dict:
     rows = []
     name = args.name or f"decode_{args.model}_{world}{device.type}"
     payload = dict(kind="decode", model=args.model, describe=model.describe, world=world, dtype=str(dtype),
-                   copy_bandwidth_Bps=bw, graphs=graphed, sliced=model.sliced, threads=torch.get_num_threads(),
+                   copy_bandwidth_Bps=bw, graphs=graphed, gemv=args.gemv, sliced=model.sliced, threads=torch.get_num_threads(),
                    rows=rows)
     if check is not None:
         payload["check"] = check
