@@ -9,6 +9,9 @@
 #   bash benchmarks/run_2gpu.sh profile     # 35: the 7B step profiled at 128K and 256K
 #   bash benchmarks/run_2gpu.sh decode      # 37: decode over 2 ranks (CUDA graph with NCCL in it, tensor-parallel
 #                                           #     weights), 8B at 128K / 512K / batch 8; prefill cold and warm
+#   bash benchmarks/run_2gpu.sh decode2     # 37: the decode step after its kernel cuts (packed projections, the
+#                                           #     GEMV kernel, compiled merge), 128K and 512K, beside the tree in
+#                                           #     $OLD (a `git archive` of the commit before: OLD=build/old93)
 #   bash benchmarks/run_2gpu.sh longctx-plan     # 36: what llama-8b / the 3B preset need at 1M (the planner's
 #                                                #     line, no step), and bytes per token per layer measured
 #   bash benchmarks/run_2gpu.sh longctx-speed    # 36: the 3B preset at 128K on 2 GPUs, each new option on / off
@@ -120,6 +123,20 @@ decode)  # issue 37 items 1-3 on 2 GPUs, ~8 min on 2xH200 (the expected time of 
   # 69 GB cache shard; H200 only)
   bstep 130 $BE decode --model llama-3.1-8b --seqs 128K --batches 8 --tokens 8 --warmup 2 --sliced --eager-max 1 \
       --name decode_8b_2gpu_128k_b8
+  ;;
+decode2)  # 37: tensor-parallel decode, sliced weights, new step vs the old tree, each in this launch
+  nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
+  bstep 80 python3 -m burstengine bench gemv --rows 1,8 --sweep --name gemv_${card}_graph
+  D8="decode --model llama-3.1-8b --batches 1 --tokens 8 --warmup 2 --sliced --eager-max 1"
+  old() {  # python -m puts the working directory first on the path: run from the old tree
+    (cd "$OLD" && BURST_COMMIT=${OLD_COMMIT:-} PYTHONPATH=$PWD bstep "$@")
+  }
+  bstep 90 $BE $D8 --seqs 128K --gemv on --name decode_8b_2gpu_128k_gemv_on
+  bstep 90 $BE $D8 --seqs 128K --gemv off --name decode_8b_2gpu_128k_gemv_off
+  old 90 $BE $D8 --seqs 128K --name decode_8b_2gpu_128k_before
+  bstep 150 $BE $D8 --seqs 512K --gemv on --name decode_8b_2gpu_512k_gemv_on
+  old 150 $BE $D8 --seqs 512K --name decode_8b_2gpu_512k_before
   ;;
 longctx-plan)  # 36: the planner's line for each target (a model built, no step) and measured bytes/token/layer
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; free -g | head -2

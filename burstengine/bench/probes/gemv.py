@@ -27,7 +27,7 @@ from ..usage import command_parser
 
 SWEEP = [(bn, bk, w, s) for bn in (16, 32, 64) for bk in (128, 256, 512) for w in (4, 8) for s in (3, 4)
          if bn * bk <= 16384]
-L2_CYCLE = 1 << 30  # bytes of weight copies cycled through: far past any L2
+L2_CYCLE = 1 << 30  # bytes of weight copies cycled through: far past any L2 (at least 4 copies)
 
 
 def check(device) -> list[dict]:
@@ -55,20 +55,31 @@ def shapes(world: int) -> list[tuple[str, int, int]]:
 
 
 def _bench(fn, ws, x, reps: int = 3) -> float:
-    """Seconds per call of fn(x, w), cycling through the weights ``ws`` (each read from HBM)."""
-    for w in ws:
-        fn(x, w)
+    """GPU seconds per call of fn(x, w), cycling through the weights ``ws`` (each read from HBM),
+    the cycle captured in a CUDA graph and replayed: a decode step replays its projections so,
+    and timed launch by launch a call of a few microseconds would measure the host's launches."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for w in ws:
+            fn(x, w)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for w in ws:
+            fn(x, w)
+    graph.replay()
     torch.cuda.synchronize()
-    best = []
+    times = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        for w in ws:
-            fn(x, w)
+        graph.replay()
         b.record()
         torch.cuda.synchronize()
-        best.append(a.elapsed_time(b) / 1e3 / len(ws))
-    return statistics.median(best)
+        times.append(a.elapsed_time(b) / 1e3 / len(ws))
+    del graph
+    return statistics.median(times)
 
 
 def copy_bandwidth(device) -> float:
@@ -94,14 +105,14 @@ def speed(device, rows_list, sweep: bool, bw: float) -> list[dict]:
         for name, N, K in shapes(world):
             nbytes = N * K * 2
             ws = [torch.randn(N, K, device=device, dtype=torch.bfloat16) * 0.02
-                  for _ in range(max(2, L2_CYCLE // nbytes))]
+                  for _ in range(max(4, L2_CYCLE // nbytes))]
             for M in rows_list:
                 x = torch.randn(M, K, device=device, dtype=torch.bfloat16)
                 t_cublas = _bench(lambda x, w: F.linear(x, w), ws, x)
                 t_ours = _bench(lambda x, w: gemv.gemv(x, w), ws, x)
                 row = dict(world=world, proj=name, N=N, K=K, M=M, bytes=nbytes, cublas_s=t_cublas, ours_s=t_ours,
                            cublas_of_copy=nbytes / t_cublas / bw, ours_of_copy=nbytes / t_ours / bw,
-                           config=list(gemv.CONFIG))
+                           config=list(gemv.config_for(N, device)))
                 if sweep:
                     times = {c: _bench(lambda x, w, c=c: gemv.gemv(x, w, config=c), ws, x, reps=2) for c in SWEEP}
                     best = min(times, key=times.get)

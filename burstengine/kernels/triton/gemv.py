@@ -14,13 +14,16 @@ Triton is imported with this module: callers import it only when the kernel runs
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 MAX_ROWS = 16  # rows of x one call takes: the tensor-core dot's smallest M
-# (columns per program, K per tile, warps, pipeline stages); bench decode's --gemv sweep measured it
-CONFIG = (32, 256, 4, 4)
+# (K per tile, warps, pipeline stages); the columns per program follow N (config_for)
+TILE = (256, 4, 3)
+WAVES = 2  # programs per SM the columns per program leave at least, where N allows
 
 
 @triton.jit
@@ -55,6 +58,22 @@ def takes(x: torch.Tensor, w: torch.Tensor) -> bool:
             and 0 < rows <= MAX_ROWS and w.dim() == 2 and w.stride(1) == 1 and x.shape[-1] == w.shape[1])
 
 
+def config_for(N: int, device) -> tuple[int, int, int, int]:
+    """(columns per program, K per tile, warps, stages) for N output columns: the widest of 64,
+    32, 16 columns that still gives every SM WAVES programs (a short weight needs narrow slabs to
+    keep every SM reading)."""
+    sms = _sms(torch.device(device))
+    bn = next((b for b in (64, 32) if triton.cdiv(N, b) >= WAVES * sms), 16)
+    return (bn,) + TILE
+
+
+@functools.lru_cache(maxsize=None)
+def _sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, config=None) -> torch.Tensor:
     """``x @ w.T + bias`` (x (..., K) with at most MAX_ROWS rows, w (N, K)), in x's dtype."""
     K = x.shape[-1]
@@ -62,7 +81,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, con
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     M, N = x2.shape[0], w.shape[0]
-    bn, bk, warps, stages = config or CONFIG
+    bn, bk, warps, stages = config or config_for(N, x.device)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(N, bn),)](
         x2, w, bias if bias is not None else w, y, M, N, K, x2.stride(0), w.stride(0), y.stride(0),
