@@ -138,6 +138,14 @@ decode2)  # 37: tensor-parallel decode, sliced weights, new step vs the old tree
   bstep 150 $BE $D8 --seqs 512K --gemv on --name decode_8b_2gpu_512k_gemv_on
   old 150 $BE $D8 --seqs 512K --name decode_8b_2gpu_512k_before
   ;;
+decode3)  # 37: the decode step with the GEMV tiles of the sweep; the decode check on 2 ranks; each log kept
+  D8="decode --model llama-3.1-8b --batches 1 --tokens 8 --warmup 2 --sliced --eager-max 1"
+  logged() { local name=$1; shift; bstep "$@" > "$BURST_RESULTS/log_$name.txt" 2>&1; tail -4 "$BURST_RESULTS/log_$name.txt"; }
+  logged check 150 $BE decode --check --model tiny --seqs 1K --batches 1 --tokens 4 --warmup 2 --name decode_check_2gpu_gemv
+  logged off128 90 $BE $D8 --seqs 128K --gemv off --name decode_8b_2gpu_128k_gemv_off
+  logged on128 90 $BE $D8 --seqs 128K --gemv on --name decode_8b_2gpu_128k_tiles
+  logged on512 150 $BE $D8 --seqs 512K --gemv on --name decode_8b_2gpu_512k_tiles
+  ;;
 longctx-plan)  # 36: the planner's line for each target (a model built, no step) and measured bytes/token/layer
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; free -g | head -2
   # llama-8b at 1M on 2 GPUs: LoRA (bf16 base, 7.5 GiB a GPU), or every state CPU-offloaded (fits 2 x H200 only)

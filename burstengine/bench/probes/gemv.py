@@ -112,7 +112,7 @@ def speed(device, rows_list, sweep: bool, bw: float) -> list[dict]:
                 t_ours = _bench(lambda x, w: gemv.gemv(x, w), ws, x)
                 row = dict(world=world, proj=name, N=N, K=K, M=M, bytes=nbytes, cublas_s=t_cublas, ours_s=t_ours,
                            cublas_of_copy=nbytes / t_cublas / bw, ours_of_copy=nbytes / t_ours / bw,
-                           config=list(gemv.config_for(N, device)))
+                           config=list(gemv.config_for(N)))
                 if sweep:
                     times = {c: _bench(lambda x, w, c=c: gemv.gemv(x, w, config=c), ws, x, reps=2) for c in SWEEP}
                     best = min(times, key=times.get)

@@ -1,29 +1,31 @@
 """A few rows times a weight: ``y = x @ w.T (+ b)`` for a decode step's projections.
 
 A decode step multiplies one row per sequence (up to 16) by every weight of the model, so each
-projection is a read of its weight: the speed is the fraction of the memory bandwidth the read
-reaches.  cuBLAS's choice for these shapes on Hopper (benchmarks/results/decode_8b_2gpu_128k_profile.json:
-split-K ``nvjet`` kernels plus a reduction kernel each) read an 8B model's weights at about two
-thirds of the copy bandwidth.  Here one program owns ``BN`` output columns over the whole of K
-(no split, no second kernel): it streams its (BN, K) slab of the weight in (BN, BK) tiles,
-pipelined ``STAGES`` deep, against the (at most 16) rows of x, which every program reads from L2.
-The rows are padded to the 16 a tensor-core dot needs; accumulation is float32, the output in
-x's dtype, as ``torch.nn.functional.linear``.
+projection is a read of its weight: its speed is the fraction of the memory bandwidth the read
+reaches, and in a step of ~1,000 small kernels, the kernels it takes.  cuBLAS reads the large
+weights at full speed but launches a split-K product and a reduction for most of these shapes and
+reads a tensor-parallel rank's short slices at 55-75% of the copy bandwidth
+(benchmarks/results/gemv_h200_graph.json).  Here one program owns ``BN`` output columns over the
+whole of K (no split, no second kernel): it streams its (BN, K) slab of the weight in (BN, BK)
+tiles, pipelined ``STAGES`` deep, against the (at most 16) rows of x, which every program reads
+from L2.  The rows are padded to the 16 a tensor-core dot needs; accumulation is float32, the
+output in x's dtype, as ``torch.nn.functional.linear``.
 
 Triton is imported with this module: callers import it only when the kernel runs.
 """
 from __future__ import annotations
-
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
 MAX_ROWS = 16  # rows of x one call takes: the tensor-core dot's smallest M
-# (K per tile, warps, pipeline stages); the columns per program follow N (config_for)
-TILE = (256, 4, 3)
-WAVES = 2  # programs per SM the columns per program leave at least, where N allows
+# (columns per program, K per tile, warps, stages) by N, from the tile sweep of bench gemv inside a
+# CUDA graph on one H200 (benchmarks/results/gemv_h200_graph.json, Llama-3.1-8B's projections at 1, 2
+# and 4 ranks, 1 and 8 rows): 32 x 512 was the fastest or within 5% of it on every weight but the
+# widest, where 64 x 128 was; over the four projections of a layer at 2 ranks it takes 67 us where
+# cuBLAS takes 71
+NARROW, WIDE, WIDE_FROM = (32, 512, 4, 3), (64, 128, 4, 3), 12288
 
 
 @triton.jit
@@ -58,20 +60,9 @@ def takes(x: torch.Tensor, w: torch.Tensor) -> bool:
             and 0 < rows <= MAX_ROWS and w.dim() == 2 and w.stride(1) == 1 and x.shape[-1] == w.shape[1])
 
 
-def config_for(N: int, device) -> tuple[int, int, int, int]:
-    """(columns per program, K per tile, warps, stages) for N output columns: the widest of 64,
-    32, 16 columns that still gives every SM WAVES programs (a short weight needs narrow slabs to
-    keep every SM reading)."""
-    sms = _sms(torch.device(device))
-    bn = next((b for b in (64, 32) if triton.cdiv(N, b) >= WAVES * sms), 16)
-    return (bn,) + TILE
-
-
-@functools.lru_cache(maxsize=None)
-def _sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
+def config_for(N: int) -> tuple[int, int, int, int]:
+    """(columns per program, K per tile, warps, stages) for a weight of N rows."""
+    return WIDE if N >= WIDE_FROM else NARROW
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, config=None) -> torch.Tensor:
@@ -81,7 +72,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, con
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     M, N = x2.shape[0], w.shape[0]
-    bn, bk, warps, stages = config or config_for(N, x.device)
+    bn, bk, warps, stages = config or config_for(N)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(N, bn),)](
         x2, w, bias if bias is not None else w, y, M, N, K, x2.stride(0), w.stride(0), y.stride(0),
