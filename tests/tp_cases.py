@@ -10,7 +10,8 @@ LENGTHS = (61, 37)  # a batch of two lengths: the cache's visibility mask
 
 def model(group, source: str, seed: int = 0, **overrides):
     """An OurLlama of ARGS (with ``overrides``): ``source`` "whole" (every rank the whole model),
-    "sliced" (only this rank's tensor-parallel slices over ``group``)."""
+    "sliced" (only this rank's tensor-parallel slices over ``group``); with "-packed", its q/k/v and
+    gate/up weights packed as load_model packs them (model/layers.py: pack_model)."""
     import torch.distributed as dist
 
     from burstengine.comm.dist import rank_of, world_of
@@ -18,8 +19,11 @@ def model(group, source: str, seed: int = 0, **overrides):
     from burstengine.model import ModelArgs
     from burstengine.model.tensor_parallel import Split
 
+    from burstengine.model.layers import pack_model
+
     a = ModelArgs(**dict(ARGS, **overrides))
     split = tp_group = None
+    source, packs = source.removesuffix("-packed"), source.endswith("-packed")
     if source == "sliced":
         tp_group = group if group is not None else dist.group.WORLD
         split = Split(rank_of(group), world_of(group))
@@ -33,6 +37,8 @@ def model(group, source: str, seed: int = 0, **overrides):
                 c = split.cut(n, a) if split else None
                 p.add_(full if c is None else full.narrow(c.dim, c.start, c.size))
         (m.output.weight if m.output is not None else m.tok_embeddings.weight).mul_(30.0)
+    if packs:
+        pack_model(m)
     return OurLlama(m, f"tp test ({source})", tp_group)
 
 

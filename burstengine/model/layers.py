@@ -181,9 +181,12 @@ def _adjacent(ts):
         return None
     first = ts[0]
     at, rows = first.data_ptr(), 0
+    # one storage, not only adjacent addresses: the allocator may place separate tensors back to back
+    store = first.untyped_storage().data_ptr()
     for t in ts:
         if (not t.is_contiguous() or t.dtype != first.dtype or t.device != first.device
-                or t.shape[1:] != first.shape[1:] or t.data_ptr() != at):
+                or t.shape[1:] != first.shape[1:] or t.data_ptr() != at
+                or t.untyped_storage().data_ptr() != store):
             return None
         at += t.numel() * t.element_size()
         rows += t.shape[0]

@@ -2,7 +2,8 @@
 tensor_parallel.py, inference/step.py): on gloo, for 2, 3 and 4 ranks, the greedy tokens of a
 float64 model decoded with its projections split over the ranks (views of a whole model, or a
 model that holds only its slices, prefilled with each layer's weights gathered) equal one-rank
-decoding, and every step's logits too (within 1e-10 of the largest); with a sliding window,
+decoding, and every step's logits too (within 1e-10 of the largest), also with the q/k/v and gate/up
+weights packed as load_model packs them; with a sliding window,
 q/k/v biases, q/k norms and tied embeddings.  A checkpoint is read one slice at a time (the bytes
 read are the slice's); the step reads no device value on the host; a CUDA graph is kept on every
 rank or on none; the option's errors."""
@@ -33,8 +34,8 @@ def _same(got, want):
     return tokens == want[0], err, split
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
-@pytest.mark.parametrize("source", ["whole", "sliced"])
+@pytest.mark.parametrize("world,source", [(w, s) for w in (2, 3, 4) for s in ("whole", "sliced")]
+                         + [(2, "sliced-packed"), (3, "whole-packed")])
 def test_tensor_parallel_decode_equals_one_rank(pool, one_rank, world, source):
     res = pool.run(tc.run_decode, source, True, world=world)
     for rank, r in enumerate(res):
@@ -45,6 +46,7 @@ def test_tensor_parallel_decode_equals_one_rank(pool, one_rank, world, source):
 
 
 @pytest.mark.parametrize("world,source,kind", [(2, "sliced", "variants"), (4, "whole", "variants"),
+                                               (2, "sliced-packed", "variants"),
                                                (3, "sliced", "tied"), (2, "whole", "tied"),
                                                (2, "sliced", "gemma"), (4, "whole", "gemma")])
 def test_tensor_parallel_variants(pool, one_rank, world, source, kind):

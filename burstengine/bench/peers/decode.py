@@ -477,8 +477,20 @@ def block_decode_graphs(records):
                                          "first token s (ours / SDPA)", "same tokens", "record"], body))
 
 
-RANK_RUNS = ("decode_8b_2gpu_128k.json", "decode_8b_2gpu_512k.json", "decode_8b_4gpu_128k.json",
-             "decode_8b_4gpu_1m.json")
+RANK_RUNS = ("decode_8b_2gpu_128k.json", "decode_8b_2gpu_512k.json", "decode_8b_2gpu_128k_tiles.json",
+             "decode_8b_2gpu_512k_tiles.json", "decode_8b_4gpu_128k.json", "decode_8b_4gpu_1m.json")
+# the decode step's kernel cuts (packed projections, compiled merge and gather, the GEMV kernel):
+# (launch, what ran, record); each launch times the step before and after them on the same machine
+STEP_RUNS = (("1 GPU", "before (93b8049)", "decode_8b_1gpu_128k_before.json"),
+             ("1 GPU", "after, cuBLAS projections", "decode_8b_1gpu_128k_gemv_off.json"),
+             ("1 GPU", "after, GEMV kernel (first tiles)", "decode_8b_1gpu_128k_gemv_on.json"),
+             ("2 ranks, call 1", "before (93b8049)", "decode_8b_2gpu_128k_before.json"),
+             ("2 ranks, call 1", "after, GEMV kernel (first tiles)", "decode_8b_2gpu_128k_gemv_on.json"),
+             ("2 ranks, call 1", "before (93b8049)", "decode_8b_2gpu_512k_before.json"),
+             ("2 ranks, call 1", "after, GEMV kernel (first tiles)", "decode_8b_2gpu_512k_gemv_on.json"),
+             ("2 ranks, call 2", "after, cuBLAS projections", "decode_8b_2gpu_128k_gemv_off.json"),
+             ("2 ranks, call 2", "after, GEMV kernel (swept tiles)", "decode_8b_2gpu_128k_tiles.json"),
+             ("2 ranks, call 2", "after, GEMV kernel (swept tiles)", "decode_8b_2gpu_512k_tiles.json"))
 
 
 def block_decode_ranks(records):
@@ -501,7 +513,20 @@ def block_decode_ranks(records):
                               "record"], body))
 
 
+def block_decode_step(records):
+    """docs/inference.md: the decode step before and after its kernel cuts, each launch's rows
+    side by side (llama-3.1-8b, batch 1, CUDA graph; tensor-parallel with sliced weights on 2 ranks)."""
+    body = []
+    for launch, what, name in STEP_RUNS:
+        rec = record(records, name)
+        r = rec["rows"][0]
+        body.append([launch, device_of(rec).split("× ")[-1], f"{r['S'] // 1024}K", what,
+                     ms(r["decode_s_per_token"]), ms(r["bound_s"]), f"{r['ratio_to_bound']:.2f}×",
+                     f"`{name}` ({rec['commit'][:7]})"])
+    return "\n".join(table(["launch", "card", "prompt", "step", "ms/token", "bound ms", "× bound", "record"], body))
+
+
 SECTIONS = (Section("Decode against the sharded KV cache", r"^decode_", render,
                     "`burstengine bench decode`: first-token latency beside plain SDPA prefill, decode time per "
                     "token beside the HBM-bandwidth bound."),)
-BLOCKS = {"decode-graphs": block_decode_graphs, "decode-ranks": block_decode_ranks}
+BLOCKS = {"decode-graphs": block_decode_graphs, "decode-ranks": block_decode_ranks, "decode-step": block_decode_step}

@@ -1,0 +1,68 @@
+"""Packed projections (model/layers.py: pack, packed, pack_model): an inference model's q/k/v and
+gate/up weights moved into one tensor each run as one matmul, with the same float64 results as the
+separate projections (one rank here; over ranks in test_tensor_parallel.py), with q/k/v biases too;
+and the packed view is used only where it is sound: never with gradients, never over tensors that
+are merely adjacent in memory (a GPU allocator can place separate tensors back to back: a
+decode check on 2 x H200 failed so), and no longer once the parameters are moved apart."""
+import numpy as np
+import pytest
+import torch
+
+import tp_cases as tc
+from burstengine.inference import generate, load_model
+from burstengine.model.layers import _adjacent, pack_model, packed
+
+
+def _run(source, overrides):
+    seen = []
+    out = generate(tc.model(None, source, **overrides), tc.prompts(), 5,
+                   on_logits=lambda i, x: seen.append(x.clone()))
+    return out.tokens, torch.stack(seen)
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(qkv_bias=True, qk_norm=True, window=9)])
+def test_packed_model_decodes_as_the_unpacked_one(overrides):
+    tokens, logits = _run("whole", overrides)
+    m = tc.model(None, "whole-packed", **overrides).model
+    with torch.no_grad():
+        assert packed(m.layers[0].attention.wq, m.layers[0].attention.wk, m.layers[0].attention.wv) is not None
+        assert packed(m.layers[0].feed_forward.w1, m.layers[0].feed_forward.w3) is not None
+    ptokens, plogits = _run("whole-packed", overrides)
+    assert ptokens == tokens
+    assert float((plogits - logits).abs().max() / logits.abs().max()) < 1e-12
+
+
+def test_load_model_packs_and_the_parameters_keep_their_names_and_values():
+    m = load_model("tiny", dtype=torch.float64).model
+    ref = load_model("tiny", dtype=torch.float64).model.to(torch.float32)  # .to(): copies, no longer packed
+    att = m.layers[0].attention
+    with torch.no_grad():
+        assert packed(att.wq, att.wk, att.wv) is not None
+        r = ref.layers[0].attention
+        assert packed(r.wq, r.wk, r.wv) is None
+    assert [n for n, _ in m.named_parameters()] == [n for n, _ in ref.named_parameters()]
+    for (n, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
+        assert p.shape == q.shape and torch.equal(p.float(), q), n
+
+
+def test_packed_is_refused_with_gradients_and_over_separate_storages():
+    m = tc.model(None, "whole-packed").model
+    att = m.layers[0].attention
+    assert packed(att.wq, att.wk, att.wv) is None  # gradients recorded: the separate projections
+    X = np.zeros((8, 4))
+    a, b = torch.from_numpy(X[:3]), torch.from_numpy(X[3:])  # back to back in memory, two storages
+    assert a.data_ptr() + a.numel() * a.element_size() == b.data_ptr()
+    assert _adjacent([a, b]) is None
+    whole = torch.zeros(8, 4)
+    assert _adjacent([whole[:3], whole[3:]]).shape == (8, 4)
+    assert _adjacent([whole[3:], whole[:3]]) is None  # out of order
+
+
+def test_pack_model_skips_wrapped_projections():
+    m = tc.model(None, "whole").model
+    m.layers[0].attention.wk = torch.nn.Sequential(m.layers[0].attention.wk)  # a stand-in for an adapter
+    pack_model(m)
+    with torch.no_grad():
+        a0, a1 = m.layers[0].attention, m.layers[1].attention
+        assert packed(a1.wq, a1.wk, a1.wv) is not None
+        assert packed(a0.wq, a0.wk[0], a0.wv) is None
