@@ -146,6 +146,16 @@ decode3)  # 37: the decode step with the GEMV tiles of the sweep; the decode che
   logged on128 90 $BE $D8 --seqs 128K --gemv on --name decode_8b_2gpu_128k_tiles
   logged on512 150 $BE $D8 --seqs 512K --gemv on --name decode_8b_2gpu_512k_tiles
   ;;
+decode4)  # 37: the step with q/k roped in the gather's unpacking, beside the tree before the cuts ($OLD), batch 8
+  # at 128K (a 69 GB cache shard: H200), and a 1M prompt (a ~4 min prefill; the cache is 64 GB a rank)
+  D8="decode --model llama-3.1-8b --tokens 8 --warmup 2 --sliced --eager-max 1"
+  logged() { local name=$1; shift; bstep "$@" > "$BURST_RESULTS/log_$name.txt" 2>&1; tail -3 "$BURST_RESULTS/log_$name.txt"; }
+  logged new128 90 $BE $D8 --batches 1 --seqs 128K --name decode_8b_2gpu_128k_raw
+  (cd "$OLD" && BURST_COMMIT=${OLD_COMMIT:-} PYTHONPATH=$PWD logged old128 90 $BE $D8 --batches 1 --seqs 128K \
+      --name decode_8b_2gpu_128k_before2)
+  logged b8 120 $BE $D8 --batches 8 --seqs 128K --name decode_8b_2gpu_128k_b8_raw
+  logged m1 330 $BE $D8 --batches 1 --seqs 1M --name decode_8b_2gpu_1m_raw
+  ;;
 longctx-plan)  # 36: the planner's line for each target (a model built, no step) and measured bytes/token/layer
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; free -g | head -2
   # llama-8b at 1M on 2 GPUs: LoRA (bf16 base, 7.5 GiB a GPU), or every state CPU-offloaded (fits 2 x H200 only)

@@ -121,6 +121,7 @@ class DecodeStep:
             else None
         self._copied = torch.cuda.Event() if cuda else None
         self.graph = None
+        self._tables = None  # the step's RoPE tables while forward runs (the tensor-parallel gather ropes q, k)
         self.logits = None
 
     def _inv(self, seq_len: int):
@@ -158,8 +159,9 @@ class DecodeStep:
         # `del step` would no longer free the graph before the cache it points into
         if self.split is None:
             hooks = Hooks(kv_sink=self._write, attend=self._attend)
-        else:  # the K/V are written once gathered to all heads (_attend_sliced)
-            hooks = Hooks(attend=self._attend_sliced, reduce=self._reduce)
+        else:  # the K/V are written once gathered to all heads, q and k roped there (_attend_sliced)
+            hooks = Hooks(attend=self._attend_sliced, reduce=self._reduce, raw_qkv=True)
+        self._tables = tables
         h = self.decoder.hidden(self.tok[None], self.qpos, hooks=hooks, tables=tables)  # (1, B, dim)
         if self.split is not None:  # every rank joins the vocabulary slices' gather
             logits = tensor_parallel.logits(self.decoder, h[0], self.group)
@@ -179,9 +181,13 @@ class DecodeStep:
         return merged_heads(o, lse, self.group, lo, hi, q.dtype)[None]
 
     def _attend_sliced(self, layer: int, q, k, v):
-        """Tensor parallelism: this rank's heads of q, k, v -> all heads, attention over this
-        rank's shard of the cache with all of them, the merge of this rank's heads."""
-        q, k, v = tensor_parallel.gather_heads(q, k, v, self.split.world, self.group)
+        """Tensor parallelism: this rank's heads of the raw q, k, v -> all heads, normed and roped
+        as they are unpacked, attention over this rank's shard of the cache with all of them, the
+        merge of this rank's heads."""
+        att = self.decoder.layers[layer].attention
+        rope = self._tables[self.decoder.layers[layer].rope_index]
+        q, k, v = tensor_parallel.gather_heads(q, k, v, self.split.world, self.group, rope=rope,
+                                               norms=(att.q_norm, att.k_norm))
         self._write(layer, k, v)
         return self._attend(layer, q, k, v, tensor_parallel.my_heads(q.shape[2], self.split))
 

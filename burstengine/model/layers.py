@@ -36,13 +36,17 @@ class Hooks:
     Tensor parallelism (:mod:`.tensor_parallel`): ``reduce(x)`` sums a row-parallel projection's
     partial outputs over the ranks (after wo and after w2, before each residual add);
     ``block(layer_module) -> module`` runs a layer as another module (a prefill of a model that
-    owns only its slices: the layer at full width, its weights gathered)."""
+    owns only its slices: the layer at full width, its weights gathered); ``raw_qkv``: the layer
+    hands ``attend`` its q, k, v as the projections make them, neither q/k-normed nor roped (a
+    decode step's tensor-parallel gather does both after it, in the kernel that unpacks the
+    heads: inference/step.py)."""
 
     kv_sink: Callable | None = None
     attend: Callable | None = None
     chunk: int | None = None
     reduce: Callable | None = None
     block: Callable | None = None
+    raw_qkv: bool = False
 
 
 NO_HOOKS = Hooks()
@@ -111,21 +115,26 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(a.head_dim, a.norm_eps, a.norm_plus_one) if a.qk_norm else None
         self.k_norm = RMSNorm(a.head_dim, a.norm_eps, a.norm_plus_one) if a.qk_norm else None
 
-    def qkv(self, x, cos, sin):
+    def qkv(self, x, cos, sin, raw: bool = False):
         """Roped q, k and v (B, n, heads, head_dim) of the normed input ``x`` (B, n, dim): one
-        matmul where :func:`pack` laid wq, wk, wv back to back."""
+        matmul where :func:`pack` laid wq, wk, wv back to back.  ``raw``: neither q/k-normed nor
+        roped (:class:`Hooks`' ``raw_qkv``)."""
         w = packed(self.wq, self.wk, self.wv)
         if w is None:
-            return self.heads(project(self.wq, x), project(self.wk, x), project(self.wv, x), cos, sin)
-        q, k, v = linear(x, *w).split([self.wq.out_features, self.wk.out_features, self.wv.out_features], dim=-1)
-        return self.heads(q, k, v, cos, sin)
+            q, k, v = project(self.wq, x), project(self.wk, x), project(self.wv, x)
+        else:
+            q, k, v = linear(x, *w).split([self.wq.out_features, self.wk.out_features, self.wv.out_features], dim=-1)
+        return self.heads(q, k, v, cos, sin, raw)
 
-    def heads(self, q, k, v, cos, sin):
-        """The projections q, k, v (B, n, width) as heads, q and k normed (qk_norm) and roped."""
+    def heads(self, q, k, v, cos, sin, raw: bool = False):
+        """The projections q, k, v (B, n, width) as heads, q and k normed (qk_norm) and roped
+        (not with ``raw``)."""
         B, n, _ = q.shape
         q = q.view(B, n, self.n_heads, self.head_dim)
         k = k.view(B, n, self.n_kv_heads, self.head_dim)
         v = v.view(B, n, self.n_kv_heads, self.head_dim)
+        if raw:
+            return q, k, v
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
@@ -174,7 +183,7 @@ def pack(*linears: nn.Linear) -> None:
             at += p.shape[0]
 
 
-def _adjacent(ts):
+def adjacent(ts):
     """One view over tensors ``ts`` (same trailing shape) that lie back to back in one storage,
     in order, else None."""
     if any(type(t) not in (torch.Tensor, nn.Parameter) for t in ts):  # DTensors (FSDP): never packed
@@ -198,12 +207,12 @@ def packed(*linears):
     gradient is being recorded and nothing is compiling; else None."""
     if torch.is_grad_enabled() or torch.compiler.is_compiling() or any(type(m) is not nn.Linear for m in linears):
         return None
-    w = _adjacent([m.weight for m in linears])
+    w = adjacent([m.weight for m in linears])
     if w is None:
         return None
     if all(m.bias is None for m in linears):
         return w, None
-    b = _adjacent([m.bias for m in linears]) if all(m.bias is not None for m in linears) else None
+    b = adjacent([m.bias for m in linears]) if all(m.bias is not None for m in linears) else None
     return None if b is None else (w, b)
 
 
@@ -256,7 +265,7 @@ class Block(nn.Module):
         att = self.attention
         if lean:
             return att.heads(*pointwise.norm_linears(x, self.attention_norm, att.wq, att.wk, att.wv), cos, sin)
-        return att.qkv(self.attention_norm(x), cos, sin)
+        return att.qkv(self.attention_norm(x), cos, sin, self.hooks.raw_qkv)
 
     def attend(self, q, k, v, docs=None):
         """Attention over the sequence: context-parallel attention (``self.cp``), or the run's

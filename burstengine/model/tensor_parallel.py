@@ -44,6 +44,7 @@ from ..kernels import acc_dtype
 from . import fused
 from .args import ModelArgs
 from .decoder import Transformer
+from .layers import adjacent
 from .projection import linear
 
 # our parameters a rank keeps a slice of: (module suffix, dim the slice is taken along, width kind)
@@ -195,14 +196,25 @@ def _all_gather(out: torch.Tensor, mine: torch.Tensor, group) -> None:
     gather(out.flatten(0, 1), mine, group=group)  # the output as every rank's dim 0 in turn (gloo's form)
 
 
-def gather_heads(q, k, v, world: int, group):
+def gather_heads(q, k, v, world: int, group, rope=None, norms=None):
     """Every rank's heads of the step's (1, B, heads / W, D) q, k, v, in one all-gather: (1, B,
-    heads, D) each, rank r's heads at [r heads / W, (r+1) heads / W).  The packing before and
-    the unpacking after are one compiled kernel each on GPUs (fused.run)."""
-    mine = fused.run(_pack_heads, q, k, v)
+    heads, D) each, rank r's heads at [r heads / W, (r+1) heads / W).  ``rope`` (cos, sin): q and k
+    arrive raw (Hooks.raw_qkv) and are roped after the gather, q/k-normed first with ``norms``
+    (the layer's (q_norm, k_norm), or None) -- in the kernel that unpacks the heads.  On GPUs the
+    packing and the unpacking are one compiled kernel each (fused.run); a step of one sequence
+    whose q, k, v are the packed projection's output (model/layers.py: pack) needs no packing."""
+    mine = None
+    if q.shape[1] == 1 and all(t.is_contiguous() for t in (q, k, v)):
+        mine = adjacent([t.view(-1) for t in (q, k, v)])
+    mine = fused.run(_pack_heads, q, k, v) if mine is None else mine.view(1, -1)
     every = mine.new_empty((world,) + tuple(mine.shape))
     _all_gather(every, mine, group)
-    return fused.run(_unpack_heads, every, q.shape[2], k.shape[2], v.shape[2])
+    heads = (q.shape[2], k.shape[2], v.shape[2])
+    if rope is None:
+        return fused.run(_unpack_heads, every, *heads)
+    qn, kn = norms if norms is not None and norms[0] is not None else (None, None)
+    return fused.run(_unpack_roped, every, *heads, rope[0], rope[1], qn.weight if qn else None,
+                     kn.weight if kn else None, qn.eps if qn else 0.0, bool(qn and qn.plus_one))
 
 
 def _pack_heads(q, k, v):
@@ -219,6 +231,14 @@ def _unpack_heads(every, hq: int, hk: int, hv: int):
         out.append(t.transpose(0, 1).reshape(1, B, W * h, D))
         at += h
     return tuple(out)
+
+
+def _unpack_roped(every, hq: int, hk: int, hv: int, cos, sin, qw, kw, eps: float, plus_one: bool):
+    """_unpack_heads, then what Attention.heads does to q and k: the q/k norms (with weights), RoPE."""
+    q, k, v = _unpack_heads(every, hq, hk, hv)
+    if qw is not None:
+        q, k = fused.rms_norm_eager(q, qw, eps, plus_one), fused.rms_norm_eager(k, kw, eps, plus_one)
+    return fused.rope_eager(q, cos, sin), fused.rope_eager(k, cos, sin), v
 
 
 def my_heads(heads: int, split: Split) -> tuple[int, int]:

@@ -10,7 +10,7 @@ import torch
 
 import tp_cases as tc
 from burstengine.inference import generate, load_model
-from burstengine.model.layers import _adjacent, pack_model, packed
+from burstengine.model.layers import adjacent, pack_model, packed
 
 
 def _run(source, overrides):
@@ -52,10 +52,10 @@ def test_packed_is_refused_with_gradients_and_over_separate_storages():
     X = np.zeros((8, 4))
     a, b = torch.from_numpy(X[:3]), torch.from_numpy(X[3:])  # back to back in memory, two storages
     assert a.data_ptr() + a.numel() * a.element_size() == b.data_ptr()
-    assert _adjacent([a, b]) is None
+    assert adjacent([a, b]) is None
     whole = torch.zeros(8, 4)
-    assert _adjacent([whole[:3], whole[3:]]).shape == (8, 4)
-    assert _adjacent([whole[3:], whole[:3]]) is None  # out of order
+    assert adjacent([whole[:3], whole[3:]]).shape == (8, 4)
+    assert adjacent([whole[3:], whole[:3]]) is None  # out of order
 
 
 def test_pack_model_skips_wrapped_projections():
