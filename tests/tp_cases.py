@@ -47,13 +47,13 @@ def prompts(seed=0, lengths=LENGTHS):
     return [torch.randint(0, ARGS["vocab_size"], (n,), generator=g).tolist() for n in lengths]
 
 
-def run_decode(group, source: str, tensor_parallel, new: int = 6, overrides=None, **kw):
+def run_decode(group, source: str, tensor_parallel, new: int = 6, overrides=None, lengths=LENGTHS, **kw):
     """Greedy tokens, every step's logits (steps, B, V) float64 (step 0: the prefill's) and
     whether the step ran the slices."""
     from burstengine.inference import generate
 
     seen = []
-    out = generate(model(group, source, **(overrides or {})), prompts(), new, group=group,
+    out = generate(model(group, source, **(overrides or {})), prompts(lengths=lengths), new, group=group,
                    tensor_parallel=tensor_parallel, on_logits=lambda i, x: seen.append(x.clone()), **kw)
     return out.tokens, (torch.stack(seen) if seen else None), out.timings["tensor_parallel"]
 

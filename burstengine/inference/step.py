@@ -159,8 +159,10 @@ class DecodeStep:
         # `del step` would no longer free the graph before the cache it points into
         if self.split is None:
             hooks = Hooks(kv_sink=self._write, attend=self._attend)
-        else:  # the K/V are written once gathered to all heads, q and k roped there (_attend_sliced)
-            hooks = Hooks(attend=self._attend_sliced, reduce=self._reduce, raw_qkv=True)
+        else:  # the K/V are written once gathered to all heads (_attend_sliced); one sequence's q and k
+            # are roped there too (several: roped by the layer, the path the batch-8 records ran; a
+            # 2 x H200 launch at 713227f saw batch 2's capture fail with raw q/k, not yet explained)
+            hooks = Hooks(attend=self._attend_sliced, reduce=self._reduce, raw_qkv=self.B == 1)
         self._tables = tables
         h = self.decoder.hidden(self.tok[None], self.qpos, hooks=hooks, tables=tables)  # (1, B, dim)
         if self.split is not None:  # every rank joins the vocabulary slices' gather
@@ -184,10 +186,13 @@ class DecodeStep:
         """Tensor parallelism: this rank's heads of the raw q, k, v -> all heads, normed and roped
         as they are unpacked, attention over this rank's shard of the cache with all of them, the
         merge of this rank's heads."""
-        att = self.decoder.layers[layer].attention
-        rope = self._tables[self.decoder.layers[layer].rope_index]
-        q, k, v = tensor_parallel.gather_heads(q, k, v, self.split.world, self.group, rope=rope,
-                                               norms=(att.q_norm, att.k_norm))
+        if self.B == 1:  # raw q, k (Hooks.raw_qkv): normed and roped as they are unpacked
+            att = self.decoder.layers[layer].attention
+            rope = self._tables[self.decoder.layers[layer].rope_index]
+            q, k, v = tensor_parallel.gather_heads(q, k, v, self.split.world, self.group, rope=rope,
+                                                   norms=(att.q_norm, att.k_norm))
+        else:
+            q, k, v = tensor_parallel.gather_heads(q, k, v, self.split.world, self.group)
         self._write(layer, k, v)
         return self._attend(layer, q, k, v, tensor_parallel.my_heads(q.shape[2], self.split))
 

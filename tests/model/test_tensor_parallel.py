@@ -57,6 +57,18 @@ def test_tensor_parallel_variants(pool, one_rank, world, source, kind):
     assert same and err < TOL and split is True, (world, source, kind, err)
 
 
+@pytest.mark.parametrize("world,source,kind", [(2, "sliced-packed", "plain"), (3, "whole", "gemma"),
+                                               (2, "sliced-packed", "variants")])
+def test_one_sequence_ropes_q_and_k_after_the_gather(pool, world, source, kind):
+    # a step of one sequence hands the gather raw q, k, v (Hooks.raw_qkv): the q/k norms and RoPE
+    # (Gemma's two bases among them) run as the heads are unpacked; the same tokens and logits
+    o = {"plain": None, "variants": dict(window=9, qkv_bias=True, qk_norm=True), "gemma": GEMMA}[kind]
+    want = pool.run(tc.run_decode, "whole", False, overrides=o, lengths=(53,), world=1)[0]
+    res = pool.run(tc.run_decode, source, True, overrides=o, lengths=(53,), world=world)
+    same, err, split = _same(res[0], want)
+    assert same and err < TOL and split is True, (world, source, kind, err)
+
+
 def test_auto_and_off(pool, one_rank):
     # "auto" splits where the shapes divide (24 heads over 4), and not where they do not (12 kv heads
     # over 4 do, 5 heads would not); False keeps the whole model on every rank: the same tokens

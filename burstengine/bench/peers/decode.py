@@ -477,8 +477,9 @@ def block_decode_graphs(records):
                                          "first token s (ours / SDPA)", "same tokens", "record"], body))
 
 
-RANK_RUNS = ("decode_8b_2gpu_128k.json", "decode_8b_2gpu_512k.json", "decode_8b_2gpu_128k_tiles.json",
-             "decode_8b_2gpu_512k_tiles.json", "decode_8b_4gpu_128k.json", "decode_8b_4gpu_1m.json")
+RANK_RUNS = ("decode_8b_2gpu_128k.json", "decode_8b_2gpu_512k.json", "decode_8b_2gpu_128k_b8.json",
+             "decode_8b_2gpu_128k_tiles.json", "decode_8b_2gpu_512k_tiles.json", "decode_8b_2gpu_1m_raw.json",
+             "decode_8b_4gpu_128k.json", "decode_8b_4gpu_1m.json")
 # the decode step's kernel cuts (packed projections, compiled merge and gather, the GEMV kernel):
 # (launch, what ran, record); each launch times the step before and after them on the same machine
 STEP_RUNS = (("1 GPU", "before (93b8049)", "decode_8b_1gpu_128k_before.json"),
@@ -490,7 +491,10 @@ STEP_RUNS = (("1 GPU", "before (93b8049)", "decode_8b_1gpu_128k_before.json"),
              ("2 ranks, call 1", "after, GEMV kernel (first tiles)", "decode_8b_2gpu_512k_gemv_on.json"),
              ("2 ranks, call 2", "after, cuBLAS projections", "decode_8b_2gpu_128k_gemv_off.json"),
              ("2 ranks, call 2", "after, GEMV kernel (swept tiles)", "decode_8b_2gpu_128k_tiles.json"),
-             ("2 ranks, call 2", "after, GEMV kernel (swept tiles)", "decode_8b_2gpu_512k_tiles.json"))
+             ("2 ranks, call 2", "after, GEMV kernel (swept tiles)", "decode_8b_2gpu_512k_tiles.json"),
+             ("2 ranks, call 3", "before (93b8049)", "decode_8b_2gpu_128k_before2.json"),
+             ("2 ranks, call 3", "after, q/k roped in the gather", "decode_8b_2gpu_128k_raw.json"),
+             ("2 ranks, call 3", "after, q/k roped in the gather", "decode_8b_2gpu_1m_raw.json"))
 
 
 def block_decode_ranks(records):
@@ -502,14 +506,14 @@ def block_decode_ranks(records):
         for r in rec["rows"]:
             if "error" in r:
                 continue
-            body.append([f"{rec['world']} × {device_of(rec).split('× ')[-1]}", f"{r['S'] // 1024}K",
+            body.append([f"{rec['world']} × {device_of(rec).split('× ')[-1]}", f"{r['S'] // 1024}K × {r['batch']}",
                          "tensor-parallel" if r["tensor_parallel"] else "whole on every rank",
                          ms(r["decode_s_per_token"]), ms(r["bound_s"]), f"{r['ratio_to_bound']:.2f}×",
                          fixed(r["first_token_s"], 1), f"`{name}`"])
-    return "\n".join(["Decode of llama-3.1-8b's shape (random weights, bf16, batch 1, CUDA graph) over several ranks: "
+    return "\n".join(["Decode of llama-3.1-8b's shape (random weights, bf16, CUDA graph) over several ranks: "
                       "per token, the bound of one rank reading its weights and its cache shard once at the copy "
                       "bandwidth measured in the launch, and the first token (the prompt's prefill):", ""]
-                     + table(["ranks", "prompt", "weights", "ms/token", "bound ms", "× bound", "first token s",
+                     + table(["ranks", "prompt × batch", "weights", "ms/token", "bound ms", "× bound", "first token s",
                               "record"], body))
 
 
