@@ -75,9 +75,10 @@ class AutoKernel(Kernel):
     def choose(self, call: str, mask, sq: int, sk: int, card: str = "", head_dim: int | None = None,
                takes=None) -> str:
         """The kernel's name for ``call`` ("forward", "forward_into" or "backward") of a block of
-        sq query rows and sk keys on the card named ``card`` (before availability).  ``takes``: a function saying whether kernels/gluon takes this
-        call, asked only where a rule offers Gluon; "gluon" rules lead to "triton", whose kernel
-        runs Gluon wherever it takes the block."""
+        sq query rows and sk keys on the card named ``card`` (before availability).  ``takes``: a
+        function saying whether kernels/gluon takes this call, asked only where a rule offers
+        Gluon; a "gluon" rule leads to "triton", whose kernel runs Gluon wherever it takes the
+        block."""
         kind = "spec" if isinstance(mask, MaskSpec) else mask
         rules = choices.card_rules(card, self.cards).get((call, kind, head_dim)) or self.table[(call, kind)]
         name = next(n for rows, n in rules if (rows is None or sq <= rows)

@@ -47,6 +47,12 @@ def test_every_record_of_ours_beside_cudnn_is_sorted(records):
     skipped unread; and the records give rows of today's kernels on both cards the rules name."""
     rows = vs_cudnn.comparisons(records)
     assert vs_cudnn.unclassified(rows) == []
+    # and each name there matches rows (a misspelt method would count nothing)
+    for name, calls in vs_cudnn.TODAY.items():
+        for call, method in calls.items():
+            assert any((r.record, r.call, r.method) == (name, call, method) for r in rows), (name, call, method)
+    for name, call in vs_cudnn.STALE:
+        assert any((r.record, r.call) == (name, call) for r in rows), (name, call)
     counted = vs_cudnn.counted(rows)
     for key in CARDS:
         assert any(key in r.card for r in counted), key
@@ -72,17 +78,20 @@ def test_rules_against_the_records_are_caught(records):
     bad = vs_cudnn.disagreements(records, cards=_cards(H200={("forward", CAUSAL, 128): [(None, "cudnn")]}))
     assert any("NVIDIA H200 forward causal" in d and "S=131072" in d for d in bad), bad
     # H100 plain forward on Gluon at 8K too: cuDNN is 1.07x on full blocks there
-    bad = vs_cudnn.disagreements(records, cards=_cards(H100={("forward", FULL, 128): [(None, "gluon"), (None, "cudnn")]}))
+    everywhere = [(None, "gluon"), (None, "cudnn")]
+    bad = vs_cudnn.disagreements(records, cards=_cards(H100={("forward", FULL, 128): everywhere}))
     assert any("forward full 32/8" in d and "S=8192" in d for d in bad), bad
     # a card's rule no record backs: H200's full forward on Gluon (no record of today's kernel there)
-    bad = vs_cudnn.disagreements(records, cards=_cards(H200={("forward", FULL, 128): CARDS["H100"][("forward", FULL, 128)]}))
+    above_8k = CARDS["H100"][("forward", FULL, 128)]
+    bad = vs_cudnn.disagreements(records, cards=_cards(H200={("forward", FULL, 128): above_8k}))
     assert any("CARDS['H200']" in d and "'full'" in d for d in bad), bad
     # every card's ring-step backward on cuDNN: ours is 1.03-1.23x in lao_bench.json
     table = {**AUTO_TABLE, **{("backward", m): [(None, "cudnn")] for m in (FULL, CAUSAL, STRICT)}}
     bad = vs_cudnn.disagreements(records, table=table)
     assert any("backward_into strict" in d for d in bad), bad
-    # a narrower tie band does not hide the 8K forward: cuDNN keeps it either way
-    assert vs_cudnn.disagreements(records, tie=0.0) != []
+    # without the tie band, H100's backward at 16K (ours 0.98x) would ask for cuDNN
+    bad = vs_cudnn.disagreements(records, tie=0.0)
+    assert any("H100" in d and "backward causal" in d and "S=16384" in d for d in bad), bad
 
 
 def test_rules_name_kernels_and_end_with_a_catch_all():
