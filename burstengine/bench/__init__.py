@@ -50,5 +50,6 @@ BENCHES = {
     "suite-time": "burstengine.bench.probes.suite_time",
 }
 
-# modules that are no bench but render records (benchmarks/*.py scripts write them)
-RENDERERS = ("burstengine.bench.probes.scripts",)
+# modules that are no bench but render records (benchmarks/*.py scripts write them; vs_cudnn reads
+# several benches' records for docs/kernels.md's table of what auto runs)
+RENDERERS = ("burstengine.bench.probes.scripts", "burstengine.bench.probes.vs_cudnn")

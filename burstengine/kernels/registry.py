@@ -1,51 +1,31 @@
 """The kernel registry: every local attention kernel by name, and the automatic choice.
 
 :func:`get_kernel` looks a name up ("auto": on CUDA an :class:`AutoKernel` that picks per call,
-by direction, mask and block size, the kernel measured faster (``AUTO_TABLE``); on CPU the
+by call, mask, block size and card, the kernel measured faster (kernels/choices.py); on CPU the
 kernel on torch's CPU flash attention op (kernels/cpu_flash.py, which hands float64 calls, the
-tests' oracle, to the reference kernel); the reference kernel elsewhere).  Which name a call uses (the ``kernel=`` argument, else ``BURST_KERNEL``) and
-whether Gluon may run (``BURST_GLUON``) are decided by attention/planning.py, which passes them
-here: kernels read no environment.
+tests' oracle, to the reference kernel); the reference kernel elsewhere).  Which name a call uses
+(the ``kernel=`` argument, else ``BURST_KERNEL``) and whether Gluon may run (``BURST_GLUON``) are
+decided by attention/planning.py, which passes them here: kernels read no environment (the card
+is read from the device's properties).
 """
 from __future__ import annotations
 
 import torch
 
-from ..masks import CAUSAL, FULL, STRICT, MaskSpec
+from ..masks import MaskSpec
+from . import choices
 from .base import Kernel
+from .choices import AUTO_TABLE, CARDS
 from .cpu_flash import CpuFlashKernel
 from .fp8 import Fp8Kernel
 from .pieces import large_pairs
 from .reference import ReferenceKernel
 from .sdpa import CudnnKernel, FlashKernel
-from .triton.kernel import TritonKernel, gluon_bwd_takes, gluon_forward_into
+from .triton.kernel import TritonKernel, gluon_bwd_takes, gluon_takes
 
 # "fp8" (kernels/fp8.py) runs only where named: forward only, and less precise than the others
 KERNELS: dict[str, Kernel] = {k.name: k for k in (ReferenceKernel(), FlashKernel(), CudnnKernel(), TritonKernel(),
                                                    CpuFlashKernel(), Fp8Kernel())}
-
-# Which kernel "auto" runs on CUDA for each (direction, mask): (most query rows in the block, kernel)
-# pairs, first match wins; before the table, a forward_into (ring step) of a full/causal/strict block
-# that kernels/gluon/fwd.py takes (Hopper, lengths multiples of 128) runs there: 1.01-1.38x cuDNN +
-# the torch merge on every ring-step case of benchmarks/results/lao_bench.json.  The table:
-# "spec" is any MaskSpec (windows, documents, block masks), which SDPA cannot express.  Elsewhere
-# the Triton forward_into beats cuDNN + merge only on STRICT blocks of up to 8K rows (SDPA pays a
-# shifted call there); the plain forward in gluon runs at 0.94-1.05x cuDNN, so cuDNN keeps it.
-# Before the table too, a backward (plain or ring step) that kernels/gluon/bwd.py takes runs there:
-# 1.00-1.05x cuDNN at 16K-128K tokens, causal, 24 q / 8 kv heads, on H200 (gluon_bwd_*_h200.json), and
-# 1.03-1.23x cuDNN + the gradient adds on every ring-step case of lao_bench.json;
-# the table's cuDNN rows are for the blocks it does not take (not Hopper, d != 128, lengths not
-# multiples of 128).
-AUTO_TABLE = {
-    ("forward", FULL): [(None, "cudnn")],
-    ("forward", CAUSAL): [(None, "cudnn")],
-    ("forward", STRICT): [(8192, "triton"), (None, "cudnn")],
-    ("forward", "spec"): [(None, "triton")],
-    ("backward", FULL): [(None, "cudnn")],
-    ("backward", CAUSAL): [(None, "cudnn")],
-    ("backward", STRICT): [(None, "cudnn")],
-    ("backward", "spec"): [(None, "triton")],
-}
 
 
 # A MaskSpec block whose FULL/CAUSAL pieces (kernels/pieces.py) are mostly large goes to cuDNN
@@ -70,56 +50,73 @@ def _large_pieces(mask: MaskSpec, sq: int, sk: int) -> bool:
 
 
 class AutoKernel(Kernel):
-    """Dispatches each call to ``AUTO_TABLE``'s kernel for its direction, mask and block size
-    (cuDNN when Triton is missing, the reference for a MaskSpec then)."""
+    """Dispatches each call to the kernel its card's rules (kernels/choices.py) give for its call,
+    mask, head dim and block size (cuDNN when that kernel cannot run, the reference for a
+    MaskSpec then).  ``table``: the rules of every card (``AUTO_TABLE``); ``cards``: the rules
+    cards measured otherwise (``CARDS``)."""
 
     name = "auto"
 
-    def __init__(self, table=None, gluon: bool = True):
+    def __init__(self, table=None, gluon: bool = True, cards=None):
         self.table = dict(AUTO_TABLE if table is None else table)
-        self.gluon = gluon  # False (BURST_GLUON=0): Triton's kernels run without their Gluon paths
+        self.cards = dict(CARDS if cards is None else cards)
+        self.gluon = gluon  # False (BURST_GLUON=0): no Gluon rule is taken, Triton's kernels run without Gluon
+        self._names = {}  # device -> its name, read once
 
     def available(self, device):
         return torch.device(device).type == "cuda" and torch.cuda.is_available()
 
-    def choose(self, direction: str, mask, sq: int, sk: int) -> str:
-        """The kernel's name for a block of sq query rows and sk keys (before availability)."""
+    def card(self, device) -> str:
+        """The name of ``device``'s card, read from its properties once."""
+        if device not in self._names:
+            self._names[device] = choices.device_name(device)
+        return self._names[device]
+
+    def choose(self, call: str, mask, sq: int, sk: int, card: str = "", head_dim: int | None = None,
+               takes=None) -> str:
+        """The kernel's name for ``call`` ("forward", "forward_into" or "backward") of a block of
+        sq query rows and sk keys on the card named ``card`` (before availability).  ``takes``: a
+        function saying whether kernels/gluon takes this call, asked only where a rule offers
+        Gluon; a "gluon" rule leads to "triton", whose kernel runs Gluon wherever it takes the
+        block."""
         kind = "spec" if isinstance(mask, MaskSpec) else mask
-        name = next(n for rows, n in self.table[(direction, kind)] if rows is None or sq <= rows)
+        rules = choices.card_rules(card, self.cards).get((call, kind, head_dim)) or self.table[(call, kind)]
+        name = next(n for rows, n in rules if (rows is None or sq <= rows)
+                    and (n != "gluon" or (self.gluon and takes is not None and takes())))
+        if name == "gluon":
+            return "triton"
         if kind == "spec" and name == "triton" and _large_pieces(mask, sq, sk):
             name = "cudnn"
         return name
 
-    def pick(self, direction: str, mask, q, k) -> Kernel:
+    def pick(self, call: str, mask, q, k, takes=None) -> Kernel:
         kind = "spec" if isinstance(mask, MaskSpec) else mask
-        k = _named(self.choose(direction, mask, q.shape[1], k.shape[1]), self.gluon)
+        name = self.choose(call, mask, q.shape[1], k.shape[1], self.card(q.device), q.shape[-1], takes)
+        k = _named(name, self.gluon)
         if k.available(q.device):
             return k
         return KERNELS["reference" if kind == "spec" else "cudnn"]
 
     def forward(self, q, k, v, scale, mask):
-        return self.pick("forward", mask, q, k).forward(q, k, v, scale, mask)
+        kern = self.pick("forward", mask, q, k, lambda: gluon_takes(q, k, v, mask, gluon=self.gluon))
+        return kern.forward(q, k, v, scale, mask)
 
     def delta(self, out, dout, dtype=torch.float32):
         # one fused pass over dO and O where Triton runs (the torch expression makes float32 copies)
         return _named("triton", self.gluon).delta(out, dout, dtype)
 
     def forward_into(self, q, k, v, scale, mask, out, lse):
-        if gluon_forward_into(q, k, v, scale, mask, out, lse, gluon=self.gluon):
-            return
-        return self.pick("forward", mask, q, k).forward_into(q, k, v, scale, mask, out, lse)
+        kern = self.pick("forward_into", mask, q, k, lambda: gluon_takes(q, k, v, mask, out, lse, gluon=self.gluon))
+        return kern.forward_into(q, k, v, scale, mask, out, lse)
 
     def backward(self, dout, q, k, v, lse, delta, scale, mask, out=None):
-        if gluon_bwd_takes(q, k, v, mask, dout, gluon=self.gluon):
-            return _named("triton", self.gluon).backward(dout, q, k, v, lse, delta, scale, mask, out=out)
-        return self.pick("backward", mask, q, k).backward(dout, q, k, v, lse, delta, scale, mask, out=out)
+        kern = self.pick("backward", mask, q, k, lambda: gluon_bwd_takes(q, k, v, mask, dout, gluon=self.gluon))
+        return kern.backward(dout, q, k, v, lse, delta, scale, mask, out=out)
 
     def backward_into(self, dout, q, k, v, lse, delta, scale, mask, dq, dk, dv, out=None):
-        if gluon_bwd_takes(q, k, v, mask, dout, dq, dk, dv, gluon=self.gluon):
-            return _named("triton", self.gluon).backward_into(dout, q, k, v, lse, delta, scale, mask, dq, dk, dv,
-                                                              out=out)
-        return self.pick("backward", mask, q, k).backward_into(dout, q, k, v, lse, delta, scale, mask, dq, dk, dv,
-                                                            out=out)
+        kern = self.pick("backward", mask, q, k,
+                         lambda: gluon_bwd_takes(q, k, v, mask, dout, dq, dk, dv, gluon=self.gluon))
+        return kern.backward_into(dout, q, k, v, lse, delta, scale, mask, dq, dk, dv, out=out)
 
 
 _AUTO = {True: AutoKernel(), False: AutoKernel(gluon=False)}
@@ -149,4 +146,4 @@ def get_kernel(name: str | None, device, gluon: bool = True) -> Kernel:
     return k
 
 
-__all__ = ["AutoKernel", "AUTO_TABLE", "Kernel", "KERNELS", "get_kernel"]
+__all__ = ["AutoKernel", "AUTO_TABLE", "CARDS", "Kernel", "KERNELS", "get_kernel"]

@@ -97,11 +97,11 @@ def test_triton_falls_back(triton_results, case):
 def test_auto_table_covers_every_call():
     from burstengine.kernels import AUTO_TABLE, KERNELS as K
 
-    for direction in ("forward", "backward"):
+    for call in ("forward", "forward_into", "backward"):
         for kind in ("full", "causal", "strict", "spec"):
-            rules = AUTO_TABLE[(direction, kind)]
-            assert rules[-1][0] is None, "the last rule must take any block size"
-            assert all(name in K for _, name in rules)
+            rules = AUTO_TABLE[(call, kind)]
+            assert rules[-1][0] is None and rules[-1][1] != "gluon", "the last rule must take any block size"
+            assert all(name in K or name == "gluon" for _, name in rules)
 
 
 def test_auto_sends_masks_with_large_pieces_to_cudnn():
@@ -150,19 +150,17 @@ def test_auto_picks_by_block_size_and_falls_back_off_cuda(monkeypatch):
 
 
 def test_auto_ring_step_goes_to_gluon_where_it_takes_the_block(monkeypatch):
-    """AutoKernel.forward_into runs a block the Gluon kernel takes there, before its table; blocks
-    it does not take follow the table.  The Gluon kernel itself needs a Hopper GPU, so it is
-    replaced here by one that takes blocks of a length divisible by 128."""
+    """AutoKernel.forward_into runs a block the Gluon kernel takes there (through TritonKernel,
+    which runs it), before the rest of its rules; blocks it does not take follow them.  The Gluon
+    kernel itself needs a Hopper GPU, so its check is replaced here by one that takes blocks of a
+    length divisible by 128."""
     import burstengine.kernels as kernels
     from burstengine.kernels import AutoKernel, registry
 
     seen = []
 
     def gluon(q, *a, **kw):
-        if q.shape[1] % 128:
-            return False
-        seen.append("gluon")
-        return True
+        return q.shape[1] % 128 == 0
 
     class Spy:
         def __init__(self, name):
@@ -174,8 +172,9 @@ def test_auto_ring_step_goes_to_gluon_where_it_takes_the_block(monkeypatch):
         def available(self, device):
             return True
 
-    monkeypatch.setattr(registry, "gluon_forward_into", gluon)
+    monkeypatch.setattr(registry, "gluon_takes", gluon)
     monkeypatch.setitem(kernels.KERNELS, "cudnn", Spy("cudnn"))
+    monkeypatch.setitem(kernels.KERNELS, "triton", Spy("gluon"))
     auto = AutoKernel()
     for n in (256, 200):
         q = torch.empty(1, n, 2, 16)

@@ -1,0 +1,255 @@
+"""Our kernels against cuDNN in the records, and what ``auto`` runs per card beside them.
+
+Three kinds of record time one of our kernels and cuDNN in the same launch on one GPU:
+
+* ``lao_bench*`` (burstengine bench lao-bench): the plain forward, 32 q / 32 kv heads, and the ring
+  step's forward_into / backward_into, 32 q heads on 32 or 8 kv heads (cuDNN plus the torch merge
+  or gradient adds); its forward+backward rows are not read, as the rules choose the forward and
+  the backward separately;
+* ``gluon_*`` (benchmarks/probe_gluon.py, probe_gluon_fwd.py): the plain causal forward or
+  backward at 24 q / 8 kv heads (the scripts' H, HKV), with variants behind flags;
+* ``fp8_*`` (burstengine bench fp8): its bf16 rows, the plain forward (kernel "triton": Gluon on
+  Hopper), 32 q / 8 kv heads;
+
+all at d=128 and lengths the Gluon kernels take.  :func:`comparisons` reads them as ``Versus``
+rows.  Only the kernels as they are now count: ``TODAY`` names, per record and call, the method
+that is today's kernel (the others of a probe are variants); ``STALE`` lists the record parts
+that timed a kernel changed since.  :func:`disagreements` checks kernels/choices.py against the
+rows that count (tests/kernels/test_choices.py); ``block_auto`` draws the table of docs/kernels.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...kernels.choices import AUTO_TABLE, CARDS, card_key
+from ...kernels.registry import AutoKernel
+from ..tables import med, span, table
+
+# A shape where the two kernels' times differ by less than this fraction is a tie: either choice
+# agrees with it.  Four launches of one kernel on one H100 spread this much and more at 8K
+# (fp8_h100*.json: ours 0.95-1.08x cuDNN at 8K causal).
+TIE = 0.03
+
+GLUON_PROBE = dict(mask="causal", heads=24, kv_heads=8, head_dim=128)  # benchmarks/probe_gluon.py's H, HKV, D
+FP8_SPEED = dict(heads=32, kv_heads=8, head_dim=128)  # bench fp8's speed inputs (probes/fp8.py)
+
+# record -> {call: the method that times today's kernel}
+TODAY = {
+    "fp8_h100.json": {"forward": "ours_bf16"},
+    "fp8_h100_2.json": {"forward": "ours_bf16"},
+    "fp8_h100_final.json": {"forward": "ours_bf16"},
+    "fp8_h100_quant.json": {"forward": "ours_bf16"},
+    "gluon_fwd_h100.json": {"forward": "gluon"},
+    "gluon_fwd_h200.json": {"forward": "gluon"},
+    # 1d52501: the FFMA softmax; 24c1355 after it changed only the negative-scale build
+    "gluon_fwd_maskfirst_h200.json": {"forward": "gluon"},
+    "gluon_bwd_h100.json": {"backward": "gluon bwd"},
+    "gluon_bwd_transposed_h200.json": {"backward": "gluon bwd tr=0"},  # the flag off: the kernel as kept
+    "gluon_bwd_variants_h200.json": {"backward": "gluon bwd indep=0 pf=1 opaque=1"},  # what 9015d4e kept
+    "lao_bench.json": {"backward": "ours"},  # at 9015d4e, the Gluon backward as it is
+}
+_FFMA = "the Gluon forward changed after it (1d52501: the FFMA softmax)"
+_SPILLS = "the Gluon backward changed after it (9015d4e: the spill fix)"
+STALE = {
+    ("lao_bench.json", "forward"): _FFMA,
+    ("lao_bench.json", "forward_into"): _FFMA,
+    ("lao_bench_h100.json", "forward"): _FFMA,
+    ("gluon_fwd_variants_h200.json", "forward"): "29508cb: the FFMA softmax still behind a flag",
+    ("gluon_variants_h200.json", "forward"): _FFMA,
+    ("gluon_variants_h200.json", "backward"): _SPILLS,
+    ("gluon_bwd_indep_h200.json", "backward"): _SPILLS,
+    ("gluon_bwd_prefetch_h200.json", "backward"): _SPILLS,
+}
+
+_CALL = {"forward": "forward", "forward_into": "forward_into", "backward": "backward", "backward_into": "backward"}
+
+
+@dataclass(frozen=True)
+class Versus:
+    """One timing of one of our kernels beside cuDNN's in the same launch."""
+
+    record: str
+    card: str  # the device's name
+    what: str  # "forward", "backward" (plain) or the ring step's "forward_into", "backward_into"
+    mask: str
+    heads: int
+    kv_heads: int
+    head_dim: int
+    S: int  # query rows = keys
+    method: str  # the record's name for ours
+    ours_s: float
+    cudnn_s: float
+
+    @property
+    def call(self) -> str:
+        """The call of kernels/choices.py's rules."""
+        return _CALL[self.what]
+
+    @property
+    def speedup(self) -> float:
+        return self.cudnn_s / self.ours_s
+
+
+def _lao(name, rec, card):
+    sl, rs = rec.get("single_launch") or {}, rec.get("ring_step") or {}
+    times = {(r["S"], r["mask"], r["method"]): med(r["times"]) for r in sl.get("rows", [])
+             if r.get("what") == "fwd" and r.get("times")}
+    for (S, mask, method), t in times.items():
+        if method == "ours" and (S, mask, "cudnn") in times:
+            yield Versus(name, card, "forward", mask, sl["heads"], sl["heads"], sl["head_dim"], S, method, t,
+                         times[(S, mask, "cudnn")])
+    ring = {(r["n"], r["hkv"], r["mask"], r["what"], r["kernel"]): med(r["times"]) for r in rs.get("rows", [])
+            if r.get("times")}
+    for (n, hkv, mask, what, kernel), t in ring.items():
+        if kernel == "ours" and (n, hkv, mask, what, "cudnn") in ring:
+            yield Versus(name, card, what, mask, rs["heads"], hkv, rs["head_dim"], n, kernel, t,
+                         ring[(n, hkv, mask, what, "cudnn")])
+
+
+def _probe(name, rec, card):
+    times = {(r["S"], r["method"]): med(r["times"]) for r in rec.get("bench", []) if "method" in r}
+    for (S, method), t in times.items():
+        call = "backward" if "bwd" in method else "forward"
+        base = {"forward": ("cudnn", "cudnn fwd"), "backward": ("cudnn bwd",)}[call]
+        cudnn = next((times[(S, b)] for b in base if (S, b) in times), None)
+        if method not in base and not method.startswith("cudnn") and cudnn is not None:
+            yield Versus(name, card, call, S=S, method=method, ours_s=t, cudnn_s=cudnn, **GLUON_PROBE)
+
+
+def _fp8(name, rec, card):
+    for r in rec.get("speed", []):
+        yield Versus(name, card, "forward", r["mask"], S=r["S"], method="ours_bf16", ours_s=r["ours_bf16"]["s"],
+                     cudnn_s=r["cudnn"]["s"], **FP8_SPEED)
+
+
+_FAMILIES = (("lao_bench", _lao), ("gluon_", _probe), ("fp8_", _fp8))
+
+
+def comparisons(records) -> list[Versus]:
+    """Every timing of ours beside cuDNN in ``records`` [(file name, record)], today's or not."""
+    out = []
+    for name, rec in records:
+        card = rec.get("env", {}).get("device", "")
+        for prefix, read in _FAMILIES:
+            if name.startswith(prefix):
+                out += read(name, rec, card)
+    return out
+
+
+def counted(rows) -> list[Versus]:
+    """The rows that timed today's kernels (``TODAY``)."""
+    return [r for r in rows if TODAY.get(r.record, {}).get(r.call) == r.method]
+
+
+def unclassified(rows) -> list[tuple[str, str]]:
+    """(record, call) of rows neither ``TODAY`` nor ``STALE`` names: a new record to sort."""
+    return sorted({(r.record, r.call) for r in rows if r.call not in TODAY.get(r.record, {})
+                   and (r.record, r.call) not in STALE})
+
+
+def shapes(rows) -> dict[tuple, list[Versus]]:
+    """Rows by what they timed: (card, what, mask, heads, kv heads, head dim, S); a shape timed in
+    several launches has several rows."""
+    out = {}
+    for r in rows:
+        out.setdefault((r.card, r.what, r.mask, r.heads, r.kv_heads, r.head_dim, r.S), []).append(r)
+    return out
+
+
+def speedup(group: list[Versus]) -> float:
+    """cuDNN's time over ours for one shape: the median over the launches that timed it."""
+    return med([r.speedup for r in group])
+
+
+def verdict(x: float, tie: float = TIE) -> str:
+    """"ours", "cudnn" or "tie" for a shape whose cuDNN time is ``x`` times ours."""
+    if x > 1 + tie:
+        return "ours"
+    if x < 1 / (1 + tie):
+        return "cudnn"
+    return "tie"
+
+
+def chosen(auto: AutoKernel, group: list[Versus]) -> str:
+    """What ``auto`` runs for this shape: "ours" (the Gluon kernels take every shape of these
+    records) or the kernel's name."""
+    r = group[0]
+    name = auto.choose(r.call, r.mask, r.S, r.S, r.card, r.head_dim, takes=lambda: True)
+    return "ours" if name == "triton" else name
+
+
+def disagreements(records, table=None, cards=None, tie: float = TIE) -> list[str]:
+    """Where the rules (kernels/choices.py, or ``table`` / ``cards``) disagree with today's rows
+    of the cards they name: a shape whose median speedup leaves the tie band for one kernel while
+    the rules run the other; and a card's rule that no shape decides in its favour."""
+    auto = AutoKernel(table, cards=cards)
+    plain = AutoKernel(table, cards={})
+    groups = [g for g in shapes(counted(comparisons(records))).values() if card_key(g[0].card, auto.cards)]
+    out = []
+    for g in groups:
+        r, faster, got = g[0], verdict(speedup(g), tie), chosen(auto, g)
+        if faster != "tie" and faster != got:
+            out.append(f"{r.card} {r.what} {r.mask} {r.heads}/{r.kv_heads} heads d={r.head_dim} S={r.S}: ours "
+                       f"{speedup(g):.3f}x cuDNN ({', '.join(sorted({x.record for x in g}))}) but auto runs {got}")
+    for key, rules in auto.cards.items():
+        for call, kind, d in rules:
+            backed = [g for g in groups if card_key(g[0].card, auto.cards) == key
+                      and (g[0].call, g[0].mask, g[0].head_dim) == (call, kind, d)
+                      and chosen(auto, g) != chosen(plain, g)
+                      and verdict(speedup(g), tie) == chosen(auto, g)]
+            if not backed:
+                out.append(f"CARDS[{key!r}][{(call, kind, d)!r}] changes auto's choice where no record of today's "
+                           "kernels says it is faster")
+    return out
+
+
+# --- docs/kernels.md ------------------------------------------------------------------------------
+
+_NAMES = {"cudnn": "cuDNN", "triton": "Triton", "gluon": "Gluon", "reference": "reference", "flash": "flash"}
+_CALLS = (("forward", "plain forward"), ("forward_into", "ring step forward_into"),
+          ("backward", "backward (plain and ring step)"))
+
+
+def _rules_text(rules) -> str:
+    return ", then ".join(_NAMES[n] + (f" up to {rows // 1024}K rows" if rows else "") for rows, n in rules)
+
+
+def _card_text(call, kind, own: dict) -> str:
+    base = _rules_text(AUTO_TABLE[(call, kind)])
+    dims = sorted(d for c, k, d in own if (c, k) == (call, kind))
+    if not dims:
+        return base
+    return "; ".join([f"d={d}: {_rules_text(own[(call, kind, d)])}" for d in dims] + [f"other d: {base}"])
+
+
+def block_auto(records):
+    """docs/kernels.md: what auto runs per card (kernels/choices.py) and today's rows behind it."""
+    cards = list(CARDS)
+    rules = [[label, kind if kind != "spec" else "MaskSpec"]
+             + [_card_text(call, kind, CARDS[c]) for c in cards] + [_rules_text(AUTO_TABLE[(call, kind)])]
+             for call, label in _CALLS for kind in ("full", "causal", "strict", "spec")]
+    auto = AutoKernel()
+    rows = counted(comparisons(records))
+    body = []
+    for _, g in sorted(shapes(rows).items()):
+        r, got = g[0], chosen(auto, g)
+        runs = f" ({len(g)} launches: {span([x.speedup for x in g])}×)" if len(g) > 1 else ""
+        body.append([card_key(r.card) or r.card, r.what, r.mask, f"{r.heads}/{r.kv_heads}", f"{r.S // 1024}K",
+                     f"{speedup(g):.2f}×{runs}", ", ".join(f"`{n}`" for n in sorted({x.record for x in g})),
+                     _NAMES.get(got, got)])
+    stale = {}
+    for (name, call), why in STALE.items():
+        stale.setdefault(why, []).append(f"`{name}` ({call})")
+    return "\n".join(
+        ["Rules per card (first match wins; Gluon: kernels/gluon where it takes the block, else the next rule; "
+         "a card is known by a word of its device name):", ""]
+        + table(["call", "mask"] + cards + ["other cards"], rules)
+        + [f"Today's kernels beside cuDNN in the records, d=128, lengths the Gluon kernels take (ours/cuDNN: "
+           f"cuDNN's time over ours, the median where a shape was timed in several launches; within "
+           f"{100 * TIE:.0f}% either choice agrees):", ""]
+        + table(["card", "call", "mask", "q/kv heads", "S", "ours/cuDNN", "records", "auto runs"], body)
+        + ["Not counted, as they timed a kernel changed since: "
+           + "; ".join(f"{', '.join(v)}: {why}" for why, v in stale.items()) + "."])
+
+
+BLOCKS = {"auto-choices": block_auto}

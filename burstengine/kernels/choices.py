@@ -1,0 +1,87 @@
+"""What ``kernel="auto"`` runs on CUDA, per card: the rules registry.AutoKernel walks.
+
+A rule list is (most query rows in the block, kernel) pairs, first match wins; the kernel is one
+of registry.KERNELS by name, or "gluon": kernels/gluon where it takes the block (Hopper, bf16/fp16,
+lengths multiples of 128, d 64/128, the backward d=128 only; TritonKernel runs it), else the next
+pair.  Calls: "forward" (plain), "forward_into" (the ring step onto a running (O, lse)),
+"backward" (plain, and the ring step's backward_into onto float32 gradients).
+
+``AUTO_TABLE`` holds the rules of every card; ``CARDS`` the rules a card measured otherwise, by
+a word of its device name and keyed (call, mask kind, head dim): the head dims the records
+measured, so an unmeasured head dim keeps ``AUTO_TABLE``'s rule.  Each entry names the records
+behind it (benchmarks/results/); bench/probes/vs_cudnn.py reads those records, and
+tests/kernels/test_choices.py fails when a rule here disagrees with them.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..masks import CAUSAL, FULL, STRICT
+
+# Every card, as measured on one H200 (the rules before cards had their own):
+# - the ring step's forward_into of a full/causal/strict block: Gluon, 1.03-1.35x cuDNN + the torch
+#   merge on every ring-step case of lao_bench.json (commit 9015d4e, before the FFMA softmax of
+#   1d52501 that sped the Gluon forward up; not timed again since);
+# - the backward (plain or ring step): Gluon, 1.03-1.23x cuDNN + the gradient adds on every ring-step
+#   case of lao_bench.json, 1.00-1.05x cuDNN's plain backward at 16K-128K, causal, 24 q / 8 kv heads
+#   (gluon_bwd_variants_h200.json, gluon_bwd_transposed_h200.json);
+# - elsewhere cuDNN (not Hopper, d != 128 for the backward, lengths not multiples of 128), except
+#   a strict block's forward up to 8K rows, where SDPA pays a shifted call and Triton is faster;
+# - "spec": any MaskSpec (windows, documents, block masks), which SDPA cannot express; registry.py
+#   sends one whose visible pairs lie mostly in large pieces to cuDNN piece by piece.
+AUTO_TABLE = {
+    ("forward", FULL): [(None, "cudnn")],
+    ("forward", CAUSAL): [(None, "cudnn")],
+    ("forward", STRICT): [(8192, "triton"), (None, "cudnn")],
+    ("forward", "spec"): [(None, "triton")],
+    ("forward_into", FULL): [(None, "gluon"), (None, "cudnn")],
+    ("forward_into", CAUSAL): [(None, "gluon"), (None, "cudnn")],
+    ("forward_into", STRICT): [(None, "gluon"), (8192, "triton"), (None, "cudnn")],
+    ("forward_into", "spec"): [(None, "triton")],
+    ("backward", FULL): [(None, "gluon"), (None, "cudnn")],
+    ("backward", CAUSAL): [(None, "gluon"), (None, "cudnn")],
+    ("backward", STRICT): [(None, "gluon"), (None, "cudnn")],
+    ("backward", "spec"): [(None, "triton")],
+}
+
+# cuDNN up to 8K rows (ours 0.89-1.08x there, median 0.93x full and 0.98x causal on H100), the
+# Gluon forward above
+_GLUON_ABOVE_8K = [(8192, "cudnn"), (None, "gluon"), (None, "cudnn")]
+
+CARDS = {
+    # "NVIDIA H100 80GB HBM3": the plain forward, 32 q / 8 kv heads, d=128, in fp8_h100.json,
+    # fp8_h100_2.json, fp8_h100_quant.json, fp8_h100_final.json (their bf16 rows, four launches):
+    # causal 8K 0.95-1.08x, 32K 1.01-1.08x, 128K 1.13-1.15x; full 8K 0.89-0.99x, 32K 1.02-1.08x,
+    # 128K 1.00-1.04x; 24 q / 8 kv heads, causal, gluon_fwd_h100.json: 16K 1.03x, 64K 1.07x.
+    # The backward stays Gluon: gluon_bwd_h100.json 0.98x at 16K, 1.02x at 64K (within the tie).
+    "H100": {
+        ("forward", FULL, 128): _GLUON_ABOVE_8K,
+        ("forward", CAUSAL, 128): _GLUON_ABOVE_8K,
+    },
+    # "NVIDIA H200": the plain causal forward, 24 q / 8 kv heads, d=128, gluon_fwd_h200.json and
+    # gluon_fwd_maskfirst_h200.json (the kernel as it is for a positive scale): 16K 1.05-1.07x,
+    # 64K 1.05x, 128K 1.11-1.13x.  The full forward keeps cuDNN: no record of today's Gluon forward
+    # on full blocks here (lao_bench.json's, 0.94-0.99x at 16K-128K, timed it before 1d52501).
+    "H200": {
+        ("forward", CAUSAL, 128): _GLUON_ABOVE_8K,
+    },
+}
+
+
+def card_key(name: str, cards: dict = CARDS) -> str | None:
+    """The first key of ``cards`` that is a word of the device ``name`` ("H200" is NVIDIA H200
+    and H200 NVL, not GH200); None for a card they do not name."""
+    words = name.split()
+    return next((key for key in cards if key in words), None)
+
+
+def card_rules(name: str, cards: dict = CARDS) -> dict:
+    """The rules ``cards`` hold for the device ``name`` ({}: the card keeps ``AUTO_TABLE``)."""
+    key = card_key(name, cards)
+    return {} if key is None else cards[key]
+
+
+def device_name(device) -> str:
+    """The device's name ("NVIDIA H100 80GB HBM3"); "" off CUDA."""
+    device = torch.device(device)
+    return torch.cuda.get_device_properties(device).name if device.type == "cuda" else ""
