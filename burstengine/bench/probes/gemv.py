@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from ...model import PRESETS
 from ...testing import fro_err
+from ..peers.decode import copy_bandwidth
 from ..records import OUT_DIR_HELP, write_record
 from ..tables import Section, device_of, num, record, table
 from ..usage import command_parser
@@ -82,21 +83,6 @@ def _bench(fn, ws, x, reps: int = 3) -> float:
     return statistics.median(times)
 
 
-def copy_bandwidth(device) -> float:
-    n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device=device)
-    b = torch.empty_like(a)
-    t = []
-    for _ in range(5):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        b.copy_(a)
-        e1.record()
-        torch.cuda.synchronize()
-        t.append(e0.elapsed_time(e1) / 1e3)
-    return 2 * n / min(t)
-
-
 def speed(device, rows_list, sweep: bool, bw: float) -> list[dict]:
     from ...kernels.triton import gemv
 
@@ -147,7 +133,7 @@ def main(argv=None):
     worst = max(r["err"] for r in rec["check"])
     print(f"[bench gemv] check: {len(rec['check'])} cases, worst {worst:.2e} vs float64 "
           f"(cuBLAS {max(r['cublas_err'] for r in rec['check']):.2e})", flush=True)
-    rec["copy_bandwidth_Bps"] = bw = copy_bandwidth(device)
+    rec["copy_bandwidth_Bps"] = bw = copy_bandwidth(device, 4096)
     rec["speed"] = speed(device, rows_list, args.sweep, bw)
     name = args.name or "gemv_" + torch.cuda.get_device_name().split()[1].lower()
     print("wrote", write_record(name, rec, args.out_dir))
