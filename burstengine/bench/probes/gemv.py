@@ -84,7 +84,7 @@ def _bench(fn, ws, x, reps: int = 3) -> float:
 
 
 def speed(device, rows_list, sweep: bool, bw: float) -> list[dict]:
-    from ...kernels.triton import gemv
+    from ...kernels.triton import gemv  # imports triton: only on a GPU run
 
     out = []
     for world in (1, 2, 4):
