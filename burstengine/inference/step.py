@@ -160,8 +160,9 @@ class DecodeStep:
         if self.split is None:
             hooks = Hooks(kv_sink=self._write, attend=self._attend)
         else:  # the K/V are written once gathered to all heads (_attend_sliced); one sequence's q and k
-            # are roped there too (several: roped by the layer, the path the batch-8 records ran; a
-            # 2 x H200 launch at 713227f saw batch 2's capture fail with raw q/k, not yet explained)
+            # are roped there too.  A batch's are roped by the layer: on 2 x H200 at 713227f, with raw
+            # q/k for batches too, a batch's graph capture failed (the batch-2 warm-up's or batch 8's:
+            # the log cannot tell; cause not known), so batches keep the path the earlier checks ran
             hooks = Hooks(attend=self._attend_sliced, reduce=self._reduce, raw_qkv=self.B == 1)
         self._tables = tables
         h = self.decoder.hidden(self.tok[None], self.qpos, hooks=hooks, tables=tables)  # (1, B, dim)
