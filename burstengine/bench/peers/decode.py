@@ -323,7 +323,8 @@ def run_rank(args) -> dict:
     rows = []
     name = args.name or f"decode_{args.model}_{world}{device.type}"
     payload = dict(kind="decode", model=args.model, describe=model.describe, world=world, dtype=str(dtype),
-                   copy_bandwidth_Bps=bw, graphs=graphed, gemv=args.gemv, sliced=model.sliced, threads=torch.get_num_threads(),
+                   copy_bandwidth_Bps=bw, graphs=graphed, gemv=args.gemv, sliced=model.sliced,
+                   threads=torch.get_num_threads(),
                    rows=rows)
     if check is not None:
         payload["check"] = check
@@ -510,8 +511,8 @@ def block_decode_ranks(records):
                          "tensor-parallel" if r["tensor_parallel"] else "whole on every rank",
                          ms(r["decode_s_per_token"]), ms(r["bound_s"]), f"{r['ratio_to_bound']:.2f}×",
                          fixed(r["first_token_s"], 1), f"`{name}`"])
-    return "\n".join(["Decode of llama-3.1-8b's shape (random weights, bf16, CUDA graph) over several ranks: "
-                      "per token, the bound of one rank reading its weights and its cache shard once at the copy "
+    return "\n".join(["Decode of llama-3.1-8b's shape (random weights, bf16, CUDA graph) over several "
+                      "ranks: per token, the bound of one rank reading its weights and its cache shard once at the copy "
                       "bandwidth measured in the launch, and the first token (the prompt's prefill):", ""]
                      + table(["ranks", "prompt × batch", "weights", "ms/token", "bound ms", "× bound", "first token s",
                               "record"], body))

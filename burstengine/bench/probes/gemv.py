@@ -142,7 +142,8 @@ def main(argv=None):
 # --- docs/results.md ----------------------------------------------------------------------------
 
 def render(rec) -> list[str]:
-    return table(["ranks", "projection", "N × K", "rows", "cuBLAS µs", "ours µs", "cuBLAS of copy bw", "ours of copy bw"],
+    return table(["ranks", "projection", "N × K", "rows", "cuBLAS µs", "ours µs", "cuBLAS of copy bw",
+                  "ours of copy bw"],
                  [[r["world"], r["proj"], f"{r['N']}×{r['K']}", r["M"], num(r["cublas_s"] * 1e6, 3),
                    num(r["ours_s"] * 1e6, 3), f"{r['cublas_of_copy']:.0%}", f"{r['ours_of_copy']:.0%}"]
                   for r in rec.get("speed", [])])
