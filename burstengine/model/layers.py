@@ -171,7 +171,9 @@ class FeedForward(nn.Module):
 
 def pack(*linears: nn.Linear) -> None:
     """Move the weights (and biases) of ``linears``, which read the same input, back to back into
-    one new tensor each, the parameters becoming views of it (inference: no gradients)."""
+    one new tensor each, the parameters becoming views of it.  Only the layout changes: each
+    parameter keeps its ``requires_grad`` (a model trained after load_model trains these too; with
+    gradients :func:`packed` refuses and the separate matmuls run)."""
     for leaf in ("weight", "bias"):
         ps = [getattr(m, leaf) for m in linears]
         if any(p is None for p in ps):
@@ -179,7 +181,7 @@ def pack(*linears: nn.Linear) -> None:
         whole = torch.cat([p.detach() for p in ps])
         at = 0
         for m, p in zip(linears, ps):
-            setattr(m, leaf, nn.Parameter(whole[at:at + p.shape[0]], requires_grad=False))
+            setattr(m, leaf, nn.Parameter(whole[at:at + p.shape[0]], requires_grad=p.requires_grad))
             at += p.shape[0]
 
 

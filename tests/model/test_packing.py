@@ -66,3 +66,22 @@ def test_pack_model_skips_wrapped_projections():
         a0, a1 = m.layers[0].attention, m.layers[1].attention
         assert packed(a1.wq, a1.wk, a1.wv) is not None
         assert packed(a0.wq, a0.wk[0], a0.wv) is None
+
+
+def test_load_model_leaves_every_parameter_trainable():
+    # packing is a layout: a model trained after load_model trains its q/k/v and gate/up weights
+    # too (they were frozen, requires_grad=False, and an optimizer skipped them silently)
+    m = load_model("tiny", dtype=torch.float64).model
+    assert [n for n, p in m.named_parameters() if not p.requires_grad] == []
+    wq = m.layers[0].attention.wq.weight
+    before = wq.detach().clone()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    m.train()
+    x = torch.randn(1, 8, m.args.dim, dtype=torch.float64)
+    m.layers[0].attention.qkv(x, *m.ropes(torch.arange(8), torch.float64, 8)[0])[0].sum().backward()
+    opt.step()
+    assert not torch.equal(wq.detach(), before)
+    with torch.no_grad():  # still one storage: the step updated the views in place
+        att = m.layers[0].attention
+        assert packed(att.wq, att.wk, att.wv) is not None
+
