@@ -201,7 +201,12 @@ def adjacent(ts):
             return None
         at += t.numel() * t.element_size()
         rows += t.shape[0]
-    return first.as_strided((rows,) + tuple(first.shape[1:]), first.stride())
+    # the contiguous strides of the whole, not first.stride(): a one-row view is contiguous
+    # whatever its row stride (X[0:1, :K] of a wider X), and that stride would step past the rows
+    shape, stride = (rows,) + tuple(first.shape[1:]), [1]
+    for n in reversed(shape[1:]):
+        stride.insert(0, stride[0] * n)
+    return first.as_strided(shape, stride)
 
 
 def packed(*linears):

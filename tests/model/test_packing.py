@@ -85,3 +85,12 @@ def test_load_model_leaves_every_parameter_trainable():
         att = m.layers[0].attention
         assert packed(att.wq, att.wk, att.wv) is not None
 
+
+
+def test_adjacent_gives_the_rows_in_order_for_one_row_views():
+    # a (1, K) view is contiguous whatever its row stride: the packed view must not take that
+    # stride for its rows
+    X = torch.arange(32.0).view(4, 8)
+    a, b = X[0:1, :4], X[0:1, 4:]
+    w = adjacent([a, b])
+    assert w is None or torch.equal(w, torch.cat([a, b]))
