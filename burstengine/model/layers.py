@@ -271,7 +271,8 @@ class Block(nn.Module):
     def _qkv(self, x, cos, sin, lean):
         att = self.attention
         if lean:
-            return att.heads(*pointwise.norm_linears(x, self.attention_norm, att.wq, att.wk, att.wv), cos, sin)
+            return att.heads(*pointwise.norm_linears(x, self.attention_norm, att.wq, att.wk, att.wv), cos, sin,
+                             self.hooks.raw_qkv)
         return att.qkv(self.attention_norm(x), cos, sin, self.hooks.raw_qkv)
 
     def attend(self, q, k, v, docs=None):

@@ -94,3 +94,22 @@ def test_adjacent_gives_the_rows_in_order_for_one_row_views():
     a, b = X[0:1, :4], X[0:1, 4:]
     w = adjacent([a, b])
     assert w is None or torch.equal(w, torch.cat([a, b]))
+
+
+@pytest.mark.parametrize("lean", [False, True])
+def test_raw_qkv_holds_on_every_checkpoint_path(lean):
+    # Hooks.raw_qkv: the tensor-parallel step norms and ropes q/k after its gather, so a layer
+    # that ropes them too (the pointwise / offload policies' lean path did) ropes them twice
+    from burstengine.model import Hooks
+
+    m = tc.model(None, "whole", qk_norm=True).model
+    b = m.layers[0]
+    x = torch.randn(1, 1, m.args.dim, dtype=torch.float64)
+    cos, sin = m.ropes(torch.tensor([5]), torch.float64, 6)[0]
+    b.hooks = Hooks(raw_qkv=True)
+    with torch.no_grad():
+        q, k, v = b.pre_attention(x, cos, sin, lean=lean)
+        h = b.attention_norm(x)
+        att = b.attention
+        for got, lin in zip((q, k, v), (att.wq, att.wk, att.wv)):
+            assert torch.allclose(got.flatten(2), lin(h), rtol=1e-12, atol=1e-12)
