@@ -171,7 +171,9 @@ class FeedForward(nn.Module):
 
 def pack(*linears: nn.Linear) -> None:
     """Move the weights (and biases) of ``linears``, which read the same input, back to back into
-    one new tensor each, the parameters becoming views of it (inference: no gradients)."""
+    one new tensor each, the parameters becoming views of it.  Only the layout changes: each
+    parameter keeps its ``requires_grad`` (a model trained after load_model trains these too; with
+    gradients :func:`packed` refuses and the separate matmuls run)."""
     for leaf in ("weight", "bias"):
         ps = [getattr(m, leaf) for m in linears]
         if any(p is None for p in ps):
@@ -179,7 +181,7 @@ def pack(*linears: nn.Linear) -> None:
         whole = torch.cat([p.detach() for p in ps])
         at = 0
         for m, p in zip(linears, ps):
-            setattr(m, leaf, nn.Parameter(whole[at:at + p.shape[0]], requires_grad=False))
+            setattr(m, leaf, nn.Parameter(whole[at:at + p.shape[0]], requires_grad=p.requires_grad))
             at += p.shape[0]
 
 
@@ -199,7 +201,12 @@ def adjacent(ts):
             return None
         at += t.numel() * t.element_size()
         rows += t.shape[0]
-    return first.as_strided((rows,) + tuple(first.shape[1:]), first.stride())
+    # the contiguous strides of the whole, not first.stride(): a one-row view is contiguous
+    # whatever its row stride (X[0:1, :K] of a wider X), and that stride would step past the rows
+    shape, stride = (rows,) + tuple(first.shape[1:]), [1]
+    for n in reversed(shape[1:]):
+        stride.insert(0, stride[0] * n)
+    return first.as_strided(shape, stride)
 
 
 def packed(*linears):
@@ -264,7 +271,8 @@ class Block(nn.Module):
     def _qkv(self, x, cos, sin, lean):
         att = self.attention
         if lean:
-            return att.heads(*pointwise.norm_linears(x, self.attention_norm, att.wq, att.wk, att.wv), cos, sin)
+            return att.heads(*pointwise.norm_linears(x, self.attention_norm, att.wq, att.wk, att.wv), cos, sin,
+                             self.hooks.raw_qkv)
         return att.qkv(self.attention_norm(x), cos, sin, self.hooks.raw_qkv)
 
     def attend(self, q, k, v, docs=None):

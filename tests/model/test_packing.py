@@ -66,3 +66,50 @@ def test_pack_model_skips_wrapped_projections():
         a0, a1 = m.layers[0].attention, m.layers[1].attention
         assert packed(a1.wq, a1.wk, a1.wv) is not None
         assert packed(a0.wq, a0.wk[0], a0.wv) is None
+
+
+def test_load_model_leaves_every_parameter_trainable():
+    # packing is a layout: a model trained after load_model trains its q/k/v and gate/up weights
+    # too (they were frozen, requires_grad=False, and an optimizer skipped them silently)
+    m = load_model("tiny", dtype=torch.float64).model
+    assert [n for n, p in m.named_parameters() if not p.requires_grad] == []
+    wq = m.layers[0].attention.wq.weight
+    before = wq.detach().clone()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    m.train()
+    x = torch.randn(1, 8, m.args.dim, dtype=torch.float64)
+    m.layers[0].attention.qkv(x, *m.ropes(torch.arange(8), torch.float64, 8)[0])[0].sum().backward()
+    opt.step()
+    assert not torch.equal(wq.detach(), before)
+    with torch.no_grad():  # still one storage: the step updated the views in place
+        att = m.layers[0].attention
+        assert packed(att.wq, att.wk, att.wv) is not None
+
+
+
+def test_adjacent_gives_the_rows_in_order_for_one_row_views():
+    # a (1, K) view is contiguous whatever its row stride: the packed view must not take that
+    # stride for its rows
+    X = torch.arange(32.0).view(4, 8)
+    a, b = X[0:1, :4], X[0:1, 4:]
+    w = adjacent([a, b])
+    assert w is None or torch.equal(w, torch.cat([a, b]))
+
+
+@pytest.mark.parametrize("lean", [False, True])
+def test_raw_qkv_holds_on_every_checkpoint_path(lean):
+    # Hooks.raw_qkv: the tensor-parallel step norms and ropes q/k after its gather, so a layer
+    # that ropes them too (the pointwise / offload policies' lean path did) ropes them twice
+    from burstengine.model import Hooks
+
+    m = tc.model(None, "whole", qk_norm=True).model
+    b = m.layers[0]
+    x = torch.randn(1, 1, m.args.dim, dtype=torch.float64)
+    cos, sin = m.ropes(torch.tensor([5]), torch.float64, 6)[0]
+    b.hooks = Hooks(raw_qkv=True)
+    with torch.no_grad():
+        q, k, v = b.pre_attention(x, cos, sin, lean=lean)
+        h = b.attention_norm(x)
+        att = b.attention
+        for got, lin in zip((q, k, v), (att.wq, att.wk, att.wv)):
+            assert torch.allclose(got.flatten(2), lin(h), rtol=1e-12, atol=1e-12)
