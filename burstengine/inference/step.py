@@ -101,6 +101,11 @@ class DecodeStep:
         # the Transformer the step runs: the model, or its slices over the group (tensor parallelism)
         self.decoder = model.decoder(group) if tensor_parallel else model.model
         self.split = self.decoder.tp if tensor_parallel else None
+        # one sequence's q and k reach the tensor-parallel gather raw, normed and roped as it unpacks
+        # them (Hooks.raw_qkv).  A batch's are roped by the layer: on 2 x H200 at 713227f, with raw
+        # q/k for batches too, a batch's graph capture failed (the batch-2 warm-up's or batch 8's:
+        # the log cannot tell; cause not known), so batches keep the path the earlier checks ran
+        self.raw_qkv = tensor_parallel and batch == 1
         a = model.model.args
         self.args = a
         self.B = batch
@@ -159,11 +164,8 @@ class DecodeStep:
         # `del step` would no longer free the graph before the cache it points into
         if self.split is None:
             hooks = Hooks(kv_sink=self._write, attend=self._attend)
-        else:  # the K/V are written once gathered to all heads (_attend_sliced); one sequence's q and k
-            # are roped there too.  A batch's are roped by the layer: on 2 x H200 at 713227f, with raw
-            # q/k for batches too, a batch's graph capture failed (the batch-2 warm-up's or batch 8's:
-            # the log cannot tell; cause not known), so batches keep the path the earlier checks ran
-            hooks = Hooks(attend=self._attend_sliced, reduce=self._reduce, raw_qkv=self.B == 1)
+        else:  # the K/V are written once gathered to all heads (_attend_sliced)
+            hooks = Hooks(attend=self._attend_sliced, reduce=self._reduce, raw_qkv=self.raw_qkv)
         self._tables = tables
         h = self.decoder.hidden(self.tok[None], self.qpos, hooks=hooks, tables=tables)  # (1, B, dim)
         if self.split is not None:  # every rank joins the vocabulary slices' gather
@@ -184,16 +186,14 @@ class DecodeStep:
         return merged_heads(o, lse, self.group, lo, hi, q.dtype)[None]
 
     def _attend_sliced(self, layer: int, q, k, v):
-        """Tensor parallelism: this rank's heads of the raw q, k, v -> all heads, normed and roped
-        as they are unpacked, attention over this rank's shard of the cache with all of them, the
-        merge of this rank's heads."""
-        if self.B == 1:  # raw q, k (Hooks.raw_qkv): normed and roped as they are unpacked
-            att = self.decoder.layers[layer].attention
-            rope = self._tables[self.decoder.layers[layer].rope_index]
-            q, k, v = tensor_parallel.gather_heads(q, k, v, self.split.world, self.group, rope=rope,
-                                                   norms=(att.q_norm, att.k_norm))
-        else:
-            q, k, v = tensor_parallel.gather_heads(q, k, v, self.split.world, self.group)
+        """Tensor parallelism: this rank's heads of q, k, v -> all heads (raw ones normed and roped
+        as they are unpacked: ``raw_qkv``), attention over this rank's shard of the cache with all
+        of them, the merge of this rank's heads."""
+        rope = norms = None
+        if self.raw_qkv:
+            b = self.decoder.layers[layer]
+            rope, norms = self._tables[b.rope_index], (b.attention.q_norm, b.attention.k_norm)
+        q, k, v = tensor_parallel.gather_heads(q, k, v, self.split.world, self.group, rope=rope, norms=norms)
         self._write(layer, k, v)
         return self._attend(layer, q, k, v, tensor_parallel.my_heads(q.shape[2], self.split))
 

@@ -17,10 +17,6 @@ def set_gemv(on: bool) -> None:
     _gemv["on"] = bool(on)
 
 
-def gemv_on() -> bool:
-    return _gemv["on"]
-
-
 def _may_gemv(x: torch.Tensor) -> bool:
     return _gemv["on"] and x.is_cuda and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
 
