@@ -23,7 +23,7 @@ from ...model import PRESETS
 from ...testing import fro_err
 from ..peers.decode import copy_bandwidth
 from ..records import OUT_DIR_HELP, write_record
-from ..tables import Section, device_of, num, record, table
+from ..tables import Section, num, table
 from ..usage import command_parser
 
 SWEEP = [(bn, bk, w, s) for bn in (16, 32, 64) for bk in (128, 256, 512) for w in (4, 8) for s in (3, 4)
