@@ -140,7 +140,6 @@ decode2)  # 37: tensor-parallel decode, sliced weights, new step vs the old tree
   ;;
 decode3)  # 37: the decode step with the GEMV tiles of the sweep; the decode check on 2 ranks; each log kept
   D8="decode --model llama-3.1-8b --batches 1 --tokens 8 --warmup 2 --sliced --eager-max 1"
-  logged() { local name=$1; shift; bstep "$@" > "$BURST_RESULTS/log_$name.txt" 2>&1; tail -4 "$BURST_RESULTS/log_$name.txt"; }
   logged check 150 $BE decode --check --model tiny --seqs 1K --batches 1 --tokens 4 --warmup 2 --name decode_check_2gpu_gemv
   logged off128 90 $BE $D8 --seqs 128K --gemv off --name decode_8b_2gpu_128k_gemv_off
   logged on128 90 $BE $D8 --seqs 128K --gemv on --name decode_8b_2gpu_128k_tiles
@@ -149,7 +148,6 @@ decode3)  # 37: the decode step with the GEMV tiles of the sweep; the decode che
 decode4)  # 37: the step with q/k roped in the gather's unpacking, beside the tree before the cuts ($OLD), batch 8
   # at 128K (a 69 GB cache shard: H200), and a 1M prompt (a ~4 min prefill; the cache is 64 GB a rank)
   D8="decode --model llama-3.1-8b --tokens 8 --warmup 2 --sliced --eager-max 1"
-  logged() { local name=$1; shift; bstep "$@" > "$BURST_RESULTS/log_$name.txt" 2>&1; tail -3 "$BURST_RESULTS/log_$name.txt"; }
   logged new128 90 $BE $D8 --batches 1 --seqs 128K --name decode_8b_2gpu_128k_raw
   (cd "$OLD" && BURST_COMMIT=${OLD_COMMIT:-} PYTHONPATH=$PWD logged old128 90 $BE $D8 --batches 1 --seqs 128K \
       --name decode_8b_2gpu_128k_before2)

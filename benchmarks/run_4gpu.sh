@@ -49,6 +49,8 @@
 #                                        #   at 512K beside torch-CP, warm
 #   bash benchmarks/run_4gpu.sh fp8prompt # 38.3/41.3 a 1M-token prompt of llama-3.1-8b: burst, burst on the FP8 forward
 #                                        #   and torch-CP, each warmed at a short length, then its first call at 1M
+#   bash benchmarks/run_4gpu.sh h200a    # 38.3 8B decode over 4 ranks at 128K with stop 49's cuts (TP, sliced);
+#                                        #   38.7 the longest attention fwd+bwd on 141 GB cards, tried at most at 4M
 #   bash benchmarks/run_4gpu.sh longest  # 38.6 train_step again (the backstop armed before the GIL is let go);
 #                                        #   38.1 torch-CP at 256K with its fallback plans; 38.7 the longest
 #                                        #   attention fwd+bwd (8B heads 32/8)
@@ -280,6 +282,13 @@ warm256)
 longest2)
   bstep 560 $TR -m burstengine bench longest --methods ringbwd-zigzag --heads 32 --kv-heads 8 \
       --probes 262144,524288 --out-dir "$BURST_RESULTS"
+  ;;
+h200a)
+  D8="decode --model llama-3.1-8b --tokens 8 --warmup 2 --sliced --eager-max 1"
+  logged d128 120 $BE $D8 --batches 1 --seqs 128K --name decode_8b_4gpu_128k_cuts
+  # a fwd+bwd grows with the square of its length: ~330 s at 4M (188 s at 3.15M on 4xH100)
+  logged longest 450 $TR -m burstengine bench longest --methods burst-zigzag --heads 32 --kv-heads 8 \
+      --probes 262144,524288 --at-most 4194304 --name longest_4gpu_h200
   ;;
 longest)
   faults4 70 45 faults_4gpu_nccl_train_step2 train_step

@@ -132,3 +132,17 @@ def test_suite_time_records_the_readme_command(tmp_path, monkeypatch, capsys):
     assert suite_time.main([]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
     monkeypatch.chdir(root)
+
+
+def test_longest_table_shows_a_try_that_fit_as_its_peak_not_as_oom():
+    """The record holds each try's peak in bytes (None on OOM); the table once read a GiB key only
+    and showed every try, the one that fit too, as "OOM"."""
+    from burstengine.bench.probes.longest import render
+    rec = {"rows": [{"method": "burst-zigzag", "predicted": 5_000_000, "capped": 4_194_304, "longest": 4_194_304,
+                     "tries": [{"S": 4_194_304, "peak_bytes": 100 * 2**30, "seconds": 300.0}]},
+                    {"method": "torch-cp-cudnn", "predicted": 900_000, "longest": 800_000,
+                     "tries": [{"S": 900_000, "peak_bytes": None, "seconds": 9.0},
+                               {"S": 800_000, "peak_bytes": 2**31, "seconds": 8.0}]}]}
+    out = "\n".join(render(rec))
+    assert "S=4194304: 100.0 GiB (300 s)" in out and "tried at most 4194304" in out
+    assert "S=900000: OOM" in out and "S=800000: 2.0 GiB" in out

@@ -5,7 +5,8 @@
 Peak memory of ring-style attention grows linearly with the sequence, so each method is run
 once at two probe sizes, the line through the two peaks is extended to the memory the GPU
 has (less --headroom), and the method is then run once (fwd+bwd) at the predicted length,
-stepping down by --step on an OOM.  One untimed iteration per size: this finds a size, it
+stepping down by --step on an OOM.  --at-most caps the length tried (a fwd+bwd grows with its square:
+at 5M tokens one try outlasts a 10-minute device call); the predicted length is still recorded.  One untimed iteration per size: this finds a size, it
 does not time one (bench attention does).  Writes longest_<world>gpu.json to $BURST_RESULTS or ./burst-results.
 """
 import os
@@ -66,6 +67,8 @@ def main(argv=None):
     ap.add_argument("--headroom", type=float, default=0.04, help="fraction of GPU memory left free")
     ap.add_argument("--step", type=float, default=0.08, help="relative step down after an OOM")
     ap.add_argument("--tries", type=int, default=3)
+    ap.add_argument("--at-most", type=int, default=None, help="longest length tried (the prediction is still recorded)")
+    ap.add_argument("--name", default=None, help="record name [longest_<world>gpu]")
     ap.add_argument("--out-dir", default=None, help=OUT_DIR_HELP)
     args = ap.parse_args(argv)
     dist.init_process_group("nccl")
@@ -75,6 +78,7 @@ def main(argv=None):
     cap = torch.cuda.get_device_properties(dev).total_memory * (1 - args.headroom)
     unit = 2 * world * 1024  # zigzag needs 2G chunks; keep lengths round
     rows, t0 = [], time.time()
+    name = args.name or f"longest_{world}gpu"
     own = None  # this run's record once written: rewritten after every method
     for m in args.methods.split(","):
         s1, s2 = map(int, args.probes.split(","))
@@ -87,6 +91,9 @@ def main(argv=None):
         per_token = (p2 - p1) / (s2 - s1)
         S = int((cap - (p1 - per_token * s1)) / per_token) // unit * unit
         row.update(bytes_per_token=per_token, predicted=S)
+        if args.at_most and S > args.at_most:
+            S = args.at_most // unit * unit
+            row["capped"] = S
         for _ in range(args.tries):
             t = time.time()
             peak = _try(m, S, args, None, dev)
@@ -100,26 +107,37 @@ def main(argv=None):
             S = int(S * (1 - args.step)) // unit * unit
         rows.append(row)
         if rank == 0:  # after every method: a run stopped later still leaves its figures
-            own = write_record(f"longest_{world}gpu", dict(world=world, args=vars(args), rows=rows, partial=True),
+            own = write_record(name, dict(world=world, args=vars(args), rows=rows, partial=True),
                                args.out_dir, path=own)
     if rank == 0:
         for r in rows:
             print(f"{r['method']:18s} longest fwd+bwd {r.get('longest', 'none')} tokens on {world} GPUs "
-                  f"(predicted {r.get('predicted')}; peak grows {r.get('bytes_per_token', 0) / 1024:.0f} KiB per GPU per token)")
-        print("wrote", write_record(f"longest_{world}gpu", dict(world=world, args=vars(args), rows=rows), args.out_dir,
+                  f"(predicted {r.get('predicted')}{', tried at most ' + str(r['capped']) if 'capped' in r else ''}; peak grows {r.get('bytes_per_token', 0) / 1024:.0f} KiB per GPU per token)")
+        print("wrote", write_record(name, dict(world=world, args=vars(args), rows=rows), args.out_dir,
                                     path=own))
     dist.destroy_process_group()
 
 
 # --- docs/results.md ----------------------------------------------------------------------------
 
+def _peak(t):
+    """A try's peak as the table shows it: records hold bytes (peak_bytes, None on OOM); the
+    hand-assembled 2-GPU record holds GiB."""
+    if t.get("peak_bytes"):
+        return f"{t['peak_bytes'] / 2**30:.1f} GiB"
+    return f"{t['peak_gib']} GiB" if t.get("peak_gib") else "OOM"
+
+
 def render(rec):
     body = []
     for r in rec["rows"]:
-        tries = "; ".join(f"S={t['S']}: " + (f"{t['peak_gib']} GiB" if t.get("peak_gib") else "OOM")
+        tries = "; ".join(f"S={t['S']}: {_peak(t)}" + (f" ({t['seconds']:.0f} s)" if t.get("seconds") else "")
                           for t in r.get("tries", []))
-        body.append([r["method"], r.get("longest", "—"), tries or r.get("error", "")])
-    return table(["method", "longest S", "tries"], body)
+        predicted = r.get("predicted", "—")
+        if "capped" in r:
+            predicted = f"{predicted} (tried at most {r['capped']})"
+        body.append([r["method"], r.get("longest", "—"), predicted, tries or r.get("error", "")])
+    return table(["method", "longest S", "predicted to fit", "tries"], body)
 
 
 SECTIONS = (Section("Longest sequence", r"^longest", render,
