@@ -51,6 +51,10 @@
 #                                        #   and torch-CP, each warmed at a short length, then its first call at 1M
 #   bash benchmarks/run_4gpu.sh h200a    # 38.3 8B decode over 4 ranks at 128K with stop 49's cuts (TP, sliced);
 #                                        #   38.7 the longest attention fwd+bwd on 141 GB cards, tried at most at 4M
+#   bash benchmarks/run_4gpu.sh h200b    # 38.3 8B decode over 4 ranks against a 1M cache (its capture failed on one
+#                                        #   rank in h200a's launch: now tried again on every rank); then side by
+#                                        #   side: cards 0,1 37's batch 8 at 128K over 2 ranks; cards 2,3 36's
+#                                        #   tokens/s at 128K with each option on beside off (3B preset)
 #   bash benchmarks/run_4gpu.sh longest  # 38.6 train_step again (the backstop armed before the GIL is let go);
 #                                        #   38.1 torch-CP at 256K with its fallback plans; 38.7 the longest
 #                                        #   attention fwd+bwd (8B heads 32/8)
@@ -289,6 +293,25 @@ h200a)
   # a fwd+bwd grows with the square of its length: ~330 s at 4M (188 s at 3.15M on 4xH100)
   logged longest 450 $TR -m burstengine bench longest --methods burst-zigzag --heads 32 --kv-heads 8 \
       --probes 262144,524288 --at-most 4194304 --name longest_4gpu_h200
+  ;;
+h200b)
+  D8="decode --model llama-3.1-8b --tokens 8 --warmup 2 --sliced --eager-max 1"
+  logged m1 300 $BE $D8 --batches 1 --seqs 1M --name decode_8b_4gpu_1m_cuts
+  T2="python3 -m torch.distributed.run --standalone --nproc_per_node 2"
+  L=$(left)
+  ( export CUDA_VISIBLE_DEVICES=0,1; BUDGET=$L; T0=$(date +%s)
+    logged b8 150 $T2 -m burstengine bench $D8 --batches 8 --seqs 128K --name decode_8b_2gpu_128k_b8_cuts
+  ) > "$out/logs/pair01.log" 2>&1 &
+  A=$!
+  ( export CUDA_VISIBLE_DEVICES=2,3; BUDGET=$L; T0=$(date +%s)
+    B3="$T2 -m burstengine bench train --model llama-3b --methods burst --seqs 131072 --warmup 1 --steps 2"
+    logged base 120 $B3 --set tiled_mlp=off --name longctx_speed_3b_128k_base
+    logged lora 120 $B3 --set tiled_mlp=off --set lora.rank=16 --name longctx_speed_3b_128k_lora
+    logged tiled 120 $B3 --set tiled_mlp=on --name longctx_speed_3b_128k_tiled
+  ) > "$out/logs/pair23.log" 2>&1 &
+  B=$!
+  wait $A $B
+  cat "$out/logs/pair01.log" "$out/logs/pair23.log"
   ;;
 longest)
   faults4 70 45 faults_4gpu_nccl_train_step2 train_step

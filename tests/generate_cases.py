@@ -88,6 +88,47 @@ def run_generate_logits(group, path, lengths, max_new, seed=0, prefill=False):
     return out.tokens, (torch.stack(seen, 1) if seen else None)
 
 
+def run_generate_flaky_capture(group, path, lengths, max_new, fail_on: int, failures: int, graphs="auto"):
+    """Our tokens when the step's CUDA graph capture fails on rank ``fail_on`` the first
+    ``failures`` times (as one did on GPUs: an error on one rank only), the captures each rank
+    tried, and the warnings it gave.  A capture that works records a stand-in graph whose replay
+    runs the step op by op (CPU has no graphs)."""
+    import types
+    import warnings
+
+    import torch.distributed as dist
+
+    from burstengine.inference import generate as gen_mod  # noqa: F401 (the package exports the function)
+    from burstengine.inference import step as st
+
+    gen = __import__("importlib").import_module("burstengine.inference.generate")
+    rank = dist.get_rank(group) if group is not None else 0
+    tried, saved = [], (gen.use_graphs, st.DecodeStep.capture, st.DecodeStep.launch)
+
+    def capture(self, warmup=2):
+        tried.append(1)
+        if rank == fail_on and len(tried) <= failures:
+            raise RuntimeError(f"capturing the decode step in a CUDA graph failed on rank {rank}: "
+                               "AcceleratorError: operation failed due to a previous error during capture")
+        self.graph = types.SimpleNamespace(replay=None)
+
+    def launch(self):
+        return self.forward()
+
+    gen.use_graphs = lambda mode, device: True  # as on a GPU
+    st.DecodeStep.capture, st.DecodeStep.launch = capture, launch
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = gen.generate(_model(path), prompts(lengths, 0), max_new, group=group, graphs=graphs)
+        return out.tokens, len(tried), out.timings["graphs"], [str(w.message) for w in caught
+                                                                 if "captur" in str(w.message)]
+    except RuntimeError as e:
+        return None, len(tried), None, [str(e)]
+    finally:
+        gen.use_graphs, (st.DecodeStep.capture, st.DecodeStep.launch) = saved[0], saved[1:]
+
+
 def raises(group, path, fn_name, *args, **kwargs):
     """The message of the ValueError generate raises (on this rank), None if it did not."""
     from burstengine.inference import Sampling, generate

@@ -191,28 +191,41 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
     return GenerateOutput(tokens=out, timings=timings, shard_lengths=history)
 
 
-def _capture(step: DecodeStep, graphs: str, world: int, group, dev) -> bool:
+def _capture(step: DecodeStep, graphs: str, world: int, group, dev, tries: int = 2) -> bool:
     """Capture the step's CUDA graph on every rank or on none (a graph with collectives is replayed
-    by all ranks together): whether it was.  A failure under "auto" warns once and the step runs
-    op by op; under "on" it raises, on every rank."""
-    err = None
-    try:
-        step.capture()
-    except RuntimeError as e:
-        err = e
-    if world > 1:  # one host read, once per generation
-        failed = torch.tensor([0 if err is None else 1], device=dev)
-        dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=group)
-        if err is None and failed.item():
-            err = RuntimeError("capturing the decode step in a CUDA graph failed on another rank")
-    if err is None:
-        return True
-    step.graph = step.logits = None
-    if graphs == "on":
-        raise err
-    # "auto" asked for speed, not for the graph: the same step, op by op, says why once
-    warnings.warn(f"decode: {err}; decoding op by op (graphs='on' makes this an error)", RuntimeWarning, stacklevel=3)
-    return False
+    by all ranks together): whether it was.  A capture that fails on any rank is tried again on
+    every rank (the cause seen on GPUs, an error during capture that was not this thread's, came
+    and went between runs); a failure of every try under "auto" warns once and the step runs op
+    by op; under "on" it raises, on every rank."""
+    errors = []
+    for _ in range(tries):
+        err = None
+        try:
+            step.capture()
+        except RuntimeError as e:
+            err = e
+        failed = [err is not None]
+        if world > 1:  # one host read per try: which ranks failed
+            flags = torch.zeros(world, device=dev)
+            flags[step.rank] = float(err is not None)
+            dist.all_reduce(flags, group=group)
+            failed = [bool(f) for f in flags.tolist()]
+        if not any(failed):
+            break
+        step.graph = step.logits = None  # ranks whose capture worked drop it: all try again together
+        errors.append(err if err is not None else RuntimeError(
+            "capturing the decode step in a CUDA graph failed on rank(s) "
+            + ", ".join(str(r) for r, f in enumerate(failed) if f)))
+    else:
+        if graphs == "on":
+            raise errors[-1]
+        # "auto" asked for speed, not for the graph: the same step, op by op, says why once
+        warnings.warn(f"decode: {errors[-1]}; decoding op by op (graphs='on' makes this an error)", RuntimeWarning,
+                      stacklevel=3)
+        return False
+    if errors:
+        warnings.warn(f"decode: {errors[0]}; captured on try {len(errors) + 1}", RuntimeWarning, stacklevel=3)
+    return True
 
 
 def _choose(logits, B, sampling, gen, rank, world, group, dev):

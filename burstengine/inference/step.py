@@ -218,14 +218,21 @@ class DecodeStep:
         except Exception as e:
             raise RuntimeError(f"the decode step failed in its warm-up before CUDA graph capture: "
                                f"{type(e).__name__}: {_first_line(e)}") from e
-        graph = torch.cuda.CUDAGraph()
+        graph, why = torch.cuda.CUDAGraph(), None
         try:
-            with torch.cuda.graph(graph):
+            # thread_local: an unsafe call of another thread (torch's NCCL watchdog querying an event
+            # of a collective enqueued before the capture, pytorch#104487) must not invalidate this
+            # capture; calls of this thread are checked as strictly as in the default mode
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 logits = self.forward()
         except Exception as e:
-            raise RuntimeError(f"capturing the decode step in a CUDA graph failed: {type(e).__name__}: "
-                               f"{_first_line(e)} (generate(graphs='off') / --graphs off decodes without "
-                               f"a graph)") from e
+            why = f"{type(e).__name__}: {_first_line(e)}"
+        if why is not None:
+            # no chained exception: its traceback would keep the failed graph and its memory pool
+            # alive while the step goes on op by op
+            graph = None
+            raise RuntimeError(f"capturing the decode step in a CUDA graph failed on rank {self.rank}: {why} "
+                               f"(generate(graphs='off') / --graphs off decodes without a graph)")
         self.graph, self.logits = graph, logits
 
     def launch(self):
