@@ -145,6 +145,15 @@ decode3)  # 37: the decode step with the GEMV tiles of the sweep; the decode che
   logged on128 90 $BE $D8 --seqs 128K --gemv on --name decode_8b_2gpu_128k_tiles
   logged on512 150 $BE $D8 --seqs 512K --gemv on --name decode_8b_2gpu_512k_tiles
   ;;
+batch8)  # 37: batch 8 at 128K after the capture's retry (its capture failed at 713227f); 36: tokens/s at 128K with
+  # each option on beside off (the 3B preset), the rows of longctx-speed that fit what is left
+  logged b8 150 $BE decode --model llama-3.1-8b --tokens 8 --warmup 2 --sliced --eager-max 1 --batches 8 --seqs 128K \
+      --name decode_8b_2gpu_128k_b8_cuts
+  B3="$BE train --model llama-3b --methods burst --seqs 131072 --warmup 1 --steps 2"
+  logged base 120 $B3 --set tiled_mlp=off --name longctx_speed_3b_128k_base
+  logged lora 120 $B3 --set tiled_mlp=off --set lora.rank=16 --name longctx_speed_3b_128k_lora
+  logged tiled 120 $B3 --set tiled_mlp=on --name longctx_speed_3b_128k_tiled
+  ;;
 decode4)  # 37: the step with q/k roped in the gather's unpacking, beside the tree before the cuts ($OLD), batch 8
   # at 128K (a 69 GB cache shard: H200), and a 1M prompt (a ~4 min prefill; the cache is 64 GB a rank)
   D8="decode --model llama-3.1-8b --tokens 8 --warmup 2 --sliced --eager-max 1"
