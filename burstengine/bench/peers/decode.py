@@ -480,7 +480,8 @@ def block_decode_graphs(records):
 
 RANK_RUNS = ("decode_8b_2gpu_128k.json", "decode_8b_2gpu_512k.json", "decode_8b_2gpu_128k_b8.json",
              "decode_8b_2gpu_128k_tiles.json", "decode_8b_2gpu_512k_tiles.json", "decode_8b_2gpu_1m_raw.json",
-             "decode_8b_4gpu_128k.json", "decode_8b_4gpu_1m.json")
+             "decode_8b_2gpu_128k_b8_cuts.json", "decode_8b_4gpu_128k.json", "decode_8b_4gpu_1m.json",
+             "decode_8b_4gpu_128k_cuts.json", "decode_8b_4gpu_128k_b8_cuts.json")
 # the decode step's kernel cuts (packed projections, compiled merge and gather, the GEMV kernel):
 # (launch, what ran, record); each launch times the step before and after them on the same machine
 STEP_RUNS = (("1 GPU", "before (93b8049)", "decode_8b_1gpu_128k_before.json"),
@@ -510,7 +511,7 @@ def block_decode_ranks(records):
             body.append([f"{rec['world']} × {device_of(rec).split('× ')[-1]}", f"{r['S'] // 1024}K × {r['batch']}",
                          "tensor-parallel" if r["tensor_parallel"] else "whole on every rank",
                          ms(r["decode_s_per_token"]), ms(r["bound_s"]), f"{r['ratio_to_bound']:.2f}×",
-                         fixed(r["first_token_s"], 1), f"`{name}`"])
+                         fixed(r["first_token_s"], 1), f"`{name}` ({rec['commit'][:7]})"])
     return "\n".join(["Decode of llama-3.1-8b's shape (random weights, bf16, CUDA graph) over several "
                       "ranks: per token, the bound of one rank reading its weights and its cache shard once at the copy "
                       "bandwidth measured in the launch, and the first token (the prompt's prefill):", ""]

@@ -545,7 +545,32 @@ def block_scale_4gpu(records):
                         "step each)")
 
 
+# 36's tokens/s at 128K with each long-context option on beside off: (option, record), one launch each
+OPTION_RUNS = (("none (the default plan, untiled)", "longctx_speed_3b_128k_base.json"),
+               ("`lora.rank=16`", "longctx_speed_3b_128k_lora.json"),
+               ("`tiled_mlp=on`", "longctx_speed_3b_128k_tiled.json"),
+               ("`activation_checkpoint=full`", "longctx_speed_3b_128k_full.json"),
+               ("`activation_checkpoint=full-offload`", "longctx_speed_3b_128k_full_offload.json"))
+
+
+def block_longctx_options(records):
+    """docs/training.md: what each long-context option costs at 128K (the 3B preset, 2 ranks),
+    each launch's step time beside the first row's."""
+    body, base = [], None
+    for option, name in OPTION_RUNS:
+        rec = record(records, name)
+        r = {x["method"]: x for x in rec["rows"]}["burst"]
+        base = base or r
+        body.append([option, f"{rec['world']} × {device_of(rec).split('× ')[-1]}", fixed(r["median_step_s"], 2),
+                     f"{r['tokens_per_s_per_gpu']:,.0f}", f"{ratio(r['tokens_per_s_per_gpu'], base['tokens_per_s_per_gpu'])}×",
+                     f"{100 * r['mfu']:.1f}%", fixed(r["peak_mem_gib"], 1), f"`{name}` ({rec['commit'][:7]})"])
+    return "\n".join(["The 3B preset at 128K over 2 ranks (`bench train --model llama-3b --methods burst --seqs 131072 "
+                      "--warmup 1 --steps 2 --set ...`, one launch per row, `tiled_mlp=off` unless the row sets it; "
+                      "MFU counts 4 × parameters for a frozen base under LoRA):", ""]
+                     + table(["option", "GPUs", "s/step", "tokens/s/GPU", "vs none", "MFU", "peak GiB", "record"], body))
+
+
 SECTIONS = (Section("Training", r"^(train_|ablation|longctx_|table5_)", render,
                     "`burstengine train` and `burstengine bench train` (throughput, ablation)."),)
 BLOCKS = {"train-3b": block_train_3b, "offload": block_offload, "scale-2gpu": block_scale_2gpu,
-          "scale-4gpu": block_scale_4gpu}
+          "scale-4gpu": block_scale_4gpu, "longctx-options": block_longctx_options}
