@@ -198,10 +198,10 @@ def _capture(step: DecodeStep, graphs: str, world: int, group, dev, tries: int =
     and went between runs); a failure of every try under "auto" warns once and the step runs op
     by op; under "on" it raises, on every rank."""
     errors = []
-    for _ in range(tries):
+    for attempt in range(tries):
         err = None
         try:
-            step.capture()
+            step.capture(strict=attempt > 0)  # a retry says what a recompile inside it would have hidden
         except RuntimeError as e:
             err = e
         failed = [err is not None]

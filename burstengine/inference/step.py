@@ -200,9 +200,10 @@ class DecodeStep:
     def _reduce(self, x):
         return tensor_parallel.all_reduce(x, self.group)
 
-    def capture(self, warmup: int = 2) -> None:
+    def capture(self, warmup: int = 2, strict: bool = False) -> None:
         """Capture :meth:`forward` on the state loaded now in a CUDA graph (after ``warmup`` runs
-        of it on a side stream); later steps :meth:`launch` replay it."""
+        of it on a side stream); later steps :meth:`launch` replay it.  ``strict``: a torch.compile
+        recompile inside the capture is an error."""
         if self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device; the decode step runs on {self.device}")
         if self.graph is not None:
@@ -222,8 +223,13 @@ class DecodeStep:
         try:
             # thread_local: an unsafe call of another thread (torch's NCCL watchdog querying an event
             # of a collective enqueued before the capture, pytorch#104487) must not invalidate this
-            # capture; calls of this thread are checked as strictly as in the default mode
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            # capture; calls of this thread are checked as strictly as in the default mode.
+            # strict (a second try): the warm-up compiled every fused op for these shapes; a compile
+            # inside the capture (a guard that failed only there) loads kernels mid-capture and may
+            # leave only "a previous error during capture" to see: a recompile raises instead,
+            # naming the guard
+            with torch._dynamo.config.patch(error_on_recompile=strict), \
+                    torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 logits = self.forward()
         except Exception as e:
             why = f"{type(e).__name__}: {_first_line(e)}"

@@ -253,7 +253,7 @@ def test_a_failed_capture_under_auto_decodes_op_by_op(model_dirs, monkeypatch):
 
     gen = importlib.import_module("burstengine.inference.generate")  # the module (the package exports the function)
 
-    def broken(self, warmup=2):
+    def broken(self, warmup=2, strict=False):
         raise RuntimeError("capturing the decode step in a CUDA graph failed: operation not permitted")
 
     monkeypatch.setattr(gen, "use_graphs", lambda mode, device: True)  # as on a GPU
@@ -279,13 +279,13 @@ def test_a_capture_that_fails_on_one_rank_is_tried_again_on_every_rank(pool, mod
     res = pool.run(gc.run_generate_flaky_capture, path, LENGTHS, NEW, 1, failures, world=2)
     for rank, (tokens, tried, graphed, said) in enumerate(res):
         assert tokens == want, rank
-        assert tried == 2 and graphed is (failures == 1), (rank, tried, graphed)
+        assert tried == [False, True] and graphed is (failures == 1), (rank, tried, graphed)  # the retry strict
         assert len(said) == 1 and ("failed on rank 1: " if rank == 1 else "failed on rank(s) 1") in said[0], said
         assert ("captured on try 2" in said[0]) is (failures == 1), said
     if failures == 2:
         for tokens, tried, graphed, said in pool.run(gc.run_generate_flaky_capture, path, LENGTHS, NEW, 1, failures,
                                                      "on", world=2):
-            assert tokens is None and tried == 2 and "rank" in said[0], said
+            assert tokens is None and tried == [False, True] and "rank" in said[0], said
 
 
 def test_decode_step_reads_no_device_value_on_the_host(model_dirs, monkeypatch):
