@@ -24,6 +24,9 @@ CASES = [
     ("g8-d64-fp32-planned", 1, 8, 1, 64, 70, (61,), torch.float32, "vis", None),
 ]
 CASE_IDS = [c[0] for c in CASES]
+# the same cases over an FP8 cache (k, v quantized per slot and kv head; the NaN tails make NaN
+# rows and scales, never to be read): against the oracle over the dequantized rows
+FP8_IDS = ["g1-d64-bf16-n7-1", "g4-d128-fp16-n997", "g4-d64-fp32-win", "g4-d128-bf16-vis-win", "g2-d64-bf16-empty"]
 WINDOW = 7
 
 
@@ -111,7 +114,7 @@ def watched(forward, ops: set, bad: list):
 
 def in_generation():
     """The kernel inside generation: tiny Llama (two prompt lengths: a visibility mask) and
-    Mistral (a sliding window) checkpoints decode with shard_attention sent to the kernel
+    Mistral (a sliding window; also over an FP8 cache) checkpoints decode with shard_attention sent to the kernel
     (interpreted, on CPU float32) instead of the math path; every decode step's logits must be
     the math path's up to float32 rounding, and the greedy tokens the same.  This runs the
     kernel on the cache's own buffers (the scratch slot, the valid counts of the step's device
@@ -124,9 +127,9 @@ def in_generation():
     out = {}
     real = kvcache._kernel_takes
     with tempfile.TemporaryDirectory() as d:
-        for arch in ("llama", "mistral"):
+        for arch, kv in (("llama", None), ("mistral", None), ("mistral", "fp8")):
             path = gc.save_tiny(f"{d}/{arch}", arch, seed=1)
-            want, want_logits = gc.run_generate_logits(None, path, (97, 40), 5)
+            want, want_logits = gc.run_generate_logits(None, path, (97, 40), 5, kv_dtype=kv)
             calls = []
 
             def takes(q, k, calls=calls):
@@ -135,11 +138,11 @@ def in_generation():
 
             kvcache._kernel_takes = takes
             try:
-                got, logits = gc.run_generate_logits(None, path, (97, 40), 5)
+                got, logits = gc.run_generate_logits(None, path, (97, 40), 5, kv_dtype=kv)
             finally:
                 kvcache._kernel_takes = real
             err = float((logits - want_logits).abs().max() / want_logits.abs().max())
-            out[arch] = dict(equal=got == want, logits_err=err, kernel_calls=len(calls))
+            out[arch + ("-" + kv if kv else "")] = dict(equal=got == want, logits_err=err, kernel_calls=len(calls))
     return out
 
 
@@ -157,6 +160,26 @@ def main():
         ro, rl = oracle(q, k, v, scale, valid, visible, window, qpos, kpos)
         seen = torch.isfinite(rl)
         res[cid] = dict(
+            dtype=str(case[7])[6:], out_dtype=str(out.dtype)[6:], lse_dtype=str(lse.dtype)[6:],
+            nan=bool(torch.isnan(out).any() or torch.isnan(lse).any()),
+            out_err=float((out.double() - ro).norm() / ro.norm().clamp_min(1e-30)) if seen.any() else 0.0,
+            lse_err=float((lse.double() - rl)[seen].abs().max()) if seen.any() else 0.0,
+            unseen=int((~seen).sum()),
+            unseen_exact=bool((out[~seen] == 0).all() and (lse[~seen] == float("-inf")).all()))
+    from burstengine.inference.kvcache import dequantize, quantize_kv
+    for case in CASES:
+        cid, D, splits = case[0], case[4], case[9]
+        if cid not in FP8_IDS:
+            continue
+        q, k, v, valid, visible, window, qpos, kpos = make(case)
+        k, ks, v, vs = quantize_kv(k, v)
+        scale = D ** -0.5
+        out, lse = decode_attention(q, k, v, scale, valid, visible, window, qpos, kpos, splits=splits, bn=16,
+                                    k_scale=ks, v_scale=vs)
+        ro, rl = oracle(q, dequantize(k, ks, torch.float64), dequantize(v, vs, torch.float64), scale, valid, visible,
+                        window, qpos, kpos)
+        seen = torch.isfinite(rl)
+        res[cid + "-fp8"] = dict(
             dtype=str(case[7])[6:], out_dtype=str(out.dtype)[6:], lse_dtype=str(lse.dtype)[6:],
             nan=bool(torch.isnan(out).any() or torch.isnan(lse).any()),
             out_err=float((out.double() - ro).norm() / ro.norm().clamp_min(1e-30)) if seen.any() else 0.0,

@@ -77,14 +77,14 @@ def run_generate(group, path, lengths, max_new, seed=0, layout="zigzag", **sampl
     return out.tokens, out.shard_lengths
 
 
-def run_generate_logits(group, path, lengths, max_new, seed=0, prefill=False):
+def run_generate_logits(group, path, lengths, max_new, seed=0, prefill=False, **kw):
     """Our greedy tokens and, on rank 0, every decode step's (B, steps, vocab) logits (None
-    elsewhere); with ``prefill``, the prefill's first."""
+    elsewhere); with ``prefill``, the prefill's first.  ``kw``: generate's options (kv_dtype)."""
     from burstengine.inference import generate
 
     seen = []
     out = generate(_model(path), prompts(lengths, seed), max_new, group=group,
-                   on_logits=lambda i, x: seen.append(x.detach().clone()) if i or prefill else None)
+                   on_logits=lambda i, x: seen.append(x.detach().clone()) if i or prefill else None, **kw)
     return out.tokens, (torch.stack(seen, 1) if seen else None)
 
 

@@ -37,6 +37,7 @@ import torch.distributed as dist
 from ..bench.launch import run_command
 from ..bench.usage import add_allow_longer
 from ..inference.generate import check_generate, generate
+from ..inference.kvcache import KV_CACHES
 from ..inference.context import context_error
 from ..inference.models import check_model_files, check_spec, load_model, resolve_dtype, spec_args
 from ..inference.sampling import Sampling
@@ -80,6 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tensor-parallel decoding over the ranks, each loading only its slice of the weights (auto: "
                         "where the model's shapes divide; on: an error where they do not; off: the whole model on "
                         "every rank) [%(default)s]")
+    p.add_argument("--kv-cache", choices=tuple(KV_CACHES), default="model",
+                   help="the KV cache's dtype: the model's, or fp8 (e4m3 with a scale per slot and kv head: about half "
+                        "the bytes a long-context decode step reads, for FP8's rounding) [%(default)s]")
     add_allow_longer(p)
     p.add_argument("--output", default=None, help="rank 0 writes the tokens and timings here (JSON)")
     p.add_argument("--quiet", action="store_true", help="do not stream the text")
@@ -225,7 +229,8 @@ def run_rank(args) -> int:
         sys.stdout.flush()
 
     out = generate(model, prompts, args.max_new_tokens, s, layout=args.layout, kernel=args.kernel,
-                   chunk=args.chunk, graphs=args.graphs, tensor_parallel=TP_MODES[args.tp], on_tokens=on_tokens)
+                   chunk=args.chunk, graphs=args.graphs, tensor_parallel=TP_MODES[args.tp], on_tokens=on_tokens,
+                   kv_dtype=KV_CACHES[args.kv_cache])
     if rank == 0:
         if stream:
             print()

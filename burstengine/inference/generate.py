@@ -38,7 +38,7 @@ import torch.distributed as dist
 from ..comm.dist import rank_of, world_of
 from ..layout import position_ids as layout_positions
 from .engine import padded_length, prefill
-from .kvcache import ShardedKVCache, appends, next_owner
+from .kvcache import KV_DTYPES, ShardedKVCache, appends, next_owner
 from .models import OurLlama, PrefillModel
 from .sampling import Sampling, choose
 from .step import DecodeStep, use_graphs, use_tensor_parallel
@@ -88,8 +88,8 @@ def check_generate(prompts: list[list[int]], vocab: int, max_new_tokens: int, sa
 @torch.no_grad()
 def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampling | None = None, *, group=None,
              layout: str = "zigzag", attention: str = "burst", kernel: str | None = None,
-             chunk: int | None = None, graphs: str = "auto", tensor_parallel="auto", on_tokens=None,
-             on_logits=None) -> GenerateOutput:
+             chunk: int | None = None, graphs: str = "auto", tensor_parallel="auto", kv_dtype: str | None = None,
+             on_tokens=None, on_logits=None) -> GenerateOutput:
     """New tokens for each prompt (a list of token id lists, or a (batch, seq) tensor).
 
     ``sampling``: greedy by default (:class:`~.sampling.Sampling`).  ``group``: the
@@ -101,6 +101,8 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
     launch its kernels each step).  ``tensor_parallel``: the decode step runs the model's slices
     over the group (``"auto"``: where its shapes divide over more than one rank; ``True``: an
     error where they do not; ``False``: the whole model on every rank): :func:`.step.use_tensor_parallel`.
+    ``kv_dtype``: None keeps the cache in the model's dtype; ``"fp8"`` in float8_e4m3fn with a scale
+    per slot and kv head (:mod:`.kvcache`: about half the bytes a long-context step reads).
     ``on_tokens(step, tokens (B,) list, done (B,) list)`` is called on every rank after each
     step's tokens are known (streaming); ``on_logits(step, logits)`` on rank 0 with the (B,
     vocab) float32 logits (float64 for a float64 model) each step's tokens are chosen from (step
@@ -114,6 +116,8 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
     msg = check_generate(prompts, model.vocab_size, max_new_tokens, sampling)
     if msg:
         raise ValueError(msg)
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype {kv_dtype!r}: one of {', '.join(map(str, KV_DTYPES))} (None: the model's dtype)")
     if attention == "sdpa" and world > 1:
         raise ValueError("attention 'sdpa' is plain SDPA on one rank; run it with world 1")
     a = model.model.args
@@ -134,7 +138,7 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
     kept = [int((layout_positions(S, layout, r, world) < max(L)).sum()) for r in range(world)]
     keep = torch.nonzero(pos < max(L)).flatten()
     cap = kept[rank] + appends(kept, max_new_tokens - 1)[rank]
-    cache = ShardedKVCache(a.n_layers, B, a.n_kv_heads, a.head_dim, cap, kept, rank, model.dtype, dev)
+    cache = ShardedKVCache(a.n_layers, B, a.n_kv_heads, a.head_dim, cap, kept, rank, model.dtype, dev, kv_dtype)
     lens = torch.tensor(L)
     slot_pos = pos[keep]
     visible = slot_pos[None, :] < lens[:, None]                        # (B, kept): a real token of b

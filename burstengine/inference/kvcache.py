@@ -25,6 +25,12 @@ real token of that sequence: a batch of prompts of different lengths is padded a
 one length, and slots past a sequence's own length hold pad tokens that it must never see.
 Slots that are padding for every sequence are dropped at prefill.
 
+An FP8 cache (``kv_dtype="fp8"``) keeps K and V as float8_e4m3fn with one float32 scale per
+slot and kv head (the row's largest magnitude over 448, e4m3's largest value): about half the
+bytes a decode step reads at long context, for the rounding of a 3-bit mantissa (a few percent
+of an attention output, where bf16's is a few tenths of one: tests/inference/test_generate.py).  Rows are quantized as they are written, by the prefill and
+by each step, so no scale is ever revised.
+
 Attention over a shard (:func:`shard_attention`) reads the number of valid slots, the
 visibility and the positions from device tensors: on CUDA in the flash-decoding kernel
 (kernels/triton/decode.py), which reads only the valid slots, once per kv head; elsewhere (CPU,
@@ -62,15 +68,24 @@ class ShardedKVCache:
     visibility.  ``lengths`` is every rank's shard length (the same list on every rank)."""
 
     def __init__(self, n_layers: int, batch: int, kv_heads: int, head_dim: int, capacity: int, lengths: list[int],
-                 rank: int, dtype, device):
+                 rank: int, dtype, device, kv_dtype: str | None = None):
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype {kv_dtype!r}: one of {', '.join(map(str, KV_DTYPES))} (None: the model's dtype)")
         self.rank, self.lengths = rank, list(lengths)
         self.capacity = capacity
         self.scratch = capacity  # the slot a non-owner writes a step's token into; never valid
         rows = capacity + 1
+        self.fp8 = kv_dtype == "fp8"
+        store = torch.float8_e4m3fn if self.fp8 else dtype
         # zeros, not empty: the math path (CPU, float64) reads every slot and masks the scores,
         # and a NaN left in a slot never written would still reach p @ v as 0 x NaN
-        self.k = [torch.zeros(batch, kv_heads, rows, head_dim, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.k = [torch.zeros(batch, kv_heads, rows, head_dim, dtype=store, device=device) for _ in range(n_layers)]
         self.v = [torch.zeros_like(t) for t in self.k]
+        self.k_scale = self.v_scale = None
+        if self.fp8:
+            self.k_scale = [torch.zeros(batch, kv_heads, rows, dtype=torch.float32, device=device)
+                            for _ in range(n_layers)]
+            self.v_scale = [torch.zeros_like(t) for t in self.k_scale]
         self.pos = torch.zeros(batch, rows, dtype=torch.int64, device=device)
         self.visible = torch.zeros(batch, rows, dtype=torch.bool, device=device)
         self.all_visible = True   # no slot is hidden from any sequence (attention needs no visibility mask)
@@ -85,8 +100,13 @@ class ShardedKVCache:
         if keep is not None:
             k, v = k[:, keep], v[:, keep]
         m = k.shape[1]
-        self.k[layer][:, :, :m].copy_(k.transpose(1, 2))
-        self.v[layer][:, :, :m].copy_(v.transpose(1, 2))
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        if self.fp8:
+            k, ks, v, vs = fused.run(quantize_kv, k, v)
+            self.k_scale[layer][:, :, :m].copy_(ks)
+            self.v_scale[layer][:, :, :m].copy_(vs)
+        _bytes(self.k[layer][:, :, :m]).copy_(_bytes(k))
+        _bytes(self.v[layer][:, :, :m]).copy_(_bytes(v))
 
     def set_slots(self, pos: torch.Tensor, visible: torch.Tensor, all_visible: bool) -> None:
         """Positions (B, n) and visibility (B, n) of the prefill's kept slots."""
@@ -119,8 +139,12 @@ class ShardedKVCache:
 
     def write(self, layer: int, slot: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """The step's (B, kv_heads, head_dim) K/V of ``layer`` into slot ``slot`` (device index)."""
-        self.k[layer].index_copy_(2, slot, k[:, :, None])
-        self.v[layer].index_copy_(2, slot, v[:, :, None])
+        if self.fp8:
+            k, ks, v, vs = fused.run(quantize_kv, k, v)
+            self.k_scale[layer].index_copy_(2, slot, ks[:, :, None])
+            self.v_scale[layer].index_copy_(2, slot, vs[:, :, None])
+        _bytes(self.k[layer]).index_copy_(2, slot, _bytes(k)[:, :, None])
+        _bytes(self.v[layer]).index_copy_(2, slot, _bytes(v)[:, :, None])
 
     def attend(self, layer: int, q: torch.Tensor, valid: torch.Tensor, qpos: torch.Tensor, window: int | None,
                scale: float):
@@ -129,7 +153,42 @@ class ShardedKVCache:
         none is visible."""
         return shard_attention(q, self.k[layer], self.v[layer], scale, valid=valid,
                                visible=None if self.all_visible else self.visible, window=window, qpos=qpos,
-                               kpos=self.pos)
+                               kpos=self.pos, k_scale=self.k_scale and self.k_scale[layer],
+                               v_scale=self.v_scale and self.v_scale[layer])
+
+    def bytes_per_token(self) -> int:
+        """Bytes of K and V (and their scales) one cached token takes over the layers on this rank."""
+        per = sum(t[:, :, :1].numel() * t.element_size() for t in self.k + self.v)
+        return per + (sum(t[:, :, :1].numel() * 4 for t in self.k_scale + self.v_scale) if self.fp8 else 0)
+
+
+KV_DTYPES = (None, "fp8")
+KV_CACHES = {"model": None, "fp8": "fp8"}  # the command lines' --kv-cache words -> kv_dtype
+E4M3_MAX = 448.0
+_TINY = 2.0 ** -60  # a scale's floor: an all-zero row quantizes to zeros, not to 0 / 0
+
+
+def quantize_rows(x: torch.Tensor):
+    """(float8_e4m3fn rows, float32 scales (x.shape[:-1])) with ``x ~= scale[..., None] * rows``:
+    one scale per row of the last dim, its largest magnitude over e4m3's largest value."""
+    xf = x.float()
+    scale = (xf.abs().amax(-1) / E4M3_MAX).clamp_min(_TINY)
+    return (xf / scale[..., None]).to(torch.float8_e4m3fn), scale
+
+
+def quantize_kv(k, v):
+    """:func:`quantize_rows` of K and of V (one compiled kernel on GPUs)."""
+    return (*quantize_rows(k), *quantize_rows(v))
+
+
+def dequantize(rows: torch.Tensor, scale: torch.Tensor, dtype) -> torch.Tensor:
+    return rows.to(dtype) * scale[..., None].to(dtype)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """An FP8 tensor as uint8 (copy and index_copy_ of float8 are not implemented everywhere),
+    any other as it is."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
 
 
 _warned = set()
@@ -144,24 +203,25 @@ def _warn_once(msg: str) -> None:
 
 
 def _kernel_takes(q, k) -> bool:
-    """Whether the Triton decode kernel runs this call: CUDA, fp16 / bf16 (and fp32), a
-    power-of-two head dim, and the kernel passed its self-check on this device for this dtype
-    and head dim.  Elsewhere (CPU, float64) the exact math path does."""
+    """Whether the Triton decode kernel runs this call: CUDA, fp16 / bf16 (and fp32) queries over
+    a cache of their dtype or FP8, a power-of-two head dim, and the kernel passed its self-check
+    on this device for these dtypes and head dim.  Elsewhere (CPU, float64) the exact math path does."""
     D = q.shape[-1]
-    return (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16, torch.float32) and k.dtype == q.dtype
-            and 16 <= D <= 256 and D & (D - 1) == 0 and _self_checked(q.device, q.dtype, D))
+    fp8 = k.dtype == torch.float8_e4m3fn
+    return (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16, torch.float32) and (k.dtype == q.dtype or fp8)
+            and 16 <= D <= 256 and D & (D - 1) == 0 and _self_checked(q.device, q.dtype, D, fp8))
 
 
 _CHECKED: dict = {}
 
 
-def _self_checked(device, dtype, D: int) -> bool:
+def _self_checked(device, dtype, D: int, fp8: bool = False) -> bool:
     """The decode kernel against the math path on one small case (GQA, a ragged batch, hidden
     slots, a window), once per (device, dtype, head dim) and process: a compiled kernel that
     disagrees (a Triton or driver difference the interpreter tests cannot see) is never used;
     the math path answers instead, with a warning.  Never run inside a CUDA graph capture (the
     step's warm-up runs it first)."""
-    key = (str(device), dtype, D)
+    key = (str(device), dtype, D, fp8)
     if key in _CHECKED:
         return _CHECKED[key]
     if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -179,22 +239,27 @@ def _self_checked(device, dtype, D: int) -> bool:
     visible = (torch.rand(B, n, generator=g) > 0.2).to(device)
     qpos = torch.tensor([n + 5, 140], device=device)
     kpos = torch.arange(n, device=device).expand(B, n).contiguous()
+    scales = {}
+    if fp8:
+        k, ks, v, vs = quantize_kv(k, v)
+        scales = dict(k_scale=ks, v_scale=vs)
     try:
-        out, lse = decode.decode_attention(q, k, v, D ** -0.5, valid, visible, 100, qpos, kpos)
-        ref_out, ref_lse = _math(q, k, v, D ** -0.5, valid, visible, 100, qpos, kpos)
+        out, lse = decode.decode_attention(q, k, v, D ** -0.5, valid, visible, 100, qpos, kpos, **scales)
+        ref_out, ref_lse = _math(q, k, v, D ** -0.5, valid, visible, 100, qpos, kpos, **scales)
         err = max(float((out - ref_out).abs().max()), float((lse - ref_lse).abs().max()))
         ok = err <= (1e-3 if dtype == torch.float32 else 3e-2)
         why = f"it differs from the math path by {err:.3g}"
     except Exception as e:  # noqa: BLE001 (a kernel that cannot compile here: the math path)
         ok, why = False, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
     if not ok:
-        _warn_once(f"decode attention: the Triton decode kernel failed its self-check on {device} ({dtype}, head dim "
-                   f"{D}): {why}; using the math path (exact, slower)")
+        _warn_once(f"decode attention: the Triton decode kernel failed its self-check on {device} ({dtype}"
+                   f"{' over an FP8 cache' if fp8 else ''}, head dim {D}): {why}; using the math path (exact, slower)")
     _CHECKED[key] = ok
     return ok
 
 
-def shard_attention(q, k, v, scale, valid=None, visible=None, window=None, qpos=None, kpos=None):
+def shard_attention(q, k, v, scale, valid=None, visible=None, window=None, qpos=None, kpos=None, k_scale=None,
+                    v_scale=None):
     """Attention of one query per sequence and head, q (B, H, D), over the slots of k, v
     (B, Hkv, n, D) (grouped-query: query head h reads kv head h // (H / Hkv)).  Slot j counts
     for sequence b when ``j < valid[b]`` (all n slots without ``valid``), ``visible[b, j]``
@@ -203,7 +268,8 @@ def shard_attention(q, k, v, scale, valid=None, visible=None, window=None, qpos=
     H)) in float32 (float64 for float64 queries: the tests' oracle keeps its precision through
     the merge); lse = -inf and out = 0 where no slot counts.  The kernel never reads a slot
     past ``valid``; the math path reads every slot (weighing those 0), so they must hold finite
-    values, as the cache's zero-filled ones do."""
+    values, as the cache's zero-filled ones do.  ``k_scale``, ``v_scale`` (B, Hkv, n): k and v are an
+    FP8 cache, slot j's row ``scale[..., j] * row``."""
     B, H, D = q.shape
     Hkv, n = k.shape[1], k.shape[2]
     if n and _kernel_takes(q, k):
@@ -214,20 +280,24 @@ def shard_attention(q, k, v, scale, valid=None, visible=None, window=None, qpos=
         except ImportError as e:  # no triton here: the exact math path, slower
             _warn_once(f"decode attention: the Triton kernel is unavailable ({e}); using the math path")
         else:
-            return decode.decode_attention(q, k, v, scale, valid, visible, window, qpos, kpos)
+            return decode.decode_attention(q, k, v, scale, valid, visible, window, qpos, kpos, k_scale=k_scale,
+                                           v_scale=v_scale)
     elif q.is_cuda and q.dtype != torch.float64:
         _warn_once(f"decode attention: head dim {D} / {q.dtype} runs the math path (float32 copies of the shard); "
                    f"the Triton decode kernel takes power-of-two head dims in [16, 256]")
-    return _math(q, k, v, scale, valid, visible, window, qpos, kpos)
+    return _math(q, k, v, scale, valid, visible, window, qpos, kpos, k_scale, v_scale)
 
 
-def _math(q, k, v, scale, valid, visible, window, qpos, kpos):
-    """The math path: exact, in float32 (float64 for float64), over all n slots with a mask."""
+def _math(q, k, v, scale, valid, visible, window, qpos, kpos, k_scale=None, v_scale=None):
+    """The math path: exact, in float32 (float64 for float64), over all n slots with a mask
+    (an FP8 cache's rows times their scales, in that precision)."""
     B, H, D = q.shape
     Hkv, n = k.shape[1], k.shape[2]
     g = H // Hkv
     qg = q.reshape(B, Hkv, g, D)  # the g query heads sharing a kv head: the cache is never expanded
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if k_scale is not None:
+        k, v = dequantize(k, k_scale, acc), dequantize(v, v_scale, acc)
     s = torch.matmul(qg.to(acc), k.to(acc).transpose(-1, -2)) * scale  # (B, Hkv, g, n)
     sees = None
     if valid is not None:

@@ -288,6 +288,77 @@ def test_a_capture_that_fails_on_one_rank_is_tried_again_on_every_rank(pool, mod
             assert tokens is None and tried == [False, True] and "rank" in said[0], said
 
 
+# --- the FP8 cache (kv_dtype="fp8") ------------------------------------------------------------
+
+def test_quantize_rows_bounds_and_round_trip():
+    """One scale per row: every e4m3 value within its largest (448), each element back within
+    e4m3's rounding (half a step of a 3-bit mantissa, or of the subnormal spacing), an all-zero
+    row to zeros (the scale's floor, no 0 / 0), magnitudes from 1e-6 to 1e4 alike."""
+    from burstengine.inference.kvcache import dequantize, quantize_rows
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 4, 5, 64, generator=g, dtype=torch.float64)
+    x *= torch.logspace(-6, 4, 5, dtype=torch.float64)[None, None, :, None]
+    x[1, 2, 3] = 0
+    rows, scale = quantize_rows(x)
+    assert rows.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32 and scale.shape == x.shape[:-1]
+    assert float(rows.float().abs().max()) == 448.0  # the largest of each row lands on 448
+    back = dequantize(rows, scale, torch.float64)
+    bound = 2.0 ** -4 * x.abs() + scale.double()[..., None] * 2.0 ** -10
+    assert bool(((back - x).abs() <= bound * (1 + 1e-6)).all())
+    assert bool((back[1, 2, 3] == 0).all()) and torch.isfinite(back).all()
+
+
+@pytest.mark.parametrize("mask", ["", "vis+win"])
+def test_fp8_cache_attention_is_its_rows_attention_and_near_the_exact_one(mask):
+    """Over an FP8 cache, shard_attention is exact attention over the dequantized rows (float64
+    queries: to float64 rounding); against the unquantized cache its error is FP8's: well above
+    bf16's (so the quantization cannot go missing) and within a few percent."""
+    from burstengine.inference.kvcache import dequantize, quantize_kv
+
+    case = next(c for c in decode_cases.CASES if c[8] == mask and c[7] != torch.float16)
+    q, k, v, valid, visible, window, qpos, kpos = decode_cases.make(case)
+    q, k, v = q.double(), torch.nan_to_num(k.double()), torch.nan_to_num(v.double())
+    D = q.shape[-1]
+    k8, ks, v8, vs = quantize_kv(k, v)
+    got = shard_attention(q, k8, v8, D ** -0.5, valid, visible, window, qpos, kpos, k_scale=ks, v_scale=vs)
+    rows = shard_attention(q, dequantize(k8, ks, torch.float64), dequantize(v8, vs, torch.float64), D ** -0.5, valid,
+                           visible, window, qpos, kpos)
+    exact = shard_attention(q, k, v, D ** -0.5, valid, visible, window, qpos, kpos)
+    bf16 = shard_attention(q, k.bfloat16().double(), v.bfloat16().double(), D ** -0.5, valid, visible, window, qpos,
+                           kpos)
+    assert got[0].dtype == torch.float64 and torch.allclose(got[0], rows[0], atol=1e-12)
+    seen = torch.isfinite(exact[1])
+    assert torch.equal(torch.isfinite(got[1]), seen) and torch.allclose(got[1][seen], rows[1][seen], atol=1e-12)
+
+    def err(o):
+        return float((o - exact[0]).norm() / exact[0].norm())
+
+    assert 3 * err(bf16[0]) < err(got[0]) < 0.06, (err(got[0]), err(bf16[0]))
+
+
+@pytest.mark.parametrize("arch,world", [("llama", 2), ("mistral", 1), ("gemma3", 2)])
+def test_fp8_cache_decode_logits_near_transformers_and_equal_over_ranks(pool, model_dirs, arch, world):
+    """Decoding from an FP8 cache: every step's logits against transformers' float64 forward over
+    the same tokens are FP8's distance away (not float32's: the cache is quantized); the cache's
+    rows are quantized per token, so one rank and several give the same logits and tokens."""
+    path = model_dirs[arch]
+    tokens, logits = pool.run(gc.run_generate_logits, path, LENGTHS, NEW, kv_dtype="fp8", world=world)[0]
+    one_tokens, one_logits = pool.run(gc.run_generate_logits, path, LENGTHS, NEW, kv_dtype="fp8", world=1)[0]
+    assert tokens == one_tokens and torch.allclose(logits, one_logits, atol=1e-5 * float(one_logits.abs().max()))
+    for b, p in enumerate(gc.prompts(LENGTHS)):
+        ref = hf_logits64(path, tuple(p), tuple(tokens[b]))
+        err = float((logits[b].double() - ref).abs().max() / ref.abs().max())
+        assert 2e-5 < err < 0.08, (arch, world, b, err)  # float32 cache: < 1e-5 (the test above)
+
+
+def test_kv_dtype_is_checked_before_anything_runs(model_dirs):
+    from burstengine.inference import generate
+
+    with pytest.raises(ValueError, match="kv_dtype 'int4': one of None, fp8"):
+        generate(gc._model(model_dirs["llama"]), gc.prompts((5,)), 2, kv_dtype="int4")
+
+
 def test_decode_step_reads_no_device_value_on_the_host(model_dirs, monkeypatch):
     """What a CUDA graph needs of the step, checked on CPU: every op the step's forward runs, at
     the aten level, for a batch of two lengths (visibility) and a window: none reads a tensor's
@@ -572,6 +643,24 @@ def test_needle_cases_and_scoring(text_model):
     assert needle.correct(c, list(c.answer) + [7], None)[0] and not needle.correct(c, [0, 0, 0, 0], None)[0]
 
 
+def test_decode_bench_with_an_fp8_cache_counts_its_bytes(tmp_path):
+    """bench decode --kv-cache fp8: the rows say so, and the bound counts a byte a cached value
+    and a float32 scale a row (the tiny preset: 2 layers, 2 kv heads of 32, float32 on CPU)."""
+    import json
+
+    for kv in ("model", "fp8"):
+        rc, _, err = _cli("bench", "decode", "--model", "tiny", "--seqs", "128", "--batches", "1", "--tokens", "2",
+                          "--warmup", "1", "--world", "1", "--out-dir", str(tmp_path), "--name", kv, "--kv-cache", kv)
+        assert rc == 0, err
+    rows = {kv: json.load(open(tmp_path / f"{kv}.json"))["rows"][0] for kv in ("model", "fp8")}
+    assert rows["fp8"]["kv_cache"] == "fp8" and rows["model"]["kv_cache"] == "model"
+    tokens = 128 + 1 + 2 // 2  # the prompt, the warm-up step, half the timed ones: what step_bytes counts
+    per_row = 32 * 4 - (32 + 4)
+    assert rows["model"]["step_bytes"] - rows["fp8"]["step_bytes"] == 2 * 2 * 2 * per_row * tokens
+    rc, _, err = _cli("bench", "decode", "--model", "tiny", "--kv-cache", "int4", "--world", "1")
+    assert rc == 2 and "--kv-cache" in err
+
+
 def test_decode_bench_runs_on_cpu(tmp_path):
     import json
 
@@ -641,7 +730,7 @@ def test_decode_profile_counts_kernels_not_the_gpu_side_ranges_of_annotations(mo
 
     monkeypatch.setattr(torch.profiler, "profile", Prof)
     monkeypatch.setattr(decode, "generate", lambda *a, **k: None)
-    args = types.SimpleNamespace(warmup=0, profile=1, chunk=None, graphs="off")
+    args = types.SimpleNamespace(warmup=0, profile=1, chunk=None, graphs="off", kv_cache="model")
     prof = decode.step_profile(None, torch.zeros(1, 8, dtype=torch.int64), args, True, torch.device("cuda"))
     assert prof["window"] == "gpu" and prof["steps"] == 1, prof
     assert prof["kernels_per_step"] == 2 and prof["wall_s"] == pytest.approx(20e-6), prof

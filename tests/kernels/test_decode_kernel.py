@@ -2,7 +2,8 @@
 against a float64 oracle (tests/decode_cases.py): GQA ratios 1/2/4/8, head dims 64/128,
 fp16/bf16/fp32, lengths that divide no tile (1, 7, 997), visibility masks, sliding windows over
 shuffled slot positions, empty sequences and fully hidden ones, one and several splits, slots
-past the valid count poisoned with NaN (never read); and inside generation, on the cache's own
+past the valid count poisoned with NaN (never read); the same over an FP8 cache against the
+oracle over its dequantized rows; and inside generation, on the cache's own
 buffers, giving the math path's greedy tokens."""
 import sys
 
@@ -19,8 +20,9 @@ def results():
     return interp_cases.run("decode_cases.py")
 
 
-@pytest.mark.parametrize("case", decode_cases.CASE_IDS)
+@pytest.mark.parametrize("case", decode_cases.CASE_IDS + [c + "-fp8" for c in decode_cases.FP8_IDS])
 def test_decode_kernel_matches_float64(results, case):
+    # "-fp8": over an FP8 cache, against the float64 oracle over its dequantized rows
     r = results[case]
     assert not r["nan"], "a NaN past the valid slots (or from an empty row) reached the output"
     assert r["out_dtype"] == r["lse_dtype"] == "float32"
@@ -49,6 +51,7 @@ def test_split_plan(results):
 
 def test_decode_kernel_in_generation(results):
     # 4 decode steps x 2 layers, each through the kernel
+    assert set(results["generate"]) == {"llama", "mistral", "mistral-fp8"}
     for arch, r in results["generate"].items():
         assert r["kernel_calls"] == 8 and r["equal"] and r["logits_err"] < 1e-5, (arch, r)
 

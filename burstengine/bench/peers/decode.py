@@ -54,6 +54,7 @@ import torch.distributed as dist
 
 from ...inference.engine import peak_bytes, reset_peak
 from ...inference.generate import STEP_LABEL, generate
+from ...inference.kvcache import KV_CACHES
 from ...inference.models import check_spec, load_model, resolve_dtype
 from ...inference.needle import parse_lengths
 from ...inference.step import MODES as GRAPH_MODES, use_graphs, use_tensor_parallel
@@ -90,6 +91,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "where the shapes divide); one rank: whole-model rows only [both; on with --sliced]")
     p.add_argument("--sliced", action="store_true",
                    help="load only each rank's tensor-parallel slices (implies --tp on)")
+    p.add_argument("--kv-cache", choices=tuple(KV_CACHES), default="model",
+                   help="the KV cache's dtype: the model's, or fp8 (e4m3, a scale per slot and kv head) [%(default)s]")
     p.add_argument("--gemv", choices=("on", "off"), default="on",
                    help="the decode step's projections through our GEMV kernel on CUDA (on) or cuBLAS (off) "
                         "[%(default)s]")
@@ -159,17 +162,19 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def step_bytes(m, B: int, kv_tokens: int, world: int) -> int:
+def step_bytes(m, B: int, kv_tokens: int, world: int, kv_dtype: str | None = None) -> int:
     """Bytes one decode step of Transformer ``m`` (a whole model, or one rank's tensor-parallel
     slices) reads at least on one rank: its weights but the embedding table (one row per token is
-    read there), and this rank's share of the cached K/V."""
+    read there), and this rank's share of the cached K/V (an FP8 cache: a byte a value and a
+    float32 scale a row)."""
     w = sum(p.numel() * p.element_size() for n, p in m.named_parameters() if n != "tok_embeddings.weight")
     if m.output is None:  # tied: the LM head reads the embedding table (its vocabulary slice)
         w += head_weight(m).numel() * m.tok_embeddings.weight.element_size() if m.tp else \
             m.tok_embeddings.weight.numel() * m.tok_embeddings.weight.element_size()
     a = m.args
     elem = next(m.parameters()).element_size()
-    kv = 2 * a.n_layers * B * a.n_kv_heads * a.head_dim * elem * -(-kv_tokens // world)
+    row = a.head_dim + 4 if kv_dtype == "fp8" else a.head_dim * elem
+    kv = 2 * a.n_layers * B * a.n_kv_heads * row * -(-kv_tokens // world)
     return w + kv
 
 
@@ -191,13 +196,15 @@ def _decode_row(model, ids, args, tp: bool, graphed: bool, bw: float, world: int
     B, S = ids.shape
     n_new = 1 + args.warmup + args.tokens
     reset_peak(device)
-    out = generate(model, ids, n_new, chunk=args.chunk, graphs=args.graphs, tensor_parallel=tp)
+    kv = KV_CACHES[args.kv_cache]
+    out = generate(model, ids, n_new, chunk=args.chunk, graphs=args.graphs, tensor_parallel=tp, kv_dtype=kv)
     per = statistics.median(out.timings["decode_step_s"][args.warmup:])
     decoder = model.decoder(group) if tp else model.model
-    need = step_bytes(decoder, B, S + args.warmup + args.tokens // 2, world)
+    need = step_bytes(decoder, B, S + args.warmup + args.tokens // 2, world, kv)
     row = dict(S=S, batch=B, tensor_parallel=tp, first_token_s=out.timings["prefill_s"],
                decode_step_s=out.timings["decode_step_s"], decode_s_per_token=per, step_bytes=need, bound_s=need / bw,
-               ratio_to_bound=per / (need / bw), shard_slots=out.shard_lengths[-1], graphs=out.timings["graphs"])
+               ratio_to_bound=per / (need / bw), shard_slots=out.shard_lengths[-1], graphs=out.timings["graphs"],
+               kv_cache=args.kv_cache)
     row["peak_bytes"], row["peak_kind"] = peak_bytes(device)
     if graphed:
         row["graph_capture_s"] = out.timings["graph_capture_s"]
@@ -207,7 +214,7 @@ def _decode_row(model, ids, args, tp: bool, graphed: bool, bw: float, world: int
         del out
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        eager = generate(model, ids, n_new, chunk=args.chunk, graphs="off", tensor_parallel=tp)
+        eager = generate(model, ids, n_new, chunk=args.chunk, graphs="off", tensor_parallel=tp, kv_dtype=kv)
         e_per = statistics.median(eager.timings["decode_step_s"][args.warmup:])
         row.update(eager_first_token_s=eager.timings["prefill_s"], eager_decode_step_s=eager.timings["decode_step_s"],
                    eager_decode_s_per_token=e_per, eager_ratio_to_bound=e_per / (need / bw), graph_speedup=e_per / per,
@@ -244,6 +251,7 @@ def step_profile(model, ids, args, tp: bool, device) -> dict:
     plan = schedule(wait=idle, warmup=1, active=args.profile, repeat=1)
     with profile(activities=acts, schedule=plan) as prof:
         generate(model, ids, idle + 1 + args.profile + 1, chunk=args.chunk, graphs=args.graphs, tensor_parallel=tp,
+                 kv_dtype=KV_CACHES[args.kv_cache],
                  on_tokens=lambda *_: prof.step())
     cuda = torch.autograd.DeviceType.CUDA
     # a step's window: its range as the GPU ran it (the profiler's GPU-side copy of the host range,
@@ -315,9 +323,11 @@ def run_rank(args) -> dict:
     for b, n in shapes:
         warm = torch.randint(0, model.vocab_size, (b, n), generator=g)
         for tp in tps:
-            generate(model, warm, 2, chunk=args.chunk, graphs=args.graphs, tensor_parallel=tp)
+            generate(model, warm, 2, chunk=args.chunk, graphs=args.graphs, tensor_parallel=tp,
+                     kv_dtype=KV_CACHES[args.kv_cache])
             if graphed:
-                generate(model, warm, 2, chunk=args.chunk, graphs="off", tensor_parallel=tp)
+                generate(model, warm, 2, chunk=args.chunk, graphs="off", tensor_parallel=tp,
+                         kv_dtype=KV_CACHES[args.kv_cache])
         if world == 1 and b == 1:
             generate(model, warm, 1, attention="sdpa", chunk=args.chunk)
     rows = []

@@ -19,6 +19,13 @@ moves them forward in place replays one captured CUDA graph.
 Slots past ``valid[b]`` are never loaded (they may hold anything); slots hidden by the mask are
 loaded with their tile but weigh 0.  fp16 / bf16 caches on tensor cores with float32
 accumulation; float32 caches with IEEE float32 dots (exact enough for the tests' comparisons).
+
+An FP8 cache (float8_e4m3fn K and V with one float32 scale per slot and kv head, ``k_scale``,
+``v_scale`` (B, Hkv, capacity)): a slot's row is ``scale * row8``.  Tiles are read as bytes (half
+the bf16 cache's traffic: decode at long context reads little else) and widened to q's dtype,
+exactly (every e4m3 value is a bf16 / fp16 one); a slot's K scale multiplies its column of
+scores, its V scale its column of P before the P·V product, so the softmax's sums see the
+unscaled P.
 Triton is imported with this module: callers import it only when a kernel runs.
 """
 from __future__ import annotations
@@ -37,11 +44,11 @@ PROGRAMS_PER_SM = 4   # split until the grid has this many programs per SM (or a
 
 
 @triton.jit
-def _split_kernel(Q, K, V, VALID, VIS, QPOS, KPOS, PO, PL,
-                  sqb, sqh, skb, skh, sks, svb, svh, svs, svisb, skpb,
+def _split_kernel(Q, K, V, KS, VS, VALID, VIS, QPOS, KPOS, PO, PL,
+                  sqb, sqh, skb, skh, sks, svb, svh, svs, ssb, ssh, svisb, skpb,
                   H, Hkv, G, chunk, window, scale_log2,
                   HEAD_DIM: tl.constexpr, G_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-                  HAS_VIS: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr):
+                  HAS_VIS: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, FP8: tl.constexpr):
     split = tl.program_id(0)
     bh = tl.program_id(1)
     n_splits = tl.num_programs(0)
@@ -59,6 +66,8 @@ def _split_kernel(Q, K, V, VALID, VIS, QPOS, KPOS, PO, PL,
     q = tl.load(Q + b * sqb + heads[:, None] * sqh + d[None, :], mask=g_ok[:, None], other=0.0)
     k_base = K + b * skb + hk * skh
     v_base = V + b * svb + hk * svh
+    ks_base = KS + b * ssb + hk * ssh  # FP8: the scales (B, Hkv, capacity), one layout for K's and V's
+    vs_base = VS + b * ssb + hk * ssh
     if HAS_WINDOW:
         qp = tl.load(QPOS + b)
 
@@ -71,10 +80,14 @@ def _split_kernel(Q, K, V, VALID, VIS, QPOS, KPOS, PO, PL,
         inb = offs < hi
         rows = offs.to(tl.int64)[:, None]
         kt = tl.load(k_base + rows * sks + d[None, :], mask=inb[:, None], other=0.0)
+        if FP8:
+            kt = kt.to(q.dtype)
         if IEEE:
             s = tl.dot(q, tl.trans(kt), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(kt))
+        if FP8:
+            s = s * tl.load(ks_base + offs, mask=inb, other=0.0)[None, :]
         ok = inb
         if HAS_VIS:
             ok = ok & (tl.load(VIS + b * svisb + offs, mask=inb, other=0) != 0)
@@ -88,10 +101,14 @@ def _split_kernel(Q, K, V, VALID, VIS, QPOS, KPOS, PO, PL,
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         vt = tl.load(v_base + rows * svs + d[None, :], mask=inb[:, None], other=0.0)
+        pw = p
+        if FP8:
+            vt = vt.to(q.dtype)
+            pw = p * tl.load(vs_base + offs, mask=inb, other=0.0)[None, :]
         if IEEE:
-            pv = tl.dot(p.to(vt.dtype), vt, input_precision="ieee")
+            pv = tl.dot(pw.to(vt.dtype), vt, input_precision="ieee")
         else:
-            pv = tl.dot(p.to(vt.dtype), vt)
+            pv = tl.dot(pw.to(vt.dtype), vt)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
@@ -158,20 +175,29 @@ def supported_head_dim(d: int) -> bool:
 
 
 def decode_attention(q, k, v, scale: float, valid, visible=None, window: int | None = None, qpos=None, kpos=None,
-                     splits: int | None = None, bn: int | None = None, warps: int = 4, stages: int = 2):
+                     splits: int | None = None, bn: int | None = None, warps: int = 4, stages: int = 2,
+                     k_scale=None, v_scale=None):
     """float32 (out (B, H, D), lse (B, H)) of one query per sequence; see the module docstring.
 
     ``valid`` (B,) integer, ``visible`` (B, capacity) bool, ``qpos`` (B,) and ``kpos``
     (B, capacity) integer positions with ``window``: device tensors on q's device.  ``splits``
-    and ``bn`` (rows per tile) override the plan (the interpreter tests use small ones)."""
+    and ``bn`` (rows per tile) override the plan (the interpreter tests use small ones).
+    ``k_scale``, ``v_scale`` (B, Hkv, capacity) float32: k and v are an FP8 cache."""
     B, H, D = q.shape
     Bk, Hkv, cap, Dk = k.shape
     if (Bk, Dk) != (B, D) or v.shape != k.shape or H % Hkv:
         raise ValueError(f"decode_attention: q {tuple(q.shape)} does not fit k/v {tuple(k.shape)} / "
                          f"{tuple(v.shape)} (batch, heads a multiple of kv heads, head dim)")
-    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise ValueError(f"decode_attention takes one of float16/bfloat16/float32 for q, k and v, got "
-                         f"{q.dtype}, {k.dtype}, {v.dtype}")
+    fp8 = k_scale is not None or v_scale is not None
+    cache = torch.float8_e4m3fn if fp8 else q.dtype
+    if not (cache == k.dtype == v.dtype) or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"decode_attention takes one of float16/bfloat16/float32 for q and the same for k and v "
+                         f"(float8_e4m3fn with k_scale and v_scale), got {q.dtype}, {k.dtype}, {v.dtype}")
+    if fp8 and not (k_scale is not None and v_scale is not None and k_scale.shape == v_scale.shape == k.shape[:3]
+                    and k_scale.stride() == v_scale.stride() and k_scale.stride(2) == 1
+                    and k_scale.dtype == v_scale.dtype == torch.float32):
+        raise ValueError(f"decode_attention: an FP8 cache needs k_scale and v_scale, float32 {tuple(k.shape[:3])} "
+                         f"with one layout and contiguous rows")
     if not supported_head_dim(D):
         raise ValueError(f"decode_attention needs a power-of-two head dim in [16, 256], got {D}")
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
@@ -202,11 +228,13 @@ def decode_attention(q, k, v, scale: float, valid, visible=None, window: int | N
     has_win = window is not None
     dummy = valid
     _split_kernel[(splits, B * Hkv)](
-        q, k, v, valid, vis if vis is not None else dummy, qpos if has_win else dummy, kpos if has_win else dummy,
+        q, k, v, k_scale if fp8 else lse, v_scale if fp8 else lse, valid, vis if vis is not None else dummy,
+        qpos if has_win else dummy, kpos if has_win else dummy,
         po, pl, q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
-        v.stride(2), vis.stride(0) if vis is not None else 0, kpos.stride(0) if has_win else 0,
+        v.stride(2), k_scale.stride(0) if fp8 else 0, k_scale.stride(1) if fp8 else 0,
+        vis.stride(0) if vis is not None else 0, kpos.stride(0) if has_win else 0,
         H, Hkv, G, chunk, int(window) if has_win else 0, float(scale) * LOG2E,
         HEAD_DIM=D, G_BLOCK=max(16, _pow2(G)), BLOCK_N=bn, HAS_VIS=vis is not None, HAS_WINDOW=has_win,
-        IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
+        IEEE=q.dtype == torch.float32, FP8=fp8, num_warps=warps, num_stages=stages)
     _reduce_kernel[(B * H,)](po, pl, out, lse, splits, HEAD_DIM=D, SPLIT_BLOCK=max(2, _pow2(splits)), num_warps=4)
     return out, lse
