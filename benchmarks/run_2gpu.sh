@@ -145,6 +145,15 @@ decode3)  # 37: the decode step with the GEMV tiles of the sweep; the decode che
   logged on128 90 $BE $D8 --seqs 128K --gemv on --name decode_8b_2gpu_128k_tiles
   logged on512 150 $BE $D8 --seqs 512K --gemv on --name decode_8b_2gpu_512k_tiles
   ;;
+fp8kv)  # 41.3 / 37: decode from an FP8 KV cache beside the bf16 one, tensor-parallel over 2 ranks, each length in
+  # its own launch (bench decode runs one cache dtype a launch); --check first: the kernel against float64
+  D8="decode --model llama-3.1-8b --tokens 8 --warmup 2 --sliced --eager-max 1 --batches 1"
+  logged check 120 $BE decode --check --model tiny --seqs 1K --batches 1 --tokens 4 --warmup 2 --kv-cache fp8 \
+      --name decode_check_2gpu_kvfp8
+  logged b128 90 $BE $D8 --seqs 128K --name decode_8b_2gpu_128k_kvbf16
+  logged f128 90 $BE $D8 --seqs 128K --kv-cache fp8 --name decode_8b_2gpu_128k_kvfp8
+  logged f512 150 $BE $D8 --seqs 512K --kv-cache fp8 --name decode_8b_2gpu_512k_kvfp8
+  ;;
 batch8)  # 37: batch 8 at 128K after the capture's retry (its capture failed at 713227f); 36: tokens/s at 128K with
   # each option on beside off (the 3B preset), the rows of longctx-speed that fit what is left
   logged b8 150 $BE decode --model llama-3.1-8b --tokens 8 --warmup 2 --sliced --eager-max 1 --batches 8 --seqs 128K \

@@ -31,7 +31,7 @@ import torch
 
 from ...comm.dist import world_of
 from ...inference.generate import generate
-from ...inference.kvcache import shard_attention
+from ...inference.kvcache import dequantize, quantize_kv, shard_attention
 from ...inference.models import OurLlama, random_llama
 from ...model import ModelArgs
 from ...model.tensor_parallel import refuses
@@ -45,7 +45,7 @@ _LOGITS_TOL = {("float32", True): 1e-4, ("float32", False): 1e-5, ("bfloat16", T
                ("bfloat16", False): 1e-2}
 
 
-def _attention_case(device, dtype, H, Hkv, D, cap, mask, seed):
+def _attention_case(device, dtype, H, Hkv, D, cap, mask, seed, fp8: bool = False):
     g = torch.Generator(device=device).manual_seed(seed)
     B = 2
     q = torch.randn(B, H, D, device=device, generator=g).to(dtype)
@@ -63,7 +63,13 @@ def _attention_case(device, dtype, H, Hkv, D, cap, mask, seed):
         window = max(1, cap // 5)
         kpos = torch.stack([torch.randperm(cap + 1, device=device, generator=g) for _ in range(B)])
         qpos = torch.full((B,), cap, device=device)
-    out, lse = shard_attention(q, k, v, D ** -0.5, valid, visible, window, qpos, kpos)
+    scales = {}
+    if fp8:  # an FP8 cache (a NaN tail quantizes to NaN rows and scales: still never read)
+        k, ks, v, vs = quantize_kv(k, v)
+        scales = dict(k_scale=ks, v_scale=vs)
+    out, lse = shard_attention(q, k, v, D ** -0.5, valid, visible, window, qpos, kpos, **scales)
+    if fp8:  # the oracle reads the rows the kernel reads: the dequantized ones
+        k, v = dequantize(k, ks, torch.float64), dequantize(v, vs, torch.float64)
     # the oracle: float64, the math path, with the never-read tail zeroed (it multiplies p = 0)
     k64, v64 = k.double().nan_to_num(0.0), v.double().nan_to_num(0.0)
     ro, rl = shard_attention(q.double(), k64, v64, D ** -0.5, valid, visible, window, qpos, kpos)
@@ -72,7 +78,8 @@ def _attention_case(device, dtype, H, Hkv, D, cap, mask, seed):
     lse_err = float((lse - rl)[seen].abs().max()) if seen.any() else 0.0
     exact = bool((out[~seen] == 0).all() and (lse[~seen] == float("-inf")).all())
     ok = err <= TOL[dtype] and lse_err <= 1e-3 and exact and not bool(torch.isnan(out).any())
-    return dict(dtype=str(dtype)[6:], heads=H, kv_heads=Hkv, head_dim=D, capacity=cap, mask=mask or "none",
+    return dict(dtype=str(dtype)[6:], cache="fp8" if fp8 else str(dtype)[6:], heads=H, kv_heads=Hkv, head_dim=D,
+                capacity=cap, mask=mask or "none",
                 valid=valid.tolist(), out_err=err, lse_err=lse_err, unseen=int((~seen).sum()), unseen_exact=exact,
                 ok=ok)
 
@@ -90,6 +97,11 @@ def check_attention(device) -> list[dict]:
                 for mask in masks:
                     rows.append(_attention_case(device, dtype, H, Hkv, D, caps[i % 3], mask, seed=i))
                     i += 1
+    # an FP8 cache under bf16 queries: GQA and MHA, every mask, d 128 (against its dequantized rows)
+    for H, Hkv in ((32, 8), (8, 8)):
+        for mask in ("", "vis", "win", "vis+win"):
+            rows.append(_attention_case(device, torch.bfloat16, H, Hkv, 128, caps[i % 3], mask, seed=i, fp8=True))
+            i += 1
     return rows
 
 
@@ -206,15 +218,18 @@ def _speed_row(device, cap: int, B: int) -> dict:
     vis = torch.ones(B, cap, device=device, dtype=torch.bool)
     nbytes = 2 * k.numel() * k.element_size()
     row = dict(capacity=cap, batch=B, bytes=nbytes)
+    k8, ks, v8, vs = quantize_kv(k, v)
+    row["fp8_bytes"] = 2 * (k8.numel() + ks.numel() * 4)
     calls = {"triton": lambda: decode_attention(q, k, v, 0.088, valid),
-             "triton_masked": lambda: decode_attention(q, k, v, 0.088, valid, vis)}
+             "triton_masked": lambda: decode_attention(q, k, v, 0.088, valid, vis),
+             "triton_fp8": lambda: decode_attention(q, k8, v8, 0.088, valid, k_scale=ks, v_scale=vs)}
     flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention", None)
     if flash is not None:
         calls["torch_flash"] = lambda: flash(q.view(B, 8, 4, 128), k, v, 0.0, False, False, scale=0.088)
     for name, fn in calls.items():
         try:
             sec = _cuda_seconds(fn)
-            row[f"{name}_s"], row[f"{name}_GBps"] = sec, nbytes / sec / 1e9
+            row[f"{name}_s"], row[f"{name}_GBps"] = sec, row["fp8_bytes" if "fp8" in name else "bytes"] / sec / 1e9
         except RuntimeError as e:
             row[f"{name}_error"] = str(e).splitlines()[0][:200]
     return row
@@ -268,7 +283,7 @@ def check(device, log=print) -> dict:
             if "capacity" not in r:
                 continue
             times = [f"{n} {r[n + '_s'] * 1e6:.0f} us ({r[n + '_GBps']:.0f} GB/s)"
-                     for n in ("triton", "triton_masked", "torch_flash") if n + "_s" in r]
+                     for n in ("triton", "triton_masked", "triton_fp8", "torch_flash") if n + "_s" in r]
             log(f"decode attention, one 8B layer, {r['capacity']} slots x batch {r['batch']}: {', '.join(times)}")
     # the check's models took their share of dynamo's recompile limit for the fused ops
     # (model/fused.py): the model measured next compiles them afresh
