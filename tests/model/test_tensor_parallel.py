@@ -45,6 +45,20 @@ def test_tensor_parallel_decode_equals_one_rank(pool, one_rank, world, source):
     assert same and err < TOL, (world, source, err)
 
 
+@pytest.mark.parametrize("world,source", [(2, "sliced-packed"), (4, "whole")])
+def test_tensor_parallel_decode_over_an_fp8_cache_equals_one_rank(pool, world, source):
+    """The FP8 cache under tensor parallelism: the gathered heads' K/V are quantized as one rank's
+    whole-model step quantizes them, so the tokens are one rank's and the logits its up to
+    float32 rounding (and not the bf16 cache's: the quantization is there)."""
+    one = pool.run(tc.run_decode, "whole", False, kv_dtype="fp8", world=1)[0]
+    res = pool.run(tc.run_decode, source, True, kv_dtype="fp8", world=world)
+    assert all(r[2] is True and r[0] == one[0] for r in res)
+    same, err, _ = _same(res[0], one)
+    assert same and err < TOL, (world, source, err)
+    plain = pool.run(tc.run_decode, "whole", False, world=1)[0]
+    assert float((one[1] - plain[1]).abs().max() / plain[1].abs().max()) > 10 * TOL
+
+
 @pytest.mark.parametrize("world,source,kind", [(2, "sliced", "variants"), (4, "whole", "variants"),
                                                (2, "sliced-packed", "variants"),
                                                (3, "sliced", "tied"), (2, "whole", "tied"),
