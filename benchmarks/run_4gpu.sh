@@ -55,6 +55,8 @@
 #                                        #   rank in h200a's launch: now tried again on every rank); then side by
 #                                        #   side: cards 0,1 37's batch 8 at 128K over 2 ranks; cards 2,3 36's
 #                                        #   tokens/s at 128K with each option on beside off (3B preset)
+#   bash benchmarks/run_4gpu.sh h200c    # 38.3 / 41.3 8B decode over 4 ranks against a 1M cache kept in FP8 (the
+#                                        #   bf16 row is h200b's), then 128K bf16 vs FP8 in one call
 #   bash benchmarks/run_4gpu.sh longest  # 38.6 train_step again (the backstop armed before the GIL is let go);
 #                                        #   38.1 torch-CP at 256K with its fallback plans; 38.7 the longest
 #                                        #   attention fwd+bwd (8B heads 32/8)
@@ -312,6 +314,12 @@ h200b)
   B=$!
   wait $A $B
   cat "$out/logs/pair01.log" "$out/logs/pair23.log"
+  ;;
+h200c)
+  D8="decode --model llama-3.1-8b --tokens 8 --warmup 2 --sliced --eager-max 1 --batches 1"
+  logged f1m 330 $BE $D8 --seqs 1M --kv-cache fp8 --name decode_8b_4gpu_1m_kvfp8
+  logged b128 90 $BE $D8 --seqs 128K --name decode_8b_4gpu_128k_kvbf16
+  logged f128 90 $BE $D8 --seqs 128K --kv-cache fp8 --name decode_8b_4gpu_128k_kvfp8
   ;;
 longest)
   faults4 70 45 faults_4gpu_nccl_train_step2 train_step
