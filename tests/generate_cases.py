@@ -90,29 +90,36 @@ def run_generate_logits(group, path, lengths, max_new, seed=0, prefill=False, **
 
 def run_generate_flaky_capture(group, path, lengths, max_new, fail_on: int, failures: int, graphs="auto"):
     """Our tokens when the step's CUDA graph capture fails on rank ``fail_on`` the first
-    ``failures`` times (as one did on GPUs: an error on one rank only), the captures each rank
-    tried, and the warnings it gave.  A capture that works records a stand-in graph whose replay
-    runs the step op by op (CPU has no graphs)."""
+    ``failures`` times (as one did on GPUs: an error on one rank only; a second try's cause may
+    differ: it may be the first's consequence), the captures each rank tried, whether it decoded
+    from the graph, whether each launch replayed one, and the warnings it gave.  A capture that
+    works records a stand-in graph whose replay runs the step op by op (CPU has no graphs); a
+    capture while one is held refuses, as DecodeStep.capture does."""
     import types
     import warnings
 
     import torch.distributed as dist
 
-    from burstengine.inference import generate as gen_mod  # noqa: F401 (the package exports the function)
     from burstengine.inference import step as st
 
-    gen = __import__("importlib").import_module("burstengine.inference.generate")
+    gen = __import__("importlib").import_module("burstengine.inference.generate")  # the package exports the function
     rank = dist.get_rank(group) if group is not None else 0
-    tried, saved = [], (gen.use_graphs, st.DecodeStep.capture, st.DecodeStep.launch)
+    tried, replayed = [], []
+    saved = (gen.use_graphs, st.DecodeStep.capture, st.DecodeStep.launch)
+    causes = ("AcceleratorError: operation failed due to a previous error during capture",
+              "AcceleratorError: an illegal memory access was encountered")
 
     def capture(self, warmup=2, strict=False):
         tried.append(strict)
+        if self.graph is not None:
+            raise RuntimeError("the decode step is already captured")
         if rank == fail_on and len(tried) <= failures:
             raise RuntimeError(f"capturing the decode step in a CUDA graph failed on rank {rank}: "
-                               "AcceleratorError: operation failed due to a previous error during capture")
+                               f"{causes[len(tried) > 1]}")
         self.graph = types.SimpleNamespace(replay=None)
 
     def launch(self):
+        replayed.append(self.graph is not None)
         return self.forward()
 
     gen.use_graphs = lambda mode, device: True  # as on a GPU
@@ -121,12 +128,95 @@ def run_generate_flaky_capture(group, path, lengths, max_new, fail_on: int, fail
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             out = gen.generate(_model(path), prompts(lengths, 0), max_new, group=group, graphs=graphs)
-        return out.tokens, tried, out.timings["graphs"], [str(w.message) for w in caught
-                                                                 if "captur" in str(w.message)]
+        return out.tokens, tried, out.timings["graphs"], replayed, [str(w.message) for w in caught
+                                                                    if "captur" in str(w.message)]
     except RuntimeError as e:
-        return None, tried, None, [str(e)]
+        return None, tried, None, replayed, [str(e)]
     finally:
         gen.use_graphs, (st.DecodeStep.capture, st.DecodeStep.launch) = saved[0], saved[1:]
+
+
+class FakeCuda:
+    """The CUDA calls of DecodeStep.capture, on CPU, as torch's source makes them: the real
+    torch.cuda.graph (whose exit restores the stream only once capture_end returned) around a
+    CUDAGraph whose capture_end raises the first ``fail`` times as an invalidated capture's does:
+    under torch 2.11 before it stops the caching allocator serving allocations from the graph's
+    pool (``routing_left``), from 2.12 after (pytorch#180395).  ``current``: the current stream
+    (``caller``: the one before the capture);
+    ``routing``: the pools allocations go to; ``released``: the pools released; ``graphs``: weak
+    references to the graphs made; ``logits``: to what each forward returned."""
+
+    def __init__(self, monkeypatch, routing_left: bool, fail: int = 1):
+        import weakref
+
+        from burstengine.inference import step as st
+
+        self.routing, self.released, self.graphs, self.logits = set(), [], [], []
+        fake, handles = self, iter(range(1, 1000))
+
+        class Stream:
+            def __init__(self, device=None):
+                pass
+
+            def wait_stream(self, other):
+                pass
+
+        class StreamContext:  # torch.cuda.stream: current inside, the one before restored at exit
+            def __init__(self, stream):
+                self.stream = stream
+
+            def __enter__(self):
+                self.before, fake.current = fake.current, self.stream
+
+            def __exit__(self, *exc):
+                fake.current = self.before
+
+        class Graph:
+            def __init__(self):
+                fake.graphs.append(weakref.ref(self))
+
+            def capture_begin(self, pool=None, capture_error_mode="global", **kw):
+                # a second routing would be served by the first's filter too
+                assert not fake.routing, "the allocator still routes to a failed capture's pool"
+                self.pool = pool
+                fake.routing.add(pool)
+
+            def capture_end(self):
+                if fake.fail and not routing_left:
+                    fake.routing.discard(self.pool)
+                if fake.fail:
+                    fake.fail -= 1
+                    raise RuntimeError("CUDA error: operation failed due to a previous error during capture\n"
+                                       "Search for `cudaErrorStreamCaptureInvalidated' in the CUDA docs")
+                fake.routing.discard(self.pool)
+
+        def end_routing(device, pool):
+            if pool not in fake.routing:
+                raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
+            fake.routing.discard(pool)
+
+        self.caller = self.current = Stream()  # the stream current when the step is captured
+        forward = st.DecodeStep.forward
+
+        def watched(step):
+            out = forward(step)
+            fake.logits.append(weakref.ref(out))
+            return out
+
+        self.fail = fail
+        for name, value in (("current_stream", lambda device=None: fake.current), ("Stream", Stream),
+                            ("stream", StreamContext), ("set_stream", lambda s: setattr(fake, "current", s)),
+                            ("CUDAGraph", Graph), ("graph_pool_handle", lambda: (0, next(handles))),
+                            ("current_device", lambda: 0), ("synchronize", lambda device=None: None),
+                            ("empty_cache", lambda: None)):
+            monkeypatch.setattr(torch.cuda, name, value)
+        monkeypatch.setattr(torch._C, "_host_emptyCache", lambda: None, raising=False)
+        monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool", end_routing, raising=False)
+        monkeypatch.setattr(torch._C, "_cuda_releasePool", lambda device, pool: fake.released.append(pool),
+                            raising=False)
+        monkeypatch.setattr(torch.cuda.graphs.graph, "default_capture_stream", None)
+        monkeypatch.setattr(st.DecodeStep, "forward", watched)
+        monkeypatch.setattr(st, "_ABANDONED", [])
 
 
 def raises(group, path, fn_name, *args, **kwargs):

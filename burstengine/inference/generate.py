@@ -41,7 +41,7 @@ from .engine import padded_length, prefill
 from .kvcache import KV_DTYPES, ShardedKVCache, appends, next_owner
 from .models import OurLlama, PrefillModel
 from .sampling import Sampling, choose
-from .step import DecodeStep, use_graphs, use_tensor_parallel
+from .step import DecodeStep, _first_line, use_graphs, use_tensor_parallel
 
 
 @dataclass
@@ -200,14 +200,17 @@ def _capture(step: DecodeStep, graphs: str, world: int, group, dev, tries: int =
     by all ranks together): whether it was.  A capture that fails on any rank is tried again on
     every rank (the cause seen on GPUs, an error during capture that was not this thread's, came
     and went between runs); a failure of every try under "auto" warns once and the step runs op
-    by op; under "on" it raises, on every rank."""
-    errors = []
+    by op; under "on" it raises, on every rank.  Either names the first try's cause (a later
+    try's failure may be its consequence) and, where it differs, the last's."""
+    failures = []  # this rank's message for each try that failed on some rank
     for attempt in range(tries):
         err = None
         try:
             step.capture(strict=attempt > 0)  # a retry says what a recompile inside it would have hidden
-        except RuntimeError as e:
-            err = e
+        except Exception as e:  # of any kind: a rank that left here alone would hang the others' all_reduce
+            err = _first_line(e)
+            if not (isinstance(e, RuntimeError) and err):  # step.capture's own say which rank and why
+                err = f"capturing the decode step in a CUDA graph failed on rank {step.rank}: {type(e).__name__}: {err}"
         failed = [err is not None]
         if world > 1:  # one host read per try: which ranks failed
             flags = torch.zeros(world, device=dev)
@@ -217,18 +220,18 @@ def _capture(step: DecodeStep, graphs: str, world: int, group, dev, tries: int =
         if not any(failed):
             break
         step.graph = step.logits = None  # ranks whose capture worked drop it: all try again together
-        errors.append(err if err is not None else RuntimeError(
-            "capturing the decode step in a CUDA graph failed on rank(s) "
-            + ", ".join(str(r) for r, f in enumerate(failed) if f)))
+        failures.append(err or "capturing the decode step in a CUDA graph failed on rank(s) "
+                        + ", ".join(str(r) for r, f in enumerate(failed) if f))
     else:
+        why = failures[0] if failures[-1] == failures[0] else f"{failures[0]}; on try {tries}: {failures[-1]}"
         if graphs == "on":
-            raise errors[-1]
+            raise RuntimeError(why)
         # "auto" asked for speed, not for the graph: the same step, op by op, says why once
-        warnings.warn(f"decode: {errors[-1]}; decoding op by op (graphs='on' makes this an error)", RuntimeWarning,
+        warnings.warn(f"decode: {why}; decoding op by op (graphs='on' makes this an error)", RuntimeWarning,
                       stacklevel=3)
         return False
-    if errors:
-        warnings.warn(f"decode: {errors[0]}; captured on try {len(errors) + 1}", RuntimeWarning, stacklevel=3)
+    if failures:
+        warnings.warn(f"decode: {failures[0]}; captured on try {len(failures) + 1}", RuntimeWarning, stacklevel=3)
     return True
 
 

@@ -217,9 +217,10 @@ class DecodeStep:
                     self.forward()
             cur.wait_stream(side)
         except Exception as e:
-            raise RuntimeError(f"the decode step failed in its warm-up before CUDA graph capture: "
+            raise RuntimeError(f"the decode step failed in its warm-up before CUDA graph capture on rank {self.rank}: "
                                f"{type(e).__name__}: {_first_line(e)}") from e
-        graph, why = torch.cuda.CUDAGraph(), None
+        # a pool of our own: its id is what undoing a failed capture needs (_abandon)
+        graph, pool, logits, why = torch.cuda.CUDAGraph(), torch.cuda.graph_pool_handle(), None, None
         try:
             # thread_local: an unsafe call of another thread (torch's NCCL watchdog querying an event
             # of a collective enqueued before the capture, pytorch#104487) must not invalidate this
@@ -229,14 +230,16 @@ class DecodeStep:
             # leave only "a previous error during capture" to see: a recompile raises instead,
             # naming the guard
             with torch._dynamo.config.patch(error_on_recompile=strict), \
-                    torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                    torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
                 logits = self.forward()
         except Exception as e:
             why = f"{type(e).__name__}: {_first_line(e)}"
         if why is not None:
-            # no chained exception: its traceback would keep the failed graph and its memory pool
-            # alive while the step goes on op by op
-            graph = None
+            _abandon(graph, pool, cur)
+            # no chained exception, and nothing of the capture left in this frame: the traceback would
+            # keep the failed graph, and the logits allocated in its pool, alive while the step goes on
+            # op by op
+            graph = logits = self._tables = None
             raise RuntimeError(f"capturing the decode step in a CUDA graph failed on rank {self.rank}: {why} "
                                f"(generate(graphs='off') / --graphs off decodes without a graph)")
         self.graph, self.logits = graph, logits
@@ -251,6 +254,31 @@ class DecodeStep:
     def __call__(self, tokens: torch.Tensor, positions: list[int], owner: int):
         self.load(tokens, positions, owner)
         return self.launch()
+
+
+# graphs whose failed capture torch < 2.12 left half-undone (_abandon): kept alive
+_ABANDONED = []
+
+
+def _abandon(graph, pool, stream) -> None:
+    """Undo what a capture that raised leaves behind, so that the step can run op by op or be
+    captured again.  torch.cuda.graph's exit does not restore the stream when capture_end raises
+    (an invalidated capture: "operation failed due to a previous error during capture"): ``stream``,
+    current before the capture, is made current again.  Before torch 2.12 (pytorch#180395; the
+    GPU runs had 2.11) capture_end raises before it stops the caching allocator serving this
+    thread's allocations from ``pool``.  Left so, the allocator believes a capture is under way for
+    good: empty_cache and an allocation's out-of-memory retry no longer free its cache, memory
+    freed after a use on another stream is never reused, the graph's destructor does not release
+    the pool, and the allocator's filter points at the destroyed graph.  So that routing is ended
+    and the pool released here, and the graph kept alive for any other hook of torch's on it."""
+    torch.cuda.set_stream(stream)
+    device = torch.cuda.current_device()  # the allocator capture_begin chose
+    try:
+        torch._C._cuda_endAllocateToPool(device, pool)
+    except RuntimeError:  # not routing: capture_end ended it (torch >= 2.12) or the capture never began
+        return
+    torch._C._cuda_releasePool(device, pool)
+    _ABANDONED.append(graph)
 
 
 def _first_line(e: BaseException) -> str:

@@ -146,3 +146,25 @@ def test_longest_table_shows_a_try_that_fit_as_its_peak_not_as_oom():
     out = "\n".join(render(rec))
     assert "S=4194304: 100.0 GiB (300 s)" in out and "tried at most 4194304" in out
     assert "S=900000: OOM" in out and "S=800000: 2.0 GiB" in out
+
+
+def test_decode_tables_mark_a_row_timed_op_by_op():
+    """Under graphs="auto" a capture that fails on every try leaves the row timed op by op: the
+    block, whose rows are CUDA-graph steps, and the record's table, whose column is the graph's
+    time, say so on that row (and only there)."""
+    import copy
+    import glob
+
+    from burstengine.bench.peers.decode import RANK_RUNS, block_decode_ranks, render
+
+    results = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks", "results")
+    records = [(os.path.basename(p), json.load(open(p))) for p in glob.glob(os.path.join(results, "decode_8b_*.json"))]
+    assert "op by op" not in block_decode_ranks(records)
+    name = RANK_RUNS[-1]
+    rec = copy.deepcopy(dict(records)[name])
+    rec["rows"][0]["graphs"] = False
+    out = block_decode_ranks([(n, rec if n == name else r) for n, r in records])
+    marked = [line for line in out.splitlines() if "op by op" in line]
+    assert len(marked) == 1 and f"`{name}`" in marked[0], marked
+    assert "op by op: capture failed" not in "\n".join(render(dict(records)[name]))
+    assert "op by op: capture failed" in "\n".join(render(rec))

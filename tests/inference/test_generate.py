@@ -271,21 +271,27 @@ def test_a_failed_capture_under_auto_decodes_op_by_op(model_dirs, monkeypatch):
 @pytest.mark.parametrize("failures", [1, 2])
 def test_a_capture_that_fails_on_one_rank_is_tried_again_on_every_rank(pool, model_dirs, failures):
     """A capture that failed on one rank only (seen on 4xH200: "operation failed due to a previous
-    error during capture") is tried again by every rank together; once more failing, every rank
-    decodes op by op, each saying which rank failed, and the tokens are the same; under
-    graphs='on' every rank raises."""
+    error during capture") is tried again by every rank together, the ranks whose capture worked
+    dropping theirs first; once more failing, every rank decodes op by op (no rank replays a
+    graph), each saying which rank failed and why: the first try's cause, and the second's where
+    it differs; the tokens are the same; under graphs='on' every rank raises."""
     path = model_dirs["llama"]
     want = hf_greedy(path, LENGTHS, NEW)
     res = pool.run(gc.run_generate_flaky_capture, path, LENGTHS, NEW, 1, failures, world=2)
-    for rank, (tokens, tried, graphed, said) in enumerate(res):
+    for rank, (tokens, tried, graphed, replayed, said) in enumerate(res):
         assert tokens == want, rank
         assert tried == [False, True] and graphed is (failures == 1), (rank, tried, graphed)  # the retry strict
+        assert len(replayed) == NEW - 1 and set(replayed) == {graphed}, (rank, replayed)
         assert len(said) == 1 and ("failed on rank 1: " if rank == 1 else "failed on rank(s) 1") in said[0], said
         assert ("captured on try 2" in said[0]) is (failures == 1), said
+        if rank == 1:
+            assert "a previous error during capture" in said[0], said
+            assert ("; on try 2: " in said[0] and "illegal memory access" in said[0]) is (failures == 2), said
     if failures == 2:
-        for tokens, tried, graphed, said in pool.run(gc.run_generate_flaky_capture, path, LENGTHS, NEW, 1, failures,
-                                                     "on", world=2):
-            assert tokens is None and tried == [False, True] and "rank" in said[0], said
+        for rank, (tokens, tried, graphed, replayed, said) in enumerate(
+                pool.run(gc.run_generate_flaky_capture, path, LENGTHS, NEW, 1, failures, "on", world=2)):
+            assert tokens is None and tried == [False, True] and not replayed and "rank" in said[0], said
+            assert ("a previous error during capture" in said[0]) is (rank == 1), said
 
 
 # --- the FP8 cache (kv_dtype="fp8") ------------------------------------------------------------
@@ -357,6 +363,69 @@ def test_kv_dtype_is_checked_before_anything_runs(model_dirs):
 
     with pytest.raises(ValueError, match="kv_dtype 'int4': one of None, fp8"):
         generate(gc._model(model_dirs["llama"]), gc.prompts((5,)), 2, kv_dtype="int4")
+
+
+def test_a_capture_raising_other_than_runtimeerror_still_joins_the_agreement(monkeypatch):
+    """Whatever a rank's capture raises, that rank joins the all_reduce by which the ranks agree on
+    the outcome (leaving generate alone, it would leave the others waiting there), and says which
+    rank failed and the exception's kind."""
+    import importlib
+    import warnings
+
+    gen = importlib.import_module("burstengine.inference.generate")  # the module (the package exports the function)
+    reduced = []
+
+    class Step:  # rank 1 of 2; rank 0's capture works
+        rank, graph, logits = 1, None, None
+
+        def capture(self, strict=False):
+            raise IndexError("device index 9 out of range")
+
+    monkeypatch.setattr(gen.dist, "all_reduce", lambda flags, group=None: reduced.append(flags.tolist()))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert gen._capture(Step(), "auto", 2, None, torch.device("cpu")) is False
+    assert reduced == [[0.0, 1.0]] * 2
+    said = [str(w.message) for w in caught]
+    assert len(said) == 1 and "failed on rank 1: IndexError: device index 9 out of range" in said[0], said
+
+
+@pytest.mark.parametrize("routing_left", [True, False], ids=["torch-2.11", "torch-2.12"])
+def test_a_failed_capture_leaves_the_stream_the_allocator_and_its_memory_as_they_were(model_dirs, monkeypatch,
+                                                                                    routing_left):
+    """A capture invalidated on GPUs ends in capture_end raising (as torch's CUDA calls are faked
+    here on CPU: gc.FakeCuda).  The step's error is one line naming the rank and the cause, chains
+    nothing, and holds neither the failed graph nor the logits it allocated; the stream current
+    before is current again (torch.cuda.graph's exit skips that); the allocator routes nothing more
+    to the graph's pool, released once (torch 2.11 ends neither: the graph is then kept, the
+    allocator's hooks point at it); and the retry captures."""
+    from burstengine.inference import step as st
+
+    steps, init = [], st.DecodeStep.__init__
+
+    def kept(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        steps.append(self)
+
+    monkeypatch.setattr(st.DecodeStep, "__init__", kept)
+    gc.run_generate(None, model_dirs["llama"], LENGTHS, 3)  # on CPU op by op: a step with a state loaded
+    step = steps[-1]
+    step.device = torch.device("cuda", 0)  # its CUDA calls are the fakes'
+    fake = gc.FakeCuda(monkeypatch, routing_left)
+    with pytest.raises(RuntimeError) as info:
+        step.capture()
+    err = info.value
+    assert str(err).startswith("capturing the decode step in a CUDA graph failed on rank 0: RuntimeError: CUDA error: "
+                               "operation failed due to a previous error during capture (generate(graphs='off')"), err
+    assert "\n" not in str(err) and err.__cause__ is None and err.__context__ is None
+    assert step.graph is None and step.logits is None
+    assert fake.current is fake.caller
+    assert not fake.routing and fake.released == ([(0, 1)] if routing_left else [])
+    assert fake.logits[-1]() is None  # the capture's logits, gone while the error is held
+    assert (fake.graphs[-1]() is None) is (not routing_left) and len(st._ABANDONED) == routing_left
+    step.capture()  # the retry
+    assert step.graph is fake.graphs[-1]() and step.logits is fake.logits[-1]() is not None
+    assert fake.current is fake.caller and not fake.routing
 
 
 def test_decode_step_reads_no_device_value_on_the_host(model_dirs, monkeypatch):

@@ -432,7 +432,8 @@ def render(rec):
         eager = "eager_decode_s_per_token" in r  # not past --eager-max
         if graphs:
             first += f" / {fixed(r['eager_first_token_s'], 2)}" if eager else ""
-        row = lead + [first, fixed(sdpa, 2) if sdpa else "—", ms(r["decode_s_per_token"])]
+        row = lead + [first, fixed(sdpa, 2) if sdpa else "—",
+                      ms(r["decode_s_per_token"]) + ("" if r.get("graphs", True) else " (op by op: capture failed)")]
         if graphs:
             row.append(ms(r["eager_decode_s_per_token"]) if eager else "—")
         row += [ms(r["bound_s"]), f"{r['ratio_to_bound']:.2f}×", fixed(r["peak_bytes"] / 2**30, 1)]
@@ -519,10 +520,12 @@ def block_decode_ranks(records):
             if "error" in r:
                 continue
             body.append([f"{rec['world']} × {device_of(rec).split('× ')[-1]}", f"{r['S'] // 1024}K × {r['batch']}",
-                         "tensor-parallel" if r["tensor_parallel"] else "whole on every rank",
+                         ("tensor-parallel" if r["tensor_parallel"] else "whole on every rank")
+                         # a capture that failed on every try under graphs="auto": timed op by op
+                         + ("" if r.get("graphs", True) else " (op by op: capture failed)"),
                          ms(r["decode_s_per_token"]), ms(r["bound_s"]), f"{r['ratio_to_bound']:.2f}×",
                          fixed(r["first_token_s"], 1), f"`{name}` ({rec['commit'][:7]})"])
-    return "\n".join(["Decode of llama-3.1-8b's shape (random weights, bf16, CUDA graph) over several "
+    return "\n".join(["Decode of llama-3.1-8b's shape (random weights, bf16, CUDA graph unless a row says) over several "
                       "ranks: per token, the bound of one rank reading its weights and its cache shard once at the copy "
                       "bandwidth measured in the launch, and the first token (the prompt's prefill):", ""]
                      + table(["ranks", "prompt × batch", "weights", "ms/token", "bound ms", "× bound", "first token s",
