@@ -71,12 +71,14 @@ def main(argv=None):
     ap.add_argument("--name", default=None, help="record name [longest_<world>gpu]")
     ap.add_argument("--out-dir", default=None, help=OUT_DIR_HELP)
     args = ap.parse_args(argv)
+    unit = 2 * int(os.environ.get("WORLD_SIZE", "1")) * 1024  # zigzag needs 2G chunks; keep lengths round
+    if args.at_most is not None and args.at_most < unit:
+        ap.error(f"--at-most {args.at_most}: at least {unit} tokens (2 x 1024 x the ranks)")
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     dev = torch.device("cuda")
     cap = torch.cuda.get_device_properties(dev).total_memory * (1 - args.headroom)
-    unit = 2 * world * 1024  # zigzag needs 2G chunks; keep lengths round
     rows, t0 = [], time.time()
     name = args.name or f"longest_{world}gpu"
     own = None  # this run's record once written: rewritten after every method
