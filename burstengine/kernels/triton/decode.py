@@ -24,8 +24,11 @@ An FP8 cache (float8_e4m3fn K and V with one float32 scale per slot and kv head,
 ``v_scale`` (B, Hkv, capacity)): a slot's row is ``scale * row8``.  Tiles are read as bytes (half
 the bf16 cache's traffic: decode at long context reads little else) and widened to q's dtype,
 exactly (every e4m3 value is a bf16 / fp16 one); a slot's K scale multiplies its column of
-scores, its V scale its column of P before the P·V product, so the softmax's sums see the
-unscaled P.
+scores (float32), its V scale its row of V's tile, in float32 before the cast to q's dtype, so P·V
+multiplies the values a cache of q's dtype would hold.  Not P's columns instead (fewer
+multiplies): V's scales are its rows' largest magnitudes over 448, ~1e-5 for rows of ~1e-3, and P
+times them, cast to fp16 for the dot, sank below fp16's normal range (a 1% error there, 13% for
+rows of ~1e-4, where the dequantized tile's was 0.03%: tests/decode_cases.py's small-V cases).
 Triton is imported with this module: callers import it only when a kernel runs.
 """
 from __future__ import annotations
@@ -101,14 +104,12 @@ def _split_kernel(Q, K, V, KS, VS, VALID, VIS, QPOS, KPOS, PO, PL,
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         vt = tl.load(v_base + rows * svs + d[None, :], mask=inb[:, None], other=0.0)
-        pw = p
-        if FP8:
-            vt = vt.to(q.dtype)
-            pw = p * tl.load(vs_base + offs, mask=inb, other=0.0)[None, :]
+        if FP8:  # V's tile dequantized (float32, then q's dtype): see the module docstring
+            vt = (vt.to(tl.float32) * tl.load(vs_base + offs, mask=inb, other=0.0)[:, None]).to(q.dtype)
         if IEEE:
-            pv = tl.dot(pw.to(vt.dtype), vt, input_precision="ieee")
+            pv = tl.dot(p.to(vt.dtype), vt, input_precision="ieee")
         else:
-            pv = tl.dot(pw.to(vt.dtype), vt)
+            pv = tl.dot(p.to(vt.dtype), vt)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
