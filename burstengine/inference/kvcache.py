@@ -165,7 +165,10 @@ class ShardedKVCache:
 KV_DTYPES = (None, "fp8")
 KV_CACHES = {"model": None, "fp8": "fp8"}  # the command lines' --kv-cache words -> kv_dtype
 E4M3_MAX = 448.0
-_TINY = 2.0 ** -60  # a scale's floor: an all-zero row quantizes to zeros, not to 0 / 0
+# a scale's floor: an all-zero row quantizes to zeros, not to 0 / 0.  float32's smallest normal, so
+# that every row float32 holds keeps its 3-bit mantissa (a floor of 2^-60 flushed rows below
+# ~1e-16 to zeros); a row's largest over it is <= 448 all the same
+_TINY = torch.finfo(torch.float32).tiny
 
 
 def quantize_rows(x: torch.Tensor):

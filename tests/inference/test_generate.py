@@ -292,19 +292,21 @@ def test_a_capture_that_fails_on_one_rank_is_tried_again_on_every_rank(pool, mod
 
 def test_quantize_rows_bounds_and_round_trip():
     """One scale per row: every e4m3 value within its largest (448), each element back within
-    e4m3's rounding (half a step of a 3-bit mantissa, or of the subnormal spacing), an all-zero
-    row to zeros (the scale's floor, no 0 / 0), magnitudes from 1e-6 to 1e4 alike."""
+    e4m3's rounding (half a step of a 3-bit mantissa, or of the subnormal spacing of its row's
+    largest / 448), an all-zero row to zeros (the scale's floor, no 0 / 0), magnitudes from 1e-30
+    (float32 holds them; a floor of 2^-60 on the scale flushed such rows to zeros) to 1e4 alike."""
     from burstengine.inference.kvcache import dequantize, quantize_rows
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3, 4, 5, 64, generator=g, dtype=torch.float64)
-    x *= torch.logspace(-6, 4, 5, dtype=torch.float64)[None, None, :, None]
+    x *= torch.tensor([1e-30, 1e-6, 1e-1, 1e2, 1e4], dtype=torch.float64)[None, None, :, None]
     x[1, 2, 3] = 0
     rows, scale = quantize_rows(x)
     assert rows.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32 and scale.shape == x.shape[:-1]
-    assert float(rows.float().abs().max()) == 448.0  # the largest of each row lands on 448
+    top = rows.float().abs().amax(-1)
+    assert bool((top == 448.0).sum() == top.numel() - 1) and top[1, 2, 3] == 0  # each row's largest lands on 448
     back = dequantize(rows, scale, torch.float64)
-    bound = 2.0 ** -4 * x.abs() + scale.double()[..., None] * 2.0 ** -10
+    bound = 2.0 ** -4 * x.abs() + x.abs().amax(-1, keepdim=True) / 448 * 2.0 ** -10
     assert bool(((back - x).abs() <= bound * (1 + 1e-6)).all())
     assert bool((back[1, 2, 3] == 0).all()) and torch.isfinite(back).all()
 
@@ -318,7 +320,10 @@ def test_fp8_cache_attention_is_its_rows_attention_and_near_the_exact_one(mask):
 
     case = next(c for c in decode_cases.CASES if c[8] == mask and c[7] != torch.float16)
     q, k, v, valid, visible, window, qpos, kpos = decode_cases.make(case)
-    q, k, v = q.double(), torch.nan_to_num(k.double()), torch.nan_to_num(v.double())
+    # float64 values, not the case's (bf16 ones: rounding them to bf16 would change nothing, and
+    # the bound below against bf16's error would be 0 < err)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(t.shape, generator=g, dtype=torch.float64) for t in (q, k, v))
     D = q.shape[-1]
     k8, ks, v8, vs = quantize_kv(k, v)
     got = shard_attention(q, k8, v8, D ** -0.5, valid, visible, window, qpos, kpos, k_scale=ks, v_scale=vs)
@@ -334,7 +339,7 @@ def test_fp8_cache_attention_is_its_rows_attention_and_near_the_exact_one(mask):
     def err(o):
         return float((o - exact[0]).norm() / exact[0].norm())
 
-    assert 3 * err(bf16[0]) < err(got[0]) < 0.06, (err(got[0]), err(bf16[0]))
+    assert err(bf16[0]) > 1e-3 and 3 * err(bf16[0]) < err(got[0]) < 0.06, (err(got[0]), err(bf16[0]))
 
 
 @pytest.mark.parametrize("arch,world", [("llama", 2), ("mistral", 1), ("gemma3", 2)])
