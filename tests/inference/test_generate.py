@@ -377,6 +377,12 @@ def test_decode_step_reads_no_device_value_on_the_host(model_dirs, monkeypatch):
         assert tokens == hf_greedy(model_dirs[arch], (61, 30), 4), arch
     assert {"index_copy", "embedding", "logsumexp"} <= {o.rstrip("_") for o in ops}, sorted(ops)
     assert not bad, sorted(set(bad))
+    # an FP8 cache: the step quantizes its K/V rows (amax, the e4m3 cast) and reads the cache's
+    # scales (a window and a visibility mask again)
+    ops.clear()
+    gc.run_generate_logits(None, model_dirs["mistral"], (61, 30), 4, kv_dtype="fp8")
+    assert {"index_copy", "amax", "clamp_min", "logsumexp"} <= {o.rstrip("_") for o in ops}, sorted(ops)
+    assert not bad, sorted(set(bad))
 
 
 def test_dynamic_rope_follows_the_length_in_decode(tmp_path, monkeypatch):
