@@ -579,6 +579,34 @@ def test_generate_command_takes_a_prompt_and_decodes_tensor_parallel(text_model,
         assert ("tensor-parallel over 2 ranks" in err) is (tp == "auto")
 
 
+def test_generate_command_decodes_from_an_fp8_cache(text_model, tmp_path, capsys):
+    """--kv-cache fp8 reaches generate (its timings say so, and the record): the API's FP8 tokens;
+    a word other than model / fp8 is refused before any rank starts."""
+    import json
+
+    from burstengine import cli
+    from burstengine.inference import generate, load_model
+
+    ids = gc.prompts((61,))
+    want = generate(load_model(text_model), ids, 6, kv_dtype="fp8")
+    assert want.timings["kv_dtype"] == "fp8"
+    np = pytest.importorskip("numpy")
+    np.save(tmp_path / "p.npy", np.array(ids[0]))
+    rc, out, err = _cli("generate", "--model", text_model, "--prompt-tokens", str(tmp_path / "p.npy"),
+                        "--max-new-tokens", "6", "--world", "1", "--eos", "none", "--quiet", "--kv-cache", "fp8",
+                        "--output", str(tmp_path / "o.json"))
+    assert rc == 0, err
+    rec = json.load(open(tmp_path / "o.json"))
+    assert rec["tokens"] == want.tokens and rec["kv_cache"] == "fp8" and rec["timings"]["kv_dtype"] == "fp8", rec
+    assert "an FP8 KV cache" in err
+    with pytest.raises(SystemExit) as e:
+        cli.main(["generate", "--model", "tiny", "--prompt-tokens", str(tmp_path / "p.npy"), "--max-new-tokens", "2",
+                  "--kv-cache", "int4"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "argument --kv-cache: invalid choice: 'int4' (choose from 'model', 'fp8')")
+
+
 def test_generate_command_refuses_a_prompt_longer_than_the_context(tmp_path, capsys):
     """A prompt longer than max_position_embeddings (stretched by the RoPE scaling factor) is
     refused in one line before any rank starts, unless --allow-longer."""
