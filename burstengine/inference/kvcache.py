@@ -156,11 +156,6 @@ class ShardedKVCache:
                                kpos=self.pos, k_scale=self.k_scale and self.k_scale[layer],
                                v_scale=self.v_scale and self.v_scale[layer])
 
-    def bytes_per_token(self) -> int:
-        """Bytes of K and V (and their scales) one cached token takes over the layers on this rank."""
-        per = sum(t[:, :, :1].numel() * t.element_size() for t in self.k + self.v)
-        return per + (sum(t[:, :, :1].numel() * 4 for t in self.k_scale + self.v_scale) if self.fp8 else 0)
-
 
 KV_DTYPES = (None, "fp8")
 KV_CACHES = {"model": None, "fp8": "fp8"}  # the command lines' --kv-cache words -> kv_dtype
