@@ -81,9 +81,10 @@ def run_hf_sliced(group, path, lengths, new):
     return generate(m, gc.prompts(lengths), new, group=group).tokens
 
 
-def watch_step(group):
+def watch_step(group, kv_dtype=None):
     """Every op the tensor-parallel decode step's forward runs on this rank (aten and c10d), and
-    those that read a device value on the host or index with a boolean mask."""
+    those that read a device value on the host or index with a boolean mask (``kv_dtype``:
+    generate's)."""
     import decode_cases
     from burstengine.inference import generate
     from burstengine.inference import step as st
@@ -92,7 +93,7 @@ def watch_step(group):
     forward = st.DecodeStep.forward
     st.DecodeStep.forward = decode_cases.watched(forward, ops, bad)
     try:
-        out = generate(model(group, "sliced", window=9), prompts(), 4, group=group)
+        out = generate(model(group, "sliced", window=9), prompts(), 4, group=group, kv_dtype=kv_dtype)
     finally:
         st.DecodeStep.forward = forward
     return out.tokens, sorted(ops), sorted(set(bad))

@@ -243,13 +243,16 @@ def run_rank(args) -> int:
         how = "replayed from a CUDA graph" if out.timings["graphs"] else "op by op"
         if out.timings["tensor_parallel"]:
             how += f", tensor-parallel over {world} ranks"
+        if out.timings["kv_dtype"] == "fp8":
+            how += ", an FP8 KV cache"
         print(f"[generate] first-token latency {out.timings['prefill_s']:.3f}s; {len(steps)} decode step(s), "
               f"{per * 1e3:.1f} ms/token ({how}); cache slots per rank {out.shard_lengths[-1]}", file=sys.stderr)
         if args.output:
             os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
             with open(args.output, "w") as f:
                 json.dump({"tokens": out.tokens, "timings": out.timings, "shard_lengths": out.shard_lengths[-1],
-                           "model": args.model, "world": world, "sampling": vars(s) | {"eos": list(s.eos)},
+                           "model": args.model, "world": world, "kv_cache": args.kv_cache,
+                           "sampling": vars(s) | {"eos": list(s.eos)},
                            "date": time.strftime("%Y-%m-%dT%H:%M:%S")}, f, indent=1)
             print(f"[generate] wrote {args.output}", file=sys.stderr)
     return 0

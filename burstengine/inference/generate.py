@@ -191,7 +191,7 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
     del step  # the graph and its memory pool go now, before the cache they point into
     timings = dict(prefill_s=t_prefill, decode_step_s=step_s, total_s=time.perf_counter() - t_start,
                    prompt_lengths=L, padded_length=S, world=world, graphs=graphed, graph_capture_s=capture_s,
-                   tensor_parallel=sliced)
+                   tensor_parallel=sliced, kv_dtype=kv_dtype)
     return GenerateOutput(tokens=out, timings=timings, shard_lengths=history)
 
 

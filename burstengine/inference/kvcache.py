@@ -156,16 +156,14 @@ class ShardedKVCache:
                                kpos=self.pos, k_scale=self.k_scale and self.k_scale[layer],
                                v_scale=self.v_scale and self.v_scale[layer])
 
-    def bytes_per_token(self) -> int:
-        """Bytes of K and V (and their scales) one cached token takes over the layers on this rank."""
-        per = sum(t[:, :, :1].numel() * t.element_size() for t in self.k + self.v)
-        return per + (sum(t[:, :, :1].numel() * 4 for t in self.k_scale + self.v_scale) if self.fp8 else 0)
-
 
 KV_DTYPES = (None, "fp8")
 KV_CACHES = {"model": None, "fp8": "fp8"}  # the command lines' --kv-cache words -> kv_dtype
 E4M3_MAX = 448.0
-_TINY = 2.0 ** -60  # a scale's floor: an all-zero row quantizes to zeros, not to 0 / 0
+# a scale's floor: an all-zero row quantizes to zeros, not to 0 / 0.  float32's smallest normal, so
+# that every row float32 holds keeps its 3-bit mantissa (a floor of 2^-60 flushed rows below
+# ~1e-16 to zeros); a row's largest over it is <= 448 all the same
+_TINY = torch.finfo(torch.float32).tiny
 
 
 def quantize_rows(x: torch.Tensor):

@@ -20,9 +20,11 @@ def results():
     return interp_cases.run("decode_cases.py")
 
 
-@pytest.mark.parametrize("case", decode_cases.CASE_IDS + [c + "-fp8" for c in decode_cases.FP8_IDS])
+@pytest.mark.parametrize("case", decode_cases.CASE_IDS + [c + "-fp8" for c in decode_cases.FP8_IDS]
+                         + [c + "-fp8-small-v" for c in decode_cases.FP8_SMALL_V])
 def test_decode_kernel_matches_float64(results, case):
-    # "-fp8": over an FP8 cache, against the float64 oracle over its dequantized rows
+    # "-fp8": over an FP8 cache, against the float64 oracle over its dequantized rows; "-small-v":
+    # V's rows 1e-3 of K's, whose scales P must not be multiplied by in fp16 (underflow)
     r = results[case]
     assert not r["nan"], "a NaN past the valid slots (or from an empty row) reached the output"
     assert r["out_dtype"] == r["lse_dtype"] == "float32"
@@ -56,11 +58,13 @@ def test_decode_kernel_in_generation(results):
         assert r["kernel_calls"] == 8 and r["equal"] and r["logits_err"] < 1e-5, (arch, r)
 
 
+@pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("kind", ["agrees", "off_by_one", "raises"])
-def test_decode_kernel_self_check(monkeypatch, kind):
-    """Before the decode kernel serves a (device, dtype, head dim), it is compared with the math
-    path on one small masked case: one that disagrees or fails to build is never used (a
-    warning says why, the math path answers). A stand-in kernel: no triton or GPU needed."""
+def test_decode_kernel_self_check(monkeypatch, kind, fp8):
+    """Before the decode kernel serves a (device, dtype, head dim[, over an FP8 cache]), it is
+    compared with the math path on one small masked case: one that disagrees or fails to build is
+    never used (a warning says why, the math path answers). A stand-in kernel: no triton or GPU
+    needed."""
     import types
     import warnings
 
@@ -68,14 +72,15 @@ def test_decode_kernel_self_check(monkeypatch, kind):
 
     from burstengine.inference import kvcache
 
-    def agrees(*a):
-        return kvcache._math(*a)
+    def agrees(*a, **kw):
+        assert (kw.get("k_scale") is not None) == fp8 and a[1].dtype == (torch.float8_e4m3fn if fp8 else torch.float32)
+        return kvcache._math(*a, **kw)
 
-    def off_by_one(*a):
-        out, lse = kvcache._math(*a)
+    def off_by_one(*a, **kw):
+        out, lse = kvcache._math(*a, **kw)
         return out + 1, lse
 
-    def raises(*a):
+    def raises(*a, **kw):
         raise RuntimeError("PassManager::run failed")
 
     fake = types.ModuleType("burstengine.kernels.triton")
@@ -86,8 +91,8 @@ def test_decode_kernel_self_check(monkeypatch, kind):
     monkeypatch.setattr(kvcache, "_warned", set())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ok = kvcache._self_checked(torch.device("cpu"), torch.float32, 64)
-        again = kvcache._self_checked(torch.device("cpu"), torch.float32, 64)  # once per key
+        ok = kvcache._self_checked(torch.device("cpu"), torch.float32, 64, fp8)
+        again = kvcache._self_checked(torch.device("cpu"), torch.float32, 64, fp8)  # once per key
     msgs = [str(w.message) for w in caught]
     assert ok == again == (kind == "agrees")
     if kind == "agrees":
@@ -95,3 +100,4 @@ def test_decode_kernel_self_check(monkeypatch, kind):
     else:
         assert len(msgs) == 1 and "failed its self-check" in msgs[0] and "math path" in msgs[0], msgs
         assert ("differs from the math path" in msgs[0]) == (kind == "off_by_one"), msgs
+        assert ("over an FP8 cache" in msgs[0]) == fp8, msgs

@@ -153,13 +153,15 @@ def test_sliced_load_reads_only_the_slice(tmp_path):
             assert stats["read_bytes"] < total
 
 
-def test_tensor_parallel_step_reads_no_device_value_on_the_host(pool):
-    res = pool.run(tc.watch_step, world=2)
+@pytest.mark.parametrize("kv_dtype", [None, "fp8"])
+def test_tensor_parallel_step_reads_no_device_value_on_the_host(pool, kv_dtype):
+    res = pool.run(tc.watch_step, kv_dtype, world=2)
     for tokens, ops, bad in res:
         assert tokens == res[0][0] and not bad, bad
         # the step's own collectives ran inside it (the q/k/v gather, the merge and the logits'
-        # all-gathers, the all-reduces after wo and w2)
+        # all-gathers, the all-reduces after wo and w2); over an FP8 cache, its quantization too
         assert {"_allgather_base_", "allreduce_", "index_copy_", "embedding"} <= set(ops), ops
+        assert ("amax" in ops) == (kv_dtype == "fp8"), ops
 
 
 @pytest.mark.parametrize("graphs", ["auto", "on"])

@@ -24,8 +24,12 @@ An FP8 cache (float8_e4m3fn K and V with one float32 scale per slot and kv head,
 ``v_scale`` (B, Hkv, capacity)): a slot's row is ``scale * row8``.  Tiles are read as bytes (half
 the bf16 cache's traffic: decode at long context reads little else) and widened to q's dtype,
 exactly (every e4m3 value is a bf16 / fp16 one); a slot's K scale multiplies its column of
-scores, its V scale its column of P before the P·V product, so the softmax's sums see the
-unscaled P.
+scores (float32).  Its V scale multiplies its column of P before the P·V product (the softmax's
+sums see the unscaled P): a (G, BLOCK_N) product per tile, and P times a scale keeps float32's
+range in bf16.  Not in fp16: V's scales are its rows' largest magnitudes over 448, ~1e-5 for rows
+of ~1e-3, and P times them sank below fp16's normal range (a 1% error there, 13% for rows of
+~1e-4: tests/decode_cases.py's small-V cases), so under fp16 queries the scales multiply V's tile
+instead, in float32 before the cast (``V_TILE``): P·V reads the values an fp16 cache would hold.
 Triton is imported with this module: callers import it only when a kernel runs.
 """
 from __future__ import annotations
@@ -48,7 +52,8 @@ def _split_kernel(Q, K, V, KS, VS, VALID, VIS, QPOS, KPOS, PO, PL,
                   sqb, sqh, skb, skh, sks, svb, svh, svs, ssb, ssh, svisb, skpb,
                   H, Hkv, G, chunk, window, scale_log2,
                   HEAD_DIM: tl.constexpr, G_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-                  HAS_VIS: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, FP8: tl.constexpr):
+                  HAS_VIS: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, FP8: tl.constexpr,
+                  V_TILE: tl.constexpr):
     split = tl.program_id(0)
     bh = tl.program_id(1)
     n_splits = tl.num_programs(0)
@@ -102,9 +107,13 @@ def _split_kernel(Q, K, V, KS, VS, VALID, VIS, QPOS, KPOS, PO, PL,
         l_i = l_i * alpha + tl.sum(p, 1)
         vt = tl.load(v_base + rows * svs + d[None, :], mask=inb[:, None], other=0.0)
         pw = p
-        if FP8:
-            vt = vt.to(q.dtype)
-            pw = p * tl.load(vs_base + offs, mask=inb, other=0.0)[None, :]
+        if FP8:  # the V scales: on P's columns, or (fp16) on V's tile: see the module docstring
+            vs = tl.load(vs_base + offs, mask=inb, other=0.0)
+            if V_TILE:
+                vt = (vt.to(tl.float32) * vs[:, None]).to(q.dtype)
+            else:
+                vt = vt.to(q.dtype)
+                pw = p * vs[None, :]
         if IEEE:
             pv = tl.dot(pw.to(vt.dtype), vt, input_precision="ieee")
         else:
@@ -235,6 +244,7 @@ def decode_attention(q, k, v, scale: float, valid, visible=None, window: int | N
         vis.stride(0) if vis is not None else 0, kpos.stride(0) if has_win else 0,
         H, Hkv, G, chunk, int(window) if has_win else 0, float(scale) * LOG2E,
         HEAD_DIM=D, G_BLOCK=max(16, _pow2(G)), BLOCK_N=bn, HAS_VIS=vis is not None, HAS_WINDOW=has_win,
-        IEEE=q.dtype == torch.float32, FP8=fp8, num_warps=warps, num_stages=stages)
+        IEEE=q.dtype == torch.float32, FP8=fp8, V_TILE=fp8 and q.dtype == torch.float16, num_warps=warps,
+        num_stages=stages)
     _reduce_kernel[(B * H,)](po, pl, out, lse, splits, HEAD_DIM=D, SPLIT_BLOCK=max(2, _pow2(splits)), num_warps=4)
     return out, lse
