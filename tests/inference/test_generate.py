@@ -898,3 +898,23 @@ def test_decode_check_compares_logits_only_while_the_texts_agree():
     err, n = _rel_while_same(other, base, tokens, ref_tokens)
     assert err == pytest.approx(1.0 / float(base.abs().max())) and n == 7
     assert _rel_while_same(other, base, [[0] * 6] * 2, ref_tokens) == (0.0, 0)  # parted at the first token
+
+
+def test_decode_check_compares_the_fp8_cache_graph_with_op_by_op(monkeypatch):
+    """bench decode --check's graph rows (CUDA) include an FP8 cache under bf16: its graph's tokens
+    and logits against op by op.  Run on CPU with the graph runs sent op by op (what a graph
+    replays): the rows are there, and pass."""
+    from burstengine.bench.checks import decode_check as dc
+
+    real, calls = dc.generate, []
+
+    def generate(model, prompts, new, **kw):
+        calls.append((kw.get("graphs"), kw.get("kv_dtype")))
+        return real(model, prompts, new, **dict(kw, graphs="off"))
+
+    monkeypatch.setattr(dc, "generate", generate)
+    rows = dc.check_tokens("cpu", (61, 37), 3, graphs=True)
+    for r in rows:
+        assert r["equal"]["fp8kv_graph == fp8kv_eager"] and r["logits_err"]["fp8kv_graph vs fp8kv_eager"] == 0, r
+        assert r["ok"], r
+    assert calls.count(("on", "fp8")) == calls.count(("off", "fp8")) == len(rows) == 2

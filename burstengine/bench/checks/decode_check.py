@@ -44,7 +44,7 @@ TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
 # replays the kernels op by op runs (0 expected); bf16 is bounded loosely, its kernel is checked
 # above
 _LOGITS_TOL = {("float32", True): 1e-4, ("float32", False): 1e-5, ("bfloat16", True): 5e-2,
-               ("bfloat16", False): 1e-2}
+               ("bfloat16", False): 1e-2, ("fp8kv", False): 1e-2}
 
 
 def _attention_case(device, dtype, H, Hkv, D, cap, mask, seed, fp8: bool = False, v_mag: float = 1.0):
@@ -150,11 +150,11 @@ def _rel_while_same(a, b, tokens_a, tokens_b) -> tuple[float, int]:
     return worst, n
 
 
-def check_tokens(device, lengths=(300, 137, 61), new: int = 12) -> list[dict]:
+def check_tokens(device, lengths=(300, 137, 61), new: int = 12, graphs: bool | None = None) -> list[dict]:
     """Every rank of the default group (when one is initialised) runs it: with more than one, the
     decode step over the ranks (the all-gather merge, captured in the graph on CUDA), whole and
-    tensor-parallel ("_tp")."""
-    cuda = torch.device(device).type == "cuda"
+    tensor-parallel ("_tp").  ``graphs``: the graph rows too (None: on CUDA)."""
+    cuda = torch.device(device).type == "cuda" if graphs is None else graphs
     world = world_of()
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in lengths]
@@ -189,11 +189,25 @@ def check_tokens(device, lengths=(300, 137, 61), new: int = 12) -> list[dict]:
                         continue
                     vs(f"{d}_graph vs float64", logits, got[f"{d}_graph"], ref_logits, ref)
                     vs(f"{d}_graph vs {d}_eager", logits, got[f"{d}_graph"], eager_logits, got[f"{d}_eager"])
+        if cuda:  # an FP8 cache under bf16: the graph replays what op by op runs (its error is the tests')
+            for tp in splits:
+                d = "fp8kv_tp" if tp else "fp8kv"
+                got[f"{d}_eager"], eager_logits = _run(models["bfloat16"], prompts, new, graphs="off",
+                                                       tensor_parallel=tp, kv_dtype="fp8")
+                try:
+                    got[f"{d}_graph"], logits = _run(models["bfloat16"], prompts, new, graphs="on", tensor_parallel=tp,
+                                                     kv_dtype="fp8")
+                except RuntimeError as e:
+                    failed[f"{d}_graph"] = (str(e).splitlines() or [""])[0][:300]
+                    got[f"{d}_graph"] = None
+                    continue
+                vs(f"{d}_graph vs {d}_eager", logits, got[f"{d}_graph"], eager_logits, got[f"{d}_eager"])
         same = {f"{k} == float64": t == ref for k, t in got.items() if k.startswith("float32")}
         if cuda:
             for tp in splits:
-                d = "bfloat16_tp" if tp else "bfloat16"
-                same[f"{d}_graph == {d}_eager"] = got[f"{d}_graph"] == got[f"{d}_eager"]
+                for dt in ("bfloat16", "fp8kv"):
+                    d = f"{dt}_tp" if tp else dt
+                    same[f"{d}_graph == {d}_eager"] = got[f"{d}_graph"] == got[f"{d}_eager"]
         close = all(v < _LOGITS_TOL[(k.split("_")[0], k.endswith("float64"))] for k, v in err.items())
         # float32 must choose float64's tokens; bf16 is held to its logits while the texts agree
         # (its graph and op-by-op runs to the same tokens), and must agree for at least one step
