@@ -38,7 +38,7 @@ import torch.distributed as dist
 from ..comm.dist import rank_of, world_of
 from ..layout import position_ids as layout_positions
 from .engine import padded_length, prefill
-from .kvcache import KV_DTYPES, ShardedKVCache, appends, next_owner
+from .kvcache import KV_DTYPES, ShardedKVCache, appends, fp8_cache_error, next_owner
 from .models import OurLlama, PrefillModel
 from .sampling import Sampling, choose
 from .step import DecodeStep, _first_line, use_graphs, use_tensor_parallel
@@ -118,6 +118,9 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
         raise ValueError(msg)
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_dtype {kv_dtype!r}: one of {', '.join(map(str, KV_DTYPES))} (None: the model's dtype)")
+    msg = fp8_cache_error(kv_dtype, model.device)
+    if msg:
+        raise ValueError(msg)
     if attention == "sdpa" and world > 1:
         raise ValueError("attention 'sdpa' is plain SDPA on one rank; run it with world 1")
     a = model.model.args

@@ -166,6 +166,18 @@ E4M3_MAX = 448.0
 _TINY = torch.finfo(torch.float32).tiny
 
 
+def fp8_cache_error(kv_dtype, device) -> str | None:
+    """Why an FP8 cache cannot run on ``device`` (a GPU before compute capability 8.9 has no
+    float8 conversions: its compiled write would fail obscurely), else None."""
+    device = torch.device(device)
+    if kv_dtype == "fp8" and device.type == "cuda":
+        cap = torch.cuda.get_device_capability(device)
+        if cap < (8, 9):
+            return (f"kv_dtype 'fp8' needs a GPU of compute capability 8.9 or newer (Ada, Hopper, Blackwell); "
+                    f"{torch.cuda.get_device_name(device)} is {cap[0]}.{cap[1]}")
+    return None
+
+
 def quantize_rows(x: torch.Tensor):
     """(float8_e4m3fn rows, float32 scales (x.shape[:-1])) with ``x ~= scale[..., None] * rows``:
     one scale per row of the last dim, its largest magnitude over e4m3's largest value."""

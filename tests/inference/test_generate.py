@@ -918,3 +918,20 @@ def test_decode_check_compares_the_fp8_cache_graph_with_op_by_op(monkeypatch):
         assert r["equal"]["fp8kv_graph == fp8kv_eager"] and r["logits_err"]["fp8kv_graph vs fp8kv_eager"] == 0, r
         assert r["ok"], r
     assert calls.count(("on", "fp8")) == calls.count(("off", "fp8")) == len(rows) == 2
+
+
+def test_an_fp8_cache_on_a_gpu_without_fp8_is_one_line(monkeypatch):
+    """An FP8 cache on a GPU before compute capability 8.9 (an A100) is refused by name, not left
+    to fail inside a compiled kernel; Hopper passes; CPU (the math path) always does."""
+    from burstengine.inference import kvcache
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA A100-SXM4-80GB")
+    for cap, refused in (((8, 0), True), ((8, 9), False), ((9, 0), False)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None, cap=cap: cap)
+        msg = kvcache.fp8_cache_error("fp8", "cuda:0")
+        assert (msg is not None) is refused, (cap, msg)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 0))
+    assert kvcache.fp8_cache_error("fp8", "cuda:0") == (
+        "kv_dtype 'fp8' needs a GPU of compute capability 8.9 or newer (Ada, Hopper, Blackwell); "
+        "NVIDIA A100-SXM4-80GB is 8.0")
+    assert kvcache.fp8_cache_error(None, "cuda:0") is None and kvcache.fp8_cache_error("fp8", "cpu") is None
