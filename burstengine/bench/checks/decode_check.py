@@ -172,36 +172,28 @@ def check_tokens(device, lengths=(300, 137, 61), new: int = 12, graphs: bool | N
             if logits is not None:  # rank 0 compares the logits; every rank the tokens
                 err[name], compared[name] = _rel_while_same(logits, base_logits, tokens, base_tokens)
 
-        for dt in ("float32", "bfloat16"):
-            kern = "reference" if dt == "float32" else None
+        # (name, model, prefill kernel, KV cache dtype): float32 and bf16 against float64 too; on
+        # CUDA an FP8 cache under bf16, whose graph must replay what op by op runs (its error is the tests')
+        runs = [("float32", "float32", "reference", None), ("bfloat16", "bfloat16", None, None)]
+        runs += [("fp8kv", "bfloat16", None, "fp8")] if cuda else []
+        for name, dt, kern, kv in runs:
             for tp in splits:
-                d = f"{dt}_tp" if tp else dt
+                d = f"{name}_tp" if tp else name
                 got[f"{d}_eager"], eager_logits = _run(models[dt], prompts, new, kernel=kern, graphs="off",
-                                                       tensor_parallel=tp)
-                vs(f"{d}_eager vs float64", eager_logits, got[f"{d}_eager"], ref_logits, ref)
+                                                       tensor_parallel=tp, kv_dtype=kv)
+                if kv is None:
+                    vs(f"{d}_eager vs float64", eager_logits, got[f"{d}_eager"], ref_logits, ref)
                 if cuda:
                     try:
                         got[f"{d}_graph"], logits = _run(models[dt], prompts, new, kernel=kern, graphs="on",
-                                                         tensor_parallel=tp)
+                                                         tensor_parallel=tp, kv_dtype=kv)
                     except RuntimeError as e:  # the capture failed (on every rank alike): recorded, a failure
                         failed[f"{d}_graph"] = (str(e).splitlines() or [""])[0][:300]
                         got[f"{d}_graph"] = None
                         continue
-                    vs(f"{d}_graph vs float64", logits, got[f"{d}_graph"], ref_logits, ref)
+                    if kv is None:
+                        vs(f"{d}_graph vs float64", logits, got[f"{d}_graph"], ref_logits, ref)
                     vs(f"{d}_graph vs {d}_eager", logits, got[f"{d}_graph"], eager_logits, got[f"{d}_eager"])
-        if cuda:  # an FP8 cache under bf16: the graph replays what op by op runs (its error is the tests')
-            for tp in splits:
-                d = "fp8kv_tp" if tp else "fp8kv"
-                got[f"{d}_eager"], eager_logits = _run(models["bfloat16"], prompts, new, graphs="off",
-                                                       tensor_parallel=tp, kv_dtype="fp8")
-                try:
-                    got[f"{d}_graph"], logits = _run(models["bfloat16"], prompts, new, graphs="on", tensor_parallel=tp,
-                                                     kv_dtype="fp8")
-                except RuntimeError as e:
-                    failed[f"{d}_graph"] = (str(e).splitlines() or [""])[0][:300]
-                    got[f"{d}_graph"] = None
-                    continue
-                vs(f"{d}_graph vs {d}_eager", logits, got[f"{d}_graph"], eager_logits, got[f"{d}_eager"])
         same = {f"{k} == float64": t == ref for k, t in got.items() if k.startswith("float32")}
         if cuda:
             for tp in splits:
