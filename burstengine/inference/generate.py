@@ -38,7 +38,7 @@ import torch.distributed as dist
 from ..comm.dist import rank_of, world_of
 from ..layout import position_ids as layout_positions
 from .engine import padded_length, prefill
-from .kvcache import KV_DTYPES, ShardedKVCache, appends, fp8_cache_error, next_owner
+from .kvcache import ShardedKVCache, appends, kv_dtype_error, next_owner
 from .models import OurLlama, PrefillModel
 from .sampling import Sampling, choose
 from .step import DecodeStep, _first_line, use_graphs, use_tensor_parallel
@@ -116,9 +116,7 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
     msg = check_generate(prompts, model.vocab_size, max_new_tokens, sampling)
     if msg:
         raise ValueError(msg)
-    if kv_dtype not in KV_DTYPES:
-        raise ValueError(f"kv_dtype {kv_dtype!r}: one of {', '.join(map(str, KV_DTYPES))} (None: the model's dtype)")
-    msg = fp8_cache_error(kv_dtype, model.device)
+    msg = kv_dtype_error(kv_dtype, model.device)
     if msg:
         raise ValueError(msg)
     if attention == "sdpa" and world > 1:

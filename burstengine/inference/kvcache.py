@@ -69,8 +69,9 @@ class ShardedKVCache:
 
     def __init__(self, n_layers: int, batch: int, kv_heads: int, head_dim: int, capacity: int, lengths: list[int],
                  rank: int, dtype, device, kv_dtype: str | None = None):
-        if kv_dtype not in KV_DTYPES:
-            raise ValueError(f"kv_dtype {kv_dtype!r}: one of {', '.join(map(str, KV_DTYPES))} (None: the model's dtype)")
+        msg = kv_dtype_error(kv_dtype, device)
+        if msg:
+            raise ValueError(msg)
         self.rank, self.lengths = rank, list(lengths)
         self.capacity = capacity
         self.scratch = capacity  # the slot a non-owner writes a step's token into; never valid
@@ -166,9 +167,12 @@ E4M3_MAX = 448.0
 _TINY = torch.finfo(torch.float32).tiny
 
 
-def fp8_cache_error(kv_dtype, device) -> str | None:
-    """Why an FP8 cache cannot run on ``device`` (a GPU before compute capability 8.9 has no
-    float8 conversions: its compiled write would fail obscurely), else None."""
+def kv_dtype_error(kv_dtype, device) -> str | None:
+    """Why a cache of ``kv_dtype`` cannot be kept on ``device``, else None: a value not in
+    :data:`KV_DTYPES`, or FP8 on a GPU before compute capability 8.9 (no float8 conversions there:
+    its compiled write would fail obscurely)."""
+    if kv_dtype not in KV_DTYPES:
+        return f"kv_dtype {kv_dtype!r}: one of {', '.join(map(str, KV_DTYPES))} (None: the model's dtype)"
     device = torch.device(device)
     if kv_dtype == "fp8" and device.type == "cuda":
         cap = torch.cuda.get_device_capability(device)

@@ -928,10 +928,10 @@ def test_an_fp8_cache_on_a_gpu_without_fp8_is_one_line(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA A100-SXM4-80GB")
     for cap, refused in (((8, 0), True), ((8, 9), False), ((9, 0), False)):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None, cap=cap: cap)
-        msg = kvcache.fp8_cache_error("fp8", "cuda:0")
+        msg = kvcache.kv_dtype_error("fp8", "cuda:0")
         assert (msg is not None) is refused, (cap, msg)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 0))
-    assert kvcache.fp8_cache_error("fp8", "cuda:0") == (
+    assert kvcache.kv_dtype_error("fp8", "cuda:0") == (
         "kv_dtype 'fp8' needs a GPU of compute capability 8.9 or newer (Ada, Hopper, Blackwell); "
         "NVIDIA A100-SXM4-80GB is 8.0")
-    assert kvcache.fp8_cache_error(None, "cuda:0") is None and kvcache.fp8_cache_error("fp8", "cpu") is None
+    assert kvcache.kv_dtype_error(None, "cuda:0") is None and kvcache.kv_dtype_error("fp8", "cpu") is None
