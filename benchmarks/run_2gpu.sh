@@ -7,6 +7,7 @@
 #   bash benchmarks/run_2gpu.sh finetune    # 24: Llama-3.1-8B config: init on 2 ranks, train, export, compare
 #   bash benchmarks/run_2gpu.sh generate    # 25: 8B prefill beside torch-CP and TP, decode with a sharded cache
 #   bash benchmarks/run_2gpu.sh profile     # 35: the 7B step profiled at 128K and 256K
+#   bash benchmarks/run_2gpu.sh profile2    # 35: the same at 128K with the idle time's causes, 3 plans
 #   bash benchmarks/run_2gpu.sh decode      # 37: decode over 2 ranks (CUDA graph with NCCL in it, tensor-parallel
 #                                           #     weights), 8B at 128K / 512K / batch 8; prefill cold and warm
 #   bash benchmarks/run_2gpu.sh decode2     # 37: the decode step after its kernel cuts (packed projections, the
@@ -96,6 +97,14 @@ profile)  # issue 35 item 1: where the 2-GPU 7B step's time goes (FSDP's collect
   for S in 131072 262144; do
     step 300 $TR -m burstengine bench profile --model llama-7b --seq $S --warmup 1 --name profile_7b_2gpu_${S}
   done
+  ;;
+profile2)  # 35 item 1: the 7B step at 128K again, with the idle time's host-side causes and the allocator's
+  # counts: the default plan, activations offloaded to the host (for speed), and 7 GiB less planned than fits
+  nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader; free -g | head -2
+  P7="$TR -m burstengine bench profile --model llama-7b --seq 131072 --warmup 1"
+  logged p_def 170 $P7 --name profile_7b_2gpu_131072_idle
+  logged p_off 170 $P7 --set activation_offload=true --name profile_7b_2gpu_131072_offload
+  logged p_66 170 $P7 --set activation_memory_gib=66 --name profile_7b_2gpu_131072_budget66
   ;;
 decode)  # issue 37 items 1-3 on 2 GPUs, ~8 min on 2xH200 (the expected time of each step beside it; on 2xH100 the
   # 512K prefill is slower and batch 8 at 128K runs out of memory: its cache alone is 69 GB per rank)

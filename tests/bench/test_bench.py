@@ -97,6 +97,32 @@ def test_profile_exposure_splits_fsdp_from_the_ring():
     assert e["ring"] == {"kernel_s": 17e-6, "exposed_s": 7e-6}, e
 
 
+def test_profile_gap_causes_charge_idle_time_to_the_shortest_host_op():
+    # GPU busy [0, 10] and [100, 110] in a window [0, 130]: gaps [10, 100] and [110, 130]; a
+    # 3 us gap [60, 63] is not one (GPU busy [55, 60] and [63, 70]) but launch latency
+    from burstengine.bench.probes.profile import gap_causes
+    busy = [(0, 10), (55, 60), (63, 70), (100, 110)]
+    ops = [("step", 0, 130, -1),              # 0: encloses everything
+           ("backward", 5, 125, 0),           # 1
+           ("aten::empty", 20, 50, 1),        # 2: [20, 50] of the first gap
+           ("cudaMalloc", 25, 45, 2),         # 3: the shortest, inside it: [25, 45]
+           ("cudaStreamSynchronize", 112, 118, 1)]  # 4: in the second gap
+    g = gap_causes(ops, busy, 0.0, 130.0, min_us=10.0)
+    got = {c["op"]: (round(c["s"] * 1e6, 6), c["gaps"]) for c in g["causes"]}
+    # gap 1 = [10,55]: 25-10 + 50-45 backward... [10,20] backward, [20,25] empty, [25,45] malloc,
+    # [45,50] empty, [50,55] backward; gap 2 [70,100]: backward; gap 3 [110,130]: backward
+    # [110,112], [118,125]; sync [112,118]; step [125,130]
+    assert got == {"backward": (10 + 5 + 30 + 2 + 7, 3), "cudaMalloc": (20, 1), "aten::empty": (10, 1),
+                   "cudaStreamSynchronize": (6, 1), "step": (5, 1)}, got
+    assert abs(g["gaps_s"] - (45 + 30 + 20) * 1e-6) < 1e-12 and abs(g["short_gaps_s"] - 3e-6) < 1e-12, g
+    top = g["causes"][0]
+    assert top["op"] == "backward" and top["inside"] == "backward < step", top
+    assert next(c for c in g["causes"] if c["op"] == "cudaMalloc")["inside"] == "cudaMalloc < aten::empty < backward < step"
+    # no host op at all: said so
+    g = gap_causes([], [(0, 10)], 0.0, 40.0)
+    assert g["causes"] == [{"op": "(no host op)", "s": 30e-6, "gaps": 1, "inside": ""}], g
+
+
 def test_training_benches_check_at_the_trainers_level(monkeypatch):
     # bench train / bench profile time what `burstengine train` runs: checks at level "once"
     # (BURST_CHECKS when set).  At "full" every layer read the NaN/inf scan back on the host.

@@ -7,14 +7,18 @@ Builds the same Trainer as `burstengine bench train`, runs --warmup steps, then 
 step and sorts every GPU kernel of it into a category by its name (attention forward/backward,
 GEMMs, elementwise/norm/RoPE, loss, collectives, optimizer, copies, other).  Host gaps are the
 step's wall time minus the time at least one kernel ran (the union of kernel intervals), i.e.
-time the GPU sat idle waiting for the host.  Writes a JSON record with the step's wall time,
-each category's kernel time, the top kernels, and the config it came from.  On CPU (no CUDA) it
+time the GPU sat idle waiting for the host; each idle stretch of 10 us or more is charged to
+the shortest host op running then, on any thread (a cudaMalloc, a synchronize, a hook), and the
+caching allocator's retries and cudaMalloc/cudaFree calls in the step are counted.  Writes a
+JSON record with the step's wall time, each category's kernel time, the top kernels, the idle
+time's causes, and the config it came from.  On CPU (no CUDA) it
 profiles the step's CPU ops instead (those the calling thread runs), so the path can be tried
 anywhere.
 """
 from __future__ import annotations
 
 import argparse
+import heapq
 import re
 import sys
 import time
@@ -140,6 +144,19 @@ def category_lines(summary, wall: float, call: str) -> list[str]:
     return out + [f"{'host gaps':<24} {summary['host_gap_s']:>8.3f} {summary['host_gap_s'] / wall:>14.1%}"]
 
 
+def idle_lines(row) -> list[str]:
+    """The GPU's idle time by its host-side cause, and the allocator's counts, for a terminal."""
+    idle, alloc = row.get("idle") or {}, row.get("allocator") or {}
+    out = []
+    if idle:
+        out.append(f"GPU idle {idle['gaps_s']:.3f} s in gaps of >= {idle['min_gap_us']:g} us "
+                   f"(+ {idle['short_gaps_s']:.3f} s in shorter ones); by what the host was doing:")
+        out += [f"  {c['s']:8.3f} s {c['gaps']:6d} gaps  {c['op']}   [{c['inside']}]" for c in idle["causes"]]
+    if alloc:
+        out.append("allocator in the step: " + ", ".join(f"{k[4:]} {v}" for k, v in alloc.items()))
+    return out
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="preset (default: llama-8b on GPU, tiny on CPU)")
     p.add_argument("--seq", type=int, default=None, help="total sequence length [131072 on GPU, 512 on CPU]")
@@ -200,6 +217,91 @@ def exposure(kernels, kinds=("fsdp", "ring")) -> dict:
     return out
 
 
+def host_ops(events) -> list[tuple]:
+    """The host side of a profile: every CPU op, on any thread (the backward runs on autograd's),
+    as ``(name, start_us, end_us, parent)``, ``parent`` the index of the op that encloses it or
+    -1; the range around the profiled call itself is left out."""
+    cpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU and e.name != PROFILED]
+    at = {id(e): i for i, e in enumerate(cpu)}
+    return [(e.name, e.time_range.start, e.time_range.end, at.get(id(e.cpu_parent), -1)) for e in cpu]
+
+
+def gap_causes(ops, busy, lo: float, hi: float, min_us: float = 10.0, top: int = 10) -> dict:
+    """Why the GPU sat idle: the stretches of [``lo``, ``hi``] (us) that no interval of ``busy``
+    (the GPU's activities) covers, each moment of one at least ``min_us`` long charged to the
+    shortest host op of ``ops`` (:func:`host_ops`) running then -- the most specific thing the
+    host was doing (a cudaMalloc inside an allocation inside a layer's op, a synchronize, a
+    Python-side hook) -- or to "(no host op)".  Shorter gaps (the launch latency between
+    back-to-back kernels) are summed apart.  -> {"gaps_s", "short_gaps_s", "causes": the ``top``
+    causes by seconds, each with its gap count and the enclosing ops of its largest piece}."""
+    gaps, end = [], lo
+    for s, e in sorted(busy):
+        if s > end:
+            gaps.append((end, min(s, hi)))
+        end = max(end, e)
+        if end >= hi:
+            break
+    if end < hi:
+        gaps.append((end, hi))
+    long_gaps = [g for g in gaps if g[1] - g[0] >= min_us]
+    order = sorted(range(len(ops)), key=lambda i: ops[i][1])
+    heap, nxt, causes = [], 0, {}
+    for gs, ge in long_gaps:
+        while nxt < len(order) and ops[order[nxt]][1] < ge:
+            heapq.heappush(heap, (ops[order[nxt]][2], order[nxt]))
+            nxt += 1
+        while heap and heap[0][0] <= gs:
+            heapq.heappop(heap)
+        live = [i for _, i in heap if ops[i][2] > gs]
+        cuts = sorted({gs, ge, *(min(max(ops[i][1], gs), ge) for i in live), *(min(ops[i][2], ge) for i in live)})
+        for a, b in zip(cuts, cuts[1:]):
+            if b <= a:
+                continue
+            over = [i for i in live if ops[i][1] <= a and ops[i][2] >= b]
+            i = min(over, key=lambda j: ops[j][2] - ops[j][1], default=-1)
+            c = causes.setdefault(ops[i][0] if i >= 0 else "(no host op)", [0.0, set(), 0.0, i])
+            c[0] += b - a
+            c[1].add(gs)
+            if b - a > c[2]:
+                c[2], c[3] = b - a, i
+
+    def path(i):
+        names = []
+        while i >= 0:
+            names.append(ops[i][0])
+            i = ops[i][3]
+        return " < ".join(names[:6])
+
+    ranked = sorted(causes.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"gaps_s": sum(b - a for a, b in long_gaps) / 1e6,
+            "short_gaps_s": sum(b - a for a, b in gaps if b - a < min_us) / 1e6,
+            "min_gap_us": min_us,
+            "causes": [{"op": n[:120], "s": t / 1e6, "gaps": len(g), "inside": path(i)[:300]}
+                       for n, (t, g, _, i) in ranked]}
+
+
+# the caching allocator's counters a step moves: retries (an allocation that failed, freed the
+# cache and tried again: a device-wide sync), and cudaMalloc / cudaFree calls
+_ALLOC = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams", "num_ooms")
+
+
+def idle_causes(prof, acts, top: int = 10) -> dict:
+    """:func:`gap_causes` of a call made by :func:`profiled`, over the host's span of the call
+    (from its start to the later of its end and its last kernel's)."""
+    events = prof.events()
+    root = next((e for e in events if e.name == PROFILED and e.device_type == torch.autograd.DeviceType.CPU), None)
+    if root is None or not acts:
+        return {}
+    lo = root.time_range.start
+    hi = max(root.time_range.end, max(a[2] for a in acts))
+    return gap_causes(host_ops(events), [(a[1], a[2]) for a in acts], lo, hi, top=top)
+
+
+def allocator_counts(device) -> dict:
+    stats = torch.cuda.memory_stats(device)
+    return {k: int(stats.get(k, 0)) for k in _ALLOC}
+
+
 def _model(args) -> str:
     """The preset profiled: --model, else llama-8b on GPU and tiny on CPU."""
     return args.model or ("llama-8b" if torch.cuda.is_available() else "tiny")
@@ -228,7 +330,10 @@ def _profile(args) -> int:
     for step in range(args.warmup):
         trainer.train_step(trainer.batch(step), step)
     batch = trainer.batch(args.warmup)
+    alloc = allocator_counts(dev) if on_gpu else None
     prof, wall = profiled(lambda: trainer.train_step(batch, args.warmup), dev)
+    if on_gpu:
+        alloc = {k: v - alloc[k] for k, v in allocator_counts(dev).items()}
     if args.trace and dist.get_rank() == 0:
         prof.export_chrome_trace(args.trace)
     summary, acts = breakdown(prof, wall, on_gpu, args.top)
@@ -244,6 +349,8 @@ def _profile(args) -> int:
     }
     if on_gpu:
         row.update(timeline(acts, wall * 1e6))
+        row["idle"] = idle_causes(prof, acts)
+        row["allocator"] = alloc
     if dist.get_rank() == 0:
         print(f"{model} S={seq} on {torch.cuda.get_device_name() if on_gpu else 'cpu'}: step {wall:.3f} s, "
               f"busy {row['gpu_busy_s' if on_gpu else 'cpu_busy_s']:.3f} s, host gaps {row['host_gap_s']:.3f} s"
@@ -256,6 +363,7 @@ def _profile(args) -> int:
                   f"{row['transfer_only_s']:.3f} s of them under no compute")
             for kind, c in row["collectives_s"].items():
                 print(f"{kind} collectives: {c['kernel_s']:.3f} s of kernels, {c['exposed_s']:.3f} s exposed")
+            print("\n".join(idle_lines(row)))
         name = args.name or f"profile_{model}_{seq}"
         print("record:", write_record(name, row, out_dir=args.out_dir))
     return 0
@@ -299,6 +407,16 @@ def render(rec):
         tail += ["", "Collectives: " + "; ".join(
             f"{kind} {fixed(c['kernel_s'], 3)} s of kernels, {fixed(c['exposed_s'], 3)} s under no computing kernel"
             for kind, c in rec["collectives_s"].items()) + " (fsdp: all-gather / reduce-scatter; ring: send / recv)."]
+    if rec.get("idle"):  # the idle time by its host-side cause (later records)
+        idle = rec["idle"]
+        tail += ["", f"The GPU idle {fixed(idle['gaps_s'], 3)} s in gaps of at least {idle['min_gap_us']:g} us "
+                     f"({fixed(idle['short_gaps_s'], 3)} s more in shorter ones), by the host op running then "
+                     f"(the shortest one, on any thread):", ""]
+        tail += table(["host op", "seconds", "gaps", "inside"],
+                      [[f"`{c['op']}`", fixed(c["s"], 3), str(c["gaps"]), c["inside"]] for c in idle["causes"]])
+    if rec.get("allocator"):
+        tail += ["", "The caching allocator in the step: " + ", ".join(
+            f"{k[4:].replace('_', ' ')} {v}" for k, v in rec["allocator"].items()) + "."]
     tail.append("")
     return head + table(["category", "seconds", "share of the step"], body) + tail
 
