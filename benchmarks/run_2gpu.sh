@@ -106,6 +106,16 @@ profile2)  # 35 item 1: the 7B step at 128K again, with the idle time's host-sid
   logged p_off 170 $P7 --set activation_offload=true --name profile_7b_2gpu_131072_offload
   logged p_66 170 $P7 --set activation_memory_gib=66 --name profile_7b_2gpu_131072_budget66
   ;;
+offload-pair)  # 35: the 7B step at 128K beside torch-CP with activation offload on by default (profile2 showed
+  # 1.037x over the plan without it); 41.3: the FP8 KV cache's check and its 128K row beside bf16 (fp8kv's first half)
+  logged pair 250 $BE train --model llama-7b --methods burst,torch-cp --seqs 131072 --steps 2 --warmup 1 \
+      --name train_llama-7b_2gpu_128k_offload
+  D8="decode --model llama-3.1-8b --tokens 8 --warmup 2 --sliced --eager-max 1 --batches 1"
+  logged check 120 $BE decode --check --model tiny --seqs 1K --batches 1 --tokens 4 --warmup 2 --kv-cache fp8 \
+      --name decode_check_2gpu_kvfp8
+  logged b128 90 $BE $D8 --seqs 128K --name decode_8b_2gpu_128k_kvbf16
+  logged f128 90 $BE $D8 --seqs 128K --kv-cache fp8 --name decode_8b_2gpu_128k_kvfp8
+  ;;
 decode)  # issue 37 items 1-3 on 2 GPUs, ~8 min on 2xH200 (the expected time of each step beside it; on 2xH100 the
   # 512K prefill is slower and batch 8 at 128K runs out of memory: its cache alone is 69 GB per rank)
   nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader

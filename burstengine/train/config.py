@@ -72,11 +72,11 @@ class TrainConfig:
     activation_memory_gib: float = 0.0  # activation_checkpoint="auto": GiB of activations the layers may keep,
                                      # planned per layer; 0 = what the device has left after the parameters,
                                      # gradients and optimizer states
-    activation_offload: bool = False  # activation_checkpoint="auto" may keep layers' activations in pinned
+    activation_offload: bool = True  # activation_checkpoint="auto" may keep layers' activations in pinned
                                      # host memory between forward and backward (the "offload" policy)
-                                     # before recomputing their projections; off by default since it pins
-                                     # host memory (faster in the one-GPU 3B runs: docs/training.md).  The
-                                     # inputs of layers that recompute everything go to the host
+                                     # before recomputing their projections (faster in the one-GPU 3B and
+                                     # two-GPU 7B runs: docs/training.md); false keeps host memory unpinned.
+                                     # The inputs of layers that recompute everything go to the host
                                      # (full-offload) whatever it says, when the device cannot hold them all
     offload_memory_gib: float = 0.0  # GiB of host memory per rank the host layers may keep; 0 = half the host's
                                      # memory shared by its GPUs (the smallest over the ranks)
