@@ -70,6 +70,9 @@ class _HostBuffer:
             pass
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 class _Stash:
     """What one forward of one offloaded layer saved: host copies of its storages, and (from the
     prefetch until the graph lets go) their device copies."""
@@ -99,7 +102,9 @@ class _Stash:
         return buf
 
     def pack(self, t: torch.Tensor):
-        if t.device.type != self.owner.device.type:
+        # a tensor subclass (torch-native CP's DTensors) has no storage of its own to copy: it
+        # stays on the device
+        if t.device.type != self.owner.device.type or type(t) not in _PLAIN:
             return t
         storage = t.untyped_storage()
         key = storage.data_ptr()

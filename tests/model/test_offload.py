@@ -208,3 +208,19 @@ def test_full_offload_layer_whose_input_needs_no_gradient(offload_all):
     _loss(ref, batch).backward()
     _loss(model, batch).backward()
     _same(_grads(model), _grads(ref))
+
+
+def test_a_tensor_subclass_stays_on_the_device(offload_all):
+    # torch-native CP's attention saves DTensors, whose storage is not theirs to read: such a
+    # tensor stays where it is (it raised "invalid python storage"), the plain ones still go out
+    from torch.testing._internal.two_tensor import TwoTensor
+    off = O.Offloader("cpu")
+    a = torch.randn(64, 64, dtype=torch.float64)
+    x = TwoTensor(a.clone(), a.clone()).requires_grad_()
+    w = torch.randn(64, 64, dtype=torch.float64, requires_grad=True)
+    with off.layer(0):
+        y = (x * x).sum() + (torch.sin(w) * 2).sum()
+    (stash,) = offload_all()
+    assert len(stash.host) == 1  # w, saved by sin; x never
+    y.backward()
+    assert rel_err(x.grad.a, 2 * a) < EXACT and rel_err(w.grad, 2 * torch.cos(w)) < EXACT
