@@ -29,6 +29,7 @@ CASE_IDS = [c[0] for c in CASES]
 FP8_IDS = ["g1-d64-bf16-n7-1", "g4-d128-fp16-n997", "g4-d64-fp32-win", "g4-d128-bf16-vis-win", "g2-d64-bf16-empty"]
 # and again with V's values 1e-3 of the rest's (a model's V rows are often small): their scales
 # are ~1e-5, so P times them (not V times them) would sink below fp16's normal range
+WIDEN = {"q": "", "f16": "-f16"}  # decode_attention(widen=) -> the case id's suffix
 FP8_SMALL_V = ["g4-d128-fp16-n997", "g4-d64-fp16-hidden", "g4-d128-bf16-vis-win"]
 WINDOW = 7
 
@@ -181,11 +182,12 @@ def main():
             q, k, v, valid, visible, window, qpos, kpos = make(case)
             k, ks, v, vs = quantize_kv(k, v * 1e-3 if small_v else v)
             scale = case[4] ** -0.5
-            out, lse = decode_attention(q, k, v, scale, valid, visible, window, qpos, kpos, splits=case[9], bn=16,
-                                        k_scale=ks, v_scale=vs)
             ref = oracle(q, dequantize(k, ks, torch.float64), dequantize(v, vs, torch.float64), scale, valid,
                          visible, window, qpos, kpos)
-            res[case[0] + ("-fp8-small-v" if small_v else "-fp8")] = _result(case, out, lse, ref)
+            for widen in WIDEN:
+                out, lse = decode_attention(q, k, v, scale, valid, visible, window, qpos, kpos, splits=case[9],
+                                            bn=16, k_scale=ks, v_scale=vs, widen=widen)
+                res[case[0] + ("-fp8-small-v" if small_v else "-fp8") + WIDEN[widen]] = _result(case, out, lse, ref)
     res["plan"] = [list(plan_splits(cap, progs, sms, 64)) for cap, progs, sms in
                    ((131073, 8, 132), (32769, 64, 132), (100, 8, 132), (1, 1, 132), (524289, 8, 132),
                     (4097, 1024, 132))]

@@ -30,6 +30,12 @@ range in bf16.  Not in fp16: V's scales are its rows' largest magnitudes over 44
 of ~1e-3, and P times them sank below fp16's normal range (a 1% error there, 13% for rows of
 ~1e-4: tests/decode_cases.py's small-V cases), so under fp16 queries the scales multiply V's tile
 instead, in float32 before the cast (``V_TILE``): P·V reads the values an fp16 cache would hold.
+``widen="f16"`` takes another road under bf16 / fp16 queries: FP8 widens to fp16 in one
+instruction per pair on Hopper, to bf16 in several, so the tiles go to fp16, q's rows are scaled
+into [-1, 1] first by a power of two (its largest magnitude rounded up; back on the scores after:
+fp16 holds q's bf16 digits exactly there and cannot overflow), and P's columns take the V scales over the tile's largest (in [0, 1]: the
+fp16 underflow above cannot happen), that largest back on P·V.
+
 Triton is imported with this module: callers import it only when a kernel runs.
 """
 from __future__ import annotations
@@ -53,7 +59,7 @@ def _split_kernel(Q, K, V, KS, VS, VALID, VIS, QPOS, KPOS, PO, PL,
                   H, Hkv, G, chunk, window, scale_log2,
                   HEAD_DIM: tl.constexpr, G_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
                   HAS_VIS: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, FP8: tl.constexpr,
-                  V_TILE: tl.constexpr):
+                  V_TILE: tl.constexpr, F16: tl.constexpr):
     split = tl.program_id(0)
     bh = tl.program_id(1)
     n_splits = tl.num_programs(0)
@@ -69,6 +75,12 @@ def _split_kernel(Q, K, V, KS, VS, VALID, VIS, QPOS, KPOS, PO, PL,
     heads = hk * G + gi
     d = tl.arange(0, HEAD_DIM)
     q = tl.load(Q + b * sqb + heads[:, None] * sqh + d[None, :], mask=g_ok[:, None], other=0.0)
+    if F16:  # FP8 tiles widen to fp16 (see the module docstring): q's rows scaled into [-1, 1] first
+        qf = q.to(tl.float32)
+        q_max = tl.max(tl.abs(qf), 1)
+        # a power of two: the division is exact, q's bf16 digits survive in fp16
+        q_max = tl.where(q_max > 0, tl.math.exp2(tl.math.ceil(tl.math.log2(q_max))), 1.0)
+        q = (qf / q_max[:, None]).to(tl.float16)
     k_base = K + b * skb + hk * skh
     v_base = V + b * svb + hk * svh
     ks_base = KS + b * ssb + hk * ssh  # FP8: the scales (B, Hkv, capacity), one layout for K's and V's
@@ -86,13 +98,15 @@ def _split_kernel(Q, K, V, KS, VS, VALID, VIS, QPOS, KPOS, PO, PL,
         rows = offs.to(tl.int64)[:, None]
         kt = tl.load(k_base + rows * sks + d[None, :], mask=inb[:, None], other=0.0)
         if FP8:
-            kt = kt.to(q.dtype)
+            kt = kt.to(q.dtype)  # fp16 under F16 (q was made fp16)
         if IEEE:
             s = tl.dot(q, tl.trans(kt), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(kt))
         if FP8:
             s = s * tl.load(ks_base + offs, mask=inb, other=0.0)[None, :]
+        if F16:
+            s = s * q_max[:, None]
         ok = inb
         if HAS_VIS:
             ok = ok & (tl.load(VIS + b * svisb + offs, mask=inb, other=0) != 0)
@@ -109,7 +123,12 @@ def _split_kernel(Q, K, V, KS, VS, VALID, VIS, QPOS, KPOS, PO, PL,
         pw = p
         if FP8:  # the V scales: on P's columns, or (fp16) on V's tile: see the module docstring
             vs = tl.load(vs_base + offs, mask=inb, other=0.0)
-            if V_TILE:
+            if F16:  # P times the scales over the tile's largest, in [0, 1]: no fp16 underflow to speak of
+                v_max = tl.max(vs, 0)
+                v_max = tl.where(v_max > 0, v_max, 1.0)
+                vt = vt.to(tl.float16)
+                pw = p * (vs / v_max)[None, :]
+            elif V_TILE:
                 vt = (vt.to(tl.float32) * vs[:, None]).to(q.dtype)
             else:
                 vt = vt.to(q.dtype)
@@ -118,6 +137,8 @@ def _split_kernel(Q, K, V, KS, VS, VALID, VIS, QPOS, KPOS, PO, PL,
             pv = tl.dot(pw.to(vt.dtype), vt, input_precision="ieee")
         else:
             pv = tl.dot(pw.to(vt.dtype), vt)
+        if F16:
+            pv = pv * v_max
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
@@ -179,19 +200,25 @@ def plan_splits(capacity: int, programs: int, sms: int, bn: int) -> tuple[int, i
     return _chunks(capacity, min(_cdiv(PROGRAMS_PER_SM * sms, max(programs, 1)), MAX_SPLITS), bn)
 
 
+WIDEN = ("q", "f16")
+WIDEN_DEFAULT = "q"
+
+
 def supported_head_dim(d: int) -> bool:
     return 16 <= d <= 256 and d & (d - 1) == 0
 
 
 def decode_attention(q, k, v, scale: float, valid, visible=None, window: int | None = None, qpos=None, kpos=None,
                      splits: int | None = None, bn: int | None = None, warps: int = 4, stages: int = 2,
-                     k_scale=None, v_scale=None):
+                     k_scale=None, v_scale=None, widen: str | None = None):
     """float32 (out (B, H, D), lse (B, H)) of one query per sequence; see the module docstring.
 
     ``valid`` (B,) integer, ``visible`` (B, capacity) bool, ``qpos`` (B,) and ``kpos``
     (B, capacity) integer positions with ``window``: device tensors on q's device.  ``splits``
     and ``bn`` (rows per tile) override the plan (the interpreter tests use small ones).
-    ``k_scale``, ``v_scale`` (B, Hkv, capacity) float32: k and v are an FP8 cache."""
+    ``k_scale``, ``v_scale`` (B, Hkv, capacity) float32: k and v are an FP8 cache; ``widen``
+    (:data:`WIDEN`) how its tiles reach the tensor cores: ``"q"`` in q's dtype, ``"f16"`` in fp16
+    under bf16 / fp16 queries (float32 ones take ``"q"``); None: :data:`WIDEN_DEFAULT`."""
     B, H, D = q.shape
     Bk, Hkv, cap, Dk = k.shape
     if (Bk, Dk) != (B, D) or v.shape != k.shape or H % Hkv:
@@ -221,6 +248,10 @@ def decode_attention(q, k, v, scale: float, valid, visible=None, window: int | N
         if t is not None and (t.shape != (B, cap) or t.stride(1) != 1):
             raise ValueError(f"decode_attention: {name} must be ({B}, {cap}) with contiguous rows, got "
                              f"{tuple(t.shape)} strides {t.stride()}")
+    widen = widen or WIDEN_DEFAULT
+    if widen not in WIDEN:
+        raise ValueError(f"decode_attention: widen must be one of {WIDEN}, got {widen!r}")
+    f16 = fp8 and widen == "f16" and q.dtype != torch.float32
     G = H // Hkv
     bn = bn or block_n(D)
     if splits is None:
@@ -244,7 +275,8 @@ def decode_attention(q, k, v, scale: float, valid, visible=None, window: int | N
         vis.stride(0) if vis is not None else 0, kpos.stride(0) if has_win else 0,
         H, Hkv, G, chunk, int(window) if has_win else 0, float(scale) * LOG2E,
         HEAD_DIM=D, G_BLOCK=max(16, _pow2(G)), BLOCK_N=bn, HAS_VIS=vis is not None, HAS_WINDOW=has_win,
-        IEEE=q.dtype == torch.float32, FP8=fp8, V_TILE=fp8 and q.dtype == torch.float16, num_warps=warps,
+        IEEE=q.dtype == torch.float32, FP8=fp8, V_TILE=fp8 and q.dtype == torch.float16 and not f16, F16=f16,
+        num_warps=warps,
         num_stages=stages)
     _reduce_kernel[(B * H,)](po, pl, out, lse, splits, HEAD_DIM=D, SPLIT_BLOCK=max(2, _pow2(splits)), num_warps=4)
     return out, lse
