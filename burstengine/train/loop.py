@@ -264,8 +264,10 @@ class Trainer:
     def host_policies(self) -> tuple:
         """The host policies checkpoint="auto" may plan: ``full-offload`` (when every layer
         recomputing from a device-held input does not fit: for length) always, ``offload`` (for
-        speed) with ``activation_offload``."""
-        return ("full-offload",) + (("offload",) if self.cfg.activation_offload else ())
+        speed) with ``activation_offload``, but not under torch-native CP, whose attention saves
+        DTensors: they stay on the device (model/offload.py), which the plan would not count."""
+        speed = self.cfg.activation_offload and self.cfg.attention != "torch-cp"
+        return ("full-offload",) + (("offload",) if speed else ())
 
     def offload_budget(self) -> int:
         """Host bytes checkpoint="auto" may offload per rank: ``offload_memory_gib``, else this

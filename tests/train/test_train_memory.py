@@ -96,3 +96,18 @@ def test_config_errors(over, msg):
 def test_model_rejects_bad_split():
     with pytest.raises(ValueError, match="checkpoint_split must be a number"):
         Transformer(PRESETS["tiny"], checkpoint="sequence", checkpoint_split=2)
+
+
+@pytest.mark.parametrize("attention, offload, want", [
+    ("burst", True, ("full-offload", "offload")), ("burst", False, ("full-offload",)),
+    ("torch-cp", True, ("full-offload",))])
+def test_host_policies_follow_activation_offload_and_the_attention(attention, offload, want):
+    # on by default; torch-native CP's attention saves DTensors that stay on the device, so its
+    # layers are never planned "offload" (the plan would count memory it does not free)
+    from types import SimpleNamespace
+
+    from burstengine.train.loop import Trainer
+
+    assert load("tiny", []).activation_offload is True
+    cfg = load("tiny", [f"attention={attention}", f"activation_offload={str(offload).lower()}"])
+    assert Trainer.host_policies(SimpleNamespace(cfg=cfg)) == want
