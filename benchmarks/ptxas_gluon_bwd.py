@@ -88,24 +88,26 @@ def stats(base: str) -> dict:
                 ptxas=ptxas.strip().splitlines())
 
 
-def build(src: str, tmp: str, code: str = BUILD, names=("bwd",), *args: str) -> dict:
-    """Run ``code`` (PRELUDE plus capture calls; sys.argv[3:] = ``args``) on checkout ``src``;
-    {name: stats} of the kernels it captured as ``names``."""
-    base = os.path.join(tmp, "")
-    subprocess.run([sys.executable, "-c", code, os.path.abspath(src), base, *args], check=True)
-    return {name: stats(base + name) for name in names}
-
-
-def main(argv) -> None:
-    from burstengine.bench.records import write_record
+def build_all(srcs, code: str, *args: str) -> dict:
+    """{NAME: {commit, kernels: {kernel: stats}}} for each NAME=DIR of ``srcs``: ``code`` (PRELUDE
+    plus capture calls; sys.argv[3:] = ``args``) run in a fresh process on DIR's checkout."""
     builds = {}
-    for arg in argv:
+    for arg in srcs:
         name, _, src = arg.partition("=")
         with tempfile.TemporaryDirectory() as tmp:
             rev = subprocess.run(["git", "-C", src, "rev-parse", "--short", "HEAD"], capture_output=True,
                                  text=True).stdout.strip()
-            builds[name] = dict(commit=rev, **build(src, tmp)["bwd"])
-        b = builds[name]
+            base = os.path.join(tmp, "")
+            subprocess.run([sys.executable, "-c", code, os.path.abspath(src), base, *args], check=True)
+            names = sorted(f[:-4] for f in os.listdir(tmp) if f.endswith(".ptx"))
+            builds[name] = dict(commit=rev, kernels={n: stats(base + n) for n in names})
+    return builds
+
+
+def main(argv) -> None:
+    from burstengine.bench.records import write_record
+    builds = {name: dict(commit=b["commit"], **b["kernels"]["bwd"]) for name, b in build_all(argv, BUILD).items()}
+    for name, b in builds.items():
         print(f"{name}: spills {b['spill_store_bytes']} B stored, {b['spill_load_bytes']} B loaded; per-loop LDL "
               + " ".join(str(x["ldl"]) for x in b["loops"]), flush=True)
     out = os.environ.get("OUT") or os.environ.get("BURST_RESULTS") or "burst-results"

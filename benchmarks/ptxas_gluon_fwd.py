@@ -8,11 +8,9 @@ Each NAME=DIR builds DIR's kernels in a fresh process (default now=.); a checkou
 has no ``block_n`` builds only 128.  Needs a Triton with Gluon (PYTHONPATH).  Writes
 ptxas_gluon_fwd.json to $OUT or ./burst-results."""
 import os
-import subprocess
 import sys
-import tempfile
 
-from ptxas_gluon_bwd import PRELUDE, build
+from ptxas_gluon_bwd import PRELUDE, build_all
 
 BUILD = PRELUDE + r'''
 from burstengine.kernels.gluon import fwd as gf
@@ -32,18 +30,9 @@ for n in [int(x) for x in sys.argv[3].split(",")]:
 def main(argv) -> None:
     from burstengine.bench.records import write_record
     widths = argv[0] if argv and "=" not in argv[0] else "128"
-    srcs = [a for a in argv if "=" in a] or ["now=."]
-    builds = {}
-    for arg in srcs:
-        name, _, src = arg.partition("=")
-        with tempfile.TemporaryDirectory() as tmp:
-            rev = subprocess.run(["git", "-C", src, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                 text=True).stdout.strip()
-            subprocess.run([sys.executable, "-c", BUILD, os.path.abspath(src), os.path.join(tmp, ""), widths],
-                           check=True)
-            names = sorted(f[:-4] for f in os.listdir(tmp) if f.endswith(".ptx"))
-            builds[name] = dict(commit=rev, kernels=build(src, tmp, "pass", names))
-        for kname, b in builds[name]["kernels"].items():
+    builds = build_all([a for a in argv if "=" in a] or ["now=."], BUILD, widths)
+    for name, bs in builds.items():
+        for kname, b in bs["kernels"].items():
             print(f"{name} {kname:<14} spills {b['spill_store_bytes']:>5} B stored {b['spill_load_bytes']:>5} B loaded; "
                   f"{b['registers']} registers at launch; shared {b['shared_bytes']} B; per-loop LDL/STL "
                   + " ".join(f"{x['ldl']}/{x['stl']}" for x in b["loops"]), flush=True)
