@@ -13,8 +13,11 @@ import subprocess
 import sys
 import tempfile
 
-BUILD = r'''
-import os, sys, torch, triton
+# the prelude of a build: triton's driver replaced by a stub that reports sm_90, kernel launches
+# that stop after compiling; capture(name, thunk) writes the kernel thunk() launches to
+# <argv[2]><name>.ptx / .cubin / .json (its shared memory)
+PRELUDE = r'''
+import json, os, sys, torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
 from triton.runtime.jit import JITFunction
@@ -33,16 +36,25 @@ class Stub:
 
 driver.set_active(Stub())
 sys.path.insert(0, sys.argv[1])
-from burstengine.kernels.gluon import bwd as gb
 got, run = {}, JITFunction.run
 JITFunction.run = lambda self, *a, grid, warmup, **kw: got.setdefault("k", run(self, *a, grid=grid, warmup=True, **kw))
+
+
+def capture(name, thunk):
+    got.clear()
+    thunk()
+    open(sys.argv[2] + name + ".ptx", "w").write(got["k"].asm["ptx"])
+    open(sys.argv[2] + name + ".cubin", "wb").write(got["k"].asm["cubin"])
+    json.dump(dict(shared=got["k"].metadata.shared), open(sys.argv[2] + name + ".json", "w"))
+'''
+
+BUILD = PRELUDE + r'''
+from burstengine.kernels.gluon import bwd as gb
 B, S, H, HKV, D = 1, 1024, 24, 8, 128  # the 3B model's heads; the build does not depend on S
 q = torch.zeros(B, S, H, D, dtype=torch.bfloat16)
 k = torch.zeros(B, S, HKV, D, dtype=torch.bfloat16)
-gb.backward_into(q, q, k, k, torch.zeros(B, H, S), torch.zeros(B, H, S), 0.088, 0, torch.zeros(B, S, H, D),
-                 torch.zeros_like(k), torch.zeros_like(k), True)
-open(sys.argv[2] + ".ptx", "w").write(got["k"].asm["ptx"])
-open(sys.argv[2] + ".cubin", "wb").write(got["k"].asm["cubin"])
+capture("bwd", lambda: gb.backward_into(q, q, k, k, torch.zeros(B, H, S), torch.zeros(B, H, S), 0.088, 0,
+                                         torch.zeros(B, S, H, D), torch.zeros_like(k), torch.zeros_like(k), True))
 '''
 
 
@@ -61,30 +73,41 @@ def loops(sass: str) -> list[dict]:
     return out
 
 
-def build(src: str, tmp: str) -> dict:
+def stats(base: str) -> dict:
+    """ptxas -v of <base>.ptx for sm_90a (spill bytes, registers) and the SASS loops of <base>.cubin."""
     import triton
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    base = os.path.join(tmp, "bwd")
-    subprocess.run([sys.executable, "-c", BUILD, os.path.abspath(src), base], check=True)
     ptxas = subprocess.run([os.path.join(bindir, "ptxas"), "-arch=sm_90a", "-v", base + ".ptx", "-o", base + ".o"],
                            capture_output=True, text=True, check=True).stderr
     sass = subprocess.run([os.path.join(bindir, "nvdisasm"), "-c", base + ".cubin"], capture_output=True, text=True,
                           check=True).stdout
     m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", ptxas)
-    return dict(spill_store_bytes=int(m.group(1)), spill_load_bytes=int(m.group(2)), loops=loops(sass),
+    regs = re.search(r"Used (\d+) registers", ptxas)
+    return dict(spill_store_bytes=int(m.group(1)), spill_load_bytes=int(m.group(2)), registers=int(regs.group(1)),
+                shared_bytes=json.load(open(base + ".json"))["shared"], loops=loops(sass),
                 ptxas=ptxas.strip().splitlines())
 
 
-def main(argv) -> None:
-    from burstengine.bench.records import write_record
+def build_all(srcs, code: str, *args: str) -> dict:
+    """{NAME: {commit, kernels: {kernel: stats}}} for each NAME=DIR of ``srcs``: ``code`` (PRELUDE
+    plus capture calls; sys.argv[3:] = ``args``) run in a fresh process on DIR's checkout."""
     builds = {}
-    for arg in argv:
+    for arg in srcs:
         name, _, src = arg.partition("=")
         with tempfile.TemporaryDirectory() as tmp:
             rev = subprocess.run(["git", "-C", src, "rev-parse", "--short", "HEAD"], capture_output=True,
                                  text=True).stdout.strip()
-            builds[name] = dict(commit=rev, **build(src, tmp))
-        b = builds[name]
+            base = os.path.join(tmp, "")
+            subprocess.run([sys.executable, "-c", code, os.path.abspath(src), base, *args], check=True)
+            names = sorted(f[:-4] for f in os.listdir(tmp) if f.endswith(".ptx"))
+            builds[name] = dict(commit=rev, kernels={n: stats(base + n) for n in names})
+    return builds
+
+
+def main(argv) -> None:
+    from burstengine.bench.records import write_record
+    builds = {name: dict(commit=b["commit"], **b["kernels"]["bwd"]) for name, b in build_all(argv, BUILD).items()}
+    for name, b in builds.items():
         print(f"{name}: spills {b['spill_store_bytes']} B stored, {b['spill_load_bytes']} B loaded; per-loop LDL "
               + " ".join(str(x["ldl"]) for x in b["loops"]), flush=True)
     out = os.environ.get("OUT") or os.environ.get("BURST_RESULTS") or "burst-results"
