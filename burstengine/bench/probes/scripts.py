@@ -123,6 +123,27 @@ def block_gluon_bwd(records):
                         f"TFLOP/s): {tr_line}."])
 
 
+def block_gluon_wide(records):
+    """docs/kernels.md: the forward's wide kv tiles for full blocks, measured and not kept."""
+    name = "gluon_wide_h200.json"
+    rec = record(records, name)
+    speed = _probe_speeds(rec)
+    widths = rec["widths"]
+    cols = [("cudnn", "cuDNN")] + [(f"gluon n={n}", f"ours, {n}-key tiles") for n in widths]
+    body = [[f"{S // 1024}K"] + [f"{speed[(S, m)]:.0f}" for m, _ in cols]
+            for S in sorted({S for S, m in speed if m == "cudnn"})]
+    into = {m: t for (S, m), t in speed.items() if "into" in m or "merge" in m}
+    into_S = next(S for S, m in speed if "into" in m)
+    into_line = ", ".join(f"{m.replace('gluon into n=', 'ours at ')} {t:.0f}" for m, t in into.items())
+    return "\n".join([f"On {device_of(rec)} (`{name}`, commit {rec['commit']}, which held the wide tiles; full "
+                      "blocks, 32 q heads on 8 kv heads, d=128, bf16; TFLOP/s of the plain forward, median of 5-7; "
+                      f"{len(rec['check'])} check cases within 2e-2 (out) and 1e-3 (lse) of float64, "
+                      f"{rec['check_failures']} failed):", ""]
+                     + table(["S"] + [h for _, h in cols], body)
+                     + ["", f"The ring step's merge (`forward_into`) of one full {into_S // 1024}K block, TFLOP/s: "
+                            f"{into_line}."])
+
+
 def probe_families(rec):
     head = [f"{rec['layers']} layers of each family's hub shape, {rec['seq']:,} tokens, random weights; "
             f"||x − ref|| / ||ref|| against transformers in float32 (eager attention), transformers "
@@ -168,4 +189,4 @@ SECTIONS = (
             "`python benchmarks/probe_host_copy.py MIB`: whether a non-blocking copy from the device returns to "
             "the host at once, for the host memory `offload` uses and two others."),
 )
-BLOCKS = {"gluon-variants": block_gluon_variants, "gluon-bwd": block_gluon_bwd}
+BLOCKS = {"gluon-variants": block_gluon_variants, "gluon-bwd": block_gluon_bwd, "gluon-wide": block_gluon_wide}

@@ -35,12 +35,6 @@ LOG2E = gl.constexpr(1.4426950408889634)
 BLOCK = gl.constexpr(128)   # q rows per program: two compute warpgroups of 64
 # K/V buffers per head dim (kv tiles are BLOCK rows too); a third buffer did not help (H200 probes)
 STAGES = {128: 2, 64: 2}
-# kv tile widths of a block with no diagonal (full): BLOCK, or BLOCK plus a second piece of 16, 32
-# or 64 keys (Gluon's tensors are powers of two, so a wide tile is two tiles: two TMA loads, two
-# QK^T wgmmas, two PV wgmmas a step).  Wider tiles mean fewer loop steps, row reductions and O
-# rescales per FLOP (FlashAttention-3 takes 176 at d=128); diagonal blocks keep BLOCK
-BLOCK_NS = (128, 144, 160, 192)
-FULL_BLOCK_N = 128  # the width forward / forward_into use for full blocks (a probe may change it)
 
 
 @gluon.jit
@@ -72,34 +66,6 @@ def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, mask_lo, MASKED: gl.con
     alpha = gl.exp2(m_i - m_use)
     l_new = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_new
-
-
-@gluon.jit
-def _softmax_step2(s, s2, m_i, l_i, qk_scale, offs_n, offs_n2, kv_len, row_s: gl.constexpr, row_s2: gl.constexpr,
-                   MASKED: gl.constexpr, FFMA: gl.constexpr):
-    # _softmax_step over a wide tile held as two pieces (s: its first BLOCK keys, s2: the rest) of
-    # a full block; MASKED: keys past kv_len (the last tile of a length not a multiple of the
-    # width) get p = 0.  Every row sees its tile's first key, so m stays finite
-    if not FFMA:
-        s = s * qk_scale
-        s2 = s2 * qk_scale
-    if MASKED:
-        s = gl.where(offs_n[None, :] < kv_len, s, float("-inf"))
-        s2 = gl.where(offs_n2[None, :] < kv_len, s2, float("-inf"))
-    row_max = gl.maximum(gl.max(s, 1), gl.convert_layout(gl.max(s2, 1), row_s))
-    if FFMA:
-        m_new = gl.maximum(m_i, row_max * qk_scale)
-        x = s * qk_scale - m_new[:, None]
-        x2 = s2 * qk_scale - gl.convert_layout(m_new, row_s2)[:, None]
-    else:
-        m_new = gl.maximum(m_i, row_max)
-        x = s - m_new[:, None]
-        x2 = s2 - gl.convert_layout(m_new, row_s2)[:, None]
-    p = gl.exp2(x)
-    p2 = gl.exp2(x2)
-    alpha = gl.exp2(m_i - m_new)
-    l_new = l_i * alpha + gl.sum(p, 1) + gl.convert_layout(gl.sum(p2, 1), row_s)
-    return p, p2, alpha, m_new, l_new
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, diag: bool, *state) -> bool:
@@ -166,60 +132,33 @@ LOADER_REGS = 24  # the loader warp's registers: the minimum, it holds only scal
 
 @gluon.jit
 def _ws_loader(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr,
-               FFMA: gl.constexpr, BLOCK_N: gl.constexpr):
-    q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc = descs
-    q_bufs, k_bufs, v_bufs, k2_bufs, v2_bufs, o_bufs = bufs
+               FFMA: gl.constexpr):
+    q_desc, k_desc, v_desc, o_desc = descs
+    q_bufs, k_bufs, v_bufs, o_bufs = bufs
     q_bar, k_ready, k_empty, v_ready, v_empty, o_bar = bars
-    q_row, kv_row, q_col, kv_col, n_kv, q_pos0, mask_lo, qk_scale, lse_off, sls, kv_len = scal
+    q_row, kv_row, q_col, kv_col, n_kv, q_pos0, mask_lo, qk_scale, lse_off, sls = scal
     for w in gl.static_range(2):
         mbarrier.expect(q_bar.index(w), WG_ROWS * HEAD_DIM * 2)
         tma.async_copy_global_to_shared(q_desc, [q_row + w * WG_ROWS, q_col], q_bar.index(w), q_bufs.index(w))
-    # a wide tile's two pieces arrive on one barrier; past the tensor's end TMA fills zeros (and
-    # counts their bytes), past this batch's keys it reads the next batch's: finite, given p = 0
     for i in range(n_kv):
         st = i % STAGES
         ph = (i // STAGES) & 1
         mbarrier.wait(k_empty.index(st), ph ^ 1)
-        mbarrier.expect(k_ready.index(st), BLOCK_N * HEAD_DIM * 2)
-        tma.async_copy_global_to_shared(k_desc, [kv_row + i * BLOCK_N, kv_col], k_ready.index(st), k_bufs.index(st))
-        if BLOCK_N > BLOCK:
-            tma.async_copy_global_to_shared(k2_desc, [kv_row + i * BLOCK_N + BLOCK, kv_col], k_ready.index(st),
-                                            k2_bufs.index(st))
+        mbarrier.expect(k_ready.index(st), BLOCK * HEAD_DIM * 2)
+        tma.async_copy_global_to_shared(k_desc, [kv_row + i * BLOCK, kv_col], k_ready.index(st), k_bufs.index(st))
         mbarrier.wait(v_empty.index(st), ph ^ 1)
-        mbarrier.expect(v_ready.index(st), BLOCK_N * HEAD_DIM * 2)
-        tma.async_copy_global_to_shared(v_desc, [kv_row + i * BLOCK_N, kv_col], v_ready.index(st), v_bufs.index(st))
-        if BLOCK_N > BLOCK:
-            tma.async_copy_global_to_shared(v2_desc, [kv_row + i * BLOCK_N + BLOCK, kv_col], v_ready.index(st),
-                                            v2_bufs.index(st))
-
-
-@gluon.jit
-def _ws_finish(acc, m_i, l_i, l_ptrs, o_desc, o_smem, o_row, q_col, o_layout: gl.constexpr, ACC: gl.constexpr):
-    # (acc, m, l) -> out = acc / l and lse, written: lse by pointers, out through shared memory
-    # and TMA, in q's dtype into q's buffer (fresh), or float32 into the running state's (as
-    # pointer tensors the float32 rows spilled registers)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    seen = l_i > 0
-    l_safe = gl.where(seen, l_i, 1.0)
-    out = acc / gl.convert_layout(l_safe, row_o)[:, None]
-    gl.store(l_ptrs, gl.where(seen, (m_i + gl.log2(l_safe)) / LOG2E, float("-inf")))
-    if ACC:
-        o_smem.store(out)
-    else:
-        o_smem.store(out.to(o_desc.dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [o_row, q_col], o_smem)
-    tma.store_wait(0)
+        mbarrier.expect(v_ready.index(st), BLOCK * HEAD_DIM * 2)
+        tma.async_copy_global_to_shared(v_desc, [kv_row + i * BLOCK, kv_col], v_ready.index(st), v_bufs.index(st))
 
 
 @gluon.jit
 def _ws_compute(descs, bufs, bars, scal, LSE, W: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                 ACC: gl.constexpr, FFMA: gl.constexpr):
     # rows [W * 64, W * 64 + 64) of the q tile, in one warpgroup
-    q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc = descs
-    q_bufs, k_bufs, v_bufs, k2_bufs, v2_bufs, o_bufs = bufs
+    q_desc, k_desc, v_desc, o_desc = descs
+    q_bufs, k_bufs, v_bufs, o_bufs = bufs
     q_bar, k_ready, k_empty, v_ready, v_empty, o_bar = bars
-    q_row, kv_row, q_col, kv_col, n_kv, q_pos0, mask_lo, qk_scale, lse_off, sls, kv_len = scal
+    q_row, kv_row, q_col, kv_col, n_kv, q_pos0, mask_lo, qk_scale, lse_off, sls = scal
     dtype: gl.constexpr = q_desc.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK, 16])
@@ -283,153 +222,51 @@ def _ws_compute(descs, bufs, bars, scal, LSE, W: gl.constexpr, HEAD_DIM: gl.cons
     acc_tok = warpgroup_mma(p_op, v_bufs.index(st), acc, is_async=True)
     acc = warpgroup_mma_wait(0, deps=(acc_tok, ))
     mbarrier.arrive(v_empty.index(st), count=1)
-    _ws_finish(acc, m_i, l_i, l_ptrs, o_desc, o_smem, q_row + W * WG_ROWS, q_col, o_layout, ACC)
 
-
-@gluon.jit
-def _ws_compute_wide(descs, bufs, bars, scal, LSE, W: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                     ACC: gl.constexpr, FFMA: gl.constexpr, BLOCK_N: gl.constexpr):
-    # _ws_compute for a full block in kv tiles of BLOCK_N keys, each two pieces (BLOCK keys, then
-    # N2): the QK^T of both pieces of tile j+1 in flight under the softmax of tile j, the PV as two
-    # chained wgmmas.  ACC: the block's own (acc, m, l) from zero, merged into the running state at
-    # the end (the float32 O comes in and out through the K buffers, free by then: with the
-    # running O's 64 KB of its own, K/V could not be 2 x BLOCK_N deep)
-    q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc = descs
-    q_bufs, k_bufs, v_bufs, k2_bufs, v2_bufs, o_bufs = bufs
-    q_bar, k_ready, k_empty, v_ready, v_empty, o_bar = bars
-    q_row, kv_row, q_col, kv_col, n_kv, q_pos0, mask_lo, qk_scale, lse_off, sls, kv_len = scal
-    dtype: gl.constexpr = q_desc.dtype
-    N2: gl.constexpr = BLOCK_N - BLOCK
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK, 16])
-    s2_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, N2, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    row_s2: gl.constexpr = gl.SliceLayout(1, s2_layout)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    q_smem = q_bufs.index(W)
-    o_smem = o_bufs.index(W)
-
-    offs_m = q_pos0 + W * WG_ROWS + gl.arange(0, WG_ROWS, layout=row_s)
-    l_ptrs = LSE + lse_off + offs_m.to(gl.int64) * sls
-    m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, row_s)
-    l_i = gl.zeros([WG_ROWS], gl.float32, row_s)
-    acc = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, o_layout)
-    s_zero = gl.zeros([WG_ROWS, BLOCK], gl.float32, s_layout)
-    s2_zero = gl.zeros([WG_ROWS, N2], gl.float32, s2_layout)
-
-    mbarrier.wait(q_bar.index(W), 0)
-    mbarrier.wait(k_ready.index(0), 0)
-    s_tok = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    s2_tok = warpgroup_mma(q_smem, k2_bufs.index(0).permute((1, 0)), s2_zero, use_acc=False, is_async=True)
-    s_cur, s2_cur = warpgroup_mma_wait(0, deps=(s_tok, s2_tok))
-    mbarrier.arrive(k_empty.index(0), count=1)
-
-    for j in range(n_kv - 1):  # every tile but the last holds BLOCK_N keys of this batch
-        st = j % STAGES
-        nxt = j + 1
-        nst = nxt % STAGES
-        mbarrier.wait(k_ready.index(nst), (nxt // STAGES) & 1)
-        s_tok = warpgroup_mma(q_smem, k_bufs.index(nst).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s2_tok = warpgroup_mma(q_smem, k2_bufs.index(nst).permute((1, 0)), s2_zero, use_acc=False, is_async=True)
-        p, p2, alpha, m_i, l_i = _softmax_step2(s_cur, s2_cur, m_i, l_i, qk_scale, 0, 0, kv_len, row_s, row_s2,
-                                                False, FFMA)
-        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-        p2_op = gl.convert_layout(p2.to(dtype), p_layout)
-        mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
-        acc_tok = warpgroup_mma(p_op, v_bufs.index(st), acc, is_async=True)
-        acc_tok = warpgroup_mma(p2_op, v2_bufs.index(st), acc_tok, is_async=True)
-        s_cur, s2_cur, acc = warpgroup_mma_wait(0, deps=(s_tok, s2_tok, acc_tok))
-        mbarrier.arrive(k_empty.index(nst), count=1)
-        mbarrier.arrive(v_empty.index(st), count=1)
-
-    j = n_kv - 1  # the last tile: keys from kv_len on (a length not a multiple of BLOCK_N) get p = 0
-    st = j % STAGES
-    offs_n = j * BLOCK_N + gl.arange(0, BLOCK, layout=gl.SliceLayout(0, s_layout))
-    offs_n2 = j * BLOCK_N + BLOCK + gl.arange(0, N2, layout=gl.SliceLayout(0, s2_layout))
-    p, p2, alpha, m_i, l_i = _softmax_step2(s_cur, s2_cur, m_i, l_i, qk_scale, offs_n, offs_n2, kv_len, row_s,
-                                            row_s2, True, FFMA)
-    acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-    p_op = gl.convert_layout(p.to(dtype), p_layout)
-    p2_op = gl.convert_layout(p2.to(dtype), p_layout)
-    mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
-    acc_tok = warpgroup_mma(p_op, v_bufs.index(st), acc, is_async=True)
-    acc_tok = warpgroup_mma(p2_op, v2_bufs.index(st), acc_tok, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=(acc_tok, ))
-    mbarrier.arrive(v_empty.index(st), count=1)
-
+    seen = l_i > 0
+    l_safe = gl.where(seen, l_i, 1.0)
+    out = acc / gl.convert_layout(l_safe, row_o)[:, None]
+    gl.store(l_ptrs, gl.where(seen, (m_i + gl.log2(l_safe)) / LOG2E, float("-inf")))
+    # through shared memory and TMA: in q's dtype into q's buffer (fresh), or float32 into the
+    # running state's (as pointer tensors the float32 rows spilled registers)
     if ACC:
-        # both warpgroups have released the last V (so all of K and V): the K buffers hold the
-        # running O now.  Merge in base 2: old weight 2^a (O normalised), the block's l 2^m
-        lse_old = gl.load(l_ptrs)
-        a = lse_old * LOG2E
-        mbarrier.wait(v_empty.index(st), (j // STAGES) & 1)
-        mbarrier.expect(o_bar.index(W), WG_ROWS * HEAD_DIM * 4)
-        tma.async_copy_global_to_shared(o_desc, [q_row + W * WG_ROWS, q_col], o_bar.index(W), o_smem)
-        m_new = gl.maximum(a, m_i)
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        w_old = gl.exp2(a - m_use)
-        w_blk = gl.exp2(m_i - m_use)
-        l_i = w_old + l_i * w_blk
-        m_i = m_new
-        mbarrier.wait(o_bar.index(W), 0)
-        o_old = o_smem.load(o_layout)
-        # an empty running state's O may hold anything: weight 0 must not meet inf / NaN there
-        o_old = gl.where(gl.convert_layout(lse_old, row_o)[:, None] == float("-inf"), 0.0, o_old)
-        acc = o_old * gl.convert_layout(w_old, row_o)[:, None] + acc * gl.convert_layout(w_blk, row_o)[:, None]
-    _ws_finish(acc, m_i, l_i, l_ptrs, o_desc, o_smem, q_row + W * WG_ROWS, q_col, o_layout, ACC)
+        o_smem.store(out)
+    else:
+        o_smem.store(out.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [q_row + W * WG_ROWS, q_col], o_smem)
+    tma.store_wait(0)
 
 
 @gluon.jit
 def _ws_compute0(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr,
-                 FFMA: gl.constexpr, BLOCK_N: gl.constexpr):
-    if BLOCK_N > BLOCK:
-        _ws_compute_wide(descs, bufs, bars, scal, LSE, 0, HEAD_DIM, STAGES, ACC, FFMA, BLOCK_N)
-    else:
-        _ws_compute(descs, bufs, bars, scal, LSE, 0, HEAD_DIM, STAGES, ACC, FFMA)
+                 FFMA: gl.constexpr):
+    _ws_compute(descs, bufs, bars, scal, LSE, 0, HEAD_DIM, STAGES, ACC, FFMA)
 
 
 @gluon.jit
 def _ws_compute1(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr,
-                 FFMA: gl.constexpr, BLOCK_N: gl.constexpr):
-    if BLOCK_N > BLOCK:
-        _ws_compute_wide(descs, bufs, bars, scal, LSE, 1, HEAD_DIM, STAGES, ACC, FFMA, BLOCK_N)
-    else:
-        _ws_compute(descs, bufs, bars, scal, LSE, 1, HEAD_DIM, STAGES, ACC, FFMA)
+                 FFMA: gl.constexpr):
+    _ws_compute(descs, bufs, bars, scal, LSE, 1, HEAD_DIM, STAGES, ACC, FFMA)
 
 
 @gluon.jit(do_not_specialize=["Sq", "Sk", "H", "GROUP", "mask_lo", "diag", "slb", "slh", "sls"])
-def fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, LSE, Sq, Sk, H, GROUP, qk_scale, mask_lo, diag, slb,
-               slh, sls, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr, LOAD_REGS: gl.constexpr,
-               FFMA: gl.constexpr, BLOCK_N: gl.constexpr, num_warps: gl.constexpr):
+def fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, Sq, Sk, H, GROUP, qk_scale, mask_lo, diag, slb, slh, sls,
+               HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr, LOAD_REGS: gl.constexpr,
+               FFMA: gl.constexpr, num_warps: gl.constexpr):
     """One program per (128-row q tile, batch x head).  ``diag``: causal-like (Sq = Sk, kv tiles up
     to the q tile's own, the diagonal masked by ``mask_lo``: 0 causal, 1 strict); else every kv tile.
     ``ACC``: start from and write back the running float32 (O, lse) instead of a fresh output
-    (``o_desc`` then reads and writes float32 rows).  ``BLOCK_N`` > BLOCK (full blocks only, diag
-    0): kv tiles of BLOCK_N keys, the last one cut at Sk, ``k2_desc`` / ``v2_desc`` loading each
-    tile's last BLOCK_N - BLOCK rows (at BLOCK they are k_desc / v_desc and unused)."""
+    (``o_desc`` then reads and writes float32 rows)."""
     dtype: gl.constexpr = q_desc.dtype
     pid_m = Sq // BLOCK - 1 - gl.program_id(0)  # the longest rows first
     bh = gl.program_id(1)
     b = bh // H
     h = bh % H
-    if BLOCK_N > BLOCK:
-        n_kv = gl.cdiv(Sk, BLOCK_N)
-    else:
-        n_kv = gl.where(diag != 0, pid_m + 1, Sk // BLOCK)
+    n_kv = gl.where(diag != 0, pid_m + 1, Sk // BLOCK)
     q_bufs = gl.allocate_shared_memory(dtype, [2, WG_ROWS, HEAD_DIM], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK, HEAD_DIM], k_desc.layout)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK, HEAD_DIM], v_desc.layout)
-    if BLOCK_N > BLOCK:
-        k2_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N - BLOCK, HEAD_DIM], k2_desc.layout)
-        v2_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N - BLOCK, HEAD_DIM], v2_desc.layout)
-    else:
-        k2_bufs = k_bufs
-        v2_bufs = v_bufs
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -437,11 +274,7 @@ def fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, LSE, Sq, Sk, H,
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     o_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     if ACC:
-        if BLOCK_N > BLOCK:
-            # STAGES x BLOCK x HEAD_DIM in 2 bytes = 2 x 64 x HEAD_DIM in 4 (see _ws_compute_wide)
-            o_bufs = k_bufs._reinterpret(gl.float32, [2, WG_ROWS, HEAD_DIM], o_desc.layout)
-        else:
-            o_bufs = gl.allocate_shared_memory(gl.float32, [2, WG_ROWS, HEAD_DIM], o_desc.layout)
+        o_bufs = gl.allocate_shared_memory(gl.float32, [2, WG_ROWS, HEAD_DIM], o_desc.layout)
     else:
         o_bufs = q_bufs  # the fresh output leaves through q's buffer
     for i in gl.static_range(2):
@@ -452,53 +285,46 @@ def fwd_kernel(q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, LSE, Sq, Sk, H,
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=2)  # both compute warpgroups release a buffer
         mbarrier.init(v_empty.index(i), count=2)
-    descs = (q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc)
-    bufs = (q_bufs, k_bufs, v_bufs, k2_bufs, v2_bufs, o_bufs)
+    descs = (q_desc, k_desc, v_desc, o_desc)
+    bufs = (q_bufs, k_bufs, v_bufs, o_bufs)
     bars = (q_bar, k_ready, k_empty, v_ready, v_empty, o_bar)
     scal = (b * Sq + pid_m * BLOCK, b * Sk, h * HEAD_DIM, (h // GROUP) * HEAD_DIM, n_kv, pid_m * BLOCK, mask_lo,
-            qk_scale, b.to(gl.int64) * slb + h * slh, sls, Sk)
+            qk_scale, b.to(gl.int64) * slb + h * slh, sls)
     gl.warp_specialize([
-        (_ws_compute0, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC, FFMA, BLOCK_N)),
-        (_ws_compute1, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC, FFMA, BLOCK_N)),
-        (_ws_loader, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC, FFMA, BLOCK_N)),
+        (_ws_compute0, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC, FFMA)),
+        (_ws_compute1, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC, FFMA)),
+        (_ws_loader, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC, FFMA)),
     ], [4, 1], [240, LOAD_REGS])
 
 
 BIG = 1 << 30  # "no bound" for mask_lo
 
 
-def _launch(q, k, v, scale, mask_lo, diag, out, lse, acc: bool, block_n: int):
+def _launch(q, k, v, scale, mask_lo, diag, out, lse, acc: bool):
     """``acc``: ``out`` is the running float32 O, read and written in place; else the fresh output
-    in q's dtype.  ``block_n``: the kv tile width of a full block (a diagonal one takes BLOCK)."""
-    if block_n not in BLOCK_NS:
-        raise ValueError(f"kernels/gluon/fwd.py: block_n={block_n}, expected one of {BLOCK_NS}")
+    in q's dtype."""
     B, Sq, H, D = q.shape
-    n = BLOCK.value if diag else block_n
     q_desc, o_desc = (row_desc(x, (WG_ROWS.value, D)) for x in (q, out))
     k_desc, v_desc = (row_desc(x, (BLOCK.value, D)) for x in (k, v))
-    k2_desc, v2_desc = (row_desc(x, (n - BLOCK.value, D)) for x in (k, v)) if n > BLOCK.value else (k_desc, v_desc)
     grid = (Sq // BLOCK.value, B * H)
-    fwd_kernel[grid](q_desc, k_desc, v_desc, k2_desc, v2_desc, o_desc, lse, Sq, k.shape[1], H, H // k.shape[2],
-                     scale * LOG2E.value, mask_lo, int(diag), *lse.stride(), HEAD_DIM=D, STAGES=STAGES[D], ACC=acc,
-                     LOAD_REGS=LOADER_REGS, FFMA=scale > 0, BLOCK_N=n, num_warps=4, maxnreg=WS_MAXNREG)
+    fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, Sq, k.shape[1], H, H // k.shape[2], scale * LOG2E.value,
+                     mask_lo, int(diag), *lse.stride(), HEAD_DIM=D, STAGES=STAGES[D], ACC=acc,
+                     LOAD_REGS=LOADER_REGS, FFMA=scale > 0, num_warps=4, maxnreg=WS_MAXNREG)
 
 
-def forward(q, k, v, scale: float, causal: bool, block_n: int | None = None):
+def forward(q, k, v, scale: float, causal: bool):
     """(out (B, S, H, D) in q's dtype, lse (B, H, S) float32) of softmax(q k^T * scale) v, causal
-    (query i sees keys j <= i) or full; the tensors must pass :func:`supported`.  ``block_n``: the
-    kv tile width of a full block, one of BLOCK_NS (None: FULL_BLOCK_N)."""
+    (query i sees keys j <= i) or full; the tensors must pass :func:`supported`."""
     B, S, H, D = q.shape
     out = torch.empty(B, S, H, D, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, H, S, dtype=torch.float32, device=q.device)
-    _launch(q, k, v, scale, 0 if causal else -BIG, causal, out, lse, False, block_n or FULL_BLOCK_N)
+    _launch(q, k, v, scale, 0 if causal else -BIG, causal, out, lse, acc=False)
     return out, lse
 
 
-def forward_into(q, k, v, scale: float, mask_lo: int | None, out: torch.Tensor, lse: torch.Tensor,
-                 block_n: int | None = None) -> None:
+def forward_into(q, k, v, scale: float, mask_lo: int | None, out: torch.Tensor, lse: torch.Tensor) -> None:
     """Merge this block into the running float32 (out, lse) in place (the ring step).
     ``mask_lo``: None for a full block, 0 causal, 1 strict (query i sees keys j < i); ``out`` is
-    written through a view of its rows (see :func:`supported`), never a copy.  ``block_n``: as in
-    :func:`forward`."""
+    written through a view of its rows (see :func:`supported`), never a copy."""
     diag = mask_lo is not None
-    _launch(q, k, v, scale, mask_lo if diag else -BIG, diag, out, lse, True, block_n or FULL_BLOCK_N)
+    _launch(q, k, v, scale, mask_lo if diag else -BIG, diag, out, lse, acc=True)
