@@ -545,7 +545,46 @@ def block_decode_step(records):
     return "\n".join(table(["launch", "card", "prompt", "step", "ms/token", "bound ms", "× bound", "record"], body))
 
 
+# the FP8 cache's decode steps beside bf16's, each pair one launch: (what, bf16 record, FP8 record)
+FP8_STEPS = (("FP8 tiles widened to bf16, 64-row tiles", "decode_8b_2gpu_128k_kvbf16.json",
+              "decode_8b_2gpu_128k_kvfp8.json"),
+             ("FP8 tiles widened to fp16, 128-row tiles (now)", "decode_8b_2gpu_128k_kvbf16b.json",
+              "decode_8b_2gpu_128k_kvfp8b.json"))
+FP8_KERNELS = (("bf16 cache", "bf16"), ("FP8, to bf16, 64 rows", "fp8 widen=q bn=64 warps=4"),
+               ("FP8, to fp16, 128 rows (now)", "fp8 widen=f16 bn=128 warps=4"))
+
+
+def block_decode_fp8(records):
+    """docs/inference.md: the FP8 KV cache's decode kernel and step beside the bf16 cache's."""
+    name = "decode_fp8_h200.json"
+    rec = record(records, name)
+    got = {(r["capacity"], r["batch"], r["kernel"]): r for r in rec["rows"] if "us" in r}
+    body = []
+    for cap, B in dict.fromkeys((r["capacity"], r["batch"]) for r in rec["rows"]):
+        cells = []
+        for _, k in FP8_KERNELS:
+            r = got.get((cap, B, k))
+            cells.append("—" if r is None else f"{r['us']:.0f}" + (f" ({num(r['out_err'])})" if "out_err" in r else ""))
+        body.append([f"{cap // 1024}K", B] + cells)
+    steps = []
+    for what, b16, f8 in FP8_STEPS:
+        rb, rf = record(records, b16)["rows"][0], record(records, f8)["rows"][0]
+        steps.append([what, ms(rb["decode_s_per_token"]), ms(rf["decode_s_per_token"]), ms(rf["bound_s"]),
+                      f"{rf['ratio_to_bound']:.2f}×", f"{rb['decode_s_per_token'] / rf['decode_s_per_token']:.2f}×",
+                      f"`{b16}`, `{f8}` ({record(records, f8)['commit'][:7]})"])
+    return "\n".join([f"The decode kernel on one layer of llama-3.1-8b's shape (32 q / 8 kv heads, d=128, bf16 queries) "
+                      f"on {device_of(rec).split('× ')[-1]} (`{name}`, commit {rec['commit'][:7]}): µs a call, host "
+                      "launch included (the 32K rows are mostly host time), and in brackets the output's error against "
+                      "float64 over the dequantized cache where checked:", ""]
+                     + table(["slots", "batch"] + [h for h, _ in FP8_KERNELS], body)
+                     + ["", "The whole step, 2 ranks tensor-parallel, 128K prompt, batch 1, CUDA graph (each pair two "
+                            "launches in one device call; the bound is the FP8 cache's bytes):", ""]
+                     + table(["FP8 kernel", "bf16 ms/token", "FP8 ms/token", "FP8 bound ms", "FP8 × bound",
+                              "FP8 speed-up", "records"], steps))
+
+
 SECTIONS = (Section("Decode against the sharded KV cache", r"^decode_", render,
                     "`burstengine bench decode`: first-token latency beside plain SDPA prefill, decode time per "
                     "token beside the HBM-bandwidth bound."),)
-BLOCKS = {"decode-graphs": block_decode_graphs, "decode-ranks": block_decode_ranks, "decode-step": block_decode_step}
+BLOCKS = {"decode-graphs": block_decode_graphs, "decode-ranks": block_decode_ranks, "decode-step": block_decode_step,
+          "decode-fp8": block_decode_fp8}
