@@ -345,6 +345,8 @@ def _profile(args) -> int:
         "tokens_per_s_per_gpu": tokens / wall, "flops_per_token": trainer.flops_per_token,
         "mfu": tokens / wall * trainer.flops_per_token / trainer.peak if trainer.peak else None,
         "peak_mem_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if on_gpu else None,
+        # what the allocator held at its peak (cached blocks too): a retry happens when this meets the card
+        "peak_reserved_gib": torch.cuda.max_memory_reserved(dev) / 2**30 if on_gpu else None,
         **summary,
     }
     if on_gpu:
@@ -415,7 +417,8 @@ def render(rec):
         tail += table(["host op", "seconds", "gaps", "inside"],
                       [[f"`{c['op']}`", fixed(c["s"], 3), str(c["gaps"]), c["inside"]] for c in idle["causes"]])
     if rec.get("allocator"):
-        tail += ["", "The caching allocator in the step: " + ", ".join(
+        held = f" (at most {fixed(rec['peak_reserved_gib'], 1)} GiB held)" if rec.get("peak_reserved_gib") else ""
+        tail += ["", f"The caching allocator in the step{held}: " + ", ".join(
             f"{k[4:].replace('_', ' ')} {v}" for k, v in rec["allocator"].items()) + "."]
     tail.append("")
     return head + table(["category", "seconds", "share of the step"], body) + tail
