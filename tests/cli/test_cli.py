@@ -60,6 +60,7 @@ def test_bench_runs_without_torchrun(bench, tmp_path):
     (["bench", "train", "--set", "grad_accum=2"], "--set grad_accum is not taken"),
     (["bench", "profile", "--set", "batch_size=2", "--set", "seq_len=64"], "--set batch_size, seq_len is not taken"),
     (["bench", "prefill", "--kernel", "nope"], "unknown kernel"),
+    (["bench", "prefill", "--methods", "megatron-v1", "--efficiency"], "--efficiency rates BurstEngine's rows"),
     (["prefill", "--kernel", "nope"], "unknown kernel"),
     (["train", "--set", "attention=torch-cp"], "attention='torch-cp'"),
     (["train", "--set", "kernel=nope"], "unknown kernel"),

@@ -2,6 +2,7 @@
 (random weights, saved to a temporary directory) gives next-token logits and K/V that our
 prefill reproduces with CP = 1, 2, 4 and every layout (fp32), and so does a Gemma3ForCausalLM
 (CP 1, 2, chunked); the HF-checkpoint loader; the `burstengine prefill` command."""
+import dataclasses
 import os
 
 import pytest
@@ -316,6 +317,91 @@ def test_prefill_bench_profiles_one_more_call_at_the_last_length(pool, tmp_path)
 
     plain = pool.run(prefill_cases.bench, argv + ["--name", "plain"], world=2)[0]
     assert not any("profile" in r for r in plain)
+
+
+def test_prefill_bench_rates_burst_rows_against_one_gpu_speeds(pool, tmp_path):
+    """--efficiency: each BurstEngine row that ran (not the peers) holds its FLOPs, the single-GPU
+    speeds measured on rank 0 after the timed calls with the probe's shapes, its ideal time on the
+    ranks at those speeds and ideal ÷ measured, warm and (--cold) first; every rank has rank 0's
+    figures; the record holds them and renders them."""
+    import json
+
+    from burstengine.bench.peers import prefill as pb
+
+    argv = ["--models", "tiny", "--seqs", "64", "--iters", "2", "--warmup", "0", "--out-dir", str(tmp_path),
+            "--methods", "burst,megatron-v1", "--cold", "--efficiency", "--name", "eff"]
+    per_rank = pool.run(prefill_cases.bench, argv, world=2)
+    rows = per_rank[0]
+    assert per_rank[1] == rows  # rank 0's probe, broadcast: the same figures on every rank
+    burst, megatron = rows
+    assert not any(k in megatron for k in ("ideal_s", "parallel_efficiency", "probe")), megatron
+    att, mm = burst["probe"]["attention"], burst["probe"]["matmul"]
+    # the probe: one causal block of S / W = 32 query rows with tiny's 4 q / 2 kv heads of 32, on CPU's
+    # auto kernel; a 256 x 128 @ 128 x 352 matmul; TFLOP/s = their FLOPs (hand-counted) / their time
+    assert (att["rows"], att["heads"], att["kv_heads"], att["head_dim"]) == (32, 4, 2, 32), att
+    assert att["kernel"] == "cpu_flash" and burst["probe"]["device"] == "cpu", burst["probe"]
+    assert att["tflops"] == pytest.approx(2 * 32 ** 2 * 4 * 32 / att["seconds"] / 1e12, rel=1e-12)
+    assert (mm["rows"], mm["dim"], mm["ffn"]) == (256, 128, 352)
+    assert mm["tflops"] == pytest.approx(2 * 256 * 128 * 352 / mm["seconds"] / 1e12, rel=1e-12)
+    assert (burst["attention_tflops"], burst["matmul_tflops"]) == (att["tflops"], mm["tflops"])
+    assert (burst["attention_flops"], burst["dense_flops"]) == pb.prefill_flops(pb.SHAPES["tiny"], 64)
+    ideal = (burst["attention_flops"] / 2 / (burst["attention_tflops"] * 1e12)
+             + burst["dense_flops"] / 2 / (burst["matmul_tflops"] * 1e12))
+    assert burst["ideal_s"] == pytest.approx(ideal, rel=1e-12)
+    assert burst["parallel_efficiency"] == pytest.approx(burst["ideal_s"] / burst["median_s"], rel=1e-12)
+    assert burst["first_parallel_efficiency"] == pytest.approx(burst["ideal_s"] / burst["first_s"], rel=1e-12)
+    rec = json.load(open(tmp_path / "eff.json"))
+    assert rec["rows"] == rows
+    text = "\n".join(pb.render(rec))
+    assert "| parallel efficiency | first call's efficiency |" in text
+    assert f"| {burst['parallel_efficiency']:.1%} | {burst['first_parallel_efficiency']:.1%} |" in text
+
+
+def test_prefill_flops_against_a_hand_count():
+    """A causal prefill's FLOPs: attention 2·S²·heads·head_dim a layer (QKᵀ and PV, 2·d a pair each,
+    over the causal half); 2 per weight of the layers for every token; the final norm and the LM
+    head for the last position only (prefill's logits)."""
+    from burstengine.bench.peers.prefill import prefill_flops
+    from burstengine.model import PRESETS
+
+    # tiny: dim 128, 2 layers, 4 heads / 2 kv heads of 32, ffn 352, vocab 512
+    S = 64
+    attention = 2 * (2 * S * S * 4 * 32)
+    per_layer = 128 * 128 * 2 + 128 * 64 * 2 + 3 * 128 * 352 + 2 * 128  # q, o; k, v; gate, up, down; 2 norms
+    dense = 2 * (2 * per_layer) * S + 2 * (128 + 512 * 128)
+    assert prefill_flops(PRESETS["tiny"], S) == (attention, dense)
+    # a tied LM head is the embedding matrix: the same matmul, the same FLOPs
+    tied = dataclasses.replace(PRESETS["tiny"], tie_embeddings=True)
+    assert prefill_flops(tied, S) == (attention, dense)
+
+
+def test_prefill_bench_efficiency_needs_a_burst_row_and_plain_causal_attention(monkeypatch, capsys):
+    from burstengine.bench.peers import prefill as pb
+    from burstengine.model import PRESETS
+
+    def err(*argv):
+        return pb.validate(pb.build_parser().parse_args(["--models", "tiny", "--seqs", "64", *argv]))
+
+    assert err("--methods", "burst-striped,megatron-v3", "--efficiency") is None
+    assert err("--methods", "megatron-v3,megatron-v1", "--efficiency") == (
+        "--efficiency rates BurstEngine's rows (burst, burst-fp8, burst-<layout>); --methods megatron-v3,megatron-v1 "
+        "has none")
+    assert err("--methods", "megatron-v3") is None
+    monkeypatch.setitem(pb.SHAPES, "tiny", dataclasses.replace(PRESETS["tiny"], window=16))
+    assert "model tiny has a sliding window of 16" in err("--methods", "burst", "--efficiency")
+    assert err("--methods", "burst") is None
+    # the table: a row's efficiency warm / first call, and the probe's speeds and shapes
+    probe = dict(device="NVIDIA H200", dtype="bfloat16", matmul=dict(rows=16384, dim=4096, ffn=14336, tflops=700.0),
+                 attention=dict(kernel="auto: gluon", rows=65536, heads=32, kv_heads=8, head_dim=128, tflops=600.0))
+    rows = [dict(model="8b", method="burst", S=2 ** 20, world=2, dtype="bfloat16", seconds=[10.0], median_s=10.0,
+                 std_s=0.0, first_s=12.5, first_vs_warm=1.25, ideal_s=9.3, parallel_efficiency=0.93,
+                 first_parallel_efficiency=0.744, probe=probe)]
+    pb.print_tables(rows, ["burst"], [2 ** 20])
+    out = capsys.readouterr().out
+    assert "parallel efficiency (ideal ÷ measured, warm / first call) at NVIDIA H200's" in out
+    assert "burst            93.0%/74.4%" in out
+    assert ("matmul 700.0 TF/s (16384 x 4096 @ 4096 x 14336); attention 600.0 TF/s (auto: gluon, causal, 65536 "
+            "rows, 32/8 heads, d 128)") in out
 
 
 def test_prefill_bench_tables_and_longest_fit(capsys):

@@ -28,6 +28,18 @@ holds the call's wall time, the time some kernel ran (the union of their interva
 calling thread's ops), the host gaps (wall minus busy), each kind of kernel's time (the categories of
 ``bench profile``), the --top kernels, and per kind of collective its kernel time and the part
 no computing kernel covers (exposed); rank 0 prints each one's breakdown after the tables.
+With --efficiency each BurstEngine row that ran (``burst``, ``burst-fp8``, ``burst-<layout>``;
+not the peers) is rated against the single-GPU speeds, measured on rank 0's device after every
+method of the model has run (the other ranks wait): ``ideal_s`` = (attention FLOPs / W) / (the
+attention speed) + (dense FLOPs / W) / (the matmul speed) on W ranks, and ``parallel_efficiency``
+= ideal_s / the warm median (``first_parallel_efficiency``: / the first call, with --cold).  The
+FLOPs of a causal prefill of S tokens (:func:`prefill_flops`): attention 2·S²·heads·head_dim per
+layer (QKᵀ and PV over the causal half); dense 2 x the parameters a token's layers touch x S,
+plus the final norm and the LM head once (prefill computes the last position's logits only).
+The attention speed is one causal block of min(S / W, 65536) query rows (the model's q / kv
+heads and head_dim, batch 1) on the local kernel the ring runs, the matmul speed a 16384 x dim @
+dim x ffn matmul (:mod:`..probes.one_gpu`); the row keeps both and their shapes (``probe``).
+Models whose attention is not plain causal (a sliding window) are refused.
 Budget: a 7B prefill of 1M tokens is ~2.9e17 FLOPs, about 2-3 minutes on 4 GPUs per method;
 13B about half as long again.  A method that runs out of memory at some length is not tried at longer
 ones; the summary gives the longest sequence each method fits.  Rank 0 prints the tables and
@@ -50,11 +62,12 @@ from ...inference.engine import peak_bytes, prefill, reset_peak
 from ...inference.models import OurLlama, random_llama
 from ...model import ModelArgs, PRESETS
 from ...timing import median, reduce_max, timed
-from ..harness import RankLog, ranked_bench
+from ..harness import RankLog, attn_flops, ranked_bench
 from ..launch import default_world
+from ..probes.one_gpu import attention_speed, device_label, matmul_speed
 from ..probes.profile import breakdown, category_lines, exposure, profiled
 from ..records import OUT_DIR_HELP, write_record
-from ..tables import Section, gib, med, memory, ms, num, ratio, table
+from ..tables import Section, gib, med, memory, ms, num, rate, ratio, table
 from ..usage import kernel_error
 from . import peer_attention as peers
 from .methods import METHODS as ALL_METHODS, unknown
@@ -100,6 +113,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="after each method's timed calls at the last length, profile one more call there "
                         "(torch.profiler): kernel time by category, host gaps, top kernels, exposed collectives")
     p.add_argument("--top", type=int, default=15, help="kernels a --profile lists [%(default)s]")
+    p.add_argument("--efficiency", action="store_true",
+                   help="rate each BurstEngine row's time against its FLOPs at the single-GPU attention and matmul "
+                        "speeds, measured on rank 0 after the timed calls (ideal_s, parallel_efficiency)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--world", type=int, default=None, help="ranks to spawn without torchrun [one per GPU, else 2]")
     p.add_argument("--name", default=None, help="record name (default prefill_<world><gpu|cpu>)")
@@ -152,6 +168,14 @@ def validate(args) -> str | None:
         return f"--top must be >= 1 (kernels a --profile lists), got {args.top}"
     if args.sdpa is not None and args.sdpa not in ("cudnn", "flash", "math"):
         return f"--sdpa must be one of cudnn, flash, math, got {args.sdpa!r}"
+    if args.efficiency:
+        if not any(ALL_METHODS[m].attention == "burst" for m in methods):
+            return (f"--efficiency rates BurstEngine's rows (burst, burst-fp8, burst-<layout>); "
+                    f"--methods {','.join(methods)} has none")
+        windowed = [m for m in models if SHAPES[m].window]
+        if windowed:
+            return (f"--efficiency counts plain causal attention; model {windowed[0]} has a sliding window of "
+                    f"{SHAPES[windowed[0]].window}")
 
     return kernel_error(args.kernel, "cuda" if torch.cuda.is_available() else "cpu")
 
@@ -234,6 +258,12 @@ def run_rank(args, group=None) -> list[dict]:
     rows = []
     record_name = args.name or f"prefill_{world}{'gpu' if device.type == 'cuda' else 'cpu'}"
     path = None  # the first write picks a free name; later ones rewrite that file
+
+    def save(**more):  # rank 0's record, rewritten after every case: a timeout keeps what was measured
+        nonlocal path
+        path = write_record(record_name, dict(kind="prefill_bench", world=world, args=vars(args), rows=rows, **more),
+                            args.out_dir, path=path)
+
     for name in (m for m in args.models.split(",") if m):
         a = SHAPES[name]
         model = random_llama(a, device, dtype, args.seed)
@@ -319,21 +349,89 @@ def run_rank(args, group=None) -> list[dict]:
                 del box
                 if args.profile and S == seqs[-1]:  # after the timed calls: the profiler slows none
                     _profile_row(row, fn, ctx, device, group, args.top, log)
-                if rank == 0:  # rewritten after every case: a timeout keeps what was measured
-                    path = write_record(record_name, dict(kind="prefill_bench", world=world, args=vars(args),
-                                                          rows=rows), args.out_dir, path=path)
+                if rank == 0:
+                    save()
         del tp, model, ours
         if device.type == "cuda":
             torch.cuda.empty_cache()
+        if args.efficiency:  # after every timed call of the model, its weights freed
+            _rate(rows, name, args, device, dtype, group, log)
+            if rank == 0:
+                save()
     if rank == 0:
         print_tables(rows, methods, seqs)
         print_profiles(rows)
-        path = write_record(record_name, dict(kind="prefill_bench", world=world, args=vars(args), rows=rows,
-                                              longest_fit={f"{m}@{r}": longest_fit(rows, m, r) for m in methods
-                                                           for r in args.models.split(",") if r}),
-                            args.out_dir, path=path)
+        save(longest_fit={f"{m}@{r}": longest_fit(rows, m, r) for m in methods for r in args.models.split(",") if r})
         print(f"wrote {path}")
     return rows
+
+
+# --efficiency's probe shapes by device type: the attention block's query rows at most (fewer where
+# a rank holds fewer, S / W) and the matmul's token rows; a CPU's are small, its figures only test the path
+PROBE_ROWS = {"cuda": (65536, 16384), "cpu": (1024, 256)}
+
+
+def prefill_flops(a: ModelArgs, S: int) -> tuple[float, float]:
+    """(attention, dense) forward FLOPs of a causal prefill of ``S`` tokens (batch 1) of the shape
+    ``a``.  Attention: the causal half of every layer, 2·S²·heads·head_dim (docs/design.md, "FLOP
+    conventions").  Dense: 2 per weight of the layers (projections, MLP, norms) for each of the S
+    tokens, and 2 per weight of the final norm and the LM head for the one position whose logits
+    prefill computes."""
+    attention = a.n_layers * attn_flops(1, S, S, a.n_heads, a.head_dim, 0.5)
+    last = a.dim + a.vocab_size * a.dim  # final norm and LM head (tied or not, the same matmul)
+    layers = a.num_params(embedding=False) - a.dim - (0 if a.tie_embeddings else a.vocab_size * a.dim)
+    return attention, 2.0 * (layers * S + last)
+
+
+def ideal_seconds(row) -> float:
+    """A rated row's time on its ``world`` ranks at the single-GPU speeds, from its own figures."""
+    w = row["world"]
+    return (row["attention_flops"] / w / (row["attention_tflops"] * 1e12)
+            + row["dense_flops"] / w / (row["matmul_tflops"] * 1e12))
+
+
+def _rate(rows, model: str, args, device, dtype, group, log) -> None:
+    """--efficiency: the single-GPU speeds measured on rank 0 (the other ranks wait, then take its
+    figures), and each of ``model``'s BurstEngine rows that ran rated against them (the module's
+    doc); ``efficiency_error`` in those rows where the probe failed."""
+    rated = [r for r in rows if r["model"] == model and ALL_METHODS[r["method"]].attention == "burst"
+             and "seconds" in r]
+    if not rated:  # the same on every rank: the rows agree
+        return
+    a, world = SHAPES[model], rated[0]["world"]
+    most, mm_rows = PROBE_ROWS["cuda" if device.type == "cuda" else "cpu"]
+
+    def key(r):  # the probe a row needs: its local kernel and a rank's query rows
+        return ALL_METHODS[r["method"]].kernel or args.kernel, min(r["S"] // world, most)
+
+    box = [None]
+    if dist.get_rank(group) == 0:
+        try:
+            box[0] = dict(device=device_label(device), matmul=matmul_speed(mm_rows, a.dim, a.ffn_dim, dtype, device),
+                          attention={k: attention_speed(*k, a.n_heads, a.n_kv_heads, a.head_dim, dtype, device,
+                                                        a.softmax_scale) for k in dict.fromkeys(map(key, rated))})
+        except Exception as e:  # noqa: BLE001  (an OOM, a kernel refusing the shape: said in the rows)
+            box[0] = _failure(e, device)
+    dist.broadcast_object_list(box, group=group, group_src=0)
+    probe = box[0]
+    if isinstance(probe, str):
+        for r in rated:
+            r["efficiency_error"] = probe
+        log(f"{model}: the single-GPU probe failed: {probe}")
+        return
+    for r in rated:
+        att, mm = probe["attention"][key(r)], probe["matmul"]
+        r["attention_flops"], r["dense_flops"] = prefill_flops(a, r["S"])
+        r.update(attention_tflops=att["tflops"], matmul_tflops=mm["tflops"],
+                 probe=dict(device=probe["device"], dtype=r["dtype"], attention=att, matmul=mm))
+        r["ideal_s"] = ideal_seconds(r)
+        r["parallel_efficiency"] = r["ideal_s"] / r["median_s"]
+        if "first_s" in r:
+            r["first_parallel_efficiency"] = r["ideal_s"] / r["first_s"]
+        log(f"{model} {r['method']} S={r['S']}: ideal {r['ideal_s']:.4g}s at {att['tflops']:.4g} (attention, "
+            f"{att['kernel']}) / {mm['tflops']:.4g} (matmul) TFLOP/s on {probe['device']}: parallel efficiency "
+            f"{r['parallel_efficiency']:.1%}" + (f", first call {r['first_parallel_efficiency']:.1%}"
+                                                 if "first_s" in r else ""))
 
 
 def _profile_row(row, fn, ctx, device, group, top: int, log) -> None:
@@ -395,6 +493,27 @@ def print_tables(rows, methods, seqs, file=None):
         print(f"peak memory per rank (GiB{', ' + ', '.join(sorted(kinds)) if kinds else ''}):", file=file)
         for m in methods:
             line(m, lambda r: f"{r['peak_bytes'] / 2**30:.2f}" if "peak_bytes" in r else "-")
+        rated = [r for r in rows if r["model"] == model and "ideal_s" in r]
+        if rated:
+            p = rated[0]["probe"]
+            print(f"parallel efficiency (ideal ÷ measured{', warm / first call' if 'first_s' in rated[0] else ''}) "
+                  f"at {p['device']}'s single-device speeds, {p['dtype']}"
+                  + (" (cpu: the path runs, the figures mean nothing)" if p["device"] == "cpu" else "") + ":", file=file)
+            for m in dict.fromkeys(r["method"] for r in rated):
+                line(m, _efficiency_cell)
+            probes = {(r["probe"]["attention"]["kernel"], r["probe"]["attention"]["rows"]): r["probe"] for r in rated}
+            mm = p["matmul"]
+            print(f"  matmul {rate(mm['tflops'] * 1e12)} ({mm['rows']} x {mm['dim']} @ {mm['dim']} x {mm['ffn']}); "
+                  + "; ".join(f"attention {rate(q['tflops'] * 1e12)} ({q['kernel']}, causal, {q['rows']} rows, "
+                              f"{q['heads']}/{q['kv_heads']} heads, d {q['head_dim']})"
+                              for q in (x["attention"] for x in probes.values())), file=file)
+
+
+def _efficiency_cell(r) -> str:
+    if "parallel_efficiency" not in r:
+        return "-"
+    first = r.get("first_parallel_efficiency")
+    return f"{r['parallel_efficiency']:.1%}" + (f"/{first:.1%}" if first is not None else "")
 
 
 def _latency_cell(r) -> str:
@@ -416,18 +535,29 @@ build_parser, main = ranked_bench("prefill", __doc__, add_arguments, _entry, val
 
 # --- docs/results.md ----------------------------------------------------------------------------
 
+def _pct(x) -> str:
+    return "—" if x is None else f"{x:.1%}"
+
+
 def render(rec):
     rows = rec["rows"]
     base = {(r["model"], r["S"]): r for r in rows if r["method"] == "burst"}
     cold = any("first_s" in r for r in rows)
+    rated = any("ideal_s" in r for r in rows)  # --efficiency (older records have none)
     body = [[r["model"], r["method"], r["S"], r["world"], ms(med(r["seconds"])), num(r["S"] / med(r["seconds"]), 4),
              gib(r.get("peak_bytes")), num(r.get("logits_rel_diff_vs_burst")),
              ratio(med(r["seconds"]), med(base[(r["model"], r["S"])]["seconds"])) if (r["model"], r["S"]) in base
              else "—"] + ([ms(r["first_s"]) if "first_s" in r else "—",
                           ratio(r["first_s"], med(r["seconds"])) if "first_s" in r else "—"] if cold else [])
+            + ([ms(r.get("ideal_s")), _pct(r.get("parallel_efficiency"))]
+               + ([_pct(r.get("first_parallel_efficiency"))] if cold else [])
+               + [f"{num(r['attention_tflops'])} / {num(r['matmul_tflops'])} ({r['probe']['device']})"
+                  if "ideal_s" in r else "—"] if rated else [])
             for r in rows if "seconds" in r]
     out = table(["model", "method", "S", "world", "first-token ms", "tokens/s", "peak GiB",
-                 "logits vs burst", "time ÷ burst's"] + (["first call ms", "first ÷ warm"] if cold else []), body)
+                 "logits vs burst", "time ÷ burst's"] + (["first call ms", "first ÷ warm"] if cold else [])
+                + (["ideal ms", "parallel efficiency"] + (["first call's efficiency"] if cold else [])
+                   + ["one GPU's attention / matmul TFLOP/s"] if rated else []), body)
     if rec.get("longest_fit"):
         out += table(["method@model", "longest prompt that fit"], [[k, v] for k, v in rec["longest_fit"].items()])
     return out
