@@ -8,6 +8,8 @@
 #   bash benchmarks/run_2gpu.sh generate    # 25: 8B prefill beside torch-CP and TP, decode with a sharded cache
 #   bash benchmarks/run_2gpu.sh profile     # 35: the 7B step profiled at 128K and 256K
 #   bash benchmarks/run_2gpu.sh profile2    # 35: the same at 128K with the idle time's causes, 3 plans
+#   bash benchmarks/run_2gpu.sh offload-pair  # 35: 7B 128K beside torch-CP, offload on; 41.3: the FP8 cache's check
+#   bash benchmarks/run_2gpu.sh prefill-eff   # 37: prefill's parallel efficiency at 256K / 512K, cold and warm
 #   bash benchmarks/run_2gpu.sh decode      # 37: decode over 2 ranks (CUDA graph with NCCL in it, tensor-parallel
 #                                           #     weights), 8B at 128K / 512K / batch 8; prefill cold and warm
 #   bash benchmarks/run_2gpu.sh decode2     # 37: the decode step after its kernel cuts (packed projections, the
@@ -115,6 +117,13 @@ offload-pair)  # 35: the 7B step at 128K beside torch-CP with activation offload
       --name decode_check_2gpu_kvfp8
   logged b128 90 $BE $D8 --seqs 128K --name decode_8b_2gpu_128k_kvbf16
   logged f128 90 $BE $D8 --seqs 128K --kv-cache fp8 --name decode_8b_2gpu_128k_kvfp8
+  ;;
+prefill-eff)  # 37 item 5 / 38.3: prefill's parallel efficiency (bench prefill --efficiency: rank 0 times the ring's
+  # own causal kernel and a projection matmul on one GPU after the timed calls), cold and warm, beside torch-CP
+  logged eff256 260 $BE prefill --models 8b --seqs 262144 --methods burst,torch-cp --cold --warmup 1 --iters 1 \
+      --efficiency --name prefill_8b_2gpu_256k_eff
+  logged eff512 280 $BE prefill --models 8b --seqs 524288 --methods burst --cold --warmup 1 --iters 1 \
+      --efficiency --name prefill_8b_2gpu_512k_eff
   ;;
 decode)  # issue 37 items 1-3 on 2 GPUs, ~8 min on 2xH200 (the expected time of each step beside it; on 2xH100 the
   # 512K prefill is slower and batch 8 at 128K runs out of memory: its cache alone is 69 GB per rank)
