@@ -124,6 +124,9 @@ def _split_kernel(Q, K, V, KS, VS, VALID, VIS, QPOS, KPOS, PO, PL,
         if FP8:  # the V scales: on P's columns, or (fp16) on V's tile: see the module docstring
             vs = tl.load(vs_base + offs, mask=inb, other=0.0)
             if F16:  # P times the scales over the tile's largest, in [0, 1]: no fp16 underflow to speak of
+                # the largest of the slots that count: a hidden slot's row (any finite values)
+                # must not push the visible ones' P below fp16's range
+                vs = tl.where(ok, vs, 0.0)
                 v_max = tl.max(vs, 0)
                 v_max = tl.where(v_max > 0, v_max, 1.0)
                 vt = vt.to(tl.float16)
