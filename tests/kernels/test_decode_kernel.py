@@ -23,8 +23,8 @@ def results():
 @pytest.mark.parametrize("case", decode_cases.CASE_IDS + [c + "-fp8" + w for c in decode_cases.FP8_IDS
                                                            for w in decode_cases.WIDEN.values()]
                          + [c + "-fp8-small-v" + w for c in decode_cases.FP8_SMALL_V for w in decode_cases.WIDEN.values()]
-                         + [f"{c}-fp8-{n}{w}" for n, c in decode_cases.FP8_HOSTILE.items()
-                            for w in decode_cases.WIDEN.values()])
+                         + [f"{c}-fp8-{n}{decode_cases.WIDEN[w]}" for n, (c, ws) in decode_cases.FP8_HOSTILE.items()
+                            for w in ws])
 def test_decode_kernel_matches_float64(results, case):
     # "-fp8": over an FP8 cache, against the float64 oracle over its dequantized rows; "-small-v":
     # V's rows 1e-3 of K's, whose scales P must not be multiplied by in fp16 (underflow); "-f16":
