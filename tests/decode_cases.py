@@ -31,6 +31,13 @@ FP8_IDS = ["g1-d64-bf16-n7-1", "g4-d128-fp16-n997", "g4-d64-fp32-win", "g4-d128-
 # are ~1e-5, so P times them (not V times them) would sink below fp16's normal range
 WIDEN = {"q": "", "f16": "-f16"}  # decode_attention(widen=) -> the case id's suffix
 FP8_SMALL_V = ["g4-d128-fp16-n997", "g4-d64-fp16-hidden", "g4-d128-bf16-vis-win"]
+# hostile FP8 inputs (case id -> the case they change): hidden slots whose V rows are 1e8 times
+# the visible ones' (they weigh 0, so their values must not matter); half the query heads zero,
+# a whole tile of zero V rows (scales 0) and one more zero row; a query element 3e38 (above 2^127,
+# near bf16's largest) over keys 1e-36 of the rest's: widened to fp16 only (widened to bf16, q
+# times the raw FP8 values, up to 448, passes float32's range before the scales bring it back)
+FP8_HOSTILE = {"hidden-huge-v": ("g8-d64-bf16-vis", tuple(WIDEN)), "zero-q-v": ("g8-d64-bf16-vis", tuple(WIDEN)),
+               "q-near-max": ("g1-d64-bf16-n7-1", ("f16",))}
 WINDOW = 7
 
 
@@ -188,6 +195,27 @@ def main():
                 out, lse = decode_attention(q, k, v, scale, valid, visible, window, qpos, kpos, splits=case[9],
                                             bn=16, k_scale=ks, v_scale=vs, widen=widen)
                 res[case[0] + ("-fp8-small-v" if small_v else "-fp8") + WIDEN[widen]] = _result(case, out, lse, ref)
+    for name, (base, widens) in FP8_HOSTILE.items():
+        case = next(c for c in CASES if c[0] == base)
+        q, k, v, valid, visible, window, qpos, kpos = make(case)
+        v = v.clone()
+        if name == "hidden-huge-v":
+            v[~visible[:, None, :, None].expand_as(v)] *= 1e8
+        elif name == "q-near-max":
+            q[0, 0, 0] = 3e38
+            k = k * 1e-36
+        else:
+            q[:, ::2] = 0
+            v[:, :, 16:32] = 0
+            v[:, :, 3] = 0
+        k, ks, v, vs = quantize_kv(k, v)
+        scale = case[4] ** -0.5
+        ref = oracle(q, dequantize(k, ks, torch.float64), dequantize(v, vs, torch.float64), scale, valid, visible,
+                     window, qpos, kpos)
+        for widen in widens:
+            out, lse = decode_attention(q, k, v, scale, valid, visible, window, qpos, kpos, splits=case[9], bn=16,
+                                        k_scale=ks, v_scale=vs, widen=widen)
+            res[f"{base}-fp8-{name}{WIDEN[widen]}"] = _result(case, out, lse, ref)
     res["plan"] = [list(plan_splits(cap, progs, sms, 64)) for cap, progs, sms in
                    ((131073, 8, 132), (32769, 64, 132), (100, 8, 132), (1, 1, 132), (524289, 8, 132),
                     (4097, 1024, 132))]

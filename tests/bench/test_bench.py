@@ -123,6 +123,39 @@ def test_profile_gap_causes_charge_idle_time_to_the_shortest_host_op():
     assert g["causes"] == [{"op": "(no host op)", "s": 30e-6, "gaps": 1, "inside": ""}], g
 
 
+def test_profile_gap_causes_match_a_moment_by_moment_count():
+    # random profiles on a 1-us grid: each idle microsecond of a gap of >= 10 us goes to the
+    # shortest op over it (lengths all distinct: no ties), on any thread; ops that start before
+    # the window, end after it, overlap on other threads or last 0 us included
+    import random
+
+    from burstengine.bench.probes.profile import gap_causes
+    for seed in range(200):
+        r = random.Random(seed)
+        lengths = r.sample(range(0, 400), r.randint(0, 40))
+        ops = [(f"op{k}", (s := r.randint(-60, 300)), s + n, -1) for k, n in enumerate(lengths)]
+        busy = [((s := r.randint(-20, 320)), s + r.randint(1, 40)) for _ in range(r.randint(0, 15))]
+        want, gap_of = {}, {}
+        t = 0
+        while t < 300:  # the idle stretches of [0, 300]
+            if any(a <= t < b for a, b in busy):
+                t += 1
+                continue
+            e = t
+            while e < 300 and not any(a <= e < b for a, b in busy):
+                e += 1
+            if e - t >= 10:
+                for u in range(t, e):
+                    over = [o for o in ops if o[1] <= u and o[2] >= u + 1]
+                    name = min(over, key=lambda o: o[2] - o[1])[0] if over else "(no host op)"
+                    want[name] = want.get(name, 0) + 1
+                    gap_of.setdefault(name, set()).add(t)
+            t = e
+        g = gap_causes(ops, busy, 0.0, 300.0, top=100)
+        got = {c["op"]: (round(c["s"] * 1e6, 6), c["gaps"]) for c in g["causes"]}
+        assert got == {n: (float(s), len(gap_of[n])) for n, s in want.items()}, (seed, got, want)
+
+
 def test_training_benches_check_at_the_trainers_level(monkeypatch):
     # bench train / bench profile time what `burstengine train` runs: checks at level "once"
     # (BURST_CHECKS when set).  At "full" every layer read the NaN/inf scan back on the host.

@@ -22,11 +22,14 @@ def results():
 
 @pytest.mark.parametrize("case", decode_cases.CASE_IDS + [c + "-fp8" + w for c in decode_cases.FP8_IDS
                                                            for w in decode_cases.WIDEN.values()]
-                         + [c + "-fp8-small-v" + w for c in decode_cases.FP8_SMALL_V for w in decode_cases.WIDEN.values()])
+                         + [c + "-fp8-small-v" + w for c in decode_cases.FP8_SMALL_V for w in decode_cases.WIDEN.values()]
+                         + [f"{c}-fp8-{n}{decode_cases.WIDEN[w]}" for n, (c, ws) in decode_cases.FP8_HOSTILE.items()
+                            for w in ws])
 def test_decode_kernel_matches_float64(results, case):
     # "-fp8": over an FP8 cache, against the float64 oracle over its dequantized rows; "-small-v":
     # V's rows 1e-3 of K's, whose scales P must not be multiplied by in fp16 (underflow); "-f16":
-    # the tiles widened to fp16 (q scaled, P times the V scales over the tile's largest)
+    # the tiles widened to fp16 (q scaled, P times the V scales over the tile's largest);
+    # FP8_HOSTILE: hidden slots with huge V rows, zero queries and zero V rows
     r = results[case]
     assert not r["nan"], "a NaN past the valid slots (or from an empty row) reached the output"
     assert r["out_dtype"] == r["lse_dtype"] == "float32"

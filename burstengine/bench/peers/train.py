@@ -454,9 +454,9 @@ def block_train_3b(records):
 
 
 def block_offload(records):
-    """docs/training.md: the 3B step with offloaded layers in auto's plan beside the default plan
-    (same commit, two launches), where the offloading step waited before the fix, and the probe's
-    plans on six layers."""
+    """docs/training.md: the 3B step with offloaded layers in auto's plan beside the plan without
+    them (the default then; same commit, two launches), where the offloading step waited before
+    the fix, and the probe's plans on six layers."""
     names = ("train_llama-3b_1xh200.json", "train_llama-3b_1xh200_offload.json")
     body = []
     for name in names:
@@ -481,7 +481,8 @@ def block_offload(records):
                      f"{fixed(t['3 sequence + pointwise'], 3)} s")
     first, second = record(records, names[0]), record(records, names[1])
     return "\n".join([f"On {device_of(first)}, BurstEngine's rows of `{names[0]}` (commit {first['commit'][:7]}, the "
-                      "default plan; `bench train --model llama-3b --methods burst,plain --seqs 65536,131072`) and "
+                      "default plan then, offload off; `bench train --model llama-3b --methods burst,plain --seqs "
+                      "65536,131072`) and "
                       f"`{names[1]}` (commit {second['commit'][:7]}, the next launch: the same with `--methods burst "
                       "--set activation_offload=true`):", ""]
                      + table(["record", "tokens", "auto's plan", "s/step", "MFU", "host GiB"], body)

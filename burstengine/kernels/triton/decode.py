@@ -78,8 +78,9 @@ def _split_kernel(Q, K, V, KS, VS, VALID, VIS, QPOS, KPOS, PO, PL,
     if F16:  # FP8 tiles widen to fp16 (see the module docstring): q's rows scaled into [-1, 1] first
         qf = q.to(tl.float32)
         q_max = tl.max(tl.abs(qf), 1)
-        # a power of two: the division is exact, q's bf16 digits survive in fp16
-        q_max = tl.where(q_max > 0, tl.math.exp2(tl.math.ceil(tl.math.log2(q_max))), 1.0)
+        # a power of two: the division is exact, q's bf16 digits survive in fp16; at most 2^127
+        # (2^128 is inf in float32: bf16's largest values would make inf * 0 on the scores)
+        q_max = tl.where(q_max > 0, tl.math.exp2(tl.minimum(tl.math.ceil(tl.math.log2(q_max)), 127.0)), 1.0)
         q = (qf / q_max[:, None]).to(tl.float16)
     k_base = K + b * skb + hk * skh
     v_base = V + b * svb + hk * svh
@@ -124,6 +125,9 @@ def _split_kernel(Q, K, V, KS, VS, VALID, VIS, QPOS, KPOS, PO, PL,
         if FP8:  # the V scales: on P's columns, or (fp16) on V's tile: see the module docstring
             vs = tl.load(vs_base + offs, mask=inb, other=0.0)
             if F16:  # P times the scales over the tile's largest, in [0, 1]: no fp16 underflow to speak of
+                # the largest of the slots that count: a hidden slot's row (any finite values)
+                # must not push the visible ones' P below fp16's range
+                vs = tl.where(ok, vs, 0.0)
                 v_max = tl.max(vs, 0)
                 v_max = tl.where(v_max > 0, v_max, 1.0)
                 vt = vt.to(tl.float16)
