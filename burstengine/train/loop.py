@@ -265,8 +265,11 @@ class Trainer:
         """The host policies checkpoint="auto" may plan: ``full-offload`` (when every layer
         recomputing from a device-held input does not fit: for length) always, ``offload`` (for
         speed) with ``activation_offload``, but not under torch-native CP, whose attention saves
-        DTensors: they stay on the device (model/offload.py), which the plan would not count."""
-        speed = self.cfg.activation_offload and self.cfg.attention != "torch-cp"
+        DTensors: they stay on the device (model/offload.py), which the plan would not count; nor
+        with ``cpu_offload``, whose parameters and states already fill the host budget's memory
+        and the link (the budget does not count them)."""
+        cfg = self.cfg
+        speed = cfg.activation_offload and cfg.attention != "torch-cp" and not cfg.cpu_offload
         return ("full-offload",) + (("offload",) if speed else ())
 
     def offload_budget(self) -> int:

@@ -98,16 +98,18 @@ def test_model_rejects_bad_split():
         Transformer(PRESETS["tiny"], checkpoint="sequence", checkpoint_split=2)
 
 
-@pytest.mark.parametrize("attention, offload, want", [
-    ("burst", True, ("full-offload", "offload")), ("burst", False, ("full-offload",)),
-    ("torch-cp", True, ("full-offload",))])
-def test_host_policies_follow_activation_offload_and_the_attention(attention, offload, want):
+@pytest.mark.parametrize("attention, offload, cpu_offload, want", [
+    ("burst", True, False, ("full-offload", "offload")), ("burst", False, False, ("full-offload",)),
+    ("torch-cp", True, False, ("full-offload",)), ("burst", True, True, ("full-offload",))])
+def test_host_policies_follow_activation_offload_and_the_attention(attention, offload, cpu_offload, want):
     # on by default; torch-native CP's attention saves DTensors that stay on the device, so its
-    # layers are never planned "offload" (the plan would count memory it does not free)
+    # layers are never planned "offload" (the plan would count memory it does not free); nor with
+    # the parameters and states on the host (cpu_offload), which the host budget does not count
     from types import SimpleNamespace
 
     from burstengine.train.loop import Trainer
 
     assert load("tiny", []).activation_offload is True
-    cfg = load("tiny", [f"attention={attention}", f"activation_offload={str(offload).lower()}"])
+    cfg = load("tiny", [f"attention={attention}", f"activation_offload={str(offload).lower()}",
+                        f"cpu_offload={str(cpu_offload).lower()}"])
     assert Trainer.host_policies(SimpleNamespace(cfg=cfg)) == want

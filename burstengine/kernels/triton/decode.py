@@ -183,7 +183,7 @@ def _sm_count(index: int) -> int:
 def block_n(head_dim: int, fp8: bool = False) -> int:
     """Cache rows per tile: two (BLOCK_N, D) tiles of K and V in flight fit shared memory; an FP8
     cache's tiles twice as many rows of half the bytes (the fastest of 64 / 128 rows and 4 / 8
-    warps at 32K-512K slots on H200: decode_fp8.json)."""
+    warps at 32K-512K slots on H200: decode_fp8_h200.json)."""
     return (64 if head_dim <= 128 else 32) * (2 if fp8 else 1)
 
 
@@ -207,7 +207,7 @@ def plan_splits(capacity: int, programs: int, sms: int, bn: int) -> tuple[int, i
 
 
 WIDEN = ("q", "f16")
-# fp16: faster than widening to bf16 at every size timed (decode_fp8.json, H200) and 8x closer to
+# fp16: faster than widening to bf16 at every size timed (decode_fp8_h200.json, H200) and 8x closer to
 # float64 (P rounded to fp16, not bf16)
 WIDEN_DEFAULT = "f16"
 
