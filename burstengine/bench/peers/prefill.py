@@ -65,7 +65,7 @@ from ...timing import median, reduce_max, timed
 from ..harness import RankLog, attn_flops, ranked_bench
 from ..launch import default_world
 from ..probes.one_gpu import attention_speed, device_label, matmul_speed
-from ..probes.profile import breakdown, category_lines, exposure, profiled
+from ..probes.profile import breakdown, category_lines, exposure, idle_causes, idle_lines, profiled
 from ..records import OUT_DIR_HELP, write_record
 from ..tables import Section, gib, med, memory, ms, num, rate, ratio, table
 from ..usage import kernel_error
@@ -442,8 +442,11 @@ def _profile_row(row, fn, ctx, device, group, top: int, log) -> None:
     try:
         with ctx() if ctx else contextlib.nullcontext():
             prof, wall = profiled(fn, device, group)
-        summary, acts = breakdown(prof, wall, device.type == "cuda", top)
-        prof = dict(wall_s=wall, **summary, collectives_s=exposure(acts, COLLECTIVES))
+        on_gpu = device.type == "cuda"
+        summary, acts = breakdown(prof, wall, on_gpu, top)
+        # the GPU's idle time by the host op running then (a first call's plan builds, compiles, allocations)
+        idle = {"idle": idle_causes(prof, acts)} if on_gpu else {}
+        prof = dict(wall_s=wall, **summary, collectives_s=exposure(acts, COLLECTIVES), **idle)
     except Exception as e:  # noqa: BLE001  (an OOM under the profiler: the timed figures stand)
         err = _failure(e, device)
     err = _agreed(err, device, group)
@@ -470,6 +473,8 @@ def print_profiles(rows, file=None) -> None:
         print("\n".join(category_lines(p, p["wall_s"], "call")), file=file)
         print("collectives: " + "; ".join(f"{kind} {c['kernel_s']:.3f} s of kernels, {c['exposed_s']:.3f} s exposed"
                                           for kind, c in p["collectives_s"].items()), file=file)
+        if p.get("idle"):
+            print("\n".join(idle_lines(p)), file=file)
 
 
 def print_tables(rows, methods, seqs, file=None):
