@@ -34,7 +34,7 @@ from ...timing import sync
 from ...train import Trainer, load
 from ..harness import ranked_bench, step_check_level, step_overrides_refused
 from ..records import OUT_DIR_HELP, write_record
-from ..tables import Section, fixed, table
+from ..tables import Section, device_of, fixed, record, table
 
 # first match wins; names are lower-cased kernel names
 CATEGORIES = (
@@ -445,3 +445,30 @@ def render(rec):
 
 SECTIONS = (Section("Where a training step's time goes", r"^profile_", render,
                     "`burstengine bench profile`: one step under torch.profiler, kernel time by category."),)
+
+
+# docs/training.md: the 7B step at 128K on 2 GPUs under three plans, one device call (what idles it)
+IDLE_RUNS = (("the default plan then (offload off)", "profile_7b_2gpu_131072_idle.json"),
+             ("activation offload on", "profile_7b_2gpu_131072_offload.json"),
+             ("7 GiB less activation memory planned", "profile_7b_2gpu_131072_budget66.json"))
+
+
+def block_profile_idle(records):
+    body = []
+    for what, name in IDLE_RUNS:
+        rec = record(records, name)
+        idle, top = rec["idle"], rec["idle"]["causes"][0]
+        moved = rec.get("transfers_s", {})
+        body.append([what, fixed(rec["step_wall_s"], 2), f"{100 * rec['mfu']:.1f}%", fixed(idle["gaps_s"], 2),
+                     f"{fixed(top['s'], 2)} in `{top['op']}` ({top['inside'].split(' < ')[1] if ' < ' in top['inside'] else ''})",
+                     str(rec["allocator"]["num_alloc_retries"]), fixed(rec["collectives_s"]["ring"]["exposed_s"], 2),
+                     f"{fixed(moved.get('dtoh', 0.0), 2)} / {fixed(rec.get('transfer_only_s', 0.0), 3)}",
+                     fixed(rec["peak_mem_gib"], 1), f"`{name}` ({str(rec['commit'])[:7]})"])
+    return "\n".join(["`bench profile --model llama-7b --seq 131072` over 2 ranks, one step profiled after one warm-up, "
+                      f"on {device_of(record(records, IDLE_RUNS[0][1]))}:", ""]
+                     + table(["plan", "s/step", "MFU", "GPU idle s", "largest idle cause s", "allocator retries",
+                              "ring exposed s", "to host s / of it exposed", "peak GiB", "record"], body))
+
+
+BLOCKS = {"profile-idle": block_profile_idle}
+
