@@ -45,6 +45,7 @@ from ...timing import median
 from ...train import Trainer, load
 from ...train.metrics import peak_memory_gib
 from ..harness import ranked_bench, step_check_level, step_overrides_refused
+from ..probes.profile import allocator_counts
 from ..records import OUT_DIR_HELP, write_record
 from ..tables import Section, device_of, fixed, med, num, ratio, record, table
 from . import ablation
@@ -136,7 +137,7 @@ def _run_case(model, method, seq, args, config, row) -> dict:
         for step in range(args.warmup + args.steps):
             if step == args.warmup and dev.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(dev)
-                stats0 = torch.cuda.memory_stats(dev)
+                stats0 = allocator_counts(dev)
             batch = trainer.batch(step)
             _sync(dev)
             dist.barrier()
@@ -164,9 +165,7 @@ def _run_case(model, method, seq, args, config, row) -> dict:
                    mfu=tgs * trainer.flops_per_token / peak if peak else None, peak_mem_gib=mem.item(),
                    first_loss=first_loss, flops_per_token=trainer.flops_per_token)
         if stats0:  # the caching allocator over the timed steps: retries free its cache (a device-wide stall)
-            stats = torch.cuda.memory_stats(dev)
-            row["allocator"] = {k: stats.get(k, 0) - stats0.get(k, 0)
-                                for k in ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams")}
+            row["allocator"] = {k: v - stats0[k] for k, v in allocator_counts(dev).items()}
         plan = getattr(trainer.model, "checkpoint_plan", None)
         if plan:  # checkpoint="auto": how many layers took each policy, and the host memory offloading took
             row["checkpoint_plan"] = {p: plan.count(p) for p in dict.fromkeys(plan)}

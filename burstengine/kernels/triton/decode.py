@@ -30,11 +30,12 @@ range in bf16.  Not in fp16: V's scales are its rows' largest magnitudes over 44
 of ~1e-3, and P times them sank below fp16's normal range (a 1% error there, 13% for rows of
 ~1e-4: tests/decode_cases.py's small-V cases), so under fp16 queries the scales multiply V's tile
 instead, in float32 before the cast (``V_TILE``): P·V reads the values an fp16 cache would hold.
-``widen="f16"`` takes another road under bf16 / fp16 queries: FP8 widens to fp16 in one
-instruction per pair on Hopper, to bf16 in several, so the tiles go to fp16, q's rows are scaled
-into [-1, 1] first by a power of two (its largest magnitude rounded up; back on the scores after:
-fp16 holds q's bf16 digits exactly there and cannot overflow), and P's columns take the V scales over the tile's largest (in [0, 1]: the
-fp16 underflow above cannot happen), that largest back on P·V.
+``widen="f16"`` (the default) takes another road under bf16 / fp16 queries: FP8 widens to fp16
+in one instruction per pair on Hopper, to bf16 in several, so the tiles go to fp16, q's rows are
+scaled into [-1, 1] first by a power of two (its largest magnitude rounded up; back on the scores
+after: fp16 holds q's bf16 digits exactly there and cannot overflow), and P's columns take the V
+scales over the largest of the tile's visible slots (in [0, 1]: the fp16 underflow above cannot
+happen), that largest back on P·V.
 
 Triton is imported with this module: callers import it only when a kernel runs.
 """
@@ -284,7 +285,6 @@ def decode_attention(q, k, v, scale: float, valid, visible=None, window: int | N
         H, Hkv, G, chunk, int(window) if has_win else 0, float(scale) * LOG2E,
         HEAD_DIM=D, G_BLOCK=max(16, _pow2(G)), BLOCK_N=bn, HAS_VIS=vis is not None, HAS_WINDOW=has_win,
         IEEE=q.dtype == torch.float32, FP8=fp8, V_TILE=fp8 and q.dtype == torch.float16 and not f16, F16=f16,
-        num_warps=warps,
-        num_stages=stages)
+        num_warps=warps, num_stages=stages)
     _reduce_kernel[(B * H,)](po, pl, out, lse, splits, HEAD_DIM=D, SPLIT_BLOCK=max(2, _pow2(splits)), num_warps=4)
     return out, lse
