@@ -57,6 +57,11 @@
 #                                        #   tokens/s at 128K with each option on beside off (3B preset)
 #   bash benchmarks/run_4gpu.sh h200c    # 38.3 / 41.3 8B decode over 4 ranks against a 1M cache kept in FP8 (the
 #                                        #   bf16 row is h200b's), then 128K bf16 vs FP8 in one call
+#   bash benchmarks/run_4gpu.sh h200d    # 38.3 8B decode over 4 ranks against a 1M cache (h200b's first row: the
+#                                        #   capture made robust at stop 50); 38.1 llama-8b at 128K beside torch-CP
+#                                        #   with activation offload on by default (stop 51)
+#   bash benchmarks/run_4gpu.sh h200e    # 38.1 llama-8b at 256K beside torch-CP on 141 GB cards (a warm-up step
+#                                        #   each), then the paper's Table 5 CP 1 / CP 2 rows on H200
 #   bash benchmarks/run_4gpu.sh longest  # 38.6 train_step again (the backstop armed before the GIL is let go);
 #                                        #   38.1 torch-CP at 256K with its fallback plans; 38.7 the longest
 #                                        #   attention fwd+bwd (8B heads 32/8)
@@ -320,6 +325,18 @@ h200c)
   logged f1m 330 $BE $D8 --seqs 1M --kv-cache fp8 --name decode_8b_4gpu_1m_kvfp8
   logged b128 90 $BE $D8 --seqs 128K --name decode_8b_4gpu_128k_kvbf16
   logged f128 90 $BE $D8 --seqs 128K --kv-cache fp8 --name decode_8b_4gpu_128k_kvfp8
+  ;;
+h200d)
+  logged m1 300 $BE decode --model llama-3.1-8b --tokens 8 --warmup 2 --sliced --eager-max 1 --batches 1 \
+      --seqs 1M --name decode_8b_4gpu_1m_cuts
+  logged t128 300 $BE train --model llama-8b --methods burst,torch-cp --seqs 131072 --steps 2 --warmup 1 \
+      --name train_llama-8b_4gpu_128k_offload
+  ;;
+h200e)
+  logged t256 440 $BE train --model llama-8b --methods burst,torch-cp --seqs 262144 --steps 1 --warmup 1 \
+      --fallback full,full-offload --name train_llama-8b_4gpu_256k_h200
+  logged cp1 90 $BE train --model llama-8b --methods burst --seqs 32768 --steps 2 --warmup 1 --set cp=1 \
+      --name table5_llama-8b_4gpu_cp1_h200
   ;;
 longest)
   faults4 70 45 faults_4gpu_nccl_train_step2 train_step
