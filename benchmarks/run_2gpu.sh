@@ -10,6 +10,8 @@
 #   bash benchmarks/run_2gpu.sh profile2    # 35: the same at 128K with the idle time's causes, 3 plans
 #   bash benchmarks/run_2gpu.sh offload-pair  # 35: 7B 128K beside torch-CP, offload on; 41.3: the FP8 cache's check
 #   bash benchmarks/run_2gpu.sh prefill-eff   # 37: prefill's parallel efficiency at 256K / 512K, cold and warm
+#   bash benchmarks/run_2gpu.sh look        # 37: where the 128K decode step's 2.7 ms over its bound go (profile of
+#                                           #     the graphed tensor-parallel step), then prefill-eff's 256K / 512K
 #   bash benchmarks/run_2gpu.sh decode      # 37: decode over 2 ranks (CUDA graph with NCCL in it, tensor-parallel
 #                                           #     weights), 8B at 128K / 512K / batch 8; prefill cold and warm
 #   bash benchmarks/run_2gpu.sh decode2     # 37: the decode step after its kernel cuts (packed projections, the
@@ -123,6 +125,14 @@ prefill-eff)  # 37 item 5 / 38.3: prefill's parallel efficiency (bench prefill -
   logged eff256 260 $BE prefill --models 8b --seqs 262144 --methods burst,torch-cp --cold --warmup 1 --iters 1 \
       --efficiency --name prefill_8b_2gpu_256k_eff
   logged eff512 280 $BE prefill --models 8b --seqs 524288 --methods burst --cold --warmup 1 --iters 1 \
+      --efficiency --name prefill_8b_2gpu_512k_eff
+  ;;
+look)
+  logged prof128 130 $BE decode --model llama-3.1-8b --seqs 128K --batches 1 --tokens 8 --warmup 2 --sliced \
+      --eager-max 1 --profile 8 --name decode_8b_2gpu_128k_profile2
+  logged eff256 240 $BE prefill --models 8b --seqs 262144 --methods burst,torch-cp --cold --warmup 1 --iters 1 \
+      --efficiency --name prefill_8b_2gpu_256k_eff
+  logged eff512 240 $BE prefill --models 8b --seqs 524288 --methods burst --cold --warmup 1 --iters 1 \
       --efficiency --name prefill_8b_2gpu_512k_eff
   ;;
 decode)  # issue 37 items 1-3 on 2 GPUs, ~8 min on 2xH200 (the expected time of each step beside it; on 2xH100 the
