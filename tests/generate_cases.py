@@ -77,6 +77,17 @@ def run_generate(group, path, lengths, max_new, seed=0, layout="zigzag", **sampl
     return out.tokens, out.shard_lengths
 
 
+def run_generate_stream(group, path, lengths, max_new, eos):
+    """Greedy tokens with stop tokens, and what generation reported on the way: the on_tokens
+    calls, the shard lengths per step and the number of timed steps."""
+    from burstengine.inference import Sampling, generate
+
+    calls = []
+    out = generate(_model(path), prompts(lengths), max_new, Sampling(eos=eos), group=group,
+                   on_tokens=lambda i, tok, done: calls.append((i, tok, done)))
+    return out.tokens, out.shard_lengths, calls, len(out.timings["decode_step_s"])
+
+
 def run_generate_logits(group, path, lengths, max_new, seed=0, prefill=False, **kw):
     """Our greedy tokens and, on rank 0, every decode step's (B, steps, vocab) logits (None
     elsewhere); with ``prefill``, the prefill's first.  ``kw``: generate's options (kv_dtype)."""

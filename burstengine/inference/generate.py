@@ -18,7 +18,10 @@ the projections and of the LM head (:mod:`burstengine.model.tensor_parallel`), s
 1/W of the weights on each of W ranks.  Attention is sharded either way: each rank attends to
 its own slots and one all-gather per layer merges the partials exactly.  The step's K/V are
 written on one rank (the shortest shard).  Rank 0 chooses the tokens and broadcasts them (B
-ints), so every rank continues with the same tokens.
+ints), so every rank continues with the same tokens.  Greedy tokens are chosen, broadcast and fed
+to the next step on the device; the host reads them a step late, while the GPU runs the step
+they feed (the host is out of the loop: nothing waits for it between steps).  Sampling draws
+on the host (float64, a seeded CPU generator), so each sampled step waits for its logits.
 
 The step has static shapes and reads its per-step state from device tensors (:mod:`.step`), so
 with ``graphs`` on (by default on CUDA, any number of ranks) it is captured once in a CUDA graph
@@ -163,32 +166,57 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
         on_tokens(0, tok.tolist(), list(done))
     step = DecodeStep(model, cache, B, group, rank, tensor_parallel=sliced)
     step_s, capture_s = [], 0.0
+    # greedy decoding keeps the host out of the loop: a step's tokens are chosen and broadcast on
+    # the device and fed to the next step there; the host reads them one step late, while the GPU
+    # runs the step they feed, so the GPU never waits for the host (a step in flight when every
+    # sequence has stopped is dropped unseen).  Sampling draws on the host: its step waits.
+    reader = _TokenReader(B, dev) if sampling.greedy else None
+    fed = tok                                  # the tokens the next step feeds (host, or the device's)
+    t_last = time.perf_counter()               # when the last step's tokens reached the host
+
+    def accept(i, new, lengths):
+        nonlocal t_last
+        if all(done):  # a step launched before the host saw that every sequence had stopped
+            return
+        for b, t in enumerate(new):
+            if not done[b]:
+                out[b].append(t)
+                done[b] = t in eos
+        history.append(lengths)
+        now = time.perf_counter()
+        step_s.append(now - t_last)
+        t_last = now
+        if on_tokens:
+            on_tokens(i, list(new), list(done))
+
+    pending = None  # (step, its tokens' read, the shard lengths after it): read one step late
     for i in range(1, max_new_tokens):
         if all(done):
             break
-        t0 = time.perf_counter()
         owner = next_owner(cache.lengths)
-        step.load(tok, [L[b] + i - 1 for b in range(B)], owner)  # the token we feed, at its position
+        step.load(fed, [L[b] + i - 1 for b in range(B)], owner)  # the token we feed, at its position
         if graphed and step.graph is None:  # the first step: capture it (not counted as a step's time)
+            t0 = time.perf_counter()
             graphed = _capture(step, graphs, world, group, dev)
             sync()
-            capture_s = time.perf_counter() - t0
-            t0 += capture_s
+            t_last += time.perf_counter() - t0
         with torch.profiler.record_function(STEP_LABEL):  # what bench decode --profile reads
             logits = step.launch()
         if on_logits and rank == 0:
             on_logits(i, logits)
         cache.advance(owner)
-        history.append(list(cache.lengths))
-        tok = _choose(logits, B, sampling, gen, rank, world, group, dev)
-        for b, t in enumerate(tok.tolist()):
-            if not done[b]:
-                out[b].append(t)
-                done[b] = t in eos
-        sync()
-        step_s.append(time.perf_counter() - t0)
-        if on_tokens:
-            on_tokens(i, tok.tolist(), list(done))
+        if reader is None:
+            fed = _choose(logits, B, sampling, gen, rank, world, group, dev)
+            sync()
+            accept(i, fed.tolist(), list(cache.lengths))
+            continue
+        fed = _choose_on_device(logits, B, rank, world, group, dev)
+        read = reader.start(fed)
+        if pending is not None:
+            accept(pending[0], pending[1].tokens(), pending[2])
+        pending = (i, read, list(cache.lengths))
+    if pending is not None:
+        accept(pending[0], pending[1].tokens(), pending[2])
     del step  # the graph and its memory pool go now, before the cache they point into
     timings = dict(prefill_s=t_prefill, decode_step_s=step_s, total_s=time.perf_counter() - t_start,
                    prompt_lengths=L, padded_length=S, world=world, graphs=graphed, graph_capture_s=capture_s,
@@ -248,6 +276,47 @@ def _choose(logits, B, sampling, gen, rank, world, group, dev):
     src = dist.get_global_rank(group, 0) if group is not None else 0
     dist.broadcast(buf, src=src, group=group)
     return buf.cpu()
+
+
+def _choose_on_device(logits, B, rank, world, group, dev) -> torch.Tensor:
+    """Greedy: rank 0's (B,) highest-logit tokens, on the device of every rank; no host read."""
+    if rank == 0:
+        buf = logits.detach().argmax(-1)
+    else:
+        buf = torch.empty(B, dtype=torch.int64, device=dev)
+    if world > 1:
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        dist.broadcast(buf, src=src, group=group)
+    return buf
+
+
+class _TokenReader:
+    """Copies of a step's (B,) device tokens to the host, in stream order and without waiting:
+    two pinned buffers, used in turn (a buffer is read before the step after next refills it)."""
+
+    def __init__(self, B: int, dev):
+        cuda = dev.type == "cuda"
+        self.bufs = [torch.empty(B, dtype=torch.int64, pin_memory=cuda) for _ in range(2)]
+        self.events = [torch.cuda.Event() if cuda else None for _ in range(2)]
+        self.turn = 0
+
+    def start(self, tokens: torch.Tensor) -> "_Read":
+        k, self.turn = self.turn, 1 - self.turn
+        self.bufs[k].copy_(tokens, non_blocking=self.events[k] is not None)
+        if self.events[k] is not None:
+            self.events[k].record()
+        return _Read(self.bufs[k], self.events[k])
+
+
+class _Read:
+    def __init__(self, buf, event):
+        self.buf, self.event = buf, event
+
+    def tokens(self) -> list[int]:
+        """The step's tokens, once the GPU has run it (the only wait in the greedy loop)."""
+        if self.event is not None:
+            self.event.synchronize()
+        return self.buf.tolist()
 
 
 def _sync_fn(dev):

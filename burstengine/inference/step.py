@@ -135,18 +135,23 @@ class DecodeStep:
                         device=self.device)
 
     def load(self, tokens: torch.Tensor, positions: list[int], owner: int) -> None:
-        """The step's state into the device buffers (outside any graph)."""
+        """The step's state into the device buffers (outside any graph).  ``tokens`` (B,) int64
+        on the host, or on the step's device (the last step's choice, which then never visits
+        the host: one device copy after the state's, in stream order)."""
         B, c = self.B, self.cache
+        on_device = tokens.device.type != "cpu"
         if self._copied is not None:
             self._copied.synchronize()  # the last step's copy has left the pinned buffer
         h = self.host.numpy()
-        h[:B] = tokens.numpy()
+        h[:B] = 0 if on_device else tokens.numpy()
         h[B:2 * B] = positions
         h[2 * B:3 * B] = c.valid(owner)
         h[3 * B] = c.slot(owner)
         self.state.copy_(self.host, non_blocking=self._copied is not None)
         if self._copied is not None:
             self._copied.record(torch.cuda.current_stream(self.device))
+        if on_device:
+            self.tok.copy_(tokens)
         if self.follows_length:  # the frequencies follow the length (what the eager rope reads)
             self.inv.copy_(self._inv(max(positions) + 1)[0])
 

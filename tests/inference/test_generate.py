@@ -120,6 +120,42 @@ def test_stop_tokens_end_one_sequence(pool, model_dirs):
     assert tokens == [want[0][:3], want[1]]
 
 
+@pytest.mark.parametrize("world", [1, 2])
+def test_greedy_loop_reads_tokens_late_and_stops_where_the_tokens_say(pool, model_dirs, world):
+    """Greedy decoding feeds each step's tokens to the next on the device and reads them a step
+    late: when every sequence has stopped, the step already launched is dropped unseen (no
+    tokens, no on_tokens call, no shard lengths, no timing), and each step's call comes once, in
+    order, with the tokens transformers chooses."""
+    path = model_dirs["qwen2"]
+    want = hf_greedy(path, LENGTHS, NEW)
+    # both sequences stop at step 3 (their 4th token); a stop token that came earlier would end them sooner
+    eos = (want[0][3], want[1][3])
+    assert not set(eos) & set(want[0][:3] + want[1][:3])
+    for tokens, history, calls, timed in pool.run(gc.run_generate_stream, path, LENGTHS, NEW, eos, world=world):
+        assert tokens == [w[:4] for w in want]
+        assert [c[0] for c in calls] == [0, 1, 2, 3]
+        assert [c[1] for c in calls] == [[want[0][i], want[1][i]] for i in range(4)]
+        assert calls[-1][2] == [True, True] and calls[-2][2] == [False, False]
+        assert len(history) == 4 and timed == 3
+        assert sum(history[-1]) - sum(history[0]) == 3  # the dropped step's append is not reported
+
+
+def test_greedy_steps_do_not_choose_on_the_host(model_dirs, monkeypatch):
+    """The greedy loop never takes the host path (choose -> .cpu() -> broadcast) after the prefill:
+    its tokens stay on the device between steps.  Sampling does take it."""
+    import importlib
+
+    g = importlib.import_module("burstengine.inference.generate")  # the module (the package exports the function)
+    calls = []
+    real = g._choose
+    monkeypatch.setattr(g, "_choose", lambda *a: calls.append(1) or real(*a))
+    model = gc._model(model_dirs["llama"])
+    assert g.generate(model, gc.prompts((37,)), 5).tokens == hf_greedy(model_dirs["llama"], (37,), 5)
+    assert len(calls) == 1  # the prefill's token
+    g.generate(model, gc.prompts((37,)), 5, Sampling(temperature=1.0))
+    assert len(calls) == 1 + 5
+
+
 @pytest.mark.parametrize("layout", ["zigzag", "striped"])
 def test_prefill_pads_a_prompt_of_any_length(pool, model_dirs, layout):
     # 61 tokens on 4 ranks: padded to 64 (zigzag) / 64 (striped); the logits are those of token 60
