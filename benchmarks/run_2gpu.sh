@@ -12,6 +12,8 @@
 #   bash benchmarks/run_2gpu.sh prefill-eff   # 37: prefill's parallel efficiency at 256K / 512K, cold and warm
 #   bash benchmarks/run_2gpu.sh look        # 37: where the 128K decode step's 2.7 ms over its bound go (profile of
 #                                           #     the graphed tensor-parallel step), then prefill-eff's 256K / 512K
+#   bash benchmarks/run_2gpu.sh hostfree    # 37: greedy decode with the host out of the loop beside the tree before
+#                                           #     ($OLD), 128K and 512K; the 256K prefill profiled (its last 6%)
 #   bash benchmarks/run_2gpu.sh decode      # 37: decode over 2 ranks (CUDA graph with NCCL in it, tensor-parallel
 #                                           #     weights), 8B at 128K / 512K / batch 8; prefill cold and warm
 #   bash benchmarks/run_2gpu.sh decode2     # 37: the decode step after its kernel cuts (packed projections, the
@@ -134,6 +136,18 @@ look)
       --efficiency --name prefill_8b_2gpu_256k_eff
   logged eff512 240 $BE prefill --models 8b --seqs 524288 --methods burst --cold --warmup 1 --iters 1 \
       --efficiency --name prefill_8b_2gpu_512k_eff
+  ;;
+hostfree)
+  D8="decode --model llama-3.1-8b --batches 1 --tokens 16 --warmup 4 --sliced --eager-max 1"
+  old() {  # python -m puts the working directory first on the path: run from the old tree
+    (cd "$OLD" && BURST_COMMIT=${OLD_COMMIT:-} PYTHONPATH=$PWD logged "$@")
+  }
+  logged new128 80 $BE $D8 --seqs 128K --name decode_8b_2gpu_128k_hostfree
+  old old128 80 $BE $D8 --seqs 128K --name decode_8b_2gpu_128k_hostfree_before
+  logged new512 110 $BE $D8 --seqs 512K --name decode_8b_2gpu_512k_hostfree
+  old old512 110 $BE $D8 --seqs 512K --name decode_8b_2gpu_512k_hostfree_before
+  logged pre256 150 $BE prefill --models 8b --seqs 262144 --methods burst --warmup 1 --iters 1 --profile \
+      --name prefill_8b_2gpu_256k_profile
   ;;
 decode)  # issue 37 items 1-3 on 2 GPUs, ~8 min on 2xH200 (the expected time of each step beside it; on 2xH100 the
   # 512K prefill is slower and batch 8 at 128K runs out of memory: its cache alone is 69 GB per rank)
