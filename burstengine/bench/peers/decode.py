@@ -492,7 +492,8 @@ def block_decode_graphs(records):
 RANK_RUNS = ("decode_8b_2gpu_128k.json", "decode_8b_2gpu_512k.json", "decode_8b_2gpu_128k_b8.json",
              "decode_8b_2gpu_128k_tiles.json", "decode_8b_2gpu_512k_tiles.json", "decode_8b_2gpu_1m_raw.json",
              "decode_8b_2gpu_128k_b8_cuts.json", "decode_8b_4gpu_128k.json", "decode_8b_4gpu_1m.json",
-             "decode_8b_4gpu_128k_cuts.json", "decode_8b_4gpu_128k_b8_cuts.json")
+             "decode_8b_4gpu_128k_cuts.json", "decode_8b_4gpu_128k_b8_cuts.json", "decode_8b_2gpu_128k_hostfree.json",
+             "decode_8b_2gpu_512k_hostfree.json")
 # the decode step's kernel cuts (packed projections, compiled merge and gather, the GEMV kernel):
 # (launch, what ran, record); each launch times the step before and after them on the same machine
 STEP_RUNS = (("1 GPU", "before (93b8049)", "decode_8b_1gpu_128k_before.json"),
@@ -507,7 +508,11 @@ STEP_RUNS = (("1 GPU", "before (93b8049)", "decode_8b_1gpu_128k_before.json"),
              ("2 ranks, call 2", "after, GEMV kernel (swept tiles)", "decode_8b_2gpu_512k_tiles.json"),
              ("2 ranks, call 3", "before (93b8049)", "decode_8b_2gpu_128k_before2.json"),
              ("2 ranks, call 3", "after, q/k roped in the gather", "decode_8b_2gpu_128k_raw.json"),
-             ("2 ranks, call 3", "after, q/k roped in the gather", "decode_8b_2gpu_1m_raw.json"))
+             ("2 ranks, call 3", "after, q/k roped in the gather", "decode_8b_2gpu_1m_raw.json"),
+             ("2 ranks, call 4", "host waits for each token (3c03e61)", "decode_8b_2gpu_128k_hostfree_before.json"),
+             ("2 ranks, call 4", "host out of the loop", "decode_8b_2gpu_128k_hostfree.json"),
+             ("2 ranks, call 4", "host waits for each token (3c03e61)", "decode_8b_2gpu_512k_hostfree_before.json"),
+             ("2 ranks, call 4", "host out of the loop", "decode_8b_2gpu_512k_hostfree.json"))
 
 
 def block_decode_ranks(records):

@@ -67,7 +67,7 @@ from ..launch import default_world
 from ..probes.one_gpu import attention_speed, device_label, matmul_speed
 from ..probes.profile import breakdown, category_lines, exposure, idle_causes, idle_lines, profiled
 from ..records import OUT_DIR_HELP, write_record
-from ..tables import Section, gib, med, memory, ms, num, rate, ratio, table
+from ..tables import Section, device_of, gib, med, memory, ms, num, rate, ratio, record, table
 from ..usage import kernel_error
 from . import peer_attention as peers
 from .methods import METHODS as ALL_METHODS, unknown
@@ -568,6 +568,38 @@ def render(rec):
     return out
 
 
+# issue 37's parallel efficiency: (--efficiency --cold records, the profile of the same shape)
+EFF_RUNS = ("prefill_8b_2gpu_256k_eff.json", "prefill_8b_2gpu_512k_eff.json")
+EFF_PROFILE = "prefill_8b_2gpu_256k_profile.json"
+
+
+def block_prefill_eff(records):
+    """docs/inference.md: prefill's parallel efficiency, warm and first call, beside torch-CP where
+    it ran in the launch, and where the profiled call's time went."""
+    body = []
+    for name in EFF_RUNS:
+        rec = record(records, name)
+        rows = {r["method"]: r for r in rec["rows"] if "seconds" in r}
+        b, peer = rows["burst"], rows.get("torch-cp")
+        body.append([f"{rec['world']} × {device_of(rec).split('× ')[-1]}", f"{b['S'] // 1024}K", ms(b["ideal_s"]),
+                     ms(med(b["seconds"])), ms(b["first_s"]), _pct(b["parallel_efficiency"]),
+                     _pct(b["first_parallel_efficiency"]),
+                     "—" if peer is None else f"{num(med(peer['seconds']) / med(b['seconds']), 3)}× / "
+                                              f"{num(peer['first_s'] / b['first_s'], 3)}×",
+                     f"`{name}` ({rec['commit'][:7]})"])
+    prof = record(records, EFF_PROFILE)
+    r = prof["rows"][0]
+    p = r["profile"]
+    cats = sorted(p["categories_s"].items(), key=lambda kv: -kv[1])
+    parts = ", ".join(f"{k} {ms(v)} ({v / p['wall_s']:.1%})" for k, v in cats if v >= 0.0005)
+    return "\n".join(table(["ranks", "prompt", "ideal ms", "warm ms", "first call ms", "efficiency warm",
+                             "efficiency first call", "torch-CP ÷ burst (warm / first)", "record"], body)
+                     + ["", f"One profiled call at {r['S'] // 1024}K on {prof['world']} × "
+                            f"{device_of(prof).split('× ')[-1]} (rank 0, `{EFF_PROFILE}`, {prof['commit'][:7]}): "
+                            f"{ms(p['wall_s'])} ms, the GPU idle {ms(p['host_gap_s'])} ms of it; {parts}."])
+
+
 SECTIONS = (Section("Prefill", r"^prefill", render,
                     "`burstengine bench prefill`: first-token latency beside tensor and torch-native context "
                     "parallelism."),)
+BLOCKS = {"prefill-eff": block_prefill_eff}
