@@ -14,6 +14,8 @@
 #                                           #     the graphed tensor-parallel step), then prefill-eff's 256K / 512K
 #   bash benchmarks/run_2gpu.sh hostfree    # 37: greedy decode with the host out of the loop beside the tree before
 #                                           #     ($OLD), 128K and 512K; the 256K prefill profiled (its last 6%)
+#   bash benchmarks/run_2gpu.sh home16      # 35: the 7B step at 128K beside torch-CP and profiled after the ring's
+#                                           #     last gradient hop went home in bf16 (half the exposed bytes)
 #   bash benchmarks/run_2gpu.sh decode      # 37: decode over 2 ranks (CUDA graph with NCCL in it, tensor-parallel
 #                                           #     weights), 8B at 128K / 512K / batch 8; prefill cold and warm
 #   bash benchmarks/run_2gpu.sh decode2     # 37: the decode step after its kernel cuts (packed projections, the
@@ -148,6 +150,12 @@ hostfree)
   old old512 110 $BE $D8 --seqs 512K --name decode_8b_2gpu_512k_hostfree_before
   logged pre256 150 $BE prefill --models 8b --seqs 262144 --methods burst --warmup 1 --iters 1 --profile \
       --name prefill_8b_2gpu_256k_profile
+  ;;
+home16)
+  logged pair 260 $BE train --model llama-7b --methods burst,torch-cp --seqs 131072 --steps 2 --warmup 1 \
+      --name train_llama-7b_2gpu_128k_home16
+  logged prof 170 $TR -m burstengine bench profile --model llama-7b --seq 131072 --warmup 1 \
+      --name profile_7b_2gpu_131072_home16
   ;;
 decode)  # issue 37 items 1-3 on 2 GPUs, ~8 min on 2xH200 (the expected time of each step beside it; on 2xH100 the
   # 512K prefill is slower and batch 8 at 128K runs out of memory: its cache alone is 69 GB per rank)

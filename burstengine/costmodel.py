@@ -33,7 +33,7 @@ import os
 from dataclasses import dataclass, field
 
 from .schedule.order import Topology, double_ring_steps
-from .schedule.traffic import backward_by_bytes, hop_bytes
+from .schedule.traffic import backward_by_bytes, home_bytes, hop_bytes
 
 GB = 1e9
 ENV = "BURST_CLUSTER"  # read by attention/planning.py (cluster_from_env)
@@ -231,8 +231,12 @@ def _step_blocks(attn: Attn, G: int) -> list[tuple[int, int, str]]:
     return [(n, n, "causal")] + [(n, n, "full")] * (G - 1)  # contiguous: the last rank's full blocks
 
 
-def _simulate(steps, comp, data, grad, links: dict, home: Link, grads="overlap") -> tuple[float, float, dict]:
-    """Run the steps on the clock: -> (time, link busy time, bytes sent per link)."""
+def _simulate(steps, comp, data, grad, links: dict, home: Link, grads="overlap",
+              home_grad=None) -> tuple[float, float, dict]:
+    """Run the steps on the clock: -> (time, link busy time, bytes sent per link).  ``home_grad``:
+    the bytes of the last partial's hop home (default ``grad``; the code sends it in the input
+    dtype, schedule.home_bytes)."""
+    home_grad = grad if home_grad is None else home_grad
     now, busy = 0.0, 0.0
     free = {"intra": 0.0, "inter": 0.0}
     sent = {"intra": 0, "inter": 0}
@@ -265,9 +269,9 @@ def _simulate(steps, comp, data, grad, links: dict, home: Link, grads="overlap")
             t = max(t, data_at.pop(p.next_from))
         now = t
     if grad and len(steps) > 1:
-        dt = home.time(grad)
+        dt = home.time(home_grad)
         busy += dt
-        sent[home_link_name(steps)] += grad
+        sent[home_link_name(steps)] += home_grad
         now += dt
     return now, busy, sent
 
@@ -300,10 +304,12 @@ def _ring(cluster: Cluster, attn: Attn, backward: str, double: bool, grads="over
     cb = [cluster.kernel_time("bwd", B, sq, sk, H, Hkv, D, mk) for sq, sk, mk in blocks]
     fdata, _ = hop_bytes("forward", B, n, H, Hkv, D, e)
     bdata, bgrad = hop_bytes(backward, B, n, H, Hkv, D, e)
+    bhome = home_bytes(backward, B, n, H, Hkv, D, e)
     tf, busy_f, sf = _simulate(steps, cf, fdata, 0, links, home)
-    tb, busy_b, sb = _simulate(steps, cb, bdata, bgrad, links, home, grads)
+    tb, busy_b, sb = _simulate(steps, cb, bdata, bgrad, links, home, grads, bhome)
     zero = [0.0] * G
-    only = _simulate(steps, zero, fdata, 0, links, home)[0] + _simulate(steps, zero, bdata, bgrad, links, home, grads)[0]
+    only = (_simulate(steps, zero, fdata, 0, links, home)[0]
+            + _simulate(steps, zero, bdata, bgrad, links, home, grads, bhome)[0])
     labels = cluster.topology if double else None
     intra, inter = _split(sf, sb, labels, cluster)
     return Prediction(scheme, True, "", tf, tb, sum(cf) + sum(cb), busy_f + busy_b, only, intra, inter,

@@ -170,3 +170,32 @@ def good_call(group, seed, causal=True, layout="zigzag", backward="burst", n=8):
         want_fwd=forward_bytes(B, n, Hkv, D, 4, world), want_bwd=backward_bytes(backward, B, n, H, Hkv, D, 4, world),
         rank_sum=tag.item(),
     )
+
+
+def home_hop(group, backward, causal, layout="zigzag"):
+    """bf16 ring attention's gradients and backward bytes with the finished gradient sent home in
+    the input dtype (now) and in float32 (Reducer.home's dtype ignored): they must be equal bit for
+    bit, the bytes apart by half the home hop's float32 bytes."""
+    from burstengine.comm import rings
+
+    rank, world = _world(group)
+    g = torch.Generator().manual_seed(7)
+    B, H, hkv, D, n = 1, 4, 2, 32, 10
+    S = n * world
+    q, k, v, do = (torch.randn(B, S, h, D, generator=g) for h in (H, hkv, hkv, H))
+    dlse = torch.randn(B, H, S, generator=g)
+    real = rings.Reducer.home
+    out = []
+    for dtype_home in (True, False):
+        rings.Reducer.home = real if dtype_home else (lambda self, dtype=None: real(self, None))
+        try:
+            ql, kl, vl = (be.shard(t, layout, rank, world).bfloat16().requires_grad_() for t in (q, k, v))
+            with be.comm_stats() as st:
+                o, lse = be.burst_attn_func(ql, kl, vl, group=group, causal=causal, layout=layout, backward=backward,
+                                            return_lse=True)
+                ((o * be.shard(do, layout, rank, world).bfloat16()).sum()
+                 + (lse * be.shard(dlse, layout, rank, world, dim=2)).sum()).backward()
+        finally:
+            rings.Reducer.home = real
+        out.append(((ql.grad, kl.grad, vl.grad), st.backward_bytes))
+    return out

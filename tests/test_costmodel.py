@@ -8,7 +8,7 @@ import pytest
 
 from burstengine import costmodel as cm
 from burstengine.attention import planning
-from burstengine.schedule import backward_by_bytes, backward_bytes, forward_bytes, hop_bytes
+from burstengine.schedule import backward_by_bytes, backward_bytes, forward_bytes, home_bytes, hop_bytes
 from burstengine.cli import main
 from burstengine.schedule import Topology
 
@@ -26,10 +26,12 @@ def test_two_rank_ring_by_hand():
     comp = 4 * 2 * 16 * n * n / 1e12  # one full block, forward
     kv, _ = hop_bytes("forward", 1, n, 2, 2, 16, 2)
     d, g = hop_bytes("burst", 1, n, 2, 2, 16, 2)
+    gh = home_bytes("burst", 1, n, 2, 2, 16, 2)
+    assert gh == g // 2  # the finished dq goes home in bf16, not float32
     p = cm.predict("burst", c, a)
     assert p.fwd_s == pytest.approx(max(comp, kv / GBs) + comp)
     bc = 2.5 * comp
-    assert p.bwd_s == pytest.approx(max(bc, d / GBs) + max(bc, g / GBs) + g / GBs)  # last hop home exposed
+    assert p.bwd_s == pytest.approx(max(bc, d / GBs) + max(bc, g / GBs) + gh / GBs)  # last hop home exposed
     assert p.compute_s == pytest.approx(2 * comp + 2 * bc)
     assert p.intra_bytes + p.inter_bytes == forward_bytes(1, n, 2, 16, 2, 2) + backward_bytes("burst", 1, n, 2, 2, 16, 2, 2)
 
@@ -51,7 +53,7 @@ def test_model_bytes_are_the_codes_bytes(scheme):
 def test_overlap_rules():
     a = cm.Attn(seq=1 << 16, heads=8, head_dim=64)
     slow_kernel = cm.predict("burst", _cluster(tflops=1.0), a)   # compute-bound
-    assert slow_kernel.exposed_s == pytest.approx(_cluster().intra.time(hop_bytes("burst", 1, 1 << 15, 8, 8, 64, 2)[1]))
+    assert slow_kernel.exposed_s == pytest.approx(_cluster().intra.time(home_bytes("burst", 1, 1 << 15, 8, 8, 64, 2)))
     fast_kernel = cm.predict("burst", _cluster(tflops=1e6), a)   # communication-bound
     assert fast_kernel.total_s == pytest.approx(fast_kernel.comm_only_s, rel=1e-3)
     # a single ring cannot overlap more than it computes: never below either part

@@ -143,7 +143,7 @@ def _forward(q, k, v, cfg: RingRun):
 
 
 def _travel(ring: RingComm, moving, moving_names, acc_names, compute, zeros, direction: int, trim=(None, None),
-            dims=None):
+            dims=None, home_dtype=None):
     """The backward ring loop shared by both schemes.
 
     ``moving`` travels r -> r + ``direction``.  ``compute(src, moving, offset, span)`` does this
@@ -153,7 +153,8 @@ def _travel(ring: RingComm, moving, moving_names, acc_names, compute, zeros, dir
     Those contributions are summed along the ring one step behind the data and finally sent
     home; the return value is this rank's own fully summed gradients of its travelling side.
     ``trim``: (travel rows, partial rows) of a sparse mask's single ring (cfg.trim), ``dims``
-    the row dimension of each moving tensor; ``zeros(rows)`` makes zero partials.
+    the row dimension of each moving tensor; ``zeros(rows)`` makes zero partials;
+    ``home_dtype``: the dtypes whole shards' finished gradients travel home in (Reducer.home).
     """
     data = ring.mover(moving, "backward", moving_names, direction, rows=trim[0], dims=dims)
     acc = ring.reducer("backward", acc_names, zeros, direction, rows=trim[1])
@@ -162,7 +163,7 @@ def _travel(ring: RingComm, moving, moving_names, acc_names, compute, zeros, dir
         acc.post(i)  # the partial finished at the previous step, one step behind the data
         acc.add(i, compute(ring.source(i, direction), data.held, data.offset, acc.span(i)))
         data.advance(i)
-    return acc.home()
+    return acc.home(home_dtype)
 
 
 def _backward_burst(dout, q, k, v, lse, delta, cfg: RingRun):
@@ -187,8 +188,10 @@ def _backward_burst(dout, q, k, v, lse, delta, cfg: RingRun):
         return (dq,)
 
     # the Q side travels r -> r-1, so step s pairs the same blocks as the forward's step s
+    # the finished dQ goes home in q's dtype: attention_backward casts it so (its kappa term is
+    # added only where q's dtype is the accumulator's, key_frame), so no value changes
     (dq,) = _travel(ring, (q, dout, lse, delta), ("q", "dout", "lse", "delta"), ("dq",), compute, zeros, -1,
-                    cfg.trim("q", n), dims=(1, 1, 2, 2))
+                    cfg.trim("q", n), dims=(1, 1, 2, 2), home_dtype=(q.dtype,))
     return dq, dk, dv
 
 
@@ -214,7 +217,8 @@ def _backward_ring(dout, q, k, v, out, lse, delta, cfg: RingRun):
                                      out=None if out is None else out[:, qs])
         return dk, dv
 
-    dk, dv = _travel(ring, (k, v), ("k", "v"), ("dk", "dv"), compute, zeros, 1, cfg.trim("kv", n))
+    dk, dv = _travel(ring, (k, v), ("k", "v"), ("dk", "dv"), compute, zeros, 1, cfg.trim("kv", n),
+                     home_dtype=(k.dtype, v.dtype))
     return dq, dk, dv
 
 

@@ -284,12 +284,17 @@ class Reducer:
         # every rank sends a partial at the next index, work or not (an empty one is not sent)
         self._done = contrib if contrib is not None else self.zeros(self.span(i))
 
-    def home(self):
+    def home(self, dtype=None):
         """Send the last partial (now the full gradient of the last source) home; return this
-        rank's own full gradient."""
+        rank's own full gradient.  ``dtype``: one per partial; whole shards' last partials travel
+        home in them (the gradients' own dtypes: they are finished, and the caller would round
+        them so anyway; half the bytes of float32 on the one hop no compute hides).  A trimmed
+        ring's stay float32: they are added to the owner's own contribution at home."""
         last = len(self.comm.steps) - 1
         if self.rows is None:
-            return self.comm.home(self._done, self.phase, self.names, self.direction)
+            dtypes = [None] * len(self._done) if dtype is None else dtype
+            done = [t if d is None else t.to(d) for t, d in zip(self._done, dtypes)]
+            return self.comm.home(done, self.phase, self.names, self.direction)
         own = self._own if self._own is not None else self.zeros(None)
         if self.comm.world == 1 or last == 0:
             return own

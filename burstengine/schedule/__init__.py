@@ -4,10 +4,10 @@ what each hop carries (traffic.py).  No torch.distributed, no attention runtime.
 from .blocks import (Segment, Task, attention_flops, block_tasks, forward_schedule, run_steps, segments, step_work,
                      visible_pairs)
 from .order import DoubleStep, Topology, double_ring_steps, hop_peers, link_hops, node_blocks, ring_source
-from .traffic import (SIDES, backward_by_bytes, backward_bytes, forward_bytes, hop_bytes, partial_rows, read_rows,
-                      sent_rows, travel_rows)
+from .traffic import (SIDES, backward_by_bytes, backward_bytes, forward_bytes, home_bytes, hop_bytes, partial_rows,
+                      read_rows, sent_rows, travel_rows)
 
 __all__ = ["Segment", "Task", "attention_flops", "block_tasks", "forward_schedule", "run_steps", "segments",
            "step_work", "visible_pairs", "DoubleStep", "Topology", "double_ring_steps", "hop_peers", "link_hops",
            "node_blocks", "ring_source", "SIDES", "backward_by_bytes", "backward_bytes", "forward_bytes", "hop_bytes",
-           "partial_rows", "read_rows", "sent_rows", "travel_rows"]
+           "home_bytes", "partial_rows", "read_rows", "sent_rows", "travel_rows"]

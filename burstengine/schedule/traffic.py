@@ -139,7 +139,8 @@ def hop_bytes(scheme: str, B: int, n: int, H: int, Hkv: int, D: int, elem: int) 
     """(travelling data, travelling gradient partial) bytes one rank sends per hop of one loop.
 
     scheme "forward": k, v; "burst": q, dout in the input dtype + lse, delta in fp32, and dq in
-    fp32; "ring": k, v, and dk, dv in fp32."""
+    fp32; "ring": k, v, and dk, dv in fp32.  Whole shards' last partial goes home finished, in
+    the input dtype: :func:`home_bytes`."""
     if scheme == "forward":
         return B * n * Hkv * D * 2 * elem, 0
     if scheme == "burst":
@@ -147,6 +148,12 @@ def hop_bytes(scheme: str, B: int, n: int, H: int, Hkv: int, D: int, elem: int) 
     if scheme == "ring":
         return B * n * Hkv * D * 2 * elem, B * n * Hkv * D * 2 * 4
     raise ValueError(f"unknown scheme {scheme!r}")
+
+
+def home_bytes(scheme: str, B: int, n: int, H: int, Hkv: int, D: int, elem: int) -> int:
+    """Bytes of whole shards' last gradient hop, home: the finished dq ("burst") or dk, dv
+    ("ring") in the input dtype (comm/rings.py Reducer.home); 0 for "forward"."""
+    return hop_bytes(scheme, B, n, H, Hkv, D, elem)[1] * elem // 4
 
 
 def _trimmed_bytes(scheme: str, B, n, H, Hkv, D, elem, world, layout, mask) -> list[int] | None:
@@ -165,7 +172,7 @@ def backward_bytes(scheme: str, B: int, n: int, H: int, Hkv: int, D: int, elem: 
     """Bytes one rank sends in the backward of one call (what comm_stats will report).
 
     Whole shards (dense masks, any ring topology): the data makes ``hops`` hops, the gradient
-    partials one more (the last one home); ``hops``: len(run_steps) - 1, i.e. world - 1
+    partials one more (the last one home, in the input dtype); ``hops``: len(run_steps) - 1, i.e. world - 1
     unless a sparse mask lets the ring skip steps.  With ``layout`` and a sparse ``mask``
     (Pattern): the trimmed messages of the single ring, which differ from rank to rank, for
     rank ``rank`` (``hops`` is then ignored)."""
@@ -176,7 +183,7 @@ def backward_bytes(scheme: str, B: int, n: int, H: int, Hkv: int, D: int, elem: 
     if world == 1 or h == 0:
         return 0
     data, grad = hop_bytes(scheme, B, n, H, Hkv, D, elem)
-    return h * data + (h + 1) * grad
+    return h * data + h * grad + home_bytes(scheme, B, n, H, Hkv, D, elem)
 
 
 def forward_bytes(B: int, n: int, Hkv: int, D: int, elem: int, world: int, hops: int | None = None, *,

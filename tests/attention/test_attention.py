@@ -1,5 +1,6 @@
 """burst_attn_func against a float64 dense oracle on 1-4 gloo ranks."""
 import pytest
+import torch
 
 import dist_cases
 
@@ -29,3 +30,21 @@ def test_auto_picks_fewer_bytes(pool):
         # MHA: the Q side (q, dO, dQ + 2 scalars) is smaller than K, V, dK, dV; GQA 2 and 4: the reverse
         assert r["scheme"] == ("burst" if r["hkv"] == 4 else "ring"), r
         assert max(r[k] for k in ("out", "dq", "dk", "dv")) <= TOL
+
+
+@pytest.mark.parametrize("backward", ["burst", "ring"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("world", [2, 3])
+def test_finished_gradient_goes_home_in_bf16_and_changes_no_bit(pool, world, causal, backward):
+    """The last gradient hop (the one no compute hides) carries the finished dQ (burst) or dK, dV
+    (ring) in the inputs' dtype instead of float32: half its bytes, the same gradients bit for bit
+    (they were rounded to bf16 on arrival anyway)."""
+    from burstengine.schedule import home_bytes
+
+    for rank, ((new, new_bytes), (old, old_bytes)) in enumerate(
+            pool.run(dist_cases.home_hop, backward, causal, world=world)):
+        for a, b, name in zip(new, old, ("dq", "dk", "dv")):
+            assert a.dtype == b.dtype and torch.equal(a, b), (rank, name)
+        n = 10
+        saved = home_bytes(backward, 1, n, 4, 2, 32, 2)
+        assert old_bytes - new_bytes == saved > 0, (rank, old_bytes, new_bytes)
