@@ -123,6 +123,30 @@ def test_profile_gap_causes_charge_idle_time_to_the_shortest_host_op():
     assert g["causes"] == [{"op": "(no host op)", "s": 30e-6, "gaps": 1, "inside": ""}], g
 
 
+def test_memory_trace_replay_says_what_each_stream_held_at_the_peak_and_before_a_release():
+    # two streams: compute (1) and a side stream (2); GiB-sized events.  The side stream frees its
+    # block (still cached, reserved), compute grows to the peak (7 GiB), then a retry unmaps the
+    # side stream's cache and compute's spare segment and maps anew for its allocation
+    from burstengine.bench.probes.profile import replay
+    G = 2**30
+    trace = [dict(action="segment_map", stream=2, size=3 * G), dict(action="alloc", stream=2, size=3 * G),
+             dict(action="free_requested", stream=2, size=3 * G), dict(action="free_completed", stream=2, size=3 * G),
+             dict(action="segment_map", stream=1, size=2 * G), dict(action="alloc", stream=1, size=1 * G),
+             dict(action="segment_unmap", stream=2, size=3 * G), dict(action="segment_unmap", stream=1, size=1 * G),
+             dict(action="segment_map", stream=1, size=4 * G), dict(action="alloc", stream=1, size=4 * G)]
+    got = replay({1: 2 * G}, {1: 2 * G}, trace, {1: "compute"})
+    # the peak (7 GiB) came when compute mapped its second segment, while the side stream still
+    # cached its 3 GiB (the map after the release reaches 7 again, not more)
+    assert got["peak_reserved_gib"] == 7.0
+    assert got["at_peak"] == {"compute": {"reserved": 4.0, "allocated": 2.0},
+                              "stream 2": {"reserved": 3.0, "allocated": 0.0}}
+    (r,) = got["releases"]
+    assert r["before"] == {"compute": {"reserved": 4.0, "allocated": 3.0}, "stream 2": {"reserved": 3.0, "allocated": 0.0}}
+    assert r["freed"] == {"stream 2": 3.0, "compute": 1.0}
+    assert r["next_alloc"] == {"stream": "compute", "gib": 4.0}
+    assert got["events"] == len(trace) and got["ooms"] == 0
+
+
 def test_profile_gap_causes_match_a_moment_by_moment_count():
     # random profiles on a 1-us grid: each idle microsecond of a gap of >= 10 us goes to the
     # shortest op over it (lengths all distinct: no ties), on any thread; ops that start before

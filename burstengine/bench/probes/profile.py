@@ -168,6 +168,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", default=None, help=OUT_DIR_HELP)
     p.add_argument("--top", type=int, default=25, help="kernels listed in the record [%(default)s]")
     p.add_argument("--trace", default=None, help="also write the Chrome trace to this path")
+    p.add_argument("--memory-trace", action="store_true",
+                   help="GPU: one more step with the allocator's history recorded: per stream, the memory held at "
+                        "the step's peak and before each release of cached memory (allocator retries)")
     p.add_argument("--world", type=int, default=1, help="ranks to spawn without torchrun [%(default)s]")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds before spawned ranks are stopped")
 
@@ -316,6 +319,110 @@ def idle_causes(prof, acts, top: int = 10) -> dict:
     return gap_causes(host_ops(events), [(a[1], a[2]) for a in acts], lo, hi, top=top)
 
 
+def stream_names(model, device) -> dict[int, str]:
+    """Labels of the CUDA streams a training step allocates on (best effort): the compute stream,
+    FSDP2's shared streams and the activation offloader's side stream; others keep their handle."""
+    names = {torch.cuda.current_stream(device).cuda_stream: "compute"}
+    for m in model.modules():
+        state = getattr(m, "_get_fsdp_state", None)
+        ctx = getattr(state(), "_comm_ctx", None) if callable(state) else None
+        for attr in ("all_gather_copy_in_stream", "all_gather_stream", "reduce_scatter_stream", "all_reduce_stream"):
+            st = getattr(ctx, attr, None)
+            if st is not None:
+                names.setdefault(st.cuda_stream, "fsdp " + attr[:-len("_stream")].replace("_", " "))
+        side = getattr(getattr(m, "offloader", None), "side", None)
+        if side is not None:
+            names.setdefault(side.cuda_stream, "activation offload")
+    return names
+
+
+def _held(snapshot, index: int):
+    """Per stream, (reserved, allocated) bytes of the caching allocator's segments now."""
+    reserved, allocated = {}, {}
+    for seg in snapshot["segments"]:
+        if seg.get("device", index) != index:
+            continue
+        st = seg["stream"]
+        reserved[st] = reserved.get(st, 0) + seg["total_size"]
+        allocated[st] = allocated.get(st, 0) + sum(b["size"] for b in seg["blocks"] if b["state"] == "active_allocated")
+    return reserved, allocated
+
+
+_GROW, _SHRINK = ("segment_alloc", "segment_map"), ("segment_free", "segment_unmap")
+
+
+def memory_trace(fn, device, names: dict[int, str], releases: int = 8) -> dict:
+    """Run ``fn`` (a step) with the caching allocator's history recorded (no stacks) and say,
+    per stream, what it held: at the step's highest reserved total, and before each release of
+    cached memory (a retry after a failed cudaMalloc frees every stream's cache, so the step's
+    allocator retries show as these) with the allocation that came right after it.  Bytes in GiB.
+    Why: the allocator caches per stream, so memory one stream freed is not another's to use;
+    this is where a step that meets the card's size while allocating far less is told apart."""
+    index = torch.device(device).index
+    if index is None:
+        index = torch.cuda.current_device()
+    reserved, allocated = _held(torch.cuda.memory._snapshot(), index)
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=4_000_000)
+    try:
+        fn()
+        torch.cuda.synchronize(device)
+    finally:
+        snap = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+    return replay(reserved, allocated, snap["device_traces"][index], names, releases)
+
+
+def replay(reserved: dict, allocated: dict, trace: list, names: dict[int, str], releases: int = 8) -> dict:
+    """:func:`memory_trace`'s summary from the per-stream bytes held when the history began
+    (``reserved``, ``allocated``: updated in place) and the history's events."""
+    def label(st):
+        return names.get(st, f"stream {st}")
+
+    def view():
+        return {label(st): {"reserved": round(reserved.get(st, 0) / 2**30, 3),
+                            "allocated": round(allocated.get(st, 0) / 2**30, 3)}
+                for st in sorted(set(reserved) | set(allocated), key=lambda s: -reserved.get(s, 0))}
+
+    peak, at_peak, out, prev = sum(reserved.values()), view(), [], None
+    for ev in trace:
+        a, st, n = ev["action"], ev["stream"], ev["size"]
+        if a in _SHRINK and prev not in _SHRINK and len(out) < releases:
+            out.append({"before": view(), "freed": {}, "next_alloc": None})
+        if a in _SHRINK and out and out[-1]["next_alloc"] is None:
+            out[-1]["freed"][label(st)] = round(out[-1]["freed"].get(label(st), 0) + n / 2**30, 3)
+        if a == "alloc" and out and out[-1]["next_alloc"] is None and prev in _SHRINK + _GROW:
+            out[-1]["next_alloc"] = {"stream": label(st), "gib": round(n / 2**30, 3)}
+        if a in _GROW:
+            reserved[st] = reserved.get(st, 0) + n
+        elif a in _SHRINK:
+            reserved[st] = reserved.get(st, 0) - n
+        elif a == "alloc":
+            allocated[st] = allocated.get(st, 0) + n
+        elif a == "free_completed":
+            allocated[st] = allocated.get(st, 0) - n
+        if a in _GROW and sum(reserved.values()) > peak:
+            peak, at_peak = sum(reserved.values()), view()
+        if a != "free_requested":
+            prev = a
+    return {"events": len(trace), "peak_reserved_gib": round(peak / 2**30, 3), "at_peak": at_peak,
+            "releases": out, "ooms": sum(ev["action"] == "oom" for ev in trace)}
+
+
+def memory_lines(mt: dict) -> list[str]:
+    """The memory trace's summary as text (rank 0's, printed after the profile)."""
+    def held(v):
+        return "; ".join(f"{k} {x['reserved']:.1f} held / {x['allocated']:.1f} used" for k, x in v.items()
+                         if x["reserved"] >= 0.05)
+    out = [f"allocator history ({mt['events']} events): reserved at most {mt['peak_reserved_gib']:.1f} GiB, by "
+           f"stream (GiB): {held(mt['at_peak'])}"]
+    for i, r in enumerate(mt["releases"]):
+        nxt = r["next_alloc"]
+        out.append(f"  release {i + 1}: before it {held(r['before'])}; freed "
+                   + ", ".join(f"{k} {v:.1f}" for k, v in r["freed"].items())
+                   + (f"; then {nxt['gib']:.2f} GiB on {nxt['stream']}" if nxt else ""))
+    return out
+
+
 def allocator_counts(device) -> dict:
     stats = torch.cuda.memory_stats(device)
     return {k: int(stats.get(k, 0)) for k in _ALLOC}
@@ -372,6 +479,10 @@ def _profile(args) -> int:
         row.update(timeline(acts, wall * 1e6))
         row["idle"] = idle_causes(prof, acts)
         row["allocator"] = alloc
+        if args.memory_trace:  # its own step: recording the history slows the allocator
+            nxt = trainer.batch(args.warmup + 1)
+            row["memory_trace"] = memory_trace(lambda: trainer.train_step(nxt, args.warmup + 1), dev,
+                                               stream_names(trainer.model, dev))
     if dist.get_rank() == 0:
         print(f"{model} S={seq} on {torch.cuda.get_device_name() if on_gpu else 'cpu'}: step {wall:.3f} s, "
               f"busy {row['gpu_busy_s' if on_gpu else 'cpu_busy_s']:.3f} s, host gaps {row['host_gap_s']:.3f} s"
@@ -385,6 +496,8 @@ def _profile(args) -> int:
             for kind, c in row["collectives_s"].items():
                 print(f"{kind} collectives: {c['kernel_s']:.3f} s of kernels, {c['exposed_s']:.3f} s exposed")
             print("\n".join(idle_lines(row)))
+            if "memory_trace" in row:
+                print("\n".join(memory_lines(row["memory_trace"])))
         name = args.name or f"profile_{model}_{seq}"
         print("record:", write_record(name, row, out_dir=args.out_dir))
     return 0
