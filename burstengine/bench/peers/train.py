@@ -527,7 +527,8 @@ def block_scale_2gpu(records):
     """docs/training.md: the 7B and 3B presets over 2 ranks at 128K and 256K beside torch-native CP,
     and the paper's Table 5 at 32K tokens per GPU."""
     return _scale_block(records, ("train_llama-7b_2gpu_128k.json", "train_llama-7b_2gpu_128k_offload.json",
-                                  "train_llama-7b_2gpu_256k.json", "train_llama-3b_2gpu_128k.json"),
+                                  "train_llama-7b_2gpu_128k_home16.json", "train_llama-7b_2gpu_256k.json",
+                                  "train_llama-3b_2gpu_128k.json"),
                         ("table5_llama-7b_2gpu_cp1.json", "table5_llama-7b_2gpu_cp2.json"),
                         "over 2 ranks, one launch per length (warm-up + timed steps)")
 

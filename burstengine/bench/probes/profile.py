@@ -563,7 +563,13 @@ SECTIONS = (Section("Where a training step's time goes", r"^profile_", render,
 # docs/training.md: the 7B step at 128K on 2 GPUs under three plans, one device call (what idles it)
 IDLE_RUNS = (("the default plan then (offload off)", "profile_7b_2gpu_131072_idle.json"),
              ("activation offload on", "profile_7b_2gpu_131072_offload.json"),
-             ("7 GiB less activation memory planned", "profile_7b_2gpu_131072_budget66.json"))
+             ("7 GiB less activation memory planned", "profile_7b_2gpu_131072_budget66.json"),
+             ("offload on, the ring's last gradient hop home in bf16 (32275b9)", "profile_7b_2gpu_131072_home16.json"),
+             ("the same, before its allocator-history step (ba22062)", "profile_7b_2gpu_131072_memtrace.json"),
+             ("the same, allocator garbage_collection_threshold 0.9", "profile_7b_2gpu_131072_gc09.json"),
+             ("the same, allocator garbage_collection_threshold 0.75", "profile_7b_2gpu_131072_gc075.json"))
+# bench profile --memory-trace: what each stream held when the allocator retried
+MEMORY_RUN = "profile_7b_2gpu_131072_memtrace.json"
 
 
 def block_profile_idle(records):
@@ -583,5 +589,30 @@ def block_profile_idle(records):
                               "ring exposed s", "to host s / of it exposed", "peak GiB", "record"], body))
 
 
-BLOCKS = {"profile-idle": block_profile_idle}
+def block_memory_streams(records):
+    """docs/training.md: per stream, what the caching allocator held at the 7B step's peak and
+    before each release of cached memory (its retries), from the --memory-trace record."""
+    rec = record(records, MEMORY_RUN)
+    mt = rec["memory_trace"]
+    body = [["the step's highest reserved total", ""] + [_held_cell(mt["at_peak"], k) for k in _STREAMS]]
+    for i, r in enumerate(mt["releases"]):
+        nxt = r["next_alloc"]
+        body.append([f"before release {i + 1}", ", ".join(f"{k} {fixed(v, 1)}" for k, v in r["freed"].items())
+                     + (f"; then {fixed(nxt['gib'], 2)} GiB on {nxt['stream']}" if nxt else "")]
+                    + [_held_cell(r["before"], k) for k in _STREAMS])
+    return "\n".join([f"`bench profile --memory-trace`, llama-7b at 128K over 2 ranks on {device_of(rec)} (rank 0, "
+                      f"`{MEMORY_RUN}`, {str(rec['commit'])[:7]}): GiB held / in use per stream, reserved at most "
+                      f"{fixed(mt['peak_reserved_gib'], 1)} GiB:", ""]
+                     + table(["moment", "freed by the release (GiB)"] + [f"{k} held / used" for k in _STREAMS], body))
+
+
+_STREAMS = ("compute", "fsdp reduce scatter", "fsdp all gather copy in")
+
+
+def _held_cell(view, k):
+    x = view.get(k)
+    return "—" if x is None else f"{fixed(x['reserved'], 1)} / {fixed(x['allocated'], 1)}"
+
+
+BLOCKS = {"profile-idle": block_profile_idle, "memory-streams": block_memory_streams}
 
