@@ -109,6 +109,15 @@ class AutoKernel(Kernel):
         kern = self.pick("forward_into", mask, q, k, lambda: gluon_takes(q, k, v, mask, out, lse, gluon=self.gluon))
         return kern.forward_into(q, k, v, scale, mask, out, lse)
 
+    def forward_into_runs(self, q, k, v, mask, out, lse) -> str:
+        """The kernel :meth:`forward_into` runs for this call, by name ("gluon" where the Triton
+        kernel hands it to its Gluon path): what a record says ran."""
+        def takes():
+            return gluon_takes(q, k, v, mask, out, lse, gluon=self.gluon)
+
+        name = self.pick("forward_into", mask, q, k, takes).name
+        return "gluon" if name == "triton" and takes() else name
+
     def backward(self, dout, q, k, v, lse, delta, scale, mask, out=None):
         kern = self.pick("backward", mask, q, k, lambda: gluon_bwd_takes(q, k, v, mask, dout, gluon=self.gluon))
         return kern.backward(dout, q, k, v, lse, delta, scale, mask, out=out)

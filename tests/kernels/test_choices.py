@@ -245,3 +245,19 @@ def test_dispatch_as_before_but_the_plain_forward(dispatch):
                         want = want if gluon else {"triton": "triton-no-gluon"}.get(want, want)
                         assert dispatch.run(auto, call, mask, S) == want, (card, gluon, call, mask, S)
             assert gluon or not any(dispatch.asked)
+
+
+@pytest.mark.parametrize("sq,sk,hkv", [(64, 64, 2), (48, 96, 4), (33, 17, 1)])
+def test_forward_into_runs_names_the_kernel_forward_into_calls(monkeypatch, sq, sk, hkv):
+    """What a record says ran (bench prefill --efficiency's probe) is the kernel AutoKernel's
+    forward_into hands the call to."""
+    from burstengine.masks import CAUSAL
+
+    called = []
+    for name, kern in KERNELS.items():
+        monkeypatch.setattr(kern, "forward_into", lambda *a, _n=name: called.append(_n))
+    q, k, v = torch.randn(1, sq, 4, 32), torch.randn(1, sk, hkv, 32), torch.randn(1, sk, hkv, 32)
+    out, lse = torch.zeros(1, sq, 4, 32), torch.full((1, 4, sq), float("-inf"))
+    auto = AutoKernel()
+    auto.forward_into(q, k, v, 0.2, CAUSAL, out, lse)
+    assert called == [auto.forward_into_runs(q, k, v, CAUSAL, out, lse)]

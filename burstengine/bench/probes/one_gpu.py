@@ -17,7 +17,6 @@ from ...attention.planning import resolve_kernel
 from ...comm.dist import LOCAL
 from ...kernels import AutoKernel, acc_dtype
 from ...kernels.choices import device_name
-from ...kernels.triton.kernel import gluon_takes
 from ...masks import CAUSAL
 from ...timing import median, timed
 from ..harness import attn_flops
@@ -29,12 +28,7 @@ def _chosen(kern, q, k, v, out, lse) -> str:
     """The kernel that runs the probe's call: an ``auto`` kernel's pick for it ("auto: gluon")."""
     if not isinstance(kern, AutoKernel):
         return kern.name
-
-    def takes():
-        return gluon_takes(q, k, v, CAUSAL, out, lse, gluon=kern.gluon)
-
-    name = kern.pick("forward_into", CAUSAL, q, k, takes).name
-    return f"auto: {'gluon' if name == 'triton' and takes() else name}"
+    return f"auto: {kern.forward_into_runs(q, k, v, CAUSAL, out, lse)}"
 
 
 def attention_speed(kernel: str | None, rows: int, heads: int, kv_heads: int, head_dim: int, dtype, device,
