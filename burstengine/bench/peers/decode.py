@@ -588,8 +588,26 @@ def block_decode_fp8(records):
                               "FP8 speed-up", "records"], steps))
 
 
+PROFILE_RUN = "decode_8b_2gpu_128k_profile2.json"
+
+
+def block_decode_profile(records):
+    """docs/inference.md: where a graphed tensor-parallel decode step's time goes (bench decode
+    --profile), beside its bound."""
+    rec = record(records, PROFILE_RUN)
+    p, r = rec["profile"], rec["rows"][-1]
+    kinds = sorted(p["kinds_s"].items(), key=lambda kv: -kv[1])
+    top = [[f"`{t['name'][:60]}`", ms(t["s_per_step"]), f"{t['calls_per_step']:g}"] for t in p["top_kernels"][:6]]
+    return "\n".join([f"`bench decode --profile`, {r['S'] // 1024}K × {r['batch']}, {rec['world']} ranks tensor-parallel, "
+                      f"CUDA graph, on {device_of(rec)} (`{PROFILE_RUN}`, {rec['commit'][:7]}): a step's GPU window "
+                      f"{ms(p['wall_s'])} ms, kernels busy {ms(p['busy_s'])} ms over {p['kernels_per_step']:g} "
+                      f"kernels; the bound {ms(r['bound_s'])} ms. By kind (ms a step): "
+                      + ", ".join(f"{k} {ms(v)}" for k, v in kinds) + ".", ""]
+                     + table(["kernel", "ms a step", "calls a step"], top))
+
+
 SECTIONS = (Section("Decode against the sharded KV cache", r"^decode_", render,
                     "`burstengine bench decode`: first-token latency beside plain SDPA prefill, decode time per "
                     "token beside the HBM-bandwidth bound."),)
 BLOCKS = {"decode-graphs": block_decode_graphs, "decode-ranks": block_decode_ranks, "decode-step": block_decode_step,
-          "decode-fp8": block_decode_fp8}
+          "decode-fp8": block_decode_fp8, "decode-profile": block_decode_profile}
