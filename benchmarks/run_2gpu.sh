@@ -16,6 +16,9 @@
 #                                           #     ($OLD), 128K and 512K; the 256K prefill profiled (its last 6%)
 #   bash benchmarks/run_2gpu.sh home16      # 35: the 7B step at 128K beside torch-CP and profiled after the ring's
 #                                           #     last gradient hop went home in bf16 (half the exposed bytes)
+#   bash benchmarks/run_2gpu.sh retries     # 35: does planning the reduce-scatter stream's cached gradients (12.6 GiB
+#                                           #     on 7B at 128K, profile_7b_2gpu_131072_memtrace.json) out of the
+#                                           #     activations remove the allocator's two retries a step, and at what cost
 #   bash benchmarks/run_2gpu.sh decode      # 37: decode over 2 ranks (CUDA graph with NCCL in it, tensor-parallel
 #                                           #     weights), 8B at 128K / 512K / batch 8; prefill cold and warm
 #   bash benchmarks/run_2gpu.sh decode2     # 37: the decode step after its kernel cuts (packed projections, the
@@ -156,6 +159,11 @@ home16)
       --name train_llama-7b_2gpu_128k_home16
   logged prof 170 $TR -m burstengine bench profile --model llama-7b --seq 131072 --warmup 1 \
       --name profile_7b_2gpu_131072_home16
+  ;;
+retries)
+  P7="$TR -m burstengine bench profile --model llama-7b --seq 131072 --warmup 1 --memory-trace"
+  logged m58 170 $P7 --set activation_memory_gib=58 --name profile_7b_2gpu_131072_budget58
+  logged m52 170 $P7 --set activation_memory_gib=52 --name profile_7b_2gpu_131072_budget52
   ;;
 decode)  # issue 37 items 1-3 on 2 GPUs, ~8 min on 2xH200 (the expected time of each step beside it; on 2xH100 the
   # 512K prefill is slower and batch 8 at 128K runs out of memory: its cache alone is 69 GB per rank)
