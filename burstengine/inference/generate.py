@@ -199,7 +199,8 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
             t0 = time.perf_counter()
             graphed = _capture(step, graphs, world, group, dev)
             sync()
-            t_last += time.perf_counter() - t0
+            capture_s = time.perf_counter() - t0
+            t_last += capture_s
         with torch.profiler.record_function(STEP_LABEL):  # what bench decode --profile reads
             logits = step.launch()
         if on_logits and rank == 0:

@@ -156,6 +156,23 @@ def test_greedy_steps_do_not_choose_on_the_host(model_dirs, monkeypatch):
     assert len(calls) == 1 + 5
 
 
+def test_graph_capture_time_is_reported_and_not_a_steps(model_dirs, monkeypatch):
+    """timings["graph_capture_s"] is the first step's capture (a capture that fails and leaves the
+    step op by op is timed too), kept out of decode_step_s: the greedy loop once reported 0."""
+    import importlib
+    import time
+
+    g = importlib.import_module("burstengine.inference.generate")
+    took = 0.5
+    monkeypatch.setattr(g, "use_graphs", lambda mode, dev: True)
+    monkeypatch.setattr(g, "_capture", lambda *a, **k: time.sleep(took) or False)
+    model = gc._model(model_dirs["llama"])
+    for sampling in (Sampling(), Sampling(temperature=1.0)):
+        t = g.generate(model, gc.prompts((37,)), 4, sampling).timings
+        assert t["graph_capture_s"] >= took and len(t["decode_step_s"]) == 3, t
+        assert sum(t["decode_step_s"]) < t["total_s"] - t["prefill_s"] - took, t
+
+
 @pytest.mark.parametrize("layout", ["zigzag", "striped"])
 def test_prefill_pads_a_prompt_of_any_length(pool, model_dirs, layout):
     # 61 tokens on 4 ranks: padded to 64 (zigzag) / 64 (striped); the logits are those of token 60
