@@ -124,15 +124,17 @@ def test_stop_tokens_end_one_sequence(pool, model_dirs):
 def test_greedy_loop_reads_tokens_late_and_stops_where_the_tokens_say(pool, model_dirs, world):
     """Greedy decoding feeds each step's tokens to the next on the device and reads them a step
     late: when every sequence has stopped, the step already launched is dropped unseen (no
-    tokens, no on_tokens call, no shard lengths, no timing), and each step's call comes once, in
-    order, with the tokens transformers chooses."""
+    tokens, no on_tokens or on_logits call, no shard lengths, no timing), and each step's calls
+    come once, in order, with the tokens transformers chooses (on_logits: the logits they come from)."""
     path = model_dirs["qwen2"]
     want = hf_greedy(path, LENGTHS, NEW)
     # both sequences stop at step 3 (their 4th token); a stop token that came earlier would end them sooner
     eos = (want[0][3], want[1][3])
     assert not set(eos) & set(want[0][:3] + want[1][:3])
-    for tokens, history, calls, timed in pool.run(gc.run_generate_stream, path, LENGTHS, NEW, eos, world=world):
+    for rank, (tokens, history, calls, timed, seen) in enumerate(
+            pool.run(gc.run_generate_stream, path, LENGTHS, NEW, eos, world=world)):
         assert tokens == [w[:4] for w in want]
+        assert seen == ([c[:2] for c in calls] if rank == 0 else []), (rank, seen)
         assert [c[0] for c in calls] == [0, 1, 2, 3]
         assert [c[1] for c in calls] == [[want[0][i], want[1][i]] for i in range(4)]
         assert calls[-1][2] == [True, True] and calls[-2][2] == [False, False]
