@@ -337,15 +337,20 @@ def stream_names(model, device) -> dict[int, str]:
 
 
 def _held(snapshot, index: int):
-    """Per stream, (reserved, allocated) bytes of the caching allocator's segments now."""
+    """Per stream, (reserved, allocated) bytes of the caching allocator's segments now.  A block
+    freed while another stream still used it ("active_awaiting_free") counts as allocated: the
+    history's free_completed for it comes later (else a stream's allocated bytes go negative)."""
     reserved, allocated = {}, {}
     for seg in snapshot["segments"]:
         if seg.get("device", index) != index:
             continue
         st = seg["stream"]
         reserved[st] = reserved.get(st, 0) + seg["total_size"]
-        allocated[st] = allocated.get(st, 0) + sum(b["size"] for b in seg["blocks"] if b["state"] == "active_allocated")
+        allocated[st] = allocated.get(st, 0) + sum(b["size"] for b in seg["blocks"] if b["state"] in _IN_USE)
     return reserved, allocated
+
+
+_IN_USE = ("active_allocated", "active_awaiting_free")
 
 
 _GROW, _SHRINK = ("segment_alloc", "segment_map"), ("segment_free", "segment_unmap")
