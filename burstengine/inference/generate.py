@@ -307,8 +307,8 @@ class _TokenReader:
     def start(self, tokens: torch.Tensor) -> "_Read":
         k, self.turn = self.turn, 1 - self.turn
         self.bufs[k].copy_(tokens, non_blocking=self.events[k] is not None)
-        if self.events[k] is not None:
-            self.events[k].record()
+        if self.events[k] is not None:  # on the stream the copy ran on: the tokens' device may not be the current one
+            self.events[k].record(torch.cuda.current_stream(tokens.device))
         return _Read(self.bufs[k], self.events[k])
 
 

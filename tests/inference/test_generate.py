@@ -158,6 +158,25 @@ def test_greedy_steps_do_not_choose_on_the_host(model_dirs, monkeypatch):
     assert len(calls) == 1 + 5
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_greedy_token_read_waits_on_the_tokens_device():
+    """The host reads a greedy step's tokens once the event after their copy has passed: recorded
+    on the current device's stream, with the model on another GPU, it passed at once and the
+    host read the pinned buffer before the copy had landed."""
+    import importlib
+
+    g = importlib.import_module("burstengine.inference.generate")
+    dev = torch.device("cuda:1")
+    with torch.cuda.device(0):
+        reader = g._TokenReader(4, dev)
+        x = torch.randn(4096, 4096, device=dev) / 64
+        for t in range(1, 21):
+            y = x
+            for _ in range(20):  # work ahead of the tokens on their device's stream
+                y = torch.tanh(y @ x)
+            assert reader.start((y[0, :4] * 0).long() + t).tokens() == [t] * 4, t
+
+
 def test_graph_capture_time_is_reported_and_not_a_steps(model_dirs, monkeypatch):
     """timings["graph_capture_s"] is the first step's capture (a capture that fails and leaves the
     step op by op is timed too), kept out of decode_step_s: the greedy loop once reported 0."""
