@@ -79,13 +79,15 @@ def run_generate(group, path, lengths, max_new, seed=0, layout="zigzag", **sampl
 
 def run_generate_stream(group, path, lengths, max_new, eos):
     """Greedy tokens with stop tokens, and what generation reported on the way: the on_tokens
-    calls, the shard lengths per step and the number of timed steps."""
+    calls, the shard lengths per step, the number of timed steps and the on_logits calls (step,
+    the logits' greedy tokens; rank 0's, [] elsewhere)."""
     from burstengine.inference import Sampling, generate
 
-    calls = []
+    calls, seen = [], []
     out = generate(_model(path), prompts(lengths), max_new, Sampling(eos=eos), group=group,
-                   on_tokens=lambda i, tok, done: calls.append((i, tok, done)))
-    return out.tokens, out.shard_lengths, calls, len(out.timings["decode_step_s"])
+                   on_tokens=lambda i, tok, done: calls.append((i, tok, done)),
+                   on_logits=lambda i, x: seen.append((i, x.argmax(-1).tolist())))
+    return out.tokens, out.shard_lengths, calls, len(out.timings["decode_step_s"]), seen
 
 
 def run_generate_logits(group, path, lengths, max_new, seed=0, prefill=False, **kw):

@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 import burstengine as be
-from burstengine.schedule import backward_bytes, forward_bytes, hop_bytes
+from burstengine.schedule import backward_bytes, forward_bytes, home_bytes, hop_bytes
 from burstengine.schedule import Topology, link_hops
 from burstengine.testing import dense_attention, rel_err
 
@@ -58,10 +58,12 @@ def double_ring_matrix(group, shape, seed, n=8, dtype=torch.float32):
         e = torch.tensor([], dtype=dtype).element_size()
         fdata, _ = hop_bytes("forward", B, n, H, hkv, D, e)
         bdata, bgrad = hop_bytes(backward, B, n, H, hkv, D, e)
+        bhome = home_bytes(backward, B, n, H, hkv, D, e)
         want_link = {}
         for link in ("intra", "inter"):
             want_link[f"forward.{link}"] = hops["data"][link] * fdata
-            want_link[f"backward.{link}"] = hops["data"][link] * bdata + hops["grad"][link] * bgrad
+            want_link[f"backward.{link}"] = (hops["data"][link] * bdata + hops["grad"][link] * bgrad
+                                             + hops["home"][link] * bhome)
         rows.append(dict(
             layout=layout, causal=causal, backward=backward, hkv=hkv,
             err=max(rel_err(a, b) for a, b in zip(dbl[:5], want)),

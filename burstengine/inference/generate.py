@@ -109,8 +109,8 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
     ``on_tokens(step, tokens (B,) list, done (B,) list)`` is called on every rank after each
     step's tokens are known (streaming); ``on_logits(step, logits)`` on rank 0 with the (B,
     vocab) float32 logits (float64 for a float64 model) each step's tokens are chosen from (step
-    0: the prefill's), on the device, before sampling; the tensor is the step's own buffer (a
-    CUDA graph's output), so copy what you keep."""
+    0: the prefill's), on the device, just before that step's on_tokens (never for a step dropped
+    unseen); the tensor may be the step's own buffer (a CUDA graph's output), so copy what you keep."""
     sampling = sampling or Sampling()
     if not isinstance(model, OurLlama):
         raise ValueError("generate runs burstengine's LLaMA (impl 'ours'); this model is a transformers one")
@@ -174,10 +174,12 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
     fed = tok                                  # the tokens the next step feeds (host, or the device's)
     t_last = time.perf_counter()               # when the last step's tokens reached the host
 
-    def accept(i, new, lengths):
+    def accept(i, new, lengths, seen=None):
         nonlocal t_last
         if all(done):  # a step launched before the host saw that every sequence had stopped
             return
+        if seen is not None:  # its logits too are seen only when its tokens are
+            on_logits(i, seen)
         for b, t in enumerate(new):
             if not done[b]:
                 out[b].append(t)
@@ -199,24 +201,26 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
             t0 = time.perf_counter()
             graphed = _capture(step, graphs, world, group, dev)
             sync()
-            t_last += time.perf_counter() - t0
+            capture_s = time.perf_counter() - t0
+            t_last += capture_s
         with torch.profiler.record_function(STEP_LABEL):  # what bench decode --profile reads
             logits = step.launch()
-        if on_logits and rank == 0:
-            on_logits(i, logits)
+        # on_logits waits with the step's tokens (a dropped step's are not seen); greedy's wait a
+        # step, past the next launch, which overwrites a graph's output buffer: they wait as a copy
+        seen = None if not (on_logits and rank == 0) else logits if reader is None else logits.clone()
         cache.advance(owner)
         if reader is None:
             fed = _choose(logits, B, sampling, gen, rank, world, group, dev)
             sync()
-            accept(i, fed.tolist(), list(cache.lengths))
+            accept(i, fed.tolist(), list(cache.lengths), seen)
             continue
         fed = _choose_on_device(logits, B, rank, world, group, dev)
         read = reader.start(fed)
         if pending is not None:
-            accept(pending[0], pending[1].tokens(), pending[2])
-        pending = (i, read, list(cache.lengths))
+            accept(pending[0], pending[1].tokens(), *pending[2:])
+        pending = (i, read, list(cache.lengths), seen)
     if pending is not None:
-        accept(pending[0], pending[1].tokens(), pending[2])
+        accept(pending[0], pending[1].tokens(), *pending[2:])
     del step  # the graph and its memory pool go now, before the cache they point into
     timings = dict(prefill_s=t_prefill, decode_step_s=step_s, total_s=time.perf_counter() - t_start,
                    prompt_lengths=L, padded_length=S, world=world, graphs=graphed, graph_capture_s=capture_s,
@@ -303,8 +307,8 @@ class _TokenReader:
     def start(self, tokens: torch.Tensor) -> "_Read":
         k, self.turn = self.turn, 1 - self.turn
         self.bufs[k].copy_(tokens, non_blocking=self.events[k] is not None)
-        if self.events[k] is not None:
-            self.events[k].record()
+        if self.events[k] is not None:  # on the stream the copy ran on: the tokens' device may not be the current one
+            self.events[k].record(torch.cuda.current_stream(tokens.device))
         return _Read(self.bufs[k], self.events[k])
 
 

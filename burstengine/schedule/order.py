@@ -139,15 +139,18 @@ def node_blocks(topo: Topology) -> tuple[list[list[int]], list[list[int]]]:
 
 
 def link_hops(nodes: int, per_node: int) -> dict[str, dict[str, int]]:
-    """Hops each rank makes per loop: {"data": {"intra": x, "inter": y}, "grad": {...}}; the
-    byte accounting of the double ring (multiply by the message sizes)."""
+    """Hops each rank makes per loop: {"data": {"intra": x, "inter": y}, "grad": {...}, "home":
+    {...}}; the byte accounting of the double ring (multiply by the message sizes: data and grad
+    by traffic.hop_bytes', home, the finished gradient's last hop, by traffic.home_bytes: it
+    travels in the inputs' dtype, the partials before it in float32)."""
     data = {"intra": 0, "inter": 0}
     grad = {"intra": 0, "inter": 0}
+    home = {"intra": 0, "inter": 0}
     for p in double_ring_steps(nodes, per_node):
         data["inter"] += p.data_inter
         data["intra"] += p.data_intra
         if p.grad_out:
             grad[p.grad_out] += 1
     if nodes * per_node > 1:
-        grad["inter" if nodes > 1 else "intra"] += 1  # home
-    return {"data": data, "grad": grad}
+        home["inter" if nodes > 1 else "intra"] += 1
+    return {"data": data, "grad": grad, "home": home}

@@ -147,6 +147,44 @@ def test_memory_trace_replay_says_what_each_stream_held_at_the_peak_and_before_a
     assert got["events"] == len(trace) and got["ooms"] == 0
 
 
+def test_memory_trace_counts_a_block_awaiting_its_free_as_allocated():
+    # a block freed while another stream used it is "active_awaiting_free" in the snapshot the
+    # history starts from; its free_completed comes in the history: the stream's bytes in use
+    # must not go below zero
+    from burstengine.bench.probes.profile import _held, replay
+    G = 2**30
+    seg = dict(device=0, stream=1, total_size=4 * G, blocks=[dict(size=G, state="active_allocated"),
+                                                              dict(size=2 * G, state="active_awaiting_free"),
+                                                              dict(size=G, state="inactive")])
+    other = dict(device=1, stream=1, total_size=8 * G, blocks=[dict(size=8 * G, state="active_allocated")])
+    reserved, allocated = _held({"segments": [seg, other]}, 0)
+    assert reserved == {1: 4 * G} and allocated == {1: 3 * G}
+    got = replay(reserved, allocated, [dict(action="free_completed", stream=1, size=2 * G),
+                                       dict(action="segment_map", stream=1, size=G)], {1: "compute"})
+    assert got["at_peak"] == {"compute": {"reserved": 5.0, "allocated": 1.0}}, got
+
+
+def test_memory_trace_tells_each_release_alone():
+    # an empty_cache (a release no allocation retried: the next one comes from a cached block),
+    # then a retry's release past the number told: neither its bytes nor its allocation are the
+    # first release's
+    from burstengine.bench.probes.profile import replay
+    G = 2**30
+    trace = [dict(action="segment_unmap", stream=1, size=G),
+             dict(action="free_requested", stream=1, size=G), dict(action="free_completed", stream=1, size=G),
+             dict(action="alloc", stream=1, size=G // 4),
+             dict(action="segment_unmap", stream=2, size=2 * G), dict(action="segment_map", stream=1, size=3 * G),
+             dict(action="alloc", stream=1, size=3 * G)]
+    got = replay({1: 4 * G, 2: 2 * G}, {1: G}, trace, {1: "compute"}, releases=1)
+    assert got["releases"] == [{"before": {"compute": {"reserved": 4.0, "allocated": 1.0},
+                                           "stream 2": {"reserved": 2.0, "allocated": 0.0}},
+                                "freed": {"compute": 1.0}, "next_alloc": None}], got["releases"]
+    assert len(replay({1: 4 * G, 2: 2 * G}, {1: G}, trace, {1: "compute"})["releases"]) == 2
+    # nor is a later growth's allocation, with no release between
+    grown = trace[:4] + trace[5:]
+    assert replay({1: 4 * G, 2: 2 * G}, {1: G}, grown, {1: "compute"})["releases"][0]["next_alloc"] is None
+
+
 def test_profile_gap_causes_match_a_moment_by_moment_count():
     # random profiles on a 1-us grid: each idle microsecond of a gap of >= 10 us goes to the
     # shortest op over it (lengths all distinct: no ties), on any thread; ops that start before

@@ -22,6 +22,22 @@ def test_double_ring_matches_reference_and_single_ring(pool, world, shape):
             assert r["split"][0] == r["split"][1], where
 
 
+@pytest.mark.parametrize("world,shape", [(4, "2x2"), (3, "3x1")])
+def test_double_ring_bf16_bytes_per_link(pool, world, shape):
+    """Under bf16 the finished gradient goes home in bf16, the partials before it in float32:
+    schedule.link_hops counts the home hop apart, so its per-link bytes are comm_stats' still."""
+    import torch
+
+    for rank, rows in enumerate(pool.run(topo_cases.double_ring_matrix, shape, world, dtype=torch.bfloat16,
+                                         world=world)):
+        for r in rows:
+            where = f"{shape} rank {rank} {r['layout']} causal={r['causal']} {r['backward']} hkv={r['hkv']}"
+            assert r["vs_single"] <= 2e-2, f"{where}: differs from the single ring by {r['vs_single']:.2e}"
+            assert r["fwd"][0] == r["fwd"][1] and r["bwd"][0] == r["bwd"][1], f"{where}: bytes {r}"
+            seen, want = r["links"]
+            assert seen == want, f"{where}: bytes per link {seen} != {want}"
+
+
 def test_one_node_topologies_are_the_single_ring_bitwise(pool):
     for rank, (same, stats) in enumerate(pool.run(topo_cases.one_node_is_the_single_ring, 3, world=4)):
         assert same, f"rank {rank}: a one-node topology changed the numbers"

@@ -124,15 +124,17 @@ def test_stop_tokens_end_one_sequence(pool, model_dirs):
 def test_greedy_loop_reads_tokens_late_and_stops_where_the_tokens_say(pool, model_dirs, world):
     """Greedy decoding feeds each step's tokens to the next on the device and reads them a step
     late: when every sequence has stopped, the step already launched is dropped unseen (no
-    tokens, no on_tokens call, no shard lengths, no timing), and each step's call comes once, in
-    order, with the tokens transformers chooses."""
+    tokens, no on_tokens or on_logits call, no shard lengths, no timing), and each step's calls
+    come once, in order, with the tokens transformers chooses (on_logits: the logits they come from)."""
     path = model_dirs["qwen2"]
     want = hf_greedy(path, LENGTHS, NEW)
     # both sequences stop at step 3 (their 4th token); a stop token that came earlier would end them sooner
     eos = (want[0][3], want[1][3])
     assert not set(eos) & set(want[0][:3] + want[1][:3])
-    for tokens, history, calls, timed in pool.run(gc.run_generate_stream, path, LENGTHS, NEW, eos, world=world):
+    for rank, (tokens, history, calls, timed, seen) in enumerate(
+            pool.run(gc.run_generate_stream, path, LENGTHS, NEW, eos, world=world)):
         assert tokens == [w[:4] for w in want]
+        assert seen == ([c[:2] for c in calls] if rank == 0 else []), (rank, seen)
         assert [c[0] for c in calls] == [0, 1, 2, 3]
         assert [c[1] for c in calls] == [[want[0][i], want[1][i]] for i in range(4)]
         assert calls[-1][2] == [True, True] and calls[-2][2] == [False, False]
@@ -154,6 +156,42 @@ def test_greedy_steps_do_not_choose_on_the_host(model_dirs, monkeypatch):
     assert len(calls) == 1  # the prefill's token
     g.generate(model, gc.prompts((37,)), 5, Sampling(temperature=1.0))
     assert len(calls) == 1 + 5
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_greedy_token_read_waits_on_the_tokens_device():
+    """The host reads a greedy step's tokens once the event after their copy has passed: recorded
+    on the current device's stream, with the model on another GPU, it passed at once and the
+    host read the pinned buffer before the copy had landed."""
+    import importlib
+
+    g = importlib.import_module("burstengine.inference.generate")
+    dev = torch.device("cuda:1")
+    with torch.cuda.device(0):
+        reader = g._TokenReader(4, dev)
+        x = torch.randn(4096, 4096, device=dev) / 64
+        for t in range(1, 21):
+            y = x
+            for _ in range(20):  # work ahead of the tokens on their device's stream
+                y = torch.tanh(y @ x)
+            assert reader.start((y[0, :4] * 0).long() + t).tokens() == [t] * 4, t
+
+
+def test_graph_capture_time_is_reported_and_not_a_steps(model_dirs, monkeypatch):
+    """timings["graph_capture_s"] is the first step's capture (a capture that fails and leaves the
+    step op by op is timed too), kept out of decode_step_s: the greedy loop once reported 0."""
+    import importlib
+    import time
+
+    g = importlib.import_module("burstengine.inference.generate")
+    took = 0.5
+    monkeypatch.setattr(g, "use_graphs", lambda mode, dev: True)
+    monkeypatch.setattr(g, "_capture", lambda *a, **k: time.sleep(took) or False)
+    model = gc._model(model_dirs["llama"])
+    for sampling in (Sampling(), Sampling(temperature=1.0)):
+        t = g.generate(model, gc.prompts((37,)), 4, sampling).timings
+        assert t["graph_capture_s"] >= took and len(t["decode_step_s"]) == 3, t
+        assert sum(t["decode_step_s"]) < t["total_s"] - t["prefill_s"] - took, t
 
 
 @pytest.mark.parametrize("layout", ["zigzag", "striped"])

@@ -110,13 +110,16 @@ def test_inter_hop_overlaps_a_whole_round(nodes, m):
 def test_hop_counts(nodes, m):
     G = nodes * m
     h = link_hops(nodes, m)
+    zero = {"intra": 0, "inter": 0}
     if G == 1:
-        assert h == {"data": {"intra": 0, "inter": 0}, "grad": {"intra": 0, "inter": 0}}
+        assert h == {"data": zero, "grad": zero, "home": zero}
         return
-    assert sum(h["data"].values()) == G - 1 and sum(h["grad"].values()) == G  # as the single ring
+    # as the single ring: G - 1 partial hops and one home (in the inputs' dtype: counted apart)
+    assert sum(h["data"].values()) == G - 1 and sum(h["grad"].values()) == G - 1
+    assert h["home"] == {"intra": int(nodes == 1), "inter": int(nodes > 1)}
     assert h["data"]["inter"] == nodes - 1  # only one inter-node hop per round
     assert h["data"]["intra"] == nodes * (m - 1)
-    assert h["grad"]["inter"] == (nodes if nodes > 1 else 0)
+    assert h["grad"]["inter"] + h["home"]["inter"] == (nodes if nodes > 1 else 0)
 
 
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "burst_backward"])

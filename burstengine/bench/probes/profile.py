@@ -337,15 +337,20 @@ def stream_names(model, device) -> dict[int, str]:
 
 
 def _held(snapshot, index: int):
-    """Per stream, (reserved, allocated) bytes of the caching allocator's segments now."""
+    """Per stream, (reserved, allocated) bytes of the caching allocator's segments now.  A block
+    freed while another stream still used it ("active_awaiting_free") counts as allocated: the
+    history's free_completed for it comes later (else a stream's allocated bytes go negative)."""
     reserved, allocated = {}, {}
     for seg in snapshot["segments"]:
         if seg.get("device", index) != index:
             continue
         st = seg["stream"]
         reserved[st] = reserved.get(st, 0) + seg["total_size"]
-        allocated[st] = allocated.get(st, 0) + sum(b["size"] for b in seg["blocks"] if b["state"] == "active_allocated")
+        allocated[st] = allocated.get(st, 0) + sum(b["size"] for b in seg["blocks"] if b["state"] in _IN_USE)
     return reserved, allocated
+
+
+_IN_USE = ("active_allocated", "active_awaiting_free")
 
 
 _GROW, _SHRINK = ("segment_alloc", "segment_map"), ("segment_free", "segment_unmap")
@@ -384,14 +389,19 @@ def replay(reserved: dict, allocated: dict, trace: list, names: dict[int, str], 
                 for st in sorted(set(reserved) | set(allocated), key=lambda s: -reserved.get(s, 0))}
 
     peak, at_peak, out, prev = sum(reserved.values()), view(), [], None
+    rec = None  # the release being told: from its first release of cached memory to the next allocation
     for ev in trace:
         a, st, n = ev["action"], ev["stream"], ev["size"]
-        if a in _SHRINK and prev not in _SHRINK and len(out) < releases:
-            out.append({"before": view(), "freed": {}, "next_alloc": None})
-        if a in _SHRINK and out and out[-1]["next_alloc"] is None:
-            out[-1]["freed"][label(st)] = round(out[-1]["freed"].get(label(st), 0) + n / 2**30, 3)
-        if a == "alloc" and out and out[-1]["next_alloc"] is None and prev in _SHRINK + _GROW:
-            out[-1]["next_alloc"] = {"stream": label(st), "gib": round(n / 2**30, 3)}
+        if a in _SHRINK and prev not in _SHRINK:  # a release begins; those past the first ``releases`` untold
+            rec = {"before": view(), "freed": {}, "next_alloc": None} if len(out) < releases else None
+            if rec is not None:
+                out.append(rec)
+        if a in _SHRINK and rec is not None:
+            rec["freed"][label(st)] = round(rec["freed"].get(label(st), 0) + n / 2**30, 3)
+        if a == "alloc" and rec is not None:
+            if prev in _SHRINK + _GROW:  # the allocation that retried (an empty_cache asks for none)
+                rec["next_alloc"] = {"stream": label(st), "gib": round(n / 2**30, 3)}
+            rec = None  # a later release, or a later allocation, is not this release's
         if a in _GROW:
             reserved[st] = reserved.get(st, 0) + n
         elif a in _SHRINK:
