@@ -138,22 +138,30 @@ def _sent_rows(layout, pattern, world, n, side):
 def hop_bytes(scheme: str, B: int, n: int, H: int, Hkv: int, D: int, elem: int) -> tuple[int, int]:
     """(travelling data, travelling gradient partial) bytes one rank sends per hop of one loop.
 
-    scheme "forward": k, v; "burst": q, dout in the input dtype + lse, delta in fp32, and dq in
-    fp32; "ring": k, v, and dk, dv in fp32.  Whole shards' last partial goes home finished, in
-    the input dtype: :func:`home_bytes`."""
+    scheme "forward": k, v; "burst": q, dout in the input dtype + lse, delta in the accumulator's
+    dtype, and dq in it; "ring": k, v, and dk, dv in the accumulator's dtype.  The accumulator is
+    float32, float64 for float64 inputs (kernels.acc_dtype).  Whole shards' last partial goes
+    home finished, in the input dtype: :func:`home_bytes`."""
+    acc = _acc_bytes(elem)
     if scheme == "forward":
         return B * n * Hkv * D * 2 * elem, 0
     if scheme == "burst":
-        return B * n * H * (2 * D * elem + 8), B * n * H * D * 4
+        return B * n * H * (2 * D * elem + 2 * acc), B * n * H * D * acc
     if scheme == "ring":
-        return B * n * Hkv * D * 2 * elem, B * n * Hkv * D * 2 * 4
+        return B * n * Hkv * D * 2 * elem, B * n * Hkv * D * 2 * acc
     raise ValueError(f"unknown scheme {scheme!r}")
+
+
+def _acc_bytes(elem: int) -> int:
+    """Bytes of an accumulator element for inputs of ``elem`` bytes (kernels.acc_dtype: float64
+    stays float64, everything narrower accumulates in float32)."""
+    return 8 if elem == 8 else 4
 
 
 def home_bytes(scheme: str, B: int, n: int, H: int, Hkv: int, D: int, elem: int) -> int:
     """Bytes of whole shards' last gradient hop, home: the finished dq ("burst") or dk, dv
     ("ring") in the input dtype (comm/rings.py Reducer.home); 0 for "forward"."""
-    return hop_bytes(scheme, B, n, H, Hkv, D, elem)[1] * elem // 4
+    return hop_bytes(scheme, B, n, H, Hkv, D, elem)[1] * elem // _acc_bytes(elem)
 
 
 def _trimmed_bytes(scheme: str, B, n, H, Hkv, D, elem, world, layout, mask) -> list[int] | None:

@@ -48,3 +48,15 @@ def test_finished_gradient_goes_home_in_bf16_and_changes_no_bit(pool, world, cau
         n = 10
         saved = home_bytes(backward, 1, n, 4, 2, 32, 2)
         assert old_bytes - new_bytes == saved > 0, (rank, old_bytes, new_bytes)
+
+
+@pytest.mark.parametrize("backward", ["burst", "ring"])
+@pytest.mark.parametrize("world", [2, 3])
+def test_float64_bytes_are_the_schedules(pool, world, backward):
+    """float64 inputs accumulate, and send their partials, lse and D, in float64: comm_stats and
+    schedule.backward_bytes agree there too (they counted float32 partials before)."""
+    for rank, rows in enumerate(pool.run(dist_cases.attention_matrix, 3, True, "zigzag", backward,
+                                         dtype=torch.float64, world=world)):
+        for r in rows:
+            assert r["bwd_bytes"] == r["want_bwd"] and r["fwd_bytes"] == r["want_fwd"], (rank, r)
+            assert max(r[k] for k in ("out", "dq", "dk", "dv")) <= TOL
