@@ -292,8 +292,7 @@ class Reducer:
         ring's stay float32: they are added to the owner's own contribution at home."""
         last = len(self.comm.steps) - 1
         if self.rows is None:
-            dtypes = [None] * len(self._done) if dtype is None else dtype
-            done = [t if d is None else t.to(d) for t, d in zip(self._done, dtypes)]
+            done = self._done if dtype is None else [t.to(d) for t, d in zip(self._done, dtype)]
             return self.comm.home(done, self.phase, self.names, self.direction)
         own = self._own if self._own is not None else self.zeros(None)
         if self.comm.world == 1 or last == 0:

@@ -207,7 +207,9 @@ def generate(model: PrefillModel, prompts, max_new_tokens: int, sampling: Sampli
             logits = step.launch()
         # on_logits waits with the step's tokens (a dropped step's are not seen); greedy's wait a
         # step, past the next launch, which overwrites a graph's output buffer: they wait as a copy
-        seen = None if not (on_logits and rank == 0) else logits if reader is None else logits.clone()
+        seen = None
+        if on_logits and rank == 0:
+            seen = logits if reader is None else logits.clone()
         cache.advance(owner)
         if reader is None:
             fed = _choose(logits, B, sampling, gen, rank, world, group, dev)

@@ -142,7 +142,7 @@ def link_hops(nodes: int, per_node: int) -> dict[str, dict[str, int]]:
     """Hops each rank makes per loop: {"data": {"intra": x, "inter": y}, "grad": {...}, "home":
     {...}}; the byte accounting of the double ring (multiply by the message sizes: data and grad
     by traffic.hop_bytes', home, the finished gradient's last hop, by traffic.home_bytes: it
-    travels in the inputs' dtype, the partials before it in float32)."""
+    travels in the inputs' dtype, the partials before it in the accumulator's)."""
     data = {"intra": 0, "inter": 0}
     grad = {"intra": 0, "inter": 0}
     home = {"intra": 0, "inter": 0}

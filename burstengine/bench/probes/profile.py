@@ -336,6 +336,9 @@ def stream_names(model, device) -> dict[int, str]:
     return names
 
 
+_IN_USE = ("active_allocated", "active_awaiting_free")
+
+
 def _held(snapshot, index: int):
     """Per stream, (reserved, allocated) bytes of the caching allocator's segments now.  A block
     freed while another stream still used it ("active_awaiting_free") counts as allocated: the
@@ -348,9 +351,6 @@ def _held(snapshot, index: int):
         reserved[st] = reserved.get(st, 0) + seg["total_size"]
         allocated[st] = allocated.get(st, 0) + sum(b["size"] for b in seg["blocks"] if b["state"] in _IN_USE)
     return reserved, allocated
-
-
-_IN_USE = ("active_allocated", "active_awaiting_free")
 
 
 _GROW, _SHRINK = ("segment_alloc", "segment_map"), ("segment_free", "segment_unmap")
@@ -426,11 +426,15 @@ def memory_lines(mt: dict) -> list[str]:
     out = [f"allocator history ({mt['events']} events): reserved at most {mt['peak_reserved_gib']:.1f} GiB, by "
            f"stream (GiB): {held(mt['at_peak'])}"]
     for i, r in enumerate(mt["releases"]):
-        nxt = r["next_alloc"]
-        out.append(f"  release {i + 1}: before it {held(r['before'])}; freed "
-                   + ", ".join(f"{k} {v:.1f}" for k, v in r["freed"].items())
-                   + (f"; then {nxt['gib']:.2f} GiB on {nxt['stream']}" if nxt else ""))
+        out.append(f"  release {i + 1}: before it {held(r['before'])}; freed {released(r)}")
     return out
+
+
+def released(r: dict) -> str:
+    """What one release of a memory trace freed, per stream, and the allocation that followed it."""
+    nxt = r["next_alloc"]
+    return (", ".join(f"{k} {v:.1f}" for k, v in r["freed"].items())
+            + (f"; then {nxt['gib']:.2f} GiB on {nxt['stream']}" if nxt else ""))
 
 
 def allocator_counts(device) -> dict:
@@ -606,10 +610,7 @@ def block_memory_streams(records):
     mt = rec["memory_trace"]
     body = [["the step's highest reserved total", ""] + [_held_cell(mt["at_peak"], k) for k in _STREAMS]]
     for i, r in enumerate(mt["releases"]):
-        nxt = r["next_alloc"]
-        body.append([f"before release {i + 1}", ", ".join(f"{k} {fixed(v, 1)}" for k, v in r["freed"].items())
-                     + (f"; then {fixed(nxt['gib'], 2)} GiB on {nxt['stream']}" if nxt else "")]
-                    + [_held_cell(r["before"], k) for k in _STREAMS])
+        body.append([f"before release {i + 1}", released(r)] + [_held_cell(r["before"], k) for k in _STREAMS])
     return "\n".join([f"`bench profile --memory-trace`, llama-7b at 128K over 2 ranks on {device_of(rec)} (rank 0, "
                       f"`{MEMORY_RUN}`, {str(rec['commit'])[:7]}): GiB held / in use per stream, reserved at most "
                       f"{fixed(mt['peak_reserved_gib'], 1)} GiB:", ""]
