@@ -493,7 +493,7 @@ RANK_RUNS = ("decode_8b_2gpu_128k.json", "decode_8b_2gpu_512k.json", "decode_8b_
              "decode_8b_2gpu_128k_tiles.json", "decode_8b_2gpu_512k_tiles.json", "decode_8b_2gpu_1m_raw.json",
              "decode_8b_2gpu_128k_b8_cuts.json", "decode_8b_4gpu_128k.json", "decode_8b_4gpu_1m.json",
              "decode_8b_4gpu_128k_cuts.json", "decode_8b_4gpu_128k_b8_cuts.json", "decode_8b_2gpu_128k_hostfree.json",
-             "decode_8b_2gpu_512k_hostfree.json")
+             "decode_8b_2gpu_512k_hostfree.json", "decode_8b_4gpu_1m_cuts.json")
 # the decode step's kernel cuts (packed projections, compiled merge and gather, the GEMV kernel):
 # (launch, what ran, record); each launch times the step before and after them on the same machine
 STEP_RUNS = (("1 GPU", "before (93b8049)", "decode_8b_1gpu_128k_before.json"),

@@ -539,9 +539,11 @@ def block_scale_4gpu(records):
     return _scale_block(records, ("train_llama-8b_4gpu_128k.json", "train_llama-8b_4gpu_128k_pair.json",
                                   "train_llama-8b_4gpu_128k_h100.json", "train_llama-8b_4gpu_256k.json",
                                   "train_llama-8b_4gpu_256k_pair.json", "train_llama-8b_4gpu_256k_warm.json",
-                                  "train_llama-8b_4gpu_512k.json"),
+                                  "train_llama-8b_4gpu_512k.json",
+                                  "train_llama-8b_4gpu_128k_offload.json", "train_llama-8b_4gpu_256k_h200.json"),
                         ("table5_llama-8b_4gpu_cp1.json", "table5_llama-8b_4gpu_cp2.json",
-                         "train_llama-8b_4gpu_128k_h100.json"),
+                         "train_llama-8b_4gpu_128k_h100.json", "table5_llama-8b_4gpu_cp1_h200.json",
+                         "train_llama-8b_4gpu_128k_offload.json"),
                         "over 4 ranks, one launch per length (warm-up + timed steps; `_256k_pair` and 512K: one cold "
                         "step each)")
 
