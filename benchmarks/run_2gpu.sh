@@ -14,6 +14,9 @@
 #                                           #     the graphed tensor-parallel step), then prefill-eff's 256K / 512K
 #   bash benchmarks/run_2gpu.sh hostfree    # 37: greedy decode with the host out of the loop beside the tree before
 #                                           #     ($OLD), 128K and 512K; the 256K prefill profiled (its last 6%)
+#   bash benchmarks/run_2gpu.sh fused       # 37: the step's kernel cuts of stop 53 (heads kernel, packed merge send,
+#                                           #     SwiGLU in the GEMV) beside the tree before ($OLD), 128K / 512K,
+#                                           #     the decode check first, the new step profiled
 #   bash benchmarks/run_2gpu.sh home16      # 35: the 7B step at 128K beside torch-CP and profiled after the ring's
 #                                           #     last gradient hop went home in bf16 (half the exposed bytes)
 #   bash benchmarks/run_2gpu.sh retries     # 35: does planning the reduce-scatter stream's cached gradients (12.6 GiB
@@ -153,6 +156,22 @@ hostfree)
   old old512 110 $BE $D8 --seqs 512K --name decode_8b_2gpu_512k_hostfree_before
   logged pre256 150 $BE prefill --models 8b --seqs 262144 --methods burst --warmup 1 --iters 1 --profile \
       --name prefill_8b_2gpu_256k_profile
+  ;;
+fused)  # 37: the step with the heads kernel (unpack, q/k norms, RoPE, K/V write in one), the merge's send
+        # without a copy and SwiGLU inside the down projection's GEMV, beside the tree before ($OLD); the
+        # decode check on 2 ranks first; the step profiled
+  D8="decode --model llama-3.1-8b --batches 1 --tokens 16 --warmup 4 --sliced --eager-max 1"
+  old() {  # python -m puts the working directory first on the path: run from the old tree
+    (cd "$OLD" && BURST_COMMIT=${OLD_COMMIT:-} PYTHONPATH=$PWD logged "$@")
+  }
+  logged check 150 $BE decode --check --model tiny --seqs 1K --batches 1 --tokens 4 --warmup 2 \
+      --name decode_check_2gpu_fused
+  logged new128 80 $BE $D8 --seqs 128K --name decode_8b_2gpu_128k_fused
+  old old128 80 $BE $D8 --seqs 128K --name decode_8b_2gpu_128k_fused_before
+  logged new512 110 $BE $D8 --seqs 512K --name decode_8b_2gpu_512k_fused
+  old old512 110 $BE $D8 --seqs 512K --name decode_8b_2gpu_512k_fused_before
+  logged prof 90 $BE decode --model llama-3.1-8b --seqs 128K --batches 1 --tokens 8 --warmup 2 --sliced \
+      --eager-max 1 --profile 8 --name decode_8b_2gpu_128k_profile3
   ;;
 home16)
   logged pair 260 $BE train --model llama-7b --methods burst,torch-cp --seqs 131072 --steps 2 --warmup 1 \

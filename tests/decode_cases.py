@@ -159,10 +159,12 @@ def in_generation():
 
 def _result(case, out, lse, ref):
     """What the test reads of one kernel call against the oracle's (out, lse)."""
+    from burstengine.inference.kvcache import packed
     ro, rl = ref
     seen = torch.isfinite(rl)
     return dict(
         dtype=str(case[7])[6:], out_dtype=str(out.dtype)[6:], lse_dtype=str(lse.dtype)[6:],
+        packed=packed(out, lse) is not None,
         nan=bool(torch.isnan(out).any() or torch.isnan(lse).any()),
         out_err=float((out.double() - ro).norm() / ro.norm().clamp_min(1e-30)) if seen.any() else 0.0,
         lse_err=float((lse.double() - rl)[seen].abs().max()) if seen.any() else 0.0,

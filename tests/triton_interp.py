@@ -1,6 +1,6 @@
 """Run our Triton kernels on the CPU through Triton's interpreter (TRITON_INTERPRET=1).
 
-Must be imported before anything imports triton.  Three fixes to Triton 3.6's interpreter,
+Must be imported before anything imports triton.  Five fixes to Triton 3.6's interpreter,
 for the test run only:
 * with NumPy >= 2.4, int() of the one-element arrays the interpreter keeps scalars in raises,
   so a loop bound computed in the kernel fails (`for t in range(a, b)`); read the element.
@@ -10,6 +10,8 @@ for the test run only:
   is what it means for one program at a time.
 * a cast down to float8 e4m3 keeps no subnormals and drops the rounding's carry into the
   exponent; round through torch instead (nearest even, saturating, what the GPU's cvt does).
+* a cast of float32 down to bfloat16 truncates the mantissa; round to nearest even through torch
+  (what the GPU does unless a kernel asks for rtz).
 """
 import os
 
@@ -65,6 +67,12 @@ def _convert_float(input, input_dtype, output_dtype, rounding_mode):
         x = torch.from_numpy(np.asarray(input).view(getattr(np, f"float{input_dtype.primitive_bitwidth}")).copy())
         x = x.float().clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
         return x.view(torch.uint8).numpy()
+    if output_dtype == tl.bfloat16 and input_dtype == tl.float32 and (rounding_mode is None
+                                                                    or "rtz" not in str(rounding_mode).lower()):
+        import torch
+
+        x = torch.from_numpy(np.asarray(input).view(np.float32).copy()).to(torch.bfloat16)
+        return x.view(torch.uint16).numpy()
     return _convert(input, input_dtype, output_dtype, rounding_mode)
 
 

@@ -147,6 +147,25 @@ class ShardedKVCache:
         _bytes(self.k[layer]).index_copy_(2, slot, _bytes(k)[:, :, None])
         _bytes(self.v[layer]).index_copy_(2, slot, _bytes(v)[:, :, None])
 
+    def writes_heads(self, every: torch.Tensor, head_dim: int, rope) -> bool:
+        """Whether :meth:`write_heads` runs here: a CUDA cache of the gathered heads' dtype (not
+        FP8), a power-of-two head dim, RoPE tables of whole rows, and the kernel passed its
+        self-check on this device (:func:`_heads_checked`)."""
+        B, D = every.shape[1], head_dim
+        return (not self.fp8 and every.is_cuda and every.dtype in (torch.float16, torch.bfloat16, torch.float32)
+                and self.k[0].dtype == every.dtype and D >= 16 and D & (D - 1) == 0
+                and (rope is None or tuple(rope[0].shape) == (B, head_dim))
+                and _heads_checked(every.device, every.dtype, head_dim))
+
+    def write_heads(self, layer: int, every: torch.Tensor, heads: tuple[int, int, int], slot: torch.Tensor, rope=None,
+                    norms=None) -> torch.Tensor:
+        """A tensor-parallel step's gathered heads ``every`` (W, B, (hq + hk + hv) D), in one
+        kernel: q (1, B, W hq, D) returned, the key (roped) and value heads written to ``slot``
+        of ``layer`` (kernels/triton/heads.py; what ``tensor_parallel.unpack_heads`` and
+        :meth:`write` do in five)."""
+        from ..kernels.triton import heads as kernel  # imports triton: only when the kernel runs
+        return kernel.unpack_write(every, *heads, self.k[layer], self.v[layer], slot, rope, norms)
+
     def attend(self, layer: int, q: torch.Tensor, valid: torch.Tensor, qpos: torch.Tensor, window: int | None,
                scale: float):
         """(out (B, H, D), lse (B, H)), float32 (float64 for float64 queries), of the queries (B, H, D) at positions
@@ -272,6 +291,49 @@ def _self_checked(device, dtype, D: int, fp8: bool = False) -> bool:
     return ok
 
 
+_HEADS_CHECKED: dict = {}
+
+
+def _heads_checked(device, dtype, D: int) -> bool:
+    """The heads kernel against the eager unpack, norms, RoPE and cache write on one small case
+    (2 ranks' heads, 2 sequences, q/k norms), once per (device, dtype, head dim) and process: a
+    kernel that disagrees, or cannot compile here, is never used (the eager path answers, with a
+    warning).  Never run inside a CUDA graph capture (the step's warm-up runs it first)."""
+    key = (str(device), dtype, D)
+    if key in _HEADS_CHECKED:
+        return _HEADS_CHECKED[key]
+    if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return True  # the warm-up before the capture has checked it
+    from types import SimpleNamespace
+
+    from ..model import tensor_parallel
+    g = torch.Generator(device="cpu").manual_seed(0)
+    W, B, hq, hk = 2, 2, 2, 1
+    every = torch.randn(W, B, (hq + 2 * hk) * D, generator=g).to(device, dtype)
+    norms = tuple(SimpleNamespace(weight=(torch.rand(D, generator=g) + 0.5).to(device, dtype), eps=1e-6,
+                                  plus_one=False) for _ in range(2))
+    ang = torch.rand(B, D, generator=g, dtype=torch.float64) * 10
+    rope = (ang.cos().float().to(device), ang.sin().float().to(device))
+    slot = torch.tensor([3], device=device)
+    kc, vc = (torch.zeros(B, W * hk, 5, D, dtype=dtype, device=device) for _ in range(2))
+    try:
+        from ..kernels.triton import heads as kernel
+        q = kernel.unpack_write(every, hq, hk, hk, kc, vc, slot, rope, norms)
+        rq, rk, rv = tensor_parallel.unpack_heads(every, (hq, hk, hk), rope, norms)
+        err = max(float((q.float() - rq.float()).abs().max()), float((kc[:, :, 3] - rk[0].float()).abs().max()),
+                  float((vc[:, :, 3].float() - rv[0].float()).abs().max()))
+        kc[:, :, 3] = vc[:, :, 3] = 0  # the other slots must still be the zeros they were
+        ok = err <= (1e-4 if dtype == torch.float32 else 5e-2) and not (kc.any() or vc.any())
+        why = f"it differs from the eager path by {err:.3g}"
+    except Exception as e:  # noqa: BLE001 (a kernel that cannot compile here: the eager path)
+        ok, why = False, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+    if not ok:
+        _warn_once(f"decode step: the Triton heads kernel failed its self-check on {device} ({dtype}, head dim {D}): "
+                   f"{why}; unpacking the heads and writing the cache op by op")
+    _HEADS_CHECKED[key] = ok
+    return ok
+
+
 def shard_attention(q, k, v, scale, valid=None, visible=None, window=None, qpos=None, kpos=None, k_scale=None,
                     v_scale=None):
     """Attention of one query per sequence and head, q (B, H, D), over the slots of k, v
@@ -280,7 +342,8 @@ def shard_attention(q, k, v, scale, valid=None, visible=None, window=None, qpos=
     (a (B, n) bool, when given) and, with a ``window``, ``qpos[b] - kpos[b, j] < window``.
     Every one of these is a device tensor, read on the device.  Returns (out (B, H, D), lse (B,
     H)) in float32 (float64 for float64 queries: the tests' oracle keeps its precision through
-    the merge); lse = -inf and out = 0 where no slot counts.  The kernel never reads a slot
+    the merge), views of one (B, H, D + 1) buffer (:func:`packed`); lse = -inf and out = 0 where
+    no slot counts.  The kernel never reads a slot
     past ``valid``; the math path reads every slot (weighing those 0), so they must hold finite
     values, as the cache's zero-filled ones do.  ``k_scale``, ``v_scale`` (B, Hkv, n): k and v are an
     FP8 cache, slot j's row ``scale[..., j] * row``."""
@@ -325,8 +388,10 @@ def _math(q, k, v, scale, valid, visible, window, qpos, kpos, k_scale=None, v_sc
         s = s.masked_fill(~sees[:, None, None, :], float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
-    out = torch.matmul(p, v.to(acc))
-    return out.reshape(B, H, D), lse.reshape(B, H)
+    ol = torch.empty(B, H, D + 1, dtype=acc, device=q.device)  # out and lse packed, as the kernel returns them
+    ol[..., :D] = torch.matmul(p, v.to(acc)).reshape(B, H, D)
+    ol[..., D] = lse.reshape(B, H)
+    return ol[..., :D], ol[..., D]
 
 
 def merge(parts: torch.Tensor):
@@ -342,13 +407,28 @@ def merge(parts: torch.Tensor):
     return o, m + torch.log(den)
 
 
+def packed(out: torch.Tensor, lse: torch.Tensor) -> torch.Tensor | None:
+    """The (B, H, D + 1) buffer whose views ``out`` ([..., :D]) and ``lse`` ([..., D]) are, as
+    :func:`shard_attention` returns them (so the merge's all-gather sends it without a copy), or
+    None when they are not."""
+    base = out._base
+    B, H, D = out.shape
+    if base is None or base is not lse._base or tuple(base.shape) != (B, H, D + 1) or not base.is_contiguous():
+        return None
+    if out.data_ptr() != base.data_ptr() or lse.data_ptr() != base[..., D].data_ptr():
+        return None
+    return base
+
+
 def gather_parts(out: torch.Tensor, lse: torch.Tensor, group=None) -> torch.Tensor | None:
     """Every rank's (out, lse) packed as :func:`merge` reads them, (W, B, H, D + 1): one
     all-gather; None with one rank."""
     world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
     if world == 1:
         return None
-    mine = torch.cat([out, lse[..., None]], dim=-1).contiguous()
+    mine = packed(out, lse)
+    if mine is None:
+        mine = torch.cat([out, lse[..., None]], dim=-1).contiguous()
     parts = mine.new_empty((world * mine.shape[0],) + tuple(mine.shape[1:]))
     _all_gather(parts, mine, group=group)
     return parts.view((world,) + tuple(mine.shape))

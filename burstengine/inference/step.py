@@ -192,15 +192,21 @@ class DecodeStep:
 
     def _attend_sliced(self, layer: int, q, k, v):
         """Tensor parallelism: this rank's heads of q, k, v -> all heads (raw ones normed and roped
-        as they are unpacked: ``raw_qkv``), attention over this rank's shard of the cache with all
-        of them, the merge of this rank's heads."""
+        as they are unpacked: ``raw_qkv``), the new K/V into the cache (on GPUs one kernel does
+        both: ``ShardedKVCache.write_heads``), attention over this rank's shard of the cache with
+        all of them, the merge of this rank's heads."""
         rope = norms = None
         if self.raw_qkv:
             b = self.decoder.layers[layer]
             rope, norms = self._tables[b.rope_index], (b.attention.q_norm, b.attention.k_norm)
-        q, k, v = tensor_parallel.gather_heads(q, k, v, self.split.world, self.group, rope=rope, norms=norms)
-        self._write(layer, k, v)
-        return self._attend(layer, q, k, v, tensor_parallel.my_heads(q.shape[2], self.split))
+        heads = (q.shape[2], k.shape[2], v.shape[2])
+        every = tensor_parallel.gather_qkv(q, k, v, self.split.world, self.group)
+        if self.cache.writes_heads(every, q.shape[3], rope):
+            q = self.cache.write_heads(layer, every, heads, self.slot, rope, norms)
+        else:
+            q, k, v = tensor_parallel.unpack_heads(every, heads, rope, norms)
+            self._write(layer, k, v)
+        return self._attend(layer, q, None, None, tensor_parallel.my_heads(q.shape[2], self.split))
 
     def _reduce(self, x):
         return tensor_parallel.all_reduce(x, self.group)

@@ -18,7 +18,7 @@ import torch.nn as nn
 from . import fused, pointwise, recompute, tiled
 from .args import ModelArgs
 from .context_parallel import ContextParallel, context_parallel_attention
-from .projection import linear, project
+from .projection import gated, linear, project
 
 
 @dataclass(frozen=True)
@@ -154,8 +154,7 @@ class FeedForward(nn.Module):
         w = packed(self.w1, self.w3)
         if w is None:
             return project(self.w2, fused.GATES[self.activation](project(self.w1, x), project(self.w3, x)))
-        gate, up = linear(x, *w).chunk(2, dim=-1)
-        return project(self.w2, fused.GATES[self.activation](gate, up))
+        return gated(self.w2, linear(x, *w), self.activation, fused.GATES)
 
 
 # --- projections that read one weight (inference) --------------------------------------------------

@@ -17,7 +17,7 @@ slice: ``Transformer.init_weights``; a checkpoint is read a slice at a time:
 
 Per layer, a step of a sliced model (inference/step.py) runs four small collectives: one
 all-gather of the step's q, k and v (the local heads of all three packed in one buffer:
-:func:`gather_heads`), so that each rank attends to its sequence shard of the cache with every
+:func:`gather_qkv`), so that each rank attends to its sequence shard of the cache with every
 head; the existing all-gather merge of the partial attentions (inference/kvcache.py); and one
 all-reduce of the partial sums after wo and after w2 (:func:`all_reduce`).  The LM head's slices
 of the logits are all-gathered at the end (:func:`gather_vocab`).
@@ -196,20 +196,25 @@ def _all_gather(out: torch.Tensor, mine: torch.Tensor, group) -> None:
     gather(out.flatten(0, 1), mine, group=group)  # the output as every rank's dim 0 in turn (gloo's form)
 
 
-def gather_heads(q, k, v, world: int, group, rope=None, norms=None):
-    """Every rank's heads of the step's (1, B, heads / W, D) q, k, v, in one all-gather: (1, B,
-    heads, D) each, rank r's heads at [r heads / W, (r+1) heads / W).  ``rope`` (cos, sin): q and k
-    arrive raw (Hooks.raw_qkv) and are roped after the gather, q/k-normed first with ``norms``
-    (the layer's (q_norm, k_norm), or None) -- in the kernel that unpacks the heads.  On GPUs the
-    packing and the unpacking are one compiled kernel each (fused.run); a step of one sequence
-    whose q, k, v are the packed projection's output (model/layers.py: pack) needs no packing."""
+def gather_qkv(q, k, v, world: int, group) -> torch.Tensor:
+    """Every rank's q, k and v heads of the step, (W, B, (hq + hk + hv) D): rank r's row its q
+    heads, then its k heads, then its v heads.  On GPUs the packing is one compiled kernel
+    (fused.run); a step of one sequence whose q, k, v are the packed projection's output
+    (model/layers.py: pack) needs no packing."""
     mine = None
     if q.shape[1] == 1 and all(t.is_contiguous() for t in (q, k, v)):
         mine = adjacent([t.view(-1) for t in (q, k, v)])
     mine = fused.run(_pack_heads, q, k, v) if mine is None else mine.view(1, -1)
     every = mine.new_empty((world,) + tuple(mine.shape))
     _all_gather(every, mine, group)
-    heads = (q.shape[2], k.shape[2], v.shape[2])
+    return every
+
+
+def unpack_heads(every: torch.Tensor, heads: tuple[int, int, int], rope=None, norms=None):
+    """q, k, v (1, B, W h, D) from :func:`gather_qkv`'s ``every`` with ``heads`` (hq, hk, hv) a
+    rank; with ``rope`` (cos, sin) q and k normed (``norms``) and roped as they are unpacked (one
+    compiled kernel on GPUs; a decode step's cache writes them in one Triton kernel instead:
+    inference/kvcache.py ``write_heads``)."""
     if rope is None:
         return fused.run(_unpack_heads, every, *heads)
     qn, kn = norms if norms is not None and norms[0] is not None else (None, None)

@@ -1009,3 +1009,18 @@ def test_an_fp8_cache_on_a_gpu_without_fp8_is_one_line(monkeypatch):
         "kv_dtype 'fp8' needs a GPU of compute capability 8.9 or newer (Ada, Hopper, Blackwell); "
         "NVIDIA A100-SXM4-80GB is 8.0")
     assert kvcache.kv_dtype_error(None, "cuda:0") is None and kvcache.kv_dtype_error("fp8", "cpu") is None
+
+
+def test_shard_attention_packs_out_and_lse_for_the_merge():
+    # the math path returns out and lse as views of one (B, H, D + 1) buffer, as the Triton kernel
+    # does (tests/kernels/test_decode_kernel.py), so the merge's all-gather sends it without a copy;
+    # views of anything else are not taken for it (the merge then packs them)
+    from burstengine.inference.kvcache import packed
+    g = torch.Generator().manual_seed(3)
+    q, k, v = torch.randn(2, 4, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g)
+    out, lse = shard_attention(q, k, v, 0.3, valid=torch.tensor([5, 2]))
+    base = packed(out, lse)
+    assert base is not None and base.shape == (2, 4, 9)
+    assert torch.equal(base[..., :8], out) and torch.equal(base[..., 8], lse)
+    assert packed(out.clone(), lse) is None and packed(out, lse.clone()) is None
+    assert packed(base[:, :2, :8], base[:, :2, 8]) is None  # a slice of the heads: not the whole buffer

@@ -33,6 +33,7 @@ def test_decode_kernel_matches_float64(results, case):
     r = results[case]
     assert not r["nan"], "a NaN past the valid slots (or from an empty row) reached the output"
     assert r["out_dtype"] == r["lse_dtype"] == "float32"
+    assert r["packed"], "out and lse must be views of one (B, H, D + 1) buffer (the merge sends it whole)"
     assert r["out_err"] <= TOL[r["dtype"]], r
     assert r["lse_err"] <= 1e-4, r
     assert r["unseen_exact"], "a query that sees nothing must give out = 0, lse = -inf"

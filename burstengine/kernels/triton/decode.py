@@ -155,7 +155,7 @@ def _split_kernel(Q, K, V, KS, VS, VALID, VIS, QPOS, KPOS, PO, PL,
 
 
 @triton.jit
-def _reduce_kernel(PO, PL, O, LSE, n_splits, HEAD_DIM: tl.constexpr, SPLIT_BLOCK: tl.constexpr):
+def _reduce_kernel(PO, PL, O, LSE, n_splits, o_row, HEAD_DIM: tl.constexpr, SPLIT_BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)                # one (sequence, query head)
     si = tl.arange(0, SPLIT_BLOCK)
     s_ok = si < n_splits
@@ -168,8 +168,8 @@ def _reduce_kernel(PO, PL, O, LSE, n_splits, HEAD_DIM: tl.constexpr, SPLIT_BLOCK
     po = tl.load(PO + (row * n_splits + si[:, None]) * HEAD_DIM + d[None, :], mask=s_ok[:, None], other=0.0)
     o = tl.sum(w[:, None] * po, 0)
     den_safe = tl.where(den > 0, den, 1.0)
-    tl.store(O + row * HEAD_DIM + d, o / den_safe)
-    tl.store(LSE + row, tl.where(den > 0, (m_use + tl.math.log2(den_safe)) * LN2, float("-inf")))
+    tl.store(O + row * o_row + d, o / den_safe)
+    tl.store(LSE + row * o_row, tl.where(den > 0, (m_use + tl.math.log2(den_safe)) * LN2, float("-inf")))
 
 
 def _pow2(x: int) -> int:
@@ -220,7 +220,8 @@ def supported_head_dim(d: int) -> bool:
 def decode_attention(q, k, v, scale: float, valid, visible=None, window: int | None = None, qpos=None, kpos=None,
                      splits: int | None = None, bn: int | None = None, warps: int = 4, stages: int = 2,
                      k_scale=None, v_scale=None, widen: str | None = None):
-    """float32 (out (B, H, D), lse (B, H)) of one query per sequence; see the module docstring.
+    """float32 (out (B, H, D), lse (B, H)) of one query per sequence, views of one (B, H, D + 1)
+    buffer (lse in its last column); see the module docstring.
 
     ``valid`` (B,) integer, ``visible`` (B, capacity) bool, ``qpos`` (B,) and ``kpos``
     (B, capacity) integer positions with ``window``: device tensors on q's device.  ``splits``
@@ -271,8 +272,9 @@ def decode_attention(q, k, v, scale: float, valid, visible=None, window: int | N
         splits, chunk = _chunks(cap, splits, bn)
     po = torch.empty(B, H, splits, D, device=q.device, dtype=torch.float32)
     pl = torch.empty(B, H, splits, device=q.device, dtype=torch.float32)
-    out = torch.empty(B, H, D, device=q.device, dtype=torch.float32)
-    lse = torch.empty(B, H, device=q.device, dtype=torch.float32)
+    # out and lse packed in one (B, H, D + 1) buffer: a decode step's merge all-gathers it as it is
+    ol = torch.empty(B, H, D + 1, device=q.device, dtype=torch.float32)
+    out, lse = ol[..., :D], ol[..., D]
     vis = visible.view(torch.uint8) if visible is not None and visible.dtype == torch.bool else visible
     has_win = window is not None
     dummy = valid
@@ -286,5 +288,5 @@ def decode_attention(q, k, v, scale: float, valid, visible=None, window: int | N
         HEAD_DIM=D, G_BLOCK=max(16, _pow2(G)), BLOCK_N=bn, HAS_VIS=vis is not None, HAS_WINDOW=has_win,
         IEEE=q.dtype == torch.float32, FP8=fp8, V_TILE=fp8 and q.dtype == torch.float16 and not f16, F16=f16,
         num_warps=warps, num_stages=stages)
-    _reduce_kernel[(B * H,)](po, pl, out, lse, splits, HEAD_DIM=D, SPLIT_BLOCK=max(2, _pow2(splits)), num_warps=4)
+    _reduce_kernel[(B * H,)](po, pl, out, lse, splits, D + 1, HEAD_DIM=D, SPLIT_BLOCK=max(2, _pow2(splits)), num_warps=4)
     return out, lse
