@@ -17,6 +17,7 @@
 #   bash benchmarks/run_2gpu.sh fused       # 37: the step's kernel cuts of stop 53 (heads kernel, packed merge send,
 #                                           #     SwiGLU in the GEMV) beside the tree before ($OLD), 128K / 512K,
 #                                           #     the decode check first, the new step profiled
+#   bash benchmarks/run_2gpu.sh heads       # 37: fused's cuts less SwiGLU in the GEMV (slower), 128K beside $OLD, profiled
 #   bash benchmarks/run_2gpu.sh home16      # 35: the 7B step at 128K beside torch-CP and profiled after the ring's
 #                                           #     last gradient hop went home in bf16 (half the exposed bytes)
 #   bash benchmarks/run_2gpu.sh retries     # 35: does planning the reduce-scatter stream's cached gradients (12.6 GiB
@@ -172,6 +173,15 @@ fused)  # 37: the step with the heads kernel (unpack, q/k norms, RoPE, K/V write
   old old512 110 $BE $D8 --seqs 512K --name decode_8b_2gpu_512k_fused_before
   logged prof 90 $BE decode --model llama-3.1-8b --seqs 128K --batches 1 --tokens 8 --warmup 2 --sliced \
       --eager-max 1 --profile 8 --name decode_8b_2gpu_128k_profile3
+  ;;
+heads)  # 37: fused's cuts less SwiGLU in the GEMV (it slowed the down projection ~2.5x: the whole GEMV time went
+        # 2.15 -> 4.63 ms a step, decode_8b_2gpu_128k_profile3.json), at 128K beside $OLD; the step profiled
+  D8="decode --model llama-3.1-8b --batches 1 --tokens 16 --warmup 4 --sliced --eager-max 1"
+  old() { (cd "$OLD" && BURST_COMMIT=${OLD_COMMIT:-} PYTHONPATH=$PWD logged "$@"); }
+  logged new128 80 $BE $D8 --seqs 128K --name decode_8b_2gpu_128k_heads
+  old old128 80 $BE $D8 --seqs 128K --name decode_8b_2gpu_128k_heads_before
+  logged prof 80 $BE decode --model llama-3.1-8b --seqs 128K --batches 1 --tokens 8 --warmup 2 --sliced \
+      --eager-max 1 --profile 8 --name decode_8b_2gpu_128k_profile4
   ;;
 home16)
   logged pair 260 $BE train --model llama-7b --methods burst,torch-cp --seqs 131072 --steps 2 --warmup 1 \

@@ -18,7 +18,7 @@ import torch.nn as nn
 from . import fused, pointwise, recompute, tiled
 from .args import ModelArgs
 from .context_parallel import ContextParallel, context_parallel_attention
-from .projection import gated, linear, project
+from .projection import linear, project
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,8 @@ class FeedForward(nn.Module):
         w = packed(self.w1, self.w3)
         if w is None:
             return project(self.w2, fused.GATES[self.activation](project(self.w1, x), project(self.w3, x)))
-        return gated(self.w2, linear(x, *w), self.activation, fused.GATES)
+        gate, up = linear(x, *w).chunk(2, dim=-1)
+        return project(self.w2, fused.GATES[self.activation](gate, up))
 
 
 # --- projections that read one weight (inference) --------------------------------------------------

@@ -31,21 +31,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-def gated(module: nn.Module, gu: torch.Tensor, activation: str, gates) -> torch.Tensor:
-    """``project(module, gates[activation](gate, up))`` of ``gu`` = [gate | up] (the packed gate
-    and up projection's output): SwiGLU's product inside the GEMV kernel's load where it takes the
-    call (a decode step: one kernel where two run), else ``gates``' element-wise kernel."""
-    K = gu.shape[-1] // 2
-    if (activation == "silu" and type(module) is nn.Linear and module.bias is None and _may_gemv(gu)
-            and not module._forward_hooks and not module._forward_pre_hooks):
-        from ..kernels.triton import gemv  # imports triton: only where the kernel may run
-
-        if gemv.takes(gu[..., :K], module.weight):
-            return gemv.gated_gemv(gu, module.weight)
-    gate, up = gu.chunk(2, dim=-1)
-    return project(module, gates[activation](gate, up))
-
-
 def project(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``module(x)``; a plain ``nn.Linear`` without hooks through :func:`linear` where the GEMV
     kernel may run (anything else, a LoRA wrapper or a hooked module, as itself)."""

@@ -30,8 +30,7 @@ NARROW, WIDE, WIDE_FROM = (32, 512, 4, 3), (64, 128, 4, 3), 12288
 
 @triton.jit
 def _gemv_kernel(X, W, B, Y, M, N, K, sxm, swn, sym,
-                 HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                 GATED: tl.constexpr = False):
+                 HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     pid = tl.program_id(0)
     rn = pid * BN + tl.arange(0, BN)
     rm = tl.arange(0, BM)
@@ -45,11 +44,6 @@ def _gemv_kernel(X, W, B, Y, M, N, K, sxm, swn, sym,
         k_ok = (k0 + rk) < K
         w = tl.load(w_ptr, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         x = tl.load(x_ptr, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        if GATED:  # x's rows are [gate | up]: silu(gate) * up, rounded as the eager ops round
-            u = tl.load(x_ptr + K, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            g = x.to(tl.float32)
-            a = (g / (1.0 + tl.exp(-g))).to(x.dtype)
-            x = (a.to(tl.float32) * u.to(tl.float32)).to(x.dtype)
         acc = tl.dot(x, tl.trans(w), acc)
         w_ptr += BK
         x_ptr += BK
@@ -84,20 +78,3 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, con
         x2, w, bias if bias is not None else w, y, M, N, K, x2.stride(0), w.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, BM=MAX_ROWS, BN=bn, BK=bk, num_warps=warps, num_stages=stages)
     return y.reshape(tuple(x.shape[:-1]) + (N,))
-
-
-def gated_gemv(gu: torch.Tensor, w: torch.Tensor, config=None) -> torch.Tensor:
-    """``(silu(gate) * up) @ w.T`` for ``gu`` (..., 2K) = [gate | up] (a packed gate/up
-    projection's output; at most MAX_ROWS rows) and w (N, K), in gu's dtype: SwiGLU's product
-    made as the kernel loads its tiles (one kernel where the eager MLP runs two)."""
-    K = gu.shape[-1] // 2
-    x2 = gu.reshape(-1, 2 * K)
-    if x2.stride(1) != 1:
-        x2 = x2.contiguous()
-    M, N = x2.shape[0], w.shape[0]
-    bn, bk, warps, stages = config or config_for(N)
-    y = torch.empty((M, N), dtype=gu.dtype, device=gu.device)
-    _gemv_kernel[(triton.cdiv(N, bn),)](
-        x2, w, w, y, M, N, K, x2.stride(0), w.stride(0), y.stride(0),
-        HAS_BIAS=False, BM=MAX_ROWS, BN=bn, BK=bk, GATED=True, num_warps=warps, num_stages=stages)
-    return y.reshape(tuple(gu.shape[:-1]) + (N,))
