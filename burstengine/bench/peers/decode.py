@@ -493,7 +493,7 @@ RANK_RUNS = ("decode_8b_2gpu_128k.json", "decode_8b_2gpu_512k.json", "decode_8b_
              "decode_8b_2gpu_128k_tiles.json", "decode_8b_2gpu_512k_tiles.json", "decode_8b_2gpu_1m_raw.json",
              "decode_8b_2gpu_128k_b8_cuts.json", "decode_8b_4gpu_128k.json", "decode_8b_4gpu_1m.json",
              "decode_8b_4gpu_128k_cuts.json", "decode_8b_4gpu_128k_b8_cuts.json", "decode_8b_2gpu_128k_hostfree.json",
-             "decode_8b_2gpu_512k_hostfree.json", "decode_8b_4gpu_1m_cuts.json")
+             "decode_8b_2gpu_512k_hostfree.json", "decode_8b_4gpu_1m_cuts.json", "decode_8b_2gpu_128k_heads.json")
 # the decode step's kernel cuts (packed projections, compiled merge and gather, the GEMV kernel):
 # (launch, what ran, record); each launch times the step before and after them on the same machine
 STEP_RUNS = (("1 GPU", "before (93b8049)", "decode_8b_1gpu_128k_before.json"),
@@ -512,7 +512,13 @@ STEP_RUNS = (("1 GPU", "before (93b8049)", "decode_8b_1gpu_128k_before.json"),
              ("2 ranks, call 4", "host waits for each token (3c03e61)", "decode_8b_2gpu_128k_hostfree_before.json"),
              ("2 ranks, call 4", "host out of the loop", "decode_8b_2gpu_128k_hostfree.json"),
              ("2 ranks, call 4", "host waits for each token (3c03e61)", "decode_8b_2gpu_512k_hostfree_before.json"),
-             ("2 ranks, call 4", "host out of the loop", "decode_8b_2gpu_512k_hostfree.json"))
+             ("2 ranks, call 4", "host out of the loop", "decode_8b_2gpu_512k_hostfree.json"),
+             ("2 ranks, call 5", "before (929b1a0)", "decode_8b_2gpu_128k_fused_before.json"),
+             ("2 ranks, call 5", "heads kernel, packed merge send, SwiGLU in the GEMV", "decode_8b_2gpu_128k_fused.json"),
+             ("2 ranks, call 5", "before (929b1a0)", "decode_8b_2gpu_512k_fused_before.json"),
+             ("2 ranks, call 5", "heads kernel, packed merge send, SwiGLU in the GEMV", "decode_8b_2gpu_512k_fused.json"),
+             ("2 ranks, call 6", "before (929b1a0)", "decode_8b_2gpu_128k_heads_before.json"),
+             ("2 ranks, call 6", "heads kernel, packed merge send", "decode_8b_2gpu_128k_heads.json"))
 
 
 def block_decode_ranks(records):
@@ -588,22 +594,25 @@ def block_decode_fp8(records):
                               "FP8 speed-up", "records"], steps))
 
 
-PROFILE_RUN = "decode_8b_2gpu_128k_profile2.json"
+PROFILE_RUNS = ("decode_8b_2gpu_128k_profile2.json", "decode_8b_2gpu_128k_profile4.json")
 
 
 def block_decode_profile(records):
     """docs/inference.md: where a graphed tensor-parallel decode step's time goes (bench decode
-    --profile), beside its bound."""
-    rec = record(records, PROFILE_RUN)
-    p, r = rec["profile"], rec["rows"][-1]
-    kinds = sorted(p["kinds_s"].items(), key=lambda kv: -kv[1])
-    top = [[f"`{t['name'][:60]}`", ms(t["s_per_step"]), f"{t['calls_per_step']:g}"] for t in p["top_kernels"][:6]]
-    return "\n".join([f"`bench decode --profile`, {r['S'] // 1024}K × {r['batch']}, {rec['world']} ranks tensor-parallel, "
-                      f"CUDA graph, on {device_of(rec)} (`{PROFILE_RUN}`, {rec['commit'][:7]}): a step's GPU window "
-                      f"{ms(p['wall_s'])} ms, kernels busy {ms(p['busy_s'])} ms over {p['kernels_per_step']:g} "
-                      f"kernels; the bound {ms(r['bound_s'])} ms. By kind (ms a step): "
-                      + ", ".join(f"{k} {ms(v)}" for k, v in kinds) + ".", ""]
-                     + table(["kernel", "ms a step", "calls a step"], top))
+    --profile), beside its bound: each profile of PROFILE_RUNS in turn (before and after a cut)."""
+    out = []
+    for name in PROFILE_RUNS:
+        rec = record(records, name)
+        p, r = rec["profile"], rec["rows"][-1]
+        kinds = sorted(p["kinds_s"].items(), key=lambda kv: -kv[1])
+        top = [[f"`{t['name'][:60]}`", ms(t["s_per_step"]), f"{t['calls_per_step']:g}"] for t in p["top_kernels"][:6]]
+        out += ([f"`bench decode --profile`, {r['S'] // 1024}K × {r['batch']}, {rec['world']} ranks tensor-parallel, "
+                 f"CUDA graph, on {device_of(rec)} (`{name}`, {rec['commit'][:7]}): a step's GPU window "
+                 f"{ms(p['wall_s'])} ms, kernels busy {ms(p['busy_s'])} ms over {p['kernels_per_step']:g} "
+                 f"kernels; the bound {ms(r['bound_s'])} ms. By kind (ms a step): "
+                 + ", ".join(f"{k} {ms(v)}" for k, v in kinds) + ".", ""]
+                + table(["kernel", "ms a step", "calls a step"], top) + [""])
+    return "\n".join(out[:-1])
 
 
 SECTIONS = (Section("Decode against the sharded KV cache", r"^decode_", render,
