@@ -38,10 +38,12 @@ float64) in an exact masked math path over the whole buffer.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 import torch.distributed as dist
 
-from ..model import fused
+from ..model import fused, tensor_parallel
 
 # torch >= 2.13 names it all_gather_single (all_gather_into_tensor warns there)
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -304,9 +306,6 @@ def _heads_checked(device, dtype, D: int) -> bool:
         return _HEADS_CHECKED[key]
     if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
         return True  # the warm-up before the capture has checked it
-    from types import SimpleNamespace
-
-    from ..model import tensor_parallel
     g = torch.Generator(device="cpu").manual_seed(0)
     W, B, hq, hk = 2, 2, 2, 1
     every = torch.randn(W, B, (hq + 2 * hk) * D, generator=g).to(device, dtype)
@@ -317,7 +316,7 @@ def _heads_checked(device, dtype, D: int) -> bool:
     slot = torch.tensor([3], device=device)
     kc, vc = (torch.zeros(B, W * hk, 5, D, dtype=dtype, device=device) for _ in range(2))
     try:
-        from ..kernels.triton import heads as kernel
+        from ..kernels.triton import heads as kernel  # imports triton: only when the kernel could run
         q = kernel.unpack_write(every, hq, hk, hk, kc, vc, slot, rope, norms)
         rq, rk, rv = tensor_parallel.unpack_heads(every, (hq, hk, hk), rope, norms)
         err = max(float((q.float() - rq.float()).abs().max()), float((kc[:, :, 3] - rk[0].float()).abs().max()),
