@@ -650,16 +650,24 @@ def test_generate_command_spawns_ranks_and_writes_tokens(text_model, tmp_path):
     assert rec["tokens"] == hf_greedy(text_model, LENGTHS, NEW)
     assert len(rec["timings"]["decode_step_s"]) == NEW - 1 and rec["timings"]["prefill_s"] > 0
     assert "[0] " in out and "[1] " in out and "first-token latency" in err
-    # text: streamed on rank 0, the same tokens as the API's
-    (tmp_path / "q.txt").write_text("Hello world, once upon a time")
-    rc, out, err = _cli("generate", "--model", text_model, "--prompt-file", str(tmp_path / "q.txt"),
-                        "--max-new-tokens", "6", "--world", "2", "--eos", "none", "--output", str(tmp_path / "t.json"))
-    assert rc == 0, err
+    # text: streamed on rank 0, the same tokens as the API's; --tp off keeps the model whole on
+    # both ranks (the --tp auto split is test_generate_command_takes_a_prompt_and_decodes_tensor_parallel's)
     from transformers import AutoTokenizer
 
+    from burstengine.inference import generate, load_model
+
+    text = "Hello world, once upon a time"
     tok = AutoTokenizer.from_pretrained(text_model)
-    toks = json.load(open(tmp_path / "t.json"))["tokens"][0]
-    assert len(toks) == 6 and out.strip() == tok.decode(toks, skip_special_tokens=True).strip()
+    want = generate(load_model(text_model), [tok(text).input_ids], 6).tokens
+    (tmp_path / "q.txt").write_text(text)
+    rc, out, err = _cli("generate", "--model", text_model, "--prompt-file", str(tmp_path / "q.txt"),
+                        "--max-new-tokens", "6", "--world", "2", "--eos", "none", "--tp", "off", "--output",
+                        str(tmp_path / "t.json"))
+    assert rc == 0, err
+    rec = json.load(open(tmp_path / "t.json"))
+    toks = rec["tokens"][0]
+    assert [toks] == want and len(toks) == 6 and out.strip() == tok.decode(toks, skip_special_tokens=True).strip()
+    assert rec["timings"]["tensor_parallel"] is False and "tensor-parallel over 2 ranks" not in err, (rec["timings"], err)
 
 
 def test_generate_command_runs_a_gemma3_directory(model_dirs, tmp_path):
@@ -702,8 +710,9 @@ def test_generate_command_rejects_bad_arguments(argv, match, tmp_path, capsys):
 
 def test_generate_command_takes_a_prompt_and_decodes_tensor_parallel(text_model, tmp_path):
     """--prompt "text": the same tokens as the API on the tokenized text; on two ranks --tp auto
-    splits the tiny model (4 heads, 2 kv heads, ffn 96, vocab 192), each rank loading its slices,
-    and --tp off keeps it whole: the same tokens."""
+    splits the tiny model (4 heads, 2 kv heads, ffn 96, vocab 192), each rank loading its slices
+    (--tp off, the whole model on each rank, gives the API's tokens for the same text in
+    test_generate_command_spawns_ranks_and_writes_tokens: one two-rank command fewer)."""
     import json
 
     from transformers import AutoTokenizer
@@ -713,7 +722,7 @@ def test_generate_command_takes_a_prompt_and_decodes_tensor_parallel(text_model,
     text = "Hello world, once upon a time"
     ids = AutoTokenizer.from_pretrained(text_model)(text).input_ids
     want = generate(load_model(text_model), [ids], 6).tokens
-    for tp in ("auto", "off"):
+    for tp in ("auto",):
         rc, out, err = _cli("generate", "--model", text_model, "--prompt", text, "--max-new-tokens", "6", "--world",
                             "2", "--eos", "none", "--tp", tp, "--quiet", "--output", str(tmp_path / f"{tp}.json"))
         assert rc == 0, err
