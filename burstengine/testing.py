@@ -3,7 +3,6 @@ a pool of gloo processes spawned once and reused for many cases."""
 from __future__ import annotations
 
 import math
-import multiprocessing as mp
 import os
 import socket
 import sys
@@ -12,6 +11,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from . import processes
 
 
 def dense_attention(q, k, v, causal=False, scale=None, mask=None):
@@ -98,7 +99,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world, port, conn):
+def _worker(rank, world, port, conn, inherited):
+    processes.adopt(inherited)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -129,13 +131,13 @@ class DistPool:
     returns their results in rank order.  ``fn`` must be importable (module level)."""
 
     def __init__(self, world: int = 4, timeout: float = 300.0):
-        ctx = mp.get_context("spawn")
+        ctx = processes.context()  # ranks forked from a server that imported torch once
         port = _free_port()
         self.world, self.timeout = world, timeout
         self.procs, self.conns = [], []
         for r in range(world):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_worker, args=(r, world, port, child), daemon=True)
+            p = ctx.Process(target=_worker, args=(r, world, port, child, processes.Inherited()), daemon=True)
             p.start()
             self.procs.append(p)
             self.conns.append(parent)

@@ -32,6 +32,7 @@ ENV_READERS = {
     "cli/*",  # the commands
     "bench/*",  # the benches, and the commands' runtime: launch.py, records.py (a run's environment in its record)
     "testing.py",
+    "processes.py",  # hands the launcher's whole environment to its forked ranks (reads no setting)
 }
 # the tools wing: above everything, imported by nothing else (the parts, and python -m burstengine's entry)
 WING = ("cli", "bench", "__main__")

@@ -32,6 +32,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from .. import processes
 from ..attention.planning import call_timeout, configured_timeout
 from ..comm import fault
 from ..comm.dist import initialized
@@ -153,7 +154,8 @@ def _guarded_command(entry, args, prog: str, timeout: float) -> int:
     return guarded(lambda: entry(args), prog, timeout)
 
 
-def _rank_main(rank, world, port, pg_timeout, threads, backend_name, entry, entry_args, results):
+def _rank_main(rank, world, port, pg_timeout, threads, backend_name, entry, entry_args, results, inherited):
+    processes.adopt(inherited)
     # Ctrl-C reaches every process of the terminal's group: the launcher alone answers it, by
     # stopping the ranks (no rank's traceback, no collective failing on a peer that left)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -174,6 +176,11 @@ def _rank_main(rank, world, port, pg_timeout, threads, backend_name, entry, entr
         fault.quiet_when(lambda: store.check([STOPPING]))
         dist.init_process_group(backend_name, store=store, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=pg_timeout))
+        if backend_name == "gloo":
+            # gloo's mesh is connected in init, and a rank whose init has returned can still have a
+            # peer mid-handshake: one that then left at once (an entry with nothing to do) broke the
+            # peer's init ("Connection closed by peer"), seen once ranks were forked in milliseconds
+            dist.barrier()
         fault.announce()
         try:
             code = entry(*entry_args)
@@ -221,18 +228,20 @@ def spawn(entry, entry_args: tuple, world: int, timeout: float, threads: int | N
 
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // world)
-    results = mp.get_context("spawn").SimpleQueue()
+    results = processes.context().SimpleQueue()
     port = free_port()
     store = dist.TCPStore("127.0.0.1", port, world, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=pg_timeout or timeout))
     args = (world, port, pg_timeout or timeout, threads, backend or default_backend(), entry, entry_args,
-            results)
-    # the ranks start with Ctrl-C ignored (a new interpreter keeps an ignored SIGINT), so none is
-    # interrupted before _rank_main says so itself
+            results, processes.Inherited())
+    # the ranks start with Ctrl-C ignored (the fork server, started here the first time, keeps an
+    # ignored SIGINT and gives it to each rank it forks), so none is interrupted before
+    # _rank_main says so itself
     main = threading.current_thread() is threading.main_thread()  # where signal handlers may be set
     before = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
     try:
-        ctx = mp.start_processes(_rank_main, args=args, nprocs=world, join=False, start_method="spawn")
+        processes.context()  # the fork server's preload (torch): a rank does not import it again
+        ctx = mp.start_processes(_rank_main, args=args, nprocs=world, join=False, start_method="forkserver")
     finally:
         if before is not None:
             signal.signal(signal.SIGINT, before)

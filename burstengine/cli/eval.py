@@ -263,7 +263,7 @@ def run_needle(args) -> int:
 
 def run_perplexity(args) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
-    _, dtype, model, _ = rank_model(args)
+    _, dtype, model, _ = rank_model(args, tokenizer=False)
     tokens = read_tokens(args)
     lengths = parse_lengths(args.lengths)
     log = RankLog("perplexity", rank, clock=None, file=sys.stderr)

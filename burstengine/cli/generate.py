@@ -121,10 +121,14 @@ def validate(args) -> str | None:
         return f"--prompt-tokens {args.prompt_tokens!r} does not exist"
     try:
         eos = _eos_arg(args.eos)
-        prompts = read_prompts(args)
+        tok = hf_tokenizer(args.model) if has_tokenizer(args.model) and (text or eos == "auto") else None
+        prompts = read_prompts(args, tok)
         margs = spec_args(args.model)
     except ValueError as e:
         return str(e)
+    # what the ranks need of the tokenizer, resolved once here: spawned ranks get it with ``args``
+    # (loading a tokenizer costs each rank seconds; only rank 0 loads one again, to print text)
+    args.prompt_ids, args.stop_ids = prompts, _stop_ids(args, tok)
     bad = [t for t in (eos if isinstance(eos, tuple) else ()) if not 0 <= t < margs.vocab_size]
     if bad:
         return f"--eos {bad[0]} is not a token id of the model's vocabulary (0 to {margs.vocab_size - 1})"
@@ -146,10 +150,9 @@ def _eos_arg(text: str):
         raise ValueError(f"--eos must be auto, none or comma-separated token ids, got {text!r}") from None
 
 
-def read_prompts(args) -> list[list[int]]:
-    """The prompts as token id lists (the same on every rank)."""
+def read_prompts(args, tok) -> list[list[int]]:
+    """The prompts as token id lists (text through the tokenizer ``tok``)."""
     if args.prompt or args.prompt_file:
-        tok = hf_tokenizer(args.model)
         texts = args.prompt or [open(f).read() for f in args.prompt_file]
         return [tok(t).input_ids for t in texts]
     import numpy as np
@@ -191,14 +194,14 @@ def _stop_ids(args, tok) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-def rank_model(args, tp_group=None):
+def rank_model(args, tp_group=None, tokenizer: bool = True):
     """This rank's device, dtype (--dtype), model (--model, --seed; only this rank's
     tensor-parallel slices over ``tp_group`` when given) and the model directory's tokenizer
-    (None without one)."""
+    (None without one, or when not asked for: loading it costs seconds)."""
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     dtype = resolve_dtype(args.dtype, device)
     model = load_model(args.model, "ours", device, dtype, args.seed, tp_group=tp_group)
-    return device, dtype, model, hf_tokenizer(args.model) if has_tokenizer(args.model) else None
+    return device, dtype, model, hf_tokenizer(args.model) if tokenizer and has_tokenizer(args.model) else None
 
 
 def run_rank(args) -> int:
@@ -206,10 +209,12 @@ def run_rank(args) -> int:
     # tensor-parallel decoding: each rank loads only its slices (--tp on where they do not divide:
     # the whole model, and generate says why it cannot split it)
     split = args.tp != "off" and world > 1 and refuses(spec_args(args.model), world) is None
-    device, dtype, model, tok = rank_model(args, dist.group.WORLD if split else None)
-    prompts = read_prompts(args)
+    # the text is printed by rank 0 only: the other ranks load no tokenizer
+    device, dtype, model, tok = rank_model(args, dist.group.WORLD if split else None,
+                                           tokenizer=rank == 0 and not args.quiet)
+    prompts = args.prompt_ids
     s = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                 eos=_stop_ids(args, tok))
+                 eos=args.stop_ids)
     if rank == 0:
         print(f"[generate] {model.describe}; {len(prompts)} prompt(s) of {[len(p) for p in prompts]} tokens on "
               f"{world} rank(s), {device.type}, {dtype}", file=sys.stderr, flush=True)

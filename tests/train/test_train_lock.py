@@ -173,14 +173,19 @@ def _wait_for_steps(p, run, steps, ckpt=None):
     raise AssertionError(f"no step {steps} within {LIMIT} s:\n{p.communicate()[0][-3000:]}")
 
 
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
 def test_cli_second_run_in_one_out_dir_is_refused_then_a_stale_lock_taken_over(tmp_path):
     run = str(tmp_path / "run")
     first = _start(run, "steps=100000", "save_every=3", "log_every=1")
     try:
         _wait_for_steps(first, run, 4, ckpt="step_00000003")
         holder = json.load(open(_lock_file(run)))
-        with open(f"/proc/{holder['pid']}/stat") as f:  # its rank 0, a child of the first command
-            assert int(f.read().rsplit(")", 1)[1].split()[1]) == first.pid
+        # its rank 0, forked by the first command's fork server (burstengine/processes.py)
+        assert _parent(_parent(holder["pid"])) == first.pid
         os.killpg(first.pid, signal.SIGSTOP)  # hold its files still while the others try
         before = _files(run)
         want = (f"burstengine train: error: out_dir {run} is in use by another run: pid {holder['pid']} on host "
