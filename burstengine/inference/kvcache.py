@@ -156,7 +156,7 @@ class ShardedKVCache:
         B, D = every.shape[1], head_dim
         return (not self.fp8 and every.is_cuda and every.dtype in (torch.float16, torch.bfloat16, torch.float32)
                 and self.k[0].dtype == every.dtype and D >= 16 and D & (D - 1) == 0
-                and (rope is None or tuple(rope[0].shape) == (B, head_dim))
+                and (rope is None or all(tuple(t.shape) == (B, head_dim) and t.stride(-1) == 1 for t in rope))
                 and _heads_checked(every.device, every.dtype, head_dim))
 
     def write_heads(self, layer: int, every: torch.Tensor, heads: tuple[int, int, int], slot: torch.Tensor, rope=None,
@@ -247,90 +247,86 @@ def _kernel_takes(q, k) -> bool:
             and 16 <= D <= 256 and D & (D - 1) == 0 and _self_checked(q.device, q.dtype, D, fp8))
 
 
-_CHECKED: dict = {}
+_CHECKED: dict = {}  # (what, device, dtype, head dim[, fp8]) -> whether the kernel passed
 
 
-def _self_checked(device, dtype, D: int, fp8: bool = False) -> bool:
-    """The decode kernel against the math path on one small case (GQA, a ragged batch, hidden
-    slots, a window), once per (device, dtype, head dim) and process: a compiled kernel that
-    disagrees (a Triton or driver difference the interpreter tests cannot see) is never used;
-    the math path answers instead, with a warning.  Never run inside a CUDA graph capture (the
-    step's warm-up runs it first)."""
-    key = (str(device), dtype, D, fp8)
+def _checked_once(key: tuple, check, failed: str) -> bool:
+    """Whether a kernel passed ``check()`` -> (ok, why) on its first use here: run once per
+    ``key`` (whose second item is the device) and process.  A kernel that disagrees with its
+    eager path (a Triton or driver difference the interpreter tests cannot see), or cannot
+    compile here, is never used: ``failed`` is warned once ("{why}" in it replaced by why) and
+    the eager path answers.
+    Never run inside a CUDA graph capture (the step's warm-up runs it first)."""
     if key in _CHECKED:
         return _CHECKED[key]
-    if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
+    if torch.device(key[1]).type == "cuda" and torch.cuda.is_current_stream_capturing():
         return True  # the warm-up before the capture has checked it (or this is not ours to check)
     try:
-        from ..kernels.triton import decode  # imports triton: only when the kernel could run
-    except ImportError:
-        _CHECKED[key] = True  # the caller finds triton missing and warns
-        return True
-    g = torch.Generator(device="cpu").manual_seed(0)
-    B, Hkv, grp, n = 2, 2, 2, 300
-    q, k, v = (torch.randn(*shape, generator=g).to(device, dtype)
-               for shape in ((B, Hkv * grp, D), (B, Hkv, n, D), (B, Hkv, n, D)))
-    valid = torch.tensor([n, 137], device=device)
-    visible = (torch.rand(B, n, generator=g) > 0.2).to(device)
-    qpos = torch.tensor([n + 5, 140], device=device)
-    kpos = torch.arange(n, device=device).expand(B, n).contiguous()
-    scales = {}
-    if fp8:
-        k, ks, v, vs = quantize_kv(k, v)
-        scales = dict(k_scale=ks, v_scale=vs)
-    try:
-        out, lse = decode.decode_attention(q, k, v, D ** -0.5, valid, visible, 100, qpos, kpos, **scales)
-        ref_out, ref_lse = _math(q, k, v, D ** -0.5, valid, visible, 100, qpos, kpos, **scales)
-        err = max(float((out - ref_out).abs().max()), float((lse - ref_lse).abs().max()))
-        ok = err <= (1e-3 if dtype == torch.float32 else 3e-2)
-        why = f"it differs from the math path by {err:.3g}"
-    except Exception as e:  # noqa: BLE001 (a kernel that cannot compile here: the math path)
+        ok, why = check()
+    except Exception as e:  # noqa: BLE001 (a kernel that cannot compile here: the eager path)
         ok, why = False, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
     if not ok:
-        _warn_once(f"decode attention: the Triton decode kernel failed its self-check on {device} ({dtype}"
-                   f"{' over an FP8 cache' if fp8 else ''}, head dim {D}): {why}; using the math path (exact, slower)")
+        _warn_once(failed.replace("{why}", why))
     _CHECKED[key] = ok
     return ok
 
 
-_HEADS_CHECKED: dict = {}
+def _self_checked(device, dtype, D: int, fp8: bool = False) -> bool:
+    """The decode kernel against the math path on one small case (GQA, a ragged batch, hidden
+    slots, a window; :func:`_checked_once`)."""
+    def check():
+        try:
+            from ..kernels.triton import decode  # imports triton: only when the kernel could run
+        except ImportError:
+            return True, ""  # the caller finds triton missing and warns
+        g = torch.Generator(device="cpu").manual_seed(0)
+        B, Hkv, grp, n = 2, 2, 2, 300
+        q, k, v = (torch.randn(*shape, generator=g).to(device, dtype)
+                   for shape in ((B, Hkv * grp, D), (B, Hkv, n, D), (B, Hkv, n, D)))
+        valid = torch.tensor([n, 137], device=device)
+        visible = (torch.rand(B, n, generator=g) > 0.2).to(device)
+        qpos = torch.tensor([n + 5, 140], device=device)
+        kpos = torch.arange(n, device=device).expand(B, n).contiguous()
+        scales = {}
+        if fp8:
+            k, ks, v, vs = quantize_kv(k, v)
+            scales = dict(k_scale=ks, v_scale=vs)
+        out, lse = decode.decode_attention(q, k, v, D ** -0.5, valid, visible, 100, qpos, kpos, **scales)
+        ref_out, ref_lse = _math(q, k, v, D ** -0.5, valid, visible, 100, qpos, kpos, **scales)
+        err = max(float((out - ref_out).abs().max()), float((lse - ref_lse).abs().max()))
+        return err <= (1e-3 if dtype == torch.float32 else 3e-2), f"it differs from the math path by {err:.3g}"
+
+    return _checked_once(("decode", str(device), dtype, D, fp8), check,
+                         f"decode attention: the Triton decode kernel failed its self-check on {device} ({dtype}"
+                         f"{' over an FP8 cache' if fp8 else ''}, head dim {D}): {{why}}; using the math path (exact, "
+                         "slower)")
 
 
 def _heads_checked(device, dtype, D: int) -> bool:
     """The heads kernel against the eager unpack, norms, RoPE and cache write on one small case
-    (2 ranks' heads, 2 sequences, q/k norms), once per (device, dtype, head dim) and process: a
-    kernel that disagrees, or cannot compile here, is never used (the eager path answers, with a
-    warning).  Never run inside a CUDA graph capture (the step's warm-up runs it first)."""
-    key = (str(device), dtype, D)
-    if key in _HEADS_CHECKED:
-        return _HEADS_CHECKED[key]
-    if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return True  # the warm-up before the capture has checked it
-    g = torch.Generator(device="cpu").manual_seed(0)
-    W, B, hq, hk = 2, 2, 2, 1
-    every = torch.randn(W, B, (hq + 2 * hk) * D, generator=g).to(device, dtype)
-    norms = tuple(SimpleNamespace(weight=(torch.rand(D, generator=g) + 0.5).to(device, dtype), eps=1e-6,
-                                  plus_one=False) for _ in range(2))
-    ang = torch.rand(B, D, generator=g, dtype=torch.float64) * 10
-    rope = (ang.cos().float().to(device), ang.sin().float().to(device))
-    slot = torch.tensor([3], device=device)
-    kc, vc = (torch.zeros(B, W * hk, 5, D, dtype=dtype, device=device) for _ in range(2))
-    try:
+    (2 ranks' heads, 2 sequences, q/k norms; :func:`_checked_once`)."""
+    def check():
         from ..kernels.triton import heads as kernel  # imports triton: only when the kernel could run
+        g = torch.Generator(device="cpu").manual_seed(0)
+        W, B, hq, hk = 2, 2, 2, 1
+        every = torch.randn(W, B, (hq + 2 * hk) * D, generator=g).to(device, dtype)
+        norms = tuple(SimpleNamespace(weight=(torch.rand(D, generator=g) + 0.5).to(device, dtype), eps=1e-6,
+                                      plus_one=False) for _ in range(2))
+        ang = torch.rand(B, D, generator=g, dtype=torch.float64) * 10
+        rope = (ang.cos().float().to(device), ang.sin().float().to(device))
+        slot = torch.tensor([3], device=device)
+        kc, vc = (torch.zeros(B, W * hk, 5, D, dtype=dtype, device=device) for _ in range(2))
         q = kernel.unpack_write(every, hq, hk, hk, kc, vc, slot, rope, norms)
         rq, rk, rv = tensor_parallel.unpack_heads(every, (hq, hk, hk), rope, norms)
         err = max(float((q.float() - rq.float()).abs().max()), float((kc[:, :, 3] - rk[0].float()).abs().max()),
                   float((vc[:, :, 3].float() - rv[0].float()).abs().max()))
         kc[:, :, 3] = vc[:, :, 3] = 0  # the other slots must still be the zeros they were
         ok = err <= (1e-4 if dtype == torch.float32 else 5e-2) and not (kc.any() or vc.any())
-        why = f"it differs from the eager path by {err:.3g}"
-    except Exception as e:  # noqa: BLE001 (a kernel that cannot compile here: the eager path)
-        ok, why = False, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-    if not ok:
-        _warn_once(f"decode step: the Triton heads kernel failed its self-check on {device} ({dtype}, head dim {D}): "
-                   f"{why}; unpacking the heads and writing the cache op by op")
-    _HEADS_CHECKED[key] = ok
-    return ok
+        return ok, f"it differs from the eager path by {err:.3g}"
+
+    return _checked_once(("heads", str(device), dtype, D), check,
+                         f"decode step: the Triton heads kernel failed its self-check on {device} ({dtype}, head dim "
+                         f"{D}): {{why}}; unpacking the heads and writing the cache op by op")
 
 
 def shard_attention(q, k, v, scale, valid=None, visible=None, window=None, qpos=None, kpos=None, k_scale=None,

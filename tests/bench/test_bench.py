@@ -240,13 +240,17 @@ def test_suite_time_records_the_readme_command(tmp_path, monkeypatch, capsys):
     from burstengine.bench.probes import suite_time
 
     root = os.getcwd()
-    # -n 0: one test process for one small file (pyproject's addopts would start two)
-    assert suite_time.main(["--pytest-args", "-q -n 0 tests/test_layout.py", "--out-dir", str(tmp_path)]) == 0
+    # -n 0: one test process (pyproject's addopts would start two) for a file of two tests outside
+    # tests/ (whose conftest imports torch: seconds a run)
+    one = tmp_path / "t" / "test_one.py"
+    one.parent.mkdir()
+    one.write_text("def test_one():\n    assert 1\n\n\ndef test_two():\n    assert 2\n")
+    assert suite_time.main(["--pytest-args", f"-q -n 0 -p no:cacheprovider {one}", "--out-dir", str(tmp_path)]) == 0
     rec = json.loads((tmp_path / "suite_cpu.json").read_text())
-    assert rec["returncode"] == 0 and "passed" in rec["summary"] and "failed" not in rec["summary"]
-    assert rec["wall_s"] > 0 and rec["cpu_s"] > 0 and rec["pytest"].endswith("tests/test_layout.py")
+    assert rec["returncode"] == 0 and "2 passed" in rec["summary"] and "failed" not in rec["summary"]
+    assert rec["wall_s"] > 0 and rec["cpu_s"] > 0 and rec["pytest"].endswith("test_one.py")
     assert "passed" in suite_time.block_suite([("suite_cpu.json", rec)])
-    assert suite_time.main(["--pytest-args", "-q -n 0 tests/test_layout.py -k no_such_test_at_all",
+    assert suite_time.main(["--pytest-args", f"-q -n 0 -p no:cacheprovider {one} -k no_such_test_at_all",
                             "--out-dir", str(tmp_path), "--name", "none"]) == 1  # pytest's exit 5: nothing ran
     monkeypatch.chdir(tmp_path)
     capsys.readouterr()
