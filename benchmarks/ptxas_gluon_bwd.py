@@ -59,13 +59,13 @@ capture("bwd", lambda: gb.backward_into(q, q, k, k, torch.zeros(B, H, S), torch.
 
 
 def loops(sass: str) -> list[dict]:
-    """The SASS loops (a backward branch over 300-1200 lines) that issue wgmmas: their LDL/STL."""
+    """The SASS loops (a backward branch over 300-2600 lines) that issue wgmmas: their LDL/STL."""
     lines = sass.splitlines()
     labels = {m.group(1): i for i, l in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", l))}
     out = []
     for i, l in enumerate(lines):
         m = re.search(r"BRA `\((\.L_x_\d+)\)", l)
-        if m and 300 < i - labels.get(m.group(1), i) < 1200:
+        if m and 300 < i - labels.get(m.group(1), i) < 2600:
             body = lines[labels[m.group(1)]:i]
             if any("HGMMA" in b for b in body):
                 out.append(dict(label=m.group(1), instructions=len(body), ldl=sum("LDL" in b for b in body),

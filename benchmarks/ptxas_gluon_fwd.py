@@ -1,11 +1,12 @@
 """Build kernels/gluon/fwd.py for sm_90a without a GPU (as ptxas_gluon_bwd.py does the backward):
 spill bytes, registers and shared memory from ptxas -v / the compiler, and the LDL/STL in the
-SASS loops that issue wgmmas, for the plain forward and forward_into (ACC) at each kv tile width.
+SASS loops that issue wgmmas, for the plain forward and forward_into (ACC) in each variant: base
+(the default build), pipe (two kv tiles a loop step, a PV under the next softmax).
 
-    python benchmarks/ptxas_gluon_fwd.py 128,144,160,192 now=. main=/work/main
+    python benchmarks/ptxas_gluon_fwd.py base,pipe now=. main=/work/main
 
-Each NAME=DIR builds DIR's kernels in a fresh process (default now=.); a checkout whose forward
-has no ``block_n`` builds only 128.  Needs a Triton with Gluon (PYTHONPATH).  Writes
+Each NAME=DIR builds DIR's kernels in a fresh process (default now=.).  Commit 443989c's version
+of this script built the wide kv tiles (128,144,160,192).  Needs a Triton with Gluon (PYTHONPATH).  Writes
 ptxas_gluon_fwd.json to $OUT or ./burst-results."""
 import os
 import sys
@@ -17,19 +18,17 @@ from burstengine.kernels.gluon import fwd as gf
 B, S, H, HKV, D = 1, 1024, 32, 8, 128  # the 8B model's heads; the build does not depend on S
 q = torch.zeros(B, S, H, D, dtype=torch.bfloat16)
 k = torch.zeros(B, S, HKV, D, dtype=torch.bfloat16)
-for n in [int(x) for x in sys.argv[3].split(",")]:
-    if n != 128 and not hasattr(gf, "BLOCK_NS"):
-        continue
-    kw = {} if n == 128 else dict(block_n=n)
-    capture(f"fwd_n{n}", lambda: gf.forward(q, k, k, 0.088, False, **kw))
-    capture(f"fwd_into_n{n}", lambda: gf.forward_into(q, k, k, 0.088, None, torch.zeros(B, S, H, D),
-                                                      torch.zeros(B, H, S), **kw))
+for name in sys.argv[3].split(","):
+    kw = {} if name == "base" or not hasattr(gf, "PIPE") else dict(pipe=name == "pipe")
+    capture(f"fwd_{name}", lambda: gf.forward(q, k, k, 0.088, False, **kw))
+    capture(f"fwd_into_{name}", lambda: gf.forward_into(q, k, k, 0.088, None, torch.zeros(B, S, H, D),
+                                                       torch.zeros(B, H, S), **kw))
 '''
 
 
 def main(argv) -> None:
     from burstengine.bench.records import write_record
-    widths = argv[0] if argv and "=" not in argv[0] else "128"
+    widths = argv[0] if argv and "=" not in argv[0] else "base"
     builds = build_all([a for a in argv if "=" in a] or ["now=."], BUILD, widths)
     for name, bs in builds.items():
         for kname, b in bs["kernels"].items():
