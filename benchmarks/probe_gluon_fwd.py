@@ -1,7 +1,7 @@
 """Probe: the Gluon forward (kernels/gluon/fwd.py) checked against float64 (plain forward and the
 ring step's merge, causal / full / strict, a positive and a negative scale: the two builds of its
-softmax) and timed beside cuDNN's forward at 3B-model shapes (24 q heads, 8 kv heads, d=128,
-causal).
+softmax; with the kernel's PIPE variant flag, both builds) and timed beside cuDNN's forward at
+3B-model shapes (24 q heads, 8 kv heads, d=128), causal and full.
 
     python benchmarks/probe_gluon_fwd.py 16384,65536,131072
 
@@ -14,24 +14,32 @@ from burstengine.kernels.sdpa import CudnnKernel
 from probe_gluon import D, H, HKV, dev, err, main, ref64, rnd, scale, time_rows  # the backward's probe
 
 
+PIPES = (False, True) if hasattr(gf, "PIPE") else (False, )  # the variant flag, where the kernel has it
+
+
 def check():
     res = []
-    for S, mask, sc in ((2048, "causal", scale), (1024, "full", scale), (1152, "strict", scale),
-                        (384, "causal", scale), (640, "causal", -scale), (512, "strict", -scale)):
-        q, k, v = rnd(1, S, H, D), rnd(1, S, HKV, D), rnd(1, S, HKV, D)
-        o_r, lse_r = ref64(q, k, v, torch.zeros_like(q), mask, sc)[:2]
-        if mask != "strict":
-            o, lse = gf.forward(q, k, v, sc, mask == "causal")
-            res.append(dict(what="forward", S=S, mask=mask, scale=sc, o=err(o, o_r), lse=err(lse, lse_r)))
-        # the ring step: merge the keys' work into an empty running state
-        out = torch.zeros(1, S, H, D, device=dev)
-        lse = torch.full((1, H, S), float("-inf"), device=dev)
-        lo = {"causal": 0, "strict": 1, "full": None}[mask]
-        gf.forward_into(q, k, v, sc, lo, out, lse)
-        res.append(dict(what="forward_into", S=S, mask=mask, scale=sc, o=err(out, o_r), lse=err(lse, lse_r)))
+    for pipe in PIPES:
+        kw = dict(pipe=pipe) if len(PIPES) > 1 else {}
+        for S, mask, sc in ((2048, "causal", scale), (1024, "full", scale), (1152, "strict", scale),
+                            (384, "causal", scale), (640, "causal", -scale), (512, "strict", -scale),
+                            (1280, "full", scale), (896, "causal", scale)):
+            q, k, v = rnd(1, S, H, D), rnd(1, S, HKV, D), rnd(1, S, HKV, D)
+            o_r, lse_r = ref64(q, k, v, torch.zeros_like(q), mask, sc)[:2]
+            if mask != "strict":
+                o, lse = gf.forward(q, k, v, sc, mask == "causal", **kw)
+                res.append(dict(what="forward", pipe=pipe, S=S, mask=mask, scale=sc, o=err(o, o_r),
+                                lse=err(lse, lse_r)))
+            # the ring step: merge the keys' work into an empty running state
+            out = torch.zeros(1, S, H, D, device=dev)
+            lse = torch.full((1, H, S), float("-inf"), device=dev)
+            lo = {"causal": 0, "strict": 1, "full": None}[mask]
+            gf.forward_into(q, k, v, sc, lo, out, lse, **kw)
+            res.append(dict(what="forward_into", pipe=pipe, S=S, mask=mask, scale=sc, o=err(out, o_r),
+                            lse=err(lse, lse_r)))
     for r in res:
-        ok = r["o"] < 2e-2 and r["lse"] < 1e-3
-        print(("" if ok else "FAIL ") + str(r), flush=True)
+        r["ok"] = r["o"] < 2e-2 and r["lse"] < 1e-3
+        print(("" if r["ok"] else "FAIL ") + str(r), flush=True)
     return res
 
 
@@ -40,10 +48,14 @@ def bench(seqs, warmup=2, iters=7):
     res = []
     for S in seqs:
         q, k, v = rnd(1, S, H, D), rnd(1, S, HKV, D), rnd(1, S, HKV, D)
-        fl = 4 * S * S * H * D * 0.5
-        cands = {"cudnn": lambda: cud.forward(q, k, v, scale, "causal"),
-                 "gluon": lambda: gf.forward(q, k, v, scale, True)}
-        res += time_rows(S, cands, lambda name: fl, warmup, iters)
+        for causal in (True, False):
+            fl = 4 * S * S * H * D * (0.5 if causal else 1.0)
+            tag = "causal" if causal else "full"
+            cands = {f"cudnn {tag}": lambda: cud.forward(q, k, v, scale, tag)}
+            for pipe in PIPES:
+                kw = dict(pipe=pipe) if len(PIPES) > 1 else {}
+                cands[f"gluon{' pipe' if pipe else ''} {tag}"] = lambda kw=kw: gf.forward(q, k, v, scale, causal, **kw)
+            res += [dict(r, mask=tag) for r in time_rows(S, cands, lambda name: fl, warmup, iters)]
         del q, k, v
         torch.cuda.empty_cache()
     return res
