@@ -144,6 +144,29 @@ def block_gluon_wide(records):
                             f"{into_line}."])
 
 
+def block_gluon_pipe(records):
+    """docs/kernels.md: the forward with a PV left in flight under the next tile's softmax, built
+    (ptxas) and timed, not kept."""
+    name, ptx_name = "gluon_fwd_pipe_h200.json", "ptxas_gluon_fwd_pipe.json"
+    rec, ptx = record(records, name), record(records, ptx_name)
+    speed = {(r["S"], r["method"]): r["tflops"] for r in rec["bench"]}
+    cols = [(f"{k} {m}", f"{m}: {h}") for m in ("causal", "full")
+            for k, h in (("cudnn", "cuDNN"), ("gluon", "ours"), ("gluon pipe", "ours, PV in flight"))]
+    body = [[f"{S // 1024}K"] + [f"{speed[(S, m)]:.0f}" for m, _ in cols] for S in sorted({S for S, _ in speed})]
+    ks = ptx["builds"]["now"]["kernels"]
+    spills = "; ".join(f"`{k}` {b['spill_store_bytes']:,} B stored / {b['spill_load_bytes']:,} B loaded, local loads "
+                       f"a loop step {'/'.join(str(x['ldl']) for x in b['loops'])}"
+                       for k, b in sorted(ks.items()) if k.endswith("pipe"))
+    bad = sum(not c["ok"] for c in rec["check"])
+    return "\n".join([f"On {device_of(rec)} (`{name}`, commit {rec['commit'][:7]}, which held the variant as a flag; "
+                      "24 q heads on 8 kv heads, d=128, bf16; TFLOP/s of the plain forward, median of 7; "
+                      f"{len(rec['check'])} check cases of both builds within 2e-2 (out) and 1e-3 (lse) of float64, "
+                      f"{bad} failed):", ""]
+                     + table(["S"] + [h for _, h in cols], body)
+                     + ["", f"Built for sm_90a without a GPU (`{ptx_name}`, commit {ptx['commit'][:7]}): {spills}; "
+                            "the kernel as kept spills nothing."])
+
+
 def probe_families(rec):
     head = [f"{rec['layers']} layers of each family's hub shape, {rec['seq']:,} tokens, random weights; "
             f"||x − ref|| / ||ref|| against transformers in float32 (eager attention), transformers "
@@ -189,4 +212,5 @@ SECTIONS = (
             "`python benchmarks/probe_host_copy.py MIB`: whether a non-blocking copy from the device returns to "
             "the host at once, for the host memory `offload` uses and two others."),
 )
-BLOCKS = {"gluon-variants": block_gluon_variants, "gluon-bwd": block_gluon_bwd, "gluon-wide": block_gluon_wide}
+BLOCKS = {"gluon-variants": block_gluon_variants, "gluon-bwd": block_gluon_bwd, "gluon-wide": block_gluon_wide,
+          "gluon-pipe": block_gluon_pipe}

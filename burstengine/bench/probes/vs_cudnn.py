@@ -6,8 +6,9 @@ Three kinds of record time one of our kernels and cuDNN in the same launch on on
   step's forward_into / backward_into, 32 q heads on 32 or 8 kv heads (cuDNN plus the torch merge
   or gradient adds); its forward+backward rows are not read, as the rules choose the forward and
   the backward separately;
-* ``gluon_*`` (benchmarks/probe_gluon.py, probe_gluon_fwd.py): the plain causal forward or
-  backward at 24 q / 8 kv heads (the scripts' H, HKV), with variants behind flags;
+* ``gluon_*`` (benchmarks/probe_gluon.py, probe_gluon_fwd.py): the plain causal (and, in newer
+  forward records, full) forward or backward at 24 q / 8 kv heads (the scripts' H, HKV), with
+  variants behind flags;
 * ``fp8_*`` (burstengine bench fp8): its bf16 rows, the plain forward (kernel "triton": Gluon on
   Hopper), 32 q / 8 kv heads;
 
@@ -30,7 +31,7 @@ from ..tables import med, span, table
 # (fp8_h100*.json: ours 0.95-1.08x cuDNN at 8K causal).
 TIE = 0.03
 
-GLUON_PROBE = dict(mask="causal", heads=24, kv_heads=8, head_dim=128)  # benchmarks/probe_gluon.py's H, HKV, D
+GLUON_PROBE = dict(heads=24, kv_heads=8, head_dim=128)  # benchmarks/probe_gluon.py's H, HKV, D
 FP8_SPEED = dict(heads=32, kv_heads=8, head_dim=128)  # bench fp8's speed inputs (probes/fp8.py)
 
 # record -> {call: the method that times today's kernel}
@@ -41,6 +42,7 @@ TODAY = {
     "fp8_h100_quant.json": {"forward": "ours_bf16"},
     "gluon_fwd_h100.json": {"forward": "gluon"},
     "gluon_fwd_h200.json": {"forward": "gluon"},
+    "gluon_fwd_pipe_h200.json": {"forward": "gluon"},  # its "gluon pipe" is the variant dropped after ec1508e
     # 1d52501: the FFMA softmax; 24c1355 after it changed only the negative-scale build
     "gluon_fwd_maskfirst_h200.json": {"forward": "gluon"},
     "gluon_bwd_h100.json": {"backward": "gluon bwd"},
@@ -108,13 +110,16 @@ def _lao(name, rec, card):
 
 
 def _probe(name, rec, card):
-    times = {(r["S"], r["method"]): med(r["times"]) for r in rec.get("bench", []) if "method" in r}
-    for (S, method), t in times.items():
+    # rows with a "mask" name their methods "<method> <mask>" (probe_gluon_fwd.py since ec1508e);
+    # the others are causal
+    times = {(r["S"], r.get("mask", "causal"), r["method"].removesuffix(f" {r['mask']}") if "mask" in r
+              else r["method"]): med(r["times"]) for r in rec.get("bench", []) if "method" in r}
+    for (S, mask, method), t in times.items():
         call = "backward" if "bwd" in method else "forward"
         base = {"forward": ("cudnn", "cudnn fwd"), "backward": ("cudnn bwd",)}[call]
-        cudnn = next((times[(S, b)] for b in base if (S, b) in times), None)
+        cudnn = next((times[(S, mask, b)] for b in base if (S, mask, b) in times), None)
         if method not in base and not method.startswith("cudnn") and cudnn is not None:
-            yield Versus(name, card, call, S=S, method=method, ours_s=t, cudnn_s=cudnn, **GLUON_PROBE)
+            yield Versus(name, card, call, S=S, method=method, ours_s=t, cudnn_s=cudnn, mask=mask, **GLUON_PROBE)
 
 
 def _fp8(name, rec, card):

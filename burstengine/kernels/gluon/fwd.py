@@ -35,7 +35,6 @@ LOG2E = gl.constexpr(1.4426950408889634)
 BLOCK = gl.constexpr(128)   # q rows per program: two compute warpgroups of 64
 # K/V buffers per head dim (kv tiles are BLOCK rows too); a third buffer did not help (H200 probes)
 STAGES = {128: 2, 64: 2}
-PIPE = False  # two tiles a loop step, a PV under the next softmax (under measurement)
 
 
 @gluon.jit
@@ -133,7 +132,7 @@ LOADER_REGS = 24  # the loader warp's registers: the minimum, it holds only scal
 
 @gluon.jit
 def _ws_loader(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr,
-               FFMA: gl.constexpr, PIPE: gl.constexpr):
+               FFMA: gl.constexpr):
     q_desc, k_desc, v_desc, o_desc = descs
     q_bufs, k_bufs, v_bufs, o_bufs = bufs
     q_bar, k_ready, k_empty, v_ready, v_empty, o_bar = bars
@@ -154,7 +153,7 @@ def _ws_loader(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, STAGES: gl.
 
 @gluon.jit
 def _ws_compute(descs, bufs, bars, scal, LSE, W: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                ACC: gl.constexpr, FFMA: gl.constexpr, PIPE: gl.constexpr):
+                ACC: gl.constexpr, FFMA: gl.constexpr):
     # rows [W * 64, W * 64 + 64) of the q tile, in one warpgroup
     q_desc, k_desc, v_desc, o_desc = descs
     q_bufs, k_bufs, v_bufs, o_bufs = bufs
@@ -199,44 +198,7 @@ def _ws_compute(descs, bufs, bars, scal, LSE, W: gl.constexpr, HEAD_DIM: gl.cons
     mbarrier.arrive(k_empty.index(0), count=1)
 
     # every tile but the last is fully visible (the last holds the causal/strict diagonal)
-    n_single = n_kv - 1
-    if PIPE:
-        # two tiles a loop step: the PV of the first is left in flight under the second's softmax
-        # (FlashAttention-3's intra-warpgroup overlap), and waited for before the loop's back edge
-        # (an accumulator in flight there makes ptxas serialise every wgmma: C7514)
-        for t in range((n_kv - 1) // 2):
-            j = 2 * t
-            st = j % STAGES
-            j1 = j + 1
-            st1 = j1 % STAGES
-            j2 = j + 2
-            st2 = j2 % STAGES
-            mbarrier.wait(k_ready.index(st1), (j1 // STAGES) & 1)
-            s_tok = warpgroup_mma(q_smem, k_bufs.index(st1).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, qk_scale, offs_m, cols, mask_lo, False, FFMA)
-            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-            mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
-            acc_tok = warpgroup_mma(p_op, v_bufs.index(st), acc, is_async=True)
-            # S(j+1) is done once at most the PV (issued after it) is outstanding
-            s_nxt = warpgroup_mma_wait(1, deps=(s_tok, ))
-            mbarrier.arrive(k_empty.index(st1), count=1)
-            mbarrier.wait(k_ready.index(st2), (j2 // STAGES) & 1)
-            s_tok = warpgroup_mma(q_smem, k_bufs.index(st2).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            p, alpha, m_i, l_i = _softmax_step(s_nxt, m_i, l_i, qk_scale, offs_m, cols, mask_lo, False, FFMA)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-            # PV(j) is done once at most S(j+2) (issued after it) is outstanding
-            acc = warpgroup_mma_wait(1, deps=(acc_tok, ))
-            mbarrier.arrive(v_empty.index(st), count=1)
-            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-            mbarrier.wait(v_ready.index(st1), (j1 // STAGES) & 1)
-            acc_tok = warpgroup_mma(p_op, v_bufs.index(st1), acc, is_async=True)
-            s_cur, acc = warpgroup_mma_wait(0, deps=(s_tok, acc_tok))
-            mbarrier.arrive(k_empty.index(st2), count=1)
-            mbarrier.arrive(v_empty.index(st1), count=1)
-        n_single = (n_kv - 1) % 2
-    for jj in range(n_single):
-        j = n_kv - 1 - n_single + jj
+    for j in range(n_kv - 1):
         st = j % STAGES
         nxt = j + 1
         nst = nxt % STAGES
@@ -278,20 +240,20 @@ def _ws_compute(descs, bufs, bars, scal, LSE, W: gl.constexpr, HEAD_DIM: gl.cons
 
 @gluon.jit
 def _ws_compute0(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr,
-                 FFMA: gl.constexpr, PIPE: gl.constexpr):
-    _ws_compute(descs, bufs, bars, scal, LSE, 0, HEAD_DIM, STAGES, ACC, FFMA, PIPE)
+                 FFMA: gl.constexpr):
+    _ws_compute(descs, bufs, bars, scal, LSE, 0, HEAD_DIM, STAGES, ACC, FFMA)
 
 
 @gluon.jit
 def _ws_compute1(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr,
-                 FFMA: gl.constexpr, PIPE: gl.constexpr):
-    _ws_compute(descs, bufs, bars, scal, LSE, 1, HEAD_DIM, STAGES, ACC, FFMA, PIPE)
+                 FFMA: gl.constexpr):
+    _ws_compute(descs, bufs, bars, scal, LSE, 1, HEAD_DIM, STAGES, ACC, FFMA)
 
 
 @gluon.jit(do_not_specialize=["Sq", "Sk", "H", "GROUP", "mask_lo", "diag", "slb", "slh", "sls"])
 def fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, Sq, Sk, H, GROUP, qk_scale, mask_lo, diag, slb, slh, sls,
                HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr, LOAD_REGS: gl.constexpr,
-               FFMA: gl.constexpr, PIPE: gl.constexpr, num_warps: gl.constexpr):
+               FFMA: gl.constexpr, num_warps: gl.constexpr):
     """One program per (128-row q tile, batch x head).  ``diag``: causal-like (Sq = Sk, kv tiles up
     to the q tile's own, the diagonal masked by ``mask_lo``: 0 causal, 1 strict); else every kv tile.
     ``ACC``: start from and write back the running float32 (O, lse) instead of a fresh output
@@ -329,16 +291,16 @@ def fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, Sq, Sk, H, GROUP, qk_scale, 
     scal = (b * Sq + pid_m * BLOCK, b * Sk, h * HEAD_DIM, (h // GROUP) * HEAD_DIM, n_kv, pid_m * BLOCK, mask_lo,
             qk_scale, b.to(gl.int64) * slb + h * slh, sls)
     gl.warp_specialize([
-        (_ws_compute0, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC, FFMA, PIPE)),
-        (_ws_compute1, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC, FFMA, PIPE)),
-        (_ws_loader, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC, FFMA, PIPE)),
+        (_ws_compute0, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC, FFMA)),
+        (_ws_compute1, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC, FFMA)),
+        (_ws_loader, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC, FFMA)),
     ], [4, 1], [240, LOAD_REGS])
 
 
 BIG = 1 << 30  # "no bound" for mask_lo
 
 
-def _launch(q, k, v, scale, mask_lo, diag, out, lse, acc: bool, pipe: bool = PIPE):
+def _launch(q, k, v, scale, mask_lo, diag, out, lse, acc: bool):
     """``acc``: ``out`` is the running float32 O, read and written in place; else the fresh output
     in q's dtype."""
     B, Sq, H, D = q.shape
@@ -347,23 +309,22 @@ def _launch(q, k, v, scale, mask_lo, diag, out, lse, acc: bool, pipe: bool = PIP
     grid = (Sq // BLOCK.value, B * H)
     fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, Sq, k.shape[1], H, H // k.shape[2], scale * LOG2E.value,
                      mask_lo, int(diag), *lse.stride(), HEAD_DIM=D, STAGES=STAGES[D], ACC=acc,
-                     LOAD_REGS=LOADER_REGS, FFMA=scale > 0, PIPE=pipe, num_warps=4, maxnreg=WS_MAXNREG)
+                     LOAD_REGS=LOADER_REGS, FFMA=scale > 0, num_warps=4, maxnreg=WS_MAXNREG)
 
 
-def forward(q, k, v, scale: float, causal: bool, pipe: bool = None):
+def forward(q, k, v, scale: float, causal: bool):
     """(out (B, S, H, D) in q's dtype, lse (B, H, S) float32) of softmax(q k^T * scale) v, causal
     (query i sees keys j <= i) or full; the tensors must pass :func:`supported`."""
     B, S, H, D = q.shape
     out = torch.empty(B, S, H, D, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, H, S, dtype=torch.float32, device=q.device)
-    _launch(q, k, v, scale, 0 if causal else -BIG, causal, out, lse, acc=False, pipe=PIPE if pipe is None else pipe)
+    _launch(q, k, v, scale, 0 if causal else -BIG, causal, out, lse, acc=False)
     return out, lse
 
 
-def forward_into(q, k, v, scale: float, mask_lo: int | None, out: torch.Tensor, lse: torch.Tensor,
-                 pipe: bool = None) -> None:
+def forward_into(q, k, v, scale: float, mask_lo: int | None, out: torch.Tensor, lse: torch.Tensor) -> None:
     """Merge this block into the running float32 (out, lse) in place (the ring step).
     ``mask_lo``: None for a full block, 0 causal, 1 strict (query i sees keys j < i); ``out`` is
     written through a view of its rows (see :func:`supported`), never a copy."""
     diag = mask_lo is not None
-    _launch(q, k, v, scale, mask_lo if diag else -BIG, diag, out, lse, acc=True, pipe=PIPE if pipe is None else pipe)
+    _launch(q, k, v, scale, mask_lo if diag else -BIG, diag, out, lse, acc=True)
