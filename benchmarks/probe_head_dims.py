@@ -1,0 +1,114 @@
+"""Probe: our attention kernels beside cuDNN at head dims 64, 96, 128 and 256 (the kernels issue
+asks >= 1.0x cuDNN at 64, 96, 256 and >= 1.10x at 128): the plain forward and backward, causal
+and full, 32 q heads on 8 kv heads, bf16.  "ours" is TritonKernel, which runs the Gluon kernels
+where they take the call (forward d 64/128, backward d 128, lengths multiples of 128) and the
+Triton ones elsewhere; "auto" names what AutoKernel's rules pick on this card.  Each head dim is
+first checked against float64 at 1,152 tokens (forward out and lse, the three gradients).
+
+    python benchmarks/probe_head_dims.py 16384,65536 [64,96,128,256]
+
+Writes probe_head_dims.json to $OUT (or /tmp)."""
+import os
+import sys
+import time
+
+import torch
+
+from burstengine.kernels.registry import AutoKernel
+from burstengine.kernels.sdpa import CudnnKernel
+from burstengine.kernels.triton.kernel import TritonKernel
+from burstengine.timing import median, timed
+
+dev, H, HKV = "cuda", 32, 8
+ours, cud, auto = TritonKernel(), CudnnKernel(), AutoKernel()
+
+
+def rnd(*s):
+    return torch.randn(*s, device=dev, dtype=torch.bfloat16)
+
+
+def ref64(q, k, v, do, causal, scale):
+    g = q.shape[2] // k.shape[2]
+    qd, kd, vd, dod = (t.double().transpose(1, 2) for t in (q, k, v, do))
+    kd, vd = (t.repeat_interleave(g, 1).requires_grad_() for t in (kd, vd))
+    qd = qd.requires_grad_()
+    s = qd @ kd.transpose(-1, -2) * scale
+    if causal:
+        n = s.shape[-1]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=dev).triu(1), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    o = torch.softmax(s, -1) @ vd
+    o.backward(dod)
+    B, S, Hk, D = k.shape
+    dk, dv = (t.grad.view(B, Hk, g, S, D).sum(2).transpose(1, 2) for t in (kd, vd))
+    return o.detach().transpose(1, 2), lse.detach(), qd.grad.transpose(1, 2), dk, dv
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm())
+
+
+def check(D):
+    out = []
+    for causal in (True, False):
+        S, scale = 1152, D ** -0.5
+        q, do, k, v = rnd(1, S, H, D), rnd(1, S, H, D), rnd(1, S, HKV, D), rnd(1, S, HKV, D)
+        o_r, lse_r, dq_r, dk_r, dv_r = ref64(q, k, v, do, causal, scale)
+        mask = "causal" if causal else "full"
+        o, lse = ours.forward(q, k, v, scale, mask)
+        dq, dk, dv = ours.backward(do, q, k, v, lse, ours.delta(o, do), scale, mask, out=o)
+        e = dict(D=D, mask=mask, out=rel(o, o_r), lse=float((lse - lse_r).abs().max()), dq=rel(dq, dq_r),
+                 dk=rel(dk, dk_r), dv=rel(dv, dv_r))
+        e["ok"] = max(e["out"], e["dq"], e["dk"], e["dv"]) < 2e-2 and e["lse"] < 1e-2
+        print(("" if e["ok"] else "FAIL ") + str(e), flush=True)
+        out.append(e)
+    return out
+
+
+def bench(D, seqs, warmup=2, iters=5):
+    rows, card = [], torch.cuda.get_device_name()
+    for S in seqs:
+        scale = D ** -0.5
+        q, do, k, v = rnd(1, S, H, D), rnd(1, S, H, D), rnd(1, S, HKV, D), rnd(1, S, HKV, D)
+        for mask in ("causal", "full"):
+            fl = 4 * S * S * H * D * (0.5 if mask == "causal" else 1.0)
+            picks = {c: auto.choose(c, mask, S, S, card, D, takes=lambda: True) for c in ("forward", "backward")}
+            for name, k_ in (("cudnn", cud), ("ours", ours)):
+                row = dict(D=D, S=S, mask=mask, method=name, auto=picks)
+                try:
+                    o, lse = k_.forward(q, k, v, scale, mask)
+                    delta = ours.delta(o, do)
+                    row["fwd_s"] = timed(lambda: k_.forward(q, k, v, scale, mask), "cuda", warmup=warmup, iters=iters)
+                    row["bwd_s"] = timed(lambda: k_.backward(do, q, k, v, lse, delta, scale, mask, out=o), "cuda",
+                                         warmup=warmup, iters=iters)
+                    row["fwd_tflops"] = fl / median(row["fwd_s"]) / 1e12
+                    row["bwd_tflops"] = 2.5 * fl / median(row["bwd_s"]) / 1e12
+                    del o, lse, delta
+                except Exception as e:  # noqa: BLE001 (a kernel that cannot run this shape: recorded)
+                    row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                rows.append(row)
+                print(f"D={D:>3} S={S:>6} {mask:<6} {name:<5} " + (row.get("error") or
+                      f"fwd {row['fwd_tflops']:5.0f} bwd {row['bwd_tflops']:5.0f} TFLOP/s (auto: {picks})"), flush=True)
+                torch.cuda.empty_cache()
+        del q, do, k, v
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main():
+    t0 = time.time()
+    seqs = [int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "16384,65536").split(",")]
+    dims = [int(x) for x in (sys.argv[2] if len(sys.argv) > 2 else "64,96,128,256").split(",")]
+    checks, rows = [], []
+    for D in dims:
+        checks += check(D)
+        rows += bench(D, seqs)
+    from burstengine.bench.records import write_record
+    print(write_record("probe_head_dims", dict(device=torch.cuda.get_device_name(), heads=H, kv_heads=HKV,
+                                               check=checks, rows=rows, seconds=time.time() - t0),
+                       out_dir=os.environ.get("OUT", "/tmp")))
+
+
+if __name__ == "__main__":
+    main()
