@@ -2,7 +2,8 @@
 asks >= 1.0x cuDNN at 64, 96, 256 and >= 1.10x at 128): the plain forward and backward, causal
 and full, 32 q heads on 8 kv heads, bf16.  "ours" is TritonKernel, which runs the Gluon kernels
 where they take the call (forward d 64/128, backward d 128, lengths multiples of 128) and the
-Triton ones elsewhere; "auto" names what AutoKernel's rules pick on this card.  Each head dim is
+Triton ones elsewhere ("triton" in "auto" below); "auto" names what AutoKernel's rules pick on
+this card for these tensors.  Each head dim is
 first checked against float64 at 1,152 tokens (forward out and lse, the three gradients).
 
     python benchmarks/probe_head_dims.py 16384,65536 [64,96,128,256]
@@ -14,6 +15,8 @@ import time
 
 import torch
 
+from burstengine.kernels.gluon import bwd as gluon_bwd
+from burstengine.kernels.gluon import fwd as gluon_fwd
 from burstengine.kernels.registry import AutoKernel
 from burstengine.kernels.sdpa import CudnnKernel
 from burstengine.kernels.triton.kernel import TritonKernel
@@ -73,7 +76,10 @@ def bench(D, seqs, warmup=2, iters=5):
         q, do, k, v = rnd(1, S, H, D), rnd(1, S, H, D), rnd(1, S, HKV, D), rnd(1, S, HKV, D)
         for mask in ("causal", "full"):
             fl = 4 * S * S * H * D * (0.5 if mask == "causal" else 1.0)
-            picks = {c: auto.choose(c, mask, S, S, card, D, takes=lambda: True) for c in ("forward", "backward")}
+            diag = mask == "causal"
+            takes = {"forward": lambda: gluon_fwd.supported(q, k, v, diag),
+                     "backward": lambda: gluon_bwd.supported(q, k, v, diag, do)}
+            picks = {c: auto.choose(c, mask, S, S, card, D, takes=takes[c]) for c in ("forward", "backward")}
             for name, k_ in (("cudnn", cud), ("ours", ours)):
                 row = dict(D=D, S=S, mask=mask, method=name, auto=picks)
                 try:
