@@ -167,6 +167,29 @@ def block_gluon_pipe(records):
                             "the kernel as kept spills nothing."])
 
 
+def block_head_dims(records):
+    """docs/kernels.md: our kernels beside cuDNN at each head dim, and what ``auto`` runs there."""
+    name = "probe_head_dims_h200.json"
+    rec = record(records, name)
+    rows = {(r["D"], r["S"], r["mask"], r["method"]): r for r in rec["rows"] if "error" not in r}
+    body = []
+    for D, S, mask in sorted({k[:3] for k in rows}):
+        o, c = rows.get((D, S, mask, "ours")), rows.get((D, S, mask, "cudnn"))
+        if o and c:
+            body.append([D, f"{S // 1024}K", mask, f"{o['fwd_tflops']:.0f} / {c['fwd_tflops']:.0f}",
+                         f"{o['fwd_tflops'] / c['fwd_tflops']:.2f}×", f"{o['bwd_tflops']:.0f} / {c['bwd_tflops']:.0f}",
+                         f"{o['bwd_tflops'] / c['bwd_tflops']:.2f}×",
+                         f"{o['auto']['forward']} / {o['auto']['backward']}".replace("triton", "ours")])
+    bad = sum(not c["ok"] for c in rec["check"])
+    errs = [r for r in rec["rows"] if "error" in r]
+    return "\n".join([f"On {device_of(rec)} (`{name}`, commit {rec['commit'][:7]}; {rec['heads']} q heads on "
+                      f"{rec['kv_heads']} kv heads, bf16, TFLOP/s, median of 5, the backward counted as 2.5 forwards; "
+                      f"{len(rec['check'])} check cases against float64 at 1,152 tokens, {bad} failed"
+                      + (f"; {len(errs)} cells could not run" if errs else "") + "):", ""]
+                     + table(["d", "S", "mask", "forward: ours / cuDNN", "×", "backward: ours / cuDNN", "×",
+                              "auto runs (fwd / bwd)"], body))
+
+
 def probe_families(rec):
     head = [f"{rec['layers']} layers of each family's hub shape, {rec['seq']:,} tokens, random weights; "
             f"||x − ref|| / ||ref|| against transformers in float32 (eager attention), transformers "
@@ -213,4 +236,4 @@ SECTIONS = (
             "the host at once, for the host memory `offload` uses and two others."),
 )
 BLOCKS = {"gluon-variants": block_gluon_variants, "gluon-bwd": block_gluon_bwd, "gluon-wide": block_gluon_wide,
-          "gluon-pipe": block_gluon_pipe}
+          "gluon-pipe": block_gluon_pipe, "head-dims": block_head_dims}
