@@ -6,7 +6,7 @@ Triton ones elsewhere ("triton" in "auto" below); "auto" names what AutoKernel's
 this card for these tensors.  Each head dim is
 first checked against float64 at 1,152 tokens (forward out and lse, the three gradients).
 
-    python benchmarks/probe_head_dims.py 16384,65536 [64,96,128,256]
+    python benchmarks/probe_head_dims.py 16384,65536 [64,96,128,256 [32 [5]]]   # seqs dims q-heads iters
 
 Writes probe_head_dims.json to $OUT (or /tmp)."""
 import os
@@ -22,7 +22,8 @@ from burstengine.kernels.sdpa import CudnnKernel
 from burstengine.kernels.triton.kernel import TritonKernel
 from burstengine.timing import median, timed
 
-dev, H, HKV = "cuda", 32, 8
+dev, HKV = "cuda", 8
+H = 32  # q heads; argv[3] times several counts
 ours, cud, auto = TritonKernel(), CudnnKernel(), AutoKernel()
 
 
@@ -52,7 +53,7 @@ def rel(a, b):
     return float((a - b).norm() / b.norm())
 
 
-def check(D):
+def check(D, H):
     out = []
     for causal in (True, False):
         S, scale = 1152, D ** -0.5
@@ -61,7 +62,7 @@ def check(D):
         mask = "causal" if causal else "full"
         o, lse = ours.forward(q, k, v, scale, mask)
         dq, dk, dv = ours.backward(do, q, k, v, lse, ours.delta(o, do), scale, mask, out=o)
-        e = dict(D=D, mask=mask, out=rel(o, o_r), lse=float((lse - lse_r).abs().max()), dq=rel(dq, dq_r),
+        e = dict(D=D, H=H, mask=mask, out=rel(o, o_r), lse=float((lse - lse_r).abs().max()), dq=rel(dq, dq_r),
                  dk=rel(dk, dk_r), dv=rel(dv, dv_r))
         e["ok"] = max(e["out"], e["dq"], e["dk"], e["dv"]) < 2e-2 and e["lse"] < 1e-2
         print(("" if e["ok"] else "FAIL ") + str(e), flush=True)
@@ -69,7 +70,7 @@ def check(D):
     return out
 
 
-def bench(D, seqs, warmup=2, iters=5):
+def bench(D, H, seqs, warmup=2, iters=5):
     rows, card = [], torch.cuda.get_device_name()
     for S in seqs:
         scale = D ** -0.5
@@ -81,7 +82,7 @@ def bench(D, seqs, warmup=2, iters=5):
                      "backward": lambda: gluon_bwd.supported(q, k, v, diag, do)}
             picks = {c: auto.choose(c, mask, S, S, card, D, takes=takes[c]) for c in ("forward", "backward")}
             for name, k_ in (("cudnn", cud), ("ours", ours)):
-                row = dict(D=D, S=S, mask=mask, method=name, auto=picks)
+                row = dict(D=D, H=H, S=S, mask=mask, method=name, auto=picks)
                 try:
                     o, lse = k_.forward(q, k, v, scale, mask)
                     delta = ours.delta(o, do)
@@ -94,7 +95,7 @@ def bench(D, seqs, warmup=2, iters=5):
                 except Exception as e:  # noqa: BLE001 (a kernel that cannot run this shape: recorded)
                     row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
                 rows.append(row)
-                print(f"D={D:>3} S={S:>6} {mask:<6} {name:<5} " + (row.get("error") or
+                print(f"D={D:>3} H={H} S={S:>6} {mask:<6} {name:<5} " + (row.get("error") or
                       f"fwd {row['fwd_tflops']:5.0f} bwd {row['bwd_tflops']:5.0f} TFLOP/s (auto: {picks})"), flush=True)
                 torch.cuda.empty_cache()
         del q, do, k, v
@@ -106,12 +107,15 @@ def main():
     t0 = time.time()
     seqs = [int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "16384,65536").split(",")]
     dims = [int(x) for x in (sys.argv[2] if len(sys.argv) > 2 else "64,96,128,256").split(",")]
+    heads = [int(x) for x in (sys.argv[3] if len(sys.argv) > 3 else str(H)).split(",")]
+    iters = int(sys.argv[4]) if len(sys.argv) > 4 else 5
     checks, rows = [], []
-    for D in dims:
-        checks += check(D)
-        rows += bench(D, seqs)
+    for h in heads:
+        for D in dims:
+            checks += check(D, h)
+            rows += bench(D, h, seqs, iters=iters)
     from burstengine.bench.records import write_record
-    print(write_record("probe_head_dims", dict(device=torch.cuda.get_device_name(), heads=H, kv_heads=HKV,
+    print(write_record("probe_head_dims", dict(device=torch.cuda.get_device_name(), heads=heads[0] if len(heads) == 1 else heads, kv_heads=HKV,
                                                check=checks, rows=rows, seconds=time.time() - t0),
                        out_dir=os.environ.get("OUT", "/tmp")))
 
