@@ -167,27 +167,36 @@ def block_gluon_pipe(records):
                             "the kernel as kept spills nothing."])
 
 
-def block_head_dims(records):
-    """docs/kernels.md: our kernels beside cuDNN at each head dim, and what ``auto`` runs there."""
-    name = "probe_head_dims_h200.json"
-    rec = record(records, name)
-    rows = {(r["D"], r["S"], r["mask"], r["method"]): r for r in rec["rows"] if "error" not in r}
+def _head_dim_rows(rec) -> list[list]:
+    rows = {(r["D"], r.get("H", rec["heads"]), r["S"], r["mask"], r["method"]): r for r in rec["rows"]
+            if "error" not in r}
     body = []
-    for D, S, mask in sorted({k[:3] for k in rows}):
-        o, c = rows.get((D, S, mask, "ours")), rows.get((D, S, mask, "cudnn"))
+    for D, H, S, mask in sorted({k[:4] for k in rows}):
+        o, c = rows.get((D, H, S, mask, "ours")), rows.get((D, H, S, mask, "cudnn"))
         if o and c:
-            body.append([D, f"{S // 1024}K", mask, f"{o['fwd_tflops']:.0f} / {c['fwd_tflops']:.0f}",
+            body.append([D, H, f"{S // 1024}K", mask, f"{o['fwd_tflops']:.0f} / {c['fwd_tflops']:.0f}",
                          f"{o['fwd_tflops'] / c['fwd_tflops']:.2f}×", f"{o['bwd_tflops']:.0f} / {c['bwd_tflops']:.0f}",
                          f"{o['bwd_tflops'] / c['bwd_tflops']:.2f}×",
                          f"{o['auto']['forward']} / {o['auto']['backward']}".replace("triton", "ours")])
-    bad = sum(not c["ok"] for c in rec["check"])
-    errs = [r for r in rec["rows"] if "error" in r]
-    return "\n".join([f"On {device_of(rec)} (`{name}`, commit {rec['commit'][:7]}; {rec['heads']} q heads on "
-                      f"{rec['kv_heads']} kv heads, bf16, TFLOP/s, median of 5, the backward counted as 2.5 forwards; "
-                      f"{len(rec['check'])} check cases against float64 at 1,152 tokens, {bad} failed"
-                      + (f"; {len(errs)} cells could not run" if errs else "") + "):", ""]
-                     + table(["d", "S", "mask", "forward: ours / cuDNN", "×", "backward: ours / cuDNN", "×",
-                              "auto runs (fwd / bwd)"], body))
+    return body
+
+
+def block_head_dims(records):
+    """docs/kernels.md: our kernels beside cuDNN at each head dim, and what ``auto`` runs there;
+    then d=128 at short lengths, two head counts, in a second launch."""
+    out = []
+    for name, what in (("probe_head_dims_h200.json", "median of 5"),
+                       ("probe_head_dims_short_h200.json", "median of 11; d=128 alone, shorter blocks")):
+        rec = record(records, name)
+        bad = sum(not c["ok"] for c in rec["check"])
+        errs = [r for r in rec["rows"] if "error" in r]
+        out += [f"On {device_of(rec)} (`{name}`, commit {rec['commit'][:7]}; q heads on {rec['kv_heads']} kv heads, "
+                f"bf16, TFLOP/s, {what}, the backward counted as 2.5 forwards; {len(rec['check'])} check cases "
+                f"against float64 at 1,152 tokens, {bad} failed" + (f"; {len(errs)} cells could not run" if errs else "")
+                + "):", ""]
+        out += table(["d", "q heads", "S", "mask", "forward: ours / cuDNN", "×", "backward: ours / cuDNN", "×",
+                      "auto runs (fwd / bwd)"], _head_dim_rows(rec)) + [""]
+    return "\n".join(out[:-1])
 
 
 def probe_families(rec):
