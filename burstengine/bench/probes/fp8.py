@@ -231,8 +231,8 @@ SECTIONS = (Section("FP8 forward", r"^fp8_", render,
 
 
 def block_fp8(records):
-    """docs/kernels.md: speed and checks (fp8_h100_final.json), the model's error (fp8_h100.json), and
-    the 1M-token prompt over 4 GPUs (prefill_8b_4gpu_1m_fp8.json)."""
+    """docs/kernels.md: speed and checks (fp8_h100_final.json), the model's error (fp8_h100.json), the
+    1M-token prompt over 4 GPUs (prefill_8b_4gpu_1m_fp8.json), and all three stages on H200 (fp8_h200.json)."""
     sp = record(records, "fp8_h100_final.json")
     md = record(records, "fp8_h100.json")
     pf = record(records, "prefill_8b_4gpu_1m_fp8.json")
@@ -260,7 +260,20 @@ def block_fp8(records):
         f"first call at 1M in one launch): burst {b:.1f} s, burst on the FP8 forward {f:.1f} s, torch-CP {t:.1f} s "
         f"(FP8 {t / f:.2f}× torch-CP, bf16 burst {t / b:.2f}×); FP8's logits differ from bf16 burst's by "
         f"{rows['burst-fp8']['logits_rel_diff_vs_burst']:.3f}.",
+        "", *_h200(record(records, "fp8_h200.json")),
     ])
+
+
+def _h200(rec) -> list[str]:
+    # the same three stages in one launch on the other Hopper card
+    chk, m = rec["check"], rec["model"]
+    return [f"On {device_of(rec)} (`fp8_h200.json`, commit {rec['commit'][:7]}; the check, speed and model stages "
+            "of one launch):", "", *render(rec),
+            f"Its check: {len(chk)} cases, worst normwise error {max(r['out'] for r in chk):.3f} against float64, "
+            f"{sum(r['nan'] for r in chk)} with NaN. Its model: logits against float64 bf16 "
+            f"{m['bf16']['logits_rel_err']:.3f}, FP8 {m['fp8']['logits_rel_err']:.3f}; bf16 and FP8 chose the same "
+            f"first {m['fp8_vs_bf16_same_prefix']} of {m['new']} greedy tokens, both the same first "
+            f"{m['bf16']['tokens_same_prefix']} as float64."]
 
 
 BLOCKS = {"fp8": block_fp8}

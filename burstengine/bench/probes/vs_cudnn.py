@@ -39,6 +39,7 @@ TODAY = {
     "fp8_h100.json": {"forward": "ours_bf16"},
     "fp8_h100_2.json": {"forward": "ours_bf16"},
     "fp8_h100_final.json": {"forward": "ours_bf16"},
+    "fp8_h200.json": {"forward": "ours_bf16"},
     "fp8_h100_quant.json": {"forward": "ours_bf16"},
     "gluon_fwd_h100.json": {"forward": "gluon"},
     "gluon_fwd_h200.json": {"forward": "gluon"},
