@@ -518,7 +518,8 @@ STEP_RUNS = (("1 GPU", "before (93b8049)", "decode_8b_1gpu_128k_before.json"),
              ("2 ranks, call 5", "before (929b1a0)", "decode_8b_2gpu_512k_fused_before.json"),
              ("2 ranks, call 5", "heads kernel, packed merge send, SwiGLU in the GEMV", "decode_8b_2gpu_512k_fused.json"),
              ("2 ranks, call 6", "before (929b1a0)", "decode_8b_2gpu_128k_heads_before.json"),
-             ("2 ranks, call 6", "heads kernel, packed merge send", "decode_8b_2gpu_128k_heads.json"))
+             ("2 ranks, call 6", "heads kernel, packed merge send", "decode_8b_2gpu_128k_heads.json"),
+             ("1 GPU, stop 54", "today's step (e7547f8: packed out/lse)", "decode_8b_1gpu_today.json"))
 
 
 def block_decode_ranks(records):
