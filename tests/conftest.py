@@ -36,16 +36,3 @@ def pool():
     yield p
     p.close()
 
-
-# The files that take longest (seconds of test time on the 2-core CI box, `--durations`), run
-# first: with two test processes and a file each at a time (--dist loadfile), a long file started
-# last would leave the other process idle at the end.  A stale name here only loses the ordering.
-LONGEST_FIRST = ("bench/test_fault_phases.py", "inference/test_generate.py", "comm/test_fault.py", "cli/test_cli.py",
-                 "train/test_train_lock.py", "model/test_lora.py", "bench/test_bench.py", "train/test_finetune.py",
-                 "train/test_train.py", "train/test_train_fault.py", "train/test_soak.py", "cli/test_demo.py")
-
-
-def pytest_collection_modifyitems(session, config, items):
-    here = os.path.dirname(os.path.abspath(__file__))
-    rank = {os.path.join(here, f): i for i, f in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda it: rank.get(str(it.path), len(rank)))  # stable: the rest keep their order
