@@ -35,4 +35,3 @@ def pool():
     p = DistPool(world=4)
     yield p
     p.close()
-

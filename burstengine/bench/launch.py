@@ -228,7 +228,7 @@ def spawn(entry, entry_args: tuple, world: int, timeout: float, threads: int | N
 
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // world)
-    results = processes.context().SimpleQueue()
+    results = processes.context().SimpleQueue()  # also sets the fork server's preload (torch)
     port = free_port()
     store = dist.TCPStore("127.0.0.1", port, world, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=pg_timeout or timeout))
@@ -240,7 +240,6 @@ def spawn(entry, entry_args: tuple, world: int, timeout: float, threads: int | N
     main = threading.current_thread() is threading.main_thread()  # where signal handlers may be set
     before = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
     try:
-        processes.context()  # the fork server's preload (torch): a rank does not import it again
         ctx = mp.start_processes(_rank_main, args=args, nprocs=world, join=False, start_method="forkserver")
     finally:
         if before is not None:

@@ -174,8 +174,7 @@ def _wait_for_steps(p, run, steps, ckpt=None):
 
 
 def _parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
+    return int(runlock._stat_fields(pid)[1])  # the field after the state: the parent's pid
 
 
 def test_cli_second_run_in_one_out_dir_is_refused_then_a_stale_lock_taken_over(tmp_path):

@@ -149,7 +149,7 @@ def block_gluon_pipe(records):
     (ptxas) and timed, not kept."""
     name, ptx_name = "gluon_fwd_pipe_h200.json", "ptxas_gluon_fwd_pipe.json"
     rec, ptx = record(records, name), record(records, ptx_name)
-    speed = {(r["S"], r["method"]): r["tflops"] for r in rec["bench"]}
+    speed = _probe_speeds(rec)
     cols = [(f"{k} {m}", f"{m}: {h}") for m in ("causal", "full")
             for k, h in (("cudnn", "cuDNN"), ("gluon", "ours"), ("gluon pipe", "ours, PV in flight"))]
     body = [[f"{S // 1024}K"] + [f"{speed[(S, m)]:.0f}" for m, _ in cols] for S in sorted({S for S, _ in speed})]
