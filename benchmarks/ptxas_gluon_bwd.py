@@ -50,11 +50,12 @@ def capture(name, thunk):
 
 BUILD = PRELUDE + r'''
 from burstengine.kernels.gluon import bwd as gb
-B, S, H, HKV, D = 1, 1024, 24, 8, 128  # the 3B model's heads; the build does not depend on S
-q = torch.zeros(B, S, H, D, dtype=torch.bfloat16)
-k = torch.zeros(B, S, HKV, D, dtype=torch.bfloat16)
-capture("bwd", lambda: gb.backward_into(q, q, k, k, torch.zeros(B, H, S), torch.zeros(B, H, S), 0.088, 0,
-                                         torch.zeros(B, S, H, D), torch.zeros_like(k), torch.zeros_like(k), True))
+B, S, H, HKV = 1, 1024, 24, 8  # the 3B model's heads; the build does not depend on S
+for D, name in ((128, "bwd"), (64, "bwd_d64")):
+    q = torch.zeros(B, S, H, D, dtype=torch.bfloat16)
+    k = torch.zeros(B, S, HKV, D, dtype=torch.bfloat16)
+    capture(name, lambda: gb.backward_into(q, q, k, k, torch.zeros(B, H, S), torch.zeros(B, H, S), D ** -0.5, 0,
+                                           torch.zeros(B, S, H, D), torch.zeros_like(k), torch.zeros_like(k), True))
 '''
 
 
@@ -106,10 +107,12 @@ def build_all(srcs, code: str, *args: str) -> dict:
 
 def main(argv) -> None:
     from burstengine.bench.records import write_record
-    builds = {name: dict(commit=b["commit"], **b["kernels"]["bwd"]) for name, b in build_all(argv, BUILD).items()}
+    builds = build_all(argv, BUILD)
     for name, b in builds.items():
-        print(f"{name}: spills {b['spill_store_bytes']} B stored, {b['spill_load_bytes']} B loaded; per-loop LDL "
-              + " ".join(str(x["ldl"]) for x in b["loops"]), flush=True)
+        for kname, k in b["kernels"].items():
+            print(f"{name} {kname}: {k['registers']} registers, spills {k['spill_store_bytes']} B stored, "
+                  f"{k['spill_load_bytes']} B loaded; per-loop LDL " + " ".join(str(x["ldl"]) for x in k["loops"])
+                  + f"; shared {k['shared_bytes']} B", flush=True)
     out = os.environ.get("OUT") or os.environ.get("BURST_RESULTS") or "burst-results"
     print(write_record("ptxas_gluon_bwd", dict(target="sm_90a", builds=builds), out_dir=out))
 

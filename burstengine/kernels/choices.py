@@ -2,7 +2,7 @@
 
 A rule list is (most query rows in the block, kernel) pairs, first match wins; the kernel is one
 of registry.KERNELS by name, or "gluon": kernels/gluon where it takes the block (Hopper, bf16/fp16,
-lengths multiples of 128, d 64/128, the backward d=128 only; TritonKernel runs it), else the next
+lengths multiples of 128, d 64/128; TritonKernel runs it), else the next
 pair.  Calls: "forward" (plain), "forward_into" (the ring step onto a running (O, lse)),
 "backward" (plain, and the ring step's backward_into onto float32 gradients).
 

@@ -12,7 +12,7 @@ documents, block masks (aligned and ragged block sizes), their combinations, and
 sees nothing; K/V rows in whole tiles that no query sees are poisoned with NaN, so a kernel
 that loads a tile it should skip fails.  Square full/causal cases also run the plain forward and
 backward (fresh outputs).  On Hopper the shapes kernels/gluon/fwd.py and gluon/bwd.py take run
-there (lengths multiples of 128; the backward at d=128): the record marks each case.
+there (lengths multiples of 128, d 64 and 128): the record marks each case.
 Writes lao_check.json to $BURST_RESULTS or ./burst-results.
 """
 from __future__ import annotations

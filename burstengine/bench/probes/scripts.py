@@ -12,9 +12,13 @@ def gluon_variants(rec):
 
 
 def ptxas(rec):
-    body = [[name, b["commit"], b["spill_store_bytes"], b["spill_load_bytes"],
-             " ".join(str(x["ldl"]) for x in b["loops"])] for name, b in rec["builds"].items()]
-    return table(["build", "commit", "spill stores (B)", "spill loads (B)", "LDL per wgmma loop (SASS order)"], body)
+    # a build holds one kernel's counts, or several under "kernels" (later records)
+    body = [[name, b["commit"], kname, k["spill_store_bytes"], k["spill_load_bytes"],
+             " ".join(str(x["ldl"]) for x in k["loops"])]
+            for name, b in rec["builds"].items()
+            for kname, k in (b["kernels"].items() if "kernels" in b else [("", b)])]
+    return table(["build", "commit", "kernel", "spill stores (B)", "spill loads (B)",
+                  "LDL per wgmma loop (SASS order)"], body)
 
 
 def ncu(rec):

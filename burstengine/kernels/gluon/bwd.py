@@ -1,5 +1,5 @@
 """Hopper attention backward in Gluon, from the global lse and D = rowsum(dO * O) (no O), for
-full, causal and strict blocks at d=128: one program per (128-row kv tile, batch x kv head)
+full, causal and strict blocks at d 64 and 128: one program per (128-row kv tile, batch x kv head)
 stores or adds its dK, dV and sends dQ out by TMA reduce-add, 5 matmuls per tile pair (the
 Triton kernels use 7, or spill when they send dQ by atomics).
 
@@ -45,11 +45,12 @@ if not (hasattr(ir, "DESCRIPTOR_REDUCE_KIND") and hasattr(gluon_ir.GluonOpBuilde
     raise ImportError("this Triton's Gluon cannot build a TMA reduce-add")
 
 BLOCK_N = gl.constexpr(128)  # kv rows per program: two compute warpgroups of 64
-BLOCK_M = gl.constexpr(64)   # q rows per step
-# 64 = the kv rows of one warpgroup = the S/dP tile width = the dQ columns of one warpgroup (half
-# of d=128); one number because BLOCK_N = d = 128 (supported() takes d=128 only)
-HALF = gl.constexpr(64)
+HALF = gl.constexpr(64)      # the kv rows of one warpgroup = the width of its S and dP tiles
 STAGES = gl.constexpr(2)
+# q rows a step (the kernel's BLOCK_M), per head dim: the head dims it takes.  128 rows at d=64
+# (half the steps, barriers and lse/D loads a FLOP) spill: S and dP of 128 x 64 are 64 registers
+# a thread each (ptxas: 568 B stored, ~80 local loads a loop step; benchmarks/ptxas_gluon_bwd.py)
+Q_ROWS = {128: 64, 64: 64}
 
 
 @builtin
@@ -61,7 +62,7 @@ def _reduce_add(tensor_desc, coord, src, _semantic=None):
 
 
 @gluon.jit
-def _loader(descs, bufs, bars, scal, HEAD_DIM: gl.constexpr):
+def _loader(descs, bufs, bars, scal, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
     kv_bar, q_ready, q_empty, ds_ready = bars
@@ -72,16 +73,16 @@ def _loader(descs, bufs, bars, scal, HEAD_DIM: gl.constexpr):
     j = 0
     for g in range(GROUP):
         for t in range(n_mask):
-            _load_q(j, g, t, descs, bufs, bars, scal, HEAD_DIM)
+            _load_q(j, g, t, descs, bufs, bars, scal, HEAD_DIM, BLOCK_M)
             j += 1
     for g in range(GROUP):
         for t in range(n_mask, n_q):
-            _load_q(j, g, t, descs, bufs, bars, scal, HEAD_DIM)
+            _load_q(j, g, t, descs, bufs, bars, scal, HEAD_DIM, BLOCK_M)
             j += 1
 
 
 @gluon.jit
-def _load_q(j, g, t, descs, bufs, bars, scal, HEAD_DIM: gl.constexpr):
+def _load_q(j, g, t, descs, bufs, bars, scal, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
     kv_bar, q_ready, q_empty, ds_ready = bars
@@ -96,9 +97,9 @@ def _load_q(j, g, t, descs, bufs, bars, scal, HEAD_DIM: gl.constexpr):
 
 
 @gluon.jit
-def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM: gl.constexpr, W: gl.constexpr,
-          MASKED: gl.constexpr):
-    # one (q tile, this warpgroup's 64 kv rows) pair: dK, dV added in registers, dQ's 64 columns
+def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+          W: gl.constexpr, MASKED: gl.constexpr):
+    # one (q tile, this warpgroup's 64 kv rows) pair: dK, dV added in registers, dQ's d/2 columns
     # of this warpgroup reduce-added into global memory
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_all, v_all, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
@@ -109,6 +110,9 @@ def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM: gl.co
                                                        instr_shape=[16, HALF, 16])
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    DQ_W: gl.constexpr = HEAD_DIM // 2  # the dQ columns of one warpgroup
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DQ_W, 16])
 
     st = j % STAGES
     q_s = q_bufs.index(st)
@@ -125,6 +129,7 @@ def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM: gl.co
     ds_all = ds_bufs.index(j % 2)
     ds_w = ds_all.slice(W * HALF, HALF, dim=1)
     zero = gl.zeros([BLOCK_M, HALF], gl.float32, s_layout)
+    zero_dq = gl.zeros([BLOCK_M, DQ_W], gl.float32, dq_layout)
 
     q_t = q_t0 + t
     offs_m = q_t * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)  # q rows in the block
@@ -150,18 +155,18 @@ def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM: gl.co
     dk_tok = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
     # dQ = dS K needs the other warpgroup's half of dS too (dK runs meanwhile)
     mbarrier.wait(ds_ready.index(j % 2), (j // 2) & 1)
-    dq_tok = warpgroup_mma(ds_all, k_smem.slice(W * HALF, HALF, dim=1), zero, use_acc=False, is_async=True)
+    dq_tok = warpgroup_mma(ds_all, k_smem.slice(W * DQ_W, DQ_W, dim=1), zero_dq, use_acc=False, is_async=True)
     dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
     mbarrier.arrive(q_empty.index(st), count=1)
     tma.store_wait(0)  # the previous reduce has read this buffer
     dq_s.store(dq * scale)
     fence_async_shared()
-    _reduce_add(dq_desc, [q_row0 + q_t * BLOCK_M, (h0 + g) * HEAD_DIM + W * HALF], dq_s)
+    _reduce_add(dq_desc, [q_row0 + q_t * BLOCK_M, (h0 + g) * HEAD_DIM + W * DQ_W], dq_s)
     return dk, dv
 
 
 @gluon.jit
-def _lse_rows(g, t, n_t, q_t0, lse_h, dl_h):
+def _lse_rows(g, t, n_t, q_t0, lse_h, dl_h, BLOCK_M: gl.constexpr):
     # lse (base 2) and D of q tile t of head g, zeros past tile n_t - 1
     LSE2, slh = lse_h
     DL, sdlh = dl_h
@@ -173,8 +178,8 @@ def _lse_rows(g, t, n_t, q_t0, lse_h, dl_h):
 
 
 @gluon.jit
-def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, W: gl.constexpr,
-             FRESH: gl.constexpr):
+def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+             W: gl.constexpr, FRESH: gl.constexpr):
     k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
     kv_bar, q_ready, q_empty, ds_ready = bars
     q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale = scal
@@ -189,17 +194,17 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
     # path to the exponentials (1.06-1.13x on top of the above)
     j = 0
     for g in range(GROUP):
-        lse2, delta = _lse_rows(g, 0, n_mask, q_t0, lse_h, dl_h)
+        lse2, delta = _lse_rows(g, 0, n_mask, q_t0, lse_h, dl_h, BLOCK_M)
         for t in range(n_mask):
-            nxt = _lse_rows(g, t + 1, n_mask, q_t0, lse_h, dl_h)
-            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, W, True)
+            nxt = _lse_rows(g, t + 1, n_mask, q_t0, lse_h, dl_h, BLOCK_M)
+            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, BLOCK_M, W, True)
             lse2, delta = nxt
             j += 1
     for g in range(GROUP):
-        lse2, delta = _lse_rows(g, n_mask, n_q, q_t0, lse_h, dl_h)
+        lse2, delta = _lse_rows(g, n_mask, n_q, q_t0, lse_h, dl_h, BLOCK_M)
         for t in range(n_mask, n_q):
-            nxt = _lse_rows(g, t + 1, n_q, q_t0, lse_h, dl_h)
-            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, W, False)
+            nxt = _lse_rows(g, t + 1, n_q, q_t0, lse_h, dl_h, BLOCK_M)
+            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, BLOCK_M, W, False)
             lse2, delta = nxt
             j += 1
     tma.store_wait(0)
@@ -217,25 +222,28 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
 
 
 @gluon.jit
-def _compute0(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr):
-    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 0, FRESH)
+def _compute0(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+              FRESH: gl.constexpr):
+    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, 0, FRESH)
 
 
 @gluon.jit
-def _compute1(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr):
-    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 1, FRESH)
+def _compute1(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+              FRESH: gl.constexpr):
+    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, 1, FRESH)
 
 
 @gluon.jit
-def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, FRESH: gl.constexpr):
-    _loader(descs, bufs, bars, scal, HEAD_DIM)
+def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                 FRESH: gl.constexpr):
+    _loader(descs, bufs, bars, scal, HEAD_DIM, BLOCK_M)
 
 
 @gluon.jit(do_not_specialize=["Sq", "Sk", "H", "GROUP", "mask_lo", "diag", "slb", "slh", "sdlb", "sdlh", "sdk",
                               "sdv"])
 def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, Sk, H, GROUP, scale_log2, scale,
                mask_lo, diag, slb, slh, sdlb, sdlh, sdk, sdv,
-               HEAD_DIM: gl.constexpr, FRESH: gl.constexpr, LOAD_REGS: gl.constexpr,
+               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, FRESH: gl.constexpr, LOAD_REGS: gl.constexpr,
                num_warps: gl.constexpr):
     """One program per (128-row kv tile, batch x kv head), over the q tiles of every q head of
     its group.  ``diag``: Sq = Sk and the q tiles start at the kv tile's (the two that cross its
@@ -262,7 +270,7 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
     p_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HALF], ps_layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
     ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, BLOCK_N], ds_layout)
-    dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HALF], dq_desc.layout)
+    dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], dq_desc.layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -284,18 +292,18 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
     dl_h = (DL + b64 * sdlb + h0 * sdlh, sdlh)
     out = (DK, DV, sdk, sdv)
     gl.warp_specialize([
-        (_compute0, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH)),
-        (_compute1, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH)),
-        (_loader_part, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, FRESH)),
+        (_compute0, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, FRESH)),
+        (_compute1, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, FRESH)),
+        (_loader_part, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, FRESH)),
     ], [4, 1], [240, LOAD_REGS])
 
 
 def supported(q, k, v, diag: bool, dout, dq=None, dk=None, dv=None) -> bool:
-    """Whether this backward runs here (else the Triton kernels): what gluon/fwd.py takes at d=128
-    (the two warpgroups split dQ's head dim at 64 columns), dO like q, dQ float32, and dQ, dK, dV
+    """Whether this backward runs here (else the Triton kernels): what gluon/fwd.py takes (d 64
+    or 128; the two warpgroups split dQ's head dim in halves), dO like q, dQ float32, and dQ, dK, dV
     written through (rows, heads * D) views of themselves (dq None: a zeroed float32 buffer the
     caller makes)."""
-    if q.shape[-1] != 128 or not gluon_fwd.supported(q, k, v, diag):
+    if q.shape[-1] not in Q_ROWS or not gluon_fwd.supported(q, k, v, diag):
         return False
     if (dout.shape != q.shape or dout.dtype != q.dtype or dout.stride(-1) != 1 or dout.stride(-2) != q.shape[-1]
             or dout.data_ptr() % 16):
@@ -311,14 +319,15 @@ def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None,
     (B, H, Sq) with unit stride along rows.  ``mask_lo``: None full, 0 causal, 1 strict."""
     B, Sq, H, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
-    q_desc, do_desc = (row_desc(x, (BLOCK_M.value, D)) for x in (q, dout))
+    block_m = Q_ROWS[D]
+    q_desc, do_desc = (row_desc(x, (block_m, D)) for x in (q, dout))
     k_desc, v_desc = (row_desc(x, (BLOCK_N.value, D)) for x in (k, v))
-    dq_desc = row_desc(dq, (BLOCK_M.value, HALF.value))
+    dq_desc = row_desc(dq, (block_m, D // 2))
     dk_rows, dv_rows = _rows(dk), _rows(dv)
     diag = mask_lo is not None
     grid = (Sk // BLOCK_N.value, B * Hkv)
     bwd_kernel[grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse2, delta, dk_rows, dv_rows, Sq, Sk, H, H // Hkv,
                      scale * LOG2E.value, scale, mask_lo if diag else -BIG, int(diag),
                      lse2.stride(0), lse2.stride(1), delta.stride(0), delta.stride(1),
-                     dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, FRESH=fresh, LOAD_REGS=LOADER_REGS,
+                     dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, BLOCK_M=block_m, FRESH=fresh, LOAD_REGS=LOADER_REGS,
                      num_warps=4, maxnreg=WS_MAXNREG)

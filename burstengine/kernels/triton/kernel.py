@@ -450,7 +450,7 @@ def gluon_forward_into(q, k, v, scale, mask, out, lse, gluon: bool = True) -> bo
 
 def gluon_bwd_takes(q, k, v, mask, dout, dq=None, dk=None, dv=None, gluon: bool = True) -> bool:
     """Whether this full/causal/strict block's backward runs in kernels/gluon/bwd.py (Hopper,
-    d=128, shapes gluon/fwd.py takes, ``gluon`` on), writing into ``dq`` (float32; None: a
+    d 64 or 128, shapes gluon/fwd.py takes, ``gluon`` on), writing into ``dq`` (float32; None: a
     zeroed one made for it), ``dk``, ``dv``."""
     if not _gluon_on(q, mask, gluon):
         return False
