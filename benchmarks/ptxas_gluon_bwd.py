@@ -1,9 +1,11 @@
 """Build kernels/gluon/bwd.py for sm_90a without a GPU and count its spills: ptxas -v (spill bytes)
 and, per loop of the SASS that holds wgmmas, the local loads/stores (LDL/STL) it runs every step.
 
-    python benchmarks/ptxas_gluon_bwd.py before=/path/to/old/checkout after=.
+    python benchmarks/ptxas_gluon_bwd.py before=/path/to/old/checkout after=. [128 64 64/2 ...]
 
-Each NAME=DIR builds DIR's kernel in a fresh process (triton's active driver replaced by a stub
+Each NAME=DIR is a checkout; the other arguments the builds of each: a head dim, or D/VARIANT or
+D/VARIANT/Q_ROWS (gluon/bwd.py's variant bits and q rows a step); default 128 and 64.  Each
+checkout's kernels build in a fresh process (triton's active driver replaced by a stub
 that reports sm_90; the launch stops after compiling).  Writes ptxas_gluon_bwd.json to $OUT or
 ./burst-results."""
 import json
@@ -51,7 +53,12 @@ def capture(name, thunk):
 BUILD = PRELUDE + r'''
 from burstengine.kernels.gluon import bwd as gb
 B, S, H, HKV = 1, 1024, 24, 8  # the 3B model's heads; the build does not depend on S
-for D, name in ((128, "bwd"), (64, "bwd_d64")):
+for spec in sys.argv[3:] or ["128", "64"]:  # head dim, or head dim/variant bits (gb.VARIANT)
+    D, var, rows = (spec.split("/") + ["", ""])[:3]
+    D = int(D)
+    gb.VARIANT[D] = int(var or 0)
+    gb.Q_ROWS[D] = int(rows or gb.Q_ROWS[D])
+    name = f"d{D}" + (f"_v{var}" if var else "") + (f"_m{rows}" if rows else "")
     q = torch.zeros(B, S, H, D, dtype=torch.bfloat16)
     k = torch.zeros(B, S, HKV, D, dtype=torch.bfloat16)
     capture(name, lambda: gb.backward_into(q, q, k, k, torch.zeros(B, H, S), torch.zeros(B, H, S), D ** -0.5, 0,
@@ -107,7 +114,7 @@ def build_all(srcs, code: str, *args: str) -> dict:
 
 def main(argv) -> None:
     from burstengine.bench.records import write_record
-    builds = build_all(argv, BUILD)
+    builds = build_all([a for a in argv if "=" in a], BUILD, *[a for a in argv if "=" not in a])
     for name, b in builds.items():
         for kname, k in b["kernels"].items():
             print(f"{name} {kname}: {k['registers']} registers, spills {k['spill_store_bytes']} B stored, "

@@ -51,6 +51,10 @@ STAGES = gl.constexpr(2)
 # (half the steps, barriers and lse/D loads a FLOP) spill: S and dP of 128 x 64 are 64 registers
 # a thread each (ptxas: 568 B stored, ~80 local loads a loop step; benchmarks/ptxas_gluon_bwd.py)
 Q_ROWS = {128: 64, 64: 64}
+# variants for one measurement (benchmarks/probe_gluon_bwd_variants.py), a bit mask per head dim:
+# 1 = dS from P rounded to bf16/fp16 (the float32 P dies at the store), 2 = each warpgroup's dQ
+# from its own half of dS, all d columns reduce-added (no dS exchange, twice the reduce traffic)
+VARIANT = {128: 0, 64: 0}
 
 
 @builtin
@@ -98,7 +102,7 @@ def _load_q(j, g, t, descs, bufs, bars, scal, HEAD_DIM: gl.constexpr, BLOCK_M: g
 
 @gluon.jit
 def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-          W: gl.constexpr, MASKED: gl.constexpr):
+          VAR: gl.constexpr, W: gl.constexpr, MASKED: gl.constexpr):
     # one (q tile, this warpgroup's 64 kv rows) pair: dK, dV added in registers, dQ's d/2 columns
     # of this warpgroup reduce-added into global memory
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
@@ -110,7 +114,7 @@ def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM: gl.co
                                                        instr_shape=[16, HALF, 16])
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
-    DQ_W: gl.constexpr = HEAD_DIM // 2  # the dQ columns of one warpgroup
+    DQ_W: gl.constexpr = HEAD_DIM // (2 - ((VAR >> 1) & 1))  # the dQ columns of one warpgroup
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, DQ_W, 16])
 
@@ -141,27 +145,35 @@ def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM: gl.co
     if MASKED:
         offs_n = k_pos0 + W * HALF + gl.arange(0, HALF, layout=col_s)
         p = gl.where((offs_m[:, None] - offs_n[None, :]) >= mask_lo, p, 0.0)
-    p_s.store(p.to(dtype))
+    p_lo = p.to(dtype)
+    p_s.store(p_lo)
     fence_async_shared()
     dv_tok = warpgroup_mma(p_s.permute((1, 0)), do_s, dv, is_async=True)
     dp = warpgroup_mma_wait(1, deps=(dp_tok, ))
-    ds = p * (dp - delta[:, None])
+    if VAR & 1:
+        ds = p_lo.to(gl.float32) * (dp - delta[:, None])
+    else:
+        ds = p * (dp - delta[:, None])
     ds_w.store(ds.to(dtype))
     fence_async_shared()
     # one thread arrives; the compiler puts a warpgroup barrier before it (Triton 3.6 treats an
     # arrive as touching all shared memory), so the whole half of dS is written when it lands
-    mbarrier.arrive(ds_ready.index(j % 2), count=1)
+    if not (VAR & 2):
+        mbarrier.arrive(ds_ready.index(j % 2), count=1)
     dq_s = dq_bufs.index(W)
     dk_tok = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
-    # dQ = dS K needs the other warpgroup's half of dS too (dK runs meanwhile)
-    mbarrier.wait(ds_ready.index(j % 2), (j // 2) & 1)
-    dq_tok = warpgroup_mma(ds_all, k_smem.slice(W * DQ_W, DQ_W, dim=1), zero_dq, use_acc=False, is_async=True)
+    if VAR & 2:
+        dq_tok = warpgroup_mma(ds_w, k_w, zero_dq, use_acc=False, is_async=True)
+    else:
+        # dQ = dS K needs the other warpgroup's half of dS too (dK runs meanwhile)
+        mbarrier.wait(ds_ready.index(j % 2), (j // 2) & 1)
+        dq_tok = warpgroup_mma(ds_all, k_smem.slice(W * DQ_W, DQ_W, dim=1), zero_dq, use_acc=False, is_async=True)
     dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
     mbarrier.arrive(q_empty.index(st), count=1)
     tma.store_wait(0)  # the previous reduce has read this buffer
     dq_s.store(dq * scale)
     fence_async_shared()
-    _reduce_add(dq_desc, [q_row0 + q_t * BLOCK_M, (h0 + g) * HEAD_DIM + W * DQ_W], dq_s)
+    _reduce_add(dq_desc, [q_row0 + q_t * BLOCK_M, (h0 + g) * HEAD_DIM + W * (HEAD_DIM - DQ_W)], dq_s)
     return dk, dv
 
 
@@ -179,7 +191,7 @@ def _lse_rows(g, t, n_t, q_t0, lse_h, dl_h, BLOCK_M: gl.constexpr):
 
 @gluon.jit
 def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-             W: gl.constexpr, FRESH: gl.constexpr):
+             VAR: gl.constexpr, W: gl.constexpr, FRESH: gl.constexpr):
     k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
     kv_bar, q_ready, q_empty, ds_ready = bars
     q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale = scal
@@ -197,14 +209,14 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
         lse2, delta = _lse_rows(g, 0, n_mask, q_t0, lse_h, dl_h, BLOCK_M)
         for t in range(n_mask):
             nxt = _lse_rows(g, t + 1, n_mask, q_t0, lse_h, dl_h, BLOCK_M)
-            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, BLOCK_M, W, True)
+            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, BLOCK_M, VAR, W, True)
             lse2, delta = nxt
             j += 1
     for g in range(GROUP):
         lse2, delta = _lse_rows(g, n_mask, n_q, q_t0, lse_h, dl_h, BLOCK_M)
         for t in range(n_mask, n_q):
             nxt = _lse_rows(g, t + 1, n_q, q_t0, lse_h, dl_h, BLOCK_M)
-            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, BLOCK_M, W, False)
+            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, BLOCK_M, VAR, W, False)
             lse2, delta = nxt
             j += 1
     tma.store_wait(0)
@@ -223,19 +235,19 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
 
 @gluon.jit
 def _compute0(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-              FRESH: gl.constexpr):
-    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, 0, FRESH)
+              VAR: gl.constexpr, FRESH: gl.constexpr):
+    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, VAR, 0, FRESH)
 
 
 @gluon.jit
 def _compute1(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-              FRESH: gl.constexpr):
-    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, 1, FRESH)
+              VAR: gl.constexpr, FRESH: gl.constexpr):
+    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, VAR, 1, FRESH)
 
 
 @gluon.jit
 def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                 FRESH: gl.constexpr):
+                 VAR: gl.constexpr, FRESH: gl.constexpr):
     _loader(descs, bufs, bars, scal, HEAD_DIM, BLOCK_M)
 
 
@@ -243,7 +255,8 @@ def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constex
                               "sdv"])
 def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, Sk, H, GROUP, scale_log2, scale,
                mask_lo, diag, slb, slh, sdlb, sdlh, sdk, sdv,
-               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, FRESH: gl.constexpr, LOAD_REGS: gl.constexpr,
+               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, VAR: gl.constexpr, FRESH: gl.constexpr,
+               LOAD_REGS: gl.constexpr,
                num_warps: gl.constexpr):
     """One program per (128-row kv tile, batch x kv head), over the q tiles of every q head of
     its group.  ``diag``: Sq = Sk and the q tiles start at the kv tile's (the two that cross its
@@ -270,7 +283,8 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
     p_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HALF], ps_layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
     ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, BLOCK_N], ds_layout)
-    dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], dq_desc.layout)
+    dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // (2 - ((VAR >> 1) & 1))],
+                                        dq_desc.layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -292,9 +306,9 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
     dl_h = (DL + b64 * sdlb + h0 * sdlh, sdlh)
     out = (DK, DV, sdk, sdv)
     gl.warp_specialize([
-        (_compute0, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, FRESH)),
-        (_compute1, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, FRESH)),
-        (_loader_part, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, FRESH)),
+        (_compute0, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, VAR, FRESH)),
+        (_compute1, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, VAR, FRESH)),
+        (_loader_part, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, VAR, FRESH)),
     ], [4, 1], [240, LOAD_REGS])
 
 
@@ -319,15 +333,15 @@ def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None,
     (B, H, Sq) with unit stride along rows.  ``mask_lo``: None full, 0 causal, 1 strict."""
     B, Sq, H, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
-    block_m = Q_ROWS[D]
+    block_m, var = Q_ROWS[D], VARIANT[D]
     q_desc, do_desc = (row_desc(x, (block_m, D)) for x in (q, dout))
     k_desc, v_desc = (row_desc(x, (BLOCK_N.value, D)) for x in (k, v))
-    dq_desc = row_desc(dq, (block_m, D // 2))
+    dq_desc = row_desc(dq, (block_m, D if var & 2 else D // 2))
     dk_rows, dv_rows = _rows(dk), _rows(dv)
     diag = mask_lo is not None
     grid = (Sk // BLOCK_N.value, B * Hkv)
     bwd_kernel[grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse2, delta, dk_rows, dv_rows, Sq, Sk, H, H // Hkv,
                      scale * LOG2E.value, scale, mask_lo if diag else -BIG, int(diag),
                      lse2.stride(0), lse2.stride(1), delta.stride(0), delta.stride(1),
-                     dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, BLOCK_M=block_m, FRESH=fresh, LOAD_REGS=LOADER_REGS,
+                     dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, BLOCK_M=block_m, VAR=var, FRESH=fresh, LOAD_REGS=LOADER_REGS,
                      num_warps=4, maxnreg=WS_MAXNREG)

@@ -1,0 +1,126 @@
+"""Probe: variants of the Gluon backward (kernels/gluon/bwd.py's VARIANT bits, per head dim) against
+float64 and beside cuDNN in one launch: full and causal, 32 q heads on 8 kv heads, bf16.
+
+    python benchmarks/probe_gluon_bwd_variants.py 16384,65536 64:0,1,2,3 128:0,1 [iters]
+
+Each variant is first checked against float64 (the plain backward at causal and full, and the ring
+step's backward_into twice onto the same float32 gradients at causal, full and strict); a variant
+that fails is not timed.  Writes probe_gluon_bwd_variants.json to $OUT (or /tmp)."""
+import os
+import sys
+import time
+
+import torch
+
+from burstengine.kernels.gluon import bwd as gb
+from burstengine.kernels.sdpa import CudnnKernel
+from burstengine.kernels.triton.kernel import TritonKernel
+from burstengine.timing import median, timed
+
+dev, H, HKV = "cuda", 32, 8
+ours, cud = TritonKernel(), CudnnKernel()
+
+
+def rnd(*s):
+    return torch.randn(*s, device=dev, dtype=torch.bfloat16)
+
+
+def ref64(q, k, v, do, mask, scale):
+    g = q.shape[2] // k.shape[2]
+    qd, kd, vd, dod = (t.double().transpose(1, 2) for t in (q, k, v, do))
+    kd, vd = (t.repeat_interleave(g, 1).requires_grad_() for t in (kd, vd))
+    qd = qd.requires_grad_()
+    s = qd @ kd.transpose(-1, -2) * scale
+    i = torch.arange(s.shape[-2], device=dev)[:, None]
+    j = torch.arange(s.shape[-1], device=dev)[None, :]
+    if mask != "full":
+        s = s.masked_fill(j > i if mask == "causal" else j >= i, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    o = torch.softmax(s, -1).nan_to_num(0.0) @ vd
+    o.backward(dod)
+    B, S, Hk, D = k.shape
+    dk, dv = (t.grad.view(B, Hk, g, S, D).sum(2).transpose(1, 2) for t in (kd, vd))
+    return o.detach().transpose(1, 2), lse.detach(), qd.grad.transpose(1, 2), dk, dv
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm())
+
+
+def check(D, var):
+    out = []
+    for S, mask in ((1152, "causal"), (1024, "full"), (1152, "strict")):
+        scale = D ** -0.5
+        q, do, k, v = rnd(1, S, H, D), rnd(1, S, H, D), rnd(1, S, HKV, D), rnd(1, S, HKV, D)
+        o_r, lse_r, dq_r, dk_r, dv_r = ref64(q, k, v, do, mask, scale)
+        o, lse = o_r.to(q.dtype), lse_r.float()
+        delta = ours.delta(o, do)
+        runs = []
+        if mask != "strict":
+            runs.append(("backward", ours.backward(do, q, k, v, lse, delta, scale, mask), 1))
+        g = (torch.zeros(1, S, H, D, device=dev), torch.zeros(1, S, HKV, D, device=dev),
+             torch.zeros(1, S, HKV, D, device=dev))
+        for _ in range(2):
+            ours.backward_into(do, q, k, v, lse, delta, scale, mask, *g)
+        runs.append(("backward_into x2", g, 2))
+        for what, (dq, dk, dv), n in runs:
+            e = dict(D=D, variant=var, S=S, mask=mask, what=what, dq=rel(dq / n, dq_r), dk=rel(dk / n, dk_r),
+                     dv=rel(dv / n, dv_r))
+            e["ok"] = max(e["dq"], e["dk"], e["dv"]) < 2e-2
+            print(("" if e["ok"] else "FAIL ") + str(e), flush=True)
+            out.append(e)
+    return out
+
+
+def bench(D, variants, seqs, iters):
+    rows = []
+    for S in seqs:
+        scale = D ** -0.5
+        q, do, k, v = rnd(1, S, H, D), rnd(1, S, H, D), rnd(1, S, HKV, D), rnd(1, S, HKV, D)
+        for mask in ("causal", "full"):
+            fl = 2.5 * 4 * S * S * H * D * (0.5 if mask == "causal" else 1.0)
+            o, lse = cud.forward(q, k, v, scale, mask)
+            delta = ours.delta(o, do)
+            cands = [("cudnn", None, lambda: cud.backward(do, q, k, v, lse, delta, scale, mask, out=o))]
+            cands += [(f"ours v{var}", var, lambda: ours.backward(do, q, k, v, lse, delta, scale, mask))
+                      for var in variants]
+            for name, var, fn in cands:
+                if var is not None:
+                    gb.VARIANT[D] = var
+                ts = timed(fn, "cuda", warmup=2, iters=iters)
+                rows.append(dict(D=D, S=S, mask=mask, method=name, variant=var, times=ts,
+                                 tflops=fl / median(ts) / 1e12))
+                print(f"D={D:>3} S={S:>6} {mask:<6} {name:<8} {rows[-1]['tflops']:5.0f} TFLOP/s", flush=True)
+            del o, lse, delta
+            torch.cuda.empty_cache()
+        del q, do, k, v
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main():
+    t0 = time.time()
+    seqs = [int(x) for x in sys.argv[1].split(",")]
+    specs = [a for a in sys.argv[2:] if ":" in a]
+    iters = int(next((a for a in sys.argv[2:] if ":" not in a), "7"))
+    checks, rows = [], []
+    for spec in specs:
+        D, _, vs = spec.partition(":")
+        D, good = int(D), []
+        for var in (int(x) for x in vs.split(",")):
+            gb.VARIANT[D] = var
+            c = check(D, var)
+            checks += c
+            if all(e["ok"] for e in c):
+                good.append(var)
+        rows += bench(D, good, seqs, iters)
+        gb.VARIANT[D] = 0
+    from burstengine.bench.records import write_record
+    print(write_record("probe_gluon_bwd_variants", dict(device=torch.cuda.get_device_name(), heads=H, kv_heads=HKV,
+                                                        check=checks, rows=rows, seconds=time.time() - t0),
+                       out_dir=os.environ.get("OUT", "/tmp")))
+
+
+if __name__ == "__main__":
+    main()
