@@ -1,7 +1,7 @@
 """Probe: variants of the Gluon backward (kernels/gluon/bwd.py's VARIANT bits, per head dim) against
 float64 and beside cuDNN in one launch: full and causal, 32 q heads on 8 kv heads, bf16.
 
-    python benchmarks/probe_gluon_bwd_variants.py 16384,65536 64:0,1,2,3 128:0,1 [iters]
+    python benchmarks/probe_gluon_bwd_variants.py 16384,65536 64:0,4 128:0 [iters]
 
 Each variant is first checked against float64 (the plain backward at causal and full, and the ring
 step's backward_into twice onto the same float32 gradients at causal, full and strict); a variant

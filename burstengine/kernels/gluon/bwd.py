@@ -52,8 +52,7 @@ STAGES = gl.constexpr(2)
 # a thread each (ptxas: 568 B stored, ~80 local loads a loop step; benchmarks/ptxas_gluon_bwd.py)
 Q_ROWS = {128: 64, 64: 64}
 # variants for one measurement (benchmarks/probe_gluon_bwd_variants.py), a bit mask per head dim:
-# 1 = dS from P rounded to bf16/fp16 (the float32 P dies at the store), 2 = each warpgroup's dQ
-# from its own half of dS, all d columns reduce-added (no dS exchange, twice the reduce traffic)
+# 4 = the dQ of step j-1 issued at the top of step j, under its softmax (a third dS buffer)
 VARIANT = {128: 0, 64: 0}
 
 
@@ -101,20 +100,23 @@ def _load_q(j, g, t, descs, bufs, bars, scal, HEAD_DIM: gl.constexpr, BLOCK_M: g
 
 
 @gluon.jit
-def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-          VAR: gl.constexpr, W: gl.constexpr, MASKED: gl.constexpr):
+def _step(j, g, t, dk, dv, prev, descs, bufs, bars, scal, lse2, delta, HEAD_DIM: gl.constexpr,
+          BLOCK_M: gl.constexpr, VAR: gl.constexpr, W: gl.constexpr, MASKED: gl.constexpr):
     # one (q tile, this warpgroup's 64 kv rows) pair: dK, dV added in registers, dQ's d/2 columns
-    # of this warpgroup reduce-added into global memory
+    # of this warpgroup reduce-added into global memory.  LAG (VAR & 4): the dQ made here is the
+    # previous step's (``prev``: its coordinates), from dS ring index j, and this step's dS goes
+    # to ring index j + 1
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_all, v_all, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
     kv_bar, q_ready, q_empty, ds_ready = bars
     q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale = scal
+    LAG: gl.constexpr = (VAR & 4) != 0
     dtype: gl.constexpr = q_desc.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HALF, 16])
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
-    DQ_W: gl.constexpr = HEAD_DIM // (2 - ((VAR >> 1) & 1))  # the dQ columns of one warpgroup
+    DQ_W: gl.constexpr = HEAD_DIM // 2  # the dQ columns of one warpgroup
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, DQ_W, 16])
 
@@ -130,51 +132,63 @@ def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM: gl.co
     p_s = p_bufs.index(W + z)
     k_w = k_smem.slice(W * HALF, HALF, dim=0)
     v_w = v_smem.slice(W * HALF, HALF, dim=0)
-    ds_all = ds_bufs.index(j % 2)
-    ds_w = ds_all.slice(W * HALF, HALF, dim=1)
     zero = gl.zeros([BLOCK_M, HALF], gl.float32, s_layout)
     zero_dq = gl.zeros([BLOCK_M, DQ_W], gl.float32, dq_layout)
+    if LAG:
+        ds_in = ds_bufs.index(j % 3)
+        ds_out = (j + 1) % 3
+    else:
+        ds_in = ds_bufs.index(j % 2)
+        ds_out = j % 2
+    ds_w = ds_bufs.index(ds_out).slice(W * HALF, HALF, dim=1)
 
     q_t = q_t0 + t
     offs_m = q_t * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)  # q rows in the block
     mbarrier.wait(q_ready.index(st), (j // STAGES) & 1)
     s_tok = warpgroup_mma(q_s, k_w.permute((1, 0)), zero, use_acc=False, is_async=True)
     dp_tok = warpgroup_mma(do_s, v_w.permute((1, 0)), zero, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(1, deps=(s_tok, ))
+    if LAG:
+        # both halves of the previous step's dS landed long ago (mid-step): its dQ runs under
+        # this step's exponentials
+        mbarrier.wait(ds_ready.index(j % 3), (j // 3) & 1)
+        dq_tok = warpgroup_mma(ds_in, k_smem.slice(W * DQ_W, DQ_W, dim=1), zero_dq, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(2, deps=(s_tok, ))
+    else:
+        s = warpgroup_mma_wait(1, deps=(s_tok, ))
     p = gl.exp2(s * scale_log2 - lse2[:, None])
     if MASKED:
         offs_n = k_pos0 + W * HALF + gl.arange(0, HALF, layout=col_s)
         p = gl.where((offs_m[:, None] - offs_n[None, :]) >= mask_lo, p, 0.0)
-    p_lo = p.to(dtype)
-    p_s.store(p_lo)
+    p_s.store(p.to(dtype))
     fence_async_shared()
     dv_tok = warpgroup_mma(p_s.permute((1, 0)), do_s, dv, is_async=True)
-    dp = warpgroup_mma_wait(1, deps=(dp_tok, ))
-    if VAR & 1:
-        ds = p_lo.to(gl.float32) * (dp - delta[:, None])
+    if LAG:
+        dp = warpgroup_mma_wait(2, deps=(dp_tok, ))
     else:
-        ds = p * (dp - delta[:, None])
+        dp = warpgroup_mma_wait(1, deps=(dp_tok, ))
+    ds = p * (dp - delta[:, None])
     ds_w.store(ds.to(dtype))
     fence_async_shared()
     # one thread arrives; the compiler puts a warpgroup barrier before it (Triton 3.6 treats an
     # arrive as touching all shared memory), so the whole half of dS is written when it lands
-    if not (VAR & 2):
-        mbarrier.arrive(ds_ready.index(j % 2), count=1)
+    mbarrier.arrive(ds_ready.index(ds_out), count=1)
     dq_s = dq_bufs.index(W)
     dk_tok = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
-    if VAR & 2:
-        dq_tok = warpgroup_mma(ds_w, k_w, zero_dq, use_acc=False, is_async=True)
+    if LAG:
+        dq_row, dq_col = prev
     else:
         # dQ = dS K needs the other warpgroup's half of dS too (dK runs meanwhile)
-        mbarrier.wait(ds_ready.index(j % 2), (j // 2) & 1)
-        dq_tok = warpgroup_mma(ds_all, k_smem.slice(W * DQ_W, DQ_W, dim=1), zero_dq, use_acc=False, is_async=True)
+        mbarrier.wait(ds_ready.index(ds_out), (j // 2) & 1)
+        dq_tok = warpgroup_mma(ds_in, k_smem.slice(W * DQ_W, DQ_W, dim=1), zero_dq, use_acc=False, is_async=True)
+        dq_row = q_row0 + q_t * BLOCK_M
+        dq_col = (h0 + g) * HEAD_DIM + W * DQ_W
     dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
     mbarrier.arrive(q_empty.index(st), count=1)
     tma.store_wait(0)  # the previous reduce has read this buffer
     dq_s.store(dq * scale)
     fence_async_shared()
-    _reduce_add(dq_desc, [q_row0 + q_t * BLOCK_M, (h0 + g) * HEAD_DIM + W * (HEAD_DIM - DQ_W)], dq_s)
-    return dk, dv
+    _reduce_add(dq_desc, [dq_row, dq_col], dq_s)
+    return dk, dv, (q_row0 + q_t * BLOCK_M, (h0 + g) * HEAD_DIM + W * DQ_W)
 
 
 @gluon.jit
@@ -200,6 +214,15 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
                                                          instr_shape=[16, HEAD_DIM, 16])
     dk = gl.zeros([HALF, HEAD_DIM], gl.float32, acc_layout)
     dv = gl.zeros([HALF, HEAD_DIM], gl.float32, acc_layout)
+    DQ_W: gl.constexpr = HEAD_DIM // 2
+    # LAG: the first step's "previous dQ" comes from ring index 0, zeros, added to its own tile
+    prev = (q_row0 + q_t0 * BLOCK_M, h0 * HEAD_DIM + W * DQ_W)
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 16])
+    if (VAR & 4) != 0:
+        ds_bufs.index(0).slice(W * HALF, HALF, dim=1).store(gl.zeros([BLOCK_M, HALF], descs[0].dtype, s_layout))
+        fence_async_shared()
+        mbarrier.arrive(ds_ready.index(0), count=1)
     mbarrier.wait(kv_bar, 0)
     # the q tiles that cross the diagonal first (masked), then the rest; j counts steps for the
     # ring's buffers and phases.  lse and D of the next q tile are loaded a step ahead, off the
@@ -209,16 +232,30 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
         lse2, delta = _lse_rows(g, 0, n_mask, q_t0, lse_h, dl_h, BLOCK_M)
         for t in range(n_mask):
             nxt = _lse_rows(g, t + 1, n_mask, q_t0, lse_h, dl_h, BLOCK_M)
-            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, BLOCK_M, VAR, W, True)
+            dk, dv, prev = _step(j, g, t, dk, dv, prev, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, BLOCK_M,
+                                 VAR, W, True)
             lse2, delta = nxt
             j += 1
     for g in range(GROUP):
         lse2, delta = _lse_rows(g, n_mask, n_q, q_t0, lse_h, dl_h, BLOCK_M)
         for t in range(n_mask, n_q):
             nxt = _lse_rows(g, t + 1, n_q, q_t0, lse_h, dl_h, BLOCK_M)
-            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, BLOCK_M, VAR, W, False)
+            dk, dv, prev = _step(j, g, t, dk, dv, prev, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, BLOCK_M,
+                                 VAR, W, False)
             lse2, delta = nxt
             j += 1
+    if (VAR & 4) != 0:
+        # the last step's dQ, from ring index j
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, DQ_W, 16])
+        mbarrier.wait(ds_ready.index(j % 3), (j // 3) & 1)
+        dq = warpgroup_mma(ds_bufs.index(j % 3), k_smem.index(0).slice(W * DQ_W, DQ_W, dim=1),
+                           gl.zeros([BLOCK_M, DQ_W], gl.float32, dq_layout), use_acc=False)
+        dq_s = bufs[6].index(W)
+        tma.store_wait(0)
+        dq_s.store(dq * scale)
+        fence_async_shared()
+        _reduce_add(descs[4], [prev[0], prev[1]], dq_s)
     tma.store_wait(0)
     # once per program: plain stores from the accumulator layout (fresh) or read-add-store
     rows = kv_row + W * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, acc_layout))
@@ -282,18 +319,18 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
     ps_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF], dtype)
     p_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HALF], ps_layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
-    ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, BLOCK_N], ds_layout)
-    dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // (2 - ((VAR >> 1) & 1))],
-                                        dq_desc.layout)
+    DS_BUFS: gl.constexpr = 3 if (VAR & 4) != 0 else 2
+    ds_bufs = gl.allocate_shared_memory(dtype, [DS_BUFS, BLOCK_M, BLOCK_N], ds_layout)
+    dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], dq_desc.layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [DS_BUFS, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)  # both compute warpgroups release a buffer
-    for i in gl.static_range(2):
+    for i in gl.static_range(DS_BUFS):
         mbarrier.init(ds_ready.index(i), count=2)  # both halves of dS written
 
     b64 = b.to(gl.int64)
@@ -336,7 +373,7 @@ def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None,
     block_m, var = Q_ROWS[D], VARIANT[D]
     q_desc, do_desc = (row_desc(x, (block_m, D)) for x in (q, dout))
     k_desc, v_desc = (row_desc(x, (BLOCK_N.value, D)) for x in (k, v))
-    dq_desc = row_desc(dq, (block_m, D if var & 2 else D // 2))
+    dq_desc = row_desc(dq, (block_m, D // 2))
     dk_rows, dv_rows = _rows(dk), _rows(dv)
     diag = mask_lo is not None
     grid = (Sk // BLOCK_N.value, B * Hkv)
