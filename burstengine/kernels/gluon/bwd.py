@@ -52,7 +52,9 @@ STAGES = gl.constexpr(2)
 # a thread each (ptxas: 568 B stored, ~80 local loads a loop step; benchmarks/ptxas_gluon_bwd.py)
 Q_ROWS = {128: 64, 64: 64}
 # variants for one measurement (benchmarks/probe_gluon_bwd_variants.py), a bit mask per head dim:
-# 4 = the dQ of step j-1 issued at the top of step j, under its softmax (a third dS buffer)
+# 4 = the dQ of step j-1 made in step j (a third dS buffer): issued at its top, under the softmax,
+# or with 8 too, where today's dQ is issued (after dK: no registers held across the softmax, the
+# warpgroups no longer wait on each other's dS of the same step)
 VARIANT = {128: 0, 64: 0}
 
 
@@ -111,6 +113,7 @@ def _step(j, g, t, dk, dv, prev, descs, bufs, bars, scal, lse2, delta, HEAD_DIM:
     kv_bar, q_ready, q_empty, ds_ready = bars
     q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale = scal
     LAG: gl.constexpr = (VAR & 4) != 0
+    EARLY: gl.constexpr = (VAR & 12) == 4  # LAG, the dQ issued under the softmax
     dtype: gl.constexpr = q_desc.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HALF, 16])
@@ -147,7 +150,7 @@ def _step(j, g, t, dk, dv, prev, descs, bufs, bars, scal, lse2, delta, HEAD_DIM:
     mbarrier.wait(q_ready.index(st), (j // STAGES) & 1)
     s_tok = warpgroup_mma(q_s, k_w.permute((1, 0)), zero, use_acc=False, is_async=True)
     dp_tok = warpgroup_mma(do_s, v_w.permute((1, 0)), zero, use_acc=False, is_async=True)
-    if LAG:
+    if EARLY:
         # both halves of the previous step's dS landed long ago (mid-step): its dQ runs under
         # this step's exponentials
         mbarrier.wait(ds_ready.index(j % 3), (j // 3) & 1)
@@ -162,7 +165,7 @@ def _step(j, g, t, dk, dv, prev, descs, bufs, bars, scal, lse2, delta, HEAD_DIM:
     p_s.store(p.to(dtype))
     fence_async_shared()
     dv_tok = warpgroup_mma(p_s.permute((1, 0)), do_s, dv, is_async=True)
-    if LAG:
+    if EARLY:
         dp = warpgroup_mma_wait(2, deps=(dp_tok, ))
     else:
         dp = warpgroup_mma_wait(1, deps=(dp_tok, ))
@@ -175,6 +178,10 @@ def _step(j, g, t, dk, dv, prev, descs, bufs, bars, scal, lse2, delta, HEAD_DIM:
     dq_s = dq_bufs.index(W)
     dk_tok = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
     if LAG:
+        if not EARLY:
+            mbarrier.wait(ds_ready.index(j % 3), (j // 3) & 1)
+            dq_tok = warpgroup_mma(ds_in, k_smem.slice(W * DQ_W, DQ_W, dim=1), zero_dq, use_acc=False,
+                                   is_async=True)
         dq_row, dq_col = prev
     else:
         # dQ = dS K needs the other warpgroup's half of dS too (dK runs meanwhile)
