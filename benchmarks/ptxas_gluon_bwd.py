@@ -1,10 +1,10 @@
 """Build kernels/gluon/bwd.py for sm_90a without a GPU and count its spills: ptxas -v (spill bytes)
 and, per loop of the SASS that holds wgmmas, the local loads/stores (LDL/STL) it runs every step.
 
-    python benchmarks/ptxas_gluon_bwd.py before=/path/to/old/checkout after=. [128 64 64/2 ...]
+    python benchmarks/ptxas_gluon_bwd.py before=/path/to/old/checkout after=. [128 64 64/0 128/1/64 ...]
 
-Each NAME=DIR is a checkout; the other arguments the builds of each: a head dim, or D/VARIANT or
-D/VARIANT/Q_ROWS (gluon/bwd.py's variant bits and q rows a step); default 128 and 64.  Each
+Each NAME=DIR is a checkout; the other arguments the builds of each: a head dim, or D/LAG or
+D/LAG/Q_ROWS (gluon/bwd.py's LAG 0/1 and q rows a step at that head dim); default 128 and 64.  Each
 checkout's kernels build in a fresh process (triton's active driver replaced by a stub
 that reports sm_90; the launch stops after compiling).  Writes ptxas_gluon_bwd.json to $OUT or
 ./burst-results."""
@@ -54,11 +54,11 @@ BUILD = PRELUDE + r'''
 from burstengine.kernels.gluon import bwd as gb
 B, S, H, HKV = 1, 1024, 24, 8  # the 3B model's heads; the build does not depend on S
 for spec in sys.argv[3:] or ["128", "64"]:  # head dim, or head dim/variant bits (gb.VARIANT)
-    D, var, rows = (spec.split("/") + ["", ""])[:3]
+    D, lag, rows = (spec.split("/") + ["", ""])[:3]
     D = int(D)
-    gb.VARIANT[D] = int(var or 0)
+    gb.LAG[D] = bool(int(lag)) if lag else gb.LAG[D]
     gb.Q_ROWS[D] = int(rows or gb.Q_ROWS[D])
-    name = f"d{D}" + (f"_v{var}" if var else "") + (f"_m{rows}" if rows else "")
+    name = f"d{D}" + (f"_lag{lag}" if lag else "") + (f"_m{rows}" if rows else "")
     q = torch.zeros(B, S, H, D, dtype=torch.bfloat16)
     k = torch.zeros(B, S, HKV, D, dtype=torch.bfloat16)
     capture(name, lambda: gb.backward_into(q, q, k, k, torch.zeros(B, H, S), torch.zeros(B, H, S), D ** -0.5, 0,

@@ -22,6 +22,8 @@ rebuilt in the step rather than hoisted out of the loop; and lse and D of the ne
 loaded a step ahead, off the path to the exponentials (that alone, while the loop still
 spilled, was slower).
 
+At d=64 the dQ of each step is made one step later, under the next step's exponentials (LAG).
+
 As in fwd.py, every wgmma is waited for within its step (an accumulator in flight across
 the loop's back edge makes ptxas serialise them) and the mask is a runtime bound: visible iff
 q index - k index >= mask_lo; only the q tiles that cross the diagonal run the masked step.
@@ -51,11 +53,12 @@ STAGES = gl.constexpr(2)
 # (half the steps, barriers and lse/D loads a FLOP) spill: S and dP of 128 x 64 are 64 registers
 # a thread each (ptxas: 568 B stored, ~80 local loads a loop step; benchmarks/ptxas_gluon_bwd.py)
 Q_ROWS = {128: 64, 64: 64}
-# variants for one measurement (benchmarks/probe_gluon_bwd_variants.py), a bit mask per head dim:
-# 4 = the dQ of step j-1 made in step j (a third dS buffer): issued at its top, under the softmax,
-# or with 8 too, where today's dQ is issued (after dK: no registers held across the softmax, the
-# warpgroups no longer wait on each other's dS of the same step)
-VARIANT = {128: 0, 64: 0}
+# LAG per head dim: step j makes the dQ of step j-1, issued at its top so that it runs under the
+# softmax (a third dS buffer; the first step's is of zeros, the last made after the loop).  At
+# d=64, where the step is short on tensor work, 1.01-1.05x the kernel without it at 16K-128K on
+# H200 (probe_gluon_bwd_lag*_h200.json); at d=128 its accumulator does not fit beside the
+# softmax's registers (ptxas spills 1 KB, wgmmas serialised)
+LAG = {128: False, 64: True}
 
 
 @builtin
@@ -103,17 +106,15 @@ def _load_q(j, g, t, descs, bufs, bars, scal, HEAD_DIM: gl.constexpr, BLOCK_M: g
 
 @gluon.jit
 def _step(j, g, t, dk, dv, prev, descs, bufs, bars, scal, lse2, delta, HEAD_DIM: gl.constexpr,
-          BLOCK_M: gl.constexpr, VAR: gl.constexpr, W: gl.constexpr, MASKED: gl.constexpr):
+          BLOCK_M: gl.constexpr, LAG: gl.constexpr, W: gl.constexpr, MASKED: gl.constexpr):
     # one (q tile, this warpgroup's 64 kv rows) pair: dK, dV added in registers, dQ's d/2 columns
-    # of this warpgroup reduce-added into global memory.  LAG (VAR & 4): the dQ made here is the
+    # of this warpgroup reduce-added into global memory.  LAG: the dQ made here is the
     # previous step's (``prev``: its coordinates), from dS ring index j, and this step's dS goes
     # to ring index j + 1
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_all, v_all, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
     kv_bar, q_ready, q_empty, ds_ready = bars
     q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale = scal
-    LAG: gl.constexpr = (VAR & 4) != 0
-    EARLY: gl.constexpr = (VAR & 12) == 4  # LAG, the dQ issued under the softmax
     dtype: gl.constexpr = q_desc.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HALF, 16])
@@ -150,7 +151,7 @@ def _step(j, g, t, dk, dv, prev, descs, bufs, bars, scal, lse2, delta, HEAD_DIM:
     mbarrier.wait(q_ready.index(st), (j // STAGES) & 1)
     s_tok = warpgroup_mma(q_s, k_w.permute((1, 0)), zero, use_acc=False, is_async=True)
     dp_tok = warpgroup_mma(do_s, v_w.permute((1, 0)), zero, use_acc=False, is_async=True)
-    if EARLY:
+    if LAG:
         # both halves of the previous step's dS landed long ago (mid-step): its dQ runs under
         # this step's exponentials
         mbarrier.wait(ds_ready.index(j % 3), (j // 3) & 1)
@@ -165,7 +166,7 @@ def _step(j, g, t, dk, dv, prev, descs, bufs, bars, scal, lse2, delta, HEAD_DIM:
     p_s.store(p.to(dtype))
     fence_async_shared()
     dv_tok = warpgroup_mma(p_s.permute((1, 0)), do_s, dv, is_async=True)
-    if EARLY:
+    if LAG:
         dp = warpgroup_mma_wait(2, deps=(dp_tok, ))
     else:
         dp = warpgroup_mma_wait(1, deps=(dp_tok, ))
@@ -178,10 +179,6 @@ def _step(j, g, t, dk, dv, prev, descs, bufs, bars, scal, lse2, delta, HEAD_DIM:
     dq_s = dq_bufs.index(W)
     dk_tok = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
     if LAG:
-        if not EARLY:
-            mbarrier.wait(ds_ready.index(j % 3), (j // 3) & 1)
-            dq_tok = warpgroup_mma(ds_in, k_smem.slice(W * DQ_W, DQ_W, dim=1), zero_dq, use_acc=False,
-                                   is_async=True)
         dq_row, dq_col = prev
     else:
         # dQ = dS K needs the other warpgroup's half of dS too (dK runs meanwhile)
@@ -212,7 +209,7 @@ def _lse_rows(g, t, n_t, q_t0, lse_h, dl_h, BLOCK_M: gl.constexpr):
 
 @gluon.jit
 def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-             VAR: gl.constexpr, W: gl.constexpr, FRESH: gl.constexpr):
+             LAG: gl.constexpr, W: gl.constexpr, FRESH: gl.constexpr):
     k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
     kv_bar, q_ready, q_empty, ds_ready = bars
     q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale = scal
@@ -226,7 +223,7 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
     prev = (q_row0 + q_t0 * BLOCK_M, h0 * HEAD_DIM + W * DQ_W)
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HALF, 16])
-    if (VAR & 4) != 0:
+    if LAG:
         ds_bufs.index(0).slice(W * HALF, HALF, dim=1).store(gl.zeros([BLOCK_M, HALF], descs[0].dtype, s_layout))
         fence_async_shared()
         mbarrier.arrive(ds_ready.index(0), count=1)
@@ -240,7 +237,7 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
         for t in range(n_mask):
             nxt = _lse_rows(g, t + 1, n_mask, q_t0, lse_h, dl_h, BLOCK_M)
             dk, dv, prev = _step(j, g, t, dk, dv, prev, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, BLOCK_M,
-                                 VAR, W, True)
+                                 LAG, W, True)
             lse2, delta = nxt
             j += 1
     for g in range(GROUP):
@@ -248,10 +245,10 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
         for t in range(n_mask, n_q):
             nxt = _lse_rows(g, t + 1, n_q, q_t0, lse_h, dl_h, BLOCK_M)
             dk, dv, prev = _step(j, g, t, dk, dv, prev, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, BLOCK_M,
-                                 VAR, W, False)
+                                 LAG, W, False)
             lse2, delta = nxt
             j += 1
-    if (VAR & 4) != 0:
+    if LAG:
         # the last step's dQ, from ring index j
         dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, DQ_W, 16])
@@ -279,19 +276,19 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
 
 @gluon.jit
 def _compute0(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-              VAR: gl.constexpr, FRESH: gl.constexpr):
-    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, VAR, 0, FRESH)
+              LAG: gl.constexpr, FRESH: gl.constexpr):
+    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, LAG, 0, FRESH)
 
 
 @gluon.jit
 def _compute1(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-              VAR: gl.constexpr, FRESH: gl.constexpr):
-    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, VAR, 1, FRESH)
+              LAG: gl.constexpr, FRESH: gl.constexpr):
+    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, LAG, 1, FRESH)
 
 
 @gluon.jit
 def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                 VAR: gl.constexpr, FRESH: gl.constexpr):
+                 LAG: gl.constexpr, FRESH: gl.constexpr):
     _loader(descs, bufs, bars, scal, HEAD_DIM, BLOCK_M)
 
 
@@ -299,7 +296,7 @@ def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constex
                               "sdv"])
 def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, Sk, H, GROUP, scale_log2, scale,
                mask_lo, diag, slb, slh, sdlb, sdlh, sdk, sdv,
-               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, VAR: gl.constexpr, FRESH: gl.constexpr,
+               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, LAG: gl.constexpr, FRESH: gl.constexpr,
                LOAD_REGS: gl.constexpr,
                num_warps: gl.constexpr):
     """One program per (128-row kv tile, batch x kv head), over the q tiles of every q head of
@@ -326,7 +323,7 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
     ps_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF], dtype)
     p_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HALF], ps_layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
-    DS_BUFS: gl.constexpr = 3 if (VAR & 4) != 0 else 2
+    DS_BUFS: gl.constexpr = 3 if LAG else 2
     ds_bufs = gl.allocate_shared_memory(dtype, [DS_BUFS, BLOCK_M, BLOCK_N], ds_layout)
     dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], dq_desc.layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -350,9 +347,9 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
     dl_h = (DL + b64 * sdlb + h0 * sdlh, sdlh)
     out = (DK, DV, sdk, sdv)
     gl.warp_specialize([
-        (_compute0, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, VAR, FRESH)),
-        (_compute1, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, VAR, FRESH)),
-        (_loader_part, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, VAR, FRESH)),
+        (_compute0, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, LAG, FRESH)),
+        (_compute1, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, LAG, FRESH)),
+        (_loader_part, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, LAG, FRESH)),
     ], [4, 1], [240, LOAD_REGS])
 
 
@@ -377,7 +374,7 @@ def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None,
     (B, H, Sq) with unit stride along rows.  ``mask_lo``: None full, 0 causal, 1 strict."""
     B, Sq, H, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
-    block_m, var = Q_ROWS[D], VARIANT[D]
+    block_m = Q_ROWS[D]
     q_desc, do_desc = (row_desc(x, (block_m, D)) for x in (q, dout))
     k_desc, v_desc = (row_desc(x, (BLOCK_N.value, D)) for x in (k, v))
     dq_desc = row_desc(dq, (block_m, D // 2))
@@ -387,5 +384,5 @@ def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None,
     bwd_kernel[grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse2, delta, dk_rows, dv_rows, Sq, Sk, H, H // Hkv,
                      scale * LOG2E.value, scale, mask_lo if diag else -BIG, int(diag),
                      lse2.stride(0), lse2.stride(1), delta.stride(0), delta.stride(1),
-                     dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, BLOCK_M=block_m, VAR=var, FRESH=fresh, LOAD_REGS=LOADER_REGS,
-                     num_warps=4, maxnreg=WS_MAXNREG)
+                     dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, BLOCK_M=block_m, LAG=LAG[D], FRESH=fresh,
+                     LOAD_REGS=LOADER_REGS, num_warps=4, maxnreg=WS_MAXNREG)
