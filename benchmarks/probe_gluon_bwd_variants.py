@@ -1,10 +1,10 @@
 """Probe: variants of the Gluon backward against float64 and beside cuDNN in one launch: full and
-causal, 32 q heads on 8 kv heads, bf16.  A variant is a value of kernels/gluon/bwd.py's LAG at a
-head dim (0 or 1).  Records made while the variants were bits of a VARIANT mask (8fe5e90-e09a57d)
-name them "ours vN": 1 bf16 P for dS, 2 each warpgroup's own dQ, 4 LAG, 12 LAG with the dQ issued
-after dK.
+causal, 32 q heads on 8 kv heads, bf16.  A variant is a bit mask of kernels/gluon/bwd.py's
+flags: 1 LAG at that head dim, 2 STAGGER.  Records made while the variants were bits of a VARIANT
+mask (8fe5e90-e09a57d) name them "ours vN": 1 bf16 P for dS, 2 each warpgroup's own dQ, 4 LAG, 12
+LAG with the dQ issued after dK.
 
-    python benchmarks/probe_gluon_bwd_variants.py 16384,65536 64:0,1 128:0 [iters]
+    python benchmarks/probe_gluon_bwd_variants.py 65536,131072 64:1,3 128:0,2 [iters]
 
 Each variant is first checked against float64 (the plain backward at causal and full, and the ring
 step's backward_into twice onto the same float32 gradients at causal, full and strict); a variant
@@ -51,6 +51,10 @@ def rel(a, b):
     return float((a - b).norm() / b.norm())
 
 
+def flags(D, var):
+    gb.LAG[D], gb.STAGGER = bool(var & 1), bool(var & 2)
+
+
 def check(D, var):
     out = []
     for S, mask in ((1152, "causal"), (1024, "full"), (1152, "strict")):
@@ -86,11 +90,11 @@ def bench(D, variants, seqs, iters):
             o, lse = cud.forward(q, k, v, scale, mask)
             delta = ours.delta(o, do)
             cands = [("cudnn", None, lambda: cud.backward(do, q, k, v, lse, delta, scale, mask, out=o))]
-            cands += [(f"ours lag={var}", var, lambda: ours.backward(do, q, k, v, lse, delta, scale, mask))
+            cands += [(f"ours lag={var & 1} stagger={var >> 1 & 1}", var, lambda: ours.backward(do, q, k, v, lse, delta, scale, mask))
                       for var in variants]
             for name, var, fn in cands:
                 if var is not None:
-                    gb.LAG[D] = bool(var)
+                    flags(D, var)
                 ts = timed(fn, "cuda", warmup=2, iters=iters)
                 rows.append(dict(D=D, S=S, mask=mask, method=name, variant=var, times=ts,
                                  tflops=fl / median(ts) / 1e12))
@@ -110,16 +114,16 @@ def main():
     checks, rows = [], []
     for spec in specs:
         D, _, vs = spec.partition(":")
-        kept = gb.LAG[int(D)]
+        kept = gb.LAG[int(D)], gb.STAGGER
         D, good = int(D), []
         for var in (int(x) for x in vs.split(",")):
-            gb.LAG[D] = bool(var)
+            flags(D, var)
             c = check(D, var)
             checks += c
             if all(e["ok"] for e in c):
                 good.append(var)
         rows += bench(D, good, seqs, iters)
-        gb.LAG[D] = kept
+        gb.LAG[D], gb.STAGGER = kept
     from burstengine.bench.records import write_record
     print(write_record("probe_gluon_bwd_variants", dict(device=torch.cuda.get_device_name(), heads=H, kv_heads=HKV,
                                                         check=checks, rows=rows, seconds=time.time() - t0),

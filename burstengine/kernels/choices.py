@@ -4,7 +4,9 @@ A rule list is (most query rows in the block, kernel) pairs, first match wins; t
 of registry.KERNELS by name, or "gluon": kernels/gluon where it takes the block (Hopper, bf16/fp16,
 lengths multiples of 128, d 64/128; TritonKernel runs it), else the next
 pair.  Calls: "forward" (plain), "forward_into" (the ring step onto a running (O, lse)),
-"backward" (plain, and the ring step's backward_into onto float32 gradients).
+"backward" (plain: fresh gradients, what a direct caller of the kernel API gets) and
+"backward_into" (the ring step onto float32 gradients: what the ring, training and a one-rank
+ring run; cuDNN needs separate gradient adds there).
 
 ``AUTO_TABLE`` holds the rules of every card; ``CARDS`` the rules a card measured otherwise, by
 a word of its device name and keyed (call, mask kind, head dim): the head dims the records
@@ -24,7 +26,8 @@ from ..masks import CAUSAL, FULL, STRICT
 #   1d52501 that sped the Gluon forward up; not timed again since);
 # - the backward (plain or ring step): Gluon, 1.03-1.23x cuDNN + the gradient adds on every ring-step
 #   case of lao_bench.json, 1.00-1.05x cuDNN's plain backward at 16K-128K, causal, 24 q / 8 kv heads
-#   (gluon_bwd_variants_h200.json, gluon_bwd_transposed_h200.json);
+#   (gluon_bwd_variants_h200.json, gluon_bwd_transposed_h200.json); at d=64 (Gluon since 360580b)
+#   1.06-1.09x causal and 0.99-1.00x full at 64K-128K (probe_gluon_bwd_lag*_h200.json);
 # - elsewhere cuDNN (not Hopper, d != 128 for the backward, lengths not multiples of 128), except
 #   a strict block's forward up to 8K rows, where SDPA pays a shifted call and Triton is faster;
 # - "spec": any MaskSpec (windows, documents, block masks), which SDPA cannot express; registry.py
@@ -42,6 +45,10 @@ AUTO_TABLE = {
     ("backward", CAUSAL): [(None, "gluon"), (None, "cudnn")],
     ("backward", STRICT): [(None, "gluon"), (None, "cudnn")],
     ("backward", "spec"): [(None, "triton")],
+    ("backward_into", FULL): [(None, "gluon"), (None, "cudnn")],
+    ("backward_into", CAUSAL): [(None, "gluon"), (None, "cudnn")],
+    ("backward_into", STRICT): [(None, "gluon"), (None, "cudnn")],
+    ("backward_into", "spec"): [(None, "triton")],
 }
 
 # cuDNN up to 8K rows (ours 0.89-1.08x there, median 0.93x full and 0.98x causal on H100), the

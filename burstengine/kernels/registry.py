@@ -74,7 +74,7 @@ class AutoKernel(Kernel):
 
     def choose(self, call: str, mask, sq: int, sk: int, card: str = "", head_dim: int | None = None,
                takes=None) -> str:
-        """The kernel's name for ``call`` ("forward", "forward_into" or "backward") of a block of
+        """The kernel's name for ``call`` (a call of kernels/choices.py's rules) of a block of
         sq query rows and sk keys on the card named ``card`` (before availability).  ``takes``: a
         function saying whether kernels/gluon takes this call, asked only where a rule offers
         Gluon; a "gluon" rule leads to "triton", whose kernel runs Gluon wherever it takes the
@@ -123,7 +123,7 @@ class AutoKernel(Kernel):
         return kern.backward(dout, q, k, v, lse, delta, scale, mask, out=out)
 
     def backward_into(self, dout, q, k, v, lse, delta, scale, mask, dq, dk, dv, out=None):
-        kern = self.pick("backward", mask, q, k,
+        kern = self.pick("backward_into", mask, q, k,
                          lambda: gluon_bwd_takes(q, k, v, mask, dout, dq, dk, dv, gluon=self.gluon))
         return kern.backward_into(dout, q, k, v, lse, delta, scale, mask, dq, dk, dv, out=out)
 

@@ -11,8 +11,13 @@ Three kinds of record time one of our kernels and cuDNN in the same launch on on
   variants behind flags;
 * ``fp8_*`` (burstengine bench fp8): its bf16 rows, the plain forward (kernel "triton": Gluon on
   Hopper), 32 q / 8 kv heads;
+* ``probe_head_dims*`` (benchmarks/probe_head_dims.py): the plain forward and backward at head dims
+  64-256, 32 or 24 q / 8 kv heads ("ours" is TritonKernel: Gluon where it takes the call);
+* ``probe_gluon_bwd*`` (benchmarks/probe_gluon_bwd_variants.py): the plain backward at d 64 and
+  128, 32 q / 8 kv heads, with variants;
 
-all at d=128 and lengths the Gluon kernels take.  :func:`comparisons` reads them as ``Versus``
+at lengths the Gluon kernels take.  In the last two, whose rows span head dims, a method's name
+ends in its head dim (``ours d64``), since a head dim's kernel can change alone.  :func:`comparisons` reads them as ``Versus``
 rows.  Only the kernels as they are now count: ``TODAY`` names, per record and call, the method
 that is today's kernel (the others of a probe are variants); ``STALE`` lists the record parts
 that timed a kernel changed since.  :func:`disagreements` checks kernels/choices.py against the
@@ -31,6 +36,7 @@ from ..tables import med, span, table
 # (fp8_h100*.json: ours 0.95-1.08x cuDNN at 8K causal).
 TIE = 0.03
 
+GLUON_DIMS = (64, 128)  # the head dims kernels/gluon takes, forward and backward
 GLUON_PROBE = dict(heads=24, kv_heads=8, head_dim=128)  # benchmarks/probe_gluon.py's H, HKV, D
 FP8_SPEED = dict(heads=32, kv_heads=8, head_dim=128)  # bench fp8's speed inputs (probes/fp8.py)
 
@@ -49,10 +55,20 @@ TODAY = {
     "gluon_bwd_h100.json": {"backward": "gluon bwd"},
     "gluon_bwd_transposed_h200.json": {"backward": "gluon bwd tr=0"},  # the flag off: the kernel as kept
     "gluon_bwd_variants_h200.json": {"backward": "gluon bwd indep=0 pf=1 opaque=1"},  # what 9015d4e kept
-    "lao_bench.json": {"backward": "ours"},  # at 9015d4e, the Gluon backward as it is
+    "lao_bench.json": {"backward_into": "ours"},  # at 9015d4e, the Gluon backward as it is
+    # the Triton kernels at d 96 and 256 (d 64's backward was Triton's then), Gluon at 64 and 128
+    "probe_head_dims_h200.json": {"forward": ("ours d64", "ours d96", "ours d128", "ours d256"),
+                                  "backward": ("ours d96", "ours d128", "ours d256")},
+    "probe_head_dims_short_h200.json": {"forward": ("ours d128", ), "backward": ("ours d128", )},
+    "probe_head_dims_d64bwd_h200.json": {"forward": ("ours d64", "ours d128"), "backward": ("ours d128", )},
+    # "ours v0" at d=128 is the kernel as kept (the variant bits off); at d=64 LAG is today's ("v4")
+    "probe_gluon_bwd_variants_h200.json": {"backward": ("ours v0 d128", )},
+    "probe_gluon_bwd_lag_h200.json": {"backward": ("ours v4 d64", )},
+    "probe_gluon_bwd_lag2_h200.json": {"backward": ("ours v4 d64", "ours v0 d128")},
 }
 _FFMA = "the Gluon forward changed after it (1d52501: the FFMA softmax)"
 _SPILLS = "the Gluon backward changed after it (9015d4e: the spill fix)"
+_LAG = "at d=64, the Gluon backward before LAG (37b24ab)"
 STALE = {
     ("lao_bench.json", "forward"): _FFMA,
     ("lao_bench.json", "forward_into"): _FFMA,
@@ -63,9 +79,14 @@ STALE = {
     ("gluon_bwd_indep_h200.json", "backward"): _SPILLS,
     ("gluon_bwd_prefetch_h200.json", "backward"): _SPILLS,
     ("gluon_wide_h200.json", "forward"): "443989c: the wide kv tiles' branch, dropped after it (335b3d1)",
+    ("probe_head_dims_h200.json", "backward"): "at d=64, the Triton backward (the Gluon one takes d=64 since 360580b)",
+    ("probe_head_dims_d64bwd_h200.json", "backward"): _LAG,
+    ("probe_gluon_bwd_variants_h200.json", "backward"): _LAG + "; v1, v2: variants dropped after it",
+    ("probe_gluon_bwd_lag2_h200.json", "backward"): "v12 at both head dims: a variant dropped after it",
 }
 
-_CALL = {"forward": "forward", "forward_into": "forward_into", "backward": "backward", "backward_into": "backward"}
+_CALL = {"forward": "forward", "forward_into": "forward_into", "backward": "backward",
+         "backward_into": "backward_into"}
 
 
 @dataclass(frozen=True)
@@ -129,7 +150,27 @@ def _fp8(name, rec, card):
                      cudnn_s=r["cudnn"]["s"], **FP8_SPEED)
 
 
-_FAMILIES = (("lao_bench", _lao), ("gluon_", _probe), ("fp8_", _fp8))
+def _head_dims(name, rec, card):
+    rows = [r for r in rec.get("rows", []) if "error" not in r and "fwd_s" in r]
+    times = {(r["D"], r.get("H", rec["heads"]), r["S"], r["mask"], r["method"]): r for r in rows}
+    for (D, H, S, mask, method), r in times.items():
+        c = times.get((D, H, S, mask, "cudnn"))
+        if method != "cudnn" and c is not None:
+            for call, key in (("forward", "fwd_s"), ("backward", "bwd_s")):
+                yield Versus(name, card, call, mask, H, rec["kv_heads"], D, S, f"{method} d{D}", med(r[key]),
+                             med(c[key]))
+
+
+def _bwd_variants(name, rec, card):
+    times = {(r["D"], r["S"], r["mask"], r["method"]): med(r["times"]) for r in rec.get("rows", [])}
+    for (D, S, mask, method), t in times.items():
+        c = times.get((D, S, mask, "cudnn"))
+        if method != "cudnn" and c is not None:
+            yield Versus(name, card, "backward", mask, rec["heads"], rec["kv_heads"], D, S, f"{method} d{D}", t, c)
+
+
+_FAMILIES = (("lao_bench", _lao), ("gluon_", _probe), ("fp8_", _fp8), ("probe_head_dims", _head_dims),
+             ("probe_gluon_bwd", _bwd_variants))
 
 
 def comparisons(records) -> list[Versus]:
@@ -143,9 +184,15 @@ def comparisons(records) -> list[Versus]:
     return out
 
 
+def today(record: str, call: str) -> tuple[str, ...]:
+    """The methods of ``record`` that time today's kernel for ``call``."""
+    names = TODAY.get(record, {}).get(call, ())
+    return (names, ) if isinstance(names, str) else names
+
+
 def counted(rows) -> list[Versus]:
     """The rows that timed today's kernels (``TODAY``)."""
-    return [r for r in rows if TODAY.get(r.record, {}).get(r.call) == r.method]
+    return [r for r in rows if r.method in today(r.record, r.call)]
 
 
 def unclassified(rows) -> list[tuple[str, str]]:
@@ -178,10 +225,10 @@ def verdict(x: float, tie: float = TIE) -> str:
 
 
 def chosen(auto: AutoKernel, group: list[Versus]) -> str:
-    """What ``auto`` runs for this shape: "ours" (the Gluon kernels take every shape of these
-    records) or the kernel's name."""
+    """What ``auto`` runs for this shape: "ours" or the kernel's name.  The records' lengths are
+    multiples of 128 on Hopper, so the Gluon kernels take a shape iff they take its head dim."""
     r = group[0]
-    name = auto.choose(r.call, r.mask, r.S, r.S, r.card, r.head_dim, takes=lambda: True)
+    name = auto.choose(r.call, r.mask, r.S, r.S, r.card, r.head_dim, takes=lambda: r.head_dim in GLUON_DIMS)
     return "ours" if name == "triton" else name
 
 
@@ -214,7 +261,7 @@ def disagreements(records, table=None, cards=None, tie: float = TIE) -> list[str
 
 _NAMES = {"cudnn": "cuDNN", "triton": "Triton", "gluon": "Gluon", "reference": "reference", "flash": "flash"}
 _CALLS = (("forward", "plain forward"), ("forward_into", "ring step forward_into"),
-          ("backward", "backward (plain and ring step)"))
+          ("backward", "plain backward"), ("backward_into", "ring step backward_into"))
 
 
 def _rules_text(rules) -> str:

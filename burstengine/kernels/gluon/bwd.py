@@ -59,6 +59,7 @@ Q_ROWS = {128: 64, 64: 64}
 # H200 (probe_gluon_bwd_lag*_h200.json); at d=128 its accumulator does not fit beside the
 # softmax's registers (ptxas spills 1 KB, wgmmas serialised)
 LAG = {128: False, 64: True}
+STAGGER = True  # full blocks: see bwd_kernel (probe flag)
 
 
 @builtin
@@ -74,7 +75,7 @@ def _loader(descs, bufs, bars, scal, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constex
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
     kv_bar, q_ready, q_empty, ds_ready = bars
-    q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale = scal
+    q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale, shift = scal
     mbarrier.expect(kv_bar, 2 * BLOCK_N * HEAD_DIM * 2)
     tma.async_copy_global_to_shared(k_desc, [kv_row, kv_col], kv_bar, k_smem.index(0))
     tma.async_copy_global_to_shared(v_desc, [kv_row, kv_col], kv_bar, v_smem.index(0))
@@ -94,11 +95,11 @@ def _load_q(j, g, t, descs, bufs, bars, scal, HEAD_DIM: gl.constexpr, BLOCK_M: g
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
     kv_bar, q_ready, q_empty, ds_ready = bars
-    q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale = scal
+    q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale, shift = scal
     st = j % STAGES
     mbarrier.wait(q_empty.index(st), ((j // STAGES) & 1) ^ 1)
     mbarrier.expect(q_ready.index(st), 2 * BLOCK_M * HEAD_DIM * 2)
-    row = q_row0 + (q_t0 + t) * BLOCK_M
+    row = q_row0 + (q_t0 + (t + shift) % n_q) * BLOCK_M
     col = (h0 + g) * HEAD_DIM
     tma.async_copy_global_to_shared(q_desc, [row, col], q_ready.index(st), q_bufs.index(st))
     tma.async_copy_global_to_shared(do_desc, [row, col], q_ready.index(st), do_bufs.index(st))
@@ -114,7 +115,7 @@ def _step(j, g, t, dk, dv, prev, descs, bufs, bars, scal, lse2, delta, HEAD_DIM:
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_all, v_all, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
     kv_bar, q_ready, q_empty, ds_ready = bars
-    q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale = scal
+    q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale, shift = scal
     dtype: gl.constexpr = q_desc.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HALF, 16])
@@ -146,7 +147,7 @@ def _step(j, g, t, dk, dv, prev, descs, bufs, bars, scal, lse2, delta, HEAD_DIM:
         ds_out = j % 2
     ds_w = ds_bufs.index(ds_out).slice(W * HALF, HALF, dim=1)
 
-    q_t = q_t0 + t
+    q_t = q_t0 + (t + shift) % n_q
     offs_m = q_t * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)  # q rows in the block
     mbarrier.wait(q_ready.index(st), (j // STAGES) & 1)
     s_tok = warpgroup_mma(q_s, k_w.permute((1, 0)), zero, use_acc=False, is_async=True)
@@ -196,14 +197,14 @@ def _step(j, g, t, dk, dv, prev, descs, bufs, bars, scal, lse2, delta, HEAD_DIM:
 
 
 @gluon.jit
-def _lse_rows(g, t, n_t, q_t0, lse_h, dl_h, BLOCK_M: gl.constexpr):
-    # lse (base 2) and D of q tile t of head g, zeros past tile n_t - 1
+def _lse_rows(g, t, n_t, q_t0, n_q, shift, lse_h, dl_h, BLOCK_M: gl.constexpr):
+    # lse (base 2) and D of the q tile of step t of head g, zeros past step n_t - 1
     LSE2, slh = lse_h
     DL, sdlh = dl_h
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HALF, 16])
-    offs_m = (q_t0 + t) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-    ok = offs_m < (q_t0 + n_t) * BLOCK_M
+    offs_m = (q_t0 + (t + shift) % n_q) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    ok = (gl.zeros_like(offs_m) + t) < n_t
     return (gl.load(LSE2 + g * slh + offs_m, mask=ok, other=0.0), gl.load(DL + g * sdlh + offs_m, mask=ok, other=0.0))
 
 
@@ -212,7 +213,7 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
              LAG: gl.constexpr, W: gl.constexpr, FRESH: gl.constexpr):
     k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
     kv_bar, q_ready, q_empty, ds_ready = bars
-    q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale = scal
+    q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale, shift = scal
     DK, DV, sdk, sdv = out
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
@@ -233,17 +234,17 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
     # path to the exponentials (1.06-1.13x on top of the above)
     j = 0
     for g in range(GROUP):
-        lse2, delta = _lse_rows(g, 0, n_mask, q_t0, lse_h, dl_h, BLOCK_M)
+        lse2, delta = _lse_rows(g, 0, n_mask, q_t0, n_q, shift, lse_h, dl_h, BLOCK_M)
         for t in range(n_mask):
-            nxt = _lse_rows(g, t + 1, n_mask, q_t0, lse_h, dl_h, BLOCK_M)
+            nxt = _lse_rows(g, t + 1, n_mask, q_t0, n_q, shift, lse_h, dl_h, BLOCK_M)
             dk, dv, prev = _step(j, g, t, dk, dv, prev, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, BLOCK_M,
                                  LAG, W, True)
             lse2, delta = nxt
             j += 1
     for g in range(GROUP):
-        lse2, delta = _lse_rows(g, n_mask, n_q, q_t0, lse_h, dl_h, BLOCK_M)
+        lse2, delta = _lse_rows(g, n_mask, n_q, q_t0, n_q, shift, lse_h, dl_h, BLOCK_M)
         for t in range(n_mask, n_q):
-            nxt = _lse_rows(g, t + 1, n_q, q_t0, lse_h, dl_h, BLOCK_M)
+            nxt = _lse_rows(g, t + 1, n_q, q_t0, n_q, shift, lse_h, dl_h, BLOCK_M)
             dk, dv, prev = _step(j, g, t, dk, dv, prev, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, BLOCK_M,
                                  LAG, W, False)
             lse2, delta = nxt
@@ -292,10 +293,10 @@ def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constex
     _loader(descs, bufs, bars, scal, HEAD_DIM, BLOCK_M)
 
 
-@gluon.jit(do_not_specialize=["Sq", "Sk", "H", "GROUP", "mask_lo", "diag", "slb", "slh", "sdlb", "sdlh", "sdk",
-                              "sdv"])
+@gluon.jit(do_not_specialize=["Sq", "Sk", "H", "GROUP", "mask_lo", "diag", "stagger", "slb", "slh", "sdlb", "sdlh",
+                              "sdk", "sdv"])
 def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, Sk, H, GROUP, scale_log2, scale,
-               mask_lo, diag, slb, slh, sdlb, sdlh, sdk, sdv,
+               mask_lo, diag, stagger, slb, slh, sdlb, sdlh, sdk, sdv,
                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, LAG: gl.constexpr, FRESH: gl.constexpr,
                LOAD_REGS: gl.constexpr,
                num_warps: gl.constexpr):
@@ -341,8 +342,11 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
     descs = (q_desc, k_desc, v_desc, do_desc, dq_desc)
     bufs = (k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs)
     bars = (kv_bar, q_ready, q_empty, ds_ready)
+    # a full block's programs start their q tiles ``stagger`` tiles apart (a diagonal block's
+    # start at their own): the reduce-adds of programs running at once land on different dQ tiles
+    shift = (pid_n * gl.where(diag != 0, 0, stagger)) % n_q
     scal = (b * Sq, b * Sk + k_pos0, hk * HEAD_DIM, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2,
-            scale)
+            scale, shift)
     lse_h = (LSE2 + b64 * slb + h0 * slh, slh)
     dl_h = (DL + b64 * sdlb + h0 * sdlh, sdlh)
     out = (DK, DV, sdk, sdv)
@@ -375,6 +379,7 @@ def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None,
     B, Sq, H, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     block_m = Q_ROWS[D]
+    stagger = max(1, (Sq // block_m) // (Sk // BLOCK_N.value)) if STAGGER else 0
     q_desc, do_desc = (row_desc(x, (block_m, D)) for x in (q, dout))
     k_desc, v_desc = (row_desc(x, (BLOCK_N.value, D)) for x in (k, v))
     dq_desc = row_desc(dq, (block_m, D // 2))
@@ -382,7 +387,7 @@ def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None,
     diag = mask_lo is not None
     grid = (Sk // BLOCK_N.value, B * Hkv)
     bwd_kernel[grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse2, delta, dk_rows, dv_rows, Sq, Sk, H, H // Hkv,
-                     scale * LOG2E.value, scale, mask_lo if diag else -BIG, int(diag),
+                     scale * LOG2E.value, scale, mask_lo if diag else -BIG, int(diag), stagger,
                      lse2.stride(0), lse2.stride(1), delta.stride(0), delta.stride(1),
                      dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, BLOCK_M=block_m, LAG=LAG[D], FRESH=fresh,
                      LOAD_REGS=LOADER_REGS, num_warps=4, maxnreg=WS_MAXNREG)
