@@ -69,8 +69,17 @@ CARDS = {
     # gluon_fwd_maskfirst_h200.json (the kernel as it is for a positive scale): 16K 1.05-1.07x,
     # 64K 1.05x, 128K 1.11-1.13x.  The full forward keeps cuDNN: no record of today's Gluon forward
     # on full blocks here (lao_bench.json's, 0.94-0.99x at 16K-128K, timed it before 1d52501).
+    #
+    # The plain backward (32 or 24 q / 8 kv heads; probe_head_dims*_h200.json, probe_gluon_bwd_*_h200.json):
+    # d=128 causal 0.85-0.89x at 8K and 0.96x at 16K (six launches, 32 heads), level above; full
+    # 0.89-0.91x at 8K, 1.03x at 16K, level at 32K-64K and 0.90x at 128K (two launches); d=64 full
+    # 0.93x at 16K, level above, causal 1.08-1.09x at 64K-128K.  The ring step's backward_into keeps
+    # Gluon at every size (AUTO_TABLE: cuDNN needs the gradient adds there).
     "H200": {
         ("forward", CAUSAL, 128): _GLUON_ABOVE_8K,
+        ("backward", CAUSAL, 128): [(16384, "cudnn"), (None, "gluon"), (None, "cudnn")],
+        ("backward", FULL, 128): [(8192, "cudnn"), (65536, "gluon"), (None, "cudnn")],
+        ("backward", FULL, 64): [(16384, "cudnn"), (None, "gluon"), (None, "cudnn")],
     },
 }
 

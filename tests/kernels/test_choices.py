@@ -33,7 +33,7 @@ def _before(call, mask, sq, takes):
     if call != "forward" and takes and mask in (FULL, CAUSAL, STRICT):
         return "triton"
     kind = "spec" if isinstance(mask, MaskSpec) else mask
-    return next(n for rows, n in BEFORE[("backward" if call == "backward" else "forward", kind)]
+    return next(n for rows, n in BEFORE[("backward" if call.startswith("backward") else "forward", kind)]
                 if rows is None or sq <= rows)
 
 
@@ -49,8 +49,9 @@ def test_every_record_of_ours_beside_cudnn_is_sorted(records):
     assert vs_cudnn.unclassified(rows) == []
     # and each name there matches rows (a misspelt method would count nothing)
     for name, calls in vs_cudnn.TODAY.items():
-        for call, method in calls.items():
-            assert any((r.record, r.call, r.method) == (name, call, method) for r in rows), (name, call, method)
+        for call in calls:
+            for method in vs_cudnn.today(name, call):
+                assert any((r.record, r.call, r.method) == (name, call, method) for r in rows), (name, call, method)
     for name, call in vs_cudnn.STALE:
         assert any((r.record, r.call) == (name, call) for r in rows), (name, call)
     counted = vs_cudnn.counted(rows)
@@ -86,9 +87,15 @@ def test_rules_against_the_records_are_caught(records):
     bad = vs_cudnn.disagreements(records, cards=_cards(H200={("forward", FULL, 128): above_8k}))
     assert any("CARDS['H200']" in d and "'full'" in d for d in bad), bad
     # every card's ring-step backward on cuDNN: ours is 1.03-1.23x in lao_bench.json
-    table = {**AUTO_TABLE, **{("backward", m): [(None, "cudnn")] for m in (FULL, CAUSAL, STRICT)}}
+    table = {**AUTO_TABLE, **{("backward_into", m): [(None, "cudnn")] for m in (FULL, CAUSAL, STRICT)}}
     bad = vs_cudnn.disagreements(records, table=table)
     assert any("backward_into strict" in d for d in bad), bad
+    # H200's plain backward on Gluon at 8K: cuDNN's is 1.13x there (probe_head_dims_short_h200.json)
+    bad = vs_cudnn.disagreements(records, cards=_cards(H200={("backward", CAUSAL, 128): AUTO_TABLE[("backward", CAUSAL)]}))
+    assert any("H200 backward causal" in d and "d=128 S=8192" in d for d in bad), bad
+    # and at d=64 full, 16K (ours 0.93x, three launches)
+    bad = vs_cudnn.disagreements(records, cards=_cards(H200={("backward", FULL, 64): AUTO_TABLE[("backward", FULL)]}))
+    assert any("H200 backward full" in d and "d=64 S=16384" in d for d in bad), bad
     # without the tie band, H100's backward at 16K (ours 0.98x) would ask for cuDNN
     bad = vs_cudnn.disagreements(records, tie=0.0)
     assert any("H100" in d and "backward causal" in d and "S=16384" in d for d in bad), bad
@@ -111,7 +118,7 @@ def test_other_cards_choose_as_before(card, gluon):
     mask kind, head dim and size, whether Gluon takes the block or not."""
     auto = AutoKernel(gluon=gluon)
     spec = MaskSpec(causal=True, q_step=2, k_step=3)
-    for call in ("forward", "forward_into", "backward"):
+    for call in ("forward", "forward_into", "backward", "backward_into"):
         for mask in (FULL, CAUSAL, STRICT, spec):
             for sq in (1024, 8192, 8320, 131072):
                 for d in (64, 128):
@@ -138,11 +145,27 @@ def test_h100_and_h200_plain_forward():
     # gluon=False (BURST_GLUON=0): no Gluon rule is taken, and Gluon is not even asked
     asked = []
     for card in (H100, H200):
-        for call in ("forward", "forward_into", "backward"):
+        for call in ("forward", "forward_into", "backward", "backward_into"):
             for mask in (FULL, CAUSAL, STRICT):
                 got = off.choose(call, mask, S, S, card, 128, takes=lambda: asked.append(1) or True)
                 assert got == "cudnn", (card, call, mask)
     assert not asked
+
+
+def test_h200_plain_backward_and_the_ring_steps():
+    """On H200 the plain backward runs cuDNN where the records say it is faster (short blocks,
+    d=128 full blocks past 64K, d=64 full blocks up to 16K); the ring step's backward_into, where
+    cuDNN needs separate gradient adds, runs Gluon at every size; H100 keeps Gluon for both."""
+    auto, yes = AutoKernel(), (lambda: True)
+    for S, mask, d, want in ((8192, CAUSAL, 128, "cudnn"), (16384, CAUSAL, 128, "cudnn"), (32768, CAUSAL, 128, "triton"),
+                             (8192, FULL, 128, "cudnn"), (16384, FULL, 128, "triton"), (65536, FULL, 128, "triton"),
+                             (131072, FULL, 128, "cudnn"), (16384, FULL, 64, "cudnn"), (65536, FULL, 64, "triton"),
+                             (16384, CAUSAL, 64, "triton"), (8192, STRICT, 128, "triton")):
+        assert auto.choose("backward", mask, S, S, H200, d, takes=yes) == want, (S, mask, d)
+        assert auto.choose("backward_into", mask, S, S, H200, d, takes=yes) == "triton", (S, mask, d)
+        assert auto.choose("backward", mask, S, S, H100, d, takes=yes) == "triton", (S, mask, d)
+    # where Gluon does not take the block, cuDNN
+    assert auto.choose("backward", FULL, 32768, 32768, H200, 128, takes=lambda: False) == "cudnn"
 
 
 class _Spy:
@@ -219,6 +242,10 @@ def test_dispatch_per_card(dispatch):
     auto = AutoKernel()
     assert dispatch.run(auto, "forward", CAUSAL, S) == "triton"
     assert dispatch.run(auto, "forward", FULL, S) == "cudnn"
+    # the plain backward and the ring step's part ways at 8K
+    assert dispatch.run(auto, "backward", CAUSAL, 8192) == "cudnn"
+    assert dispatch.run(auto, "backward_into", CAUSAL, 8192) == "triton"
+    assert dispatch.run(auto, "backward", CAUSAL, 32768) == "triton"
 
     dispatch.card = A100
     auto = AutoKernel()
@@ -227,9 +254,9 @@ def test_dispatch_per_card(dispatch):
     assert dispatch.run(auto, "forward", STRICT, 8192) == "triton"
 
 
-def test_dispatch_as_before_but_the_plain_forward(dispatch):
+def test_dispatch_as_before_but_the_plain_calls(dispatch):
     """Every card runs what every card ran before, but for the plain forward of the cards the
-    rules name; gluon=False runs no Gluon anywhere (Gluon is asked with gluon=False at most, and
+    rules name and H200's plain backward; gluon=False runs no Gluon anywhere (Gluon is asked with gluon=False at most, and
     Triton runs its kernels without Gluon)."""
     for card in (A100, H100, H200):
         dispatch.card = card
@@ -237,11 +264,11 @@ def test_dispatch_as_before_but_the_plain_forward(dispatch):
             auto = AutoKernel(gluon=gluon)
             dispatch.asked.clear()
             for call in ("forward", "forward_into", "backward", "backward_into"):
-                if gluon and call == "forward" and card != A100:
-                    continue  # test_dispatch_per_card
+                if gluon and (call == "forward" and card != A100 or call == "backward" and card == H200):
+                    continue  # test_dispatch_per_card, test_h200_plain_backward_and_the_ring_steps
                 for mask in (FULL, CAUSAL, STRICT):
                     for S in (8192, 8256, 131072):
-                        want = _before({"backward_into": "backward"}.get(call, call), mask, S, gluon and S % 128 == 0)
+                        want = _before(call, mask, S, gluon and S % 128 == 0)
                         want = want if gluon else {"triton": "triton-no-gluon"}.get(want, want)
                         assert dispatch.run(auto, call, mask, S) == want, (card, gluon, call, mask, S)
             assert gluon or not any(dispatch.asked)

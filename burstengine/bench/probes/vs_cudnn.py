@@ -65,6 +65,7 @@ TODAY = {
     "probe_gluon_bwd_variants_h200.json": {"backward": ("ours v0 d128", )},
     "probe_gluon_bwd_lag_h200.json": {"backward": ("ours v4 d64", )},
     "probe_gluon_bwd_lag2_h200.json": {"backward": ("ours v4 d64", "ours v0 d128")},
+    "probe_gluon_bwd_stagger_h200.json": {"backward": ("ours lag=1 stagger=1 d64", "ours lag=0 stagger=1 d128")},
 }
 _FFMA = "the Gluon forward changed after it (1d52501: the FFMA softmax)"
 _SPILLS = "the Gluon backward changed after it (9015d4e: the spill fix)"
@@ -83,6 +84,7 @@ STALE = {
     ("probe_head_dims_d64bwd_h200.json", "backward"): _LAG,
     ("probe_gluon_bwd_variants_h200.json", "backward"): _LAG + "; v1, v2: variants dropped after it",
     ("probe_gluon_bwd_lag2_h200.json", "backward"): "v12 at both head dims: a variant dropped after it",
+    ("probe_gluon_bwd_stagger_h200.json", "backward"): "stagger=0: full blocks before STAGGER (d3679ef)",
 }
 
 _CALL = {"forward": "forward", "forward_into": "forward_into", "backward": "backward",
@@ -288,8 +290,8 @@ def block_auto(records):
     for _, g in sorted(shapes(rows).items()):
         r, got = g[0], chosen(auto, g)
         runs = f" ({len(g)} launches: {span([x.speedup for x in g])}×)" if len(g) > 1 else ""
-        body.append([card_key(r.card) or r.card, r.what, r.mask, f"{r.heads}/{r.kv_heads}", f"{r.S // 1024}K",
-                     f"{speedup(g):.2f}×{runs}", ", ".join(f"`{n}`" for n in sorted({x.record for x in g})),
+        body.append([card_key(r.card) or r.card, r.what, r.mask, r.head_dim, f"{r.heads}/{r.kv_heads}",
+                     f"{r.S // 1024}K", f"{speedup(g):.2f}×{runs}", ", ".join(f"`{n}`" for n in sorted({x.record for x in g})),
                      _NAMES.get(got, got)])
     stale = {}
     for (name, call), why in STALE.items():
@@ -298,10 +300,10 @@ def block_auto(records):
         ["Rules per card (first match wins; Gluon: kernels/gluon where it takes the block, else the next rule; "
          "a card is known by a word of its device name):", ""]
         + table(["call", "mask"] + cards + ["other cards"], rules)
-        + [f"Today's kernels beside cuDNN in the records, d=128, lengths the Gluon kernels take (ours/cuDNN: "
+        + [f"Today's kernels beside cuDNN in the records, lengths the Gluon kernels take (ours/cuDNN: "
            f"cuDNN's time over ours, the median where a shape was timed in several launches; within "
            f"{100 * TIE:.0f}% either choice agrees):", ""]
-        + table(["card", "call", "mask", "q/kv heads", "S", "ours/cuDNN", "records", "auto runs"], body)
+        + table(["card", "call", "mask", "d", "q/kv heads", "S", "ours/cuDNN", "records", "auto runs"], body)
         + ["Not counted, as they timed a kernel changed since: "
            + "; ".join(f"{', '.join(v)}: {why}" for why, v in stale.items()) + "."])
 
