@@ -1,10 +1,14 @@
 """Probe: variants of the Gluon backward against float64 and beside cuDNN in one launch: full and
 causal, 32 q heads on 8 kv heads, bf16.  A variant is a bit mask of kernels/gluon/bwd.py's
-flags: 1 LAG at that head dim, 2 STAGGER.  Records made while the variants were bits of a VARIANT
+flags: 1 LAG at that head dim, 2 STAGGER, 4 MAX_STEPS off (no split of the group), 8 MAX_STEPS 1 (one
+q head a program where the group may split: backward_into onto float32).  Records made while the variants were bits of a VARIANT
 mask (8fe5e90-e09a57d) name them "ours vN": 1 bf16 P for dS, 2 each warpgroup's own dQ, 4 LAG, 12
 LAG with the dQ issued after dK.
 
-    python benchmarks/probe_gluon_bwd_variants.py 65536,131072 64:1,3 128:0,2 [iters]
+    python benchmarks/probe_gluon_bwd_variants.py 65536,131072 64:1,3 128:0,2 [iters] [--into]
+
+--into times the ring step's backward_into onto float32 gradients (cuDNN: its backward plus the
+three gradient adds) instead of the plain backward.
 
 Each variant is first checked against float64 (the plain backward at causal and full, and the ring
 step's backward_into twice onto the same float32 gradients at causal, full and strict); a variant
@@ -51,8 +55,14 @@ def rel(a, b):
     return float((a - b).norm() / b.norm())
 
 
+def name(var):
+    steps = "off" if var & 4 else "1" if var & 8 else "4096"
+    return f"lag={var & 1} stagger={var >> 1 & 1} max_steps={steps}"
+
+
 def flags(D, var):
     gb.LAG[D], gb.STAGGER = bool(var & 1), bool(var & 2)
+    gb.MAX_STEPS = 1 << 30 if var & 4 else 1 if var & 8 else 4096
 
 
 def check(D, var):
@@ -80,7 +90,7 @@ def check(D, var):
     return out
 
 
-def bench(D, variants, seqs, iters):
+def bench(D, variants, seqs, iters, into=False):
     rows = []
     for S in seqs:
         scale = D ** -0.5
@@ -89,16 +99,29 @@ def bench(D, variants, seqs, iters):
             fl = 2.5 * 4 * S * S * H * D * (0.5 if mask == "causal" else 1.0)
             o, lse = cud.forward(q, k, v, scale, mask)
             delta = ours.delta(o, do)
-            cands = [("cudnn", None, lambda: cud.backward(do, q, k, v, lse, delta, scale, mask, out=o))]
-            cands += [(f"ours lag={var & 1} stagger={var >> 1 & 1}", var, lambda: ours.backward(do, q, k, v, lse, delta, scale, mask))
-                      for var in variants]
-            for name, var, fn in cands:
+            if into:
+                acc = (torch.zeros(1, S, H, D, device=dev), torch.zeros(1, S, HKV, D, device=dev),
+                       torch.zeros(1, S, HKV, D, device=dev))
+
+                def cudnn_adds():
+                    for a, g in zip(acc, cud.backward(do, q, k, v, lse, delta, scale, mask, out=o)):
+                        a.add_(g)
+
+                cands = [("cudnn", None, cudnn_adds)]
+                cands += [(f"ours {name(var)} into", var,
+                           lambda: ours.backward_into(do, q, k, v, lse, delta, scale, mask, *acc)) for var in variants]
+            else:
+                cands = [("cudnn", None, lambda: cud.backward(do, q, k, v, lse, delta, scale, mask, out=o))]
+                cands += [(f"ours {name(var)}", var, lambda: ours.backward(do, q, k, v, lse, delta, scale, mask))
+                          for var in variants]
+            call = "backward_into" if into else "backward"
+            for label, var, fn in cands:
                 if var is not None:
                     flags(D, var)
                 ts = timed(fn, "cuda", warmup=2, iters=iters)
-                rows.append(dict(D=D, S=S, mask=mask, method=name, variant=var, times=ts,
+                rows.append(dict(D=D, S=S, mask=mask, method=label, variant=var, call=call, times=ts,
                                  tflops=fl / median(ts) / 1e12))
-                print(f"D={D:>3} S={S:>6} {mask:<6} {name:<8} {rows[-1]['tflops']:5.0f} TFLOP/s", flush=True)
+                print(f"D={D:>3} S={S:>6} {mask:<6} {label:<32} {rows[-1]['tflops']:5.0f} TFLOP/s", flush=True)
             del o, lse, delta
             torch.cuda.empty_cache()
         del q, do, k, v
@@ -110,11 +133,12 @@ def main():
     t0 = time.time()
     seqs = [int(x) for x in sys.argv[1].split(",")]
     specs = [a for a in sys.argv[2:] if ":" in a]
-    iters = int(next((a for a in sys.argv[2:] if ":" not in a), "7"))
+    iters = int(next((a for a in sys.argv[2:] if ":" not in a and not a.startswith("--")), "7"))
+    into = "--into" in sys.argv
     checks, rows = [], []
     for spec in specs:
         D, _, vs = spec.partition(":")
-        kept = gb.LAG[int(D)], gb.STAGGER
+        kept = gb.LAG[int(D)], gb.STAGGER, gb.MAX_STEPS
         D, good = int(D), []
         for var in (int(x) for x in vs.split(",")):
             flags(D, var)
@@ -122,8 +146,8 @@ def main():
             checks += c
             if all(e["ok"] for e in c):
                 good.append(var)
-        rows += bench(D, good, seqs, iters)
-        gb.LAG[D], gb.STAGGER = kept
+        rows += bench(D, good, seqs, iters, into)
+        gb.LAG[D], gb.STAGGER, gb.MAX_STEPS = kept
     from burstengine.bench.records import write_record
     print(write_record("probe_gluon_bwd_variants", dict(device=torch.cuda.get_device_name(), heads=H, kv_heads=HKV,
                                                         check=checks, rows=rows, seconds=time.time() - t0),

@@ -164,11 +164,13 @@ def _head_dims(name, rec, card):
 
 
 def _bwd_variants(name, rec, card):
-    times = {(r["D"], r["S"], r["mask"], r["method"]): med(r["times"]) for r in rec.get("rows", [])}
-    for (D, S, mask, method), t in times.items():
-        c = times.get((D, S, mask, "cudnn"))
+    # rows of the ring step's backward_into (--into) name it in "call"; cuDNN's include the adds
+    times = {(r.get("call", "backward"), r["D"], r["S"], r["mask"], r["method"]): med(r["times"])
+             for r in rec.get("rows", [])}
+    for (call, D, S, mask, method), t in times.items():
+        c = times.get((call, D, S, mask, "cudnn"))
         if method != "cudnn" and c is not None:
-            yield Versus(name, card, "backward", mask, rec["heads"], rec["kv_heads"], D, S, f"{method} d{D}", t, c)
+            yield Versus(name, card, call, mask, rec["heads"], rec["kv_heads"], D, S, f"{method} d{D}", t, c)
 
 
 _FAMILIES = (("lao_bench", _lao), ("gluon_", _probe), ("fp8_", _fp8), ("probe_head_dims", _head_dims),

@@ -60,6 +60,14 @@ Q_ROWS = {128: 64, 64: 64}
 # softmax's registers (ptxas spills 1 KB, wgmmas serialised)
 LAG = {128: False, 64: True}
 STAGGER = True  # full blocks: see bwd_kernel (probe flag)
+# Most steps (q tiles x q heads) a program walks when its dK, dV may be split: adding into float32
+# dK, dV, a program takes as many of its kv head's q heads as keep it under this, and the programs
+# of one kv tile add theirs atomically.  A long-lived program drifts from the others of its wave
+# until their shared Q, dO and dQ tiles no longer fit in L2: at 128K full blocks, 4 heads a program
+# (8,192 steps) moved 10x cuDNN's DRAM bytes (L2 hits 86%, cuDNN's 99%), and the energy cost the
+# clock under the power limit (ncu_bwd_bytes_h200.json, probe_bwd_power_h200.json); at 64K (4,096
+# steps) ours and cuDNN's moved the same
+MAX_STEPS = 4096
 
 
 @builtin
@@ -75,16 +83,16 @@ def _loader(descs, bufs, bars, scal, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constex
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
     kv_bar, q_ready, q_empty, ds_ready = bars
-    q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale, shift = scal
+    q_row0, kv_row, kv_col, h0, HEADS, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale, shift = scal
     mbarrier.expect(kv_bar, 2 * BLOCK_N * HEAD_DIM * 2)
     tma.async_copy_global_to_shared(k_desc, [kv_row, kv_col], kv_bar, k_smem.index(0))
     tma.async_copy_global_to_shared(v_desc, [kv_row, kv_col], kv_bar, v_smem.index(0))
     j = 0
-    for g in range(GROUP):
+    for g in range(HEADS):
         for t in range(n_mask):
             _load_q(j, g, t, descs, bufs, bars, scal, HEAD_DIM, BLOCK_M)
             j += 1
-    for g in range(GROUP):
+    for g in range(HEADS):
         for t in range(n_mask, n_q):
             _load_q(j, g, t, descs, bufs, bars, scal, HEAD_DIM, BLOCK_M)
             j += 1
@@ -95,7 +103,7 @@ def _load_q(j, g, t, descs, bufs, bars, scal, HEAD_DIM: gl.constexpr, BLOCK_M: g
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
     kv_bar, q_ready, q_empty, ds_ready = bars
-    q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale, shift = scal
+    q_row0, kv_row, kv_col, h0, HEADS, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale, shift = scal
     st = j % STAGES
     mbarrier.wait(q_empty.index(st), ((j // STAGES) & 1) ^ 1)
     mbarrier.expect(q_ready.index(st), 2 * BLOCK_M * HEAD_DIM * 2)
@@ -115,7 +123,7 @@ def _step(j, g, t, dk, dv, prev, descs, bufs, bars, scal, lse2, delta, HEAD_DIM:
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_all, v_all, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
     kv_bar, q_ready, q_empty, ds_ready = bars
-    q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale, shift = scal
+    q_row0, kv_row, kv_col, h0, HEADS, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale, shift = scal
     dtype: gl.constexpr = q_desc.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HALF, 16])
@@ -210,10 +218,10 @@ def _lse_rows(g, t, n_t, q_t0, n_q, shift, lse_h, dl_h, BLOCK_M: gl.constexpr):
 
 @gluon.jit
 def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-             LAG: gl.constexpr, W: gl.constexpr, FRESH: gl.constexpr):
+             LAG: gl.constexpr, W: gl.constexpr, DKV: gl.constexpr):
     k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
     kv_bar, q_ready, q_empty, ds_ready = bars
-    q_row0, kv_row, kv_col, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale, shift = scal
+    q_row0, kv_row, kv_col, h0, HEADS, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale, shift = scal
     DK, DV, sdk, sdv = out
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
@@ -233,7 +241,7 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
     # ring's buffers and phases.  lse and D of the next q tile are loaded a step ahead, off the
     # path to the exponentials (1.06-1.13x on top of the above)
     j = 0
-    for g in range(GROUP):
+    for g in range(HEADS):
         lse2, delta = _lse_rows(g, 0, n_mask, q_t0, n_q, shift, lse_h, dl_h, BLOCK_M)
         for t in range(n_mask):
             nxt = _lse_rows(g, t + 1, n_mask, q_t0, n_q, shift, lse_h, dl_h, BLOCK_M)
@@ -241,7 +249,7 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
                                  LAG, W, True)
             lse2, delta = nxt
             j += 1
-    for g in range(GROUP):
+    for g in range(HEADS):
         lse2, delta = _lse_rows(g, n_mask, n_q, q_t0, n_q, shift, lse_h, dl_h, BLOCK_M)
         for t in range(n_mask, n_q):
             nxt = _lse_rows(g, t + 1, n_q, q_t0, n_q, shift, lse_h, dl_h, BLOCK_M)
@@ -262,55 +270,60 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
         fence_async_shared()
         _reduce_add(descs[4], [prev[0], prev[1]], dq_s)
     tma.store_wait(0)
-    # once per program: plain stores from the accumulator layout (fresh) or read-add-store
+    # once per program: plain stores from the accumulator layout (fresh), read-add-store, or atomic
+    # adds where the kv head's q heads are split over programs (SPLIT)
     rows = kv_row + W * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, acc_layout))
     cols = kv_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
     dk_ptrs = DK + rows.to(gl.int64)[:, None] * sdk + cols[None, :]
     dv_ptrs = DV + rows.to(gl.int64)[:, None] * sdv + cols[None, :]
     dk = dk * scale
-    if not FRESH:
-        dk += gl.load(dk_ptrs).to(gl.float32)
-        dv += gl.load(dv_ptrs).to(gl.float32)
-    gl.store(dk_ptrs, dk.to(DK.dtype.element_ty))
-    gl.store(dv_ptrs, dv.to(DV.dtype.element_ty))
+    if DKV == 2:
+        gl.atomic_add(dk_ptrs, dk, sem="relaxed")
+        gl.atomic_add(dv_ptrs, dv, sem="relaxed")
+    else:
+        if DKV == 1:
+            dk += gl.load(dk_ptrs).to(gl.float32)
+            dv += gl.load(dv_ptrs).to(gl.float32)
+        gl.store(dk_ptrs, dk.to(DK.dtype.element_ty))
+        gl.store(dv_ptrs, dv.to(DV.dtype.element_ty))
 
 
 @gluon.jit
 def _compute0(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-              LAG: gl.constexpr, FRESH: gl.constexpr):
-    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, LAG, 0, FRESH)
+              LAG: gl.constexpr, DKV: gl.constexpr):
+    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, LAG, 0, DKV)
 
 
 @gluon.jit
 def _compute1(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-              LAG: gl.constexpr, FRESH: gl.constexpr):
-    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, LAG, 1, FRESH)
+              LAG: gl.constexpr, DKV: gl.constexpr):
+    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, LAG, 1, DKV)
 
 
 @gluon.jit
 def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                 LAG: gl.constexpr, FRESH: gl.constexpr):
+                 LAG: gl.constexpr, DKV: gl.constexpr):
     _loader(descs, bufs, bars, scal, HEAD_DIM, BLOCK_M)
 
 
-@gluon.jit(do_not_specialize=["Sq", "Sk", "H", "GROUP", "mask_lo", "diag", "stagger", "slb", "slh", "sdlb", "sdlh",
-                              "sdk", "sdv"])
-def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, Sk, H, GROUP, scale_log2, scale,
+@gluon.jit(do_not_specialize=["Sq", "Sk", "H", "GROUP", "HEADS", "mask_lo", "diag", "stagger", "slb", "slh", "sdlb",
+                              "sdlh", "sdk", "sdv"])
+def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, Sk, H, GROUP, HEADS, scale_log2, scale,
                mask_lo, diag, stagger, slb, slh, sdlb, sdlh, sdk, sdv,
-               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, LAG: gl.constexpr, FRESH: gl.constexpr,
-               LOAD_REGS: gl.constexpr,
-               num_warps: gl.constexpr):
-    """One program per (128-row kv tile, batch x kv head), over the q tiles of every q head of
-    its group.  ``diag``: Sq = Sk and the q tiles start at the kv tile's (the two that cross its
+               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, LAG: gl.constexpr, DKV: gl.constexpr,
+               LOAD_REGS: gl.constexpr, num_warps: gl.constexpr):
+    """One program per (128-row kv tile, batch x kv head, HEADS of its GROUP q heads), over those
+    heads' q tiles.  ``diag``: Sq = Sk and the q tiles start at the kv tile's (the two that cross its
     diagonal masked by ``mask_lo``: 0 causal, 1 strict); else every q tile, unmasked.  dQ (float32,
-    through ``dq_desc``) is added to; dK, dV stored (``FRESH``) or added to, in their dtype."""
+    through ``dq_desc``) is added to; dK, dV (``DKV``) stored (0), read, added to and stored (1), in
+    their dtype, or added atomically (2: float32, the group split over programs)."""
     dtype: gl.constexpr = q_desc.dtype
     pid_n = gl.program_id(0)
     bh = gl.program_id(1)
     Hkv = H // GROUP
     b = bh // Hkv
     hk = bh % Hkv
-    h0 = hk * GROUP
+    h0 = hk * GROUP + gl.program_id(2) * HEADS  # this program's q heads: HEADS of its kv head's GROUP
     k_pos0 = pid_n * BLOCK_N
     q_t0 = gl.where(diag != 0, k_pos0 // BLOCK_M, 0)
     n_q = Sq // BLOCK_M - q_t0
@@ -345,15 +358,15 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
     # a full block's programs start their q tiles ``stagger`` tiles apart (a diagonal block's
     # start at their own): the reduce-adds of programs running at once land on different dQ tiles
     shift = (pid_n * gl.where(diag != 0, 0, stagger)) % n_q
-    scal = (b * Sq, b * Sk + k_pos0, hk * HEAD_DIM, h0, GROUP, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2,
+    scal = (b * Sq, b * Sk + k_pos0, hk * HEAD_DIM, h0, HEADS, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2,
             scale, shift)
     lse_h = (LSE2 + b64 * slb + h0 * slh, slh)
     dl_h = (DL + b64 * sdlb + h0 * sdlh, sdlh)
     out = (DK, DV, sdk, sdv)
     gl.warp_specialize([
-        (_compute0, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, LAG, FRESH)),
-        (_compute1, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, LAG, FRESH)),
-        (_loader_part, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, LAG, FRESH)),
+        (_compute0, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, LAG, DKV)),
+        (_compute1, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, LAG, DKV)),
+        (_loader_part, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, LAG, DKV)),
     ], [4, 1], [240, LOAD_REGS])
 
 
@@ -378,16 +391,21 @@ def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None,
     (B, H, Sq) with unit stride along rows.  ``mask_lo``: None full, 0 causal, 1 strict."""
     B, Sq, H, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
-    block_m = Q_ROWS[D]
+    block_m, group = Q_ROWS[D], H // Hkv
+    heads = group
+    if not fresh and dk.dtype == torch.float32 and dv.dtype == torch.float32:
+        # the most of the group a program may take (MAX_STEPS), a divisor of it
+        heads = max([h for h in range(1, group + 1) if group % h == 0 and h * (Sq // block_m) <= MAX_STEPS] or [1])
+    dkv = 2 if heads < group else 0 if fresh else 1
     stagger = max(1, (Sq // block_m) // (Sk // BLOCK_N.value)) if STAGGER else 0
     q_desc, do_desc = (row_desc(x, (block_m, D)) for x in (q, dout))
     k_desc, v_desc = (row_desc(x, (BLOCK_N.value, D)) for x in (k, v))
     dq_desc = row_desc(dq, (block_m, D // 2))
     dk_rows, dv_rows = _rows(dk), _rows(dv)
     diag = mask_lo is not None
-    grid = (Sk // BLOCK_N.value, B * Hkv)
-    bwd_kernel[grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse2, delta, dk_rows, dv_rows, Sq, Sk, H, H // Hkv,
+    grid = (Sk // BLOCK_N.value, B * Hkv, group // heads)
+    bwd_kernel[grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse2, delta, dk_rows, dv_rows, Sq, Sk, H, group, heads,
                      scale * LOG2E.value, scale, mask_lo if diag else -BIG, int(diag), stagger,
                      lse2.stride(0), lse2.stride(1), delta.stride(0), delta.stride(1),
-                     dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, BLOCK_M=block_m, LAG=LAG[D], FRESH=fresh,
+                     dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, BLOCK_M=block_m, LAG=LAG[D], DKV=dkv,
                      LOAD_REGS=LOADER_REGS, num_warps=4, maxnreg=WS_MAXNREG)
