@@ -189,7 +189,7 @@ def block_head_dims(records):
     """docs/kernels.md: our kernels beside cuDNN at each head dim, and what ``auto`` runs there;
     then d=128 at short lengths, two head counts, in a second launch."""
     out = []
-    for name, what in (("probe_head_dims_h200.json", "median of 5"),
+    for name, what in (("probe_head_dims_lag_h200.json", "median of 5"),
                        ("probe_head_dims_short_h200.json", "median of 11; d=128 alone, shorter blocks")):
         rec = record(records, name)
         bad = sum(not c["ok"] for c in rec["check"])

@@ -59,6 +59,8 @@ TODAY = {
     # the Triton kernels at d 96 and 256 (d 64's backward was Triton's then), Gluon at 64 and 128
     "probe_head_dims_h200.json": {"forward": ("ours d64", "ours d96", "ours d128", "ours d256"),
                                   "backward": ("ours d96", "ours d128", "ours d256")},
+    "probe_head_dims_lag_h200.json": {"forward": ("ours d64", "ours d96", "ours d128", "ours d256"),
+                                      "backward": ("ours d64", "ours d96", "ours d128", "ours d256")},
     "probe_head_dims_short_h200.json": {"forward": ("ours d128", ), "backward": ("ours d128", )},
     "probe_head_dims_d64bwd_h200.json": {"forward": ("ours d64", "ours d128"), "backward": ("ours d128", )},
     # "ours v0" at d=128 is the kernel as kept (the variant bits off); at d=64 LAG is today's ("v4")
