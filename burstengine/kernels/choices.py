@@ -74,12 +74,15 @@ CARDS = {
     # d=128 causal 0.85-0.89x at 8K and 0.96x at 16K (six launches, 32 heads), level above; full
     # 0.89-0.91x at 8K, 1.03x at 16K, level at 32K-64K and 0.90x at 128K (two launches); d=64 full
     # 0.93x at 16K, level above, causal 1.08-1.09x at 64K-128K.  The ring step's backward_into keeps
-    # Gluon at every size (AUTO_TABLE: cuDNN needs the gradient adds there).
+    # Gluon (AUTO_TABLE: cuDNN needs the gradient adds there) but on d=128 full blocks past 64K rows:
+    # 0.90x cuDNN with the adds at 128K (probe_gluon_bwd_split_h200.json; kernels/gluon/bwd.py,
+    # MAX_STEPS, says what is known of why).
     "H200": {
         ("forward", CAUSAL, 128): _GLUON_ABOVE_8K,
         ("backward", CAUSAL, 128): [(16384, "cudnn"), (None, "gluon"), (None, "cudnn")],
         ("backward", FULL, 128): [(8192, "cudnn"), (65536, "gluon"), (None, "cudnn")],
         ("backward", FULL, 64): [(16384, "cudnn"), (None, "gluon"), (None, "cudnn")],
+        ("backward_into", FULL, 128): [(65536, "gluon"), (None, "cudnn")],
     },
 }
 

@@ -68,6 +68,9 @@ TODAY = {
     "probe_gluon_bwd_lag_h200.json": {"backward": ("ours v4 d64", )},
     "probe_gluon_bwd_lag2_h200.json": {"backward": ("ours v4 d64", "ours v0 d128")},
     "probe_gluon_bwd_stagger_h200.json": {"backward": ("ours lag=1 stagger=1 d64", "ours lag=0 stagger=1 d128")},
+    # max_steps=1 is one q head a program, what MAX_STEPS (1,024) gives at 64K-128K
+    "probe_gluon_bwd_split_h200.json": {"backward_into": ("ours lag=1 stagger=1 max_steps=1 into d64",
+                                                          "ours lag=0 stagger=1 max_steps=1 into d128")},
 }
 _FFMA = "the Gluon forward changed after it (1d52501: the FFMA softmax)"
 _SPILLS = "the Gluon backward changed after it (9015d4e: the spill fix)"
@@ -87,6 +90,8 @@ STALE = {
     ("probe_gluon_bwd_variants_h200.json", "backward"): _LAG + "; v1, v2: variants dropped after it",
     ("probe_gluon_bwd_lag2_h200.json", "backward"): "v12 at both head dims: a variant dropped after it",
     ("probe_gluon_bwd_stagger_h200.json", "backward"): "stagger=0: full blocks before STAGGER (d3679ef)",
+    ("probe_gluon_bwd_split_h200.json", "backward_into"): "max_steps off and 4096: the group split later than "
+                                                          "MAX_STEPS splits it now",
 }
 
 _CALL = {"forward": "forward", "forward_into": "forward_into", "backward": "backward",

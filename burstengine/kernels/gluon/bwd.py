@@ -62,12 +62,13 @@ LAG = {128: False, 64: True}
 STAGGER = True  # full blocks: see bwd_kernel (probe flag)
 # Most steps (q tiles x q heads) a program walks when its dK, dV may be split: adding into float32
 # dK, dV, a program takes as many of its kv head's q heads as keep it under this, and the programs
-# of one kv tile add theirs atomically.  A long-lived program drifts from the others of its wave
-# until their shared Q, dO and dQ tiles no longer fit in L2: at 128K full blocks, 4 heads a program
-# (8,192 steps) moved 10x cuDNN's DRAM bytes (L2 hits 86%, cuDNN's 99%), and the energy cost the
-# clock under the power limit (ncu_bwd_bytes_h200.json, probe_bwd_power_h200.json); at 64K (4,096
-# steps) ours and cuDNN's moved the same
-MAX_STEPS = 4096
+# of one kv tile add theirs atomically (FlashAttention-3's one q head a program).  On H200, one
+# head a program at 64K-128K (probe_gluon_bwd_split_h200.json, backward_into): d=64 full blocks
+# 1.03-1.08x the unsplit kernel, d=128 causal at 64K 1.03x, the rest within 1%.  It does not mend
+# d=128 full blocks at 128K (0.90x cuDNN's with its gradient adds, split or not), where ours moves
+# 10x cuDNN's DRAM bytes (L2 hits 86%, cuDNN's 99%; 64K: the same bytes, ncu_bwd_bytes_h200.json)
+# and pays it in clock under the power limit (probe_bwd_power_h200.json); why, open
+MAX_STEPS = 1024
 
 
 @builtin
