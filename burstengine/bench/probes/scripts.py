@@ -35,6 +35,104 @@ def ncu(rec):
     return out
 
 
+def probe_gluon_bwd(rec):
+    rows = rec["rows"]
+    base = {(r.get("call", "backward"), r["D"], r["S"], r["mask"]): med(r["times"]) for r in rows
+            if r["method"] == "cudnn"}
+    body = [[r["D"], r.get("call", "backward"), f"{r['S'] // 1024}K", r["mask"], r["method"], ms(med(r["times"])),
+             f"{r['tflops']:.0f}", f"{base[(r.get('call', 'backward'), r['D'], r['S'], r['mask'])] / med(r['times']):.2f}×"]
+            for r in rows]
+    bad = sum(not c["ok"] for c in rec["check"])
+    return ([f"{rec['heads']} q / {rec['kv_heads']} kv heads, bf16; {len(rec['check'])} check cases against float64, "
+             f"{bad} failed; cuDNN's backward_into time includes its three gradient adds.", ""]
+            + table(["d", "call", "S", "mask", "kernel", "ms", "TFLOP/s", "× cuDNN"], body))
+
+
+def probe_bwd_power(rec):
+    body = [[f"{r['S'] // 1024}K", r["method"], r["rep"], len(r["times"]), f"{r['tflops']:.0f}",
+             fixed(r["median_sm_mhz"], 0), fixed(r["median_power_w"], 0), fixed(r.get("tflops_per_ghz"), 0),
+             fixed(r.get("joules_per_call"), 0)] for r in rec["rows"]]
+    return table(["S", "kernel", "run", "calls", "TFLOP/s", "SM MHz", "W", "TFLOP/s per GHz", "J a call"], body)
+
+
+def ncu_bwd_bytes(rec):
+    def val(r, k):
+        v = r["metrics"].get(k)
+        return float(v[0].replace(",", "")) if v else None
+
+    body = [[f"{r['S'] // 1024}K", r["method"], fixed(val(r, "gpu__time_duration.sum") / 1e6, 0),
+             fixed(val(r, "dram__bytes_read.sum") / 1e9, 1), fixed(val(r, "dram__bytes_write.sum") / 1e9, 1),
+             fixed(val(r, "lts__t_sector_hit_rate.pct"), 1), fixed(val(r, "lts__t_sectors_op_read.sum") / 1e9, 1),
+             fixed(val(r, "lts__t_sectors_op_red.sum") / 1e9, 1)] for r in rec["rows"] if r["metrics"]]
+    return table(["S", "kernel", "ms (clock locked)", "DRAM read GB", "DRAM written GB", "L2 hit %",
+                  "L2 read sectors (G)", "L2 reduce sectors (G)"], body)
+
+
+def block_gluon_bwd_d64(records):
+    """docs/kernels.md: the backward at d=64 before and with LAG, and the split of the group over
+    programs on the ring step's backward_into."""
+    name, split_name = "probe_gluon_bwd_lag2_h200.json", "probe_gluon_bwd_split_h200.json"
+    rec, split = record(records, name), record(records, split_name)
+    t = {(r["S"], r["mask"], r["method"]): r["tflops"] for r in rec["rows"] if r["D"] == 64}
+    cols = [(m, k, h) for m in ("causal", "full") for k, h in (("cudnn", "cuDNN"), ("ours v0", "ours"),
+                                                               ("ours v4", "ours, LAG (kept)"))]
+    body = [[f"{S // 1024}K"] + [f"{t[(S, m, k)]:.0f}" for m, k, _ in cols] for S in sorted({k[0] for k in t})]
+    u = {(r["D"], r["S"], r["mask"], r["method"].split(" max_steps=")[-1].removesuffix(" into")): r["tflops"]
+         for r in split["rows"]}
+    scols = [("cudnn", "cuDNN + adds"), ("off", "ours, group whole"), ("1", "ours, one q head a program (kept)")]
+    sbody = [[D, f"{S // 1024}K", m] + [f"{u[(D, S, m, k)]:.0f}" for k, _ in scols]
+             for D, S, m in sorted({k[:3] for k in u}, key=lambda k: (-k[0], k[1], k[2]))]
+    bad = sum(not c["ok"] for c in rec["check"] + split["check"])
+    return "\n".join([f"On {device_of(rec)} (`{name}`, commit {rec['commit'][:7]}, which held the variants as flags; "
+                      f"d=64, {rec['heads']} q heads on {rec['kv_heads']} kv heads, bf16; TFLOP/s of the plain "
+                      "backward, median of 7):", ""]
+                     + table(["S"] + [f"{m}: {h}" for m, _, h in cols], body)
+                     + ["", f"The ring step's `backward_into` onto float32 gradients (`{split_name}`, commit "
+                        f"{split['commit'][:7]}; TFLOP/s, median of 5; cuDNN's time includes its three gradient adds; "
+                        f"{len(rec['check']) + len(split['check'])} check cases of the two launches against float64, "
+                        f"{bad} failed):", ""]
+                     + table(["d", "S", "mask"] + [h for _, h in scols], sbody) + ["", _lost_variants(records)])
+
+
+def _lost_variants(records) -> str:
+    # probe_gluon_bwd_variants_h200.json: v1 (bf16 P for dS), v2 (own dQ) over the kernel as kept (v0)
+    name = "probe_gluon_bwd_variants_h200.json"
+    rec = record(records, name)
+    t = {(r["D"], r["S"], r["mask"], r["method"]): med(r["times"]) for r in rec["rows"]}
+
+    def ratios(v):
+        xs = [t[k[:3] + ("ours v0", )] / x for k, x in t.items() if k[3] == f"ours v{v}"]
+        return f"{min(xs):.2f}-{max(xs):.2f}×"
+
+    return (f"Not kept (`{name}`, commit {rec['commit'][:7]}; the plain backward at d 64 and 128, 16K and 64K, time of "
+            f"the kernel before LAG over the variant's): dS from bf16 P {ratios(1)}; each warpgroup's own dQ "
+            f"{ratios(2)} (d=64 only).")
+
+
+def block_bwd_power(records):
+    """docs/kernels.md: what the d=128 full backward at 128K does with its clock and bytes."""
+    pw, nc = record(records, "probe_bwd_power_h200.json"), record(records, "ncu_bwd_bytes_h200.json")
+    p = {(r["S"], r["method"]): r for r in pw["rows"] if r["rep"] == 1}
+
+    def byt(S, m):
+        r = next(x for x in nc["rows"] if (x["S"], x["method"]) == (S, m))
+        v = {k: float(a.replace(",", "")) for k, (a, _) in r["metrics"].items()}
+        return (v["dram__bytes_read.sum"] + v["dram__bytes_write.sum"]) / 1e9, v["lts__t_sector_hit_rate.pct"]
+
+    out = []
+    for S in sorted({k[0] for k in p}):
+        o, c = p[(S, "ours")], p[(S, "cudnn")]
+        (ob, oh), (cb, ch) = byt(S, "ours"), byt(S, "cudnn")
+        out.append(f"{S // 1024}K: ours {o['tflops']:.0f} TFLOP/s at {o['median_sm_mhz']:.0f} MHz and "
+                   f"{o['joules_per_call']:.0f} J a call, cuDNN {c['tflops']:.0f} at {c['median_sm_mhz']:.0f} MHz and "
+                   f"{c['joules_per_call']:.0f} J; DRAM bytes {ob:.0f} GB against {cb:.0f} GB, L2 hits {oh:.0f}% "
+                   f"against {ch:.0f}%.")
+    return (f"On {device_of(pw)}, d=128 full blocks, {pw['heads']} q / {pw['kv_heads']} kv heads, the plain backward "
+            f"run back to back for 5 s each (`probe_bwd_power_h200.json`, the second of two alternating runs; both "
+            f"kernels at the board's {p[(max(k[0] for k in p), 'ours')]['median_power_w']:.0f} W) and one call each "
+            f"under Nsight Compute (`ncu_bwd_bytes_h200.json`): " + " ".join(out))
+
+
 def clocks(rec):
     s = rec["summary"]
     if not s.get("loaded_samples"):
@@ -235,9 +333,18 @@ SECTIONS = (
     Section("Kernel builds for sm_90a", r"^ptxas_", ptxas,
             "`benchmarks/ptxas_gluon_bwd.py`: a Gluon kernel built without a GPU; ptxas's spills and the local "
             "loads each wgmma loop runs per step."),
-    Section("Kernel profiler counters", r"^ncu_", ncu,
+    Section("Kernel profiler counters", r"^ncu_gluon", ncu,
             "Nsight Compute on one kernel launch: issue rate, stalls, spills (the clock is locked while it "
             "measures)."),
+    Section("The Gluon backward's variants", r"^probe_gluon_bwd", probe_gluon_bwd,
+            "`python benchmarks/probe_gluon_bwd_variants.py SEQS D:VARIANTS ... [--into]`: variants of the Gluon "
+            "backward behind flags, checked against float64 and timed beside cuDNN in one launch."),
+    Section("DRAM and L2 traffic of the backward", r"^ncu_bwd_bytes", ncu_bwd_bytes,
+            "`python benchmarks/ncu_bwd_bytes.py SEQS`: one plain backward of ours and of cuDNN's under Nsight "
+            "Compute (its clock locked)."),
+    Section("Clock and power while the backward runs", r"^probe_bwd_power", probe_bwd_power,
+            "`python benchmarks/probe_bwd_power.py SEQS SECONDS`: ours and cuDNN's plain backward back to back, "
+            "nvidia-smi sampling every 100 ms."),
     Section("GPU clocks and power under load", r"^clocks_", clocks,
             "`python benchmarks/sample_clocks.py NAME -- COMMAND`: nvidia-smi's SM clock, power and throttle "
             "reasons every 250 ms around a run."),
@@ -249,4 +356,5 @@ SECTIONS = (
             "the host at once, for the host memory `offload` uses and two others."),
 )
 BLOCKS = {"gluon-variants": block_gluon_variants, "gluon-bwd": block_gluon_bwd, "gluon-wide": block_gluon_wide,
-          "gluon-pipe": block_gluon_pipe, "head-dims": block_head_dims}
+          "gluon-pipe": block_gluon_pipe, "head-dims": block_head_dims, "gluon-bwd-d64": block_gluon_bwd_d64,
+          "bwd-power": block_bwd_power}
