@@ -12,7 +12,8 @@ documents, block masks (aligned and ragged block sizes), their combinations, and
 sees nothing; K/V rows in whole tiles that no query sees are poisoned with NaN, so a kernel
 that loads a tile it should skip fails.  Square full/causal cases also run the plain forward and
 backward (fresh outputs).  On Hopper the shapes kernels/gluon/fwd.py and gluon/bwd.py take run
-there (lengths multiples of 128, d 64 and 128): the record marks each case.
+there (lengths multiples of 128, d 64 and 128): the record marks each case; four cases are long
+enough that the Gluon backward splits a kv head's q heads over programs.
 Writes lao_check.json to $BURST_RESULTS or ./burst-results.
 """
 from __future__ import annotations
@@ -85,6 +86,11 @@ def cases():
                     dict(B=2, Sq=4096, Sk=4096, H=H, Hkv=hkv, D=D, dtype=dtype, mask=mask)))
     out.append(("window-causal-d128-fp16", dict(B=1, Sq=S, Sk=S, H=H, Hkv=2, D=128, dtype=torch.float16,
                                                  mask=specs["window-causal"][2])))
+    for mask, D in itertools.product((FULL, CAUSAL), (64, 128)):
+        # long enough (130 q tiles x 8 q heads > gluon/bwd.py's MAX_STEPS) that the Gluon backward
+        # onto float32 splits a kv head's q heads over programs, adding dK/dV atomically
+        out.append((f"split-{mask}-d{D}-gqa8-S8320", dict(B=1, Sq=8320, Sk=8320, H=8, Hkv=1, D=D,
+                                                           dtype=torch.bfloat16, mask=mask)))
     return out
 
 
@@ -146,6 +152,10 @@ def main(argv=None):
             grads = (torch.empty(1, c["Sq"], c["H"], D, device=args.device),
                      *(torch.empty(1, c["Sk"], c["Hkv"], D, device=args.device) for _ in range(2)))
             r["gluon_bwd_into"] = gluon_bwd_takes(q, kk, kk, c["mask"], q, *grads)  # backward_into in gluon/bwd.py
+            if r["gluon_bwd_into"]:
+                from ...kernels.gluon import bwd as gluon_bwd  # Hopper only: Gluon took the call
+                # fewer than the group: the group split over programs, dK/dV added atomically
+                r["gluon_bwd_heads"] = gluon_bwd.heads_per_program(q, kk, grads[1], grads[2], fresh=False)
             if c["mask"] in (FULL, CAUSAL) and c["Sq"] == c["Sk"]:
                 # the plain forward: Gluon on Hopper where the shape allows it (S a multiple of 128)
                 p = run_plain_forward(kern, c["B"], c["Sq"], c["H"], c["Hkv"], D, c["dtype"], c["mask"], args.device,

@@ -386,6 +386,16 @@ def supported(q, k, v, diag: bool, dout, dq=None, dk=None, dv=None) -> bool:
     return all(t is None or (t.shape == k.shape and writable_rows(t)) for t in (dk, dv))
 
 
+def heads_per_program(q, k, dk, dv, fresh: bool) -> int:
+    """The q heads of its kv head's group a program takes: all of them, but when adding into
+    float32 dK, dV the most that keep it under MAX_STEPS steps (a divisor of the group; one at
+    least), the group's programs adding their dK, dV atomically."""
+    group, q_tiles = q.shape[2] // k.shape[2], q.shape[1] // Q_ROWS[q.shape[-1]]
+    if fresh or dk.dtype != torch.float32 or dv.dtype != torch.float32:
+        return group
+    return max([h for h in range(1, group + 1) if group % h == 0 and h * q_tiles <= MAX_STEPS] or [1])
+
+
 def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None, dq, dk, dv, fresh: bool) -> None:
     """Add this block's dQ into float32 ``dq`` and its dK, dV into ``dk``, ``dv`` (or store them:
     ``fresh``).  ``lse2``: lse in base 2, +inf for rows that saw nothing; ``delta``: D; both
@@ -393,10 +403,7 @@ def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None,
     B, Sq, H, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     block_m, group = Q_ROWS[D], H // Hkv
-    heads = group
-    if not fresh and dk.dtype == torch.float32 and dv.dtype == torch.float32:
-        # the most of the group a program may take (MAX_STEPS), a divisor of it
-        heads = max([h for h in range(1, group + 1) if group % h == 0 and h * (Sq // block_m) <= MAX_STEPS] or [1])
+    heads = heads_per_program(q, k, dk, dv, fresh)
     dkv = 2 if heads < group else 0 if fresh else 1
     stagger = max(1, (Sq // block_m) // (Sk // BLOCK_N.value)) if STAGGER else 0
     q_desc, do_desc = (row_desc(x, (block_m, D)) for x in (q, dout))
