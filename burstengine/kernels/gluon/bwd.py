@@ -51,13 +51,13 @@ HALF = gl.constexpr(64)      # the kv rows of one warpgroup = the width of its S
 STAGES = gl.constexpr(2)
 # q rows a step (the kernel's BLOCK_M), per head dim: the head dims it takes.  128 rows at d=64
 # (half the steps, barriers and lse/D loads a FLOP) spill: S and dP of 128 x 64 are 64 registers
-# a thread each (ptxas: 568 B stored, ~80 local loads a loop step; benchmarks/ptxas_gluon_bwd.py)
+# a thread each (ptxas: 1.3 KB stored, up to ~150 local loads a loop step; ptxas_gluon_bwd_d64.json)
 Q_ROWS = {128: 64, 64: 64}
 # LAG per head dim: step j makes the dQ of step j-1, issued at its top so that it runs under the
 # softmax (a third dS buffer; the first step's is of zeros, the last made after the loop).  At
 # d=64, where the step is short on tensor work, 1.01-1.05x the kernel without it at 16K-128K on
 # H200 (probe_gluon_bwd_lag*_h200.json); at d=128 its accumulator does not fit beside the
-# softmax's registers (ptxas spills 1 KB, wgmmas serialised)
+# softmax's registers (ptxas spills 1 KB and serialises the wgmmas: ptxas_gluon_bwd_d64.json)
 LAG = {128: False, 64: True}
 STAGGER = True  # full blocks: see bwd_kernel (probe flag)
 # Most steps (q tiles x q heads) a program walks when its dK, dV may be split: adding into float32
