@@ -13,7 +13,8 @@ sees nothing; K/V rows in whole tiles that no query sees are poisoned with NaN, 
 that loads a tile it should skip fails.  Square full/causal cases also run the plain forward and
 backward (fresh outputs).  On Hopper the shapes kernels/gluon/fwd.py and gluon/bwd.py take run
 there (lengths multiples of 128, d 64 and 128): the record marks each case; four cases are long
-enough that the Gluon backward splits a kv head's q heads over programs.
+enough that the Gluon backward splits a kv head's q heads over programs, four full blocks have
+Sq != Sk.
 Writes lao_check.json to $BURST_RESULTS or ./burst-results.
 """
 from __future__ import annotations
@@ -86,6 +87,13 @@ def cases():
                     dict(B=2, Sq=4096, Sk=4096, H=H, Hkv=hkv, D=D, dtype=dtype, mask=mask)))
     out.append(("window-causal-d128-fp16", dict(B=1, Sq=S, Sk=S, H=H, Hkv=2, D=128, dtype=torch.float16,
                                                  mask=specs["window-causal"][2])))
+    for D in (64, 128):
+        # a ring step's full block of fewer query rows than keys, and more (the Gluon backward's
+        # programs start their q tiles staggered over Sq / Sk)
+        out.append((f"rect-full-d{D}-gqa4-Sq1024-Sk2560", dict(B=1, Sq=1024, Sk=2560, H=8, Hkv=2, D=D,
+                                                                dtype=torch.bfloat16, mask=FULL)))
+        out.append((f"rect-full-d{D}-gqa2-Sq3072-Sk1280", dict(B=2, Sq=3072, Sk=1280, H=8, Hkv=4, D=D,
+                                                                dtype=torch.bfloat16, mask=FULL)))
     for mask, D in itertools.product((FULL, CAUSAL), (64, 128)):
         # long enough (130 q tiles x 8 q heads > gluon/bwd.py's MAX_STEPS) that the Gluon backward
         # onto float32 splits a kv head's q heads over programs, adding dK/dV atomically
