@@ -160,6 +160,9 @@ def env_disagree(group, case):
             return str(e)
 
 
+_KEPT = []
+
+
 def exit_with(code_by_rank):
     """A spawn entry: this rank's exit code from ``code_by_rank`` (an exception for "raise")."""
     code = code_by_rank[dist.get_rank()]
@@ -169,6 +172,11 @@ def exit_with(code_by_rank):
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
+    if code == "lock":  # a multiprocessing lock kept until the rank leaves, as tqdm's write lock is
+        import multiprocessing
+
+        _KEPT.append(multiprocessing.RLock())
+        code = 0
     if isinstance(code, tuple):  # (code, seconds): say why after a while, as a slow rank 0 does
         time.sleep(code[1])
         print(f"rank {dist.get_rank()} says why it leaves", file=sys.stderr, flush=True)

@@ -27,6 +27,7 @@ import time
 import traceback
 import warnings
 from contextlib import contextmanager
+from multiprocessing import util as mp_util
 from datetime import timedelta
 
 import torch
@@ -198,6 +199,10 @@ def _rank_main(rank, world, port, pg_timeout, threads, backend_name, entry, entr
     # launcher reported as "killed by SIGABRT")
     sys.stdout.flush()
     sys.stderr.flush()
+    # what multiprocessing runs in a child before its own os._exit: the finalizers that unlink a
+    # lock or semaphore made in the rank (tqdm's write lock, say), else the resource tracker
+    # warns of a "leaked semaphore" when the job ends
+    mp_util._run_finalizers(0)
     os._exit(code)
 
 
