@@ -56,8 +56,9 @@ Q_ROWS = {128: 64, 64: 64}
 # LAG per head dim: step j makes the dQ of step j-1, issued at its top so that it runs under the
 # softmax (a third dS buffer; the first step's is of zeros, the last made after the loop).  At
 # d=64, where the step is short on tensor work, +1-6% over the kernel without it in 11 of 12 rows
-# of two H200 launches at 16K-128K, -3% in one (probe_gluon_bwd_lag*_h200.json); at d=128 its accumulator does not fit beside the
-# softmax's registers (ptxas spills 1 KB and serialises the wgmmas: ptxas_gluon_bwd_d64.json)
+# of two H200 launches at 16K-128K, -3% in one (probe_gluon_bwd_lag*_h200.json); at d=128 its
+# accumulator does not fit beside the softmax's registers (ptxas spills 1 KB and serialises the
+# wgmmas: ptxas_gluon_bwd_d64.json)
 LAG = {128: False, 64: True}
 STAGGER = True  # full blocks: see bwd_kernel (probe flag)
 # Most steps (q tiles x q heads) a program walks when its dK, dV may be split: adding into float32
