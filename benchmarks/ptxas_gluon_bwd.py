@@ -3,8 +3,10 @@ and, per loop of the SASS that holds wgmmas, the local loads/stores (LDL/STL) it
 
     python benchmarks/ptxas_gluon_bwd.py before=/path/to/old/checkout after=. [128 64 64/0 128/1/64 ...]
 
-Each NAME=DIR is a checkout; the other arguments the builds of each: a head dim, or D/LAG or
-D/LAG/Q_ROWS (gluon/bwd.py's LAG 0/1 and q rows a step at that head dim); default 128 and 64.  Each
+Each NAME=DIR is a checkout; the other arguments the builds of each: a head dim, or D/LAG,
+D/LAG/Q_ROWS or D/LAG/Q_ROWS/into|split (gluon/bwd.py's LAG 0/1 and q rows a step at that head
+dim, empty for the kernel's own; the plain backward's build, or the ring step's onto float32 dK,
+dV with the group whole or split); default 128 and 64.  Each
 checkout's kernels build in a fresh process (triton's active driver replaced by a stub
 that reports sm_90; the launch stops after compiling).  Writes ptxas_gluon_bwd.json to $OUT or
 ./burst-results."""
@@ -53,16 +55,23 @@ def capture(name, thunk):
 BUILD = PRELUDE + r'''
 from burstengine.kernels.gluon import bwd as gb
 B, S, H, HKV = 1, 1024, 24, 8  # the 3B model's heads; the build does not depend on S
-for spec in sys.argv[3:] or ["128", "64"]:  # head dim, or head dim/variant bits (gb.VARIANT)
-    D, lag, rows = (spec.split("/") + ["", ""])[:3]
+defaults = dict(gb.LAG), dict(gb.Q_ROWS), gb.MAX_STEPS
+for spec in sys.argv[3:] or ["128", "64"]:  # D[/LAG[/Q_ROWS[/into|split]]]: see the docstring
+    D, lag, rows, dst = (spec.split("/") + ["", "", ""])[:4]
     D = int(D)
+    gb.LAG.update(defaults[0]), gb.Q_ROWS.update(defaults[1])  # each spec from the kernel's own
     gb.LAG[D] = bool(int(lag)) if lag else gb.LAG[D]
     gb.Q_ROWS[D] = int(rows or gb.Q_ROWS[D])
-    name = f"d{D}" + (f"_lag{lag}" if lag else "") + (f"_m{rows}" if rows else "")
+    gb.MAX_STEPS = 1 if dst == "split" else defaults[2]
+    name = f"d{D}" + (f"_lag{lag}" if lag else "") + (f"_m{rows}" if rows else "") + (f"_{dst}" if dst else "")
     q = torch.zeros(B, S, H, D, dtype=torch.bfloat16)
     k = torch.zeros(B, S, HKV, D, dtype=torch.bfloat16)
+    # the plain backward's build (fresh bf16 dK, dV), or the ring step's onto float32 (into: the
+    # group whole, read-add-store; split: one q head a program, atomic adds)
+    acc = torch.float32 if dst else torch.bfloat16
     capture(name, lambda: gb.backward_into(q, q, k, k, torch.zeros(B, H, S), torch.zeros(B, H, S), D ** -0.5, 0,
-                                           torch.zeros(B, S, H, D), torch.zeros_like(k), torch.zeros_like(k), True))
+                                           torch.zeros(B, S, H, D), torch.zeros_like(k, dtype=acc),
+                                           torch.zeros_like(k, dtype=acc), not dst))
 '''
 
 

@@ -8,9 +8,10 @@ pair.  Calls: "forward" (plain), "forward_into" (the ring step onto a running (O
 "backward_into" (the ring step onto float32 gradients: what the ring, training and a one-rank
 ring run; cuDNN needs separate gradient adds there).
 
-``AUTO_TABLE`` holds the rules of every card; ``CARDS`` the rules a card measured otherwise, by
-a word of its device name and keyed (call, mask kind, head dim): the head dims the records
-measured, so an unmeasured head dim keeps ``AUTO_TABLE``'s rule.  Each entry names the records
+``AUTO_TABLE`` holds the rules of every card, keyed (call, mask kind), and (call, mask kind, head
+dim) where a head dim differs; ``CARDS`` the rules a card measured otherwise, by a word of its
+device name and keyed (call, mask kind, head dim): the head dims the records measured, so an
+unmeasured head dim keeps ``AUTO_TABLE``'s rule.  Each entry names the records
 behind it (benchmarks/results/); bench/probes/vs_cudnn.py reads those records, and
 tests/kernels/test_choices.py fails when a rule here disagrees with them.
 """
@@ -28,7 +29,9 @@ from ..masks import CAUSAL, FULL, STRICT
 #   case of lao_bench.json, 1.00-1.05x cuDNN's plain backward at 16K-128K, causal, 24 q / 8 kv heads
 #   (gluon_bwd_variants_h200.json, gluon_bwd_transposed_h200.json); at d=64 (Gluon since 360580b)
 #   1.06-1.09x causal and 0.99-1.00x full at 64K-128K (probe_gluon_bwd_lag*_h200.json);
-# - elsewhere cuDNN (not Hopper, d != 128 for the backward, lengths not multiples of 128), except
+# - the backward at d=64 (Gluon's since 360580b, measured on H200 only): cuDNN, but where a card's
+#   records say ours is faster (CARDS);
+# - elsewhere cuDNN (not Hopper, lengths not multiples of 128), except
 #   a strict block's forward up to 8K rows, where SDPA pays a shifted call and Triton is faster;
 # - "spec": any MaskSpec (windows, documents, block masks), which SDPA cannot express; registry.py
 #   sends one whose visible pairs lie mostly in large pieces to cuDNN piece by piece.
@@ -49,6 +52,7 @@ AUTO_TABLE = {
     ("backward_into", CAUSAL): [(None, "gluon"), (None, "cudnn")],
     ("backward_into", STRICT): [(None, "gluon"), (None, "cudnn")],
     ("backward_into", "spec"): [(None, "triton")],
+    **{(call, kind, 64): [(None, "cudnn")] for call in ("backward", "backward_into") for kind in (FULL, CAUSAL, STRICT)},
 }
 
 # cuDNN up to 8K rows (ours 0.89-1.08x there, median 0.93x full and 0.98x causal on H100), the
@@ -73,15 +77,18 @@ CARDS = {
     # The plain backward (32 or 24 q / 8 kv heads; probe_head_dims*_h200.json, probe_gluon_bwd_*_h200.json):
     # d=128 causal 0.85-0.89x at 8K and 0.96x at 16K (six launches, 32 heads), level above; full
     # 0.89-0.91x at 8K, 1.03x at 16K, level at 32K-64K and 0.90x at 128K (two launches); d=64 full
-    # 0.93x at 16K, level above, causal 1.08-1.09x at 64K-128K.  The ring step's backward_into keeps
-    # Gluon (AUTO_TABLE: cuDNN needs the gradient adds there) but on d=128 full blocks past 64K rows:
+    # 0.93x at 16K, level above, causal 1.08-1.09x at 64K-128K, so Gluon on causal d=64 blocks;
+    # backward_into at d=64 (probe_gluon_bwd_split_h200.json) causal 1.05-1.06x, full level.  At
+    # d=128 the ring step's backward_into keeps
+    # Gluon (AUTO_TABLE: cuDNN needs the gradient adds there) but on full blocks past 64K rows:
     # 0.90x cuDNN with the adds at 128K (probe_gluon_bwd_split_h200.json; kernels/gluon/bwd.py,
     # MAX_STEPS, says what is known of why).
     "H200": {
         ("forward", CAUSAL, 128): _GLUON_ABOVE_8K,
         ("backward", CAUSAL, 128): [(16384, "cudnn"), (None, "gluon"), (None, "cudnn")],
         ("backward", FULL, 128): [(8192, "cudnn"), (65536, "gluon"), (None, "cudnn")],
-        ("backward", FULL, 64): [(16384, "cudnn"), (None, "gluon"), (None, "cudnn")],
+        ("backward", CAUSAL, 64): [(None, "gluon"), (None, "cudnn")],
+        ("backward_into", CAUSAL, 64): [(None, "gluon"), (None, "cudnn")],
         ("backward_into", FULL, 128): [(65536, "gluon"), (None, "cudnn")],
     },
 }

@@ -80,7 +80,8 @@ class AutoKernel(Kernel):
         Gluon; a "gluon" rule leads to "triton", whose kernel runs Gluon wherever it takes the
         block."""
         kind = "spec" if isinstance(mask, MaskSpec) else mask
-        rules = choices.card_rules(card, self.cards).get((call, kind, head_dim)) or self.table[(call, kind)]
+        rules = (choices.card_rules(card, self.cards).get((call, kind, head_dim))
+                 or self.table.get((call, kind, head_dim)) or self.table[(call, kind)])
         name = next(n for rows, n in rules if (rows is None or sq <= rows)
                     and (n != "gluon" or (self.gluon and takes is not None and takes())))
         if name == "gluon":

@@ -29,8 +29,9 @@ BEFORE = {
 }
 
 
-def _before(call, mask, sq, takes):
-    if call != "forward" and takes and mask in (FULL, CAUSAL, STRICT):
+def _before(call, mask, sq, takes, d=128):
+    # the Gluon backward took d=128 only before 360580b: a backward at d=64 went to cuDNN
+    if call != "forward" and takes and mask in (FULL, CAUSAL, STRICT) and (call == "forward_into" or d == 128):
         return "triton"
     kind = "spec" if isinstance(mask, MaskSpec) else mask
     return next(n for rows, n in BEFORE[("backward" if call.startswith("backward") else "forward", kind)]
@@ -96,6 +97,9 @@ def test_rules_against_the_records_are_caught(records):
     # and at d=64 full, 16K (ours 0.93x, three launches)
     bad = vs_cudnn.disagreements(records, cards=_cards(H200={("backward", FULL, 64): AUTO_TABLE[("backward", FULL)]}))
     assert any("H200 backward full" in d and "d=64 S=16384" in d for d in bad), bad
+    # H200's causal d=64 backward on cuDNN: ours is 1.08x at 64K
+    bad = vs_cudnn.disagreements(records, cards=_cards(H200={("backward", CAUSAL, 64): [(None, "cudnn")]}))
+    assert any("H200 backward causal" in d and "d=64 S=65536" in d for d in bad), bad
     # without the tie band, H100's backward at 16K (ours 0.98x) would ask for cuDNN
     bad = vs_cudnn.disagreements(records, tie=0.0)
     assert any("H100" in d and "backward causal" in d and "S=16384" in d for d in bad), bad
@@ -109,6 +113,8 @@ def test_rules_name_kernels_and_end_with_a_catch_all():
     for card in CARDS.values():
         for call, kind, d in card:
             assert (call, kind) in AUTO_TABLE and d in (64, 128)
+    for key in AUTO_TABLE:  # head-dim rules of every card: a kind AUTO_TABLE has, a head dim Gluon takes
+        assert len(key) == 2 or (key[:2] in AUTO_TABLE and key[2] in (64, 128)), key
 
 
 @pytest.mark.parametrize("gluon", [True, False])
@@ -124,7 +130,7 @@ def test_other_cards_choose_as_before(card, gluon):
                 for d in (64, 128):
                     for takes in (True, False):
                         got = auto.choose(call, mask, sq, sq, card, d, takes=lambda: takes)
-                        assert got == _before(call, mask, sq, takes and gluon), (call, mask, sq, d, takes)
+                        assert got == _before(call, mask, sq, takes and gluon, d), (call, mask, sq, d, takes)
 
 
 def test_h100_and_h200_plain_forward():
@@ -153,19 +159,26 @@ def test_h100_and_h200_plain_forward():
 
 
 def test_h200_plain_backward_and_the_ring_steps():
-    """On H200 the plain backward runs cuDNN where the records say it is faster (short blocks,
-    d=128 full blocks past 64K, d=64 full blocks up to 16K); the ring step's backward_into, where
-    cuDNN needs separate gradient adds, runs Gluon but on d=128 full blocks past 64K; H100 keeps
-    Gluon for both."""
+    """On H200 the plain backward runs cuDNN where the records say it is faster (d=128: short
+    blocks, full blocks past 64K); the ring step's backward_into, where cuDNN needs separate
+    gradient adds, runs Gluon but on d=128 full blocks past 64K.  At d=64 (measured on H200 only)
+    H200 runs Gluon on causal blocks, both calls, cuDNN on the others; H100 and other cards keep
+    Gluon at d=128 and cuDNN at d=64."""
     auto, yes = AutoKernel(), (lambda: True)
     for S, mask, d, want in ((8192, CAUSAL, 128, "cudnn"), (16384, CAUSAL, 128, "cudnn"), (32768, CAUSAL, 128, "triton"),
                              (8192, FULL, 128, "cudnn"), (16384, FULL, 128, "triton"), (65536, FULL, 128, "triton"),
-                             (131072, FULL, 128, "cudnn"), (16384, FULL, 64, "cudnn"), (65536, FULL, 64, "triton"),
-                             (16384, CAUSAL, 64, "triton"), (8192, STRICT, 128, "triton")):
+                             (131072, FULL, 128, "cudnn"), (8192, STRICT, 128, "triton")):
         assert auto.choose("backward", mask, S, S, H200, d, takes=yes) == want, (S, mask, d)
         into = "cudnn" if (S, mask, d) == (131072, FULL, 128) else "triton"
         assert auto.choose("backward_into", mask, S, S, H200, d, takes=yes) == into, (S, mask, d)
         assert auto.choose("backward", mask, S, S, H100, d, takes=yes) == "triton", (S, mask, d)
+    for S in (16384, 131072):
+        for call in ("backward", "backward_into"):
+            assert auto.choose(call, CAUSAL, S, S, H200, 64, takes=yes) == "triton", (call, S)
+            for mask in (FULL, STRICT):
+                assert auto.choose(call, mask, S, S, H200, 64, takes=yes) == "cudnn", (call, mask, S)
+            for mask in (FULL, CAUSAL, STRICT):
+                assert auto.choose(call, mask, S, S, H100, 64, takes=yes) == "cudnn", (call, mask, S)
     # where Gluon does not take the block, cuDNN
     assert auto.choose("backward", FULL, 32768, 32768, H200, 128, takes=lambda: False) == "cudnn"
 

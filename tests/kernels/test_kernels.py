@@ -97,7 +97,7 @@ def test_triton_falls_back(triton_results, case):
 def test_auto_table_covers_every_call():
     from burstengine.kernels import AUTO_TABLE, KERNELS as K
 
-    for call in ("forward", "forward_into", "backward"):
+    for call in ("forward", "forward_into", "backward", "backward_into"):
         for kind in ("full", "causal", "strict", "spec"):
             rules = AUTO_TABLE[(call, kind)]
             assert rules[-1][0] is None and rules[-1][1] != "gluon", "the last rule must take any block size"
@@ -114,7 +114,7 @@ def test_auto_sends_masks_with_large_pieces_to_cudnn():
     n = 8 * SPEC_PIECE_ROWS
     if AUTO_TABLE[("forward", "spec")] != [(None, "triton")]:
         pytest.skip("the table no longer sends masks to triton")
-    for d in ("forward", "backward"):
+    for d in ("forward", "backward", "backward_into"):
         assert auto.choose(d, MaskSpec(causal=True, window=4 * SPEC_PIECE_ROWS), n, n) == "cudnn"
         assert auto.choose(d, MaskSpec(causal=True, window=SPEC_PIECE_ROWS // 2), n, n) == "triton"
         # the step after the diagonal: only the last W keys of the previous block matter

@@ -43,8 +43,10 @@ def probe_gluon_bwd(rec):
              f"{r['tflops']:.0f}", f"{base[(r.get('call', 'backward'), r['D'], r['S'], r['mask'])] / med(r['times']):.2f}×"]
             for r in rows]
     bad = sum(not c["ok"] for c in rec["check"])
+    adds = "; cuDNN's backward_into time includes its three gradient adds" if any(
+        r.get("call") == "backward_into" for r in rows) else ""
     return ([f"{rec['heads']} q / {rec['kv_heads']} kv heads, bf16; {len(rec['check'])} check cases against float64, "
-             f"{bad} failed; cuDNN's backward_into time includes its three gradient adds.", ""]
+             f"{bad} failed{adds}.", ""]
             + table(["d", "call", "S", "mask", "kernel", "ms", "TFLOP/s", "× cuDNN"], body))
 
 
@@ -56,14 +58,15 @@ def probe_bwd_power(rec):
 
 
 def ncu_bwd_bytes(rec):
-    def val(r, k):
+    def val(r, k, per=1.0):
+        # ncu's CSV value (its unit as the script asked for it: bytes, ns, %, sectors), or None
         v = r["metrics"].get(k)
-        return float(v[0].replace(",", "")) if v else None
+        return float(v[0].replace(",", "")) / per if v else None
 
-    body = [[f"{r['S'] // 1024}K", r["method"], fixed(val(r, "gpu__time_duration.sum") / 1e6, 0),
-             fixed(val(r, "dram__bytes_read.sum") / 1e9, 1), fixed(val(r, "dram__bytes_write.sum") / 1e9, 1),
-             fixed(val(r, "lts__t_sector_hit_rate.pct"), 1), fixed(val(r, "lts__t_sectors_op_read.sum") / 1e9, 1),
-             fixed(val(r, "lts__t_sectors_op_red.sum") / 1e9, 1)] for r in rec["rows"] if r["metrics"]]
+    body = [[f"{r['S'] // 1024}K", r["method"], fixed(val(r, "gpu__time_duration.sum", 1e6), 0),
+             fixed(val(r, "dram__bytes_read.sum", 1e9), 1), fixed(val(r, "dram__bytes_write.sum", 1e9), 1),
+             fixed(val(r, "lts__t_sector_hit_rate.pct"), 1), fixed(val(r, "lts__t_sectors_op_read.sum", 1e9), 1),
+             fixed(val(r, "lts__t_sectors_op_red.sum", 1e9), 1)] for r in rec["rows"] if r["metrics"]]
     return table(["S", "kernel", "ms (clock locked)", "DRAM read GB", "DRAM written GB", "L2 hit %",
                   "L2 read sectors (G)", "L2 reduce sectors (G)"], body)
 

@@ -280,18 +280,20 @@ def _rules_text(rules) -> str:
 
 
 def _card_text(call, kind, own: dict) -> str:
+    # a card's own rules per head dim, then AUTO_TABLE's per head dim, then AUTO_TABLE's
     base = _rules_text(AUTO_TABLE[(call, kind)])
-    dims = sorted(d for c, k, d in own if (c, k) == (call, kind))
-    if not dims:
+    rules = {**{key[2]: r for key, r in AUTO_TABLE.items() if len(key) == 3 and key[:2] == (call, kind)},
+             **{d: r for (c, k, d), r in own.items() if (c, k) == (call, kind)}}
+    if not rules:
         return base
-    return "; ".join([f"d={d}: {_rules_text(own[(call, kind, d)])}" for d in dims] + [f"other d: {base}"])
+    return "; ".join([f"d={d}: {_rules_text(rules[d])}" for d in sorted(rules)] + [f"other d: {base}"])
 
 
 def block_auto(records):
     """docs/kernels.md: what auto runs per card (kernels/choices.py) and today's rows behind it."""
     cards = list(CARDS)
     rules = [[label, kind if kind != "spec" else "MaskSpec"]
-             + [_card_text(call, kind, CARDS[c]) for c in cards] + [_rules_text(AUTO_TABLE[(call, kind)])]
+             + [_card_text(call, kind, CARDS[c]) for c in cards] + [_card_text(call, kind, {})]
              for call, label in _CALLS for kind in ("full", "causal", "strict", "spec")]
     auto = AutoKernel()
     rows = counted(comparisons(records))
