@@ -21,6 +21,7 @@ from burstengine.kernels.registry import AutoKernel
 from burstengine.kernels.sdpa import CudnnKernel
 from burstengine.kernels.triton.kernel import TritonKernel
 from burstengine.timing import median, timed
+from probe_gluon_bwd_variants import ref64, rel  # benchmarks/, beside this script
 
 dev, HKV = "cuda", 8
 H = 32  # q heads; argv[3] times several counts
@@ -31,34 +32,12 @@ def rnd(*s):
     return torch.randn(*s, device=dev, dtype=torch.bfloat16)
 
 
-def ref64(q, k, v, do, causal, scale):
-    g = q.shape[2] // k.shape[2]
-    qd, kd, vd, dod = (t.double().transpose(1, 2) for t in (q, k, v, do))
-    kd, vd = (t.repeat_interleave(g, 1).requires_grad_() for t in (kd, vd))
-    qd = qd.requires_grad_()
-    s = qd @ kd.transpose(-1, -2) * scale
-    if causal:
-        n = s.shape[-1]
-        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=dev).triu(1), float("-inf"))
-    lse = torch.logsumexp(s, -1)
-    o = torch.softmax(s, -1) @ vd
-    o.backward(dod)
-    B, S, Hk, D = k.shape
-    dk, dv = (t.grad.view(B, Hk, g, S, D).sum(2).transpose(1, 2) for t in (kd, vd))
-    return o.detach().transpose(1, 2), lse.detach(), qd.grad.transpose(1, 2), dk, dv
-
-
-def rel(a, b):
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm())
-
-
 def check(D, H):
     out = []
     for causal in (True, False):
         S, scale = 1152, D ** -0.5
         q, do, k, v = rnd(1, S, H, D), rnd(1, S, H, D), rnd(1, S, HKV, D), rnd(1, S, HKV, D)
-        o_r, lse_r, dq_r, dk_r, dv_r = ref64(q, k, v, do, causal, scale)
+        o_r, lse_r, dq_r, dk_r, dv_r = ref64(q, k, v, do, "causal" if causal else "full", scale)
         mask = "causal" if causal else "full"
         o, lse = ours.forward(q, k, v, scale, mask)
         dq, dk, dv = ours.backward(do, q, k, v, lse, ours.delta(o, do), scale, mask, out=o)
