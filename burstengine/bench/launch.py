@@ -27,8 +27,8 @@ import time
 import traceback
 import warnings
 from contextlib import contextmanager
-from multiprocessing import util as mp_util
 from datetime import timedelta
+from multiprocessing import util as mp_util
 
 import torch
 import torch.distributed as dist

@@ -2,8 +2,7 @@
 
 A rule list is (most query rows in the block, kernel) pairs, first match wins; the kernel is one
 of registry.KERNELS by name, or "gluon": kernels/gluon where it takes the block (Hopper, bf16/fp16,
-lengths multiples of 128, d 64/128; TritonKernel runs it), else the next
-pair.  Calls: "forward" (plain), "forward_into" (the ring step onto a running (O, lse)),
+lengths multiples of 128, d 64/128; TritonKernel runs it), else the next pair.  Calls: "forward" (plain), "forward_into" (the ring step onto a running (O, lse)),
 "backward" (plain: fresh gradients, what a direct caller of the kernel API gets) and
 "backward_into" (the ring step onto float32 gradients: what the ring, training and a one-rank
 ring run; cuDNN needs separate gradient adds there).
@@ -11,8 +10,8 @@ ring run; cuDNN needs separate gradient adds there).
 ``AUTO_TABLE`` holds the rules of every card, keyed (call, mask kind), and (call, mask kind, head
 dim) where a head dim differs; ``CARDS`` the rules a card measured otherwise, by a word of its
 device name and keyed (call, mask kind, head dim): the head dims the records measured, so an
-unmeasured head dim keeps ``AUTO_TABLE``'s rule.  Each entry names the records
-behind it (benchmarks/results/); bench/probes/vs_cudnn.py reads those records, and
+unmeasured head dim keeps ``AUTO_TABLE``'s rule.  Each entry names the records behind it
+(benchmarks/results/); bench/probes/vs_cudnn.py reads those records, and
 tests/kernels/test_choices.py fails when a rule here disagrees with them.
 """
 from __future__ import annotations
@@ -27,12 +26,11 @@ from ..masks import CAUSAL, FULL, STRICT
 #   1d52501 that sped the Gluon forward up; not timed again since);
 # - the backward (plain or ring step): Gluon, 1.03-1.23x cuDNN + the gradient adds on every ring-step
 #   case of lao_bench.json, 1.00-1.05x cuDNN's plain backward at 16K-128K, causal, 24 q / 8 kv heads
-#   (gluon_bwd_variants_h200.json, gluon_bwd_transposed_h200.json); at d=64 (Gluon since 360580b)
-#   1.06-1.09x causal and 0.99-1.00x full at 64K-128K (probe_gluon_bwd_lag*_h200.json);
+#   (gluon_bwd_variants_h200.json, gluon_bwd_transposed_h200.json);
 # - the backward at d=64 (Gluon's since 360580b, measured on H200 only): cuDNN, but where a card's
 #   records say ours is faster (CARDS);
-# - elsewhere cuDNN (not Hopper, lengths not multiples of 128), except
-#   a strict block's forward up to 8K rows, where SDPA pays a shifted call and Triton is faster;
+# - elsewhere cuDNN (not Hopper, lengths not multiples of 128), except a strict block's forward up
+#   to 8K rows, where SDPA pays a shifted call and Triton is faster;
 # - "spec": any MaskSpec (windows, documents, block masks), which SDPA cannot express; registry.py
 #   sends one whose visible pairs lie mostly in large pieces to cuDNN piece by piece.
 AUTO_TABLE = {
@@ -79,10 +77,9 @@ CARDS = {
     # 0.89-0.91x at 8K, 1.03x at 16K, level at 32K-64K and 0.90x at 128K (two launches); d=64 full
     # 0.93x at 16K, level above, causal 1.08-1.09x at 64K-128K, so Gluon on causal d=64 blocks;
     # backward_into at d=64 (probe_gluon_bwd_split_h200.json) causal 1.05-1.06x, full level.  At
-    # d=128 the ring step's backward_into keeps
-    # Gluon (AUTO_TABLE: cuDNN needs the gradient adds there) but on full blocks past 64K rows:
-    # 0.90x cuDNN with the adds at 128K (probe_gluon_bwd_split_h200.json; kernels/gluon/bwd.py,
-    # MAX_STEPS, says what is known of why).
+    # d=128 the ring step's backward_into keeps Gluon (AUTO_TABLE: cuDNN needs the gradient adds
+    # there) but on full blocks past 64K rows: 0.90x cuDNN with the adds at 128K
+    # (probe_gluon_bwd_split_h200.json; kernels/gluon/bwd.py, MAX_STEPS, says what is known of why).
     "H200": {
         ("forward", CAUSAL, 128): _GLUON_ABOVE_8K,
         ("backward", CAUSAL, 128): [(16384, "cudnn"), (None, "gluon"), (None, "cudnn")],

@@ -57,16 +57,19 @@ def probe_bwd_power(rec):
     return table(["S", "kernel", "run", "calls", "TFLOP/s", "SM MHz", "W", "TFLOP/s per GHz", "J a call"], body)
 
 
-def ncu_bwd_bytes(rec):
-    def val(r, k, per=1.0):
-        # ncu's CSV value (its unit as the script asked for it: bytes, ns, %, sectors), or None
-        v = r["metrics"].get(k)
-        return float(v[0].replace(",", "")) / per if v else None
+def _ncu_value(row, metric: str, per: float = 1.0):
+    # ncu_bwd_bytes.py's rows: ncu's CSV value ("1,234", in the unit the script asked for: bytes,
+    # ns, %, sectors) over ``per``, or None where ncu gave none
+    v = row["metrics"].get(metric)
+    return float(v[0].replace(",", "")) / per if v else None
 
-    body = [[f"{r['S'] // 1024}K", r["method"], fixed(val(r, "gpu__time_duration.sum", 1e6), 0),
-             fixed(val(r, "dram__bytes_read.sum", 1e9), 1), fixed(val(r, "dram__bytes_write.sum", 1e9), 1),
-             fixed(val(r, "lts__t_sector_hit_rate.pct"), 1), fixed(val(r, "lts__t_sectors_op_read.sum", 1e9), 1),
-             fixed(val(r, "lts__t_sectors_op_red.sum", 1e9), 1)] for r in rec["rows"] if r["metrics"]]
+
+def ncu_bwd_bytes(rec):
+    cols = (("gpu__time_duration.sum", 1e6, 0), ("dram__bytes_read.sum", 1e9, 1), ("dram__bytes_write.sum", 1e9, 1),
+            ("lts__t_sector_hit_rate.pct", 1.0, 1), ("lts__t_sectors_op_read.sum", 1e9, 1),
+            ("lts__t_sectors_op_red.sum", 1e9, 1))
+    body = [[f"{r['S'] // 1024}K", r["method"]] + [fixed(_ncu_value(r, m, per), d) for m, per, d in cols]
+            for r in rec["rows"] if r["metrics"]]
     return table(["S", "kernel", "ms (clock locked)", "DRAM read GB", "DRAM written GB", "L2 hit %",
                   "L2 read sectors (G)", "L2 reduce sectors (G)"], body)
 
@@ -119,8 +122,8 @@ def block_bwd_power(records):
 
     def byt(S, m):
         r = next(x for x in nc["rows"] if (x["S"], x["method"]) == (S, m))
-        v = {k: float(a.replace(",", "")) for k, (a, _) in r["metrics"].items()}
-        return (v["dram__bytes_read.sum"] + v["dram__bytes_write.sum"]) / 1e9, v["lts__t_sector_hit_rate.pct"]
+        return (_ncu_value(r, "dram__bytes_read.sum", 1e9) + _ncu_value(r, "dram__bytes_write.sum", 1e9),
+                _ncu_value(r, "lts__t_sector_hit_rate.pct"))
 
     out = []
     for S in sorted({k[0] for k in p}):

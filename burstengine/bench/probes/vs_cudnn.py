@@ -1,6 +1,6 @@
 """Our kernels against cuDNN in the records, and what ``auto`` runs per card beside them.
 
-Three kinds of record time one of our kernels and cuDNN in the same launch on one GPU:
+Five kinds of record time one of our kernels and cuDNN in the same launch on one GPU:
 
 * ``lao_bench*`` (burstengine bench lao-bench): the plain forward, 32 q / 32 kv heads, and the ring
   step's forward_into / backward_into, 32 q heads on 32 or 8 kv heads (cuDNN plus the torch merge
@@ -13,14 +13,15 @@ Three kinds of record time one of our kernels and cuDNN in the same launch on on
   Hopper), 32 q / 8 kv heads;
 * ``probe_head_dims*`` (benchmarks/probe_head_dims.py): the plain forward and backward at head dims
   64-256, 32 or 24 q / 8 kv heads ("ours" is TritonKernel: Gluon where it takes the call);
-* ``probe_gluon_bwd*`` (benchmarks/probe_gluon_bwd_variants.py): the plain backward at d 64 and
-  128, 32 q / 8 kv heads, with variants;
+* ``probe_gluon_bwd*`` (benchmarks/probe_gluon_bwd_variants.py): the plain backward, or the ring
+  step's backward_into (cuDNN plus the gradient adds), at d 64 and 128, 32 q / 8 kv heads, with
+  variants;
 
 at lengths the Gluon kernels take.  In the last two, whose rows span head dims, a method's name
-ends in its head dim (``ours d64``), since a head dim's kernel can change alone.  :func:`comparisons` reads them as ``Versus``
-rows.  Only the kernels as they are now count: ``TODAY`` names, per record and call, the method
-that is today's kernel (the others of a probe are variants); ``STALE`` lists the record parts
-that timed a kernel changed since.  :func:`disagreements` checks kernels/choices.py against the
+ends in its head dim (``ours d64``), since a head dim's kernel can change alone.
+:func:`comparisons` reads them as ``Versus`` rows.  Only the kernels as they are now count:
+``TODAY`` names, per record and call, the methods that are today's kernels (the others of a probe
+are variants); ``STALE`` lists the record parts that timed a kernel changed since.  :func:`disagreements` checks kernels/choices.py against the
 rows that count (tests/kernels/test_choices.py); ``block_auto`` draws the table of docs/kernels.md.
 """
 from __future__ import annotations
@@ -94,17 +95,13 @@ STALE = {
                                                           "MAX_STEPS splits it now",
 }
 
-_CALL = {"forward": "forward", "forward_into": "forward_into", "backward": "backward",
-         "backward_into": "backward_into"}
-
-
 @dataclass(frozen=True)
 class Versus:
     """One timing of one of our kernels beside cuDNN's in the same launch."""
 
     record: str
     card: str  # the device's name
-    what: str  # "forward", "backward" (plain) or the ring step's "forward_into", "backward_into"
+    call: str  # kernels/choices.py's: "forward", "backward" (plain), the ring step's "forward_into", "backward_into"
     mask: str
     heads: int
     kv_heads: int
@@ -113,11 +110,6 @@ class Versus:
     method: str  # the record's name for ours
     ours_s: float
     cudnn_s: float
-
-    @property
-    def call(self) -> str:
-        """The call of kernels/choices.py's rules."""
-        return _CALL[self.what]
 
     @property
     def speedup(self) -> float:
@@ -213,11 +205,11 @@ def unclassified(rows) -> list[tuple[str, str]]:
 
 
 def shapes(rows) -> dict[tuple, list[Versus]]:
-    """Rows by what they timed: (card, what, mask, heads, kv heads, head dim, S); a shape timed in
+    """Rows by what they timed: (card, call, mask, heads, kv heads, head dim, S); a shape timed in
     several launches has several rows."""
     out = {}
     for r in rows:
-        out.setdefault((r.card, r.what, r.mask, r.heads, r.kv_heads, r.head_dim, r.S), []).append(r)
+        out.setdefault((r.card, r.call, r.mask, r.heads, r.kv_heads, r.head_dim, r.S), []).append(r)
     return out
 
 
@@ -254,7 +246,7 @@ def disagreements(records, table=None, cards=None, tie: float = TIE) -> list[str
     for g in groups:
         r, faster, got = g[0], verdict(speedup(g), tie), chosen(auto, g)
         if faster != "tie" and faster != got:
-            out.append(f"{r.card} {r.what} {r.mask} {r.heads}/{r.kv_heads} heads d={r.head_dim} S={r.S}: ours "
+            out.append(f"{r.card} {r.call} {r.mask} {r.heads}/{r.kv_heads} heads d={r.head_dim} S={r.S}: ours "
                        f"{speedup(g):.3f}x cuDNN ({', '.join(sorted({x.record for x in g}))}) but auto runs {got}")
     for key, rules in auto.cards.items():
         for call, kind, d in rules:
@@ -301,9 +293,9 @@ def block_auto(records):
     for _, g in sorted(shapes(rows).items()):
         r, got = g[0], chosen(auto, g)
         runs = f" ({len(g)} launches: {span([x.speedup for x in g])}×)" if len(g) > 1 else ""
-        body.append([card_key(r.card) or r.card, r.what, r.mask, r.head_dim, f"{r.heads}/{r.kv_heads}",
-                     f"{r.S // 1024}K", f"{speedup(g):.2f}×{runs}", ", ".join(f"`{n}`" for n in sorted({x.record for x in g})),
-                     _NAMES.get(got, got)])
+        records_ = ", ".join(f"`{n}`" for n in sorted({x.record for x in g}))
+        body.append([card_key(r.card) or r.card, r.call, r.mask, r.head_dim, f"{r.heads}/{r.kv_heads}",
+                     f"{r.S // 1024}K", f"{speedup(g):.2f}×{runs}", records_, _NAMES.get(got, got)])
     stale = {}
     for (name, call), why in STALE.items():
         stale.setdefault(why, []).append(f"`{name}` ({call})")

@@ -273,7 +273,7 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
         _reduce_add(descs[4], [prev[0], prev[1]], dq_s)
     tma.store_wait(0)
     # once per program: plain stores from the accumulator layout (fresh), read-add-store, or atomic
-    # adds where the kv head's q heads are split over programs (SPLIT)
+    # adds where the kv head's q heads are split over programs (DKV 0, 1, 2)
     rows = kv_row + W * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, acc_layout))
     cols = kv_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
     dk_ptrs = DK + rows.to(gl.int64)[:, None] * sdk + cols[None, :]
