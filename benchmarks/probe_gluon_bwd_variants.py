@@ -1,11 +1,12 @@
 """Probe: variants of the Gluon backward against float64 and beside cuDNN in one launch: full and
 causal, 32 q heads on 8 kv heads, bf16.  A variant is a bit mask of kernels/gluon/bwd.py's
 flags: 1 LAG at that head dim, 2 STAGGER, 4 MAX_STEPS off (no split of the group), 8 MAX_STEPS 1 (one
-q head a program where the group may split: backward_into onto float32).  Records made while the variants were bits of a VARIANT
+q head a program where the group may split: backward_into onto float32); a suffix cN sets Q_CHUNK to N
+(0: none), the q tiles a program walks on a full block backward_into.  Records made while the variants were bits of a VARIANT
 mask (8fe5e90-e09a57d) name them "ours vN": 1 bf16 P for dS, 2 each warpgroup's own dQ, 4 LAG, 12
 LAG with the dQ issued after dK.
 
-    python benchmarks/probe_gluon_bwd_variants.py 65536,131072 64:1,3 128:0,2 [iters] [--into]
+    python benchmarks/probe_gluon_bwd_variants.py 65536,131072 64:1,3 128:0,2,2c0,2c512 [iters] [--into]
 
 --into times the ring step's backward_into onto float32 gradients (cuDNN: its backward plus the
 three gradient adds) instead of the plain backward.
@@ -26,6 +27,7 @@ from burstengine.timing import median, timed
 
 dev, H, HKV = "cuda", 32, 8
 DEFAULT_STEPS = gb.MAX_STEPS  # the kernel's (records before c11f7a3 name 4096, its value then)
+DEFAULT_CHUNK = gb.Q_CHUNK
 ours, cud = TritonKernel(), CudnnKernel()
 
 
@@ -56,34 +58,43 @@ def rel(a, b):
     return float((a - b).norm() / b.norm())
 
 
+def parse(token):
+    """A variant: its bits and its Q_CHUNK ("2c512" -> (2, 512); "2" -> (2, the kernel's))."""
+    bits, _, chunk = token.partition("c")
+    return int(bits), int(chunk) if chunk else DEFAULT_CHUNK
+
+
 def name(var):
-    steps = "off" if var & 4 else "1" if var & 8 else str(DEFAULT_STEPS)
-    return f"lag={var & 1} stagger={var >> 1 & 1} max_steps={steps}"
+    bits, chunk = var
+    steps = "off" if bits & 4 else "1" if bits & 8 else str(DEFAULT_STEPS)
+    return f"lag={bits & 1} stagger={bits >> 1 & 1} max_steps={steps} chunk={chunk}"
 
 
 def flags(D, var):
-    gb.LAG[D], gb.STAGGER = bool(var & 1), bool(var & 2)
-    gb.MAX_STEPS = 1 << 30 if var & 4 else 1 if var & 8 else DEFAULT_STEPS
+    bits, gb.Q_CHUNK = var
+    gb.LAG[D], gb.STAGGER = bool(bits & 1), bool(bits & 2)
+    gb.MAX_STEPS = 1 << 30 if bits & 4 else 1 if bits & 8 else DEFAULT_STEPS
 
 
 def check(D, var):
     out = []
-    for S, mask in ((1152, "causal"), (1024, "full"), (1152, "strict")):
+    # the last: a full block of 272 q tiles, more than Q_CHUNK's (the ring step's backward_into only)
+    for S, Sk, mask in ((1152, 1152, "causal"), (1024, 1024, "full"), (1152, 1152, "strict"), (17408, 1024, "full")):
         scale = D ** -0.5
-        q, do, k, v = rnd(1, S, H, D), rnd(1, S, H, D), rnd(1, S, HKV, D), rnd(1, S, HKV, D)
+        q, do, k, v = rnd(1, S, H, D), rnd(1, S, H, D), rnd(1, Sk, HKV, D), rnd(1, Sk, HKV, D)
         o_r, lse_r, dq_r, dk_r, dv_r = ref64(q, k, v, do, mask, scale)
         o, lse = o_r.to(q.dtype), lse_r.float()
         delta = ours.delta(o, do)
         runs = []
-        if mask != "strict":
+        if mask != "strict" and S == Sk:
             runs.append(("backward", ours.backward(do, q, k, v, lse, delta, scale, mask), 1))
-        g = (torch.zeros(1, S, H, D, device=dev), torch.zeros(1, S, HKV, D, device=dev),
-             torch.zeros(1, S, HKV, D, device=dev))
+        g = (torch.zeros(1, S, H, D, device=dev), torch.zeros(1, Sk, HKV, D, device=dev),
+             torch.zeros(1, Sk, HKV, D, device=dev))
         for _ in range(2):
             ours.backward_into(do, q, k, v, lse, delta, scale, mask, *g)
         runs.append(("backward_into x2", g, 2))
         for what, (dq, dk, dv), n in runs:
-            e = dict(D=D, variant=var, S=S, mask=mask, what=what, dq=rel(dq / n, dq_r), dk=rel(dk / n, dk_r),
+            e = dict(D=D, variant=var[0], chunk=var[1], S=S, Sk=Sk, mask=mask, what=what, dq=rel(dq / n, dq_r), dk=rel(dk / n, dk_r),
                      dv=rel(dv / n, dv_r))
             e["ok"] = max(e["dq"], e["dk"], e["dv"]) < 2e-2
             print(("" if e["ok"] else "FAIL ") + str(e), flush=True)
@@ -120,7 +131,8 @@ def bench(D, variants, seqs, iters, into=False):
                 if var is not None:
                     flags(D, var)
                 ts = timed(fn, "cuda", warmup=2, iters=iters)
-                rows.append(dict(D=D, S=S, mask=mask, method=label, variant=var, call=call, times=ts,
+                rows.append(dict(D=D, S=S, mask=mask, method=label, variant=var and var[0], chunk=var and var[1],
+                                 call=call, times=ts,
                                  tflops=fl / median(ts) / 1e12))
                 print(f"D={D:>3} S={S:>6} {mask:<6} {label:<32} {rows[-1]['tflops']:5.0f} TFLOP/s", flush=True)
             del o, lse, delta
@@ -139,16 +151,16 @@ def main():
     checks, rows = [], []
     for spec in specs:
         D, _, vs = spec.partition(":")
-        kept = gb.LAG[int(D)], gb.STAGGER, gb.MAX_STEPS
+        kept = gb.LAG[int(D)], gb.STAGGER, gb.MAX_STEPS, gb.Q_CHUNK
         D, good = int(D), []
-        for var in (int(x) for x in vs.split(",")):
+        for var in (parse(x) for x in vs.split(",")):
             flags(D, var)
             c = check(D, var)
             checks += c
             if all(e["ok"] for e in c):
                 good.append(var)
         rows += bench(D, good, seqs, iters, into)
-        gb.LAG[D], gb.STAGGER, gb.MAX_STEPS = kept
+        gb.LAG[D], gb.STAGGER, gb.MAX_STEPS, gb.Q_CHUNK = kept
     from burstengine.bench.records import write_record
     print(write_record("probe_gluon_bwd_variants", dict(device=torch.cuda.get_device_name(), heads=H, kv_heads=HKV,
                                                         check=checks, rows=rows, seconds=time.time() - t0),

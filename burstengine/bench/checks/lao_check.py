@@ -99,6 +99,11 @@ def cases():
         # onto float32 splits a kv head's q heads over programs, adding dK/dV atomically
         out.append((f"split-{mask}-d{D}-gqa8-S8320", dict(B=1, Sq=8320, Sk=8320, H=8, Hkv=1, D=D,
                                                            dtype=torch.bfloat16, mask=mask)))
+    for D in (64, 128):
+        # a full block of more q tiles (272) than gluon/bwd.py's Q_CHUNK: one head and one chunk of
+        # q tiles a program, the last chunk short
+        out.append((f"chunks-full-d{D}-gqa4-Sq17408-Sk1024", dict(B=2, Sq=17408, Sk=1024, H=8, Hkv=2, D=D,
+                                                                   dtype=torch.bfloat16, mask=FULL)))
     return out
 
 
@@ -162,8 +167,10 @@ def main(argv=None):
             r["gluon_bwd_into"] = gluon_bwd_takes(q, kk, kk, c["mask"], q, *grads)  # backward_into in gluon/bwd.py
             if r["gluon_bwd_into"]:
                 from ...kernels.gluon import bwd as gluon_bwd  # Hopper only: Gluon took the call
-                # fewer than the group: the group split over programs, dK/dV added atomically
-                r["gluon_bwd_heads"] = gluon_bwd.heads_per_program(q, kk, grads[1], grads[2], fresh=False)
+                # (q heads, q tiles) a program: fewer than the group's or the block's, split over
+                # programs, dK/dV added atomically
+                r["gluon_bwd_split"] = gluon_bwd.program_split(q, kk, grads[1], grads[2], fresh=False,
+                                                               diag=c["mask"] != FULL)
             if c["mask"] in (FULL, CAUSAL) and c["Sq"] == c["Sk"]:
                 # the plain forward: Gluon on Hopper where the shape allows it (S a multiple of 128)
                 p = run_plain_forward(kern, c["B"], c["Sq"], c["H"], c["Hkv"], D, c["dtype"], c["mask"], args.device,

@@ -70,6 +70,13 @@ STAGGER = True  # full blocks: see bwd_kernel (probe flag)
 # 10x cuDNN's DRAM bytes (L2 hits 86%, cuDNN's 99%; 64K: the same bytes, ncu_bwd_bytes_h200.json)
 # and pays it in clock under the power limit (probe_bwd_power_h200.json); why, open
 MAX_STEPS = 1024
+# q tiles a program walks on a full block when adding into float32 dK, dV and the block has more:
+# the block's q tiles are cut into chunks of this many, one q head and one chunk a program, and
+# programs running at once (neighbouring kv tiles of one q head and chunk) share the chunk's Q, dO
+# and dQ (64 KB a q tile at d=128: 16 MB for 256) in L2 however far apart they drift.  Walking a
+# whole 128K block, they drift apart by more than L2 holds: ncu counted 0.4-2.1 TB of DRAM traffic
+# a call against cuDNN's 0.06-0.1 (ncu_bwd_bytes_h200.json, ncu_bwd_l2_128k.json); 0: no chunks
+Q_CHUNK = 256
 
 
 @builtin
@@ -308,27 +315,31 @@ def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constex
     _loader(descs, bufs, bars, scal, HEAD_DIM, BLOCK_M)
 
 
-@gluon.jit(do_not_specialize=["Sq", "Sk", "H", "GROUP", "HEADS", "mask_lo", "diag", "stagger", "slb", "slh", "sdlb",
-                              "sdlh", "sdk", "sdv"])
+@gluon.jit(do_not_specialize=["Sq", "Sk", "H", "GROUP", "HEADS", "mask_lo", "diag", "stagger", "chunk", "slb", "slh",
+                              "sdlb", "sdlh", "sdk", "sdv"])
 def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, Sk, H, GROUP, HEADS, scale_log2, scale,
-               mask_lo, diag, stagger, slb, slh, sdlb, sdlh, sdk, sdv,
+               mask_lo, diag, stagger, chunk, slb, slh, sdlb, sdlh, sdk, sdv,
                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, LAG: gl.constexpr, DKV: gl.constexpr,
                LOAD_REGS: gl.constexpr, num_warps: gl.constexpr):
-    """One program per (128-row kv tile, batch x kv head, HEADS of its GROUP q heads), over those
-    heads' q tiles.  ``diag``: Sq = Sk and the q tiles start at the kv tile's (the two that cross its
-    diagonal masked by ``mask_lo``: 0 causal, 1 strict); else every q tile, unmasked.  dQ (float32,
+    """One program per (128-row kv tile, batch x kv head, HEADS of its GROUP q heads x a chunk of
+    ``chunk`` q tiles), over those heads' q tiles.  ``diag``: Sq = Sk and the q tiles start at the kv
+    tile's (the two that cross its diagonal masked by ``mask_lo``: 0 causal, 1 strict; one chunk);
+    else the chunk's q tiles, unmasked.  dQ (float32,
     through ``dq_desc``) is added to; dK, dV (``DKV``) stored (0), read, added to and stored (1), in
-    their dtype, or added atomically (2: float32, the group split over programs)."""
+    their dtype, or added atomically (2: float32, the group or the q tiles split over programs)."""
     dtype: gl.constexpr = q_desc.dtype
     pid_n = gl.program_id(0)
     bh = gl.program_id(1)
     Hkv = H // GROUP
     b = bh // Hkv
     hk = bh % Hkv
-    h0 = hk * GROUP + gl.program_id(2) * HEADS  # this program's q heads: HEADS of its kv head's GROUP
+    n_all = Sq // BLOCK_M
+    n_chunks = (n_all + chunk - 1) // chunk
+    split = gl.program_id(2) // n_chunks
+    h0 = hk * GROUP + split * HEADS  # this program's q heads: HEADS of its kv head's GROUP
     k_pos0 = pid_n * BLOCK_N
-    q_t0 = gl.where(diag != 0, k_pos0 // BLOCK_M, 0)
-    n_q = Sq // BLOCK_M - q_t0
+    q_t0 = gl.where(diag != 0, k_pos0 // BLOCK_M, (gl.program_id(2) - split * n_chunks) * chunk)
+    n_q = gl.minimum(n_all - q_t0, chunk)  # a diagonal block's chunk is all its q tiles
     n_mask = gl.where(diag != 0, BLOCK_N // BLOCK_M, 0)
 
     # K and V with a leading dimension of 1, so _step can index them by its opaque zero
@@ -387,14 +398,17 @@ def supported(q, k, v, diag: bool, dout, dq=None, dk=None, dv=None) -> bool:
     return all(t is None or (t.shape == k.shape and writable_rows(t)) for t in (dk, dv))
 
 
-def heads_per_program(q, k, dk, dv, fresh: bool) -> int:
-    """The q heads of its kv head's group a program takes: all of them, but when adding into
-    float32 dK, dV the most that keep it under MAX_STEPS steps (a divisor of the group; one at
-    least), the group's programs adding their dK, dV atomically."""
+def program_split(q, k, dk, dv, fresh: bool, diag: bool) -> tuple[int, int]:
+    """(q heads, q tiles) a program takes of its kv head's group and of the block's q tiles.  All
+    of both, but when adding into float32 dK, dV (the programs of one kv tile then add theirs
+    atomically): a full block of more than Q_CHUNK q tiles, one head and Q_CHUNK tiles; else as
+    many heads as keep the program under MAX_STEPS steps (a divisor of the group; one at least)."""
     group, q_tiles = q.shape[2] // k.shape[2], q.shape[1] // Q_ROWS[q.shape[-1]]
     if fresh or dk.dtype != torch.float32 or dv.dtype != torch.float32:
-        return group
-    return max([h for h in range(1, group + 1) if group % h == 0 and h * q_tiles <= MAX_STEPS] or [1])
+        return group, q_tiles
+    if not diag and 0 < Q_CHUNK < q_tiles:
+        return 1, Q_CHUNK
+    return max([h for h in range(1, group + 1) if group % h == 0 and h * q_tiles <= MAX_STEPS] or [1]), q_tiles
 
 
 def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None, dq, dk, dv, fresh: bool) -> None:
@@ -404,17 +418,18 @@ def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None,
     B, Sq, H, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     block_m, group = Q_ROWS[D], H // Hkv
-    heads = heads_per_program(q, k, dk, dv, fresh)
-    dkv = 2 if heads < group else 0 if fresh else 1
+    diag = mask_lo is not None
+    heads, chunk = program_split(q, k, dk, dv, fresh, diag)
+    chunks = -(-(Sq // block_m) // chunk)
+    dkv = 2 if heads < group or chunks > 1 else 0 if fresh else 1
     stagger = max(1, (Sq // block_m) // (Sk // BLOCK_N.value)) if STAGGER else 0
     q_desc, do_desc = (row_desc(x, (block_m, D)) for x in (q, dout))
     k_desc, v_desc = (row_desc(x, (BLOCK_N.value, D)) for x in (k, v))
     dq_desc = row_desc(dq, (block_m, D // 2))
     dk_rows, dv_rows = _rows(dk), _rows(dv)
-    diag = mask_lo is not None
-    grid = (Sk // BLOCK_N.value, B * Hkv, group // heads)
+    grid = (Sk // BLOCK_N.value, B * Hkv, group // heads * chunks)
     bwd_kernel[grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse2, delta, dk_rows, dv_rows, Sq, Sk, H, group, heads,
-                     scale * LOG2E.value, scale, mask_lo if diag else -BIG, int(diag), stagger,
+                     scale * LOG2E.value, scale, mask_lo if diag else -BIG, int(diag), stagger, chunk,
                      lse2.stride(0), lse2.stride(1), delta.stride(0), delta.stride(1),
                      dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, BLOCK_M=block_m, LAG=LAG[D], DKV=dkv,
                      LOAD_REGS=LOADER_REGS, num_warps=4, maxnreg=WS_MAXNREG)
