@@ -2,7 +2,7 @@
 causal, 32 q heads on 8 kv heads, bf16.  A variant is a bit mask of kernels/gluon/bwd.py's
 flags: 1 LAG at that head dim, 2 STAGGER, 4 MAX_STEPS off (no split of the group), 8 MAX_STEPS 1 (one
 q head a program where the group may split: backward_into onto float32); a suffix cN sets Q_CHUNK to N
-(0: none), the q tiles a program walks on a full block backward_into.  Records made while the variants were bits of a VARIANT
+at that head dim (0: none), the q tiles a program walks on a full block.  Records made while the variants were bits of a VARIANT
 mask (8fe5e90-e09a57d) name them "ours vN": 1 bf16 P for dS, 2 each warpgroup's own dQ, 4 LAG, 12
 LAG with the dQ issued after dK.
 
@@ -27,7 +27,7 @@ from burstengine.timing import median, timed
 
 dev, H, HKV = "cuda", 32, 8
 DEFAULT_STEPS = gb.MAX_STEPS  # the kernel's (records before c11f7a3 name 4096, its value then)
-DEFAULT_CHUNK = gb.Q_CHUNK
+DEFAULT_CHUNK = dict(gb.Q_CHUNK)
 ours, cud = TritonKernel(), CudnnKernel()
 
 
@@ -59,34 +59,40 @@ def rel(a, b):
 
 
 def parse(token):
-    """A variant: its bits and its Q_CHUNK ("2c512" -> (2, 512); "2" -> (2, the kernel's))."""
+    """A variant: its bits and its Q_CHUNK ("2c512" -> (2, 512); "2" -> (2, None: the kernel's))."""
     bits, _, chunk = token.partition("c")
-    return int(bits), int(chunk) if chunk else DEFAULT_CHUNK
+    return int(bits), int(chunk) if chunk else None
 
 
-def name(var):
-    bits, chunk = var
+def name(D, var):
+    bits, chunk = var[0], DEFAULT_CHUNK[D] if var[1] is None else var[1]
     steps = "off" if bits & 4 else "1" if bits & 8 else str(DEFAULT_STEPS)
     return f"lag={bits & 1} stagger={bits >> 1 & 1} max_steps={steps} chunk={chunk}"
 
 
 def flags(D, var):
-    bits, gb.Q_CHUNK = var
+    bits, chunk = var
+    gb.Q_CHUNK[D] = DEFAULT_CHUNK[D] if chunk is None else chunk
     gb.LAG[D], gb.STAGGER = bool(bits & 1), bool(bits & 2)
     gb.MAX_STEPS = 1 << 30 if bits & 4 else 1 if bits & 8 else DEFAULT_STEPS
 
 
 def check(D, var):
     out = []
-    # the last: a full block of 272 q tiles, more than Q_CHUNK's (the ring step's backward_into only)
+    # the last: a full block of 272 q tiles in chunks of 100 (the last short), where the variant
+    # cuts q tiles into chunks at all
+    chunked = gb.Q_CHUNK[D]
     for S, Sk, mask in ((1152, 1152, "causal"), (1024, 1024, "full"), (1152, 1152, "strict"), (17408, 1024, "full")):
+        if S > 1152 and not chunked:
+            continue
+        gb.Q_CHUNK[D] = 100 if S > 1152 else chunked
         scale = D ** -0.5
         q, do, k, v = rnd(1, S, H, D), rnd(1, S, H, D), rnd(1, Sk, HKV, D), rnd(1, Sk, HKV, D)
         o_r, lse_r, dq_r, dk_r, dv_r = ref64(q, k, v, do, mask, scale)
         o, lse = o_r.to(q.dtype), lse_r.float()
         delta = ours.delta(o, do)
         runs = []
-        if mask != "strict" and S == Sk:
+        if mask != "strict":
             runs.append(("backward", ours.backward(do, q, k, v, lse, delta, scale, mask), 1))
         g = (torch.zeros(1, S, H, D, device=dev), torch.zeros(1, Sk, HKV, D, device=dev),
              torch.zeros(1, Sk, HKV, D, device=dev))
@@ -94,11 +100,12 @@ def check(D, var):
             ours.backward_into(do, q, k, v, lse, delta, scale, mask, *g)
         runs.append(("backward_into x2", g, 2))
         for what, (dq, dk, dv), n in runs:
-            e = dict(D=D, variant=var[0], chunk=var[1], S=S, Sk=Sk, mask=mask, what=what, dq=rel(dq / n, dq_r), dk=rel(dk / n, dk_r),
-                     dv=rel(dv / n, dv_r))
+            e = dict(D=D, variant=var[0], chunk=gb.Q_CHUNK[D], S=S, Sk=Sk, mask=mask, what=what, dq=rel(dq / n, dq_r),
+                     dk=rel(dk / n, dk_r), dv=rel(dv / n, dv_r))
             e["ok"] = max(e["dq"], e["dk"], e["dv"]) < 2e-2
             print(("" if e["ok"] else "FAIL ") + str(e), flush=True)
             out.append(e)
+    gb.Q_CHUNK[D] = chunked
     return out
 
 
@@ -120,19 +127,19 @@ def bench(D, variants, seqs, iters, into=False):
                         a.add_(g)
 
                 cands = [("cudnn", None, cudnn_adds)]
-                cands += [(f"ours {name(var)} into", var,
+                cands += [(f"ours {name(D, var)} into", var,
                            lambda: ours.backward_into(do, q, k, v, lse, delta, scale, mask, *acc)) for var in variants]
             else:
                 cands = [("cudnn", None, lambda: cud.backward(do, q, k, v, lse, delta, scale, mask, out=o))]
-                cands += [(f"ours {name(var)}", var, lambda: ours.backward(do, q, k, v, lse, delta, scale, mask))
+                cands += [(f"ours {name(D, var)}", var, lambda: ours.backward(do, q, k, v, lse, delta, scale, mask))
                           for var in variants]
             call = "backward_into" if into else "backward"
             for label, var, fn in cands:
                 if var is not None:
                     flags(D, var)
                 ts = timed(fn, "cuda", warmup=2, iters=iters)
-                rows.append(dict(D=D, S=S, mask=mask, method=label, variant=var and var[0], chunk=var and var[1],
-                                 call=call, times=ts,
+                rows.append(dict(D=D, S=S, mask=mask, method=label, variant=var and var[0],
+                                 chunk=var and (DEFAULT_CHUNK[D] if var[1] is None else var[1]), call=call, times=ts,
                                  tflops=fl / median(ts) / 1e12))
                 print(f"D={D:>3} S={S:>6} {mask:<6} {label:<32} {rows[-1]['tflops']:5.0f} TFLOP/s", flush=True)
             del o, lse, delta
@@ -151,7 +158,7 @@ def main():
     checks, rows = [], []
     for spec in specs:
         D, _, vs = spec.partition(":")
-        kept = gb.LAG[int(D)], gb.STAGGER, gb.MAX_STEPS, gb.Q_CHUNK
+        kept = gb.LAG[int(D)], gb.STAGGER, gb.MAX_STEPS, gb.Q_CHUNK[int(D)]
         D, good = int(D), []
         for var in (parse(x) for x in vs.split(",")):
             flags(D, var)
@@ -160,9 +167,9 @@ def main():
             if all(e["ok"] for e in c):
                 good.append(var)
         rows += bench(D, good, seqs, iters, into)
-        gb.LAG[D], gb.STAGGER, gb.MAX_STEPS, gb.Q_CHUNK = kept
+        gb.LAG[D], gb.STAGGER, gb.MAX_STEPS, gb.Q_CHUNK[D] = kept
     from burstengine.bench.records import write_record
-    print(write_record("probe_gluon_bwd_variants", dict(device=torch.cuda.get_device_name(), heads=H, kv_heads=HKV,
+    print(write_record(os.environ.get("NAME", "probe_gluon_bwd_variants"), dict(device=torch.cuda.get_device_name(), heads=H, kv_heads=HKV,
                                                         check=checks, rows=rows, seconds=time.time() - t0),
                        out_dir=os.environ.get("OUT", "/tmp")))
 

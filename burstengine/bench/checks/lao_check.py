@@ -100,9 +100,9 @@ def cases():
         out.append((f"split-{mask}-d{D}-gqa8-S8320", dict(B=1, Sq=8320, Sk=8320, H=8, Hkv=1, D=D,
                                                            dtype=torch.bfloat16, mask=mask)))
     for D in (64, 128):
-        # a full block of more q tiles (272) than gluon/bwd.py's Q_CHUNK: one head and one chunk of
-        # q tiles a program, the last chunk short
-        out.append((f"chunks-full-d{D}-gqa4-Sq17408-Sk1024", dict(B=2, Sq=17408, Sk=1024, H=8, Hkv=2, D=D,
+        # a full block of more q tiles (1,040) than gluon/bwd.py's Q_CHUNK at either head dim: one
+        # head and one chunk of q tiles a program, the last chunk short
+        out.append((f"chunks-full-d{D}-gqa4-Sq66560-Sk1024", dict(B=1, Sq=66560, Sk=1024, H=8, Hkv=2, D=D,
                                                                    dtype=torch.bfloat16, mask=FULL)))
     return out
 

@@ -70,13 +70,15 @@ STAGGER = True  # full blocks: see bwd_kernel (probe flag)
 # 10x cuDNN's DRAM bytes (L2 hits 86%, cuDNN's 99%; 64K: the same bytes, ncu_bwd_bytes_h200.json)
 # and pays it in clock under the power limit (probe_bwd_power_h200.json); why, open
 MAX_STEPS = 1024
-# q tiles a program walks on a full block when adding into float32 dK, dV and the block has more:
-# the block's q tiles are cut into chunks of this many, one q head and one chunk a program, and
-# programs running at once (neighbouring kv tiles of one q head and chunk) share the chunk's Q, dO
-# and dQ (64 KB a q tile at d=128: 16 MB for 256) in L2 however far apart they drift.  Walking a
-# whole 128K block, they drift apart by more than L2 holds: ncu counted 0.4-2.1 TB of DRAM traffic
-# a call against cuDNN's 0.06-0.1 (ncu_bwd_bytes_h200.json, ncu_bwd_l2_128k.json); 0: no chunks
-Q_CHUNK = 256
+# q tiles a program walks on a full block of more, per head dim: the block's q tiles are cut into
+# chunks of this many, one q head and one chunk a program (dK, dV added atomically into float32),
+# so that the programs running at once (neighbouring kv tiles of one q head and chunk) share the
+# chunk's Q, dO and dQ in L2 (32 MB at either head dim) however far apart they drift.  Walking a
+# whole 128K block at d=128 they drifted apart by more than L2 holds: 0.4-2.1 TB of DRAM traffic a
+# call against cuDNN's 0.06-0.1 (ncu_bwd_bytes_h200.json, ncu_bwd_l2_128k.json), and 0.89x its speed
+# under the power limit; chunks of 512: 1.13x the unchunked kernel there, level with cuDNN
+# (probe_gluon_bwd_chunk_h200.json).  0: no chunks
+Q_CHUNK = {128: 512, 64: 1024}
 
 
 @builtin
@@ -85,6 +87,13 @@ def _reduce_add(tensor_desc, coord, src, _semantic=None):
     # wrapper for it); completion is tracked like a TMA store (tma.store_wait)
     coord = _semantic._convert_to_ir_values(coord, require_i64=False)
     _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@gluon.jit
+def _wrap(u, n):
+    # u mod n for 0 <= u < 2n (a step's t + shift): a compare and a select, where % by a runtime n
+    # is a division's worth of registers in the loop
+    return gl.where(u >= n, u - n, u)
 
 
 @gluon.jit
@@ -116,7 +125,7 @@ def _load_q(j, g, t, descs, bufs, bars, scal, HEAD_DIM: gl.constexpr, BLOCK_M: g
     st = j % STAGES
     mbarrier.wait(q_empty.index(st), ((j // STAGES) & 1) ^ 1)
     mbarrier.expect(q_ready.index(st), 2 * BLOCK_M * HEAD_DIM * 2)
-    row = q_row0 + (q_t0 + (t + shift) % n_q) * BLOCK_M
+    row = q_row0 + (q_t0 + _wrap(t + shift, n_q)) * BLOCK_M
     col = (h0 + g) * HEAD_DIM
     tma.async_copy_global_to_shared(q_desc, [row, col], q_ready.index(st), q_bufs.index(st))
     tma.async_copy_global_to_shared(do_desc, [row, col], q_ready.index(st), do_bufs.index(st))
@@ -164,7 +173,7 @@ def _step(j, g, t, dk, dv, prev, descs, bufs, bars, scal, lse2, delta, HEAD_DIM:
         ds_out = j % 2
     ds_w = ds_bufs.index(ds_out).slice(W * HALF, HALF, dim=1)
 
-    q_t = q_t0 + (t + shift) % n_q
+    q_t = q_t0 + _wrap(t + shift, n_q)
     offs_m = q_t * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)  # q rows in the block
     mbarrier.wait(q_ready.index(st), (j // STAGES) & 1)
     s_tok = warpgroup_mma(q_s, k_w.permute((1, 0)), zero, use_acc=False, is_async=True)
@@ -220,7 +229,7 @@ def _lse_rows(g, t, n_t, q_t0, n_q, shift, lse_h, dl_h, BLOCK_M: gl.constexpr):
     DL, sdlh = dl_h
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HALF, 16])
-    offs_m = (q_t0 + (t + shift) % n_q) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    offs_m = (q_t0 + _wrap(t + shift, n_q)) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     ok = (gl.zeros_like(offs_m) + t) < n_t
     return (gl.load(LSE2 + g * slh + offs_m, mask=ok, other=0.0), gl.load(DL + g * sdlh + offs_m, mask=ok, other=0.0))
 
@@ -315,32 +324,31 @@ def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constex
     _loader(descs, bufs, bars, scal, HEAD_DIM, BLOCK_M)
 
 
-@gluon.jit(do_not_specialize=["Sq", "Sk", "H", "GROUP", "HEADS", "mask_lo", "diag", "stagger", "chunk", "slb", "slh",
-                              "sdlb", "sdlh", "sdk", "sdv"])
+@gluon.jit(do_not_specialize=["Sq", "Sk", "H", "GROUP", "HEADS", "mask_lo", "chunk", "stagger", "slb", "slh", "sdlb",
+                              "sdlh", "sdk", "sdv"])
 def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, Sk, H, GROUP, HEADS, scale_log2, scale,
-               mask_lo, diag, stagger, chunk, slb, slh, sdlb, sdlh, sdk, sdv,
+               mask_lo, chunk, stagger, slb, slh, sdlb, sdlh, sdk, sdv,
                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, LAG: gl.constexpr, DKV: gl.constexpr,
                LOAD_REGS: gl.constexpr, num_warps: gl.constexpr):
     """One program per (128-row kv tile, batch x kv head, HEADS of its GROUP q heads x a chunk of
-    ``chunk`` q tiles), over those heads' q tiles.  ``diag``: Sq = Sk and the q tiles start at the kv
-    tile's (the two that cross its diagonal masked by ``mask_lo``: 0 causal, 1 strict; one chunk);
-    else the chunk's q tiles, unmasked.  dQ (float32,
+    ``chunk`` q tiles), over those heads' q tiles.  ``chunk`` 0, a diagonal block: Sq = Sk and the q
+    tiles start at the kv tile's (the two that cross its diagonal masked by ``mask_lo``: 0 causal, 1
+    strict); else the chunk's q tiles, unmasked, starting ``stagger`` tiles a kv tile apart.  dQ (float32,
     through ``dq_desc``) is added to; dK, dV (``DKV``) stored (0), read, added to and stored (1), in
     their dtype, or added atomically (2: float32, the group or the q tiles split over programs)."""
     dtype: gl.constexpr = q_desc.dtype
     pid_n = gl.program_id(0)
-    bh = gl.program_id(1)
-    Hkv = H // GROUP
-    b = bh // Hkv
-    hk = bh % Hkv
-    n_all = Sq // BLOCK_M
-    n_chunks = (n_all + chunk - 1) // chunk
-    split = gl.program_id(2) // n_chunks
-    h0 = hk * GROUP + split * HEADS  # this program's q heads: HEADS of its kv head's GROUP
+    # grid (kv tiles, batch x q heads / HEADS, chunks): the chunk and kv tile straight from the
+    # program's ids, so that ptxas can remake q_t0 and n_q rather than keep them (0.96x when kept)
+    n_hp = H // HEADS
+    b = gl.program_id(1) // n_hp
+    h0 = (gl.program_id(1) - b * n_hp) * HEADS  # this program's q heads: HEADS of its kv head's GROUP
+    hk = h0 // GROUP
     k_pos0 = pid_n * BLOCK_N
-    q_t0 = gl.where(diag != 0, k_pos0 // BLOCK_M, (gl.program_id(2) - split * n_chunks) * chunk)
-    n_q = gl.minimum(n_all - q_t0, chunk)  # a diagonal block's chunk is all its q tiles
-    n_mask = gl.where(diag != 0, BLOCK_N // BLOCK_M, 0)
+    diag = chunk == 0
+    q_t0 = gl.where(diag, k_pos0 // BLOCK_M, gl.program_id(2) * chunk)
+    n_q = gl.where(diag, Sq // BLOCK_M - q_t0, gl.minimum(Sq // BLOCK_M - q_t0, chunk))
+    n_mask = gl.where(diag, BLOCK_N // BLOCK_M, 0)
 
     # K and V with a leading dimension of 1, so _step can index them by its opaque zero
     k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -369,8 +377,8 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
     bufs = (k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs)
     bars = (kv_bar, q_ready, q_empty, ds_ready)
     # a full block's programs start their q tiles ``stagger`` tiles apart (a diagonal block's
-    # start at their own): the reduce-adds of programs running at once land on different dQ tiles
-    shift = (pid_n * gl.where(diag != 0, 0, stagger)) % n_q
+    # start at their own: 0): the reduce-adds of programs running at once land on different dQ tiles
+    shift = (pid_n * stagger) % n_q
     scal = (b * Sq, b * Sk + k_pos0, hk * HEAD_DIM, h0, HEADS, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2,
             scale, shift)
     lse_h = (LSE2 + b64 * slb + h0 * slh, slh)
@@ -400,14 +408,15 @@ def supported(q, k, v, diag: bool, dout, dq=None, dk=None, dv=None) -> bool:
 
 def program_split(q, k, dk, dv, fresh: bool, diag: bool) -> tuple[int, int]:
     """(q heads, q tiles) a program takes of its kv head's group and of the block's q tiles.  All
-    of both, but when adding into float32 dK, dV (the programs of one kv tile then add theirs
-    atomically): a full block of more than Q_CHUNK q tiles, one head and Q_CHUNK tiles; else as
-    many heads as keep the program under MAX_STEPS steps (a divisor of the group; one at least)."""
+    of both, but on a full block of more than Q_CHUNK q tiles one head and a chunk of Q_CHUNK; and
+    when adding into float32 dK, dV, as many heads as keep the program under MAX_STEPS steps (a
+    divisor of the group; one at least).  Fewer than all: dK, dV added atomically into float32."""
     group, q_tiles = q.shape[2] // k.shape[2], q.shape[1] // Q_ROWS[q.shape[-1]]
+    chunk = Q_CHUNK[q.shape[-1]]
+    if not diag and 0 < chunk < q_tiles:
+        return 1, chunk
     if fresh or dk.dtype != torch.float32 or dv.dtype != torch.float32:
         return group, q_tiles
-    if not diag and 0 < Q_CHUNK < q_tiles:
-        return 1, Q_CHUNK
     return max([h for h in range(1, group + 1) if group % h == 0 and h * q_tiles <= MAX_STEPS] or [1]), q_tiles
 
 
@@ -421,15 +430,26 @@ def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None,
     diag = mask_lo is not None
     heads, chunk = program_split(q, k, dk, dv, fresh, diag)
     chunks = -(-(Sq // block_m) // chunk)
-    dkv = 2 if heads < group or chunks > 1 else 0 if fresh else 1
-    stagger = max(1, (Sq // block_m) // (Sk // BLOCK_N.value)) if STAGGER else 0
+    split = heads < group or chunks > 1
+    dkv = 2 if split else 0 if fresh else 1
+    gk, gv = dk, dv
+    if split and not (dk.dtype == dv.dtype == torch.float32 and not fresh):
+        # the programs of a kv tile add theirs atomically: into float32, then stored or added
+        gk, gv = (torch.zeros(k.shape, device=k.device, dtype=torch.float32) for _ in range(2))
+    stagger = max(1, (Sq // block_m) // (Sk // BLOCK_N.value)) if STAGGER and not diag else 0
     q_desc, do_desc = (row_desc(x, (block_m, D)) for x in (q, dout))
     k_desc, v_desc = (row_desc(x, (BLOCK_N.value, D)) for x in (k, v))
     dq_desc = row_desc(dq, (block_m, D // 2))
-    dk_rows, dv_rows = _rows(dk), _rows(dv)
-    grid = (Sk // BLOCK_N.value, B * Hkv, group // heads * chunks)
+    dk_rows, dv_rows = _rows(gk), _rows(gv)
+    grid = (Sk // BLOCK_N.value, B * H // heads, chunks)
     bwd_kernel[grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse2, delta, dk_rows, dv_rows, Sq, Sk, H, group, heads,
-                     scale * LOG2E.value, scale, mask_lo if diag else -BIG, int(diag), stagger, chunk,
+                     scale * LOG2E.value, scale, mask_lo if diag else -BIG, 0 if diag else chunk, stagger,
                      lse2.stride(0), lse2.stride(1), delta.stride(0), delta.stride(1),
                      dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, BLOCK_M=block_m, LAG=LAG[D], DKV=dkv,
                      LOAD_REGS=LOADER_REGS, num_warps=4, maxnreg=WS_MAXNREG)
+    if gk is not dk:
+        for mine, g in ((dk, gk), (dv, gv)):
+            if fresh:
+                mine.copy_(g)
+            else:
+                mine.add_(g)
