@@ -1,6 +1,6 @@
 """Probe: variants of the Gluon backward against float64 and beside cuDNN in one launch: full and
 causal, 32 q heads on 8 kv heads, bf16.  A variant is a bit mask of kernels/gluon/bwd.py's
-flags: 1 LAG at that head dim, 2 STAGGER, 4 MAX_STEPS off (no split of the group), 8 MAX_STEPS 1 (one
+flags (and gluon/grid.py's): 1 LAG at that head dim, 2 STAGGER, 4 MAX_STEPS off (no split of the group), 8 MAX_STEPS 1 (one
 q head a program where the group may split: backward_into onto float32); a suffix cN sets Q_CHUNK to N
 at that head dim (0: none), the q tiles a program walks on a full block.  Records made while the variants were bits of a VARIANT
 mask (8fe5e90-e09a57d) name them "ours vN": 1 bf16 P for dS, 2 each warpgroup's own dQ, 4 LAG, 12
@@ -20,14 +20,14 @@ import time
 
 import torch
 
-from burstengine.kernels.gluon import bwd as gb
+from burstengine.kernels.gluon import bwd as gb, grid as gg
 from burstengine.kernels.sdpa import CudnnKernel
 from burstengine.kernels.triton.kernel import TritonKernel
 from burstengine.timing import median, timed
 
 dev, H, HKV = "cuda", 32, 8
-DEFAULT_STEPS = gb.MAX_STEPS  # the kernel's (records before c11f7a3 name 4096, its value then)
-DEFAULT_CHUNK = dict(gb.Q_CHUNK)
+DEFAULT_STEPS = gg.MAX_STEPS  # the kernel's (records before c11f7a3 name 4096, its value then)
+DEFAULT_CHUNK = dict(gg.Q_CHUNK)
 ours, cud = TritonKernel(), CudnnKernel()
 
 
@@ -72,20 +72,20 @@ def name(D, var):
 
 def flags(D, var):
     bits, chunk = var
-    gb.Q_CHUNK[D] = DEFAULT_CHUNK[D] if chunk is None else chunk
+    gg.Q_CHUNK[D] = DEFAULT_CHUNK[D] if chunk is None else chunk
     gb.LAG[D], gb.STAGGER = bool(bits & 1), bool(bits & 2)
-    gb.MAX_STEPS = 1 << 30 if bits & 4 else 1 if bits & 8 else DEFAULT_STEPS
+    gg.MAX_STEPS = 1 << 30 if bits & 4 else 1 if bits & 8 else DEFAULT_STEPS
 
 
 def check(D, var):
     out = []
     # the last: a full block of 272 q tiles in chunks of 100 (the last short), where the variant
     # cuts q tiles into chunks at all
-    chunked = gb.Q_CHUNK[D]
+    chunked = gg.Q_CHUNK[D]
     for S, Sk, mask in ((1152, 1152, "causal"), (1024, 1024, "full"), (1152, 1152, "strict"), (17408, 1024, "full")):
         if S > 1152 and not chunked:
             continue
-        gb.Q_CHUNK[D] = 100 if S > 1152 else chunked
+        gg.Q_CHUNK[D] = 100 if S > 1152 else chunked
         scale = D ** -0.5
         q, do, k, v = rnd(1, S, H, D), rnd(1, S, H, D), rnd(1, Sk, HKV, D), rnd(1, Sk, HKV, D)
         o_r, lse_r, dq_r, dk_r, dv_r = ref64(q, k, v, do, mask, scale)
@@ -100,12 +100,12 @@ def check(D, var):
             ours.backward_into(do, q, k, v, lse, delta, scale, mask, *g)
         runs.append(("backward_into x2", g, 2))
         for what, (dq, dk, dv), n in runs:
-            e = dict(D=D, variant=var[0], chunk=gb.Q_CHUNK[D], S=S, Sk=Sk, mask=mask, what=what, dq=rel(dq / n, dq_r),
+            e = dict(D=D, variant=var[0], chunk=gg.Q_CHUNK[D], S=S, Sk=Sk, mask=mask, what=what, dq=rel(dq / n, dq_r),
                      dk=rel(dk / n, dk_r), dv=rel(dv / n, dv_r))
             e["ok"] = max(e["dq"], e["dk"], e["dv"]) < 2e-2
             print(("" if e["ok"] else "FAIL ") + str(e), flush=True)
             out.append(e)
-    gb.Q_CHUNK[D] = chunked
+    gg.Q_CHUNK[D] = chunked
     return out
 
 
@@ -158,7 +158,7 @@ def main():
     checks, rows = [], []
     for spec in specs:
         D, _, vs = spec.partition(":")
-        kept = gb.LAG[int(D)], gb.STAGGER, gb.MAX_STEPS, gb.Q_CHUNK[int(D)]
+        kept = gb.LAG[int(D)], gb.STAGGER, gg.MAX_STEPS, gg.Q_CHUNK[int(D)]
         D, good = int(D), []
         for var in (parse(x) for x in vs.split(",")):
             flags(D, var)
@@ -167,7 +167,7 @@ def main():
             if all(e["ok"] for e in c):
                 good.append(var)
         rows += bench(D, good, seqs, iters, into)
-        gb.LAG[D], gb.STAGGER, gb.MAX_STEPS, gb.Q_CHUNK[D] = kept
+        gb.LAG[D], gb.STAGGER, gg.MAX_STEPS, gg.Q_CHUNK[D] = kept
     from burstengine.bench.records import write_record
     print(write_record(os.environ.get("NAME", "probe_gluon_bwd_variants"), dict(device=torch.cuda.get_device_name(), heads=H, kv_heads=HKV,
                                                         check=checks, rows=rows, seconds=time.time() - t0),

@@ -54,15 +54,19 @@ def capture(name, thunk):
 
 BUILD = PRELUDE + r'''
 from burstengine.kernels.gluon import bwd as gb
+try:
+    from burstengine.kernels.gluon import grid as gg  # since 7f228ad; before, in bwd.py
+except ImportError:
+    gg = gb
 B, S, H, HKV = 1, 1024, 24, 8  # the 3B model's heads; the build does not depend on S
-defaults = dict(gb.LAG), dict(gb.Q_ROWS), gb.MAX_STEPS
+defaults = dict(gb.LAG), dict(gg.Q_ROWS), gg.MAX_STEPS
 for spec in sys.argv[3:] or ["128", "64"]:  # D[/LAG[/Q_ROWS[/into|split]]]: see the docstring
     D, lag, rows, dst = (spec.split("/") + ["", "", ""])[:4]
     D = int(D)
-    gb.LAG.update(defaults[0]), gb.Q_ROWS.update(defaults[1])  # each spec from the kernel's own
+    gb.LAG.update(defaults[0]), gg.Q_ROWS.update(defaults[1])  # each spec from the kernel's own
     gb.LAG[D] = bool(int(lag)) if lag else gb.LAG[D]
-    gb.Q_ROWS[D] = int(rows or gb.Q_ROWS[D])
-    gb.MAX_STEPS = 1 if dst == "split" else defaults[2]
+    gg.Q_ROWS[D] = int(rows or gg.Q_ROWS[D])
+    gg.MAX_STEPS = 1 if dst == "split" else defaults[2]
     name = f"d{D}" + (f"_lag{lag}" if lag else "") + (f"_m{rows}" if rows else "") + (f"_{dst}" if dst else "")
     q = torch.zeros(B, S, H, D, dtype=torch.bfloat16)
     k = torch.zeros(B, S, HKV, D, dtype=torch.bfloat16)

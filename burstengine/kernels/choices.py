@@ -74,19 +74,18 @@ CARDS = {
     #
     # The plain backward (32 or 24 q / 8 kv heads; probe_head_dims*_h200.json, probe_gluon_bwd_*_h200.json):
     # d=128 causal 0.85-0.89x at 8K and 0.96x at 16K (six launches, 32 heads), level above; full
-    # 0.89-0.91x at 8K, 1.03x at 16K, level at 32K-64K and 0.90x at 128K (two launches); d=64 full
-    # 0.93x at 16K, level above, causal 1.08-1.09x at 64K-128K, so Gluon on causal d=64 blocks;
-    # backward_into at d=64 (probe_gluon_bwd_split_h200.json) causal 1.05-1.06x, full level.  At
-    # d=128 the ring step's backward_into keeps Gluon (AUTO_TABLE: cuDNN needs the gradient adds
-    # there) but on full blocks past 64K rows: 0.90x cuDNN with the adds at 128K
-    # (probe_gluon_bwd_split_h200.json; kernels/gluon/bwd.py, MAX_STEPS, says what is known of why).
+    # 0.89-0.91x at 8K, 1.03x at 16K, level at 32K-128K (128K: 0.90x until full blocks were cut
+    # into chunks of q tiles, 1.01x since: probe_gluon_bwd_chunk_plain_h200.json); d=64 full 0.92x at
+    # 16K, level above, causal 1.08-1.09x at 64K-128K, so Gluon on causal d=64 blocks;
+    # backward_into at d=64 (probe_gluon_bwd_split_h200.json, probe_gluon_bwd_chunk_into_h200.json)
+    # causal 1.05-1.09x, full level.  At d=128 the ring step's backward_into keeps Gluon everywhere
+    # (AUTO_TABLE): 1.01x cuDNN with its adds at 128K full since the chunks (0.90x before).
     "H200": {
         ("forward", CAUSAL, 128): _GLUON_ABOVE_8K,
         ("backward", CAUSAL, 128): [(16384, "cudnn"), (None, "gluon"), (None, "cudnn")],
-        ("backward", FULL, 128): [(8192, "cudnn"), (65536, "gluon"), (None, "cudnn")],
+        ("backward", FULL, 128): [(8192, "cudnn"), (None, "gluon"), (None, "cudnn")],
         ("backward", CAUSAL, 64): [(None, "gluon"), (None, "cudnn")],
         ("backward_into", CAUSAL, 64): [(None, "gluon"), (None, "cudnn")],
-        ("backward_into", FULL, 128): [(65536, "gluon"), (None, "cudnn")],
     },
 }
 

@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from ...kernels.gluon.grid import program_split
 from ...kernels.triton.kernel import TritonKernel, gluon_bwd_takes, gluon_takes
 from ...kernels.verify import NAMES, run_case, run_plain_backward, run_plain_forward
 from ...masks import CAUSAL, FULL, MaskSpec, STRICT
@@ -95,12 +96,12 @@ def cases():
         out.append((f"rect-full-d{D}-gqa2-Sq3072-Sk1280", dict(B=2, Sq=3072, Sk=1280, H=8, Hkv=4, D=D,
                                                                 dtype=torch.bfloat16, mask=FULL)))
     for mask, D in itertools.product((FULL, CAUSAL), (64, 128)):
-        # long enough (130 q tiles x 8 q heads > gluon/bwd.py's MAX_STEPS) that the Gluon backward
+        # long enough (130 q tiles x 8 q heads > gluon/grid.py's MAX_STEPS) that the Gluon backward
         # onto float32 splits a kv head's q heads over programs, adding dK/dV atomically
         out.append((f"split-{mask}-d{D}-gqa8-S8320", dict(B=1, Sq=8320, Sk=8320, H=8, Hkv=1, D=D,
                                                            dtype=torch.bfloat16, mask=mask)))
     for D in (64, 128):
-        # a full block of more q tiles (1,040) than gluon/bwd.py's Q_CHUNK at either head dim: one
+        # a full block of more q tiles (1,040) than gluon/grid.py's Q_CHUNK at either head dim: one
         # head and one chunk of q tiles a program, the last chunk short
         out.append((f"chunks-full-d{D}-gqa4-Sq66560-Sk1024", dict(B=1, Sq=66560, Sk=1024, H=8, Hkv=2, D=D,
                                                                    dtype=torch.bfloat16, mask=FULL)))
@@ -166,11 +167,9 @@ def main(argv=None):
                      *(torch.empty(1, c["Sk"], c["Hkv"], D, device=args.device) for _ in range(2)))
             r["gluon_bwd_into"] = gluon_bwd_takes(q, kk, kk, c["mask"], q, *grads)  # backward_into in gluon/bwd.py
             if r["gluon_bwd_into"]:
-                from ...kernels.gluon import bwd as gluon_bwd  # Hopper only: Gluon took the call
                 # (q heads, q tiles) a program: fewer than the group's or the block's, split over
                 # programs, dK/dV added atomically
-                r["gluon_bwd_split"] = gluon_bwd.program_split(q, kk, grads[1], grads[2], fresh=False,
-                                                               diag=c["mask"] != FULL)
+                r["gluon_bwd_split"] = program_split(q, kk, grads[1], grads[2], fresh=False, diag=c["mask"] != FULL)
             if c["mask"] in (FULL, CAUSAL) and c["Sq"] == c["Sk"]:
                 # the plain forward: Gluon on Hopper where the shape allows it (S a multiple of 128)
                 p = run_plain_forward(kern, c["B"], c["Sq"], c["H"], c["Hkv"], D, c["dtype"], c["mask"], args.device,

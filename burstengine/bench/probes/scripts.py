@@ -139,6 +139,42 @@ def block_bwd_power(records):
             f"under Nsight Compute (`ncu_bwd_bytes_h200.json`): " + " ".join(out))
 
 
+def block_bwd_chunks(records):
+    """docs/kernels.md: the d=128 full backward at 128K, its DRAM bytes whole and in chunks of q
+    tiles, and the chunk sizes timed."""
+    def dram(name, method):
+        r = next(x for x in record(records, name)["rows"] if (x["S"], x["method"]) == (131072, method) and x["metrics"])
+        return (f"{(_ncu_value(r, 'dram__bytes_read.sum', 1e9) + _ncu_value(r, 'dram__bytes_write.sum', 1e9)):,.0f} GB "
+                f"({_ncu_value(r, 'lts__t_sector_hit_rate.pct'):.0f}% L2 hits)")
+
+    l2, old, chunk = "ncu_bwd_l2_128k_h200.json", "ncu_bwd_bytes_h200.json", "ncu_bwd_chunk_128k_h200.json"
+    ncu_line = (f"Nsight Compute, one call each at 128K (DRAM bytes read and written): ours walking whole blocks "
+                f"{dram(old, 'ours')} in `{old}`, {dram(l2, 'ours')} in `{l2}`; the same without STAGGER "
+                f"{dram(l2, 'ours-nostagger')}; one q head a program (`backward_into`) {dram(l2, 'ours-into')}; "
+                f"in chunks of 256 q tiles {dram(chunk, 'ours-into')} (`{chunk}`); cuDNN {dram(old, 'cudnn')} and "
+                f"{dram(l2, 'cudnn')}.")
+    name = "probe_gluon_bwd_chunk_sweep_h200.json"
+    rec = record(records, name)
+    t = {(r["S"], r["mask"], r["chunk"]): r["tflops"] for r in rec["rows"] if r["D"] == 128}
+    chunks = sorted({k[2] for k in t if k[2] is not None})
+    body = [[f"{S // 1024}K", m, f"{t[(S, m, None)]:.0f}"] + [f"{t[(S, m, c)]:.0f}" for c in chunks]
+            for S, m in sorted({k[:2] for k in t})]
+    today = []
+    for n in ("probe_gluon_bwd_chunk_into_h200.json", "probe_gluon_bwd_chunk_plain_h200.json"):
+        r = record(records, n)
+        u = {(x["D"], x["S"], x["mask"], x["chunk"]): med(x["times"]) for x in r["rows"]}
+        for (D, S, m, c), x in u.items():
+            if c and m == "full" and S == max(k[1] for k in u) and D == 128:
+                today.append(f"`{n}` ({r['rows'][0]['call']}, commit {r['commit'][:7]}) {u[(D, S, m, None)] / x:.2f}× "
+                             f"cuDNN" + (f", {u[(D, S, m, 0)] / x:.2f}× the unchunked kernel" if (D, S, m, 0) in u else ""))
+    return "\n".join([ncu_line, "", f"On {device_of(rec)}, d=128, {rec['heads']} q / {rec['kv_heads']} kv heads, the ring "
+                      f"step's `backward_into` onto float32 gradients (`{name}`, commit {rec['commit'][:7]}; TFLOP/s, "
+                      f"median of 5; cuDNN's time includes its three gradient adds; causal blocks are not cut, so their "
+                      f"columns time one kernel):", ""]
+                     + table(["S", "mask", "cuDNN + adds"] + [f"chunk {c}" if c else "whole" for c in chunks], body)
+                     + ["", "With today's chunks of 512, 128K full blocks: " + "; ".join(today) + "."])
+
+
 def clocks(rec):
     s = rec["summary"]
     if not s.get("loaded_samples"):
@@ -345,9 +381,9 @@ SECTIONS = (
     Section("The Gluon backward's variants", r"^probe_gluon_bwd", probe_gluon_bwd,
             "`python benchmarks/probe_gluon_bwd_variants.py SEQS D:VARIANTS ... [--into]`: variants of the Gluon "
             "backward behind flags, checked against float64 and timed beside cuDNN in one launch."),
-    Section("DRAM and L2 traffic of the backward", r"^ncu_bwd_bytes", ncu_bwd_bytes,
-            "`python benchmarks/ncu_bwd_bytes.py SEQS`: one plain backward of ours and of cuDNN's under Nsight "
-            "Compute (its clock locked)."),
+    Section("DRAM and L2 traffic of the backward", r"^ncu_bwd_", ncu_bwd_bytes,
+            "`python benchmarks/ncu_bwd_bytes.py SEQS [METHODS]`: one backward of ours (plain, without STAGGER, or "
+            "the ring step's `backward_into`) and of cuDNN's under Nsight Compute (its clock locked)."),
     Section("Clock and power while the backward runs", r"^probe_bwd_power", probe_bwd_power,
             "`python benchmarks/probe_bwd_power.py SEQS SECONDS`: ours and cuDNN's plain backward back to back, "
             "nvidia-smi sampling every 100 ms."),
@@ -363,4 +399,4 @@ SECTIONS = (
 )
 BLOCKS = {"gluon-variants": block_gluon_variants, "gluon-bwd": block_gluon_bwd, "gluon-wide": block_gluon_wide,
           "gluon-pipe": block_gluon_pipe, "head-dims": block_head_dims, "gluon-bwd-d64": block_gluon_bwd_d64,
-          "bwd-power": block_bwd_power}
+          "bwd-power": block_bwd_power, "bwd-chunks": block_bwd_chunks}

@@ -21,7 +21,8 @@ at lengths the Gluon kernels take.  In the last two, whose rows span head dims, 
 ends in its head dim (``ours d64``), since a head dim's kernel can change alone.
 :func:`comparisons` reads them as ``Versus`` rows.  Only the kernels as they are now count:
 ``TODAY`` names, per record and call, the methods that are today's kernels (the others of a probe
-are variants); ``STALE`` lists the record parts that timed a kernel changed since.  :func:`disagreements` checks kernels/choices.py against the
+are variants); ``STALE`` lists the record parts that timed a kernel changed since, and
+:func:`before_chunks` the rows of shapes whose kernel changed since.  :func:`disagreements` checks kernels/choices.py against the
 rows that count (tests/kernels/test_choices.py); ``block_auto`` draws the table of docs/kernels.md.
 """
 from __future__ import annotations
@@ -72,6 +73,11 @@ TODAY = {
     # max_steps=1 is one q head a program, what MAX_STEPS (1,024) gives at 64K-128K
     "probe_gluon_bwd_split_h200.json": {"backward_into": ("ours lag=1 stagger=1 max_steps=1 into d64",
                                                           "ours lag=0 stagger=1 max_steps=1 into d128")},
+    # chunk=512 at d=128, 1,024 at d=64: gluon/grid.py's Q_CHUNK (7f228ad)
+    "probe_gluon_bwd_chunk_into_h200.json": {"backward_into": (
+        "ours lag=0 stagger=1 max_steps=1024 chunk=512 into d128", "ours lag=1 stagger=1 max_steps=1024 chunk=1024 into d64")},
+    "probe_gluon_bwd_chunk_plain_h200.json": {"backward": (
+        "ours lag=0 stagger=1 max_steps=1024 chunk=512 d128", "ours lag=1 stagger=1 max_steps=1024 chunk=1024 d64")},
 }
 _FFMA = "the Gluon forward changed after it (1d52501: the FFMA softmax)"
 _SPILLS = "the Gluon backward changed after it (9015d4e: the spill fix)"
@@ -93,7 +99,21 @@ STALE = {
     ("probe_gluon_bwd_stagger_h200.json", "backward"): "stagger=0: full blocks before STAGGER (d3679ef)",
     ("probe_gluon_bwd_split_h200.json", "backward_into"): "max_steps off and 4096: the group split later than "
                                                           "MAX_STEPS splits it now",
+    ("probe_gluon_bwd_chunk_sweep_h200.json", "backward_into"): "d369722: chunk sizes swept before Q_CHUNK was set "
+                                                                "per head dim (and the loop's % since replaced)",
 }
+# Full blocks of more q tiles than gluon/grid.py's Q_CHUNK (d=128 past 32K rows, d=64 past 64K): the
+# Gluon backward cuts them into chunks since 7f228ad; the records before timed it whole
+_CHUNKED = ("probe_gluon_bwd_chunk_into_h200.json", "probe_gluon_bwd_chunk_plain_h200.json")
+_CHUNKS_FROM = {128: 32768, 64: 65536}
+_BEFORE_CHUNKS = "full blocks of d=128 past 32K rows and d=64 past 64K, timed before the chunks (7f228ad)"
+
+
+def before_chunks(r) -> bool:
+    """Whether ``r`` timed the Gluon backward on a full block it now cuts into chunks, before it did."""
+    return (r.call in ("backward", "backward_into") and r.mask == "full" and r.record not in _CHUNKED
+            and r.S > _CHUNKS_FROM.get(r.head_dim, r.S))
+
 
 @dataclass(frozen=True)
 class Versus:
@@ -194,8 +214,8 @@ def today(record: str, call: str) -> tuple[str, ...]:
 
 
 def counted(rows) -> list[Versus]:
-    """The rows that timed today's kernels (``TODAY``)."""
-    return [r for r in rows if r.method in today(r.record, r.call)]
+    """The rows that timed today's kernels (``TODAY``, but not ``before_chunks``)."""
+    return [r for r in rows if r.method in today(r.record, r.call) and not before_chunks(r)]
 
 
 def unclassified(rows) -> list[tuple[str, str]]:
@@ -308,7 +328,7 @@ def block_auto(records):
            f"{100 * TIE:.0f}% either choice agrees):", ""]
         + table(["card", "call", "mask", "d", "q/kv heads", "S", "ours/cuDNN", "records", "auto runs"], body)
         + ["Not counted, as they timed a kernel changed since: "
-           + "; ".join(f"{', '.join(v)}: {why}" for why, v in stale.items()) + "."])
+           + "; ".join(f"{', '.join(v)}: {why}" for why, v in stale.items()) + f"; and the rows of {_BEFORE_CHUNKS}."])
 
 
 BLOCKS = {"auto-choices": block_auto}

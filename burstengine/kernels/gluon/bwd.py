@@ -23,6 +23,8 @@ loaded a step ahead, off the path to the exponentials (that alone, while the loo
 spilled, was slower).
 
 At d=64 the dQ of each step is made one step later, under the next step's exponentials (LAG).
+How a block is cut over programs (the q heads of a group, chunks of a long full block's q tiles,
+so that the programs running at once share their tiles in L2) is grid.py's.
 
 As in fwd.py, every wgmma is waited for within its step (an accumulator in flight across
 the loop's back edge makes ptxas serialise them) and the mask is a runtime bound: visible iff
@@ -40,6 +42,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from . import fwd as gluon_fwd
 from .fwd import BIG, LOADER_REGS, LOG2E, WS_MAXNREG, _rows, row_desc, writable_rows
+from .grid import Q_ROWS, program_split
 
 if not (hasattr(ir, "DESCRIPTOR_REDUCE_KIND") and hasattr(gluon_ir.GluonOpBuilder, "create_async_tma_reduce")):
     # _reduce_add below builds the op through Triton internals: a Triton without them gets the
@@ -49,10 +52,6 @@ if not (hasattr(ir, "DESCRIPTOR_REDUCE_KIND") and hasattr(gluon_ir.GluonOpBuilde
 BLOCK_N = gl.constexpr(128)  # kv rows per program: two compute warpgroups of 64
 HALF = gl.constexpr(64)      # the kv rows of one warpgroup = the width of its S and dP tiles
 STAGES = gl.constexpr(2)
-# q rows a step (the kernel's BLOCK_M), per head dim: the head dims it takes.  128 rows at d=64
-# (half the steps, barriers and lse/D loads a FLOP) spill: S and dP of 128 x 64 are 64 registers
-# a thread each (ptxas: 1.3 KB stored, up to ~150 local loads a loop step; ptxas_gluon_bwd_d64.json)
-Q_ROWS = {128: 64, 64: 64}
 # LAG per head dim: step j makes the dQ of step j-1, issued at its top so that it runs under the
 # softmax (a third dS buffer; the first step's is of zeros, the last made after the loop).  At
 # d=64, where the step is short on tensor work, +1-6% over the kernel without it in 11 of 12 rows
@@ -61,24 +60,6 @@ Q_ROWS = {128: 64, 64: 64}
 # wgmmas: ptxas_gluon_bwd_d64.json)
 LAG = {128: False, 64: True}
 STAGGER = True  # full blocks: see bwd_kernel (probe flag)
-# Most steps (q tiles x q heads) a program walks when its dK, dV may be split: adding into float32
-# dK, dV, a program takes as many of its kv head's q heads as keep it under this, and the programs
-# of one kv tile add theirs atomically (FlashAttention-3's one q head a program).  On H200, one
-# head a program at 64K-128K (probe_gluon_bwd_split_h200.json, backward_into): d=64 full blocks
-# 1.03-1.08x the unsplit kernel, d=128 causal at 64K 1.03x, the rest within 1%.  It does not mend
-# d=128 full blocks at 128K (0.90x cuDNN's with its gradient adds, split or not), where ours moves
-# 10x cuDNN's DRAM bytes (L2 hits 86%, cuDNN's 99%; 64K: the same bytes, ncu_bwd_bytes_h200.json)
-# and pays it in clock under the power limit (probe_bwd_power_h200.json); why, open
-MAX_STEPS = 1024
-# q tiles a program walks on a full block of more, per head dim: the block's q tiles are cut into
-# chunks of this many, one q head and one chunk a program (dK, dV added atomically into float32),
-# so that the programs running at once (neighbouring kv tiles of one q head and chunk) share the
-# chunk's Q, dO and dQ in L2 (32 MB at either head dim) however far apart they drift.  Walking a
-# whole 128K block at d=128 they drifted apart by more than L2 holds: 0.4-2.1 TB of DRAM traffic a
-# call against cuDNN's 0.06-0.1 (ncu_bwd_bytes_h200.json, ncu_bwd_l2_128k.json), and 0.89x its speed
-# under the power limit; chunks of 512: 1.13x the unchunked kernel there, level with cuDNN
-# (probe_gluon_bwd_chunk_h200.json).  0: no chunks
-Q_CHUNK = {128: 512, 64: 1024}
 
 
 @builtin
@@ -404,20 +385,6 @@ def supported(q, k, v, diag: bool, dout, dq=None, dk=None, dv=None) -> bool:
     if dq is not None and (dq.dtype != torch.float32 or dq.shape != q.shape or not writable_rows(dq)):
         return False
     return all(t is None or (t.shape == k.shape and writable_rows(t)) for t in (dk, dv))
-
-
-def program_split(q, k, dk, dv, fresh: bool, diag: bool) -> tuple[int, int]:
-    """(q heads, q tiles) a program takes of its kv head's group and of the block's q tiles.  All
-    of both, but on a full block of more than Q_CHUNK q tiles one head and a chunk of Q_CHUNK; and
-    when adding into float32 dK, dV, as many heads as keep the program under MAX_STEPS steps (a
-    divisor of the group; one at least).  Fewer than all: dK, dV added atomically into float32."""
-    group, q_tiles = q.shape[2] // k.shape[2], q.shape[1] // Q_ROWS[q.shape[-1]]
-    chunk = Q_CHUNK[q.shape[-1]]
-    if not diag and 0 < chunk < q_tiles:
-        return 1, chunk
-    if fresh or dk.dtype != torch.float32 or dv.dtype != torch.float32:
-        return group, q_tiles
-    return max([h for h in range(1, group + 1) if group % h == 0 and h * q_tiles <= MAX_STEPS] or [1]), q_tiles
 
 
 def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None, dq, dk, dv, fresh: bool) -> None:
