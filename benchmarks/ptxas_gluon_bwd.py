@@ -80,7 +80,9 @@ for spec in sys.argv[3:] or ["128", "64"]:  # D[/LAG[/Q_ROWS[/into|split]]]: see
 
 
 def loops(sass: str) -> list[dict]:
-    """The SASS loops (a backward branch over 300-2600 lines) that issue wgmmas: their LDL/STL."""
+    """The SASS loops (a backward branch over 300-2600 lines) that issue wgmmas: their LDL/STL, and
+    whether a loop is innermost (no other such loop inside it: a step loop, the hot code; the
+    others count their inner loops' loads too)."""
     lines = sass.splitlines()
     labels = {m.group(1): i for i, l in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", l))}
     out = []
@@ -89,8 +91,11 @@ def loops(sass: str) -> list[dict]:
         if m and 300 < i - labels.get(m.group(1), i) < 2600:
             body = lines[labels[m.group(1)]:i]
             if any("HGMMA" in b for b in body):
-                out.append(dict(label=m.group(1), instructions=len(body), ldl=sum("LDL" in b for b in body),
-                                stl=sum("STL" in b for b in body)))
+                out.append(dict(label=m.group(1), start=labels[m.group(1)], instructions=len(body),
+                                ldl=sum("LDL" in b for b in body), stl=sum("STL" in b for b in body)))
+    for x in out:
+        x["innermost"] = not any(y is not x and x["start"] <= y["start"] and y["start"] + y["instructions"]
+                                 <= x["start"] + x["instructions"] for y in out)
     return out
 
 
@@ -132,6 +137,8 @@ def main(argv) -> None:
         for kname, k in b["kernels"].items():
             print(f"{name} {kname}: {k['registers']} registers, spills {k['spill_store_bytes']} B stored, "
                   f"{k['spill_load_bytes']} B loaded; per-loop LDL " + " ".join(str(x["ldl"]) for x in k["loops"])
+                  + "; innermost loops (instructions/LDL) " + " ".join(f"{x['instructions']}/{x['ldl']}" for x in k["loops"]
+                                                                       if x.get("innermost"))
                   + f"; shared {k['shared_bytes']} B", flush=True)
     out = os.environ.get("OUT") or os.environ.get("BURST_RESULTS") or "burst-results"
     print(write_record("ptxas_gluon_bwd", dict(target="sm_90a", builds=builds), out_dir=out))

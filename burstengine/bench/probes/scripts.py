@@ -12,13 +12,18 @@ def gluon_variants(rec):
 
 
 def ptxas(rec):
-    # a build holds one kernel's counts, or several under "kernels" (later records)
+    # a build holds one kernel's counts, or several under "kernels" (later records); loops marked
+    # innermost (later records) are the step loops, the hot code
+    def inner(k):
+        xs = [f"{x['instructions']}/{x['ldl']}" for x in k["loops"] if x.get("innermost")]
+        return " ".join(xs) if xs else "—"
+
     body = [[name, b["commit"], kname, k["spill_store_bytes"], k["spill_load_bytes"],
-             " ".join(str(x["ldl"]) for x in k["loops"])]
+             " ".join(str(x["ldl"]) for x in k["loops"]), inner(k)]
             for name, b in rec["builds"].items()
             for kname, k in (b["kernels"].items() if "kernels" in b else [("", b)])]
     return table(["build", "commit", "kernel", "spill stores (B)", "spill loads (B)",
-                  "LDL per wgmma loop (SASS order)"], body)
+                  "LDL per wgmma loop (SASS order)", "innermost loops: instructions/LDL"], body)
 
 
 def ncu(rec):
