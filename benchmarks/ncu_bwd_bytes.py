@@ -14,8 +14,9 @@ import sys
 
 METRICS = ["gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_sector_hit_rate.pct",
            "lts__t_sectors_op_red.sum", "lts__t_sectors_op_read.sum"]
-# ours-into: the ring step's backward_into onto float32 gradients (one q head a program past 64K)
-KERNELS = {"ours": "bwd_kernel", "ours-nostagger": "bwd_kernel", "ours-into": "bwd_kernel", "cudnn": "flash_bprop"}
+# ours-into: the ring step's backward_into onto float32 gradients; *-fwd: the plain forward instead
+KERNELS = {"ours": "bwd_kernel", "ours-nostagger": "bwd_kernel", "ours-into": "bwd_kernel", "cudnn": "flash_bprop",
+           "ours-fwd": "fwd_kernel", "cudnn-fwd": "flash_fprop"}
 
 
 def once(S: int, which: str) -> None:
@@ -31,7 +32,9 @@ def once(S: int, which: str) -> None:
     delta = ours.delta(o, do)
     acc = [torch.zeros(t.shape, device="cuda") for t in (q, k, v)] if which == "ours-into" else None
     for _ in range(2):  # the first compiles / plans; ncu skips it
-        if acc:
+        if which.endswith("-fwd"):
+            (ours if which == "ours-fwd" else cud).forward(q, k, v, 128 ** -0.5, "full")
+        elif acc:
             ours.backward_into(do, q, k, v, lse, delta, 128 ** -0.5, "full", *acc)
         elif which != "cudnn":
             ours.backward(do, q, k, v, lse, delta, 128 ** -0.5, "full")
