@@ -1,7 +1,8 @@
-"""One plain backward of ours or cuDNN's on full blocks (d=128, 32 q / 8 kv heads, bf16) after a
-warm-up, for Nsight Compute to count its DRAM and L2 traffic; then the counts as a record.
+"""One backward (or plain forward: the -fwd methods) of ours or cuDNN's on full blocks (d=128,
+32 q / 8 kv heads, bf16) after a warm-up, for Nsight Compute to count its DRAM and L2 traffic;
+then the counts as a record.
 
-    python benchmarks/ncu_bwd_bytes.py 65536,131072 [ours,ours-nostagger,cudnn]   # ncu on itself per (S, kernel)
+    python benchmarks/ncu_bwd_bytes.py 65536,131072 [ours,ours-nostagger,ours-into,cudnn,ours-fwd,cudnn-fwd]
 
 Why: at 128K ours runs at a lower SM clock than cuDNN's under the same power limit, with more
 energy a call, while at 64K the two match (probe_bwd_power_h200.json); whether that energy is

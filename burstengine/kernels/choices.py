@@ -67,10 +67,10 @@ CARDS = {
         ("forward", FULL, 128): _GLUON_ABOVE_8K,
         ("forward", CAUSAL, 128): _GLUON_ABOVE_8K,
     },
-    # "NVIDIA H200": the plain causal forward, 24 q / 8 kv heads, d=128, gluon_fwd_h200.json and
-    # gluon_fwd_maskfirst_h200.json (the kernel as it is for a positive scale): 16K 1.05-1.07x,
-    # 64K 1.05x, 128K 1.11-1.13x.  The full forward keeps cuDNN: no record of today's Gluon forward
-    # on full blocks here (lao_bench.json's, 0.94-0.99x at 16K-128K, timed it before 1d52501).
+    # "NVIDIA H200": the plain forward, 24 q / 8 kv heads, d=128.  Causal (gluon_fwd_h200.json,
+    # gluon_fwd_maskfirst_h200.json, gluon_fwd_full*_h200.json): 16K 1.05-1.11x, 32K-64K 1.02-1.05x,
+    # 128K 1.11-1.13x.  Full (gluon_fwd_pipe_h200.json, gluon_fwd_full*_h200.json, two launches at
+    # 62bb743): 16K 0.93-0.94x, 32K 1.03-1.05x, 64K-128K 1.02-1.03x; cuDNN's up to 16K.
     #
     # The plain backward (32 or 24 q / 8 kv heads; probe_head_dims*_h200.json, probe_gluon_bwd_*_h200.json):
     # d=128 causal 0.85-0.89x at 8K and 0.96x at 16K (six launches, 32 heads), level above; full
@@ -82,6 +82,7 @@ CARDS = {
     # (AUTO_TABLE): 1.01x cuDNN with its adds at 128K full since the chunks (0.90x before).
     "H200": {
         ("forward", CAUSAL, 128): _GLUON_ABOVE_8K,
+        ("forward", FULL, 128): [(16384, "cudnn"), (None, "gluon"), (None, "cudnn")],
         ("backward", CAUSAL, 128): [(16384, "cudnn"), (None, "gluon"), (None, "cudnn")],
         ("backward", FULL, 128): [(8192, "cudnn"), (None, "gluon"), (None, "cudnn")],
         ("backward", CAUSAL, 64): [(None, "gluon"), (None, "cudnn")],

@@ -83,10 +83,13 @@ def test_rules_against_the_records_are_caught(records):
     everywhere = [(None, "gluon"), (None, "cudnn")]
     bad = vs_cudnn.disagreements(records, cards=_cards(H100={("forward", FULL, 128): everywhere}))
     assert any("forward full 32/8" in d and "S=8192" in d for d in bad), bad
-    # a card's rule no record backs: H200's full forward on Gluon (no record of today's kernel there)
+    # H200's full forward on Gluon from 8K: cuDNN's is 1.07x at 16K (two launches)
     above_8k = CARDS["H100"][("forward", FULL, 128)]
     bad = vs_cudnn.disagreements(records, cards=_cards(H200={("forward", FULL, 128): above_8k}))
-    assert any("CARDS['H200']" in d and "'full'" in d for d in bad), bad
+    assert any("H200 forward full 24/8" in d and "S=16384" in d for d in bad), bad
+    # a card's rule no record backs: H200's strict backward on cuDNN (no record of either there)
+    bad = vs_cudnn.disagreements(records, cards=_cards(H200={("backward", STRICT, 128): [(None, "cudnn")]}))
+    assert any("CARDS['H200']" in d and "'strict'" in d for d in bad), bad
     # every card's ring-step backward on cuDNN: ours is 1.03-1.23x in lao_bench.json
     table = {**AUTO_TABLE, **{("backward_into", m): [(None, "cudnn")] for m in (FULL, CAUSAL, STRICT)}}
     bad = vs_cudnn.disagreements(records, table=table)
@@ -139,9 +142,11 @@ def test_h100_and_h200_plain_forward():
     S = 131072
     assert auto.choose("forward", CAUSAL, S, S, H100, 128, takes=yes) == "triton"
     assert auto.choose("forward", FULL, S, S, H100, 128, takes=yes) == "triton"
-    # H200: the causal forward measured faster in Gluon, the full one has no record of it
+    # H200: the causal forward measured faster in Gluon from 16K, the full one from 32K
     assert auto.choose("forward", CAUSAL, S, S, H200, 128, takes=yes) == "triton"
-    assert auto.choose("forward", FULL, S, S, H200, 128, takes=yes) == "cudnn"
+    assert auto.choose("forward", FULL, S, S, H200, 128, takes=yes) == "triton"
+    assert auto.choose("forward", FULL, 16384, 16384, H200, 128, takes=yes) == "cudnn"
+    assert auto.choose("forward", FULL, 32768, 32768, H200, 128, takes=yes) == "triton"
     assert auto.choose("forward", CAUSAL, S, S, A100, 128, takes=yes) == "cudnn"
     # up to 8K rows cuDNN; a head dim no record measured keeps every card's rule; Gluon declining
     # the block (lengths not multiples of 128) falls through to cuDNN
@@ -255,7 +260,8 @@ def test_dispatch_per_card(dispatch):
     dispatch.card = H200
     auto = AutoKernel()
     assert dispatch.run(auto, "forward", CAUSAL, S) == "triton"
-    assert dispatch.run(auto, "forward", FULL, S) == "cudnn"
+    assert dispatch.run(auto, "forward", FULL, S) == "triton"
+    assert dispatch.run(auto, "forward", FULL, 16384) == "cudnn"
     # the plain backward and the ring step's part ways at 8K
     assert dispatch.run(auto, "backward", CAUSAL, 8192) == "cudnn"
     assert dispatch.run(auto, "backward_into", CAUSAL, 8192) == "triton"

@@ -386,9 +386,10 @@ SECTIONS = (
     Section("The Gluon backward's variants", r"^probe_gluon_bwd", probe_gluon_bwd,
             "`python benchmarks/probe_gluon_bwd_variants.py SEQS D:VARIANTS ... [--into]`: variants of the Gluon "
             "backward behind flags, checked against float64 and timed beside cuDNN in one launch."),
-    Section("DRAM and L2 traffic of the backward", r"^ncu_bwd_", ncu_bwd_bytes,
+    Section("DRAM and L2 traffic of the attention kernels", r"^ncu_(bwd|fwd)_", ncu_bwd_bytes,
             "`python benchmarks/ncu_bwd_bytes.py SEQS [METHODS]`: one backward of ours (plain, without STAGGER, or "
-            "the ring step's `backward_into`) and of cuDNN's under Nsight Compute (its clock locked)."),
+            "the ring step's `backward_into`) or plain forward (`-fwd`), and cuDNN's, under Nsight Compute (its "
+            "clock locked)."),
     Section("Clock and power while the backward runs", r"^probe_bwd_power", probe_bwd_power,
             "`python benchmarks/probe_bwd_power.py SEQS SECONDS`: ours and cuDNN's plain backward back to back, "
             "nvidia-smi sampling every 100 ms."),
