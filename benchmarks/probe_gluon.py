@@ -112,14 +112,15 @@ def bench(seqs, warmup=2, iters=7):
     return res
 
 
-def main(name, check, bench):
-    """Check, then time at argv[1]'s lengths (comma-separated), and write record ``name``."""
+def main(name, check, bench, **extra):
+    """Check, then time at argv[1]'s lengths (comma-separated), and write record ``name`` (with
+    ``extra``'s fields)."""
     t0 = time.time()
     c = check()
     b = bench([int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "16384,65536,131072").split(",")])
     from burstengine.bench.records import write_record
-    print(write_record(name, dict(device=torch.cuda.get_device_name(), check=c, bench=b,
-                                  seconds=time.time() - t0), out_dir=out_dir))
+    print(write_record(name, dict(device=torch.cuda.get_device_name(), check=c, bench=b, seconds=time.time() - t0,
+                                  **extra), out_dir=out_dir))
 
 
 if __name__ == "__main__":

@@ -164,7 +164,9 @@ def _probe(name, rec, card):
         base = {"forward": ("cudnn", "cudnn fwd"), "backward": ("cudnn bwd",)}[call]
         cudnn = next((times[(S, mask, b)] for b in base if (S, mask, b) in times), None)
         if method not in base and not method.startswith("cudnn") and cudnn is not None:
-            yield Versus(name, card, call, S=S, method=method, ours_s=t, cudnn_s=cudnn, mask=mask, **GLUON_PROBE)
+            # the head dim where the record names it (probe_gluon_fwd.py --d since a90b813)
+            yield Versus(name, card, call, S=S, method=method, ours_s=t, cudnn_s=cudnn, mask=mask,
+                         **dict(GLUON_PROBE, head_dim=rec.get("head_dim", GLUON_PROBE["head_dim"])))
 
 
 def _fp8(name, rec, card):
