@@ -38,8 +38,8 @@ def ref64(q, k, v, do, mask, scale=scale):
     o = p @ vd
     o.backward(dod)
     B = q.shape[0]
-    dk = kd.grad.view(B, k.shape[2], g, Sk, D).sum(2).transpose(1, 2)
-    dv = vd.grad.view(B, k.shape[2], g, Sk, D).sum(2).transpose(1, 2)
+    dk = kd.grad.view(B, k.shape[2], g, Sk, k.shape[-1]).sum(2).transpose(1, 2)
+    dv = vd.grad.view(B, k.shape[2], g, Sk, k.shape[-1]).sum(2).transpose(1, 2)
     return o.detach().transpose(1, 2), lse.detach(), qd.grad.transpose(1, 2), dk, dv
 
 
