@@ -63,6 +63,7 @@ def _poly_asm(pack: int) -> str:
 POLY2_ASM = gl.constexpr(_poly_asm(2))
 POLY4_ASM = gl.constexpr(_poly_asm(4))
 POLY8_ASM = gl.constexpr(_poly_asm(8))
+POLY8_CONS = gl.constexpr(",".join(["=r"] * 8 + ["r"] * 8))
 
 
 @gluon.jit
@@ -73,8 +74,7 @@ def _exp2(x, POLY: gl.constexpr):
         return gl.inline_asm_elementwise(POLY4_ASM, "=r,=r,=r,=r,r,r,r,r", [x], dtype=gl.float32, is_pure=True,
                                          pack=4)
     elif POLY == 8:
-        return gl.inline_asm_elementwise(POLY8_ASM, ",".join(["=r"] * 8 + ["r"] * 8), [x], dtype=gl.float32,
-                                         is_pure=True, pack=8)
+        return gl.inline_asm_elementwise(POLY8_ASM, POLY8_CONS, [x], dtype=gl.float32, is_pure=True, pack=8)
     else:
         return gl.exp2(x)
 
