@@ -3,10 +3,11 @@ ring step's merge, causal / full / strict, a positive and a negative scale: the 
 softmax; with the kernel's PIPE variant flag, both builds) and timed beside cuDNN's forward at
 3B-model shapes (24 q heads, 8 kv heads, d=128), causal and full.
 
-    python benchmarks/probe_gluon_fwd.py 16384,65536,131072 [--d 64] [--poly 4,8]
+    python benchmarks/probe_gluon_fwd.py 16384,65536,131072 [--d 64]
 
---d: the head dim (128); --poly: fwd.py's POLY values to time beside the kernel's own (one
-exponential in POLY on the FMA pipe), each checked first.  Writes gluon_fwd.json to $OUT (or /tmp).  gluon_fwd_variants_h200.json came from this script at
+--d: the head dim (128).  Writes gluon_fwd.json to $OUT (or /tmp).  gluon_fwd_poly_d64_h200.json
+came from it at 8793396 with --poly (fwd.py's POLY then: one exponential in 2, 4 or 8 on the FMA
+pipe), dropped after it.  gluon_fwd_variants_h200.json came from this script at
 commit 29508cb, which also timed measurement variants since dropped (an exponential in 4 or 8 by
 an FMA-pipe polynomial: slower)."""
 import sys
@@ -17,28 +18,16 @@ from burstengine.kernels.sdpa import CudnnKernel
 from probe_gluon import D, H, HKV, dev, err, main, ref64, rnd, time_rows  # the backward's probe
 
 
-def _option(name, default):
-    # "--name value" taken out of argv (main reads the lengths from argv[1])
-    if name in sys.argv:
-        i = sys.argv.index(name)
-        value = sys.argv[i + 1]
-        del sys.argv[i:i + 2]
-        return value
-    return default
-
-
-D = int(_option("--d", D))
+# --d N after the lengths (main reads them from argv[1])
+D = int(sys.argv[sys.argv.index("--d") + 1]) if "--d" in sys.argv else D
 scale = D ** -0.5
-OWN = gf.POLY[D]
-POLYS = [OWN] + [int(x) for x in _option("--poly", "").split(",") if x and int(x) != OWN]
 PIPES = (False, True) if hasattr(gf, "PIPE") else (False, )  # the variant flag, where the kernel has it
 
 
 def check():
     res = []
-    for pipe, poly in ((p, y) for p in PIPES for y in POLYS):
+    for pipe in PIPES:
         kw = dict(pipe=pipe) if len(PIPES) > 1 else {}
-        gf.POLY[D] = poly
         for S, mask, sc in ((2048, "causal", scale), (1024, "full", scale), (1152, "strict", scale),
                             (384, "causal", scale), (640, "causal", -scale), (512, "strict", -scale),
                             (1280, "full", scale), (896, "causal", scale)):
@@ -46,16 +35,15 @@ def check():
             o_r, lse_r = ref64(q, k, v, torch.zeros_like(q), mask, sc)[:2]
             if mask != "strict":
                 o, lse = gf.forward(q, k, v, sc, mask == "causal", **kw)
-                res.append(dict(what="forward", pipe=pipe, poly=poly, D=D, S=S, mask=mask, scale=sc, o=err(o, o_r),
+                res.append(dict(what="forward", pipe=pipe, D=D, S=S, mask=mask, scale=sc, o=err(o, o_r),
                                 lse=err(lse, lse_r)))
             # the ring step: merge the keys' work into an empty running state
             out = torch.zeros(1, S, H, D, device=dev)
             lse = torch.full((1, H, S), float("-inf"), device=dev)
             lo = {"causal": 0, "strict": 1, "full": None}[mask]
             gf.forward_into(q, k, v, sc, lo, out, lse, **kw)
-            res.append(dict(what="forward_into", pipe=pipe, poly=poly, D=D, S=S, mask=mask, scale=sc,
+            res.append(dict(what="forward_into", pipe=pipe, D=D, S=S, mask=mask, scale=sc,
                             o=err(out, o_r), lse=err(lse, lse_r)))
-    gf.POLY[D] = OWN
     for r in res:
         r["ok"] = r["o"] < 2e-2 and r["lse"] < 1e-3
         print(("" if r["ok"] else "FAIL ") + str(r), flush=True)
@@ -73,17 +61,10 @@ def bench(seqs, warmup=2, iters=7):
             cands = {f"cudnn {tag}": lambda: cud.forward(q, k, v, scale, tag)}
             for pipe in PIPES:
                 kw = dict(pipe=pipe) if len(PIPES) > 1 else {}
-                for poly in POLYS:
-                    def run(kw=kw, poly=poly):
-                        gf.POLY[D] = poly
-                        return gf.forward(q, k, v, scale, causal, **kw)
-
-                    name = f"gluon{' pipe' if pipe else ''}{f' poly{poly}' if poly != OWN else ''} {tag}"
-                    cands[name] = run
+                cands[f"gluon{' pipe' if pipe else ''} {tag}"] = lambda kw=kw: gf.forward(q, k, v, scale, causal, **kw)
             res += [dict(r, mask=tag) for r in time_rows(S, cands, lambda name: fl, warmup, iters)]
         del q, k, v
         torch.cuda.empty_cache()
-    gf.POLY[D] = OWN
     return res
 
 

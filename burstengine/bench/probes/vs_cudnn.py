@@ -56,6 +56,7 @@ TODAY = {
     "gluon_fwd_maskfirst_h200.json": {"forward": "gluon"},
     "gluon_fwd_full_h200.json": {"forward": "gluon"},  # two launches at 62bb743, full blocks at 16K-128K
     "gluon_fwd_full2_h200.json": {"forward": "gluon"},
+    "gluon_fwd_poly_d64_h200.json": {"forward": "gluon"},  # d=64; its "gluon polyN": POLY, dropped after 8793396
     "gluon_bwd_h100.json": {"backward": "gluon bwd"},
     "gluon_bwd_transposed_h200.json": {"backward": "gluon bwd tr=0"},  # the flag off: the kernel as kept
     "gluon_bwd_variants_h200.json": {"backward": "gluon bwd indep=0 pf=1 opaque=1"},  # what 9015d4e kept

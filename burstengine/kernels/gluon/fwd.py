@@ -35,53 +35,10 @@ LOG2E = gl.constexpr(1.4426950408889634)
 BLOCK = gl.constexpr(128)   # q rows per program: two compute warpgroups of 64
 # K/V buffers per head dim (kv tiles are BLOCK rows too); a third buffer did not help (H200 probes)
 STAGES = {128: 2, 64: 2}
-# Of every POLY exponentials a thread makes on a fully visible tile, one runs on the FMA pipe (a
-# polynomial) instead of MUFU.EX2, per head dim; 0: none.  MUFU's 16 a clock per SM match the
-# tensor cores' work at d=64 (a 128 x 128 tile: 16K exponentials, 4 MFLOP), half of it at d=128,
-# where the polynomial lost (gluon_fwd_variants_h200.json, 29508cb).  A probe flag
-POLY = {128: 0, 64: 0}
-
-
-# 2^x for x <= 0 on the FMA pipe: Cody-Waite split x = n + f (n an integer, |f| <= 1/2), a degree-3
-# polynomial for 2^f (relative error 7.5e-5, far under bf16's 3.9e-3) and n added to its exponent.
-# Of each PACK consecutive exponentials of a thread the last runs on it and the rest on MUFU.EX2.
-# x below -126 gives ~1e-38, not 0: only fully visible tiles use it (a masked score must give 0)
-def _poly_asm(pack: int) -> str:
-    mufu = "".join(f"ex2.approx.ftz.f32 ${i}, ${i + pack};" for i in range(pack - 1))
-    return mufu + ("{.reg .f32 t, j, f, p; .reg .b32 b, e;"
-                   f"max.ftz.f32 t, ${2 * pack - 1}, 0fC2FC0000;"     # -126
-                   "add.rn.ftz.f32 j, t, 0f4B400000;"                 # + 1.5 * 2^23: n in j's low bits
-                   "sub.rn.ftz.f32 f, j, 0f4B400000;"
-                   "sub.rn.ftz.f32 f, t, f;"
-                   "fma.rn.ftz.f32 p, f, 0f3D61FBB0, 0f3E786F0F;"    # 0.0551717 f + 0.2426112
-                   "fma.rn.ftz.f32 p, p, f, 0f3F31798D;"             # .. + 0.6932610
-                   "fma.rn.ftz.f32 p, p, f, 0f3F7FFB49;"             # .. + 0.9999281
-                   "mov.b32 b, j; shl.b32 e, b, 23; mov.b32 b, p; add.s32 b, b, e;"
-                   f"mov.b32 ${pack - 1}, b;}}")
-
-
-POLY2_ASM = gl.constexpr(_poly_asm(2))
-POLY4_ASM = gl.constexpr(_poly_asm(4))
-POLY8_ASM = gl.constexpr(_poly_asm(8))
-POLY8_CONS = gl.constexpr(",".join(["=r"] * 8 + ["r"] * 8))
 
 
 @gluon.jit
-def _exp2(x, POLY: gl.constexpr):
-    if POLY == 2:
-        return gl.inline_asm_elementwise(POLY2_ASM, "=r,=r,r,r", [x], dtype=gl.float32, is_pure=True, pack=2)
-    elif POLY == 4:
-        return gl.inline_asm_elementwise(POLY4_ASM, "=r,=r,=r,=r,r,r,r,r", [x], dtype=gl.float32, is_pure=True,
-                                         pack=4)
-    elif POLY == 8:
-        return gl.inline_asm_elementwise(POLY8_ASM, POLY8_CONS, [x], dtype=gl.float32, is_pure=True, pack=8)
-    else:
-        return gl.exp2(x)
-
-
-@gluon.jit
-def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, mask_lo, MASKED: gl.constexpr, FFMA: gl.constexpr,
-                  POLY: gl.constexpr):
+def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, mask_lo, MASKED: gl.constexpr, FFMA: gl.constexpr):
     # scores of one kv tile -> (p, alpha, new m, new l), all in base 2; MASKED: a pair is visible
     # iff q index - k index >= mask_lo, and rows that still see nothing keep m = -inf, p = 0.
     # FFMA (qk_scale > 0): the row max is taken of the raw scores and scaled after, so the exponent
@@ -105,7 +62,7 @@ def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, mask_lo, MASKED: gl.con
         x = s * qk_scale - m_use[:, None]
     else:
         x = s - m_use[:, None]
-    p = _exp2(x, POLY)
+    p = gl.exp2(x)
     alpha = gl.exp2(m_i - m_use)
     l_new = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_new
@@ -175,7 +132,7 @@ LOADER_REGS = 24  # the loader warp's registers: the minimum, it holds only scal
 
 @gluon.jit
 def _ws_loader(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr,
-               FFMA: gl.constexpr, POLY: gl.constexpr):
+               FFMA: gl.constexpr):
     q_desc, k_desc, v_desc, o_desc = descs
     q_bufs, k_bufs, v_bufs, o_bufs = bufs
     q_bar, k_ready, k_empty, v_ready, v_empty, o_bar = bars
@@ -196,7 +153,7 @@ def _ws_loader(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, STAGES: gl.
 
 @gluon.jit
 def _ws_compute(descs, bufs, bars, scal, LSE, W: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                ACC: gl.constexpr, FFMA: gl.constexpr, POLY: gl.constexpr):
+                ACC: gl.constexpr, FFMA: gl.constexpr):
     # rows [W * 64, W * 64 + 64) of the q tile, in one warpgroup
     q_desc, k_desc, v_desc, o_desc = descs
     q_bufs, k_bufs, v_bufs, o_bufs = bufs
@@ -247,7 +204,7 @@ def _ws_compute(descs, bufs, bars, scal, LSE, W: gl.constexpr, HEAD_DIM: gl.cons
         nst = nxt % STAGES
         mbarrier.wait(k_ready.index(nst), (nxt // STAGES) & 1)
         s_tok = warpgroup_mma(q_smem, k_bufs.index(nst).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, qk_scale, offs_m, cols, mask_lo, False, FFMA, POLY)
+        p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, qk_scale, offs_m, cols, mask_lo, False, FFMA)
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
@@ -258,8 +215,7 @@ def _ws_compute(descs, bufs, bars, scal, LSE, W: gl.constexpr, HEAD_DIM: gl.cons
 
     j = n_kv - 1
     st = j % STAGES
-    p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, qk_scale, offs_m, j * BLOCK + cols, mask_lo, True, FFMA,
-                                       0)
+    p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, qk_scale, offs_m, j * BLOCK + cols, mask_lo, True, FFMA)
     acc = acc * gl.convert_layout(alpha, row_o)[:, None]
     p_op = gl.convert_layout(p.to(dtype), p_layout)
     mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
@@ -284,20 +240,20 @@ def _ws_compute(descs, bufs, bars, scal, LSE, W: gl.constexpr, HEAD_DIM: gl.cons
 
 @gluon.jit
 def _ws_compute0(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr,
-                 FFMA: gl.constexpr, POLY: gl.constexpr):
-    _ws_compute(descs, bufs, bars, scal, LSE, 0, HEAD_DIM, STAGES, ACC, FFMA, POLY)
+                 FFMA: gl.constexpr):
+    _ws_compute(descs, bufs, bars, scal, LSE, 0, HEAD_DIM, STAGES, ACC, FFMA)
 
 
 @gluon.jit
 def _ws_compute1(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr,
-                 FFMA: gl.constexpr, POLY: gl.constexpr):
-    _ws_compute(descs, bufs, bars, scal, LSE, 1, HEAD_DIM, STAGES, ACC, FFMA, POLY)
+                 FFMA: gl.constexpr):
+    _ws_compute(descs, bufs, bars, scal, LSE, 1, HEAD_DIM, STAGES, ACC, FFMA)
 
 
 @gluon.jit(do_not_specialize=["Sq", "Sk", "H", "GROUP", "mask_lo", "diag", "slb", "slh", "sls"])
 def fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, Sq, Sk, H, GROUP, qk_scale, mask_lo, diag, slb, slh, sls,
                HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr, LOAD_REGS: gl.constexpr,
-               FFMA: gl.constexpr, POLY: gl.constexpr, num_warps: gl.constexpr):
+               FFMA: gl.constexpr, num_warps: gl.constexpr):
     """One program per (128-row q tile, batch x head).  ``diag``: causal-like (Sq = Sk, kv tiles up
     to the q tile's own, the diagonal masked by ``mask_lo``: 0 causal, 1 strict); else every kv tile.
     ``ACC``: start from and write back the running float32 (O, lse) instead of a fresh output
@@ -335,9 +291,9 @@ def fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, Sq, Sk, H, GROUP, qk_scale, 
     scal = (b * Sq + pid_m * BLOCK, b * Sk, h * HEAD_DIM, (h // GROUP) * HEAD_DIM, n_kv, pid_m * BLOCK, mask_lo,
             qk_scale, b.to(gl.int64) * slb + h * slh, sls)
     gl.warp_specialize([
-        (_ws_compute0, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC, FFMA, POLY)),
-        (_ws_compute1, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC, FFMA, POLY)),
-        (_ws_loader, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC, FFMA, POLY)),
+        (_ws_compute0, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC, FFMA)),
+        (_ws_compute1, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC, FFMA)),
+        (_ws_loader, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC, FFMA)),
     ], [4, 1], [240, LOAD_REGS])
 
 
@@ -353,7 +309,7 @@ def _launch(q, k, v, scale, mask_lo, diag, out, lse, acc: bool):
     grid = (Sq // BLOCK.value, B * H)
     fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, Sq, k.shape[1], H, H // k.shape[2], scale * LOG2E.value,
                      mask_lo, int(diag), *lse.stride(), HEAD_DIM=D, STAGES=STAGES[D], ACC=acc,
-                     LOAD_REGS=LOADER_REGS, FFMA=scale > 0, POLY=POLY[D], num_warps=4, maxnreg=WS_MAXNREG)
+                     LOAD_REGS=LOADER_REGS, FFMA=scale > 0, num_warps=4, maxnreg=WS_MAXNREG)
 
 
 def forward(q, k, v, scale: float, causal: bool):
