@@ -70,7 +70,9 @@ CARDS = {
     # "NVIDIA H200": the plain forward, 24 q / 8 kv heads, d=128.  Causal (gluon_fwd_h200.json,
     # gluon_fwd_maskfirst_h200.json, gluon_fwd_full*_h200.json): 16K 1.05-1.11x, 32K-64K 1.02-1.05x,
     # 128K 1.11-1.13x.  Full (gluon_fwd_pipe_h200.json, gluon_fwd_full*_h200.json, two launches at
-    # 62bb743): 16K 0.93-0.94x, 32K 1.03-1.05x, 64K-128K 1.02-1.03x; cuDNN's up to 16K.
+    # 62bb743): 16K 0.93-0.94x, 32K 1.03-1.05x, 64K-128K 1.02-1.03x; cuDNN's up to 16K.  At d=64
+    # (probe_head_dims*_h200.json, gluon_fwd_poly_d64_h200.json; 24 and 32 q heads): causal 0.95-1.02x
+    # to 64K, level at 128K; full 0.89-0.97x at 16K, level at 64K, 1.02-1.04x at 128K: Gluon there.
     #
     # The plain backward (32 or 24 q / 8 kv heads; probe_head_dims*_h200.json, probe_gluon_bwd_*_h200.json):
     # d=128 causal 0.85-0.89x at 8K and 0.96x at 16K (six launches, 32 heads), level above; full
@@ -83,6 +85,7 @@ CARDS = {
     "H200": {
         ("forward", CAUSAL, 128): _GLUON_ABOVE_8K,
         ("forward", FULL, 128): [(16384, "cudnn"), (None, "gluon"), (None, "cudnn")],
+        ("forward", FULL, 64): [(65536, "cudnn"), (None, "gluon"), (None, "cudnn")],
         ("backward", CAUSAL, 128): [(16384, "cudnn"), (None, "gluon"), (None, "cudnn")],
         ("backward", FULL, 128): [(8192, "cudnn"), (None, "gluon"), (None, "cudnn")],
         ("backward", CAUSAL, 64): [(None, "gluon"), (None, "cudnn")],

@@ -147,6 +147,10 @@ def test_h100_and_h200_plain_forward():
     assert auto.choose("forward", FULL, S, S, H200, 128, takes=yes) == "triton"
     assert auto.choose("forward", FULL, 16384, 16384, H200, 128, takes=yes) == "cudnn"
     assert auto.choose("forward", FULL, 32768, 32768, H200, 128, takes=yes) == "triton"
+    # at d=64 H200's full forward runs Gluon past 64K rows, its causal one cuDNN
+    assert auto.choose("forward", FULL, S, S, H200, 64, takes=yes) == "triton"
+    assert auto.choose("forward", FULL, 65536, 65536, H200, 64, takes=yes) == "cudnn"
+    assert auto.choose("forward", CAUSAL, S, S, H200, 64, takes=yes) == "cudnn"
     assert auto.choose("forward", CAUSAL, S, S, A100, 128, takes=yes) == "cudnn"
     # up to 8K rows cuDNN; a head dim no record measured keeps every card's rule; Gluon declining
     # the block (lengths not multiples of 128) falls through to cuDNN

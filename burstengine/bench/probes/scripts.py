@@ -332,10 +332,11 @@ def _head_dim_rows(rec) -> list[list]:
 
 def block_head_dims(records):
     """docs/kernels.md: our kernels beside cuDNN at each head dim, and what ``auto`` runs there;
-    then d=128 at short lengths, two head counts, in a second launch."""
+    then d=128 at short lengths and d=64 at long ones, two head counts, in two more launches."""
     out = []
     for name, what in (("probe_head_dims_lag_h200.json", "median of 5"),
-                       ("probe_head_dims_short_h200.json", "median of 11; d=128 alone, shorter blocks")):
+                       ("probe_head_dims_short_h200.json", "median of 11; d=128 alone, shorter blocks"),
+                       ("probe_head_dims_d64_long_h200.json", "median of 5; d=64 alone, longer blocks")):
         rec = record(records, name)
         bad = sum(not c["ok"] for c in rec["check"])
         errs = [r for r in rec["rows"] if "error" in r]
@@ -344,7 +345,7 @@ def block_head_dims(records):
                 f"against float64 at 1,152 tokens, {bad} failed" + (f"; {len(errs)} cells could not run" if errs else "")
                 + "):", ""]
         out += table(["d", "q heads", "S", "mask", "forward: ours / cuDNN", "×", "backward: ours / cuDNN", "×",
-                      "auto runs (fwd / bwd)"], _head_dim_rows(rec)) + [""]
+                      "auto at the record's commit (fwd / bwd)"], _head_dim_rows(rec)) + [""]
     return "\n".join(out[:-1])
 
 
