@@ -1,8 +1,9 @@
 """Probe: variants of the Gluon backward against float64 and beside cuDNN in one launch: full and
 causal, 32 q heads on 8 kv heads, bf16.  A variant is a bit mask of kernels/gluon/bwd.py's
-flags (and gluon/grid.py's): 1 LAG at that head dim, 2 STAGGER, 4 MAX_STEPS off (no split of the group), 8 MAX_STEPS 1 (one
-q head a program where the group may split: backward_into onto float32); a suffix cN sets Q_CHUNK to N
-at that head dim (0: none), the q tiles a program walks on a full block.  Records made while the variants were bits of a VARIANT
+flags (and gluon/grid.py's): 1 LAG at that head dim, 2 STAGGER, 4 MAX_STEPS off (no split of the
+group), 8 MAX_STEPS 1 (one q head a program where the group may split: backward_into onto float32);
+a suffix cN sets Q_CHUNK to N at that head dim (0: none), the q tiles a program walks on a full
+block.  Records made while the variants were bits of a VARIANT
 mask (8fe5e90-e09a57d) name them "ours vN": 1 bf16 P for dS, 2 each warpgroup's own dQ, 4 LAG, 12
 LAG with the dQ issued after dK.
 
@@ -169,9 +170,9 @@ def main():
         rows += bench(D, good, seqs, iters, into)
         gb.LAG[D], gb.STAGGER, gg.MAX_STEPS, gg.Q_CHUNK[D] = kept
     from burstengine.bench.records import write_record
-    print(write_record(os.environ.get("NAME", "probe_gluon_bwd_variants"), dict(device=torch.cuda.get_device_name(), heads=H, kv_heads=HKV,
-                                                        check=checks, rows=rows, seconds=time.time() - t0),
-                       out_dir=os.environ.get("OUT", "/tmp")))
+    name = os.environ.get("NAME", "probe_gluon_bwd_variants")
+    print(write_record(name, dict(device=torch.cuda.get_device_name(), heads=H, kv_heads=HKV, check=checks, rows=rows,
+                                  seconds=time.time() - t0), out_dir=os.environ.get("OUT", "/tmp")))
 
 
 if __name__ == "__main__":

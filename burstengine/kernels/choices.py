@@ -80,7 +80,8 @@ CARDS = {
     # into chunks of q tiles, 1.01x since: probe_gluon_bwd_chunk_plain_h200.json); d=64 full 0.92x at
     # 16K, level above, causal 1.08-1.09x at 64K-128K, so Gluon on causal d=64 blocks;
     # backward_into at d=64 (probe_gluon_bwd_split_h200.json, probe_gluon_bwd_chunk_into_h200.json)
-    # causal 1.05-1.09x, full level.  At d=128 the ring step's backward_into keeps Gluon everywhere
+    # causal 1.05-1.09x from 32K, level at 16K, 0.88x at 8K (probe_gluon_bwd_short_split_h200.json),
+    # full level.  At d=128 the ring step's backward_into keeps Gluon everywhere
     # (AUTO_TABLE): 1.01x cuDNN with its adds at 128K full since the chunks (0.90x before).
     "H200": {
         ("forward", CAUSAL, 128): _GLUON_ABOVE_8K,
@@ -89,7 +90,7 @@ CARDS = {
         ("backward", CAUSAL, 128): [(16384, "cudnn"), (None, "gluon"), (None, "cudnn")],
         ("backward", FULL, 128): [(8192, "cudnn"), (None, "gluon"), (None, "cudnn")],
         ("backward", CAUSAL, 64): [(None, "gluon"), (None, "cudnn")],
-        ("backward_into", CAUSAL, 64): [(None, "gluon"), (None, "cudnn")],
+        ("backward_into", CAUSAL, 64): [(8192, "cudnn"), (None, "gluon"), (None, "cudnn")],
     },
 }
 

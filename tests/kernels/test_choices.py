@@ -180,6 +180,7 @@ def test_h200_plain_backward_and_the_ring_steps():
         assert auto.choose("backward", mask, S, S, H200, d, takes=yes) == want, (S, mask, d)
         assert auto.choose("backward_into", mask, S, S, H200, d, takes=yes) == "triton", (S, mask, d)
         assert auto.choose("backward", mask, S, S, H100, d, takes=yes) == "triton", (S, mask, d)
+    assert auto.choose("backward_into", CAUSAL, 8192, 8192, H200, 64, takes=yes) == "cudnn"
     for S in (16384, 131072):
         for call in ("backward", "backward_into"):
             assert auto.choose(call, CAUSAL, S, S, H200, 64, takes=yes) == "triton", (call, S)

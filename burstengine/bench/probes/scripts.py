@@ -170,12 +170,13 @@ def block_bwd_chunks(records):
         u = {(x["D"], x["S"], x["mask"], x["chunk"]): med(x["times"]) for x in r["rows"]}
         for (D, S, m, c), x in u.items():
             if c and m == "full" and S == max(k[1] for k in u) and D == 128:
-                today.append(f"`{n}` ({r['rows'][0]['call']}, commit {r['commit'][:7]}) {u[(D, S, m, None)] / x:.2f}× "
-                             f"cuDNN" + (f", {u[(D, S, m, 0)] / x:.2f}× the unchunked kernel" if (D, S, m, 0) in u else ""))
-    return "\n".join([ncu_line, "", f"On {device_of(rec)}, d=128, {rec['heads']} q / {rec['kv_heads']} kv heads, the ring "
-                      f"step's `backward_into` onto float32 gradients (`{name}`, commit {rec['commit'][:7]}; TFLOP/s, "
-                      f"median of 5; cuDNN's time includes its three gradient adds; causal blocks are not cut, so their "
-                      f"columns time one kernel):", ""]
+                whole = f", {u[(D, S, m, 0)] / x:.2f}× the unchunked kernel" if (D, S, m, 0) in u else ""
+                today.append(f"`{n}` ({r['rows'][0]['call']}, commit {r['commit'][:7]}) "
+                             f"{u[(D, S, m, None)] / x:.2f}× cuDNN{whole}")
+    return "\n".join([ncu_line, "", f"On {device_of(rec)}, d=128, {rec['heads']} q / {rec['kv_heads']} kv heads, the "
+                      f"ring step's `backward_into` onto float32 gradients (`{name}`, commit {rec['commit'][:7]}; "
+                      f"TFLOP/s, median of 5; cuDNN's time includes its three gradient adds; causal blocks are not "
+                      f"cut, so their columns time one kernel):", ""]
                      + table(["S", "mask", "cuDNN + adds"] + [f"chunk {c}" if c else "whole" for c in chunks], body)
                      + ["", "With today's chunks of 512, 128K full blocks: " + "; ".join(today) + "."])
 

@@ -42,6 +42,9 @@ GLUON_DIMS = (64, 128)  # the head dims kernels/gluon takes, forward and backwar
 GLUON_PROBE = dict(heads=24, kv_heads=8, head_dim=128)  # benchmarks/probe_gluon.py's H, HKV, D
 FP8_SPEED = dict(heads=32, kv_heads=8, head_dim=128)  # bench fp8's speed inputs (probes/fp8.py)
 
+# the ring step's backward_into as it is since 7f228ad, in probe_gluon_bwd_variants.py's names
+_INTO_TODAY = ("ours lag=0 stagger=1 max_steps=1024 chunk=512 into d128",
+               "ours lag=1 stagger=1 max_steps=1024 chunk=1024 into d64")
 # record -> {call: the method that times today's kernel}
 TODAY = {
     "fp8_h100.json": {"forward": "ours_bf16"},
@@ -78,8 +81,9 @@ TODAY = {
     "probe_gluon_bwd_split_h200.json": {"backward_into": ("ours lag=1 stagger=1 max_steps=1 into d64",
                                                           "ours lag=0 stagger=1 max_steps=1 into d128")},
     # chunk=512 at d=128, 1,024 at d=64: gluon/grid.py's Q_CHUNK (7f228ad)
-    "probe_gluon_bwd_chunk_into_h200.json": {"backward_into": (
-        "ours lag=0 stagger=1 max_steps=1024 chunk=512 into d128", "ours lag=1 stagger=1 max_steps=1024 chunk=1024 into d64")},
+    "probe_gluon_bwd_chunk_into_h200.json": {"backward_into": _INTO_TODAY},
+    # 8K-32K; its "max_steps=1" rows are the variant (one q head a program at every length)
+    "probe_gluon_bwd_short_split_h200.json": {"backward_into": _INTO_TODAY},
     "probe_gluon_bwd_chunk_plain_h200.json": {"backward": (
         "ours lag=0 stagger=1 max_steps=1024 chunk=512 d128", "ours lag=1 stagger=1 max_steps=1024 chunk=1024 d64")},
 }
