@@ -74,7 +74,7 @@ def name(D, var):
 def flags(D, var):
     bits, chunk = var
     gg.Q_CHUNK[D] = DEFAULT_CHUNK[D] if chunk is None else chunk
-    gb.LAG[D], gb.STAGGER = bool(bits & 1), bool(bits & 2)
+    gb.LAG[D], gg.STAGGER = bool(bits & 1), bool(bits & 2)
     gg.MAX_STEPS = 1 << 30 if bits & 4 else 1 if bits & 8 else DEFAULT_STEPS
 
 
@@ -159,7 +159,7 @@ def main():
     checks, rows = [], []
     for spec in specs:
         D, _, vs = spec.partition(":")
-        kept = gb.LAG[int(D)], gb.STAGGER, gg.MAX_STEPS, gg.Q_CHUNK[int(D)]
+        kept = gb.LAG[int(D)], gg.STAGGER, gg.MAX_STEPS, gg.Q_CHUNK[int(D)]
         D, good = int(D), []
         for var in (parse(x) for x in vs.split(",")):
             flags(D, var)
@@ -168,7 +168,7 @@ def main():
             if all(e["ok"] for e in c):
                 good.append(var)
         rows += bench(D, good, seqs, iters, into)
-        gb.LAG[D], gb.STAGGER, gg.MAX_STEPS, gg.Q_CHUNK[D] = kept
+        gb.LAG[D], gg.STAGGER, gg.MAX_STEPS, gg.Q_CHUNK[D] = kept
     from burstengine.bench.records import write_record
     name = os.environ.get("NAME", "probe_gluon_bwd_variants")
     print(write_record(name, dict(device=torch.cuda.get_device_name(), heads=H, kv_heads=HKV, check=checks, rows=rows,

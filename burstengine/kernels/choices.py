@@ -67,29 +67,28 @@ CARDS = {
         ("forward", FULL, 128): _GLUON_ABOVE_8K,
         ("forward", CAUSAL, 128): _GLUON_ABOVE_8K,
     },
-    # "NVIDIA H200": the plain forward, 24 q / 8 kv heads, d=128.  Causal (gluon_fwd_h200.json,
-    # gluon_fwd_maskfirst_h200.json, gluon_fwd_full*_h200.json): 16K 1.05-1.11x, 32K-64K 1.02-1.05x,
-    # 128K 1.11-1.13x.  Full (gluon_fwd_pipe_h200.json, gluon_fwd_full*_h200.json, two launches at
-    # 62bb743): 16K 0.93-0.94x, 32K 1.03-1.05x, 64K-128K 1.02-1.03x; cuDNN's up to 16K.  At d=64
-    # (probe_head_dims*_h200.json, gluon_fwd_poly_d64_h200.json; 24 and 32 q heads): causal 0.95-1.02x
-    # to 64K, level at 128K; full 0.89-0.97x at 16K, level at 64K, 1.02-1.04x at 128K: Gluon there.
+    # "NVIDIA H200", ours over cuDNN in the records (vs_cudnn's table in docs/kernels.md), 24 or 32
+    # q heads on 8 kv heads.  The plain forward at d=128: causal 0.98-1.08x at 8K, 0.95-1.11x at
+    # 16K, 0.99-1.06x at 32K, 1.05x at 64K, 1.11-1.14x at 128K; full 0.83-0.92x at 8K, 0.91-1.07x
+    # at 16K, 0.97-1.05x at 32K, 0.99-1.03x at 64K-128K: cuDNN's up to 16K there.  At d=64: causal
+    # 0.93-1.03x up to 64K and 0.99-1.03x at 128K (cuDNN's); full 0.88-0.97x at 16K, 0.98-1.02x at
+    # 64K, 1.02-1.04x at 128K (Gluon's past 64K).
     #
-    # The plain backward (32 or 24 q / 8 kv heads; probe_head_dims*_h200.json, probe_gluon_bwd_*_h200.json):
-    # d=128 causal 0.85-0.89x at 8K and 0.96x at 16K (six launches, 32 heads), level above; full
-    # 0.89-0.91x at 8K, 1.03x at 16K, level at 32K-128K (128K: 0.90x until full blocks were cut
-    # into chunks of q tiles, 1.01x since: probe_gluon_bwd_chunk_plain_h200.json); d=64 full 0.92x at
-    # 16K, level above, causal 1.08-1.09x at 64K-128K, so Gluon on causal d=64 blocks;
-    # backward_into at d=64 (probe_gluon_bwd_split_h200.json, probe_gluon_bwd_chunk_into_h200.json)
-    # causal 1.05-1.09x from 32K, level at 16K, 0.88x at 8K (probe_gluon_bwd_short_split_h200.json),
-    # full level.  At d=128 the ring step's backward_into keeps Gluon everywhere
-    # (AUTO_TABLE): 1.01x cuDNN with its adds at 128K full since the chunks (0.90x before).
+    # The plain backward at d=128: causal 0.85-0.89x at 8K and about 0.96x at 16K, level above;
+    # full 0.89-0.91x at 8K, 0.97-1.04x at 16K, level at 32K-128K (128K: 0.90x until full blocks
+    # were cut into chunks of q tiles, 1.01x since: probe_gluon_bwd_chunk_plain_h200.json).  At
+    # d=64: full 0.92x at 16K, level above; causal 0.97-0.99x at 16K, 1.06-1.10x at 64K-128K, and
+    # the ring step's backward_into causal 0.88x at 8K (probe_gluon_bwd_short_split_h200.json), 1.00x
+    # at 16K, 1.05-1.12x at 32K-128K: Gluon on causal d=64 blocks past 8K rows, both calls (the plain
+    # one has no 8K record; it follows the ring step's).  At d=128 the ring step's backward_into keeps
+    # Gluon everywhere (AUTO_TABLE): level with cuDNN and its adds at 128K full since the chunks.
     "H200": {
         ("forward", CAUSAL, 128): _GLUON_ABOVE_8K,
         ("forward", FULL, 128): [(16384, "cudnn"), (None, "gluon"), (None, "cudnn")],
         ("forward", FULL, 64): [(65536, "cudnn"), (None, "gluon"), (None, "cudnn")],
         ("backward", CAUSAL, 128): [(16384, "cudnn"), (None, "gluon"), (None, "cudnn")],
         ("backward", FULL, 128): [(8192, "cudnn"), (None, "gluon"), (None, "cudnn")],
-        ("backward", CAUSAL, 64): [(None, "gluon"), (None, "cudnn")],
+        ("backward", CAUSAL, 64): [(8192, "cudnn"), (None, "gluon"), (None, "cudnn")],
         ("backward_into", CAUSAL, 64): [(8192, "cudnn"), (None, "gluon"), (None, "cudnn")],
     },
 }

@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...kernels.choices import AUTO_TABLE, CARDS, card_key
+from ...kernels.gluon import grid
 from ...kernels.registry import AutoKernel
 from ..tables import med, span, table
 
@@ -111,9 +112,11 @@ STALE = {
                                                                 "per head dim (and the loop's % since replaced)",
 }
 # Full blocks of more q tiles than gluon/grid.py's Q_CHUNK (d=128 past 32K rows, d=64 past 64K): the
-# Gluon backward cuts them into chunks since 7f228ad; the records before timed it whole
-_CHUNKED = ("probe_gluon_bwd_chunk_into_h200.json", "probe_gluon_bwd_chunk_plain_h200.json")
-_CHUNKS_FROM = {128: 32768, 64: 65536}
+# Gluon backward cuts them into chunks since 7f228ad; the records named here were made after, the
+# others before
+_CHUNKED = ("probe_gluon_bwd_chunk_into_h200.json", "probe_gluon_bwd_chunk_plain_h200.json",
+            "probe_head_dims_d64_long_h200.json", "probe_gluon_bwd_short_split_h200.json")
+_CHUNKS_FROM = {d: grid.Q_CHUNK[d] * grid.Q_ROWS[d] for d in grid.Q_CHUNK}  # rows
 _BEFORE_CHUNKS = "full blocks of d=128 past 32K rows and d=64 past 64K, timed before the chunks (7f228ad)"
 
 

@@ -42,14 +42,15 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from . import fwd as gluon_fwd
 from .fwd import BIG, LOADER_REGS, LOG2E, WS_MAXNREG, _rows, row_desc, writable_rows
-from .grid import Q_ROWS, program_split
+from . import grid as plans
+from .grid import Q_ROWS
 
 if not (hasattr(ir, "DESCRIPTOR_REDUCE_KIND") and hasattr(gluon_ir.GluonOpBuilder, "create_async_tma_reduce")):
     # _reduce_add below builds the op through Triton internals: a Triton without them gets the
     # Triton kernels instead (the caller treats ImportError as "not here")
     raise ImportError("this Triton's Gluon cannot build a TMA reduce-add")
 
-BLOCK_N = gl.constexpr(128)  # kv rows per program: two compute warpgroups of 64
+BLOCK_N = gl.constexpr(plans.BLOCK_N)  # kv rows per program: two compute warpgroups of 64
 HALF = gl.constexpr(64)      # the kv rows of one warpgroup = the width of its S and dP tiles
 STAGES = gl.constexpr(2)
 # LAG per head dim: step j makes the dQ of step j-1, issued at its top so that it runs under the
@@ -59,7 +60,6 @@ STAGES = gl.constexpr(2)
 # accumulator does not fit beside the softmax's registers (ptxas spills 1 KB and serialises the
 # wgmmas: ptxas_gluon_bwd_d64.json)
 LAG = {128: False, 64: True}
-STAGGER = True  # full blocks: see bwd_kernel (probe flag)
 
 
 @builtin
@@ -319,8 +319,9 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
     their dtype, or added atomically (2: float32, the group or the q tiles split over programs)."""
     dtype: gl.constexpr = q_desc.dtype
     pid_n = gl.program_id(0)
-    # grid (kv tiles, batch x q heads / HEADS, chunks): the chunk and kv tile straight from the
-    # program's ids, so that ptxas can remake q_t0 and n_q rather than keep them (0.96x when kept)
+    # grid (kv tiles, batch x q heads / HEADS, chunks: grid.py's Plan): the chunk and kv tile
+    # straight from the program's ids, which ptxas can remake values from rather than keep them
+    # (a chunk from a division raised the step loops' local loads)
     n_hp = H // HEADS
     b = gl.program_id(1) // n_hp
     h0 = (gl.program_id(1) - b * n_hp) * HEADS  # this program's q heads: HEADS of its kv head's GROUP
@@ -392,28 +393,21 @@ def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None,
     ``fresh``).  ``lse2``: lse in base 2, +inf for rows that saw nothing; ``delta``: D; both
     (B, H, Sq) with unit stride along rows.  ``mask_lo``: None full, 0 causal, 1 strict."""
     B, Sq, H, D = q.shape
-    Sk, Hkv = k.shape[1], k.shape[2]
-    block_m, group = Q_ROWS[D], H // Hkv
-    diag = mask_lo is not None
-    heads, chunk = program_split(q, k, dk, dv, fresh, diag)
-    chunks = -(-(Sq // block_m) // chunk)
-    split = heads < group or chunks > 1
-    dkv = 2 if split else 0 if fresh else 1
+    block_m, diag = Q_ROWS[D], mask_lo is not None
+    p = plans.plan(q, k, dk, dv, fresh, diag)
     gk, gv = dk, dv
-    if split and not (dk.dtype == dv.dtype == torch.float32 and not fresh):
+    if p.temporaries:
         # the programs of a kv tile add theirs atomically: into float32, then stored or added
         gk, gv = (torch.zeros(k.shape, device=k.device, dtype=torch.float32) for _ in range(2))
-    stagger = max(1, (Sq // block_m) // (Sk // BLOCK_N.value)) if STAGGER and not diag else 0
     q_desc, do_desc = (row_desc(x, (block_m, D)) for x in (q, dout))
     k_desc, v_desc = (row_desc(x, (BLOCK_N.value, D)) for x in (k, v))
     dq_desc = row_desc(dq, (block_m, D // 2))
     dk_rows, dv_rows = _rows(gk), _rows(gv)
-    grid = (Sk // BLOCK_N.value, B * H // heads, chunks)
-    bwd_kernel[grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse2, delta, dk_rows, dv_rows, Sq, Sk, H, group, heads,
-                     scale * LOG2E.value, scale, mask_lo if diag else -BIG, 0 if diag else chunk, stagger,
-                     lse2.stride(0), lse2.stride(1), delta.stride(0), delta.stride(1),
-                     dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, BLOCK_M=block_m, LAG=LAG[D], DKV=dkv,
-                     LOAD_REGS=LOADER_REGS, num_warps=4, maxnreg=WS_MAXNREG)
+    bwd_kernel[p.grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse2, delta, dk_rows, dv_rows, Sq, k.shape[1], H,
+                       H // k.shape[2], p.heads, scale * LOG2E.value, scale, mask_lo if diag else -BIG, p.chunk,
+                       p.stagger, lse2.stride(0), lse2.stride(1), delta.stride(0), delta.stride(1),
+                       dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, BLOCK_M=block_m, LAG=LAG[D], DKV=p.dkv,
+                       LOAD_REGS=LOADER_REGS, num_warps=4, maxnreg=WS_MAXNREG)
     if gk is not dk:
         for mine, g in ((dk, gk), (dv, gv)):
             if fresh:

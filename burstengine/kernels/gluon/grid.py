@@ -1,6 +1,10 @@
 """How the Gluon backward (bwd.py) cuts a block over programs: pure arithmetic on shapes, no
-Triton, so the CPU tests prove it by enumeration.  Probes change these constants to time variants."""
+Triton, so the CPU tests prove it by enumeration (tests/kernels/test_gluon_grid.py, which also
+writes out the kernel's decode of a program's ids).  Probes change these constants to time
+variants."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -19,7 +23,7 @@ MAX_STEPS = 1024
 # so that the programs running at once (neighbouring kv tiles of one q head and chunk, the grid's
 # order) share the chunk's Q, dO and dQ in L2 (32 MB at either head dim) however far apart they
 # drift.  Walking a whole 128K block at d=128 they drift apart by more than L2 holds: Nsight counted
-# 0.4-2.1 TB of DRAM traffic a call, cuDNN's 0.06-0.1 (ncu_bwd_bytes_h200.json,
+# 0.65-3.3 TB of DRAM traffic (read and written) a call, cuDNN's 0.06-0.10 (ncu_bwd_bytes_h200.json,
 # ncu_bwd_l2_128k_h200.json; chunks of 256: 0.12 TB, ncu_bwd_chunk_128k_h200.json), paid in clock
 # under the power limit (probe_bwd_power_h200.json): 0.90x cuDNN.  Chunks of 512 there: 1.10-1.13x
 # the unchunked kernel, level with cuDNN (probe_gluon_bwd_chunk_*_h200.json); at d=64 chunks of 256
@@ -39,3 +43,37 @@ def program_split(q, k, dk, dv, fresh: bool, diag: bool) -> tuple[int, int]:
     if fresh or dk.dtype != torch.float32 or dv.dtype != torch.float32:
         return group, q_tiles
     return max([h for h in range(1, group + 1) if group % h == 0 and h * q_tiles <= MAX_STEPS] or [1]), q_tiles
+
+
+BLOCK_N = 128  # kv rows a program (bwd.py's)
+STAGGER = True  # full blocks: each kv tile's programs start their q tiles apart (bwd.py; a probe flag)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One backward_into launch: ``grid`` (kv tiles, batch x q heads / heads, chunks); a program
+    takes ``heads`` q heads and ``chunk`` q tiles (0: a diagonal block, all its q tiles from the
+    kv tile's own); ``dkv`` 0 stores dK/dV, 1 reads, adds and stores them, 2 adds them atomically
+    into float32 (``temporaries``: into float32 buffers made for it, then stored or added);
+    ``stagger``: q tiles between neighbouring kv tiles' first ones (full blocks)."""
+
+    heads: int
+    chunk: int
+    dkv: int
+    temporaries: bool
+    stagger: int
+    grid: tuple[int, int, int]
+
+
+def plan(q, k, dk, dv, fresh: bool, diag: bool) -> Plan:
+    """The launch of bwd.backward_into for these tensors (see :class:`Plan`)."""
+    B, Sq, H, D = q.shape
+    Sk, group = k.shape[1], H // k.shape[2]
+    q_tiles = Sq // Q_ROWS[D]
+    heads, chunk = program_split(q, k, dk, dv, fresh, diag)
+    chunks = -(-q_tiles // chunk)
+    split = heads < group or chunks > 1
+    stagger = max(1, q_tiles // (Sk // BLOCK_N)) if STAGGER and not diag else 0
+    return Plan(heads=heads, chunk=0 if diag else chunk, dkv=2 if split else 0 if fresh else 1,
+                temporaries=split and not (dk.dtype == dv.dtype == torch.float32 and not fresh), stagger=stagger,
+                grid=(Sk // BLOCK_N, B * H // heads, chunks))
