@@ -85,6 +85,9 @@ TODAY = {
     "probe_gluon_bwd_chunk_into_h200.json": {"backward_into": _INTO_TODAY},
     # 8K-32K; its "max_steps=1" rows are the variant (one q head a program at every length)
     "probe_gluon_bwd_short_split_h200.json": {"backward_into": _INTO_TODAY},
+    # the check after grid.py's plan() (e41dca4), and 16K timed three times
+    "probe_gluon_bwd_check_h200.json": {"backward": ("ours lag=0 stagger=1 max_steps=1024 chunk=512 d128",
+                                                     "ours lag=1 stagger=1 max_steps=1024 chunk=1024 d64")},
     "probe_gluon_bwd_chunk_plain_h200.json": {"backward": (
         "ours lag=0 stagger=1 max_steps=1024 chunk=512 d128", "ours lag=1 stagger=1 max_steps=1024 chunk=1024 d64")},
 }
@@ -115,7 +118,8 @@ STALE = {
 # Gluon backward cuts them into chunks since 7f228ad; the records named here were made after, the
 # others before
 _CHUNKED = ("probe_gluon_bwd_chunk_into_h200.json", "probe_gluon_bwd_chunk_plain_h200.json",
-            "probe_head_dims_d64_long_h200.json", "probe_gluon_bwd_short_split_h200.json")
+            "probe_head_dims_d64_long_h200.json", "probe_gluon_bwd_short_split_h200.json",
+            "probe_gluon_bwd_check_h200.json")
 _CHUNKS_FROM = {d: grid.Q_CHUNK[d] * grid.Q_ROWS[d] for d in grid.Q_CHUNK}  # rows
 _BEFORE_CHUNKS = "full blocks of d=128 past 32K rows and d=64 past 64K, timed before the chunks (7f228ad)"
 
