@@ -19,6 +19,8 @@ from probe_gluon import D, H, HKV, dev, err, main, ref64, rnd, time_rows  # the 
 
 
 # --d N after the lengths (main reads them from argv[1])
+if len(sys.argv) > 1 and sys.argv[1].startswith("--"):
+    raise SystemExit("usage: python benchmarks/probe_gluon_fwd.py SEQS [--d 64] (the lengths first)")
 D = int(sys.argv[sys.argv.index("--d") + 1]) if "--d" in sys.argv else D
 scale = D ** -0.5
 PIPES = (False, True) if hasattr(gf, "PIPE") else (False, )  # the variant flag, where the kernel has it
