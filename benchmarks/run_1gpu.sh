@@ -7,6 +7,9 @@
 #   bash benchmarks/run_1gpu.sh gemv     # 37: the GEMV kernel beside cuBLAS (check, speed, tile sweep), and 8B
 #                                        # decode at 128K with it on / off, and with the tree in $OLD (a
 #                                        # `git archive` of the commit before it: OLD=build/old93)
+#   bash benchmarks/run_1gpu.sh kernels41  # 41: the kernels as they are beside cuDNN on this card (H100's rows
+#                                        # are the ones missing): lao-check, the Gluon backward plain and
+#                                        # backward_into (chunks included), the forward at d=128 and d=64
 set -u
 stage=${1:?stage: checks}
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-$PWD}
@@ -46,6 +49,20 @@ gemv)
     (cd "$OLD" && BURST_COMMIT=${OLD_COMMIT:-} PYTHONPATH=$PWD bstep 100 python3 -m burstengine bench $D8 \
         --name decode_8b_1gpu_128k_before)
   fi
+  ;;
+kernels41)
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
+  bstep 130 python3 -m burstengine bench lao-check
+  # the records' names carry the card; auto's rules per card read them (bench/probes/vs_cudnn.py)
+  NAME=probe_gluon_bwd_plain_$card bstep 120 python3 benchmarks/probe_gluon_bwd_variants.py \
+      8192,16384,65536,131072 128:2 64:3 5
+  NAME=probe_gluon_bwd_into_$card bstep 100 python3 benchmarks/probe_gluon_bwd_variants.py \
+      8192,16384,65536,131072 128:2 64:3 5 --into
+  (export OUT=$BURST_RESULTS/fwd && mkdir -p $OUT && bstep 70 python3 benchmarks/probe_gluon_fwd.py \
+      8192,16384,32768,65536,131072 && mv $OUT/gluon_fwd.json $BURST_RESULTS/gluon_fwd_full_$card.json)
+  (export OUT=$BURST_RESULTS/hd && mkdir -p $OUT && PYTHONPATH=$PYTHONPATH:$PWD/benchmarks bstep 90 \
+      python3 benchmarks/probe_head_dims.py 16384,65536,131072 64 24,32 5 \
+      && mv $OUT/probe_head_dims.json $BURST_RESULTS/probe_head_dims_d64_$card.json)
   ;;
 *) echo "unknown stage $stage"; exit 2;;
 esac
