@@ -65,15 +65,20 @@ def parse(token):
     return int(bits), int(chunk) if chunk else None
 
 
+def chunk_of(D, var):
+    """The Q_CHUNK a variant runs at head dim ``D``."""
+    return DEFAULT_CHUNK[D] if var[1] is None else var[1]
+
+
 def name(D, var):
-    bits, chunk = var[0], DEFAULT_CHUNK[D] if var[1] is None else var[1]
+    bits, chunk = var[0], chunk_of(D, var)
     steps = "off" if bits & 4 else "1" if bits & 8 else str(DEFAULT_STEPS)
     return f"lag={bits & 1} stagger={bits >> 1 & 1} max_steps={steps} chunk={chunk}"
 
 
 def flags(D, var):
-    bits, chunk = var
-    gg.Q_CHUNK[D] = DEFAULT_CHUNK[D] if chunk is None else chunk
+    bits = var[0]
+    gg.Q_CHUNK[D] = chunk_of(D, var)
     gb.LAG[D], gg.STAGGER = bool(bits & 1), bool(bits & 2)
     gg.MAX_STEPS = 1 << 30 if bits & 4 else 1 if bits & 8 else DEFAULT_STEPS
 
@@ -140,7 +145,7 @@ def bench(D, variants, seqs, iters, into=False):
                     flags(D, var)
                 ts = timed(fn, "cuda", warmup=2, iters=iters)
                 rows.append(dict(D=D, S=S, mask=mask, method=label, variant=var and var[0],
-                                 chunk=var and (DEFAULT_CHUNK[D] if var[1] is None else var[1]), call=call, times=ts,
+                                 chunk=var and chunk_of(D, var), call=call, times=ts,
                                  tflops=fl / median(ts) / 1e12))
                 print(f"D={D:>3} S={S:>6} {mask:<6} {label:<32} {rows[-1]['tflops']:5.0f} TFLOP/s", flush=True)
             del o, lse, delta

@@ -69,6 +69,12 @@ def _ncu_value(row, metric: str, per: float = 1.0):
     return float(v[0].replace(",", "")) / per if v else None
 
 
+def _dram(row) -> tuple[float, float]:
+    # an ncu_bwd_bytes.py row: (GB of DRAM read and written, L2 hit %)
+    return (_ncu_value(row, "dram__bytes_read.sum", 1e9) + _ncu_value(row, "dram__bytes_write.sum", 1e9),
+            _ncu_value(row, "lts__t_sector_hit_rate.pct"))
+
+
 def ncu_bwd_bytes(rec):
     cols = (("gpu__time_duration.sum", 1e6, 0), ("dram__bytes_read.sum", 1e9, 1), ("dram__bytes_write.sum", 1e9, 1),
             ("lts__t_sector_hit_rate.pct", 1.0, 1), ("lts__t_sectors_op_read.sum", 1e9, 1),
@@ -126,9 +132,7 @@ def block_bwd_power(records):
     p = {(r["S"], r["method"]): r for r in pw["rows"] if r["rep"] == 1}
 
     def byt(S, m):
-        r = next(x for x in nc["rows"] if (x["S"], x["method"]) == (S, m))
-        return (_ncu_value(r, "dram__bytes_read.sum", 1e9) + _ncu_value(r, "dram__bytes_write.sum", 1e9),
-                _ncu_value(r, "lts__t_sector_hit_rate.pct"))
+        return _dram(next(x for x in nc["rows"] if (x["S"], x["method"]) == (S, m)))
 
     out = []
     for S in sorted({k[0] for k in p}):
@@ -148,9 +152,9 @@ def block_bwd_chunks(records):
     """docs/kernels.md: the d=128 full backward at 128K, its DRAM bytes whole and in chunks of q
     tiles, and the chunk sizes timed."""
     def dram(name, method):
-        r = next(x for x in record(records, name)["rows"] if (x["S"], x["method"]) == (131072, method) and x["metrics"])
-        return (f"{(_ncu_value(r, 'dram__bytes_read.sum', 1e9) + _ncu_value(r, 'dram__bytes_write.sum', 1e9)):,.0f} GB "
-                f"({_ncu_value(r, 'lts__t_sector_hit_rate.pct'):.0f}% L2 hits)")
+        gb, hit = _dram(next(x for x in record(records, name)["rows"]
+                             if (x["S"], x["method"]) == (131072, method) and x["metrics"]))
+        return f"{gb:,.0f} GB ({hit:.0f}% L2 hits)"
 
     l2, old, chunk = "ncu_bwd_l2_128k_h200.json", "ncu_bwd_bytes_h200.json", "ncu_bwd_chunk_128k_h200.json"
     ncu_line = (f"Nsight Compute, one call each at 128K (DRAM bytes read and written): ours walking whole blocks "
