@@ -4,7 +4,9 @@ SASS loops that issue wgmmas, for the plain forward and forward_into (ACC) in ea
 (the default build), pipe (two kv tiles a loop step, a PV under the next softmax; commit dd07c74
 holds it, ptxas_gluon_fwd_pipe.json its build: ~2 KB of spills, dropped after).
 
-    python benchmarks/ptxas_gluon_fwd.py base,pipe now=. main=/work/main
+    python benchmarks/ptxas_gluon_fwd.py base,pipe,base@256 now=. main=/work/main
+
+A name@D builds head dim D (default 128).
 
 Each NAME=DIR builds DIR's kernels in a fresh process (default now=.).  Commit 443989c's version
 of this script built the wide kv tiles (128,144,160,192).  Needs a Triton with Gluon (PYTHONPATH).  Writes
@@ -16,16 +18,19 @@ from ptxas_gluon_bwd import PRELUDE, build_all
 
 BUILD = PRELUDE + r'''
 from burstengine.kernels.gluon import fwd as gf
-B, S, H, HKV, D = 1, 1024, 32, 8, 128  # the 8B model's heads; the build does not depend on S
-q = torch.zeros(B, S, H, D, dtype=torch.bfloat16)
-k = torch.zeros(B, S, HKV, D, dtype=torch.bfloat16)
-for name in sys.argv[3].split(","):
-    if name != "base" and not hasattr(gf, "PIPE"):
-        continue  # a variant this checkout's kernel does not hold (pipe: commit dd07c74)
+B, S, H, HKV = 1, 1024, 32, 8  # the 8B model's heads; the build does not depend on S
+for spec in sys.argv[3].split(","):
+    name, _, d = spec.partition("@")  # "base@256": the build at head dim 256
+    D = int(d or 128)
+    if name != "base" and not hasattr(gf, "PIPE") or D not in gf.STAGES:
+        continue  # a variant or head dim this checkout's kernel does not hold (pipe: commit dd07c74)
     kw = {} if name == "base" else dict(pipe=name == "pipe")
-    capture(f"fwd_{name}", lambda: gf.forward(q, k, k, 0.088, False, **kw))
-    capture(f"fwd_into_{name}", lambda: gf.forward_into(q, k, k, 0.088, None, torch.zeros(B, S, H, D),
-                                                       torch.zeros(B, H, S), **kw))
+    q = torch.zeros(B, S, H, D, dtype=torch.bfloat16)
+    k = torch.zeros(B, S, HKV, D, dtype=torch.bfloat16)
+    tag = spec.replace("@", "_d")
+    capture(f"fwd_{tag}", lambda: gf.forward(q, k, k, 0.088, False, **kw))
+    capture(f"fwd_into_{tag}", lambda: gf.forward_into(q, k, k, 0.088, None, torch.zeros(B, S, H, D),
+                                                      torch.zeros(B, H, S), **kw))
 '''
 
 

@@ -6,13 +6,14 @@ Each case runs ``forward_into`` onto a random non-empty running state (rows stil
 have O poisoned with NaN where this block makes them visible) and ``backward_into`` onto random
 float32 accumulators, and compares out, lse and the dQ/dK/dV increments with the float64
 reference kernel on the same inputs (burstengine/kernels/verify.py): normwise error <= --tol
-(1e-2), no NaN anywhere.  Cases: FULL/CAUSAL/STRICT x GQA 1/2/4/8 x head dim 64/128 x bf16/fp16
+(1e-2), no NaN anywhere.  Cases: FULL/CAUSAL/STRICT x GQA 1/2/4/8 x head dim 64/128 (256) x bf16/fp16
 at odd and tile-aligned lengths; MaskSpec windows (causal and not), striped positions, Sq != Sk,
 documents, block masks (aligned and ragged block sizes), their combinations, and a block that
 sees nothing; K/V rows in whole tiles that no query sees are poisoned with NaN, so a kernel
 that loads a tile it should skip fails.  Square full/causal cases also run the plain forward and
 backward (fresh outputs).  On Hopper the shapes kernels/gluon/fwd.py and gluon/bwd.py take run
-there (lengths multiples of 128, d 64 and 128): the record marks each case; four cases are long
+there (lengths multiples of 128, d 64 and 128; d=256's forward only, its backward is cuDNN's):
+the record marks each case; four cases are long
 enough that the Gluon backward splits a kv head's q heads over programs, four full blocks have
 Sq != Sk.
 Writes lao_check.json to $BURST_RESULTS or ./burst-results.
@@ -105,6 +106,14 @@ def cases():
         # head and one chunk of q tiles a program, the last chunk short
         out.append((f"chunks-full-d{D}-gqa4-Sq66560-Sk1024", dict(B=1, Sq=66560, Sk=1024, H=8, Hkv=2, D=D,
                                                                    dtype=torch.bfloat16, mask=FULL)))
+    for i, (mask, dtype) in enumerate(itertools.product((FULL, CAUSAL, STRICT), (torch.bfloat16, torch.float16))):
+        # d=256: the Gluon forward only (64-row kv tiles, O in halves), its backward cuDNN's
+        S = (1024, 1536, 4096)[i % 3]
+        out.append((f"{mask}-d256-{str(dtype)[6:]}-gqa{(1, 2, 4)[i % 3]}-S{S}",
+                    dict(B=2 if i % 2 else 1, Sq=S, Sk=S, H=8, Hkv=8 // (1, 2, 4)[i % 3], D=256, dtype=dtype,
+                         mask=mask)))
+    out.append(("rect-full-d256-gqa4-Sq1024-Sk2560", dict(B=1, Sq=1024, Sk=2560, H=8, Hkv=2, D=256,
+                                                           dtype=torch.bfloat16, mask=FULL)))
     return out
 
 
@@ -135,6 +144,8 @@ def main(argv=None):
     kern = TritonKernel(load_configs(args.configs))
     t0 = time.time()
     all_cases = cases()
+    if args.device == "cpu":
+        all_cases = [(n, c) for n, c in all_cases if c["D"] in kern.config]  # d=256 runs in Gluon only
     if args.limit:
         all_cases = all_cases[::args.limit]
     if args.small:
@@ -145,23 +156,27 @@ def main(argv=None):
     variants = {(c["D"], str(c["dtype"])[6:], isinstance(c["mask"], MaskSpec) and c["mask"].q_doc is not None,
                  isinstance(c["mask"], MaskSpec) and c["mask"].block_mask is not None) for _, c in all_cases}
     errs = warm_variants([dict(config=kern.config[D].to_dict(), D=D, dtype=dt, doc=doc, block=blk)
-                          for D, dt, doc, blk in sorted(variants)], args.jobs) if args.device == "cuda" else []
+                          for D, dt, doc, blk in sorted(variants) if D in kern.config],
+                         args.jobs) if args.device == "cuda" else []
     print(f"compiled {len(variants)} variants in {time.time() - t0:.0f}s", flush=True)
     for e in errs:
         print("compile error:", e[:500], flush=True)
     rows, failed = [], 0
     for name, c in all_cases:
         D = c["D"]
-        t = kern.config[D]
-        gran = math.lcm(t.fwd.block_n, t.kv.block_n, *(x.block_n for x in (t.dq, t.fwd_into) if x))
+        t = kern.config.get(D)
+        # K/V poisoned in whole tiles of the kernels that run (d=256: the Gluon forward's 128-row q tile)
+        gran = math.lcm(t.fwd.block_n, t.kv.block_n, *(x.block_n for x in (t.dq, t.fwd_into) if x)) if t else 128
         q = torch.empty(1, c["Sq"], c["H"], D, dtype=c["dtype"], device=args.device)
         kk = torch.empty(1, c["Sk"], c["Hkv"], D, dtype=c["dtype"], device=args.device)
         try:
-            assert kern.supports(q, kk, kk, c["mask"]), "case would take the fallback"
-            r = run_case(kern, device=args.device, seed=len(rows) + 1, poison_kv=gran, **c)
-            r["ok"] = not r["nan"] and all(r[n] <= args.tol for n in NAMES)
             state = (torch.empty(1, c["Sq"], c["H"], D, device=args.device),
                      torch.empty(1, c["H"], c["Sq"], device=args.device))
+            # a head dim of the Gluon forward only (256): its forward must run there
+            assert kern.supports(q, kk, kk, c["mask"]) or (args.device == "cuda" and gluon_takes(q, kk, kk, c["mask"], *state)), \
+                "case would take the fallback"
+            r = run_case(kern, device=args.device, seed=len(rows) + 1, poison_kv=gran, **c)
+            r["ok"] = not r["nan"] and all(r[n] <= args.tol for n in NAMES)
             r["gluon_into"] = gluon_takes(q, kk, kk, c["mask"], *state)  # forward_into ran in gluon/fwd.py
             grads = (torch.empty(1, c["Sq"], c["H"], D, device=args.device),
                      *(torch.empty(1, c["Sk"], c["Hkv"], D, device=args.device) for _ in range(2)))

@@ -20,6 +20,10 @@ waited for at the end of each step, and the mask is a runtime value of the one b
 diagonal is the last tile, always taken through the masked softmax; for a full block its mask
 keeps everything).
 
+At d=256 (_ws_wide) a warpgroup's O is 128 registers a thread: kv tiles of 64 rows, and O in two
+128-column halves so that the ring step's float32 state can pass through the Q buffer (no room for
+one of its own beside two K/V buffers).
+
 Only what the fast path needs (see :func:`supported`); everything else goes to the Triton kernel.
 """
 from __future__ import annotations
@@ -33,8 +37,12 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 LOG2E = gl.constexpr(1.4426950408889634)
 BLOCK = gl.constexpr(128)   # q rows per program: two compute warpgroups of 64
-# K/V buffers per head dim (kv tiles are BLOCK rows too); a third buffer did not help (H200 probes)
-STAGES = {128: 2, 64: 2}
+# K/V buffers per head dim; a third buffer did not help (H200 probes)
+STAGES = {128: 2, 64: 2, 256: 2}
+# kv rows a tile per head dim.  At d=256 a warpgroup's O alone is 128 registers a thread: 64-row
+# kv tiles keep S (and the next tile's S in flight) at 32 each, and two buffers of K and V (128 KB)
+# fit beside Q (64 KB) in shared memory
+KV_ROWS = {128: 128, 64: 128, 256: 64}
 
 
 @gluon.jit
@@ -70,7 +78,7 @@ def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, mask_lo, MASKED: gl.con
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, diag: bool, *state) -> bool:
     """Whether the fast path takes this call (else the caller uses the Triton kernel): Hopper,
-    bf16/fp16, d 64/128, lengths multiples of 128 (Sq = Sk for a diagonal mask), heads side by
+    bf16/fp16, d 64, 128 or 256, lengths multiples of 128 (Sq = Sk for a diagonal mask), heads side by
     side in 16-byte aligned rows; ``state`` (out, lse): float32, rows of heads side by side."""
     B, Sq, H, D = q.shape
     Sk = k.shape[1]
@@ -131,8 +139,8 @@ LOADER_REGS = 24  # the loader warp's registers: the minimum, it holds only scal
 
 
 @gluon.jit
-def _ws_loader(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr,
-               FFMA: gl.constexpr):
+def _ws_loader(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+               ACC: gl.constexpr, FFMA: gl.constexpr):
     q_desc, k_desc, v_desc, o_desc = descs
     q_bufs, k_bufs, v_bufs, o_bufs = bufs
     q_bar, k_ready, k_empty, v_ready, v_empty, o_bar = bars
@@ -144,11 +152,11 @@ def _ws_loader(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, STAGES: gl.
         st = i % STAGES
         ph = (i // STAGES) & 1
         mbarrier.wait(k_empty.index(st), ph ^ 1)
-        mbarrier.expect(k_ready.index(st), BLOCK * HEAD_DIM * 2)
-        tma.async_copy_global_to_shared(k_desc, [kv_row + i * BLOCK, kv_col], k_ready.index(st), k_bufs.index(st))
+        mbarrier.expect(k_ready.index(st), BLOCK_N * HEAD_DIM * 2)
+        tma.async_copy_global_to_shared(k_desc, [kv_row + i * BLOCK_N, kv_col], k_ready.index(st), k_bufs.index(st))
         mbarrier.wait(v_empty.index(st), ph ^ 1)
-        mbarrier.expect(v_ready.index(st), BLOCK * HEAD_DIM * 2)
-        tma.async_copy_global_to_shared(v_desc, [kv_row + i * BLOCK, kv_col], v_ready.index(st), v_bufs.index(st))
+        mbarrier.expect(v_ready.index(st), BLOCK_N * HEAD_DIM * 2)
+        tma.async_copy_global_to_shared(v_desc, [kv_row + i * BLOCK_N, kv_col], v_ready.index(st), v_bufs.index(st))
 
 
 @gluon.jit
@@ -239,21 +247,152 @@ def _ws_compute(descs, bufs, bars, scal, LSE, W: gl.constexpr, HEAD_DIM: gl.cons
 
 
 @gluon.jit
-def _ws_compute0(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr,
-                 FFMA: gl.constexpr):
-    _ws_compute(descs, bufs, bars, scal, LSE, 0, HEAD_DIM, STAGES, ACC, FFMA)
+def _wide_step(j, s_cur, acc0, acc1, m_i, l_i, q_smem, k_bufs, v_bufs, bars, offs_m, cols, mask_lo, qk_scale,
+               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr, FFMA: gl.constexpr):
+    # kv tile j of _ws_wide: the QK^T of tile j + 1 issued, then tile j's softmax and its two PVs
+    q_bar, k_ready, k_empty, v_ready, v_empty, o_bar = bars
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = s_cur.type.layout
+    o_layout: gl.constexpr = acc0.type.layout
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    HALF_D: gl.constexpr = acc0.type.shape[1]
+    st = j % STAGES
+    nxt = j + 1
+    nst = nxt % STAGES
+    mbarrier.wait(k_ready.index(nst), (nxt // STAGES) & 1)
+    s_tok = warpgroup_mma(q_smem, k_bufs.index(nst).permute((1, 0)), gl.zeros_like(s_cur), use_acc=False,
+                          is_async=True)
+    p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, qk_scale, offs_m, j * BLOCK_N + cols, mask_lo, MASKED, FFMA)
+    a = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    acc0 = acc0 * a
+    acc1 = acc1 * a
+    p_op = gl.convert_layout(p.to(dtype), p_layout)
+    mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
+    v_smem = v_bufs.index(st)
+    t0 = warpgroup_mma(p_op, v_smem.slice(0, HALF_D, dim=1), acc0, is_async=True)
+    t1 = warpgroup_mma(p_op, v_smem.slice(HALF_D, HALF_D, dim=1), acc1, is_async=True)
+    s_cur, acc0, acc1 = warpgroup_mma_wait(0, deps=(s_tok, t0, t1))
+    mbarrier.arrive(k_empty.index(nst), count=1)
+    mbarrier.arrive(v_empty.index(st), count=1)
+    return s_cur, acc0, acc1, m_i, l_i
 
 
 @gluon.jit
-def _ws_compute1(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr,
-                 FFMA: gl.constexpr):
-    _ws_compute(descs, bufs, bars, scal, LSE, 1, HEAD_DIM, STAGES, ACC, FFMA)
+def _ws_wide(descs, bufs, bars, scal, LSE, W: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+             STAGES: gl.constexpr, ACC: gl.constexpr, FFMA: gl.constexpr):
+    # _ws_compute at d=256: kv tiles of BLOCK_N = 64 rows, so two cross a causal diagonal (the last
+    # two are taken masked); O in two 128-column halves (two PV wgmmas a tile, the same tensor
+    # work), so that the running state of ACC can pass through this warpgroup's Q buffer (32 KB) a
+    # half at a time: there is no room beside K and V for a float32 O buffer.  ACC starts from the
+    # old state's m and l with O at zero and adds the old O at the end, scaled by 2^(m_old - m): the
+    # product of the alphas that would have scaled it
+    q_desc, k_desc, v_desc, o_desc = descs
+    q_bufs, k_bufs, v_bufs, o_bufs = bufs
+    q_bar, k_ready, k_empty, v_ready, v_empty, o_bar = bars
+    q_row, kv_row, q_col, kv_col, n_kv, q_pos0, mask_lo, qk_scale, lse_off, sls = scal
+    dtype: gl.constexpr = q_desc.dtype
+    HALF_D: gl.constexpr = HEAD_DIM // 2
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF_D, 16])
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    q_smem = q_bufs.index(W)
+
+    offs_m = q_pos0 + W * WG_ROWS + gl.arange(0, WG_ROWS, layout=row_s)
+    l_ptrs = LSE + lse_off + offs_m.to(gl.int64) * sls
+    if ACC:
+        lse_old = gl.load(l_ptrs)
+        m_i = lse_old * LOG2E
+        l_i = gl.where(lse_old == float("-inf"), 0.0, 1.0)
+    else:
+        m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, row_s)
+        l_i = gl.zeros([WG_ROWS], gl.float32, row_s)
+    m_old = m_i
+    acc0 = gl.zeros([WG_ROWS, HALF_D], gl.float32, o_layout)
+    acc1 = gl.zeros([WG_ROWS, HALF_D], gl.float32, o_layout)
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+
+    mbarrier.wait(q_bar.index(W), 0)
+    mbarrier.wait(k_ready.index(0), 0)
+    s_tok = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), gl.zeros([WG_ROWS, BLOCK_N], gl.float32, s_layout),
+                          use_acc=False, is_async=True)
+    s_cur = warpgroup_mma_wait(0, deps=(s_tok, ))
+    mbarrier.arrive(k_empty.index(0), count=1)
+
+    MASKED_TILES: gl.constexpr = BLOCK // BLOCK_N  # the kv tiles a q tile's diagonal crosses
+    for j in range(n_kv - MASKED_TILES):
+        s_cur, acc0, acc1, m_i, l_i = _wide_step(j, s_cur, acc0, acc1, m_i, l_i, q_smem, k_bufs, v_bufs, bars, offs_m,
+                                                 cols, mask_lo, qk_scale, BLOCK_N, STAGES, False, FFMA)
+    for j in range(n_kv - MASKED_TILES, n_kv - 1):
+        s_cur, acc0, acc1, m_i, l_i = _wide_step(j, s_cur, acc0, acc1, m_i, l_i, q_smem, k_bufs, v_bufs, bars, offs_m,
+                                                 cols, mask_lo, qk_scale, BLOCK_N, STAGES, True, FFMA)
+    j = n_kv - 1
+    st = j % STAGES
+    p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, qk_scale, offs_m, j * BLOCK_N + cols, mask_lo, True, FFMA)
+    a = gl.convert_layout(alpha, row_o)[:, None]
+    p_op = gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+    mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
+    v_smem = v_bufs.index(st)
+    t0 = warpgroup_mma(p_op, v_smem.slice(0, HALF_D, dim=1), acc0 * a, is_async=True)
+    t1 = warpgroup_mma(p_op, v_smem.slice(HALF_D, HALF_D, dim=1), acc1 * a, is_async=True)
+    acc0, acc1 = warpgroup_mma_wait(0, deps=(t0, t1))
+    mbarrier.arrive(v_empty.index(st), count=1)
+
+    seen = l_i > 0
+    l_safe = gl.where(seen, l_i, 1.0)
+    gl.store(l_ptrs, gl.where(seen, (m_i + gl.log2(l_safe)) / LOG2E, float("-inf")))
+    inv = gl.convert_layout(1.0 / l_safe, row_o)[:, None]
+    row = q_row + W * WG_ROWS
+    if ACC:
+        # the old O a half at a time through Q's buffer (free: the last QK^T has been waited for)
+        had = gl.convert_layout(m_old > float("-inf"), row_o)[:, None]
+        keep = gl.convert_layout(gl.exp2(gl.where(m_old > float("-inf"), m_old - m_i, 0.0)), row_o)[:, None]
+        buf = q_smem._reinterpret(gl.float32, [WG_ROWS, HALF_D], o_desc.layout)
+        for h in gl.static_range(2):
+            mbarrier.expect(o_bar.index(W), WG_ROWS * HALF_D * 4)
+            tma.async_copy_global_to_shared(o_desc, [row, q_col + h * HALF_D], o_bar.index(W), buf)
+            mbarrier.wait(o_bar.index(W), h)
+            old = gl.where(had, buf.load(o_layout) * keep, 0.0)
+            if h == 0:
+                out = (acc0 + old) * inv
+            else:
+                out = (acc1 + old) * inv
+            buf.store(out)
+            fence_async_shared()
+            tma.async_copy_shared_to_global(o_desc, [row, q_col + h * HALF_D], buf)
+            tma.store_wait(0)
+    else:
+        q_smem.slice(0, HALF_D, dim=1).store((acc0 * inv).to(dtype))
+        q_smem.slice(HALF_D, HALF_D, dim=1).store((acc1 * inv).to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [row, q_col], q_smem)
+        tma.store_wait(0)
+
+
+@gluon.jit
+def _ws_compute0(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                 ACC: gl.constexpr, FFMA: gl.constexpr):
+    if HEAD_DIM > 128:
+        _ws_wide(descs, bufs, bars, scal, LSE, 0, HEAD_DIM, BLOCK_N, STAGES, ACC, FFMA)
+    else:
+        _ws_compute(descs, bufs, bars, scal, LSE, 0, HEAD_DIM, STAGES, ACC, FFMA)
+
+
+@gluon.jit
+def _ws_compute1(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                 ACC: gl.constexpr, FFMA: gl.constexpr):
+    if HEAD_DIM > 128:
+        _ws_wide(descs, bufs, bars, scal, LSE, 1, HEAD_DIM, BLOCK_N, STAGES, ACC, FFMA)
+    else:
+        _ws_compute(descs, bufs, bars, scal, LSE, 1, HEAD_DIM, STAGES, ACC, FFMA)
 
 
 @gluon.jit(do_not_specialize=["Sq", "Sk", "H", "GROUP", "mask_lo", "diag", "slb", "slh", "sls"])
 def fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, Sq, Sk, H, GROUP, qk_scale, mask_lo, diag, slb, slh, sls,
-               HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr, LOAD_REGS: gl.constexpr,
-               FFMA: gl.constexpr, num_warps: gl.constexpr):
+               HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr,
+               LOAD_REGS: gl.constexpr, FFMA: gl.constexpr, num_warps: gl.constexpr):
     """One program per (128-row q tile, batch x head).  ``diag``: causal-like (Sq = Sk, kv tiles up
     to the q tile's own, the diagonal masked by ``mask_lo``: 0 causal, 1 strict); else every kv tile.
     ``ACC``: start from and write back the running float32 (O, lse) instead of a fresh output
@@ -263,20 +402,20 @@ def fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, Sq, Sk, H, GROUP, qk_scale, 
     bh = gl.program_id(1)
     b = bh // H
     h = bh % H
-    n_kv = gl.where(diag != 0, pid_m + 1, Sk // BLOCK)
+    n_kv = gl.where(diag != 0, (pid_m + 1) * (BLOCK // BLOCK_N), Sk // BLOCK_N)
     q_bufs = gl.allocate_shared_memory(dtype, [2, WG_ROWS, HEAD_DIM], q_desc.layout)
-    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK, HEAD_DIM], k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK, HEAD_DIM], v_desc.layout)
+    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     o_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    if ACC:
+    if ACC and HEAD_DIM <= 128:
         o_bufs = gl.allocate_shared_memory(gl.float32, [2, WG_ROWS, HEAD_DIM], o_desc.layout)
     else:
-        o_bufs = q_bufs  # the fresh output leaves through q's buffer
+        o_bufs = q_bufs  # the fresh output leaves through q's buffer (and d=256's running O: _ws_wide)
     for i in gl.static_range(2):
         mbarrier.init(q_bar.index(i), count=1)
         mbarrier.init(o_bar.index(i), count=1)
@@ -291,9 +430,9 @@ def fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, Sq, Sk, H, GROUP, qk_scale, 
     scal = (b * Sq + pid_m * BLOCK, b * Sk, h * HEAD_DIM, (h // GROUP) * HEAD_DIM, n_kv, pid_m * BLOCK, mask_lo,
             qk_scale, b.to(gl.int64) * slb + h * slh, sls)
     gl.warp_specialize([
-        (_ws_compute0, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC, FFMA)),
-        (_ws_compute1, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC, FFMA)),
-        (_ws_loader, (descs, bufs, bars, scal, LSE, HEAD_DIM, STAGES, ACC, FFMA)),
+        (_ws_compute0, (descs, bufs, bars, scal, LSE, HEAD_DIM, BLOCK_N, STAGES, ACC, FFMA)),
+        (_ws_compute1, (descs, bufs, bars, scal, LSE, HEAD_DIM, BLOCK_N, STAGES, ACC, FFMA)),
+        (_ws_loader, (descs, bufs, bars, scal, LSE, HEAD_DIM, BLOCK_N, STAGES, ACC, FFMA)),
     ], [4, 1], [240, LOAD_REGS])
 
 
@@ -304,11 +443,13 @@ def _launch(q, k, v, scale, mask_lo, diag, out, lse, acc: bool):
     """``acc``: ``out`` is the running float32 O, read and written in place; else the fresh output
     in q's dtype."""
     B, Sq, H, D = q.shape
-    q_desc, o_desc = (row_desc(x, (WG_ROWS.value, D)) for x in (q, out))
-    k_desc, v_desc = (row_desc(x, (BLOCK.value, D)) for x in (k, v))
+    q_desc = row_desc(q, (WG_ROWS.value, D))
+    # d=256's running O passes a 128-column half at a time (_ws_wide)
+    o_desc = row_desc(out, (WG_ROWS.value, D if not acc or D <= 128 else D // 2))
+    k_desc, v_desc = (row_desc(x, (KV_ROWS[D], D)) for x in (k, v))
     grid = (Sq // BLOCK.value, B * H)
     fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, Sq, k.shape[1], H, H // k.shape[2], scale * LOG2E.value,
-                     mask_lo, int(diag), *lse.stride(), HEAD_DIM=D, STAGES=STAGES[D], ACC=acc,
+                     mask_lo, int(diag), *lse.stride(), HEAD_DIM=D, BLOCK_N=KV_ROWS[D], STAGES=STAGES[D], ACC=acc,
                      LOAD_REGS=LOADER_REGS, FFMA=scale > 0, num_warps=4, maxnreg=WS_MAXNREG)
 
 

@@ -5,12 +5,13 @@
 ``forward``/``backward`` start from an empty state.  Every mask kind and any MaskSpec
 (positions, windows, documents, block masks) is computed in the kernel, and tiles that see
 nothing are skipped unloaded.  On Hopper, full/causal/strict blocks with lengths multiples of
-128 run the Gluon kernels instead (kernels/gluon: fwd.py; bwd.py at d=128), unless the kernel
-was made with ``gluon=False`` (attention/planning.py does so for BURST_GLUON=0).
+128 run the Gluon kernels instead (kernels/gluon: fwd.py at d 64, 128 and 256; bwd.py at d 64 and
+128), unless the kernel was made with ``gluon=False`` (attention/planning.py does so for
+BURST_GLUON=0).
 
 What the kernels don't take goes to a fallback, so callers never need to check: CPU tensors,
-dtypes other than bf16/fp16, head dims other than 64/128, inner dims that are not contiguous
-(cuDNN for mask kinds on CUDA, the torch reference otherwise).  Triton itself is imported
+dtypes other than bf16/fp16, head dims other than 64/128 (but the Gluon forward's 256), inner
+dims that are not contiguous (cuDNN for mask kinds on CUDA, the torch reference otherwise).  Triton itself is imported
 only when a kernel runs, so the package works without it.
 """
 from __future__ import annotations
@@ -173,11 +174,12 @@ class TritonKernel(Kernel):
     # --- the interface ----------------------------------------------------------------------
 
     def forward(self, q, k, v, scale, mask):
-        if not self.supports(q, k, v, mask):
-            return self.fallback(q, mask).forward(q, k, v, scale, mask)
+        # Gluon first: it takes a head dim (256) the Triton kernels do not
         fast = _gluon_forward(q, k, v, scale, mask, self.gluon)
         if fast is not None:
             return fast
+        if not self.supports(q, k, v, mask):
+            return self.fallback(q, mask).forward(q, k, v, scale, mask)
         B, Sq, H, D = q.shape
         # the kernel keeps O in float32 registers and stores it in out's dtype: no float32 round
         # trip; it writes every row (fresh: no running state to read)
