@@ -1,8 +1,9 @@
 """Probe: our attention kernels beside cuDNN at head dims 64, 96, 128 and 256 (the kernels issue
 asks >= 1.0x cuDNN at 64, 96, 256 and >= 1.10x at 128): the plain forward and backward, causal
 and full, 32 q heads on 8 kv heads, bf16.  "ours" is TritonKernel, which runs the Gluon kernels
-where they take the call (forward d 64/128, backward d 128, lengths multiples of 128) and the
-Triton ones elsewhere ("triton" in "auto" below); "auto" names what AutoKernel's rules pick on
+where they take the call (forward d 64/128/256, backward d 64/128, lengths multiples of 128), the
+Triton ones elsewhere at d 64/128, and cuDNN (its fallback) at other head dims ("triton" in "auto"
+below); "auto" names what AutoKernel's rules pick on
 this card for these tensors.  Each head dim is
 first checked against float64 at 1,152 tokens (forward out and lse, the three gradients).
 

@@ -2,7 +2,7 @@
 
 A rule list is (most query rows in the block, kernel) pairs, first match wins; the kernel is one
 of registry.KERNELS by name, or "gluon": kernels/gluon where it takes the block (Hopper, bf16/fp16,
-lengths multiples of 128, d 64/128; TritonKernel runs it), else the next pair.  Calls: "forward" (plain), "forward_into" (the ring step onto a running (O, lse)),
+lengths multiples of 128, d 64/128, and 256 for the forward; TritonKernel runs it), else the next pair.  Calls: "forward" (plain), "forward_into" (the ring step onto a running (O, lse)),
 "backward" (plain: fresh gradients, what a direct caller of the kernel API gets) and
 "backward_into" (the ring step onto float32 gradients: what the ring, training and a one-rank
 ring run; cuDNN needs separate gradient adds there).
@@ -51,6 +51,8 @@ AUTO_TABLE = {
     ("backward_into", STRICT): [(None, "gluon"), (None, "cudnn")],
     ("backward_into", "spec"): [(None, "triton")],
     **{(call, kind, 64): [(None, "cudnn")] for call in ("backward", "backward_into") for kind in (FULL, CAUSAL, STRICT)},
+    # d=256: the Gluon forward takes it since f83f2ec, measured on H200 only (CARDS)
+    **{("forward_into", kind, 256): [(None, "cudnn")] for kind in (FULL, CAUSAL, STRICT)},
 }
 
 # cuDNN up to 8K rows (ours 0.89-1.08x there, median 0.93x full and 0.98x causal on H100), the
@@ -90,6 +92,12 @@ CARDS = {
         ("backward", FULL, 128): [(8192, "cudnn"), (None, "gluon"), (None, "cudnn")],
         ("backward", CAUSAL, 64): [(8192, "cudnn"), (None, "gluon"), (None, "cudnn")],
         ("backward_into", CAUSAL, 64): [(8192, "cudnn"), (None, "gluon"), (None, "cudnn")],
+        # d=256 (gluon_fwd_d256_h200.json, 24 q / 8 kv heads): the plain causal forward 1.00-1.18x at
+        # 8K-128K, the full one 0.97-1.01x (cuDNN's); the ring step's forward_into 1.14-1.42x causal,
+        # 1.02-1.23x full, beside cuDNN + the torch merge
+        ("forward", CAUSAL, 256): [(None, "gluon"), (None, "cudnn")],
+        ("forward_into", CAUSAL, 256): [(None, "gluon"), (None, "cudnn")],
+        ("forward_into", FULL, 256): [(None, "gluon"), (None, "cudnn")],
     },
 }
 

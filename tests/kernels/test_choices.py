@@ -103,6 +103,12 @@ def test_rules_against_the_records_are_caught(records):
     # H200's causal d=64 backward on cuDNN: ours is 1.08x at 64K
     bad = vs_cudnn.disagreements(records, cards=_cards(H200={("backward", CAUSAL, 64): [(None, "cudnn")]}))
     assert any("H200 backward causal" in d and "d=64 S=65536" in d for d in bad), bad
+    # H200's causal d=256 forward on cuDNN: ours is 1.18x at 128K (gluon_fwd_d256_h200.json)
+    bad = vs_cudnn.disagreements(records, cards=_cards(H200={("forward", CAUSAL, 256): [(None, "cudnn")]}))
+    assert any("H200 forward causal" in d and "d=256 S=131072" in d for d in bad), bad
+    # and its full one on Gluon: cuDNN is 1.03x at 128K
+    bad = vs_cudnn.disagreements(records, cards=_cards(H200={("forward", FULL, 256): [(None, "gluon"), (None, "cudnn")]}))
+    assert any("H200 forward full" in d and "d=256 S=131072" in d for d in bad), bad
     # without the tie band, H100's backward at 16K (ours 0.98x) would ask for cuDNN
     bad = vs_cudnn.disagreements(records, tie=0.0)
     assert any("H100" in d and "backward causal" in d and "S=16384" in d for d in bad), bad
@@ -115,9 +121,9 @@ def test_rules_name_kernels_and_end_with_a_catch_all():
         assert all(n != "fp8" for _, n in rules)
     for card in CARDS.values():
         for call, kind, d in card:
-            assert (call, kind) in AUTO_TABLE and d in (64, 128)
+            assert (call, kind) in AUTO_TABLE and d in vs_cudnn.GLUON_DIMS[call]
     for key in AUTO_TABLE:  # head-dim rules of every card: a kind AUTO_TABLE has, a head dim Gluon takes
-        assert len(key) == 2 or (key[:2] in AUTO_TABLE and key[2] in (64, 128)), key
+        assert len(key) == 2 or (key[:2] in AUTO_TABLE and key[2] in vs_cudnn.GLUON_DIMS[key[0]]), key
 
 
 @pytest.mark.parametrize("gluon", [True, False])
@@ -191,6 +197,25 @@ def test_h200_plain_backward_and_the_ring_steps():
                 assert auto.choose(call, mask, S, S, H100, 64, takes=yes) == "cudnn", (call, mask, S)
     # where Gluon does not take the block, cuDNN
     assert auto.choose("backward", FULL, 32768, 32768, H200, 128, takes=lambda: False) == "cudnn"
+
+
+def test_head_dim_256_forward():
+    """d=256 (the Gluon forward only): on H200 the plain causal forward and the ring step's
+    forward_into of full and causal blocks run Gluon, the plain full forward cuDNN; other cards and
+    strict blocks keep cuDNN (unmeasured), and the backward is cuDNN's everywhere (Gluon's backward
+    does not take d=256: ``takes`` says no)."""
+    auto, yes, no = AutoKernel(), (lambda: True), (lambda: False)
+    for S in (8192, 131072):
+        assert auto.choose("forward", CAUSAL, S, S, H200, 256, takes=yes) == "triton"
+        assert auto.choose("forward", FULL, S, S, H200, 256, takes=yes) == "cudnn"
+        for mask in (FULL, CAUSAL):
+            assert auto.choose("forward_into", mask, S, S, H200, 256, takes=yes) == "triton", (mask, S)
+            for card in (H100, A100):
+                assert auto.choose("forward_into", mask, S, S, card, 256, takes=yes) == "cudnn", (card, mask, S)
+                assert auto.choose("forward", mask, S, S, card, 256, takes=yes) == "cudnn", (card, mask, S)
+        assert auto.choose("forward_into", STRICT, S, S, H200, 256, takes=yes) == "cudnn"
+        for call in ("backward", "backward_into"):
+            assert auto.choose(call, CAUSAL, S, S, H200, 256, takes=no) == "cudnn", call
 
 
 class _Spy:

@@ -321,6 +321,28 @@ def block_gluon_pipe(records):
                             "the kernel as kept spills nothing."])
 
 
+def block_fwd_d256(records):
+    """docs/kernels.md: the Gluon forward at d=256 beside cuDNN, plain and the ring step's
+    forward_into, and its build."""
+    name, ptx_name = "gluon_fwd_d256_h200.json", "ptxas_gluon_fwd_d256.json"
+    rec, ptx = record(records, name), record(records, ptx_name)
+    t = {(r["S"], r["method"]): med(r["times"]) for r in rec["bench"] if "method" in r}
+    fl = {(r["S"], r["method"]): r["tflops"] for r in rec["bench"] if "method" in r}
+    cols = [(f"{k} {m}", f"cudnn{k[5:]} {m}") for k in ("gluon", "gluon-into") for m in ("causal", "full")]
+    body = [[f"{S // 1024}K"] + [f"{fl[(S, o)]:.0f} / {fl[(S, c)]:.0f} ({t[(S, c)] / t[(S, o)]:.2f}×)" for o, c in cols]
+            for S in sorted({S for S, _ in t})]
+    bad = sum(not c["ok"] for c in rec["check"])
+    ks = ptx["builds"]["now"]["kernels"]
+    built = "; ".join(f"`{k}` {b['spill_store_bytes']} B of spills, {b['shared_bytes'] // 1024} KB of shared memory"
+                      for k, b in sorted(ks.items()) if k.endswith("d256"))
+    return "\n".join([f"On {device_of(rec)} (`{name}`, commit {rec['commit'][:7]}; 24 q heads on 8 kv heads, d=256, "
+                      "bf16; TFLOP/s ours / cuDNN (cuDNN's forward_into is its forward and the torch merge), median of "
+                      f"7; {len(rec['check'])} check cases within 2e-2 (out) and 1e-3 (lse) of float64, {bad} failed):",
+                      ""]
+                     + table(["S", "forward causal", "forward full", "forward_into causal", "forward_into full"], body)
+                     + [f"Built for sm_90a without a GPU (`{ptx_name}`, commit {ptx['commit'][:7]}): {built}."])
+
+
 def _head_dim_rows(rec) -> list[list]:
     rows = {(r["D"], r.get("H", rec["heads"]), r["S"], r["mask"], r["method"]): r for r in rec["rows"]
             if "error" not in r}
@@ -411,4 +433,4 @@ SECTIONS = (
 )
 BLOCKS = {"gluon-variants": block_gluon_variants, "gluon-bwd": block_gluon_bwd, "gluon-wide": block_gluon_wide,
           "gluon-pipe": block_gluon_pipe, "head-dims": block_head_dims, "gluon-bwd-d64": block_gluon_bwd_d64,
-          "bwd-power": block_bwd_power, "bwd-chunks": block_bwd_chunks}
+          "bwd-power": block_bwd_power, "bwd-chunks": block_bwd_chunks, "fwd-d256": block_fwd_d256}

@@ -39,7 +39,9 @@ from ..tables import med, span, table
 # (fp8_h100*.json: ours 0.95-1.08x cuDNN at 8K causal).
 TIE = 0.03
 
-GLUON_DIMS = (64, 128)  # the head dims kernels/gluon takes, forward and backward
+# the head dims kernels/gluon takes, per call: the forward (fwd.py) also 256
+GLUON_DIMS = {"forward": (64, 128, 256), "forward_into": (64, 128, 256), "backward": (64, 128),
+              "backward_into": (64, 128)}
 GLUON_PROBE = dict(heads=24, kv_heads=8, head_dim=128)  # benchmarks/probe_gluon.py's H, HKV, D
 FP8_SPEED = dict(heads=32, kv_heads=8, head_dim=128)  # bench fp8's speed inputs (probes/fp8.py)
 
@@ -61,14 +63,17 @@ TODAY = {
     "gluon_fwd_full_h200.json": {"forward": "gluon"},  # two launches at 62bb743, full blocks at 16K-128K
     "gluon_fwd_full2_h200.json": {"forward": "gluon"},
     "gluon_fwd_poly_d64_h200.json": {"forward": "gluon"},  # d=64; its "gluon polyN": POLY, dropped after 8793396
+    # d=256 (f83f2ec), the plain forward and the ring step's forward_into (beside cuDNN + the torch merge)
+    "gluon_fwd_d256_h200.json": {"forward": "gluon", "forward_into": "gluon-into"},
     "gluon_bwd_h100.json": {"backward": "gluon bwd"},
     "gluon_bwd_transposed_h200.json": {"backward": "gluon bwd tr=0"},  # the flag off: the kernel as kept
     "gluon_bwd_variants_h200.json": {"backward": "gluon bwd indep=0 pf=1 opaque=1"},  # what 9015d4e kept
     "lao_bench.json": {"backward_into": "ours"},  # at 9015d4e, the Gluon backward as it is
-    # the Triton kernels at d 96 and 256 (d 64's backward was Triton's then), Gluon at 64 and 128
-    "probe_head_dims_h200.json": {"forward": ("ours d64", "ours d96", "ours d128", "ours d256"),
+    # "ours" at d 96 and 256 was TritonKernel's fallback, cuDNN (d 64's backward was Triton's then),
+    # Gluon at 64 and 128; d=256's forward is Gluon's since f83f2ec, so its rows here no longer count
+    "probe_head_dims_h200.json": {"forward": ("ours d64", "ours d96", "ours d128"),
                                   "backward": ("ours d96", "ours d128", "ours d256")},
-    "probe_head_dims_lag_h200.json": {"forward": ("ours d64", "ours d96", "ours d128", "ours d256"),
+    "probe_head_dims_lag_h200.json": {"forward": ("ours d64", "ours d96", "ours d128"),
                                       "backward": ("ours d64", "ours d96", "ours d128", "ours d256")},
     "probe_head_dims_short_h200.json": {"forward": ("ours d128", ), "backward": ("ours d128", )},
     "probe_head_dims_d64bwd_h200.json": {"forward": ("ours d64", "ours d128"), "backward": ("ours d128", )},
@@ -173,8 +178,9 @@ def _probe(name, rec, card):
     times = {(r["S"], r.get("mask", "causal"), r["method"].removesuffix(f" {r['mask']}") if "mask" in r
               else r["method"]): med(r["times"]) for r in rec.get("bench", []) if "method" in r}
     for (S, mask, method), t in times.items():
-        call = "backward" if "bwd" in method else "forward"
-        base = {"forward": ("cudnn", "cudnn fwd"), "backward": ("cudnn bwd",)}[call]
+        # "<method>-into": the ring step's forward_into (probe_gluon_fwd.py --into)
+        call = "backward" if "bwd" in method else "forward_into" if method.endswith("-into") else "forward"
+        base = {"forward": ("cudnn", "cudnn fwd"), "forward_into": ("cudnn-into", ), "backward": ("cudnn bwd", )}[call]
         cudnn = next((times[(S, mask, b)] for b in base if (S, mask, b) in times), None)
         if method not in base and not method.startswith("cudnn") and cudnn is not None:
             # the head dim where the record names it (probe_gluon_fwd.py --d since a90b813)
@@ -268,7 +274,7 @@ def chosen(auto: AutoKernel, group: list[Versus]) -> str:
     """What ``auto`` runs for this shape: "ours" or the kernel's name.  The records' lengths are
     multiples of 128 on Hopper, so the Gluon kernels take a shape iff they take its head dim."""
     r = group[0]
-    name = auto.choose(r.call, r.mask, r.S, r.S, r.card, r.head_dim, takes=lambda: r.head_dim in GLUON_DIMS)
+    name = auto.choose(r.call, r.mask, r.S, r.S, r.card, r.head_dim, takes=lambda: r.head_dim in GLUON_DIMS[r.call])
     return "ours" if name == "triton" else name
 
 
