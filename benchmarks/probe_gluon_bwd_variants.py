@@ -79,7 +79,9 @@ def name(D, var):
 def flags(D, var):
     bits = var[0]
     gg.Q_CHUNK[D] = chunk_of(D, var)
-    gb.LAG[D], gg.STAGGER = bool(bits & 1), bool(bits & 2)
+    if D in gb.LAG:  # d=256 (bwd_wide.py) has no LAG
+        gb.LAG[D] = bool(bits & 1)
+    gg.STAGGER = bool(bits & 2)
     gg.MAX_STEPS = 1 << 30 if bits & 4 else 1 if bits & 8 else DEFAULT_STEPS
 
 
@@ -164,7 +166,7 @@ def main():
     checks, rows = [], []
     for spec in specs:
         D, _, vs = spec.partition(":")
-        kept = gb.LAG[int(D)], gg.STAGGER, gg.MAX_STEPS, gg.Q_CHUNK[int(D)]
+        kept = gb.LAG.get(int(D)), gg.STAGGER, gg.MAX_STEPS, gg.Q_CHUNK[int(D)]
         D, good = int(D), []
         for var in (parse(x) for x in vs.split(",")):
             flags(D, var)
@@ -173,7 +175,9 @@ def main():
             if all(e["ok"] for e in c):
                 good.append(var)
         rows += bench(D, good, seqs, iters, into)
-        gb.LAG[D], gg.STAGGER, gg.MAX_STEPS, gg.Q_CHUNK[D] = kept
+        gg.STAGGER, gg.MAX_STEPS, gg.Q_CHUNK[D] = kept[1:]
+        if D in gb.LAG:
+            gb.LAG[D] = kept[0]
     from burstengine.bench.records import write_record
     name = os.environ.get("NAME", "probe_gluon_bwd_variants")
     print(write_record(name, dict(device=torch.cuda.get_device_name(), heads=H, kv_heads=HKV, check=checks, rows=rows,

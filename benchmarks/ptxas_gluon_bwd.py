@@ -58,13 +58,18 @@ try:
     from burstengine.kernels.gluon import grid as gg  # since 7f228ad; before, in bwd.py
 except ImportError:
     gg = gb
+try:
+    from burstengine.kernels.gluon import bwd_wide  # d=256's kernel, since its commit
+except ImportError:
+    bwd_wide = None
 B, S, H, HKV = 1, 1024, 24, 8  # the 3B model's heads; the build does not depend on S
 defaults = dict(gb.LAG), dict(gg.Q_ROWS), gg.MAX_STEPS
 for spec in sys.argv[3:] or ["128", "64"]:  # D[/LAG[/Q_ROWS[/into|split]]]: see the docstring
     D, lag, rows, dst = (spec.split("/") + ["", "", ""])[:4]
     D = int(D)
     gb.LAG.update(defaults[0]), gg.Q_ROWS.update(defaults[1])  # each spec from the kernel's own
-    gb.LAG[D] = bool(int(lag)) if lag else gb.LAG[D]
+    if D in gb.LAG:
+        gb.LAG[D] = bool(int(lag)) if lag else gb.LAG[D]
     gg.Q_ROWS[D] = int(rows or gg.Q_ROWS[D])
     gg.MAX_STEPS = 1 if dst == "split" else defaults[2]
     name = f"d{D}" + (f"_lag{lag}" if lag else "") + (f"_m{rows}" if rows else "") + (f"_{dst}" if dst else "")
@@ -73,7 +78,8 @@ for spec in sys.argv[3:] or ["128", "64"]:  # D[/LAG[/Q_ROWS[/into|split]]]: see
     # the plain backward's build (fresh bf16 dK, dV), or the ring step's onto float32 (into: the
     # group whole, read-add-store; split: one q head a program, atomic adds)
     acc = torch.float32 if dst else torch.bfloat16
-    capture(name, lambda: gb.backward_into(q, q, k, k, torch.zeros(B, H, S), torch.zeros(B, H, S), D ** -0.5, 0,
+    into = bwd_wide.backward_into if bwd_wide and D in bwd_wide.HEAD_DIMS else gb.backward_into
+    capture(name, lambda: into(q, q, k, k, torch.zeros(B, H, S), torch.zeros(B, H, S), D ** -0.5, 0,
                                            torch.zeros(B, S, H, D), torch.zeros_like(k, dtype=acc),
                                            torch.zeros_like(k, dtype=acc), not dst))
 '''

@@ -51,8 +51,10 @@ AUTO_TABLE = {
     ("backward_into", STRICT): [(None, "gluon"), (None, "cudnn")],
     ("backward_into", "spec"): [(None, "triton")],
     **{(call, kind, 64): [(None, "cudnn")] for call in ("backward", "backward_into") for kind in (FULL, CAUSAL, STRICT)},
-    # d=256: the Gluon forward takes it since f83f2ec, measured on H200 only (CARDS)
-    **{("forward_into", kind, 256): [(None, "cudnn")] for kind in (FULL, CAUSAL, STRICT)},
+    # d=256: the Gluon kernels take it since f83f2ec (forward) and bwd_wide.py (backward), measured
+    # on H200 only (CARDS)
+    **{(call, kind, 256): [(None, "cudnn")] for call in ("forward_into", "backward", "backward_into")
+       for kind in (FULL, CAUSAL, STRICT)},
 }
 
 # cuDNN up to 8K rows (ours 0.89-1.08x there, median 0.93x full and 0.98x causal on H100), the

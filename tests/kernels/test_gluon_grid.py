@@ -59,11 +59,11 @@ def _kernel_tiles(p, B, Sq, H, group, D):
             for pid2 in range(p.grid[2]):
                 b = pid1 // n_hp
                 h0 = (pid1 - b * n_hp) * p.heads
-                k_pos0 = pid_n * grid.BLOCK_N
+                k_pos0 = pid_n * grid.KV_ROWS[D]
                 diag = p.chunk == 0
                 q_t0 = k_pos0 // block_m if diag else pid2 * p.chunk
                 n_q = n_all - q_t0 if diag else min(n_all - q_t0, p.chunk)
-                n_mask = grid.BLOCK_N // block_m if diag else 0
+                n_mask = grid.KV_ROWS[D] // block_m if diag else 0
                 shift = (pid_n * p.stagger) % n_q
                 steps = []
                 for lo, hi in ((0, n_mask), (n_mask, n_q)):
@@ -100,12 +100,13 @@ def test_every_tile_pair_once(D, monkeypatch):
                 assert key not in seen, where
                 seen[key] = masked
                 holders.setdefault((b, h // (H // Hkv), n), set()).add(ids)
-        want = {(b, h, n, t) for b in range(B) for h in range(H) for n in range(Sk // grid.BLOCK_N)
-                for t in range(Sq // rows) if not diag or (t + 1) * rows > n * grid.BLOCK_N}
+        kv_rows = grid.KV_ROWS[D]
+        want = {(b, h, n, t) for b in range(B) for h in range(H) for n in range(Sk // kv_rows)
+                for t in range(Sq // rows) if not diag or (t + 1) * rows > n * kv_rows}
         assert set(seen) == want, where
         if diag:
             # the masked steps: the q tiles that cross the kv tile's diagonal
-            assert {k_ for k_, m in seen.items() if m} == {k_ for k_ in want if k_[3] * rows < (k_[2] + 1) * grid.BLOCK_N}
+            assert {k_ for k_, m in seen.items() if m} == {k_ for k_ in want if k_[3] * rows < (k_[2] + 1) * kv_rows}
         shared = any(len(v) > 1 for v in holders.values())
         assert (p.dkv == 2) == shared, where
         assert p.temporaries == (shared and not (dtype == torch.float32 and not fresh)), where

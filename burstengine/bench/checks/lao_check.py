@@ -12,8 +12,7 @@ documents, block masks (aligned and ragged block sizes), their combinations, and
 sees nothing; K/V rows in whole tiles that no query sees are poisoned with NaN, so a kernel
 that loads a tile it should skip fails.  Square full/causal cases also run the plain forward and
 backward (fresh outputs).  On Hopper the shapes kernels/gluon/fwd.py and gluon/bwd.py take run
-there (lengths multiples of 128, d 64 and 128; d=256's forward only, its backward is cuDNN's):
-the record marks each case; four cases are long
+there (lengths multiples of 128, d 64, 128 and 256): the record marks each case; four cases are long
 enough that the Gluon backward splits a kv head's q heads over programs, four full blocks have
 Sq != Sk.
 Writes lao_check.json to $BURST_RESULTS or ./burst-results.
@@ -96,18 +95,18 @@ def cases():
                                                                 dtype=torch.bfloat16, mask=FULL)))
         out.append((f"rect-full-d{D}-gqa2-Sq3072-Sk1280", dict(B=2, Sq=3072, Sk=1280, H=8, Hkv=4, D=D,
                                                                 dtype=torch.bfloat16, mask=FULL)))
-    for mask, D in itertools.product((FULL, CAUSAL), (64, 128)):
+    for mask, D in itertools.product((FULL, CAUSAL), (64, 128, 256)):
         # long enough (130 q tiles x 8 q heads > gluon/grid.py's MAX_STEPS) that the Gluon backward
         # onto float32 splits a kv head's q heads over programs, adding dK/dV atomically
         out.append((f"split-{mask}-d{D}-gqa8-S8320", dict(B=1, Sq=8320, Sk=8320, H=8, Hkv=1, D=D,
                                                            dtype=torch.bfloat16, mask=mask)))
-    for D in (64, 128):
-        # a full block of more q tiles (1,040) than gluon/grid.py's Q_CHUNK at either head dim: one
+    for D in (64, 128, 256):
+        # a full block of more q tiles (1,040) than gluon/grid.py's Q_CHUNK at each head dim: one
         # head and one chunk of q tiles a program, the last chunk short
         out.append((f"chunks-full-d{D}-gqa4-Sq66560-Sk1024", dict(B=1, Sq=66560, Sk=1024, H=8, Hkv=2, D=D,
                                                                    dtype=torch.bfloat16, mask=FULL)))
     for i, (mask, dtype) in enumerate(itertools.product((FULL, CAUSAL, STRICT), (torch.bfloat16, torch.float16))):
-        # d=256: the Gluon forward only (64-row kv tiles, O in halves), its backward cuDNN's
+        # d=256: the Gluon forward's build of 64-row kv tiles and O in halves, bwd_wide.py's backward
         S = (1024, 1536, 4096)[i % 3]
         out.append((f"{mask}-d256-{str(dtype)[6:]}-gqa{(1, 2, 4)[i % 3]}-S{S}",
                     dict(B=2 if i % 2 else 1, Sq=S, Sk=S, H=8, Hkv=8 // (1, 2, 4)[i % 3], D=256, dtype=dtype,

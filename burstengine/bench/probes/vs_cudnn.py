@@ -39,9 +39,8 @@ from ..tables import med, span, table
 # (fp8_h100*.json: ours 0.95-1.08x cuDNN at 8K causal).
 TIE = 0.03
 
-# the head dims kernels/gluon takes, per call: the forward (fwd.py) also 256
-GLUON_DIMS = {"forward": (64, 128, 256), "forward_into": (64, 128, 256), "backward": (64, 128),
-              "backward_into": (64, 128)}
+# the head dims kernels/gluon takes, per call (d=256: fwd.py's wide build, bwd_wide.py)
+GLUON_DIMS = dict.fromkeys(("forward", "forward_into", "backward", "backward_into"), (64, 128, 256))
 GLUON_PROBE = dict(heads=24, kv_heads=8, head_dim=128)  # benchmarks/probe_gluon.py's H, HKV, D
 FP8_SPEED = dict(heads=32, kv_heads=8, head_dim=128)  # bench fp8's speed inputs (probes/fp8.py)
 
@@ -70,11 +69,12 @@ TODAY = {
     "gluon_bwd_variants_h200.json": {"backward": "gluon bwd indep=0 pf=1 opaque=1"},  # what 9015d4e kept
     "lao_bench.json": {"backward_into": "ours"},  # at 9015d4e, the Gluon backward as it is
     # "ours" at d 96 and 256 was TritonKernel's fallback, cuDNN (d 64's backward was Triton's then),
-    # Gluon at 64 and 128; d=256's forward is Gluon's since f83f2ec, so its rows here no longer count
+    # Gluon at 64 and 128; d=256 is Gluon's since f83f2ec (forward) and bwd_wide.py (backward), so
+    # its rows here no longer count
     "probe_head_dims_h200.json": {"forward": ("ours d64", "ours d96", "ours d128"),
-                                  "backward": ("ours d96", "ours d128", "ours d256")},
+                                  "backward": ("ours d96", "ours d128")},
     "probe_head_dims_lag_h200.json": {"forward": ("ours d64", "ours d96", "ours d128"),
-                                      "backward": ("ours d64", "ours d96", "ours d128", "ours d256")},
+                                      "backward": ("ours d64", "ours d96", "ours d128")},
     "probe_head_dims_short_h200.json": {"forward": ("ours d128", ), "backward": ("ours d128", )},
     "probe_head_dims_d64bwd_h200.json": {"forward": ("ours d64", "ours d128"), "backward": ("ours d128", )},
     "probe_head_dims_d64_long_h200.json": {"forward": ("ours d64", ), "backward": ("ours d64", )},  # 24 and 32 q heads

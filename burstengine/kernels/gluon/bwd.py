@@ -78,12 +78,13 @@ def _wrap(u, n):
 
 
 @gluon.jit
-def _loader(descs, bufs, bars, scal, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
+def _loader(descs, bufs, bars, scal, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, KV_ROWS: gl.constexpr):
+    # K and V of the program's KV_ROWS kv rows once, then Q and dO of each step (bwd_wide.py's too)
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
-    kv_bar, q_ready, q_empty, ds_ready = bars
+    kv_bar, q_ready, q_empty = bars[0], bars[1], bars[2]
     q_row0, kv_row, kv_col, h0, HEADS, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale, shift = scal
-    mbarrier.expect(kv_bar, 2 * BLOCK_N * HEAD_DIM * 2)
+    mbarrier.expect(kv_bar, 2 * KV_ROWS * HEAD_DIM * 2)
     tma.async_copy_global_to_shared(k_desc, [kv_row, kv_col], kv_bar, k_smem.index(0))
     tma.async_copy_global_to_shared(v_desc, [kv_row, kv_col], kv_bar, v_smem.index(0))
     j = 0
@@ -101,7 +102,7 @@ def _loader(descs, bufs, bars, scal, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constex
 def _load_q(j, g, t, descs, bufs, bars, scal, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
-    kv_bar, q_ready, q_empty, ds_ready = bars
+    kv_bar, q_ready, q_empty = bars[0], bars[1], bars[2]
     q_row0, kv_row, kv_col, h0, HEADS, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale, shift = scal
     st = j % STAGES
     mbarrier.wait(q_empty.index(st), ((j // STAGES) & 1) ^ 1)
@@ -302,7 +303,7 @@ def _compute1(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr,
 @gluon.jit
 def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                  LAG: gl.constexpr, DKV: gl.constexpr):
-    _loader(descs, bufs, bars, scal, HEAD_DIM, BLOCK_M)
+    _loader(descs, bufs, bars, scal, HEAD_DIM, BLOCK_M, BLOCK_N)
 
 
 @gluon.jit(do_not_specialize=["Sq", "Sk", "H", "GROUP", "HEADS", "mask_lo", "chunk", "stagger", "slb", "slh", "sdlb",
@@ -374,8 +375,8 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
 
 
 def supported(q, k, v, diag: bool, dout, dq=None, dk=None, dv=None) -> bool:
-    """Whether this backward runs here (else the Triton kernels): what gluon/fwd.py takes (d 64
-    or 128; the two warpgroups split dQ's head dim in halves), dO like q, dQ float32, and dQ, dK, dV
+    """Whether this backward runs here or in bwd_wide.py (else the Triton kernels): what
+    gluon/fwd.py takes (d 64 or 128 here, 256 there), dO like q, dQ float32, and dQ, dK, dV
     written through (rows, heads * D) views of themselves (dq None: a zeroed float32 buffer the
     caller makes)."""
     if q.shape[-1] not in Q_ROWS or not gluon_fwd.supported(q, k, v, diag):

@@ -11,7 +11,7 @@ import torch
 # q rows a step (the kernel's BLOCK_M), per head dim: the head dims it takes.  128 rows at d=64
 # (half the steps, barriers and lse/D loads a FLOP) spill: S and dP of 128 x 64 are 64 registers
 # a thread each (ptxas: 1.3 KB stored, up to ~150 local loads a loop step; ptxas_gluon_bwd_d64.json)
-Q_ROWS = {128: 64, 64: 64}
+Q_ROWS = {128: 64, 64: 64, 256: 64}
 # Most steps (q tiles x q heads) a program walks when its dK, dV may be split: adding into float32
 # dK, dV, a program takes as many of its kv head's q heads as keep it under this, and the programs
 # of one kv tile add theirs atomically (FlashAttention-3's one q head a program).  On H200, one
@@ -27,8 +27,8 @@ MAX_STEPS = 1024
 # ncu_bwd_l2_128k_h200.json; chunks of 256: 0.12 TB, ncu_bwd_chunk_128k_h200.json), paid in clock
 # under the power limit (probe_bwd_power_h200.json): 0.90x cuDNN.  Chunks of 512 there: 1.10-1.13x
 # the unchunked kernel, level with cuDNN (probe_gluon_bwd_chunk_*_h200.json); at d=64 chunks of 256
-# lost 1-2% and 1,024 are level at 128K.  0: no chunks
-Q_CHUNK = {128: 512, 64: 1024}
+# lost 1-2% and 1,024 are level at 128K.  At d=256 (bwd_wide.py) 256 tiles are the same 32 MB.  0: no chunks
+Q_CHUNK = {128: 512, 64: 1024, 256: 256}
 
 
 def program_split(q, k, dk, dv, fresh: bool, diag: bool) -> tuple[int, int]:
@@ -46,6 +46,7 @@ def program_split(q, k, dk, dv, fresh: bool, diag: bool) -> tuple[int, int]:
 
 
 BLOCK_N = 128  # kv rows a program (bwd.py's)
+KV_ROWS = {128: BLOCK_N, 64: BLOCK_N, 256: 64}  # per head dim: bwd_wide.py's at d=256
 STAGGER = True  # full blocks: each kv tile's programs start their q tiles apart (bwd.py; a probe flag)
 
 
@@ -73,7 +74,8 @@ def plan(q, k, dk, dv, fresh: bool, diag: bool) -> Plan:
     heads, chunk = program_split(q, k, dk, dv, fresh, diag)
     chunks = -(-q_tiles // chunk)
     split = heads < group or chunks > 1
-    stagger = max(1, q_tiles // (Sk // BLOCK_N)) if STAGGER and not diag else 0
+    kv_rows = KV_ROWS[D]
+    stagger = max(1, q_tiles // (Sk // kv_rows)) if STAGGER and not diag else 0
     return Plan(heads=heads, chunk=0 if diag else chunk, dkv=2 if split else 0 if fresh else 1,
                 temporaries=split and not (dk.dtype == dv.dtype == torch.float32 and not fresh), stagger=stagger,
-                grid=(Sk // BLOCK_N, B * H // heads, chunks))
+                grid=(Sk // kv_rows, B * H // heads, chunks))

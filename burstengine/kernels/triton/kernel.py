@@ -6,11 +6,11 @@
 (positions, windows, documents, block masks) is computed in the kernel, and tiles that see
 nothing are skipped unloaded.  On Hopper, full/causal/strict blocks with lengths multiples of
 128 run the Gluon kernels instead (kernels/gluon: fwd.py at d 64, 128 and 256; bwd.py at d 64 and
-128), unless the kernel was made with ``gluon=False`` (attention/planning.py does so for
+128, bwd_wide.py at 256), unless the kernel was made with ``gluon=False`` (attention/planning.py does so for
 BURST_GLUON=0).
 
 What the kernels don't take goes to a fallback, so callers never need to check: CPU tensors,
-dtypes other than bf16/fp16, head dims other than 64/128 (but the Gluon forward's 256), inner
+dtypes other than bf16/fp16, head dims other than 64/128 (but the Gluon kernels' 256), inner
 dims that are not contiguous (cuDNN for mask kinds on CUDA, the torch reference otherwise).  Triton itself is imported
 only when a kernel runs, so the package works without it.
 """
@@ -200,14 +200,16 @@ class TritonKernel(Kernel):
         self._forward(q, k, v, scale, mask, out, lse)
 
     def backward(self, dout, q, k, v, lse, delta, scale, mask, out=None):
-        if not self.supports(q, k, v, mask, dout):
+        # Gluon's takes a head dim (256) the Triton kernels do not
+        gluon = gluon_bwd_takes(q, k, v, mask, dout, gluon=self.gluon)
+        if not (gluon or self.supports(q, k, v, mask, dout)):
             return self.fallback(q, mask).backward(dout, q, k, v, lse, delta, scale, mask, out=out)
         # dK/dV are summed in registers and stored (every row, fresh: nothing to add to), dQ too
         # unless it is added up across programs (Triton's atomics, Gluon's TMA reduce-add), which
         # needs a zeroed float32 buffer
         empty = q.shape[1] == 0 or k.shape[1] == 0
         dk, dv = (torch.zeros_like(t) if empty else torch.empty_like(t) for t in (k, v))
-        summed = self.config[q.shape[-1]].dq is None or gluon_bwd_takes(q, k, v, mask, dout, None, dk, dv, gluon=self.gluon)
+        summed = gluon or self.config[q.shape[-1]].dq is None
         dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if summed or empty else torch.empty_like(q)
         self._backward(dout, q, k, v, lse, delta, scale, mask, dq, dk, dv, fresh=True)
         return dq.to(q.dtype), dk, dv
@@ -228,7 +230,8 @@ class TritonKernel(Kernel):
         return dl
 
     def backward_into(self, dout, q, k, v, lse, delta, scale, mask, dq, dk, dv, out=None) -> None:
-        if not self.supports(q, k, v, mask, dout, dq, dk, dv):
+        if not (self.supports(q, k, v, mask, dout, dq, dk, dv)
+                or gluon_bwd_takes(q, k, v, mask, dout, dq, dk, dv, gluon=self.gluon)):
             return self.fallback(q, mask).backward_into(dout, q, k, v, lse, delta, scale, mask, dq, dk, dv, out=out)
         self._backward(dout, q, k, v, lse, delta, scale, mask, dq, dk, dv)
 
@@ -330,9 +333,11 @@ class TritonKernel(Kernel):
             return
         lse2, delta = bwd_rows(lse, delta)
         if gluon_bwd_takes(q, k, v, mask, dout, dq, dk, dv, gluon=self.gluon):
-            from ..gluon import bwd as gluon_bwd  # imports triton's Gluon: only on Hopper, when it runs
+            # imports triton's Gluon: only on Hopper, when it runs
+            from ..gluon import bwd as gluon_bwd, bwd_wide
 
-            gluon_bwd.backward_into(dout, q, k, v, lse2, delta, scale, _MASK_LO[mask], dq, dk, dv, fresh)
+            run = bwd_wide.backward_into if q.shape[-1] in bwd_wide.HEAD_DIMS else gluon_bwd.backward_into
+            run(dout, q, k, v, lse2, delta, scale, _MASK_LO[mask], dq, dk, dv, fresh)
             return
         cfg = self.config[q.shape[-1]]
         atomic = cfg.dq is None and dq.dtype == torch.float32

@@ -1,0 +1,274 @@
+"""Hopper attention backward in Gluon at d=256, where bwd.py's layout cannot hold its sums: there a
+warpgroup owns 64 kv rows and keeps their dK and dV in registers, 64 x 256 float32 each, 256
+registers a thread, more than a compute partition has (240).
+
+Here a program takes 64 kv rows (grid.py's KV_ROWS) and its two compute warpgroups split the work
+of each (64-row q tile, 64 kv rows) step two ways:
+
+* S = Q K^T and dP = dO V^T by kv columns, 32 each (the exponentials halved between them);
+* P and dS go to shared memory, each warpgroup its 32 columns, and each then reads both halves
+  (mbarriers "ready" and "free" per tile: the buffers are single, as shared memory is full);
+* dV = P^T dO and dK = dS^T Q by head-dim halves: a warpgroup's dK and dV are 64 x 128, 64
+  registers each, summed over the program's steps;
+* dQ = dS K by head-dim halves too, in pieces of 32 columns, each reduce-added through TMA from a
+  buffer of its own.
+
+Shared memory: K and V 64 KB, two buffers each of Q and dO 128 KB, P and dS 16 KB, the dQ pieces
+16 KB (of 227).  The loader, the order of steps (the diagonal's q tile first, masked), chunks and
+head splits are bwd.py's and grid.py's; every wgmma is waited for within its step, as there.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
+    warpgroup_mma_wait
+
+from .bwd import STAGES, _loader, _reduce_add, _wrap
+from .fwd import BIG, LOADER_REGS, LOG2E, WS_MAXNREG, _rows, row_desc
+from . import grid as plans
+
+HEAD_DIMS = (256, )
+BLOCK_M = gl.constexpr(64)   # q rows a step
+BLOCK_N = gl.constexpr(plans.KV_ROWS[256])  # kv rows a program
+COLS = gl.constexpr(32)      # the kv columns of S and dP a warpgroup makes
+DQ_COLS = gl.constexpr(32)   # dQ columns a piece
+# P and dS tiles (64 q rows x 64 kv columns) with 64-byte swizzle: a warpgroup's 32 columns are
+# one swizzle atom wide, so each writes its own half
+_PS_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2))
+
+
+@gluon.jit
+def _zero(j):
+    # a zero the compiler cannot see through (bwd.py's reason: the wgmma descriptors of the fixed
+    # buffers are then built in the step, not hoisted into registers held across the loop)
+    return gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [j], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _rows_of(g, t, n_t, q_t0, n_q, shift, lse_h, dl_h):
+    # lse (base 2) and D of the q tile of step t of head g, zeros past step n_t - 1
+    LSE2, slh = lse_h
+    DL, sdlh = dl_h
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, COLS, 16])
+    offs_m = (q_t0 + _wrap(t + shift, n_q)) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    ok = (gl.zeros_like(offs_m) + t) < n_t
+    return (gl.load(LSE2 + g * slh + offs_m, mask=ok, other=0.0), gl.load(DL + g * sdlh + offs_m, mask=ok, other=0.0))
+
+
+@gluon.jit
+def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM: gl.constexpr, W: gl.constexpr,
+          MASKED: gl.constexpr):
+    # one (q tile, the program's 64 kv rows) step of warpgroup W: its 32 columns of S, dP, P, dS;
+    # its head-dim half of dK, dV (added in registers) and of dQ (reduce-added)
+    q_desc, k_desc, v_desc, do_desc, dq_desc = descs
+    k_all, v_all, q_bufs, do_bufs, p_all, ds_all, dq_bufs = bufs
+    kv_bar, q_ready, q_empty, x = bars  # x: P ready, P free, dS ready, dS free
+    q_row0, kv_row, kv_col, h0, HEADS, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale, shift = scal
+    dtype: gl.constexpr = q_desc.dtype
+    HALF_D: gl.constexpr = HEAD_DIM // 2
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, COLS, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DQ_COLS, 16])
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+
+    st = j % STAGES
+    ph = j & 1
+    q_s = q_bufs.index(st)
+    do_s = do_bufs.index(st)
+    z = _zero(j)
+    k_smem = k_all.index(z)
+    v_smem = v_all.index(z)
+    p_s = p_all.index(z)
+    ds_s = ds_all.index(z)
+    zero = gl.zeros([BLOCK_M, COLS], gl.float32, s_layout)
+    zero_dq = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, dq_layout)
+
+    q_t = q_t0 + _wrap(t + shift, n_q)
+    mbarrier.wait(q_ready.index(st), (j // STAGES) & 1)
+    s_tok = warpgroup_mma(q_s, k_smem.slice(W * COLS, COLS, dim=0).permute((1, 0)), zero, use_acc=False,
+                          is_async=True)
+    dp_tok = warpgroup_mma(do_s, v_smem.slice(W * COLS, COLS, dim=0).permute((1, 0)), zero, use_acc=False,
+                           is_async=True)
+    s = warpgroup_mma_wait(1, deps=(s_tok, ))
+    p = gl.exp2(s * scale_log2 - lse2[:, None])
+    if MASKED:
+        offs_m = q_t * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)
+        offs_n = k_pos0 + W * COLS + gl.arange(0, COLS, layout=col_s)
+        p = gl.where((offs_m[:, None] - offs_n[None, :]) >= mask_lo, p, 0.0)
+    mbarrier.wait(x.index(1), ph ^ 1)  # both warpgroups' dV of the last step has read P
+    p_s.slice(W * COLS, COLS, dim=1).store(p.to(dtype))
+    fence_async_shared()
+    mbarrier.arrive(x.index(0), count=1)
+    dp = warpgroup_mma_wait(0, deps=(dp_tok, ))
+    ds = p * (dp - delta[:, None])
+    mbarrier.wait(x.index(3), ph ^ 1)  # both warpgroups' dK and dQ of the last step have read dS
+    ds_s.slice(W * COLS, COLS, dim=1).store(ds.to(dtype))
+    fence_async_shared()
+    mbarrier.arrive(x.index(2), count=1)
+
+    mbarrier.wait(x.index(0), ph)  # both halves of P
+    dv_tok = warpgroup_mma(p_s.permute((1, 0)), do_s.slice(W * HALF_D, HALF_D, dim=1), dv, is_async=True)
+    mbarrier.wait(x.index(2), ph)  # both halves of dS
+    dk_tok = warpgroup_mma(ds_s.permute((1, 0)), q_s.slice(W * HALF_D, HALF_D, dim=1), dk, is_async=True)
+    col0: gl.constexpr = W * HALF_D
+    dq_tok = warpgroup_mma(ds_s, k_smem.slice(col0, DQ_COLS, dim=1), zero_dq, use_acc=False, is_async=True)
+    dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
+    mbarrier.arrive(x.index(1), count=1)
+    mbarrier.arrive(q_empty.index(st), count=1)
+    dq_s = dq_bufs.index(W)
+    dq_row = q_row0 + q_t * BLOCK_M
+    dq_col = (h0 + g) * HEAD_DIM + col0
+    for c in gl.static_range(HALF_D // DQ_COLS):
+        if c > 0:
+            dq = warpgroup_mma(ds_s, k_smem.slice(col0 + c * DQ_COLS, DQ_COLS, dim=1), zero_dq, use_acc=False)
+        tma.store_wait(0)  # the previous piece's reduce has read the buffer
+        dq_s.store(dq * scale)
+        fence_async_shared()
+        _reduce_add(dq_desc, [dq_row, dq_col + c * DQ_COLS], dq_s)
+    mbarrier.arrive(x.index(3), count=1)
+    return dk, dv
+
+
+@gluon.jit
+def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, W: gl.constexpr, DKV: gl.constexpr):
+    kv_bar = bars[0]
+    q_row0, kv_row, kv_col, h0, HEADS, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale, shift = scal
+    DK, DV, sdk, sdv = out
+    HALF_D: gl.constexpr = HEAD_DIM // 2
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, HALF_D, 16])
+    dk = gl.zeros([BLOCK_N, HALF_D], gl.float32, acc_layout)
+    dv = gl.zeros([BLOCK_N, HALF_D], gl.float32, acc_layout)
+    mbarrier.wait(kv_bar, 0)
+    # the diagonal's q tile first (masked), then the rest, as bwd.py; lse and D a step ahead
+    j = 0
+    for g in range(HEADS):
+        lse2, delta = _rows_of(g, 0, n_mask, q_t0, n_q, shift, lse_h, dl_h)
+        for t in range(n_mask):
+            nxt = _rows_of(g, t + 1, n_mask, q_t0, n_q, shift, lse_h, dl_h)
+            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, W, True)
+            lse2, delta = nxt
+            j += 1
+    for g in range(HEADS):
+        lse2, delta = _rows_of(g, n_mask, n_q, q_t0, n_q, shift, lse_h, dl_h)
+        for t in range(n_mask, n_q):
+            nxt = _rows_of(g, t + 1, n_q, q_t0, n_q, shift, lse_h, dl_h)
+            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, W, False)
+            lse2, delta = nxt
+            j += 1
+    tma.store_wait(0)
+    # this warpgroup's head-dim half of the program's dK, dV rows (DKV as bwd.py's)
+    rows = kv_row + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
+    cols = kv_col + W * HALF_D + gl.arange(0, HALF_D, layout=gl.SliceLayout(0, acc_layout))
+    dk_ptrs = DK + rows.to(gl.int64)[:, None] * sdk + cols[None, :]
+    dv_ptrs = DV + rows.to(gl.int64)[:, None] * sdv + cols[None, :]
+    dk = dk * scale
+    if DKV == 2:
+        gl.atomic_add(dk_ptrs, dk, sem="relaxed")
+        gl.atomic_add(dv_ptrs, dv, sem="relaxed")
+    else:
+        if DKV == 1:
+            dk += gl.load(dk_ptrs).to(gl.float32)
+            dv += gl.load(dv_ptrs).to(gl.float32)
+        gl.store(dk_ptrs, dk.to(DK.dtype.element_ty))
+        gl.store(dv_ptrs, dv.to(DV.dtype.element_ty))
+
+
+@gluon.jit
+def _compute0(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, DKV: gl.constexpr):
+    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 0, DKV)
+
+
+@gluon.jit
+def _compute1(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, DKV: gl.constexpr):
+    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 1, DKV)
+
+
+@gluon.jit
+def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, DKV: gl.constexpr):
+    _loader(descs, bufs, bars, scal, HEAD_DIM, BLOCK_M, BLOCK_N)
+
+
+@gluon.jit(do_not_specialize=["Sq", "Sk", "H", "GROUP", "HEADS", "mask_lo", "chunk", "stagger", "slb", "slh", "sdlb",
+                              "sdlh", "sdk", "sdv"])
+def bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, Sk, H, GROUP, HEADS, scale_log2,
+                    scale, mask_lo, chunk, stagger, slb, slh, sdlb, sdlh, sdk, sdv, HEAD_DIM: gl.constexpr,
+                    DKV: gl.constexpr, LOAD_REGS: gl.constexpr, num_warps: gl.constexpr):
+    """bwd.py's bwd_kernel at d=256: the same grid (grid.py's Plan, 64 kv rows a program), the same
+    arguments; see the module's docstring for how the warpgroups split a step."""
+    dtype: gl.constexpr = q_desc.dtype
+    pid_n = gl.program_id(0)
+    n_hp = H // HEADS
+    b = gl.program_id(1) // n_hp
+    h0 = (gl.program_id(1) - b * n_hp) * HEADS
+    hk = h0 // GROUP
+    k_pos0 = pid_n * BLOCK_N
+    diag = chunk == 0
+    q_t0 = gl.where(diag, k_pos0 // BLOCK_M, gl.program_id(2) * chunk)
+    n_q = gl.where(diag, Sq // BLOCK_M - q_t0, gl.minimum(Sq // BLOCK_M - q_t0, chunk))
+    n_mask = gl.where(diag, BLOCK_N // BLOCK_M, 0)
+
+    k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    p_all = gl.allocate_shared_memory(dtype, [1, BLOCK_M, BLOCK_N], _PS_LAYOUT)
+    ds_all = gl.allocate_shared_memory(dtype, [1, BLOCK_M, BLOCK_N], _PS_LAYOUT)
+    dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, DQ_COLS], dq_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    x = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)  # both compute warpgroups release a buffer
+    for i in gl.static_range(4):
+        mbarrier.init(x.index(i), count=2)  # both warpgroups, each its half or its read
+
+    b64 = b.to(gl.int64)
+    descs = (q_desc, k_desc, v_desc, do_desc, dq_desc)
+    bufs = (k_smem, v_smem, q_bufs, do_bufs, p_all, ds_all, dq_bufs)
+    bars = (kv_bar, q_ready, q_empty, x)
+    shift = (pid_n * stagger) % n_q
+    scal = (b * Sq, b * Sk + k_pos0, hk * HEAD_DIM, h0, HEADS, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2,
+            scale, shift)
+    lse_h = (LSE2 + b64 * slb + h0 * slh, slh)
+    dl_h = (DL + b64 * sdlb + h0 * sdlh, sdlh)
+    out = (DK, DV, sdk, sdv)
+    gl.warp_specialize([
+        (_compute0, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, DKV)),
+        (_compute1, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, DKV)),
+        (_loader_part, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, DKV)),
+    ], [4, 1], [240, LOAD_REGS])
+
+
+def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None, dq, dk, dv, fresh: bool) -> None:
+    """bwd.backward_into at d=256 (the same contract: bwd.supported takes the call)."""
+    import torch
+
+    B, Sq, H, D = q.shape
+    diag = mask_lo is not None
+    p = plans.plan(q, k, dk, dv, fresh, diag)
+    gk, gv = dk, dv
+    if p.temporaries:
+        gk, gv = (torch.zeros(k.shape, device=k.device, dtype=torch.float32) for _ in range(2))
+    q_desc, do_desc = (row_desc(x, (BLOCK_M.value, D)) for x in (q, dout))
+    k_desc, v_desc = (row_desc(x, (BLOCK_N.value, D)) for x in (k, v))
+    dq_desc = row_desc(dq, (BLOCK_M.value, DQ_COLS.value))
+    dk_rows, dv_rows = _rows(gk), _rows(gv)
+    bwd_wide_kernel[p.grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse2, delta, dk_rows, dv_rows, Sq, k.shape[1], H,
+                            H // k.shape[2], p.heads, scale * LOG2E.value, scale, mask_lo if diag else -BIG, p.chunk,
+                            p.stagger, lse2.stride(0), lse2.stride(1), delta.stride(0), delta.stride(1),
+                            dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, DKV=p.dkv, LOAD_REGS=LOADER_REGS,
+                            num_warps=4, maxnreg=WS_MAXNREG)
+    if gk is not dk:
+        for mine, g in ((dk, gk), (dv, gv)):
+            if fresh:
+                mine.copy_(g)
+            else:
+                mine.add_(g)
