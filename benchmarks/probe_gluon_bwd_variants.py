@@ -1,7 +1,8 @@
 """Probe: variants of the Gluon backward against float64 and beside cuDNN in one launch: full and
 causal, 32 q heads on 8 kv heads, bf16.  A variant is a bit mask of kernels/gluon/bwd.py's
 flags (and gluon/grid.py's): 1 LAG at that head dim, 2 STAGGER, 4 MAX_STEPS off (no split of the
-group), 8 MAX_STEPS 1 (one q head a program where the group may split: backward_into onto float32);
+group), 8 MAX_STEPS 1 (one q head a program where the group may split: backward_into onto float32),
+16 bwd_wide.py's SDP off (d=256: the warpgroups split S and dP by kv columns);
 a suffix cN sets Q_CHUNK to N at that head dim (0: none), the q tiles a program walks on a full
 block.  Records made while the variants were bits of a VARIANT
 mask (8fe5e90-e09a57d) name them "ours vN": 1 bf16 P for dS, 2 each warpgroup's own dQ, 4 LAG, 12
@@ -21,7 +22,7 @@ import time
 
 import torch
 
-from burstengine.kernels.gluon import bwd as gb, grid as gg
+from burstengine.kernels.gluon import bwd as gb, bwd_wide as gw, grid as gg
 from burstengine.kernels.sdpa import CudnnKernel
 from burstengine.kernels.triton.kernel import TritonKernel
 from burstengine.timing import median, timed
@@ -73,7 +74,8 @@ def chunk_of(D, var):
 def name(D, var):
     bits, chunk = var[0], chunk_of(D, var)
     steps = "off" if bits & 4 else "1" if bits & 8 else str(DEFAULT_STEPS)
-    return f"lag={bits & 1} stagger={bits >> 1 & 1} max_steps={steps} chunk={chunk}"
+    sdp = f" sdp={int(not bits & 16)}" if D in gw.HEAD_DIMS else ""
+    return f"lag={bits & 1} stagger={bits >> 1 & 1} max_steps={steps} chunk={chunk}{sdp}"
 
 
 def flags(D, var):
@@ -82,6 +84,7 @@ def flags(D, var):
     if D in gb.LAG:  # d=256 (bwd_wide.py) has no LAG
         gb.LAG[D] = bool(bits & 1)
     gg.STAGGER = bool(bits & 2)
+    gw.SDP = not bits & 16
     gg.MAX_STEPS = 1 << 30 if bits & 4 else 1 if bits & 8 else DEFAULT_STEPS
 
 
@@ -166,7 +169,7 @@ def main():
     checks, rows = [], []
     for spec in specs:
         D, _, vs = spec.partition(":")
-        kept = gb.LAG.get(int(D)), gg.STAGGER, gg.MAX_STEPS, gg.Q_CHUNK[int(D)]
+        kept = gb.LAG.get(int(D)), gg.STAGGER, gg.MAX_STEPS, gg.Q_CHUNK[int(D)], gw.SDP
         D, good = int(D), []
         for var in (parse(x) for x in vs.split(",")):
             flags(D, var)
@@ -175,7 +178,7 @@ def main():
             if all(e["ok"] for e in c):
                 good.append(var)
         rows += bench(D, good, seqs, iters, into)
-        gg.STAGGER, gg.MAX_STEPS, gg.Q_CHUNK[D] = kept[1:]
+        gg.STAGGER, gg.MAX_STEPS, gg.Q_CHUNK[D], gw.SDP = kept[1:]
         if D in gb.LAG:
             gb.LAG[D] = kept[0]
     from burstengine.bench.records import write_record

@@ -33,8 +33,11 @@ BLOCK_M = gl.constexpr(64)   # q rows a step
 BLOCK_N = gl.constexpr(plans.KV_ROWS[256])  # kv rows a program
 COLS = gl.constexpr(32)      # the kv columns of S and dP a warpgroup makes
 DQ_COLS = gl.constexpr(32)   # dQ columns a piece
-# P and dS tiles (64 q rows x 64 kv columns) with 64-byte swizzle: a warpgroup's 32 columns are
-# one swizzle atom wide, so each writes its own half
+# P and dS tiles (64 q rows x 64 kv columns) where each warpgroup writes 32 columns (SDP off):
+# 64-byte swizzle, so that 32 columns are one swizzle atom
+# how the warpgroups share a step's S and dP (a probe flag): True, S and P in warpgroup 0, dP and dS
+# in 1 (64-column wgmmas; 1 makes its dQ from dS in registers); False, 32 kv columns of each in each
+SDP = True
 _PS_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2))
 
 
@@ -46,30 +49,57 @@ def _zero(j):
 
 
 @gluon.jit
-def _rows_of(g, t, n_t, q_t0, n_q, shift, lse_h, dl_h):
-    # lse (base 2) and D of the q tile of step t of head g, zeros past step n_t - 1
+def _rows_of(g, t, n_t, q_t0, n_q, shift, lse_h, dl_h, NCOL: gl.constexpr):
+    # lse (base 2) and D of the q tile of step t of head g, zeros past step n_t - 1 (in the row
+    # layout of an S of NCOL columns)
     LSE2, slh = lse_h
     DL, sdlh = dl_h
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, COLS, 16])
+                                                       instr_shape=[16, NCOL, 16])
     offs_m = (q_t0 + _wrap(t + shift, n_q)) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     ok = (gl.zeros_like(offs_m) + t) < n_t
     return (gl.load(LSE2 + g * slh + offs_m, mask=ok, other=0.0), gl.load(DL + g * sdlh + offs_m, mask=ok, other=0.0))
 
 
 @gluon.jit
+def _dq_pieces(dq, dq_tok, ds_a, k_smem, dq_s, dq_desc, dq_row, dq_col, scale, col0: gl.constexpr, PIECES: gl.constexpr):
+    # dQ's columns [col0, col0 + PIECES * DQ_COLS) = dS K in pieces (``dq``: the first, in flight as
+    # ``dq_tok`` unless None), each reduce-added through ``dq_s``; the next piece's wgmma runs while
+    # this one is stored
+    if dq_tok is not None:
+        dq = warpgroup_mma_wait(0, deps=(dq_tok, ))
+    for c in gl.static_range(PIECES):
+        if c + 1 < PIECES:
+            tok = warpgroup_mma(ds_a, k_smem.slice(col0 + (c + 1) * DQ_COLS, DQ_COLS, dim=1), gl.zeros_like(dq),
+                                use_acc=False, is_async=True)
+        tma.store_wait(0)  # the previous piece's reduce has read the buffer
+        dq_s.store(dq * scale)
+        fence_async_shared()
+        _reduce_add(dq_desc, [dq_row, dq_col + c * DQ_COLS], dq_s)
+        if c + 1 < PIECES:
+            dq = warpgroup_mma_wait(0, deps=(tok, ))
+
+
+@gluon.jit
 def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM: gl.constexpr, W: gl.constexpr,
-          MASKED: gl.constexpr):
-    # one (q tile, the program's 64 kv rows) step of warpgroup W: its 32 columns of S, dP, P, dS;
-    # its head-dim half of dK, dV (added in registers) and of dQ (reduce-added)
+          MASKED: gl.constexpr, SDP: gl.constexpr):
+    # one (q tile, the program's 64 kv rows) step of warpgroup W: S, dP, P, dS (SDP: S and P in
+    # warpgroup 0, dP and dS in 1; else 32 kv columns of each in each); its head-dim half of dK, dV
+    # (added in registers) and of dQ (reduce-added)
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_all, v_all, q_bufs, do_bufs, p_all, ds_all, dq_bufs = bufs
     kv_bar, q_ready, q_empty, x = bars  # x: P ready, P free, dS ready, dS free
     q_row0, kv_row, kv_col, h0, HEADS, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale, shift = scal
     dtype: gl.constexpr = q_desc.dtype
     HALF_D: gl.constexpr = HEAD_DIM // 2
+    if SDP:
+        NCOL: gl.constexpr = BLOCK_N
+        C0: gl.constexpr = 0
+    else:
+        NCOL: gl.constexpr = COLS
+        C0: gl.constexpr = W * COLS
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, COLS, 16])
+                                                       instr_shape=[16, NCOL, 16])
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, DQ_COLS, 16])
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -84,57 +114,67 @@ def _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM: gl.co
     v_smem = v_all.index(z)
     p_s = p_all.index(z)
     ds_s = ds_all.index(z)
-    zero = gl.zeros([BLOCK_M, COLS], gl.float32, s_layout)
+    zero = gl.zeros([BLOCK_M, NCOL], gl.float32, s_layout)
     zero_dq = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, dq_layout)
+    col0: gl.constexpr = W * HALF_D
 
     q_t = q_t0 + _wrap(t + shift, n_q)
     mbarrier.wait(q_ready.index(st), (j // STAGES) & 1)
-    s_tok = warpgroup_mma(q_s, k_smem.slice(W * COLS, COLS, dim=0).permute((1, 0)), zero, use_acc=False,
-                          is_async=True)
-    dp_tok = warpgroup_mma(do_s, v_smem.slice(W * COLS, COLS, dim=0).permute((1, 0)), zero, use_acc=False,
-                           is_async=True)
-    s = warpgroup_mma_wait(1, deps=(s_tok, ))
-    p = gl.exp2(s * scale_log2 - lse2[:, None])
-    if MASKED:
-        offs_m = q_t * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)
-        offs_n = k_pos0 + W * COLS + gl.arange(0, COLS, layout=col_s)
-        p = gl.where((offs_m[:, None] - offs_n[None, :]) >= mask_lo, p, 0.0)
-    mbarrier.wait(x.index(1), ph ^ 1)  # both warpgroups' dV of the last step has read P
-    p_s.slice(W * COLS, COLS, dim=1).store(p.to(dtype))
-    fence_async_shared()
-    mbarrier.arrive(x.index(0), count=1)
-    dp = warpgroup_mma_wait(0, deps=(dp_tok, ))
-    ds = p * (dp - delta[:, None])
-    mbarrier.wait(x.index(3), ph ^ 1)  # both warpgroups' dK and dQ of the last step have read dS
-    ds_s.slice(W * COLS, COLS, dim=1).store(ds.to(dtype))
-    fence_async_shared()
-    mbarrier.arrive(x.index(2), count=1)
+    if SDP and W == 1:
+        dp_tok = warpgroup_mma(do_s, v_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
+    else:
+        s_tok = warpgroup_mma(q_s, k_smem.slice(C0, NCOL, dim=0).permute((1, 0)), zero, use_acc=False,
+                              is_async=True)
+    if not SDP:
+        dp_tok = warpgroup_mma(do_s, v_smem.slice(C0, NCOL, dim=0).permute((1, 0)), zero, use_acc=False,
+                               is_async=True)
+    if not SDP or W == 0:
+        if SDP:
+            s = warpgroup_mma_wait(0, deps=(s_tok, ))
+        else:
+            s = warpgroup_mma_wait(1, deps=(s_tok, ))
+        p = gl.exp2(s * scale_log2 - lse2[:, None])
+        if MASKED:
+            offs_m = q_t * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)
+            offs_n = k_pos0 + C0 + gl.arange(0, NCOL, layout=col_s)
+            p = gl.where((offs_m[:, None] - offs_n[None, :]) >= mask_lo, p, 0.0)
+        mbarrier.wait(x.index(1), ph ^ 1)  # the last step's reads of P are done
+        p_s.slice(C0, NCOL, dim=1).store(p.to(dtype))
+        fence_async_shared()
+        mbarrier.arrive(x.index(0), count=1)
+    if not SDP or W == 1:
+        dp = warpgroup_mma_wait(0, deps=(dp_tok, ))
+        if SDP:
+            mbarrier.wait(x.index(0), ph)  # warpgroup 0's P (bfloat16, as dV reads it)
+            p = p_s.load(s_layout).to(gl.float32)
+        ds = p * (dp - delta[:, None])
+        mbarrier.wait(x.index(3), ph ^ 1)  # the last step's reads of dS are done
+        ds_s.slice(C0, NCOL, dim=1).store(ds.to(dtype))
+        fence_async_shared()
+        mbarrier.arrive(x.index(2), count=1)
 
-    mbarrier.wait(x.index(0), ph)  # both halves of P
-    dv_tok = warpgroup_mma(p_s.permute((1, 0)), do_s.slice(W * HALF_D, HALF_D, dim=1), dv, is_async=True)
-    mbarrier.wait(x.index(2), ph)  # both halves of dS
-    dk_tok = warpgroup_mma(ds_s.permute((1, 0)), q_s.slice(W * HALF_D, HALF_D, dim=1), dk, is_async=True)
-    col0: gl.constexpr = W * HALF_D
-    dq_tok = warpgroup_mma(ds_s, k_smem.slice(col0, DQ_COLS, dim=1), zero_dq, use_acc=False, is_async=True)
+    mbarrier.wait(x.index(0), ph)  # all of P
+    dv_tok = warpgroup_mma(p_s.permute((1, 0)), do_s.slice(col0, HALF_D, dim=1), dv, is_async=True)
+    mbarrier.wait(x.index(2), ph)  # all of dS
+    dk_tok = warpgroup_mma(ds_s.permute((1, 0)), q_s.slice(col0, HALF_D, dim=1), dk, is_async=True)
+    if SDP and W == 1:
+        # dS from registers (this warpgroup made all of it): no shared-memory reads of the A operand
+        ds_a = gl.convert_layout(ds.to(dtype), gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2))
+    else:
+        ds_a = ds_s
+    dq_tok = warpgroup_mma(ds_a, k_smem.slice(col0, DQ_COLS, dim=1), zero_dq, use_acc=False, is_async=True)
     dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
     mbarrier.arrive(x.index(1), count=1)
     mbarrier.arrive(q_empty.index(st), count=1)
-    dq_s = dq_bufs.index(W)
-    dq_row = q_row0 + q_t * BLOCK_M
-    dq_col = (h0 + g) * HEAD_DIM + col0
-    for c in gl.static_range(HALF_D // DQ_COLS):
-        if c > 0:
-            dq = warpgroup_mma(ds_s, k_smem.slice(col0 + c * DQ_COLS, DQ_COLS, dim=1), zero_dq, use_acc=False)
-        tma.store_wait(0)  # the previous piece's reduce has read the buffer
-        dq_s.store(dq * scale)
-        fence_async_shared()
-        _reduce_add(dq_desc, [dq_row, dq_col + c * DQ_COLS], dq_s)
+    _dq_pieces(dq, None, ds_a, k_smem, dq_bufs.index(W), dq_desc, q_row0 + q_t * BLOCK_M, (h0 + g) * HEAD_DIM + col0,
+               scale, col0, HALF_D // DQ_COLS)
     mbarrier.arrive(x.index(3), count=1)
     return dk, dv
 
 
 @gluon.jit
-def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, W: gl.constexpr, DKV: gl.constexpr):
+def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, W: gl.constexpr, DKV: gl.constexpr,
+             SDP: gl.constexpr):
     kv_bar = bars[0]
     q_row0, kv_row, kv_col, h0, HEADS, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale, shift = scal
     DK, DV, sdk, sdv = out
@@ -143,21 +183,25 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
                                                          instr_shape=[16, HALF_D, 16])
     dk = gl.zeros([BLOCK_N, HALF_D], gl.float32, acc_layout)
     dv = gl.zeros([BLOCK_N, HALF_D], gl.float32, acc_layout)
+    if SDP:
+        NCOL: gl.constexpr = BLOCK_N
+    else:
+        NCOL: gl.constexpr = COLS
     mbarrier.wait(kv_bar, 0)
     # the diagonal's q tile first (masked), then the rest, as bwd.py; lse and D a step ahead
     j = 0
     for g in range(HEADS):
-        lse2, delta = _rows_of(g, 0, n_mask, q_t0, n_q, shift, lse_h, dl_h)
+        lse2, delta = _rows_of(g, 0, n_mask, q_t0, n_q, shift, lse_h, dl_h, NCOL)
         for t in range(n_mask):
-            nxt = _rows_of(g, t + 1, n_mask, q_t0, n_q, shift, lse_h, dl_h)
-            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, W, True)
+            nxt = _rows_of(g, t + 1, n_mask, q_t0, n_q, shift, lse_h, dl_h, NCOL)
+            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, W, True, SDP)
             lse2, delta = nxt
             j += 1
     for g in range(HEADS):
-        lse2, delta = _rows_of(g, n_mask, n_q, q_t0, n_q, shift, lse_h, dl_h)
+        lse2, delta = _rows_of(g, n_mask, n_q, q_t0, n_q, shift, lse_h, dl_h, NCOL)
         for t in range(n_mask, n_q):
-            nxt = _rows_of(g, t + 1, n_q, q_t0, n_q, shift, lse_h, dl_h)
-            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, W, False)
+            nxt = _rows_of(g, t + 1, n_q, q_t0, n_q, shift, lse_h, dl_h, NCOL)
+            dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, W, False, SDP)
             lse2, delta = nxt
             j += 1
     tma.store_wait(0)
@@ -179,17 +223,20 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
 
 
 @gluon.jit
-def _compute0(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, DKV: gl.constexpr):
-    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 0, DKV)
+def _compute0(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, DKV: gl.constexpr,
+              SDP: gl.constexpr):
+    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 0, DKV, SDP)
 
 
 @gluon.jit
-def _compute1(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, DKV: gl.constexpr):
-    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 1, DKV)
+def _compute1(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, DKV: gl.constexpr,
+              SDP: gl.constexpr):
+    _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, 1, DKV, SDP)
 
 
 @gluon.jit
-def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, DKV: gl.constexpr):
+def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, DKV: gl.constexpr,
+                 SDP: gl.constexpr):
     _loader(descs, bufs, bars, scal, HEAD_DIM, BLOCK_M, BLOCK_N)
 
 
@@ -197,7 +244,7 @@ def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constex
                               "sdlh", "sdk", "sdv"])
 def bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, Sk, H, GROUP, HEADS, scale_log2,
                     scale, mask_lo, chunk, stagger, slb, slh, sdlb, sdlh, sdk, sdv, HEAD_DIM: gl.constexpr,
-                    DKV: gl.constexpr, LOAD_REGS: gl.constexpr, num_warps: gl.constexpr):
+                    DKV: gl.constexpr, SDP: gl.constexpr, LOAD_REGS: gl.constexpr, num_warps: gl.constexpr):
     """bwd.py's bwd_kernel at d=256: the same grid (grid.py's Plan, 64 kv rows a program), the same
     arguments; see the module's docstring for how the warpgroups split a step."""
     dtype: gl.constexpr = q_desc.dtype
@@ -216,8 +263,12 @@ def bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, 
     v_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
-    p_all = gl.allocate_shared_memory(dtype, [1, BLOCK_M, BLOCK_N], _PS_LAYOUT)
-    ds_all = gl.allocate_shared_memory(dtype, [1, BLOCK_M, BLOCK_N], _PS_LAYOUT)
+    if SDP:  # one warpgroup writes each whole tile
+        ps_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
+    else:
+        ps_layout: gl.constexpr = _PS_LAYOUT
+    p_all = gl.allocate_shared_memory(dtype, [1, BLOCK_M, BLOCK_N], ps_layout)
+    ds_all = gl.allocate_shared_memory(dtype, [1, BLOCK_M, BLOCK_N], ps_layout)
     dq_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, DQ_COLS], dq_desc.layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -241,9 +292,9 @@ def bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, 
     dl_h = (DL + b64 * sdlb + h0 * sdlh, sdlh)
     out = (DK, DV, sdk, sdv)
     gl.warp_specialize([
-        (_compute0, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, DKV)),
-        (_compute1, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, DKV)),
-        (_loader_part, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, DKV)),
+        (_compute0, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, DKV, SDP)),
+        (_compute1, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, DKV, SDP)),
+        (_loader_part, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, DKV, SDP)),
     ], [4, 1], [240, LOAD_REGS])
 
 
@@ -264,7 +315,7 @@ def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None,
     bwd_wide_kernel[p.grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse2, delta, dk_rows, dv_rows, Sq, k.shape[1], H,
                             H // k.shape[2], p.heads, scale * LOG2E.value, scale, mask_lo if diag else -BIG, p.chunk,
                             p.stagger, lse2.stride(0), lse2.stride(1), delta.stride(0), delta.stride(1),
-                            dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, DKV=p.dkv, LOAD_REGS=LOADER_REGS,
+                            dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, DKV=p.dkv, SDP=SDP, LOAD_REGS=LOADER_REGS,
                             num_warps=4, maxnreg=WS_MAXNREG)
     if gk is not dk:
         for mine, g in ((dk, gk), (dv, gv)):
