@@ -279,7 +279,11 @@ def bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, 
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)  # both compute warpgroups release a buffer
     for i in gl.static_range(4):
-        mbarrier.init(x.index(i), count=2)  # both warpgroups, each its half or its read
+        # "ready": written by both warpgroups (a half each) or, SDP, by one; "free": read by both
+        if SDP and i % 2 == 0:
+            mbarrier.init(x.index(i), count=1)
+        else:
+            mbarrier.init(x.index(i), count=2)
 
     b64 = b.to(gl.int64)
     descs = (q_desc, k_desc, v_desc, do_desc, dq_desc)
