@@ -100,6 +100,11 @@ CARDS = {
         ("forward", CAUSAL, 256): [(None, "gluon"), (None, "cudnn")],
         ("forward_into", CAUSAL, 256): [(None, "gluon"), (None, "cudnn")],
         ("forward_into", FULL, 256): [(None, "gluon"), (None, "cudnn")],
+        # d=256's backward (bwd_wide.py, SDP; probe_gluon_bwd_d256_sdp_h200.json, ..._into_h200.json,
+        # 32 q / 8 kv heads, 16K-64K): full blocks 1.03x cuDNN plain, 1.04x beside cuDNN + the adds;
+        # causal 0.97x plain, 0.99-1.01x backward_into (ties: cuDNN's)
+        ("backward", FULL, 256): [(None, "gluon"), (None, "cudnn")],
+        ("backward_into", FULL, 256): [(None, "gluon"), (None, "cudnn")],
     },
 }
 

@@ -93,6 +93,10 @@ TODAY = {
     # the check after grid.py's plan() (e41dca4), and 16K timed three times
     "probe_gluon_bwd_check_h200.json": {"backward": ("ours lag=0 stagger=1 max_steps=1024 chunk=512 d128",
                                                      "ours lag=1 stagger=1 max_steps=1024 chunk=1024 d64")},
+    # d=256 (bwd_wide.py): sdp=1 the kernel as kept, sdp=0 the split by kv columns behind the flag
+    "probe_gluon_bwd_d256_sdp_h200.json": {"backward": ("ours lag=0 stagger=1 max_steps=1024 chunk=256 sdp=1 d256", )},
+    "probe_gluon_bwd_d256_into_h200.json": {
+        "backward_into": ("ours lag=0 stagger=1 max_steps=1024 chunk=256 sdp=1 into d256", )},
     "probe_gluon_bwd_chunk_plain_h200.json": {"backward": (
         "ours lag=0 stagger=1 max_steps=1024 chunk=512 d128", "ours lag=1 stagger=1 max_steps=1024 chunk=1024 d64")},
 }
@@ -116,6 +120,8 @@ STALE = {
     ("probe_gluon_bwd_stagger_h200.json", "backward"): "stagger=0: full blocks before STAGGER (d3679ef)",
     ("probe_gluon_bwd_split_h200.json", "backward_into"): "max_steps off and 4096: the group split later than "
                                                           "MAX_STEPS splits it now",
+    ("probe_gluon_bwd_d256_h200.json", "backward"): "d=256's first build (6461e33): S and dP split by kv columns, "
+                                                     "dQ pieces one after another; SDP since",
     ("probe_gluon_bwd_chunk_sweep_h200.json", "backward_into"): "d369722: chunk sizes swept before Q_CHUNK was set "
                                                                 "per head dim (and the loop's % since replaced)",
 }
