@@ -109,6 +109,9 @@ def test_rules_against_the_records_are_caught(records):
     # and its full one on Gluon: cuDNN is 1.03x at 128K
     bad = vs_cudnn.disagreements(records, cards=_cards(H200={("forward", FULL, 256): [(None, "gluon"), (None, "cudnn")]}))
     assert any("H200 forward full" in d and "d=256 S=131072" in d for d in bad), bad
+    # H200's causal d=256 backward on Gluon: cuDNN is 1.04x at 16K (probe_head_dims_d256_h200.json)
+    bad = vs_cudnn.disagreements(records, cards=_cards(H200={("backward", CAUSAL, 256): [(None, "gluon"), (None, "cudnn")]}))
+    assert any("H200 backward causal" in d and "d=256 S=16384" in d for d in bad), bad
     # without the tie band, H100's backward at 16K (ours 0.98x) would ask for cuDNN
     bad = vs_cudnn.disagreements(records, tie=0.0)
     assert any("H100" in d and "backward causal" in d and "S=16384" in d for d in bad), bad
@@ -199,11 +202,11 @@ def test_h200_plain_backward_and_the_ring_steps():
     assert auto.choose("backward", FULL, 32768, 32768, H200, 128, takes=lambda: False) == "cudnn"
 
 
-def test_head_dim_256_forward():
-    """d=256 (the Gluon forward only): on H200 the plain causal forward and the ring step's
-    forward_into of full and causal blocks run Gluon, the plain full forward cuDNN; other cards and
-    strict blocks keep cuDNN (unmeasured), and the backward is cuDNN's everywhere (Gluon's backward
-    does not take d=256: ``takes`` says no)."""
+def test_head_dim_256():
+    """d=256: on H200 the plain causal forward and the ring step's forward_into of full and causal
+    blocks run Gluon, the plain full forward cuDNN; the backward (bwd_wide.py) Gluon on full blocks,
+    plain and backward_into, cuDNN on causal ones; other cards and strict blocks keep cuDNN
+    (unmeasured), and where Gluon does not take the block, cuDNN."""
     auto, yes, no = AutoKernel(), (lambda: True), (lambda: False)
     for S in (8192, 131072):
         assert auto.choose("forward", CAUSAL, S, S, H200, 256, takes=yes) == "triton"
@@ -215,7 +218,12 @@ def test_head_dim_256_forward():
                 assert auto.choose("forward", mask, S, S, card, 256, takes=yes) == "cudnn", (card, mask, S)
         assert auto.choose("forward_into", STRICT, S, S, H200, 256, takes=yes) == "cudnn"
         for call in ("backward", "backward_into"):
-            assert auto.choose(call, CAUSAL, S, S, H200, 256, takes=no) == "cudnn", call
+            assert auto.choose(call, FULL, S, S, H200, 256, takes=yes) == "triton", call
+            assert auto.choose(call, FULL, S, S, H200, 256, takes=no) == "cudnn", call
+            for mask in (CAUSAL, STRICT):
+                assert auto.choose(call, mask, S, S, H200, 256, takes=yes) == "cudnn", (call, mask)
+            for card in (H100, A100):
+                assert auto.choose(call, FULL, S, S, card, 256, takes=yes) == "cudnn", (call, card)
 
 
 class _Spy:

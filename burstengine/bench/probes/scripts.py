@@ -343,6 +343,36 @@ def block_fwd_d256(records):
                      + [f"Built for sm_90a without a GPU (`{ptx_name}`, commit {ptx['commit'][:7]}): {built}."])
 
 
+def block_bwd_d256(records):
+    """docs/kernels.md: the d=256 backward (bwd_wide.py) beside cuDNN: its first build, the split by
+    kv columns with the dQ pieces pipelined (SDP off), SDP; plain and the ring step's backward_into."""
+    first, sdp, into = (record(records, n) for n in ("probe_gluon_bwd_d256_h200.json",
+                                                      "probe_gluon_bwd_d256_sdp_h200.json",
+                                                      "probe_gluon_bwd_d256_into_h200.json"))
+
+    def speeds(rec):
+        # (S, mask, "cudnn" or the method's last word: its sdp=, chunk= or into) -> TFLOP/s
+        return {(r["S"], r["mask"], r["method"] if r["method"] == "cudnn" else r["method"].split()[-1]): r["tflops"]
+                for r in rec["rows"]}
+
+    a, b, c = speeds(first), speeds(sdp), speeds(into)
+    cell = lambda x, base: f"{x:.0f} ({x / base:.2f}×)"  # noqa: E731
+    body = [[f"{S // 1024}K", mask, f"{b[(S, mask, 'cudnn')]:.0f}", cell(a[(S, mask, 'chunk=256')], a[(S, mask, 'cudnn')]),
+             cell(b[(S, mask, 'sdp=0')], b[(S, mask, 'cudnn')]), cell(b[(S, mask, 'sdp=1')], b[(S, mask, 'cudnn')]),
+             f"{c[(S, mask, 'cudnn')]:.0f}", cell(c[(S, mask, 'into')], c[(S, mask, 'cudnn')])]
+            for S, mask in sorted({(S, m) for S, m, _ in b})]
+    checks = sum(len(r["check"]) for r in (first, sdp, into))
+    bad = sum(not e["ok"] for r in (first, sdp, into) for e in r["check"])
+    return "\n".join([f"On {device_of(sdp)} (`probe_gluon_bwd_d256_h200.json` at {first['commit'][:7]}, "
+                      f"`probe_gluon_bwd_d256_sdp_h200.json` and `probe_gluon_bwd_d256_into_h200.json` at "
+                      f"{sdp['commit'][:7]}; {sdp['heads']} q heads on {sdp['kv_heads']} kv heads, d=256, bf16; "
+                      "TFLOP/s, the backward counted as 2.5 forwards, × the same launch's cuDNN (in `backward_into`, "
+                      f"cuDNN's backward and its three gradient adds); {checks} check cases against float64, "
+                      f"{bad} failed):", ""]
+                     + table(["S", "mask", "cuDNN", "first build", "kv split, dQ pipelined", "SDP (kept)",
+                              "cuDNN + adds", "SDP backward_into"], body))
+
+
 def _head_dim_rows(rec) -> list[list]:
     rows = {(r["D"], r.get("H", rec["heads"]), r["S"], r["mask"], r["method"]): r for r in rec["rows"]
             if "error" not in r}
@@ -363,7 +393,8 @@ def block_head_dims(records):
     out = []
     for name, what in (("probe_head_dims_lag_h200.json", "median of 5"),
                        ("probe_head_dims_short_h200.json", "median of 11; d=128 alone, shorter blocks"),
-                       ("probe_head_dims_d64_long_h200.json", "median of 5; d=64 alone, longer blocks")):
+                       ("probe_head_dims_d64_long_h200.json", "median of 5; d=64 alone, longer blocks"),
+                       ("probe_head_dims_d256_h200.json", "median of 5; d=256 alone, both Gluon kernels")):
         rec = record(records, name)
         bad = sum(not c["ok"] for c in rec["check"])
         errs = [r for r in rec["rows"] if "error" in r]
@@ -433,4 +464,5 @@ SECTIONS = (
 )
 BLOCKS = {"gluon-variants": block_gluon_variants, "gluon-bwd": block_gluon_bwd, "gluon-wide": block_gluon_wide,
           "gluon-pipe": block_gluon_pipe, "head-dims": block_head_dims, "gluon-bwd-d64": block_gluon_bwd_d64,
-          "bwd-power": block_bwd_power, "bwd-chunks": block_bwd_chunks, "fwd-d256": block_fwd_d256}
+          "bwd-power": block_bwd_power, "bwd-chunks": block_bwd_chunks, "fwd-d256": block_fwd_d256,
+          "bwd-d256": block_bwd_d256}

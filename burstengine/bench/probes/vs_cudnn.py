@@ -78,6 +78,7 @@ TODAY = {
     "probe_head_dims_short_h200.json": {"forward": ("ours d128", ), "backward": ("ours d128", )},
     "probe_head_dims_d64bwd_h200.json": {"forward": ("ours d64", "ours d128"), "backward": ("ours d128", )},
     "probe_head_dims_d64_long_h200.json": {"forward": ("ours d64", ), "backward": ("ours d64", )},  # 24 and 32 q heads
+    "probe_head_dims_d256_h200.json": {"forward": ("ours d256", ), "backward": ("ours d256", )},  # at 71c106e
     # "ours v0" at d=128 is the kernel as kept (the variant bits off); at d=64 LAG is today's ("v4")
     "probe_gluon_bwd_variants_h200.json": {"backward": ("ours v0 d128", )},
     "probe_gluon_bwd_lag_h200.json": {"backward": ("ours v4 d64", )},

@@ -205,12 +205,13 @@ def _step(j, g, t, dk, dv, prev, descs, bufs, bars, scal, lse2, delta, HEAD_DIM:
 
 
 @gluon.jit
-def _lse_rows(g, t, n_t, q_t0, n_q, shift, lse_h, dl_h, BLOCK_M: gl.constexpr):
-    # lse (base 2) and D of the q tile of step t of head g, zeros past step n_t - 1
+def _lse_rows(g, t, n_t, q_t0, n_q, shift, lse_h, dl_h, BLOCK_M: gl.constexpr, NCOL: gl.constexpr = HALF):
+    # lse (base 2) and D of the q tile of step t of head g, zeros past step n_t - 1, in the row
+    # layout of an S tile of NCOL columns
     LSE2, slh = lse_h
     DL, sdlh = dl_h
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HALF, 16])
+                                                       instr_shape=[16, NCOL, 16])
     offs_m = (q_t0 + _wrap(t + shift, n_q)) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     ok = (gl.zeros_like(offs_m) + t) < n_t
     return (gl.load(LSE2 + g * slh + offs_m, mask=ok, other=0.0), gl.load(DL + g * sdlh + offs_m, mask=ok, other=0.0))
@@ -222,7 +223,6 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
     k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs = bufs
     kv_bar, q_ready, q_empty, ds_ready = bars
     q_row0, kv_row, kv_col, h0, HEADS, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale, shift = scal
-    DK, DV, sdk, sdv = out
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
     dk = gl.zeros([HALF, HEAD_DIM], gl.float32, acc_layout)
@@ -270,10 +270,17 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
         fence_async_shared()
         _reduce_add(descs[4], [prev[0], prev[1]], dq_s)
     tma.store_wait(0)
-    # once per program: plain stores from the accumulator layout (fresh), read-add-store, or atomic
-    # adds where the kv head's q heads are split over programs (DKV 0, 1, 2)
     rows = kv_row + W * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, acc_layout))
     cols = kv_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    _store_dkv(dk, dv, rows, cols, out, scale, DKV)
+
+
+@gluon.jit
+def _store_dkv(dk, dv, rows, cols, out, scale, DKV: gl.constexpr):
+    # once per program, a warpgroup's sums (rows x cols of dK, dV): plain stores from the
+    # accumulator layout (fresh), read-add-store, or atomic adds where the kv head's q heads are
+    # split over programs (DKV 0, 1, 2); dK still wants its scale
+    DK, DV, sdk, sdv = out
     dk_ptrs = DK + rows.to(gl.int64)[:, None] * sdk + cols[None, :]
     dv_ptrs = DV + rows.to(gl.int64)[:, None] * sdv + cols[None, :]
     dk = dk * scale
@@ -306,6 +313,25 @@ def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constex
     _loader(descs, bufs, bars, scal, HEAD_DIM, BLOCK_M, BLOCK_N)
 
 
+@gluon.jit
+def _program(Sq, H, GROUP, HEADS, chunk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    # (kv tile, batch, first q head, kv head, first key, first q tile, q tiles, masked q tiles) of
+    # this program.  Grid (kv tiles, batch x q heads / HEADS, chunks: grid.py's Plan): the chunk
+    # and kv tile straight from the program's ids, which ptxas can remake values from rather than
+    # keep them (a chunk from a division raised the step loops' local loads)
+    pid_n = gl.program_id(0)
+    n_hp = H // HEADS
+    b = gl.program_id(1) // n_hp
+    h0 = (gl.program_id(1) - b * n_hp) * HEADS  # this program's q heads: HEADS of its kv head's GROUP
+    hk = h0 // GROUP
+    k_pos0 = pid_n * BLOCK_N
+    diag = chunk == 0
+    q_t0 = gl.where(diag, k_pos0 // BLOCK_M, gl.program_id(2) * chunk)
+    n_q = gl.where(diag, Sq // BLOCK_M - q_t0, gl.minimum(Sq // BLOCK_M - q_t0, chunk))
+    n_mask = gl.where(diag, BLOCK_N // BLOCK_M, 0)
+    return pid_n, b, h0, hk, k_pos0, q_t0, n_q, n_mask
+
+
 @gluon.jit(do_not_specialize=["Sq", "Sk", "H", "GROUP", "HEADS", "mask_lo", "chunk", "stagger", "slb", "slh", "sdlb",
                               "sdlh", "sdk", "sdv"])
 def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, Sk, H, GROUP, HEADS, scale_log2, scale,
@@ -319,19 +345,7 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
     through ``dq_desc``) is added to; dK, dV (``DKV``) stored (0), read, added to and stored (1), in
     their dtype, or added atomically (2: float32, the group or the q tiles split over programs)."""
     dtype: gl.constexpr = q_desc.dtype
-    pid_n = gl.program_id(0)
-    # grid (kv tiles, batch x q heads / HEADS, chunks: grid.py's Plan): the chunk and kv tile
-    # straight from the program's ids, which ptxas can remake values from rather than keep them
-    # (a chunk from a division raised the step loops' local loads)
-    n_hp = H // HEADS
-    b = gl.program_id(1) // n_hp
-    h0 = (gl.program_id(1) - b * n_hp) * HEADS  # this program's q heads: HEADS of its kv head's GROUP
-    hk = h0 // GROUP
-    k_pos0 = pid_n * BLOCK_N
-    diag = chunk == 0
-    q_t0 = gl.where(diag, k_pos0 // BLOCK_M, gl.program_id(2) * chunk)
-    n_q = gl.where(diag, Sq // BLOCK_M - q_t0, gl.minimum(Sq // BLOCK_M - q_t0, chunk))
-    n_mask = gl.where(diag, BLOCK_N // BLOCK_M, 0)
+    pid_n, b, h0, hk, k_pos0, q_t0, n_q, n_mask = _program(Sq, H, GROUP, HEADS, chunk, BLOCK_M, BLOCK_N)
 
     # K and V with a leading dimension of 1, so _step can index them by its opaque zero
     k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -393,6 +407,14 @@ def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None,
     """Add this block's dQ into float32 ``dq`` and its dK, dV into ``dk``, ``dv`` (or store them:
     ``fresh``).  ``lse2``: lse in base 2, +inf for rows that saw nothing; ``delta``: D; both
     (B, H, Sq) with unit stride along rows.  ``mask_lo``: None full, 0 causal, 1 strict."""
+    D = q.shape[-1]
+    launch(bwd_kernel, dict(BLOCK_M=Q_ROWS[D], LAG=LAG[D]), D // 2, dout, q, k, v, lse2, delta, scale, mask_lo, dq,
+           dk, dv, fresh)
+
+
+def launch(kernel, consts: dict, dq_cols: int, dout, q, k, v, lse2, delta, scale, mask_lo, dq, dk, dv, fresh) -> None:
+    """Launch ``kernel`` (bwd_kernel, or bwd_wide.py's: the same arguments) on grid.py's plan, with
+    its ``consts``; dQ is reduce-added in tiles of ``dq_cols`` columns."""
     B, Sq, H, D = q.shape
     block_m, diag = Q_ROWS[D], mask_lo is not None
     p = plans.plan(q, k, dk, dv, fresh, diag)
@@ -401,14 +423,14 @@ def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None,
         # the programs of a kv tile add theirs atomically: into float32, then stored or added
         gk, gv = (torch.zeros(k.shape, device=k.device, dtype=torch.float32) for _ in range(2))
     q_desc, do_desc = (row_desc(x, (block_m, D)) for x in (q, dout))
-    k_desc, v_desc = (row_desc(x, (BLOCK_N.value, D)) for x in (k, v))
-    dq_desc = row_desc(dq, (block_m, D // 2))
+    k_desc, v_desc = (row_desc(x, (plans.KV_ROWS[D], D)) for x in (k, v))
+    dq_desc = row_desc(dq, (block_m, dq_cols))
     dk_rows, dv_rows = _rows(gk), _rows(gv)
-    bwd_kernel[p.grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse2, delta, dk_rows, dv_rows, Sq, k.shape[1], H,
-                       H // k.shape[2], p.heads, scale * LOG2E.value, scale, mask_lo if diag else -BIG, p.chunk,
-                       p.stagger, lse2.stride(0), lse2.stride(1), delta.stride(0), delta.stride(1),
-                       dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, BLOCK_M=block_m, LAG=LAG[D], DKV=p.dkv,
-                       LOAD_REGS=LOADER_REGS, num_warps=4, maxnreg=WS_MAXNREG)
+    kernel[p.grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse2, delta, dk_rows, dv_rows, Sq, k.shape[1], H,
+                   H // k.shape[2], p.heads, scale * LOG2E.value, scale, mask_lo if diag else -BIG, p.chunk,
+                   p.stagger, lse2.stride(0), lse2.stride(1), delta.stride(0), delta.stride(1), dk_rows.stride(0),
+                   dv_rows.stride(0), HEAD_DIM=D, DKV=p.dkv, LOAD_REGS=LOADER_REGS, num_warps=4, maxnreg=WS_MAXNREG,
+                   **consts)
     if gk is not dk:
         for mine, g in ((dk, gk), (dv, gv)):
             if fresh:

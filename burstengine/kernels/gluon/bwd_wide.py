@@ -24,8 +24,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
     warpgroup_mma_wait
 
-from .bwd import STAGES, _loader, _reduce_add, _wrap
-from .fwd import BIG, LOADER_REGS, LOG2E, WS_MAXNREG, _rows, row_desc
+from .bwd import STAGES, _loader, _lse_rows, _program, _reduce_add, _store_dkv, _wrap, launch
 from . import grid as plans
 
 HEAD_DIMS = (256, )
@@ -46,19 +45,6 @@ def _zero(j):
     # a zero the compiler cannot see through (bwd.py's reason: the wgmma descriptors of the fixed
     # buffers are then built in the step, not hoisted into registers held across the loop)
     return gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [j], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _rows_of(g, t, n_t, q_t0, n_q, shift, lse_h, dl_h, NCOL: gl.constexpr):
-    # lse (base 2) and D of the q tile of step t of head g, zeros past step n_t - 1 (in the row
-    # layout of an S of NCOL columns)
-    LSE2, slh = lse_h
-    DL, sdlh = dl_h
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, NCOL, 16])
-    offs_m = (q_t0 + _wrap(t + shift, n_q)) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-    ok = (gl.zeros_like(offs_m) + t) < n_t
-    return (gl.load(LSE2 + g * slh + offs_m, mask=ok, other=0.0), gl.load(DL + g * sdlh + offs_m, mask=ok, other=0.0))
 
 
 @gluon.jit
@@ -177,7 +163,6 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
              SDP: gl.constexpr):
     kv_bar = bars[0]
     q_row0, kv_row, kv_col, h0, HEADS, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2, scale, shift = scal
-    DK, DV, sdk, sdv = out
     HALF_D: gl.constexpr = HEAD_DIM // 2
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HALF_D, 16])
@@ -191,35 +176,24 @@ def _compute(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constexpr, 
     # the diagonal's q tile first (masked), then the rest, as bwd.py; lse and D a step ahead
     j = 0
     for g in range(HEADS):
-        lse2, delta = _rows_of(g, 0, n_mask, q_t0, n_q, shift, lse_h, dl_h, NCOL)
+        lse2, delta = _lse_rows(g, 0, n_mask, q_t0, n_q, shift, lse_h, dl_h, BLOCK_M, NCOL)
         for t in range(n_mask):
-            nxt = _rows_of(g, t + 1, n_mask, q_t0, n_q, shift, lse_h, dl_h, NCOL)
+            nxt = _lse_rows(g, t + 1, n_mask, q_t0, n_q, shift, lse_h, dl_h, BLOCK_M, NCOL)
             dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, W, True, SDP)
             lse2, delta = nxt
             j += 1
     for g in range(HEADS):
-        lse2, delta = _rows_of(g, n_mask, n_q, q_t0, n_q, shift, lse_h, dl_h, NCOL)
+        lse2, delta = _lse_rows(g, n_mask, n_q, q_t0, n_q, shift, lse_h, dl_h, BLOCK_M, NCOL)
         for t in range(n_mask, n_q):
-            nxt = _rows_of(g, t + 1, n_q, q_t0, n_q, shift, lse_h, dl_h, NCOL)
+            nxt = _lse_rows(g, t + 1, n_q, q_t0, n_q, shift, lse_h, dl_h, BLOCK_M, NCOL)
             dk, dv = _step(j, g, t, dk, dv, descs, bufs, bars, scal, lse2, delta, HEAD_DIM, W, False, SDP)
             lse2, delta = nxt
             j += 1
     tma.store_wait(0)
-    # this warpgroup's head-dim half of the program's dK, dV rows (DKV as bwd.py's)
+    # this warpgroup's head-dim half of the program's dK, dV rows
     rows = kv_row + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
     cols = kv_col + W * HALF_D + gl.arange(0, HALF_D, layout=gl.SliceLayout(0, acc_layout))
-    dk_ptrs = DK + rows.to(gl.int64)[:, None] * sdk + cols[None, :]
-    dv_ptrs = DV + rows.to(gl.int64)[:, None] * sdv + cols[None, :]
-    dk = dk * scale
-    if DKV == 2:
-        gl.atomic_add(dk_ptrs, dk, sem="relaxed")
-        gl.atomic_add(dv_ptrs, dv, sem="relaxed")
-    else:
-        if DKV == 1:
-            dk += gl.load(dk_ptrs).to(gl.float32)
-            dv += gl.load(dv_ptrs).to(gl.float32)
-        gl.store(dk_ptrs, dk.to(DK.dtype.element_ty))
-        gl.store(dv_ptrs, dv.to(DV.dtype.element_ty))
+    _store_dkv(dk, dv, rows, cols, out, scale, DKV)
 
 
 @gluon.jit
@@ -248,16 +222,7 @@ def bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, 
     """bwd.py's bwd_kernel at d=256: the same grid (grid.py's Plan, 64 kv rows a program), the same
     arguments; see the module's docstring for how the warpgroups split a step."""
     dtype: gl.constexpr = q_desc.dtype
-    pid_n = gl.program_id(0)
-    n_hp = H // HEADS
-    b = gl.program_id(1) // n_hp
-    h0 = (gl.program_id(1) - b * n_hp) * HEADS
-    hk = h0 // GROUP
-    k_pos0 = pid_n * BLOCK_N
-    diag = chunk == 0
-    q_t0 = gl.where(diag, k_pos0 // BLOCK_M, gl.program_id(2) * chunk)
-    n_q = gl.where(diag, Sq // BLOCK_M - q_t0, gl.minimum(Sq // BLOCK_M - q_t0, chunk))
-    n_mask = gl.where(diag, BLOCK_N // BLOCK_M, 0)
+    pid_n, b, h0, hk, k_pos0, q_t0, n_q, n_mask = _program(Sq, H, GROUP, HEADS, chunk, BLOCK_M, BLOCK_N)
 
     k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], v_desc.layout)
@@ -304,26 +269,5 @@ def bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, 
 
 def backward_into(dout, q, k, v, lse2, delta, scale: float, mask_lo: int | None, dq, dk, dv, fresh: bool) -> None:
     """bwd.backward_into at d=256 (the same contract: bwd.supported takes the call)."""
-    import torch
-
-    B, Sq, H, D = q.shape
-    diag = mask_lo is not None
-    p = plans.plan(q, k, dk, dv, fresh, diag)
-    gk, gv = dk, dv
-    if p.temporaries:
-        gk, gv = (torch.zeros(k.shape, device=k.device, dtype=torch.float32) for _ in range(2))
-    q_desc, do_desc = (row_desc(x, (BLOCK_M.value, D)) for x in (q, dout))
-    k_desc, v_desc = (row_desc(x, (BLOCK_N.value, D)) for x in (k, v))
-    dq_desc = row_desc(dq, (BLOCK_M.value, DQ_COLS.value))
-    dk_rows, dv_rows = _rows(gk), _rows(gv)
-    bwd_wide_kernel[p.grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse2, delta, dk_rows, dv_rows, Sq, k.shape[1], H,
-                            H // k.shape[2], p.heads, scale * LOG2E.value, scale, mask_lo if diag else -BIG, p.chunk,
-                            p.stagger, lse2.stride(0), lse2.stride(1), delta.stride(0), delta.stride(1),
-                            dk_rows.stride(0), dv_rows.stride(0), HEAD_DIM=D, DKV=p.dkv, SDP=SDP, LOAD_REGS=LOADER_REGS,
-                            num_warps=4, maxnreg=WS_MAXNREG)
-    if gk is not dk:
-        for mine, g in ((dk, gk), (dv, gv)):
-            if fresh:
-                mine.copy_(g)
-            else:
-                mine.add_(g)
+    launch(bwd_wide_kernel, dict(SDP=SDP), DQ_COLS.value, dout, q, k, v, lse2, delta, scale, mask_lo, dq, dk, dv,
+           fresh)
