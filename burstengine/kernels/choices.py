@@ -2,7 +2,7 @@
 
 A rule list is (most query rows in the block, kernel) pairs, first match wins; the kernel is one
 of registry.KERNELS by name, or "gluon": kernels/gluon where it takes the block (Hopper, bf16/fp16,
-lengths multiples of 128, d 64/128, and 256 for the forward; TritonKernel runs it), else the next pair.  Calls: "forward" (plain), "forward_into" (the ring step onto a running (O, lse)),
+lengths multiples of 128, d 64/128/256, and 96 for the forward; TritonKernel runs it), else the next pair.  Calls: "forward" (plain), "forward_into" (the ring step onto a running (O, lse)),
 "backward" (plain: fresh gradients, what a direct caller of the kernel API gets) and
 "backward_into" (the ring step onto float32 gradients: what the ring, training and a one-rank
 ring run; cuDNN needs separate gradient adds there).
@@ -55,6 +55,8 @@ AUTO_TABLE = {
     # on H200 only (CARDS)
     **{(call, kind, 256): [(None, "cudnn")] for call in ("forward_into", "backward", "backward_into")
        for kind in (FULL, CAUSAL, STRICT)},
+    # d=96: the Gluon forward takes it in two column pieces (fwd.py's PIECES); until a card measures it
+    **{("forward_into", kind, 96): [(None, "cudnn")] for kind in (FULL, CAUSAL, STRICT)},
 }
 
 # cuDNN up to 8K rows (ours 0.89-1.08x there, median 0.93x full and 0.98x causal on H100), the

@@ -6,13 +6,14 @@ Each case runs ``forward_into`` onto a random non-empty running state (rows stil
 have O poisoned with NaN where this block makes them visible) and ``backward_into`` onto random
 float32 accumulators, and compares out, lse and the dQ/dK/dV increments with the float64
 reference kernel on the same inputs (burstengine/kernels/verify.py): normwise error <= --tol
-(1e-2), no NaN anywhere.  Cases: FULL/CAUSAL/STRICT x GQA 1/2/4/8 x head dim 64/128 (256) x bf16/fp16
+(1e-2), no NaN anywhere.  Cases: FULL/CAUSAL/STRICT x GQA 1/2/4/8 x head dim 64/128 (96, 256) x bf16/fp16
 at odd and tile-aligned lengths; MaskSpec windows (causal and not), striped positions, Sq != Sk,
 documents, block masks (aligned and ragged block sizes), their combinations, and a block that
 sees nothing; K/V rows in whole tiles that no query sees are poisoned with NaN, so a kernel
 that loads a tile it should skip fails.  Square full/causal cases also run the plain forward and
 backward (fresh outputs).  On Hopper the shapes kernels/gluon/fwd.py and gluon/bwd.py take run
-there (lengths multiples of 128, d 64, 128 and 256): the record marks each case; four cases are long
+there (lengths multiples of 128, d 64, 128 and 256; d=96's forward, its backward cuDNN's): the
+record marks each case; four cases are long
 enough that the Gluon backward splits a kv head's q heads over programs, four full blocks have
 Sq != Sk.
 Writes lao_check.json to $BURST_RESULTS or ./burst-results.
@@ -105,14 +106,16 @@ def cases():
         # head and one chunk of q tiles a program, the last chunk short
         out.append((f"chunks-full-d{D}-gqa4-Sq66560-Sk1024", dict(B=1, Sq=66560, Sk=1024, H=8, Hkv=2, D=D,
                                                                    dtype=torch.bfloat16, mask=FULL)))
-    for i, (mask, dtype) in enumerate(itertools.product((FULL, CAUSAL, STRICT), (torch.bfloat16, torch.float16))):
-        # d=256: the Gluon forward's build of 64-row kv tiles and O in halves, bwd_wide.py's backward
-        S = (1024, 1536, 4096)[i % 3]
-        out.append((f"{mask}-d256-{str(dtype)[6:]}-gqa{(1, 2, 4)[i % 3]}-S{S}",
-                    dict(B=2 if i % 2 else 1, Sq=S, Sk=S, H=8, Hkv=8 // (1, 2, 4)[i % 3], D=256, dtype=dtype,
-                         mask=mask)))
-    out.append(("rect-full-d256-gqa4-Sq1024-Sk2560", dict(B=1, Sq=1024, Sk=2560, H=8, Hkv=2, D=256,
-                                                           dtype=torch.bfloat16, mask=FULL)))
+    for D in (256, 96):
+        # d=256: the Gluon forward's build of 64-row kv tiles and O in halves, bwd_wide.py's backward;
+        # d=96: the Gluon forward in column pieces of 64 and 32, cuDNN's backward
+        for i, (mask, dtype) in enumerate(itertools.product((FULL, CAUSAL, STRICT), (torch.bfloat16, torch.float16))):
+            S = (1024, 1536, 4096)[i % 3]
+            out.append((f"{mask}-d{D}-{str(dtype)[6:]}-gqa{(1, 2, 4)[i % 3]}-S{S}",
+                        dict(B=2 if i % 2 else 1, Sq=S, Sk=S, H=8, Hkv=8 // (1, 2, 4)[i % 3], D=D, dtype=dtype,
+                             mask=mask)))
+        out.append((f"rect-full-d{D}-gqa4-Sq1024-Sk2560", dict(B=1, Sq=1024, Sk=2560, H=8, Hkv=2, D=D,
+                                                                dtype=torch.bfloat16, mask=FULL)))
     return out
 
 
@@ -144,7 +147,7 @@ def main(argv=None):
     t0 = time.time()
     all_cases = cases()
     if args.device == "cpu":
-        all_cases = [(n, c) for n, c in all_cases if c["D"] in kern.config]  # d=256 runs in Gluon only
+        all_cases = [(n, c) for n, c in all_cases if c["D"] in kern.config]  # d 96, 256 run in Gluon only
     if args.limit:
         all_cases = all_cases[::args.limit]
     if args.small:

@@ -39,8 +39,10 @@ from ..tables import med, span, table
 # (fp8_h100*.json: ours 0.95-1.08x cuDNN at 8K causal).
 TIE = 0.03
 
-# the head dims kernels/gluon takes, per call (d=256: fwd.py's wide build, bwd_wide.py)
-GLUON_DIMS = dict.fromkeys(("forward", "forward_into", "backward", "backward_into"), (64, 128, 256))
+# the head dims kernels/gluon takes, per call (d=256: fwd.py's wide build, bwd_wide.py; d=96: fwd.py's
+# pieces, the forward only)
+GLUON_DIMS = {**dict.fromkeys(("forward", "forward_into"), (64, 96, 128, 256)),
+              **dict.fromkeys(("backward", "backward_into"), (64, 128, 256))}
 GLUON_PROBE = dict(heads=24, kv_heads=8, head_dim=128)  # benchmarks/probe_gluon.py's H, HKV, D
 FP8_SPEED = dict(heads=32, kv_heads=8, head_dim=128)  # bench fp8's speed inputs (probes/fp8.py)
 

@@ -20,7 +20,8 @@ waited for at the end of each step, and the mask is a runtime value of the one b
 diagonal is the last tile, always taken through the masked softmax; for a full block its mask
 keeps everything).
 
-At d=256 (_ws_wide) a warpgroup's O is 128 registers a thread: kv tiles of 64 rows, and O in two
+At d=96 (_ws_pieces) every tile goes in two column pieces, 64 and 32 (a Triton tile's dimensions
+are powers of two).  At d=256 (_ws_wide) a warpgroup's O is 128 registers a thread: kv tiles of 64 rows, and O in two
 128-column halves so that the ring step's float32 state can pass through the Q buffer (no room for
 one of its own beside two K/V buffers).
 
@@ -38,11 +39,14 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 LOG2E = gl.constexpr(1.4426950408889634)
 BLOCK = gl.constexpr(128)   # q rows per program: two compute warpgroups of 64
 # K/V buffers per head dim; a third buffer did not help (H200 probes)
-STAGES = {128: 2, 64: 2, 256: 2}
+STAGES = {128: 2, 64: 2, 256: 2, 96: 2}
 # kv rows a tile per head dim.  At d=256 a warpgroup's O alone is 128 registers a thread: 64-row
 # kv tiles keep S (and the next tile's S in flight) at 32 each, and two buffers of K and V (128 KB)
 # fit beside Q (64 KB) in shared memory
-KV_ROWS = {128: 128, 64: 128, 256: 64}
+KV_ROWS = {128: 128, 64: 128, 256: 64, 96: 128}
+# head dims that are not a power of two go in two column pieces (a Triton tile's dimensions are
+# powers of two): Q, K, V and O each as two tiles, S = Q0 K0^T + Q1 K1^T, O0 = P V0, O1 = P V1
+PIECES = {96: (64, 32)}
 
 
 @gluon.jit
@@ -78,7 +82,7 @@ def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, mask_lo, MASKED: gl.con
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, diag: bool, *state) -> bool:
     """Whether the fast path takes this call (else the caller uses the Triton kernel): Hopper,
-    bf16/fp16, d 64, 128 or 256, lengths multiples of 128 (Sq = Sk for a diagonal mask), heads side by
+    bf16/fp16, d 64, 96, 128 or 256, lengths multiples of 128 (Sq = Sk for a diagonal mask), heads side by
     side in 16-byte aligned rows; ``state`` (out, lse): float32, rows of heads side by side."""
     B, Sq, H, D = q.shape
     Sk = k.shape[1]
@@ -141,30 +145,43 @@ LOADER_REGS = 24  # the loader warp's registers: the minimum, it holds only scal
 @gluon.jit
 def _ws_loader(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                ACC: gl.constexpr, FFMA: gl.constexpr):
-    q_desc, k_desc, v_desc, o_desc = descs
-    q_bufs, k_bufs, v_bufs, o_bufs = bufs
+    q_desc, k_desc, v_desc, o_desc = descs[0], descs[1], descs[2], descs[3]
+    q_bufs, k_bufs, v_bufs, o_bufs = bufs[0], bufs[1], bufs[2], bufs[3]
     q_bar, k_ready, k_empty, v_ready, v_empty, o_bar = bars
     q_row, kv_row, q_col, kv_col, n_kv, q_pos0, mask_lo, qk_scale, lse_off, sls = scal
+    # PIECES: the second column piece of each tile (descs[4:], bufs[4:]), on the same barrier
+    TWO: gl.constexpr = len(descs) > 4
+    if TWO:
+        D0: gl.constexpr = descs[0].block_type.shape[1]
     for w in gl.static_range(2):
         mbarrier.expect(q_bar.index(w), WG_ROWS * HEAD_DIM * 2)
         tma.async_copy_global_to_shared(q_desc, [q_row + w * WG_ROWS, q_col], q_bar.index(w), q_bufs.index(w))
+        if TWO:
+            tma.async_copy_global_to_shared(descs[4], [q_row + w * WG_ROWS, q_col + D0], q_bar.index(w),
+                                            bufs[4].index(w))
     for i in range(n_kv):
         st = i % STAGES
         ph = (i // STAGES) & 1
         mbarrier.wait(k_empty.index(st), ph ^ 1)
         mbarrier.expect(k_ready.index(st), BLOCK_N * HEAD_DIM * 2)
         tma.async_copy_global_to_shared(k_desc, [kv_row + i * BLOCK_N, kv_col], k_ready.index(st), k_bufs.index(st))
+        if TWO:
+            tma.async_copy_global_to_shared(descs[5], [kv_row + i * BLOCK_N, kv_col + D0], k_ready.index(st),
+                                            bufs[5].index(st))
         mbarrier.wait(v_empty.index(st), ph ^ 1)
         mbarrier.expect(v_ready.index(st), BLOCK_N * HEAD_DIM * 2)
         tma.async_copy_global_to_shared(v_desc, [kv_row + i * BLOCK_N, kv_col], v_ready.index(st), v_bufs.index(st))
+        if TWO:
+            tma.async_copy_global_to_shared(descs[6], [kv_row + i * BLOCK_N, kv_col + D0], v_ready.index(st),
+                                            bufs[6].index(st))
 
 
 @gluon.jit
 def _ws_compute(descs, bufs, bars, scal, LSE, W: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                 ACC: gl.constexpr, FFMA: gl.constexpr):
     # rows [W * 64, W * 64 + 64) of the q tile, in one warpgroup
-    q_desc, k_desc, v_desc, o_desc = descs
-    q_bufs, k_bufs, v_bufs, o_bufs = bufs
+    q_desc, k_desc, v_desc, o_desc = descs[0], descs[1], descs[2], descs[3]
+    q_bufs, k_bufs, v_bufs, o_bufs = bufs[0], bufs[1], bufs[2], bufs[3]
     q_bar, k_ready, k_empty, v_ready, v_empty, o_bar = bars
     q_row, kv_row, q_col, kv_col, n_kv, q_pos0, mask_lo, qk_scale, lse_off, sls = scal
     dtype: gl.constexpr = q_desc.dtype
@@ -286,8 +303,8 @@ def _ws_wide(descs, bufs, bars, scal, LSE, W: gl.constexpr, HEAD_DIM: gl.constex
     # half at a time: there is no room beside K and V for a float32 O buffer.  ACC starts from the
     # old state's m and l with O at zero and adds the old O at the end, scaled by 2^(m_old - m): the
     # product of the alphas that would have scaled it
-    q_desc, k_desc, v_desc, o_desc = descs
-    q_bufs, k_bufs, v_bufs, o_bufs = bufs
+    q_desc, k_desc, v_desc, o_desc = descs[0], descs[1], descs[2], descs[3]
+    q_bufs, k_bufs, v_bufs, o_bufs = bufs[0], bufs[1], bufs[2], bufs[3]
     q_bar, k_ready, k_empty, v_ready, v_empty, o_bar = bars
     q_row, kv_row, q_col, kv_col, n_kv, q_pos0, mask_lo, qk_scale, lse_off, sls = scal
     dtype: gl.constexpr = q_desc.dtype
@@ -372,10 +389,127 @@ def _ws_wide(descs, bufs, bars, scal, LSE, W: gl.constexpr, HEAD_DIM: gl.constex
 
 
 @gluon.jit
+def _pieces_qk(q0, q1, k0, k1, zero):
+    # S = Q0 K0^T + Q1 K1^T, the two wgmmas chained on one accumulator, in flight
+    tok = warpgroup_mma(q0, k0.permute((1, 0)), zero, use_acc=False, is_async=True)
+    return warpgroup_mma(q1, k1.permute((1, 0)), tok, is_async=True)
+
+
+@gluon.jit
+def _pieces_pv(p, acc0, acc1, v0, v1, alpha):
+    # O_i = alpha O_i + P V_i for both column pieces, in flight
+    o0: gl.constexpr = acc0.type.layout
+    o1: gl.constexpr = acc1.type.layout
+    acc0 = acc0 * gl.convert_layout(alpha, gl.SliceLayout(1, o0))[:, None]
+    acc1 = acc1 * gl.convert_layout(alpha, gl.SliceLayout(1, o1))[:, None]
+    t0 = warpgroup_mma(gl.convert_layout(p, gl.DotOperandLayout(operand_index=0, parent=o0, k_width=2)), v0, acc0,
+                       is_async=True)
+    t1 = warpgroup_mma(gl.convert_layout(p, gl.DotOperandLayout(operand_index=0, parent=o1, k_width=2)), v1, acc1,
+                       is_async=True)
+    return t0, t1
+
+
+@gluon.jit
+def _ws_pieces(descs, bufs, bars, scal, LSE, W: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+               ACC: gl.constexpr, FFMA: gl.constexpr):
+    # _ws_compute for a head dim in two column pieces (PIECES: d=96 as 64 + 32): Q, K, V and O
+    # each two tiles (descs[4:], bufs[4:] the second), S from two chained wgmmas, O two accumulators
+    q_desc, k_desc, v_desc, o_desc, q_desc1, k_desc1, v_desc1, o_desc1 = descs
+    q_bufs, k_bufs, v_bufs, o_bufs, q_bufs1, k_bufs1, v_bufs1, o_bufs1 = bufs
+    q_bar, k_ready, k_empty, v_ready, v_empty, o_bar = bars
+    q_row, kv_row, q_col, kv_col, n_kv, q_pos0, mask_lo, qk_scale, lse_off, sls = scal
+    dtype: gl.constexpr = q_desc.dtype
+    D0: gl.constexpr = q_desc.block_shape[1]
+    D1: gl.constexpr = HEAD_DIM - D0
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK, 16])
+    o_layout0: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, D0, 16])
+    o_layout1: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, D1, 16])
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    q0 = q_bufs.index(W)
+    q1 = q_bufs1.index(W)
+
+    offs_m = q_pos0 + W * WG_ROWS + gl.arange(0, WG_ROWS, layout=row_s)
+    l_ptrs = LSE + lse_off + offs_m.to(gl.int64) * sls
+    row = q_row + W * WG_ROWS
+    if ACC:
+        lse_old = gl.load(l_ptrs)
+        m_i = lse_old * LOG2E
+        l_i = gl.where(lse_old == float("-inf"), 0.0, 1.0)
+        mbarrier.expect(o_bar.index(W), WG_ROWS * HEAD_DIM * 4)
+        tma.async_copy_global_to_shared(o_desc, [row, q_col], o_bar.index(W), o_bufs.index(W))
+        tma.async_copy_global_to_shared(o_desc1, [row, q_col + D0], o_bar.index(W), o_bufs1.index(W))
+        mbarrier.wait(o_bar.index(W), 0)
+        acc0 = o_bufs.index(W).load(o_layout0)
+        acc1 = o_bufs1.index(W).load(o_layout1)
+        acc0 = gl.where(gl.convert_layout(l_i, gl.SliceLayout(1, o_layout0))[:, None] > 0, acc0, 0.0)
+        acc1 = gl.where(gl.convert_layout(l_i, gl.SliceLayout(1, o_layout1))[:, None] > 0, acc1, 0.0)
+    else:
+        m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, row_s)
+        l_i = gl.zeros([WG_ROWS], gl.float32, row_s)
+        acc0 = gl.zeros([WG_ROWS, D0], gl.float32, o_layout0)
+        acc1 = gl.zeros([WG_ROWS, D1], gl.float32, o_layout1)
+    s_zero = gl.zeros([WG_ROWS, BLOCK], gl.float32, s_layout)
+    cols = gl.arange(0, BLOCK, layout=col_s)
+
+    mbarrier.wait(q_bar.index(W), 0)
+    mbarrier.wait(k_ready.index(0), 0)
+    s_tok = _pieces_qk(q0, q1, k_bufs.index(0), k_bufs1.index(0), s_zero)
+    s_cur = warpgroup_mma_wait(0, deps=(s_tok, ))
+    mbarrier.arrive(k_empty.index(0), count=1)
+
+    # every tile but the last is fully visible (the last holds the causal/strict diagonal)
+    for j in range(n_kv - 1):
+        st = j % STAGES
+        nxt = j + 1
+        nst = nxt % STAGES
+        mbarrier.wait(k_ready.index(nst), (nxt // STAGES) & 1)
+        s_tok = _pieces_qk(q0, q1, k_bufs.index(nst), k_bufs1.index(nst), s_zero)
+        p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, qk_scale, offs_m, cols, mask_lo, False, FFMA)
+        mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
+        t0, t1 = _pieces_pv(p.to(dtype), acc0, acc1, v_bufs.index(st), v_bufs1.index(st), alpha)
+        s_cur, acc0, acc1 = warpgroup_mma_wait(0, deps=(s_tok, t0, t1))
+        mbarrier.arrive(k_empty.index(nst), count=1)
+        mbarrier.arrive(v_empty.index(st), count=1)
+
+    j = n_kv - 1
+    st = j % STAGES
+    p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, qk_scale, offs_m, j * BLOCK + cols, mask_lo, True, FFMA)
+    mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
+    t0, t1 = _pieces_pv(p.to(dtype), acc0, acc1, v_bufs.index(st), v_bufs1.index(st), alpha)
+    acc0, acc1 = warpgroup_mma_wait(0, deps=(t0, t1))
+    mbarrier.arrive(v_empty.index(st), count=1)
+
+    seen = l_i > 0
+    l_safe = gl.where(seen, l_i, 1.0)
+    gl.store(l_ptrs, gl.where(seen, (m_i + gl.log2(l_safe)) / LOG2E, float("-inf")))
+    out0 = acc0 / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout0))[:, None]
+    out1 = acc1 / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout1))[:, None]
+    if ACC:
+        o_bufs.index(W).store(out0)
+        o_bufs1.index(W).store(out1)
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [row, q_col], o_bufs.index(W))
+        tma.async_copy_shared_to_global(o_desc1, [row, q_col + D0], o_bufs1.index(W))
+    else:
+        q0.store(out0.to(dtype))
+        q1.store(out1.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [row, q_col], q0)
+        tma.async_copy_shared_to_global(o_desc1, [row, q_col + D0], q1)
+    tma.store_wait(0)
+
+
+@gluon.jit
 def _ws_compute0(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                  ACC: gl.constexpr, FFMA: gl.constexpr):
     if HEAD_DIM > 128:
         _ws_wide(descs, bufs, bars, scal, LSE, 0, HEAD_DIM, BLOCK_N, STAGES, ACC, FFMA)
+    elif len(descs) > 4:
+        _ws_pieces(descs, bufs, bars, scal, LSE, 0, HEAD_DIM, STAGES, ACC, FFMA)
     else:
         _ws_compute(descs, bufs, bars, scal, LSE, 0, HEAD_DIM, STAGES, ACC, FFMA)
 
@@ -385,34 +519,38 @@ def _ws_compute1(descs, bufs, bars, scal, LSE, HEAD_DIM: gl.constexpr, BLOCK_N: 
                  ACC: gl.constexpr, FFMA: gl.constexpr):
     if HEAD_DIM > 128:
         _ws_wide(descs, bufs, bars, scal, LSE, 1, HEAD_DIM, BLOCK_N, STAGES, ACC, FFMA)
+    elif len(descs) > 4:
+        _ws_pieces(descs, bufs, bars, scal, LSE, 1, HEAD_DIM, STAGES, ACC, FFMA)
     else:
         _ws_compute(descs, bufs, bars, scal, LSE, 1, HEAD_DIM, STAGES, ACC, FFMA)
 
 
 @gluon.jit(do_not_specialize=["Sq", "Sk", "H", "GROUP", "mask_lo", "diag", "slb", "slh", "sls"])
 def fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, Sq, Sk, H, GROUP, qk_scale, mask_lo, diag, slb, slh, sls,
-               HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr,
+               q_desc1, k_desc1, v_desc1, o_desc1, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ACC: gl.constexpr,
                LOAD_REGS: gl.constexpr, FFMA: gl.constexpr, num_warps: gl.constexpr):
     """One program per (128-row q tile, batch x head).  ``diag``: causal-like (Sq = Sk, kv tiles up
     to the q tile's own, the diagonal masked by ``mask_lo``: 0 causal, 1 strict); else every kv tile.
     ``ACC``: start from and write back the running float32 (O, lse) instead of a fresh output
-    (``o_desc`` then reads and writes float32 rows)."""
+    (``o_desc`` then reads and writes float32 rows).  ``*_desc1``: the second column pieces of a
+    head dim in two (PIECES; else unused)."""
     dtype: gl.constexpr = q_desc.dtype
     pid_m = Sq // BLOCK - 1 - gl.program_id(0)  # the longest rows first
     bh = gl.program_id(1)
     b = bh // H
     h = bh % H
     n_kv = gl.where(diag != 0, (pid_m + 1) * (BLOCK // BLOCK_N), Sk // BLOCK_N)
-    q_bufs = gl.allocate_shared_memory(dtype, [2, WG_ROWS, HEAD_DIM], q_desc.layout)
-    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    D0: gl.constexpr = q_desc.block_shape[1]  # HEAD_DIM, or its first piece (PIECES)
+    q_bufs = gl.allocate_shared_memory(dtype, [2, WG_ROWS, D0], q_desc.layout)
+    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D0], k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D0], v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     o_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    if ACC and HEAD_DIM <= 128:
+    if ACC and HEAD_DIM <= 128 and D0 == HEAD_DIM:
         o_bufs = gl.allocate_shared_memory(gl.float32, [2, WG_ROWS, HEAD_DIM], o_desc.layout)
     else:
         o_bufs = q_bufs  # the fresh output leaves through q's buffer (and d=256's running O: _ws_wide)
@@ -424,8 +562,21 @@ def fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, Sq, Sk, H, GROUP, qk_scale, 
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=2)  # both compute warpgroups release a buffer
         mbarrier.init(v_empty.index(i), count=2)
-    descs = (q_desc, k_desc, v_desc, o_desc)
-    bufs = (q_bufs, k_bufs, v_bufs, o_bufs)
+    if D0 < HEAD_DIM:
+        D1: gl.constexpr = HEAD_DIM - D0
+        q_bufs1 = gl.allocate_shared_memory(dtype, [2, WG_ROWS, D1], q_desc1.layout)
+        k_bufs1 = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D1], k_desc1.layout)
+        v_bufs1 = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D1], v_desc1.layout)
+        if ACC:
+            o_bufs = gl.allocate_shared_memory(gl.float32, [2, WG_ROWS, D0], o_desc.layout)
+            o_bufs1 = gl.allocate_shared_memory(gl.float32, [2, WG_ROWS, D1], o_desc1.layout)
+        else:
+            o_bufs1 = q_bufs1
+        descs = (q_desc, k_desc, v_desc, o_desc, q_desc1, k_desc1, v_desc1, o_desc1)
+        bufs = (q_bufs, k_bufs, v_bufs, o_bufs, q_bufs1, k_bufs1, v_bufs1, o_bufs1)
+    else:
+        descs = (q_desc, k_desc, v_desc, o_desc)
+        bufs = (q_bufs, k_bufs, v_bufs, o_bufs)
     bars = (q_bar, k_ready, k_empty, v_ready, v_empty, o_bar)
     scal = (b * Sq + pid_m * BLOCK, b * Sk, h * HEAD_DIM, (h // GROUP) * HEAD_DIM, n_kv, pid_m * BLOCK, mask_lo,
             qk_scale, b.to(gl.int64) * slb + h * slh, sls)
@@ -443,13 +594,17 @@ def _launch(q, k, v, scale, mask_lo, diag, out, lse, acc: bool):
     """``acc``: ``out`` is the running float32 O, read and written in place; else the fresh output
     in q's dtype."""
     B, Sq, H, D = q.shape
-    q_desc = row_desc(q, (WG_ROWS.value, D))
+    d0, d1 = PIECES.get(D, (D, 0))
+    q_desc = row_desc(q, (WG_ROWS.value, d0))
     # d=256's running O passes a 128-column half at a time (_ws_wide)
-    o_desc = row_desc(out, (WG_ROWS.value, D if not acc or D <= 128 else D // 2))
-    k_desc, v_desc = (row_desc(x, (KV_ROWS[D], D)) for x in (k, v))
+    o_desc = row_desc(out, (WG_ROWS.value, d0 if not acc or D <= 128 else D // 2))
+    k_desc, v_desc = (row_desc(x, (KV_ROWS[D], d0)) for x in (k, v))
+    # the second column pieces (PIECES), else the first again (unused)
+    ones = [row_desc(x, (rows, d1)) for x, rows in ((q, WG_ROWS.value), (k, KV_ROWS[D]), (v, KV_ROWS[D]),
+                                                   (out, WG_ROWS.value))] if d1 else [q_desc, k_desc, v_desc, o_desc]
     grid = (Sq // BLOCK.value, B * H)
     fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, Sq, k.shape[1], H, H // k.shape[2], scale * LOG2E.value,
-                     mask_lo, int(diag), *lse.stride(), HEAD_DIM=D, BLOCK_N=KV_ROWS[D], STAGES=STAGES[D], ACC=acc,
+                     mask_lo, int(diag), *lse.stride(), *ones, HEAD_DIM=D, BLOCK_N=KV_ROWS[D], STAGES=STAGES[D], ACC=acc,
                      LOAD_REGS=LOADER_REGS, FFMA=scale > 0, num_warps=4, maxnreg=WS_MAXNREG)
 
 
