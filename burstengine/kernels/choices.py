@@ -2,7 +2,8 @@
 
 A rule list is (most query rows in the block, kernel) pairs, first match wins; the kernel is one
 of registry.KERNELS by name, or "gluon": kernels/gluon where it takes the block (Hopper, bf16/fp16,
-lengths multiples of 128, d 64/128/256, and 96 for the forward; TritonKernel runs it), else the next pair.  Calls: "forward" (plain), "forward_into" (the ring step onto a running (O, lse)),
+lengths multiples of 128, d 64/128/256, and 96 for the forward; TritonKernel runs it), else the
+next pair.  Calls: "forward" (plain), "forward_into" (the ring step onto a running (O, lse)),
 "backward" (plain: fresh gradients, what a direct caller of the kernel API gets) and
 "backward_into" (the ring step onto float32 gradients: what the ring, training and a one-rank
 ring run; cuDNN needs separate gradient adds there).
@@ -96,17 +97,25 @@ CARDS = {
         ("backward", FULL, 128): [(8192, "cudnn"), (None, "gluon"), (None, "cudnn")],
         ("backward", CAUSAL, 64): [(8192, "cudnn"), (None, "gluon"), (None, "cudnn")],
         ("backward_into", CAUSAL, 64): [(8192, "cudnn"), (None, "gluon"), (None, "cudnn")],
-        # d=256 (gluon_fwd_d256_h200.json, 24 q / 8 kv heads): the plain causal forward 1.00-1.18x at
-        # 8K-128K, the full one 0.97-1.01x (cuDNN's); the ring step's forward_into 1.14-1.42x causal,
-        # 1.02-1.23x full, beside cuDNN + the torch merge
+        # d=256 (gluon_fwd_d256_h200.json, 24 q / 8 kv heads; probe_head_dims_d256_h200.json, 32): the
+        # plain causal forward 1.00-1.20x at 8K-128K, the full one 0.90-1.01x (cuDNN's); the ring
+        # step's forward_into 1.13-1.43x causal, 1.02-1.23x full, beside cuDNN + the torch merge
         ("forward", CAUSAL, 256): [(None, "gluon"), (None, "cudnn")],
         ("forward_into", CAUSAL, 256): [(None, "gluon"), (None, "cudnn")],
         ("forward_into", FULL, 256): [(None, "gluon"), (None, "cudnn")],
         # d=256's backward (bwd_wide.py, SDP; probe_gluon_bwd_d256_sdp_h200.json, ..._into_h200.json,
         # 32 q / 8 kv heads, 16K-64K): full blocks 1.03x cuDNN plain, 1.04x beside cuDNN + the adds;
-        # causal 0.97x plain, 0.99-1.01x backward_into (ties: cuDNN's)
+        # causal 0.96-0.97x plain (with probe_head_dims_d256_h200.json's), 0.99-1.01x backward_into
+        # (ties: cuDNN's)
         ("backward", FULL, 256): [(None, "gluon"), (None, "cudnn")],
         ("backward_into", FULL, 256): [(None, "gluon"), (None, "cudnn")],
+        # d=96, the forward in column pieces (gluon_fwd_d96_h200.json, one launch, 24 q / 8 kv heads):
+        # plain causal 0.90x at 8K, 1.02x at 16K, 1.09-1.22x at 64K-128K; plain full 0.81-0.90x up to
+        # 16K, 1.00-1.04x at 64K-128K; forward_into 1.05-1.33x causal, 0.97-1.12x full
+        ("forward", CAUSAL, 96): [(8192, "cudnn"), (None, "gluon"), (None, "cudnn")],
+        ("forward", FULL, 96): [(16384, "cudnn"), (None, "gluon"), (None, "cudnn")],
+        ("forward_into", CAUSAL, 96): [(None, "gluon"), (None, "cudnn")],
+        ("forward_into", FULL, 96): [(None, "gluon"), (None, "cudnn")],
     },
 }
 

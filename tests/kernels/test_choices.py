@@ -112,6 +112,9 @@ def test_rules_against_the_records_are_caught(records):
     # H200's causal d=256 backward on Gluon: cuDNN is 1.04x at 16K (probe_head_dims_d256_h200.json)
     bad = vs_cudnn.disagreements(records, cards=_cards(H200={("backward", CAUSAL, 256): [(None, "gluon"), (None, "cudnn")]}))
     assert any("H200 backward causal" in d and "d=256 S=16384" in d for d in bad), bad
+    # H200's full d=96 forward on Gluon from 8K: cuDNN is 1.23x there (gluon_fwd_d96_h200.json)
+    bad = vs_cudnn.disagreements(records, cards=_cards(H200={("forward", FULL, 96): [(None, "gluon"), (None, "cudnn")]}))
+    assert any("H200 forward full" in d and "d=96 S=8192" in d for d in bad), bad
     # without the tie band, H100's backward at 16K (ours 0.98x) would ask for cuDNN
     bad = vs_cudnn.disagreements(records, tie=0.0)
     assert any("H100" in d and "backward causal" in d and "S=16384" in d for d in bad), bad
@@ -224,6 +227,26 @@ def test_head_dim_256():
                 assert auto.choose(call, mask, S, S, H200, 256, takes=yes) == "cudnn", (call, mask)
             for card in (H100, A100):
                 assert auto.choose(call, FULL, S, S, card, 256, takes=yes) == "cudnn", (call, card)
+
+
+def test_head_dim_96():
+    """d=96 (the Gluon forward in column pieces; cuDNN's backward): on H200 the plain causal forward
+    runs Gluon past 8K rows, the full one past 16K, the ring step's forward_into of full and causal
+    blocks everywhere; other cards cuDNN."""
+    auto, yes = AutoKernel(), (lambda: True)
+    assert auto.choose("forward", CAUSAL, 8192, 8192, H200, 96, takes=yes) == "cudnn"
+    assert auto.choose("forward", CAUSAL, 16384, 16384, H200, 96, takes=yes) == "triton"
+    assert auto.choose("forward", FULL, 16384, 16384, H200, 96, takes=yes) == "cudnn"
+    assert auto.choose("forward", FULL, 65536, 65536, H200, 96, takes=yes) == "triton"
+    for S in (8192, 131072):
+        for mask in (FULL, CAUSAL):
+            assert auto.choose("forward_into", mask, S, S, H200, 96, takes=yes) == "triton", (mask, S)
+            for card in (H100, A100):
+                assert auto.choose("forward_into", mask, S, S, card, 96, takes=yes) == "cudnn", (card, mask)
+                assert auto.choose("forward", mask, S, S, card, 96, takes=yes) == "cudnn", (card, mask)
+        assert auto.choose("forward_into", STRICT, S, S, H200, 96, takes=yes) == "cudnn"
+        for call in ("backward", "backward_into"):
+            assert auto.choose(call, FULL, S, S, H200, 96, takes=lambda: False) == "cudnn", call
 
 
 class _Spy:

@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from ...kernels.gluon.grid import program_split
+from ...kernels.gluon.grid import KV_ROWS, program_split
 from ...kernels.triton.kernel import TritonKernel, gluon_bwd_takes, gluon_takes
 from ...kernels.verify import NAMES, run_case, run_plain_backward, run_plain_forward
 from ...masks import CAUSAL, FULL, MaskSpec, STRICT
@@ -167,8 +167,10 @@ def main(argv=None):
     for name, c in all_cases:
         D = c["D"]
         t = kern.config.get(D)
-        # K/V poisoned in whole tiles of the kernels that run (d=256: the Gluon forward's 128-row q tile)
-        gran = math.lcm(t.fwd.block_n, t.kv.block_n, *(x.block_n for x in (t.dq, t.fwd_into) if x)) if t else 128
+        # K/V poisoned in whole kv tiles of the kernels that run (Gluon's alone at d 96 and 256: 128
+        # rows, 64 at d=256)
+        gran = (math.lcm(t.fwd.block_n, t.kv.block_n, *(x.block_n for x in (t.dq, t.fwd_into) if x)) if t
+                else KV_ROWS.get(D, 128))
         q = torch.empty(1, c["Sq"], c["H"], D, dtype=c["dtype"], device=args.device)
         kk = torch.empty(1, c["Sk"], c["Hkv"], D, dtype=c["dtype"], device=args.device)
         try:

@@ -41,7 +41,7 @@ CATEGORIES = (
     ("collective", r"nccl|allgather|reducescatter|all_reduce|allreduce|^c10d::|^gloo:"),  # c10d, gloo: CPU ops
     ("attention backward", r"(fmha|flash|sdpa|attn|attention|_bwd_|gluon).*(bprop|bwd|backward|dq|dkdv)|"
                            r"(bprop|bwd|backward).*(fmha|flash|sdpa|attn)|_attn_bwd|_bwd_kernel|_bwd_preprocess|"
-                           r"_delta|^delta_kernel|^kv_kernel|^dq_kernel|^bwd_kernel"),  # kernels/triton/bwd.py, kernels/gluon/bwd.py
+                           r"_delta|^delta_kernel|^kv_kernel|^dq_kernel|^bwd_(wide_)?kernel"),  # kernels/triton/bwd.py, kernels/gluon/bwd*.py
     ("attention forward", r"fmha|flash|sdpa|cudnn_generated|attn|attention|fwd_kernel|gluon|_merge"),
     ("loss", r"cross_entropy|log_softmax|softmax_backward|_ce_|^ce_|nll_loss|logsumexp|fused_ce|lce"),
     ("optimizer", r"multi_tensor|adam|foreach|_amp_|clip|norm_kernel"),

@@ -324,7 +324,16 @@ def block_gluon_pipe(records):
 def block_fwd_d256(records):
     """docs/kernels.md: the Gluon forward at d=256 beside cuDNN, plain and the ring step's
     forward_into, and its build."""
-    name, ptx_name = "gluon_fwd_d256_h200.json", "ptxas_gluon_fwd_d256.json"
+    return _block_fwd(records, 256)
+
+
+def block_fwd_d96(records):
+    """docs/kernels.md: the same at d=96 (the head dim in column pieces)."""
+    return _block_fwd(records, 96)
+
+
+def _block_fwd(records, d):
+    name, ptx_name = f"gluon_fwd_d{d}_h200.json", f"ptxas_gluon_fwd_d{d}.json"
     rec, ptx = record(records, name), record(records, ptx_name)
     t = {(r["S"], r["method"]): med(r["times"]) for r in rec["bench"] if "method" in r}
     fl = {(r["S"], r["method"]): r["tflops"] for r in rec["bench"] if "method" in r}
@@ -334,8 +343,8 @@ def block_fwd_d256(records):
     bad = sum(not c["ok"] for c in rec["check"])
     ks = ptx["builds"]["now"]["kernels"]
     built = "; ".join(f"`{k}` {b['spill_store_bytes']} B of spills, {b['shared_bytes'] // 1024} KB of shared memory"
-                      for k, b in sorted(ks.items()) if k.endswith("d256"))
-    return "\n".join([f"On {device_of(rec)} (`{name}`, commit {rec['commit'][:7]}; 24 q heads on 8 kv heads, d=256, "
+                      for k, b in sorted(ks.items()) if k.endswith(f"d{d}"))
+    return "\n".join([f"On {device_of(rec)} (`{name}`, commit {rec['commit'][:7]}; 24 q heads on 8 kv heads, d={d}, "
                       "bf16; TFLOP/s ours / cuDNN (cuDNN's forward_into is its forward and the torch merge), median of "
                       f"7; {len(rec['check'])} check cases within 2e-2 (out) and 1e-3 (lse) of float64, {bad} failed):",
                       ""]
@@ -464,5 +473,5 @@ SECTIONS = (
 )
 BLOCKS = {"gluon-variants": block_gluon_variants, "gluon-bwd": block_gluon_bwd, "gluon-wide": block_gluon_wide,
           "gluon-pipe": block_gluon_pipe, "head-dims": block_head_dims, "gluon-bwd-d64": block_gluon_bwd_d64,
-          "bwd-power": block_bwd_power, "bwd-chunks": block_bwd_chunks, "fwd-d256": block_fwd_d256,
+          "bwd-power": block_bwd_power, "bwd-chunks": block_bwd_chunks, "fwd-d256": block_fwd_d256, "fwd-d96": block_fwd_d96,
           "bwd-d256": block_bwd_d256}

@@ -66,16 +66,16 @@ TODAY = {
     "gluon_fwd_poly_d64_h200.json": {"forward": "gluon"},  # d=64; its "gluon polyN": POLY, dropped after 8793396
     # d=256 (f83f2ec), the plain forward and the ring step's forward_into (beside cuDNN + the torch merge)
     "gluon_fwd_d256_h200.json": {"forward": "gluon", "forward_into": "gluon-into"},
+    "gluon_fwd_d96_h200.json": {"forward": "gluon", "forward_into": "gluon-into"},  # d=96 (51c48e5)
     "gluon_bwd_h100.json": {"backward": "gluon bwd"},
     "gluon_bwd_transposed_h200.json": {"backward": "gluon bwd tr=0"},  # the flag off: the kernel as kept
     "gluon_bwd_variants_h200.json": {"backward": "gluon bwd indep=0 pf=1 opaque=1"},  # what 9015d4e kept
     "lao_bench.json": {"backward_into": "ours"},  # at 9015d4e, the Gluon backward as it is
     # "ours" at d 96 and 256 was TritonKernel's fallback, cuDNN (d 64's backward was Triton's then),
-    # Gluon at 64 and 128; d=256 is Gluon's since f83f2ec (forward) and bwd_wide.py (backward), so
-    # its rows here no longer count
-    "probe_head_dims_h200.json": {"forward": ("ours d64", "ours d96", "ours d128"),
-                                  "backward": ("ours d96", "ours d128")},
-    "probe_head_dims_lag_h200.json": {"forward": ("ours d64", "ours d96", "ours d128"),
+    # Gluon at 64 and 128; d=256 is Gluon's since f83f2ec (forward) and bwd_wide.py (backward), d=96's
+    # forward since 51c48e5, so those rows here no longer count
+    "probe_head_dims_h200.json": {"forward": ("ours d64", "ours d128"), "backward": ("ours d96", "ours d128")},
+    "probe_head_dims_lag_h200.json": {"forward": ("ours d64", "ours d128"),
                                       "backward": ("ours d64", "ours d96", "ours d128")},
     "probe_head_dims_short_h200.json": {"forward": ("ours d128", ), "backward": ("ours d128", )},
     "probe_head_dims_d64bwd_h200.json": {"forward": ("ours d64", "ours d128"), "backward": ("ours d128", )},
@@ -134,7 +134,8 @@ STALE = {
 _CHUNKED = ("probe_gluon_bwd_chunk_into_h200.json", "probe_gluon_bwd_chunk_plain_h200.json",
             "probe_head_dims_d64_long_h200.json", "probe_gluon_bwd_short_split_h200.json",
             "probe_gluon_bwd_check_h200.json")
-_CHUNKS_FROM = {d: grid.Q_CHUNK[d] * grid.Q_ROWS[d] for d in grid.Q_CHUNK}  # rows
+# rows; d=256's backward (bwd_wide.py) had chunks from its first build
+_CHUNKS_FROM = {d: grid.Q_CHUNK[d] * grid.Q_ROWS[d] for d in (64, 128)}
 _BEFORE_CHUNKS = "full blocks of d=128 past 32K rows and d=64 past 64K, timed before the chunks (7f228ad)"
 
 

@@ -3,11 +3,13 @@ warpgroup owns 64 kv rows and keeps their dK and dV in registers, 64 x 256 float
 registers a thread, more than a compute partition has (240).
 
 Here a program takes 64 kv rows (grid.py's KV_ROWS) and its two compute warpgroups split the work
-of each (64-row q tile, 64 kv rows) step two ways:
+of each (64-row q tile, 64 kv rows) step:
 
-* S = Q K^T and dP = dO V^T by kv columns, 32 each (the exponentials halved between them);
-* P and dS go to shared memory, each warpgroup its 32 columns, and each then reads both halves
-  (mbarriers "ready" and "free" per tile: the buffers are single, as shared memory is full);
+* SDP (the default): warpgroup 0 makes S = Q K^T and P, warpgroup 1 dP = dO V^T and, from P read
+  back from shared memory, dS (64-column wgmmas); with SDP off, each makes 32 kv columns of all
+  four (the first build: 32-column wgmmas reread their A operand twice as often);
+* P and dS go to shared memory and each warpgroup reads them whole (mbarriers "ready" and "free"
+  per tile: the buffers are single, as shared memory is full);
 * dV = P^T dO and dK = dS^T Q by head-dim halves: a warpgroup's dK and dV are 64 x 128, 64
   registers each, summed over the program's steps;
 * dQ = dS K by head-dim halves too, in pieces of 32 columns, each reduce-added through TMA from a

@@ -200,15 +200,16 @@ class TritonKernel(Kernel):
         self._forward(q, k, v, scale, mask, out, lse)
 
     def backward(self, dout, q, k, v, lse, delta, scale, mask, out=None):
-        # Gluon's takes a head dim (256) the Triton kernels do not
-        gluon = gluon_bwd_takes(q, k, v, mask, dout, gluon=self.gluon)
-        if not (gluon or self.supports(q, k, v, mask, dout)):
-            return self.fallback(q, mask).backward(dout, q, k, v, lse, delta, scale, mask, out=out)
         # dK/dV are summed in registers and stored (every row, fresh: nothing to add to), dQ too
         # unless it is added up across programs (Triton's atomics, Gluon's TMA reduce-add), which
-        # needs a zeroed float32 buffer
+        # needs a zeroed float32 buffer.  dK/dV contiguous, whatever k's strides: the rows the
+        # Gluon kernels write, decided here once with them
         empty = q.shape[1] == 0 or k.shape[1] == 0
-        dk, dv = (torch.zeros_like(t) if empty else torch.empty_like(t) for t in (k, v))
+        dk, dv = ((torch.zeros if empty else torch.empty)(t.shape, dtype=t.dtype, device=t.device) for t in (k, v))
+        # Gluon's takes a head dim (256) the Triton kernels do not
+        gluon = gluon_bwd_takes(q, k, v, mask, dout, None, dk, dv, gluon=self.gluon)
+        if not (gluon or self.supports(q, k, v, mask, dout)):
+            return self.fallback(q, mask).backward(dout, q, k, v, lse, delta, scale, mask, out=out)
         summed = gluon or self.config[q.shape[-1]].dq is None
         dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if summed or empty else torch.empty_like(q)
         self._backward(dout, q, k, v, lse, delta, scale, mask, dq, dk, dv, fresh=True)
@@ -331,13 +332,21 @@ class TritonKernel(Kernel):
         """``fresh``: dQ/dK/dV hold nothing yet (the plain backward): stored, not added to."""
         if q.shape[1] == 0 or k.shape[1] == 0:
             return
+        gluon = gluon_bwd_takes(q, k, v, mask, dout, dq, dk, dv, gluon=self.gluon)
+        if not gluon and q.shape[-1] not in self.config:  # neither Gluon nor Triton: the fallback's, added
+            if fresh:
+                for t in (dq, dk, dv):
+                    t.zero_()
+            self.fallback(q, mask).backward_into(dout, q, k, v, lse, delta, scale, mask, dq, dk, dv)
+            return
         lse2, delta = bwd_rows(lse, delta)
-        if gluon_bwd_takes(q, k, v, mask, dout, dq, dk, dv, gluon=self.gluon):
-            # imports triton's Gluon: only on Hopper, when it runs
-            from ..gluon import bwd as gluon_bwd, bwd_wide
-
-            run = bwd_wide.backward_into if q.shape[-1] in bwd_wide.HEAD_DIMS else gluon_bwd.backward_into
-            run(dout, q, k, v, lse2, delta, scale, _MASK_LO[mask], dq, dk, dv, fresh)
+        if gluon:
+            # imports triton's Gluon: only on Hopper, when it runs (bwd_wide.py only at its head dim)
+            if q.shape[-1] == 256:
+                from ..gluon.bwd_wide import backward_into
+            else:
+                from ..gluon.bwd import backward_into
+            backward_into(dout, q, k, v, lse2, delta, scale, _MASK_LO[mask], dq, dk, dv, fresh)
             return
         cfg = self.config[q.shape[-1]]
         atomic = cfg.dq is None and dq.dtype == torch.float32
@@ -457,7 +466,7 @@ def gluon_forward_into(q, k, v, scale, mask, out, lse, gluon: bool = True) -> bo
 
 def gluon_bwd_takes(q, k, v, mask, dout, dq=None, dk=None, dv=None, gluon: bool = True) -> bool:
     """Whether this full/causal/strict block's backward runs in kernels/gluon/bwd.py (Hopper,
-    d 64 or 128, shapes gluon/fwd.py takes, ``gluon`` on), writing into ``dq`` (float32; None: a
+    d 64 or 128; bwd_wide.py at 256; shapes gluon/fwd.py takes, ``gluon`` on), writing into ``dq`` (float32; None: a
     zeroed one made for it), ``dk``, ``dv``."""
     if not _gluon_on(q, mask, gluon):
         return False
