@@ -10,6 +10,9 @@
 #   bash benchmarks/run_1gpu.sh kernels41  # 41: the kernels as they are beside cuDNN on this card (H100's rows
 #                                        # are the ones missing): lao-check, the Gluon backward plain and
 #                                        # backward_into (chunks included), the forward at d=128 and d=64
+#   bash benchmarks/run_1gpu.sh heads41   # 41: head dims 96 and 256 beside cuDNN (H200's rows exist; H100's
+#                                        # are missing): the forward at both (plain and forward_into), the
+#                                        # d=256 backward plain and backward_into
 set -u
 stage=${1:?stage: checks}
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-$PWD}
@@ -63,6 +66,16 @@ kernels41)
   (export OUT=$BURST_RESULTS/hd && mkdir -p $OUT && PYTHONPATH=$PYTHONPATH:$PWD/benchmarks bstep 90 \
       python3 benchmarks/probe_head_dims.py 16384,65536,131072 64 24,32 5 \
       && mv $OUT/probe_head_dims.json $BURST_RESULTS/probe_head_dims_d64_$card.json)
+  ;;
+heads41)
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
+  for D in 256 96; do
+    (export OUT=$BURST_RESULTS/fwd$D && mkdir -p $OUT && bstep 150 python3 benchmarks/probe_gluon_fwd.py \
+        8192,16384,65536,131072 --d $D --into && mv $OUT/gluon_fwd.json $BURST_RESULTS/gluon_fwd_d${D}_$card.json)
+  done
+  NAME=probe_gluon_bwd_d256_sdp_$card bstep 120 python3 benchmarks/probe_gluon_bwd_variants.py 16384,65536 256:2 5
+  NAME=probe_gluon_bwd_d256_into_$card bstep 100 python3 benchmarks/probe_gluon_bwd_variants.py 16384,65536 256:2 5 \
+      --into
   ;;
 *) echo "unknown stage $stage"; exit 2;;
 esac
