@@ -341,11 +341,10 @@ class TritonKernel(Kernel):
             return
         lse2, delta = bwd_rows(lse, delta)
         if gluon:
-            # imports triton's Gluon: only on Hopper, when it runs (bwd_wide.py only at its head dim)
             if q.shape[-1] == 256:
-                from ..gluon.bwd_wide import backward_into
+                from ..gluon.bwd_wide import backward_into  # Gluon: only on Hopper, when it runs; at its head dim
             else:
-                from ..gluon.bwd import backward_into
+                from ..gluon.bwd import backward_into  # imports triton's Gluon: only on Hopper, when it runs
             backward_into(dout, q, k, v, lse2, delta, scale, _MASK_LO[mask], dq, dk, dv, fresh)
             return
         cfg = self.config[q.shape[-1]]
