@@ -227,6 +227,56 @@ def test_triton_backward_goes_to_gluon_where_it_takes_the_block(monkeypatch):
     assert bool((acc[0] == 3).all())
 
 
+def test_triton_backward_at_d256_goes_to_bwd_wide_or_falls_back(monkeypatch):
+    """d=256 (no Triton config): the backward goes to kernels/gluon/bwd_wide.py where Gluon takes
+    it, asked with contiguous dK/dV whatever k's strides (a strided k once reached self.config[256]:
+    KeyError), and to the fallback, exact, where it does not (stand-ins for the Hopper kernels)."""
+    pytest.importorskip("triton")
+    import types
+
+    import burstengine.kernels.gluon as gluon
+    import burstengine.kernels.triton.kernel as tk
+    from burstengine.kernels.reference import ReferenceKernel
+    from burstengine.masks import CAUSAL
+
+    calls = []
+
+    def backward_into(dout, q, k, v, lse2, delta, scale, mask_lo, dq, dk, dv, fresh):
+        calls.append("wide")
+        dq.add_(1.0)
+        dk.fill_(2.0)
+        dv.fill_(3.0)
+
+    fake = types.SimpleNamespace(backward_into=backward_into)
+    monkeypatch.setattr(gluon, "bwd_wide", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "burstengine.kernels.gluon.bwd_wide", fake)
+    asked = []
+
+    def takes(q, k, v, mask, dout, dq=None, dk=None, dv=None, **kw):
+        # Gluon's rule for its outputs: rows it can write (contiguous here)
+        asked.append((dq is None, dk is not None and dk.is_contiguous()))
+        return dk is None or (dk.is_contiguous() and dv.is_contiguous())
+
+    monkeypatch.setattr(tk, "gluon_bwd_takes", takes)
+    kern = tk.TritonKernel()
+    B, S, H, D = 2, 256, 2, 256
+    q, do = (torch.randn(B, S, H, D).to(torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(S, B, 1, D).to(torch.bfloat16).transpose(0, 1) for _ in range(2))  # sequence-first
+    assert not k.is_contiguous()
+    lse, delta = torch.randn(B, H, S), torch.randn(B, H, S)
+    dq, dk, dv = kern.backward(do, q, k, v, lse, delta, D ** -0.5, CAUSAL)
+    assert calls == ["wide"] and all(c for _, c in asked)
+    assert bool((dk == 2).all()) and bool((dv == 3).all())
+    # Gluon declines inside (its answer changes with the real dQ): the reference's gradients
+    monkeypatch.setattr(tk, "gluon_bwd_takes", lambda q, k, v, mask, dout, dq=None, *g, **kw: dq is None)
+    o, lse = ReferenceKernel().forward(q, k, v, D ** -0.5, CAUSAL)
+    delta = kern.delta(o, do)
+    got = kern.backward(do, q, k, v, lse, delta, D ** -0.5, CAUSAL)
+    want = ReferenceKernel().backward(do, q, k, v, lse, delta, D ** -0.5, CAUSAL)
+    for a, b in zip(got, want):
+        assert torch.allclose(a.float(), b.float(), atol=2e-2, rtol=2e-2)
+
+
 def test_gluon_backward_declines_what_it_cannot_run():
     """The real check: never on CPU tensors, never for a MaskSpec (those stay in the Triton kernels)."""
     from burstengine.masks import CAUSAL
