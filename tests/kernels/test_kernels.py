@@ -182,17 +182,12 @@ def test_auto_ring_step_goes_to_gluon_where_it_takes_the_block(monkeypatch):
     assert seen == ["gluon", "cudnn"]
 
 
-def test_triton_backward_goes_to_gluon_where_it_takes_the_block(monkeypatch):
-    """TritonKernel hands the backward of a block that kernels/gluon/bwd.py takes to it: the plain
-    backward with a fresh, zeroed float32 dQ (returned in q's dtype) and ``fresh`` set, the ring
-    step's backward_into with the caller's accumulators, each with its mask's bound.  The Gluon
-    kernel needs a Hopper GPU, so a stand-in that takes lengths divisible by 128 answers here."""
-    pytest.importorskip("triton")
+def _fake_gluon_backward(monkeypatch, module):
+    """A stand-in for kernels/gluon/<module>.py's backward_into (the Gluon kernels need a Hopper
+    GPU): it records each call and writes dQ += 1, dK = 2, dV = 3; returns the calls."""
     import types
 
     import burstengine.kernels.gluon as gluon
-    import burstengine.kernels.triton.kernel as tk
-    from burstengine.masks import CAUSAL, FULL, STRICT
 
     calls = []
 
@@ -203,8 +198,21 @@ def test_triton_backward_goes_to_gluon_where_it_takes_the_block(monkeypatch):
         dv.fill_(3.0)
 
     fake = types.SimpleNamespace(backward_into=backward_into)
-    monkeypatch.setattr(gluon, "bwd", fake, raising=False)
-    monkeypatch.setitem(sys.modules, "burstengine.kernels.gluon.bwd", fake)
+    monkeypatch.setattr(gluon, module, fake, raising=False)
+    monkeypatch.setitem(sys.modules, f"burstengine.kernels.gluon.{module}", fake)
+    return calls
+
+
+def test_triton_backward_goes_to_gluon_where_it_takes_the_block(monkeypatch):
+    """TritonKernel hands the backward of a block that kernels/gluon/bwd.py takes to it: the plain
+    backward with a fresh, zeroed float32 dQ (returned in q's dtype) and ``fresh`` set, the ring
+    step's backward_into with the caller's accumulators, each with its mask's bound.  The Gluon
+    kernel needs a Hopper GPU, so a stand-in that takes lengths divisible by 128 answers here."""
+    pytest.importorskip("triton")
+    import burstengine.kernels.triton.kernel as tk
+    from burstengine.masks import CAUSAL, FULL, STRICT
+
+    calls = _fake_gluon_backward(monkeypatch, "bwd")
     monkeypatch.setattr(tk, "gluon_bwd_takes",
                         lambda q, k, v, mask, dout, *g, **kw: mask in (FULL, CAUSAL, STRICT) and q.shape[1] % 128 == 0)
     kern = tk.TritonKernel()
@@ -232,24 +240,11 @@ def test_triton_backward_at_d256_goes_to_bwd_wide_or_falls_back(monkeypatch):
     it, asked with contiguous dK/dV whatever k's strides (a strided k once reached self.config[256]:
     KeyError), and to the fallback, exact, where it does not (stand-ins for the Hopper kernels)."""
     pytest.importorskip("triton")
-    import types
-
-    import burstengine.kernels.gluon as gluon
     import burstengine.kernels.triton.kernel as tk
     from burstengine.kernels.reference import ReferenceKernel
     from burstengine.masks import CAUSAL
 
-    calls = []
-
-    def backward_into(dout, q, k, v, lse2, delta, scale, mask_lo, dq, dk, dv, fresh):
-        calls.append("wide")
-        dq.add_(1.0)
-        dk.fill_(2.0)
-        dv.fill_(3.0)
-
-    fake = types.SimpleNamespace(backward_into=backward_into)
-    monkeypatch.setattr(gluon, "bwd_wide", fake, raising=False)
-    monkeypatch.setitem(sys.modules, "burstengine.kernels.gluon.bwd_wide", fake)
+    calls = _fake_gluon_backward(monkeypatch, "bwd_wide")
     asked = []
 
     def takes(q, k, v, mask, dout, dq=None, dk=None, dv=None, **kw):
@@ -265,7 +260,7 @@ def test_triton_backward_at_d256_goes_to_bwd_wide_or_falls_back(monkeypatch):
     assert not k.is_contiguous()
     lse, delta = torch.randn(B, H, S), torch.randn(B, H, S)
     dq, dk, dv = kern.backward(do, q, k, v, lse, delta, D ** -0.5, CAUSAL)
-    assert calls == ["wide"] and all(c for _, c in asked)
+    assert len(calls) == 1 and calls[0]["fresh"] and all(c for _, c in asked)
     assert bool((dk == 2).all()) and bool((dv == 3).all())
     # Gluon declines inside (its answer changes with the real dQ): the reference's gradients
     monkeypatch.setattr(tk, "gluon_bwd_takes", lambda q, k, v, mask, dout, dq=None, *g, **kw: dq is None)

@@ -314,11 +314,13 @@ def _loader_part(descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM: gl.constex
 
 
 @gluon.jit
-def _program(Sq, H, GROUP, HEADS, chunk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    # (kv tile, batch, first q head, kv head, first key, first q tile, q tiles, masked q tiles) of
-    # this program.  Grid (kv tiles, batch x q heads / HEADS, chunks: grid.py's Plan): the chunk
-    # and kv tile straight from the program's ids, which ptxas can remake values from rather than
-    # keep them (a chunk from a division raised the step loops' local loads)
+def _program(Sq, Sk, H, GROUP, HEADS, chunk, stagger, mask_lo, scale_log2, scale, LSE2, DL, DK, DV, slb, slh, sdlb,
+             sdlh, sdk, sdv, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    # this program's step arguments (scal, lse_h, dl_h, out: what the partitions unpack), from the
+    # kernel's (bwd_kernel's and bwd_wide_kernel's alike).  Grid (kv tiles, batch x q heads / HEADS,
+    # chunks: grid.py's Plan): the chunk and kv tile straight from the program's ids, which ptxas
+    # can remake values from rather than keep them (a chunk from a division raised the step loops'
+    # local loads)
     pid_n = gl.program_id(0)
     n_hp = H // HEADS
     b = gl.program_id(1) // n_hp
@@ -329,7 +331,15 @@ def _program(Sq, H, GROUP, HEADS, chunk, BLOCK_M: gl.constexpr, BLOCK_N: gl.cons
     q_t0 = gl.where(diag, k_pos0 // BLOCK_M, gl.program_id(2) * chunk)
     n_q = gl.where(diag, Sq // BLOCK_M - q_t0, gl.minimum(Sq // BLOCK_M - q_t0, chunk))
     n_mask = gl.where(diag, BLOCK_N // BLOCK_M, 0)
-    return pid_n, b, h0, hk, k_pos0, q_t0, n_q, n_mask
+    b64 = b.to(gl.int64)
+    # a full block's programs start their q tiles ``stagger`` tiles apart (a diagonal block's
+    # start at their own: 0): the reduce-adds of programs running at once land on different dQ tiles
+    shift = (pid_n * stagger) % n_q
+    scal = (b * Sq, b * Sk + k_pos0, hk * HEAD_DIM, h0, HEADS, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2,
+            scale, shift)
+    lse_h = (LSE2 + b64 * slb + h0 * slh, slh)
+    dl_h = (DL + b64 * sdlb + h0 * sdlh, sdlh)
+    return scal, lse_h, dl_h, (DK, DV, sdk, sdv)
 
 
 @gluon.jit(do_not_specialize=["Sq", "Sk", "H", "GROUP", "HEADS", "mask_lo", "chunk", "stagger", "slb", "slh", "sdlb",
@@ -345,7 +355,8 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
     through ``dq_desc``) is added to; dK, dV (``DKV``) stored (0), read, added to and stored (1), in
     their dtype, or added atomically (2: float32, the group or the q tiles split over programs)."""
     dtype: gl.constexpr = q_desc.dtype
-    pid_n, b, h0, hk, k_pos0, q_t0, n_q, n_mask = _program(Sq, H, GROUP, HEADS, chunk, BLOCK_M, BLOCK_N)
+    scal, lse_h, dl_h, out = _program(Sq, Sk, H, GROUP, HEADS, chunk, stagger, mask_lo, scale_log2, scale, LSE2, DL,
+                                      DK, DV, slb, slh, sdlb, sdlh, sdk, sdv, HEAD_DIM, BLOCK_M, BLOCK_N)
 
     # K and V with a leading dimension of 1, so _step can index them by its opaque zero
     k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -369,18 +380,9 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, Sq, S
     for i in gl.static_range(DS_BUFS):
         mbarrier.init(ds_ready.index(i), count=2)  # both halves of dS written
 
-    b64 = b.to(gl.int64)
     descs = (q_desc, k_desc, v_desc, do_desc, dq_desc)
     bufs = (k_smem, v_smem, q_bufs, do_bufs, p_bufs, ds_bufs, dq_bufs)
     bars = (kv_bar, q_ready, q_empty, ds_ready)
-    # a full block's programs start their q tiles ``stagger`` tiles apart (a diagonal block's
-    # start at their own: 0): the reduce-adds of programs running at once land on different dQ tiles
-    shift = (pid_n * stagger) % n_q
-    scal = (b * Sq, b * Sk + k_pos0, hk * HEAD_DIM, h0, HEADS, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2,
-            scale, shift)
-    lse_h = (LSE2 + b64 * slb + h0 * slh, slh)
-    dl_h = (DL + b64 * sdlb + h0 * sdlh, sdlh)
-    out = (DK, DV, sdk, sdv)
     gl.warp_specialize([
         (_compute0, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, LAG, DKV)),
         (_compute1, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, BLOCK_M, LAG, DKV)),

@@ -224,7 +224,8 @@ def bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, 
     """bwd.py's bwd_kernel at d=256: the same grid (grid.py's Plan, 64 kv rows a program), the same
     arguments; see the module's docstring for how the warpgroups split a step."""
     dtype: gl.constexpr = q_desc.dtype
-    pid_n, b, h0, hk, k_pos0, q_t0, n_q, n_mask = _program(Sq, H, GROUP, HEADS, chunk, BLOCK_M, BLOCK_N)
+    scal, lse_h, dl_h, out = _program(Sq, Sk, H, GROUP, HEADS, chunk, stagger, mask_lo, scale_log2, scale, LSE2, DL,
+                                      DK, DV, slb, slh, sdlb, sdlh, sdk, sdv, HEAD_DIM, BLOCK_M, BLOCK_N)
 
     k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], v_desc.layout)
@@ -252,16 +253,9 @@ def bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DL, DK, DV, 
         else:
             mbarrier.init(x.index(i), count=2)
 
-    b64 = b.to(gl.int64)
     descs = (q_desc, k_desc, v_desc, do_desc, dq_desc)
     bufs = (k_smem, v_smem, q_bufs, do_bufs, p_all, ds_all, dq_bufs)
     bars = (kv_bar, q_ready, q_empty, x)
-    shift = (pid_n * stagger) % n_q
-    scal = (b * Sq, b * Sk + k_pos0, hk * HEAD_DIM, h0, HEADS, n_q, n_mask, q_t0, k_pos0, mask_lo, scale_log2,
-            scale, shift)
-    lse_h = (LSE2 + b64 * slb + h0 * slh, slh)
-    dl_h = (DL + b64 * sdlb + h0 * sdlh, sdlh)
-    out = (DK, DV, sdk, sdv)
     gl.warp_specialize([
         (_compute0, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, DKV, SDP)),
         (_compute1, (descs, bufs, bars, scal, lse_h, dl_h, out, HEAD_DIM, DKV, SDP)),

@@ -600,11 +600,11 @@ def _launch(q, k, v, scale, mask_lo, diag, out, lse, acc: bool):
     o_desc = row_desc(out, (WG_ROWS.value, d0 if not acc or D <= 128 else D // 2))
     k_desc, v_desc = (row_desc(x, (KV_ROWS[D], d0)) for x in (k, v))
     # the second column pieces (PIECES), else the first again (unused)
-    ones = [row_desc(x, (rows, d1)) for x, rows in ((q, WG_ROWS.value), (k, KV_ROWS[D]), (v, KV_ROWS[D]),
+    second = [row_desc(x, (rows, d1)) for x, rows in ((q, WG_ROWS.value), (k, KV_ROWS[D]), (v, KV_ROWS[D]),
                                                    (out, WG_ROWS.value))] if d1 else [q_desc, k_desc, v_desc, o_desc]
     grid = (Sq // BLOCK.value, B * H)
     fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, Sq, k.shape[1], H, H // k.shape[2], scale * LOG2E.value,
-                     mask_lo, int(diag), *lse.stride(), *ones, HEAD_DIM=D, BLOCK_N=KV_ROWS[D], STAGES=STAGES[D], ACC=acc,
+                     mask_lo, int(diag), *lse.stride(), *second, HEAD_DIM=D, BLOCK_N=KV_ROWS[D], STAGES=STAGES[D], ACC=acc,
                      LOAD_REGS=LOADER_REGS, FFMA=scale > 0, num_warps=4, maxnreg=WS_MAXNREG)
 
 
