@@ -23,6 +23,10 @@
 #   bash benchmarks/run_2gpu.sh retries     # 35: does planning the reduce-scatter stream's cached gradients (12.6 GiB
 #                                           #     on 7B at 128K, profile_7b_2gpu_131072_memtrace.json) out of the
 #                                           #     activations remove the allocator's two retries a step, and at what cost
+#   bash benchmarks/run_2gpu.sh pool        # 35: FSDP's sharded gradients from the compute stream's pool
+#                                           #     (grads_on_compute): 7B 128K beside torch-CP, profiled, and off
+#   bash benchmarks/run_2gpu.sh kern2       # 37 / 41.2: prefill 256K (efficiency, cold and warm) and attention at
+#                                           #     128K beside torch-CP with today's kernels
 #   bash benchmarks/run_2gpu.sh decode      # 37: decode over 2 ranks (CUDA graph with NCCL in it, tensor-parallel
 #                                           #     weights), 8B at 128K / 512K / batch 8; prefill cold and warm
 #   bash benchmarks/run_2gpu.sh decode2     # 37: the decode step after its kernel cuts (packed projections, the
@@ -193,6 +197,24 @@ retries)
   P7="$TR -m burstengine bench profile --model llama-7b --seq 131072 --warmup 1 --memory-trace"
   logged m58 170 $P7 --set activation_memory_gib=58 --name profile_7b_2gpu_131072_budget58
   logged m52 170 $P7 --set activation_memory_gib=52 --name profile_7b_2gpu_131072_budget52
+  ;;
+pool)  # 35: the 7B step at 128K with FSDP's sharded gradients taken from the compute stream's pool (the default
+  # now), beside torch-CP (which gets it too), profiled (the allocator's retries), and the burst row without it
+  nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader
+  logged pair 260 $BE train --model llama-7b --methods burst,torch-cp --seqs 131072 --steps 2 --warmup 1 \
+      --name train_llama-7b_2gpu_128k_pool
+  logged prof 170 $TR -m burstengine bench profile --model llama-7b --seq 131072 --warmup 1 \
+      --name profile_7b_2gpu_131072_pool
+  logged off 130 $BE train --model llama-7b --methods burst --seqs 131072 --steps 2 --warmup 1 \
+      --set grads_on_compute=false --name train_llama-7b_2gpu_128k_fsdppool
+  ;;
+kern2)  # 37 / 41 item 2: with today's kernels, prefill at 256K beside torch-CP (efficiency, first call and warm),
+  # attention fwd+bwd at 128K beside torch-CP and one GPU
+  nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader
+  logged eff256 270 $BE prefill --models 8b --seqs 262144 --methods burst,torch-cp --cold --warmup 1 --iters 1 \
+      --efficiency --name prefill_8b_2gpu_256k_eff2
+  logged att 150 $BE attention --seqs 131072 --mask both --kv-heads 32,8 --name attention_2gpu_128k_kern \
+      --methods burst-zigzag,torch-cp-cudnn,single-gpu-cudnn
   ;;
 decode)  # issue 37 items 1-3 on 2 GPUs, ~8 min on 2xH200 (the expected time of each step beside it; on 2xH100 the
   # 512K prefill is slower and batch 8 at 128K runs out of memory: its cache alone is 69 GB per rank)

@@ -197,3 +197,29 @@ def planned_state(group):
     finally:
         recompute.default_budget = budget
     return before, seen
+
+
+def grad_comm_step(group, data, extra=()):
+    """accum_step, and which reduce-scatter each FSDP unit runs with how many calls of ours
+    (rank 0 returns (loss, grads, params, comm class names, calls))."""
+    from burstengine.train import parallel
+
+    calls = [0]
+    real = parallel.ComputePoolReduceScatter.__call__
+
+    def counted(self, *a, **k):
+        calls[0] += 1
+        return real(self, *a, **k)
+
+    parallel.ComputePoolReduceScatter.__call__ = counted
+    try:
+        torch.manual_seed(0)
+        t = Trainer(small_config(extra, data), group=group, echo=False, lock=False)
+        names = sorted({type(pg._reduce_scatter_comm).__name__
+                        for unit in (*t.model.layers, t.model) for pg in unit._get_fsdp_state()._fsdp_param_groups})
+        loss, grads = t.loss_and_grads(t.batches(0))
+        t.train_step(t.batches(0), 0)
+        params = {n: _full(p).detach().clone() for n, p in t.model.named_parameters()}
+    finally:
+        parallel.ComputePoolReduceScatter.__call__ = real
+    return (loss, grads, params, names, calls[0]) if dist.get_rank(group) == 0 else None

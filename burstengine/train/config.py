@@ -89,6 +89,9 @@ class TrainConfig:
                                      # memory and the optimizer steps there; each layer's parameters are copied
                                      # to the device for its forward and backward (a model whose states do not
                                      # fit the device trains on it)
+    grads_on_compute: bool = True    # FSDP2's sharded gradients from the compute stream's memory (CUDA, not under
+                                     # cpu_offload), not its reduce-scatter stream's: one pool, no allocator retries
+                                     # between them (docs/training.md)
     fused_ops: bool = True           # RMSNorm, RoPE and SwiGLU as one compiled kernel each on GPUs
     loss: str = "naive"              # hidden states -> loss: naive, chunked, fused (see burstengine.loss.model_loss)
     precision: str = "auto"          # auto: bf16 params / fp32 reduce on CUDA, fp32 on CPU; or fp32, bf16

@@ -93,12 +93,43 @@ def param_dtype(precision: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
+class ComputePoolReduceScatter:
+    """FSDP2's reduce-scatter (its custom-comm protocol: ``allocate`` and the call) with its
+    outputs, the sharded gradients, taken from the compute stream's memory.
+
+    Why: FSDP2 allocates them on its reduce-scatter stream, so after the optimizer frees them
+    the allocator keeps ~a model's float32 shard cached for that stream alone, which the next
+    forward cannot use; at the backward's peak the card is then "full", and the allocator frees
+    every cache and synchronises the device (two such retries a step, ~0.4 s of idle GPU on the
+    2-GPU 7B step at 128K: docs/training.md, "memory-streams").  Here the block belongs to the
+    compute stream; the side stream first waits for the compute stream (the block may have been
+    freed by compute work still queued) and is recorded as a user of the block (so it is not
+    handed out again before that stream is done with it, accumulation included)."""
+
+    def __init__(self, compute: torch.cuda.Stream | None):
+        self.compute = compute  # None off CUDA: one stream, nothing to choose
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        here = torch.cuda.current_stream(device) if self.compute is not None else None
+        if here == self.compute:
+            return torch.empty(*size, dtype=dtype, device=device)
+        with torch.cuda.stream(self.compute):
+            out = torch.empty(*size, dtype=dtype, device=device)
+        here.wait_stream(self.compute)
+        out.record_stream(here)
+        return out
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
+        return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
+
+
 def parallelize(model: Transformer, m: Mesh, precision: str = "auto", layout: str = "zigzag",
                 attn_backward: str = "auto", kernel: str | None = None, attention: str = "burst",
-                cpu_offload: bool = False) -> Transformer:
+                cpu_offload: bool = False, grads_on_compute: bool = True) -> Transformer:
     """Shard ``model`` (on any device, meta included) with FSDP2 over all ranks of ``m`` and
     point its attention at the CP group; ``cpu_offload``: its shards (and their gradients and
-    optimizer states) in host memory.  Returns the same module."""
+    optimizer states) in host memory; ``grads_on_compute``: the sharded gradients from the
+    compute stream's memory on CUDA (:class:`ComputePoolReduceScatter`).  Returns the same module."""
     # only when the model is sharded
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -118,6 +149,16 @@ def parallelize(model: Transformer, m: Mesh, precision: str = "auto", layout: st
         fully_shard(block, mesh=m.fsdp_mesh, mp_policy=mp, offload_policy=off,
                     reshard_after_forward=i < len(model.layers) - 1)
     fully_shard(model, mesh=m.fsdp_mesh, mp_policy=mp, offload_policy=off, reshard_after_forward=False)
+    # under CPU offload the gradients leave the device as soon as they are reduced: nothing to keep.
+    # Off CUDA it is FSDP's own reduce-scatter (one stream), kept so that CPU runs take this path too
+    units = (*model.layers, model)
+    # FSDP2's custom comms are torch >= 2.8's; without them its own reduce-scatter runs
+    model.grads_on_compute = (grads_on_compute and not cpu_offload
+                              and all(hasattr(u, "set_custom_reduce_scatter") for u in units))
+    if model.grads_on_compute:
+        comm = ComputePoolReduceScatter(torch.cuda.current_stream(m.device) if m.device.type == "cuda" else None)
+        for unit in units:
+            unit.set_custom_reduce_scatter(comm)
     model.states_on_host = cpu_offload
     return model
 
@@ -139,7 +180,8 @@ def build_model(cfg, m: Mesh, offload_budget: int = 0, host_policies: tuple = ("
         if cfg.lora.enabled:
             lora.apply(model, cfg.lora, frozen_dtype=param_dtype(cfg.precision, m.device))
     fused.set_compiled(cfg.fused_ops)
-    parallelize(model, m, cfg.precision, cfg.layout, cfg.attn_backward, cfg.kernel, cfg.attention, cfg.cpu_offload)
+    parallelize(model, m, cfg.precision, cfg.layout, cfg.attn_backward, cfg.kernel, cfg.attention, cfg.cpu_offload,
+                cfg.grads_on_compute)
     # under CPU offload FSDP2 keeps the shards on the host: made there, never on the device
     model.to_empty(device="cpu" if cfg.cpu_offload else m.device)
     model.load_stats = None

@@ -60,6 +60,23 @@ def test_loss_and_grads_match_single_process(pool, token_file, dp, cp, layout):
     check_same(got, reference(token_file, dp))
 
 
+@pytest.mark.parametrize("dp,cp", [(2, 1), (1, 2)])
+def test_gradients_from_the_compute_pool_are_fsdps_own(pool, token_file, dp, cp):
+    """grads_on_compute (the default) swaps FSDP2's reduce-scatter for ours on every unit: the same
+    loss, gradients and parameters after an accumulated step, bit for bit, as FSDP's own."""
+    extra = [f"cp={cp}", "grad_accum=2", "grad_clip=0"]
+    ours = pool.run(tc.grad_comm_step, token_file, extra, world=dp * cp)[0]
+    theirs = pool.run(tc.grad_comm_step, token_file, extra + ["grads_on_compute=false"], world=dp * cp)[0]
+    assert ours[3] == ["ComputePoolReduceScatter"] and theirs[3] == ["DefaultReduceScatter"]
+    # two layers and the root, each reduced once per micro-batch in both the gradients' pass and the step
+    assert ours[4] >= 2 * 3 and theirs[4] == 0
+    assert ours[0] == theirs[0]
+    for n in theirs[1]:
+        assert torch.equal(ours[1][n], theirs[1][n]), n
+        assert torch.equal(ours[2][n], theirs[2][n]), n
+    assert all(g.abs().max() > 0 for g in theirs[1].values())
+
+
 @pytest.mark.parametrize("world,extra,want", [(2, ["cp=1"], "local"), (2, ["cp=1", "attention=sdpa"], "sdpa"),
                                               (2, ["cp=2"], "ring")])
 def test_every_layer_runs_the_configured_attention(pool, world, extra, want):
