@@ -25,6 +25,7 @@
 #                                           #     activations remove the allocator's two retries a step, and at what cost
 #   bash benchmarks/run_2gpu.sh pool        # 35: FSDP's sharded gradients from the compute stream's pool
 #                                           #     (grads_on_compute): 7B 128K beside torch-CP, profiled, and off
+#   bash benchmarks/run_2gpu.sh pool256     # 35: pool's 7B pair at 256K, then the 3B preset's at 128K
 #   bash benchmarks/run_2gpu.sh kern2       # 37 / 41.2: prefill 256K (efficiency, cold and warm) and attention at
 #                                           #     128K beside torch-CP with today's kernels
 #   bash benchmarks/run_2gpu.sh decode      # 37: decode over 2 ranks (CUDA graph with NCCL in it, tensor-parallel
@@ -207,6 +208,14 @@ pool)  # 35: the 7B step at 128K with FSDP's sharded gradients taken from the co
       --name profile_7b_2gpu_131072_pool
   logged off 130 $BE train --model llama-7b --methods burst --seqs 131072 --steps 2 --warmup 1 \
       --set grads_on_compute=false --name train_llama-7b_2gpu_128k_fsdppool
+  ;;
+pool256)  # 35: with the gradients from the compute pool and today's kernels, 7B at 256K beside torch-CP (one
+  # warm-up and one timed step each; torch-CP's row needs ~3 min), then the 3B preset at 128K beside torch-CP
+  nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader
+  logged p256 420 $BE train --model llama-7b --methods burst,torch-cp --seqs 262144 --steps 1 --warmup 1 \
+      --name train_llama-7b_2gpu_256k_pool
+  logged p3b 200 $BE train --model llama-3b --methods burst,torch-cp --seqs 131072 --steps 2 --warmup 1 \
+      --name train_llama-3b_2gpu_128k_pool
   ;;
 kern2)  # 37 / 41 item 2: with today's kernels, prefill at 256K beside torch-CP (efficiency, first call and warm),
   # attention fwd+bwd at 128K beside torch-CP and one GPU
