@@ -569,7 +569,7 @@ def render(rec):
 
 
 # issue 37's parallel efficiency: (--efficiency --cold records, the profile of the same shape)
-EFF_RUNS = ("prefill_8b_2gpu_256k_eff.json", "prefill_8b_2gpu_512k_eff.json")
+EFF_RUNS = ("prefill_8b_2gpu_256k_eff.json", "prefill_8b_2gpu_512k_eff.json", "prefill_8b_2gpu_256k_eff2.json")
 EFF_PROFILE = "prefill_8b_2gpu_256k_profile.json"
 
 

@@ -497,7 +497,9 @@ def _scale_block(records, runs, table5, what):
         rec = record(records, name)
         by = {r["method"]: r for r in rec["rows"]}
         b, t = by["burst"], by.get("torch-cp")
-        if t is None:
+        if t is None and "torch-cp" not in rec.get("methods", ("torch-cp",)):
+            peer = "not in this launch (burst alone" + (f", `--set {' '.join(rec['overrides'])}`)" if rec["overrides"] else ")")
+        elif t is None:
             peer = "did not finish in the call (the record's note says why)" if rec.get("note") else \
                 "not run (the call's time ran out)"
         elif not t["ok"]:
@@ -527,7 +529,8 @@ def block_scale_2gpu(records):
     """docs/training.md: the 7B and 3B presets over 2 ranks at 128K and 256K beside torch-native CP,
     and the paper's Table 5 at 32K tokens per GPU."""
     return _scale_block(records, ("train_llama-7b_2gpu_128k.json", "train_llama-7b_2gpu_128k_offload.json",
-                                  "train_llama-7b_2gpu_128k_home16.json", "train_llama-7b_2gpu_256k.json",
+                                  "train_llama-7b_2gpu_128k_home16.json", "train_llama-7b_2gpu_128k_fsdppool.json",
+                                  "train_llama-7b_2gpu_128k_pool.json", "train_llama-7b_2gpu_256k.json",
                                   "train_llama-3b_2gpu_128k.json"),
                         ("table5_llama-7b_2gpu_cp1.json", "table5_llama-7b_2gpu_cp2.json"),
                         "over 2 ranks, one launch per length (warm-up + timed steps)")

@@ -581,7 +581,8 @@ IDLE_RUNS = (("the default plan then (offload off)", "profile_7b_2gpu_131072_idl
              ("offload on, the ring's last gradient hop home in bf16 (32275b9)", "profile_7b_2gpu_131072_home16.json"),
              ("the same, before its allocator-history step (ba22062)", "profile_7b_2gpu_131072_memtrace.json"),
              ("the same, allocator garbage_collection_threshold 0.9", "profile_7b_2gpu_131072_gc09.json"),
-             ("the same, allocator garbage_collection_threshold 0.75", "profile_7b_2gpu_131072_gc075.json"))
+             ("the same, allocator garbage_collection_threshold 0.75", "profile_7b_2gpu_131072_gc075.json"),
+             ("the sharded gradients from the compute stream's pool (4d5154c)", "profile_7b_2gpu_131072_pool.json"))
 # bench profile --memory-trace: what each stream held when the allocator retried
 MEMORY_RUN = "profile_7b_2gpu_131072_memtrace.json"
 
