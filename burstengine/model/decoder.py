@@ -198,7 +198,8 @@ class Transformer(nn.Module):
     def plan_checkpointing(self, tokens: int, elem: int, device, sparse: bool = False) -> list[str]:
         """Set each layer's policy for ``tokens`` local tokens of ``elem``-byte activations from
         the activation budget (checkpoint="auto"), and the tiled MLP on or off (tiled_mlp="auto":
-        the plan that recomputes less, untiled on a tie); returns the plan.  ``sparse`` (packed
+        the plan that recomputes less, its MLP forwards counted (:func:`.recompute.plan_cost`),
+        untiled on a tie); returns the plan.  ``sparse`` (packed
         documents, or a model with a sliding window): the layers that keep their attention output
         use ``selective``, since sequence-level checkpointing's ring takes no sparse mask; so do
         layers that draw random numbers (LoRA dropout), which it does not replay, and these plan
@@ -219,7 +220,7 @@ class Transformer(nn.Module):
             plan = (["none"] * len(self.layers) if budget is None
                     else recompute.plan_layers(len(self.layers), per_layer, budget, transient, host_per_layer,
                                                    host, allowed))
-            if best is None or recompute.recompute_rank(plan) < recompute.recompute_rank(best[0]):
+            if best is None or recompute.plan_cost(plan, self.args, on) < recompute.plan_cost(best[0], self.args, best[1]):
                 best = (plan, on)
         plan, on = best
         if self._no_ring(sparse):

@@ -226,6 +226,31 @@ def recompute_rank(plan) -> tuple[int, ...]:
     return tuple(plan.count(p) for p in LADDER[:-1])
 
 
+# policies that run a layer's projections again in backward (the whole block: full; all but attention:
+# sequence at split 1 and selective)
+REPROJECT = ("full-offload", "full", "sequence", "selective")
+
+
+def matmul_flops(args) -> tuple[int, int]:
+    """Matmul FLOPs per token of one layer's forward outside attention: (the attention half's q, k,
+    v and output projections, the MLP's three)."""
+    d, a, kv, f = args.dim, args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim, args.ffn_dim
+    return 2 * d * (2 * a + 2 * kv), 6 * d * f
+
+
+def plan_cost(plan, args, tiled: bool) -> tuple[int, ...]:
+    """How much a plan recomputes, most expensive first (compare lexicographically), where plans
+    differ in the tiled MLP too: its layers that recompute attention (``full-offload``, ``full``),
+    then the matmul FLOPs per token it runs again outside attention, then its ``offload`` and
+    ``pointwise`` layers.  The tiled MLP runs every layer's MLP forward once more (its backward
+    rebuilds each chunk), which :func:`recompute_rank` does not see: on the 3B preset at 128K over
+    2 ranks an untiled plan with 4 ``sequence`` layers took 11.57 s a step, the tiled one with
+    none 11.88 s (``longctx_speed_3b_128k_{base,tiled}.json``)."""
+    attn, mlp = matmul_flops(args)
+    again = sum(attn + mlp for p in plan if p in REPROJECT) + (len(plan) * mlp if tiled else 0)
+    return plan.count("full-offload"), plan.count("full"), again, plan.count("offload"), plan.count("pointwise")
+
+
 def plan_bytes(plan, per_layer: dict[str, int], transient: dict[str, int]) -> int:
     """Peak device bytes of a plan in this model: layers run backward one at a time, each holding
     its kept bytes (``per_layer``) and, while its backward runs, a transient (:func:`transient_bytes`).

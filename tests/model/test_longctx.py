@@ -107,8 +107,8 @@ def test_tiled_counts():
 
 def test_auto_tiles_where_the_plan_recomputes_less():
     """tiled_mlp="auto" under checkpoint="auto": the plan with the tiled MLP where it recomputes
-    less attention or fewer projections, the plain one where they tie (here: every budget big
-    enough to keep everything)."""
+    less (here: where the untiled plan recomputes a whole layer), the plain one where they tie
+    (here: every budget big enough to keep everything)."""
     a = dataclasses.replace(PRESETS["llama-8b"], n_layers=4)
     tokens = 1 << 15
     with torch.device("meta"):
@@ -126,6 +126,40 @@ def test_auto_tiles_where_the_plan_recomputes_less():
     assert all(b.mlp_chunk == m.mlp_chunk for b in m.layers)
     m.tiled_mlp = "off"
     assert "none" not in m.plan_checkpointing(tokens, 2, torch.device("cpu"))
+
+
+def test_auto_counts_the_tiled_mlps_own_recompute():
+    """The tiled MLP runs every layer's MLP forward again: auto weighs that against the untiled
+    plan's re-projected layers by their matmul FLOPs (recompute.plan_cost).  A budget where the
+    tiled plan keeps everything and the untiled one re-projects three of eight layers: untiled
+    (three layers' projections < eight MLPs), though it re-projects more layers; one where the
+    untiled plan would recompute attention: tiled."""
+    a = dataclasses.replace(PRESETS["llama-8b"], n_layers=8)
+    tokens = 1 << 15
+    with torch.device("meta"):
+        m = Transformer(a, checkpoint="auto", tiled_mlp="auto")
+    per, tr, _ = m.activation_model(tokens, 2, False)
+    cpu = torch.device("cpu")
+
+    def plans(frac):
+        m.activation_budget = int(frac * (8 * per["none"] + tr["none"]))
+        out = {}
+        for mode in ("off", "on", "auto"):
+            m.tiled_mlp = mode
+            out[mode] = (m.plan_checkpointing(tokens, 2, cpu), m.layers[0].mlp_chunk > 0)
+        m.tiled_mlp = "auto"
+        return out
+
+    p = plans(0.6)
+    assert p["on"][0] == ["none"] * 8 and p["off"][0].count("sequence") == 3
+    assert C.recompute_rank(p["on"][0]) < C.recompute_rank(p["off"][0])  # the layer count alone says tiled
+    assert C.plan_cost(p["off"][0], a, False) < C.plan_cost(p["on"][0], a, True)
+    assert p["auto"] == (p["off"][0], False)
+    attn, mlp = C.matmul_flops(a)
+    assert C.plan_cost(p["on"][0], a, True)[2] == 8 * mlp and C.plan_cost(p["off"][0], a, False)[2] == 3 * (attn + mlp)
+    p = plans(0.2)
+    assert "full" in p["off"][0] and "full" not in p["on"][0]
+    assert p["auto"] == (p["on"][0], True)
 
 
 def test_full_offload_is_planned_only_when_full_does_not_fit():
