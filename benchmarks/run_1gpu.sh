@@ -13,6 +13,8 @@
 #   bash benchmarks/run_1gpu.sh heads41   # 41: head dims 96 and 256 beside cuDNN (H200's rows exist; H100's
 #                                        # are missing): the forward at both (plain and forward_into), the
 #                                        # d=256 backward plain and backward_into
+#   bash benchmarks/run_1gpu.sh untiled  # 35: the 3B preset at 64K and 128K, the planner's new choice (untiled, FLOPs
+#                                        # counted) beside tiled_mlp=on (the old auto's), one launch each
 set -u
 stage=${1:?stage: checks}
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-$PWD}
@@ -66,6 +68,12 @@ kernels41)
   (export OUT=$BURST_RESULTS/hd && mkdir -p $OUT && PYTHONPATH=$PYTHONPATH:$PWD/benchmarks bstep 90 \
       python3 benchmarks/probe_head_dims.py 16384,65536,131072 64 24,32 5 \
       && mv $OUT/probe_head_dims.json $BURST_RESULTS/probe_head_dims_d64_$card.json)
+  ;;
+untiled)
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
+  B3="$TR1 -m burstengine bench train --model llama-3b --methods burst --seqs 65536,131072 --steps 2 --warmup 1"
+  logged untiled 230 $B3 --name train_llama-3b_1x${card}_untiled
+  logged tiled 230 $B3 --set tiled_mlp=on --name train_llama-3b_1x${card}_tiled
   ;;
 heads41)
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
