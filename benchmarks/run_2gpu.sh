@@ -26,6 +26,9 @@
 #   bash benchmarks/run_2gpu.sh pool        # 35: FSDP's sharded gradients from the compute stream's pool
 #                                           #     (grads_on_compute): 7B 128K beside torch-CP, profiled, and off
 #   bash benchmarks/run_2gpu.sh pool256     # 35: pool's 7B pair at 256K, then the 3B preset's at 128K
+#   bash benchmarks/run_2gpu.sh plan2       # 35: the planner counting the tiled MLP's recompute (7B at 128K untiled
+#                                           #     now) beside torch-CP and beside tiled_mlp=on; the 3B preset's pair
+#   bash benchmarks/run_2gpu.sh long2       # 35: 7B at 256K, burst alone (one warm-up, one timed step)
 #   bash benchmarks/run_2gpu.sh kern2       # 37 / 41.2: prefill 256K (efficiency, cold and warm) and attention at
 #                                           #     128K beside torch-CP with today's kernels
 #   bash benchmarks/run_2gpu.sh decode      # 37: decode over 2 ranks (CUDA graph with NCCL in it, tensor-parallel
@@ -216,6 +219,20 @@ pool256)  # 35: with the gradients from the compute pool and today's kernels, 7B
       --name train_llama-7b_2gpu_256k_pool
   logged p3b 200 $BE train --model llama-3b --methods burst,torch-cp --seqs 131072 --steps 2 --warmup 1 \
       --name train_llama-3b_2gpu_128k_pool
+  ;;
+plan2)  # 35: the planner's tiled/untiled choice by FLOPs (eac1ea3): 7B at 128K beside torch-CP, then the same
+  # burst row with tiled_mlp=on (the old auto's plan) in this launch, then the 3B preset at 128K beside torch-CP
+  nvidia-smi --query-gpu=name,memory.total,power.limit --format=csv,noheader
+  logged pair 260 $BE train --model llama-7b --methods burst,torch-cp --seqs 131072 --steps 2 --warmup 1 \
+      --name train_llama-7b_2gpu_128k_plan2
+  logged tiled 130 $BE train --model llama-7b --methods burst --seqs 131072 --steps 2 --warmup 1 \
+      --set tiled_mlp=on --name train_llama-7b_2gpu_128k_tiled
+  logged p3b 200 $BE train --model llama-3b --methods burst,torch-cp --seqs 131072 --steps 2 --warmup 1 \
+      --name train_llama-3b_2gpu_128k_plan2
+  ;;
+long2)  # 35: 7B at 256K with today's planner, kernels and gradient pool, burst alone
+  logged b256 330 $BE train --model llama-7b --methods burst --seqs 262144 --steps 1 --warmup 1 \
+      --name train_llama-7b_2gpu_256k_plan2
   ;;
 kern2)  # 37 / 41 item 2: with today's kernels, prefill at 256K beside torch-CP (efficiency, first call and warm),
   # attention fwd+bwd at 128K beside torch-CP and one GPU
