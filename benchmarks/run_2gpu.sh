@@ -28,6 +28,8 @@
 #   bash benchmarks/run_2gpu.sh pool256     # 35: pool's 7B pair at 256K, then the 3B preset's at 128K
 #   bash benchmarks/run_2gpu.sh plan2       # 35: the planner counting the tiled MLP's recompute (7B at 128K untiled
 #                                           #     now) beside torch-CP and beside tiled_mlp=on; the 3B preset's pair
+#   bash benchmarks/run_2gpu.sh rule3       # 35: the 3B preset at 128K tiled (plan2's untiled row's other half), then
+#                                           #     long2's 7B at 256K
 #   bash benchmarks/run_2gpu.sh long2       # 35: 7B at 256K, burst alone (one warm-up, one timed step)
 #   bash benchmarks/run_2gpu.sh kern2       # 37 / 41.2: prefill 256K (efficiency, cold and warm) and attention at
 #                                           #     128K beside torch-CP with today's kernels
@@ -229,6 +231,13 @@ plan2)  # 35: the planner's tiled/untiled choice by FLOPs (eac1ea3): 7B at 128K 
       --set tiled_mlp=on --name train_llama-7b_2gpu_128k_tiled
   logged p3b 200 $BE train --model llama-3b --methods burst,torch-cp --seqs 131072 --steps 2 --warmup 1 \
       --name train_llama-3b_2gpu_128k_plan2
+  ;;
+rule3)  # 35: the 3B preset at 128K with tiled_mlp=on beside plan2's untiled row (auto's choice),
+  # then 7B at 256K, burst alone
+  logged t3b 130 $BE train --model llama-3b --methods burst --seqs 131072 --steps 2 --warmup 1 --set tiled_mlp=on \
+      --name train_llama-3b_2gpu_128k_tiled
+  logged b256 300 $BE train --model llama-7b --methods burst --seqs 262144 --steps 1 --warmup 1 \
+      --name train_llama-7b_2gpu_256k_plan2
   ;;
 long2)  # 35: 7B at 256K with today's planner, kernels and gradient pool, burst alone
   logged b256 330 $BE train --model llama-7b --methods burst --seqs 262144 --steps 1 --warmup 1 \

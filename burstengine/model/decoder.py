@@ -220,7 +220,7 @@ class Transformer(nn.Module):
             plan = (["none"] * len(self.layers) if budget is None
                     else recompute.plan_layers(len(self.layers), per_layer, budget, transient, host_per_layer,
                                                    host, allowed))
-            if best is None or recompute.plan_cost(plan, self.args, on) < recompute.plan_cost(best[0], self.args, best[1]):
+            if best is None or recompute.plan_cost(plan, on) < recompute.plan_cost(*best):
                 best = (plan, on)
         plan, on = best
         if self._no_ring(sparse):

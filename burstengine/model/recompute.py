@@ -226,29 +226,21 @@ def recompute_rank(plan) -> tuple[int, ...]:
     return tuple(plan.count(p) for p in LADDER[:-1])
 
 
-# policies that run a layer's projections again in backward (the whole block: full; all but attention:
-# sequence at split 1 and selective)
-REPROJECT = ("full-offload", "full", "sequence", "selective")
-
-
-def matmul_flops(args) -> tuple[int, int]:
-    """Matmul FLOPs per token of one layer's forward outside attention: (the attention half's q, k,
-    v and output projections, the MLP's three)."""
-    d, a, kv, f = args.dim, args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim, args.ffn_dim
-    return 2 * d * (2 * a + 2 * kv), 6 * d * f
-
-
-def plan_cost(plan, args, tiled: bool) -> tuple[int, ...]:
+def plan_cost(plan, tiled: bool) -> tuple[int, ...]:
     """How much a plan recomputes, most expensive first (compare lexicographically), where plans
     differ in the tiled MLP too: its layers that recompute attention (``full-offload``, ``full``),
-    then the matmul FLOPs per token it runs again outside attention, then its ``offload`` and
-    ``pointwise`` layers.  The tiled MLP runs every layer's MLP forward once more (its backward
-    rebuilds each chunk), which :func:`recompute_rank` does not see: on the 3B preset at 128K over
-    2 ranks an untiled plan with 4 ``sequence`` layers took 11.57 s a step, the tiled one with
-    none 11.88 s (``longctx_speed_3b_128k_{base,tiled}.json``)."""
-    attn, mlp = matmul_flops(args)
-    again = sum(attn + mlp for p in plan if p in REPROJECT) + (len(plan) * mlp if tiled else 0)
-    return plan.count("full-offload"), plan.count("full"), again, plan.count("offload"), plan.count("pointwise")
+    then those that run their projections again (``sequence``, ``selective``), then the tiled MLP
+    (every layer's MLP forward once more, its backward rebuilding each chunk, which
+    :func:`recompute_rank` does not see), then its ``offload`` and ``pointwise`` layers.
+
+    Why the tiled MLP ranks between: below a re-projected layer, since untiled plans that re-project
+    layers at the card's edge thrashed the allocator (7B at 128K over 2 ranks: 12 ``sequence``
+    layers untiled, 10 retries, 20.60 s a step against 19.39 s tiled,
+    ``train_llama-7b_2gpu_128k_{plan2,tiled}.json``, though their matmul FLOPs favour the untiled
+    plan); above ``offload`` and ``pointwise``, which recompute no matmul (3B at 128K over 2 ranks:
+    untiled with 3 ``offload`` and 24 ``pointwise`` layers 11.37 s, ``..._3b_2gpu_128k_plan2.json``)."""
+    return (plan.count("full-offload"), plan.count("full"), plan.count("sequence") + plan.count("selective"),
+            int(tiled), plan.count("offload"), plan.count("pointwise"))
 
 
 def plan_bytes(plan, per_layer: dict[str, int], transient: dict[str, int]) -> int:
