@@ -13,8 +13,9 @@
 #   bash benchmarks/run_1gpu.sh heads41   # 41: head dims 96 and 256 beside cuDNN (H200's rows exist; H100's
 #                                        # are missing): the forward at both (plain and forward_into), the
 #                                        # d=256 backward plain and backward_into
-#   bash benchmarks/run_1gpu.sh untiled  # 35: the 3B preset at 64K and 128K, the planner's new choice (untiled, FLOPs
-#                                        # counted) beside tiled_mlp=on (the old auto's), one launch each
+#   bash benchmarks/run_1gpu.sh untiled  # 35: the 3B preset at 64K, the planner's choice (untiled: pointwise and
+#                                        # offload layers only) beside tiled_mlp=on (the old auto's), one launch
+#                                        # each; then lao-check (41: d=256 poisoned in 64-row tiles)
 set -u
 stage=${1:?stage: checks}
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-$PWD}
@@ -71,9 +72,10 @@ kernels41)
   ;;
 untiled)
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
-  B3="$TR1 -m burstengine bench train --model llama-3b --methods burst --seqs 65536,131072 --steps 2 --warmup 1"
-  logged untiled 230 $B3 --name train_llama-3b_1x${card}_untiled
-  logged tiled 230 $B3 --set tiled_mlp=on --name train_llama-3b_1x${card}_tiled
+  B3="$TR1 -m burstengine bench train --model llama-3b --methods burst --seqs 65536 --steps 3 --warmup 1"
+  logged untiled 110 $B3 --name train_llama-3b_1x${card}_64k_untiled
+  logged tiled 110 $B3 --set tiled_mlp=on --name train_llama-3b_1x${card}_64k_tiled
+  logged lao 150 python3 -m burstengine bench lao-check
   ;;
 heads41)
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
