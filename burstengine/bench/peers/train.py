@@ -530,8 +530,9 @@ def block_scale_2gpu(records):
     and the paper's Table 5 at 32K tokens per GPU."""
     return _scale_block(records, ("train_llama-7b_2gpu_128k.json", "train_llama-7b_2gpu_128k_offload.json",
                                   "train_llama-7b_2gpu_128k_home16.json", "train_llama-7b_2gpu_128k_fsdppool.json",
-                                  "train_llama-7b_2gpu_128k_pool.json", "train_llama-7b_2gpu_256k.json",
-                                  "train_llama-3b_2gpu_128k.json"),
+                                  "train_llama-7b_2gpu_128k_pool.json", "train_llama-7b_2gpu_128k_plan2.json",
+                                  "train_llama-7b_2gpu_128k_tiled.json", "train_llama-7b_2gpu_256k.json",
+                                  "train_llama-3b_2gpu_128k.json", "train_llama-3b_2gpu_128k_plan2.json"),
                         ("table5_llama-7b_2gpu_cp1.json", "table5_llama-7b_2gpu_cp2.json"),
                         "over 2 ranks, one launch per length (warm-up + timed steps)")
 
@@ -578,5 +579,33 @@ def block_longctx_options(records):
 
 SECTIONS = (Section("Training", r"^(train_|ablation|longctx_|table5_)", render,
                     "`burstengine train` and `burstengine bench train` (throughput, ablation)."),)
+# auto's tiled-MLP choice measured (35): (what, the untiled record, the tiled record); each pair ran in one
+# device call, the first of each pair auto's choice at its commit
+TILED_PAIRS = (("llama-7b, 128K over 2 ranks", "train_llama-7b_2gpu_128k_plan2.json", "train_llama-7b_2gpu_128k_tiled.json"),
+               ("llama-3b, 64K on 1 GPU", "train_llama-3b_1xh200_64k_untiled.json", "train_llama-3b_1xh200_64k_tiled.json"))
+
+
+def _plan_cell(row):
+    plan = row.get("checkpoint_plan") or {}
+    return ", ".join(f"{n} {p}" for p, n in plan.items())
+
+
+def block_tiled_choice(records):
+    """docs/training.md: the same step planned untiled and tiled (`--set tiled_mlp=on`), one device
+    call each pair: what auto's rule (recompute.plan_cost) rests on."""
+    body = []
+    for what, un, ti in TILED_PAIRS:
+        u, t = ({x["method"]: x for x in record(records, n)["rows"]}["burst"] for n in (un, ti))
+        for name, r, tiled in ((un, u, "no"), (ti, t, "yes")):
+            rec = record(records, name)
+            body.append([what, device_of(rec), tiled, _plan_cell(r), fixed(r["median_step_s"], 2),
+                         f"{100 * r['mfu']:.1f}%", str(r.get("allocator", {}).get("num_alloc_retries", "—")),
+                         fixed(r["peak_mem_gib"], 1), f"`{name}` ({rec['commit'][:7]})"])
+    return "\n".join(["`bench train --methods burst`, one warm-up step, auto's checkpointing plan; each pair in one "
+                      "device call:", ""]
+                     + table(["step", "device", "tiled MLP", "plan (layers)", "s/step", "MFU", "allocator retries",
+                              "peak GiB", "record"], body))
+
+
 BLOCKS = {"train-3b": block_train_3b, "offload": block_offload, "scale-2gpu": block_scale_2gpu,
-          "scale-4gpu": block_scale_4gpu, "longctx-options": block_longctx_options}
+          "scale-4gpu": block_scale_4gpu, "longctx-options": block_longctx_options, "tiled-choice": block_tiled_choice}
