@@ -489,6 +489,13 @@ def block_offload(records):
                         "", "On six layers alone (`benchmarks/probe_offload.py`): " + "; ".join(probe) + "."])
 
 
+def _planned(row) -> str:
+    """The planner's device total for the step (parameters and states, workspace, kept activations,
+    the backward's transient), beside the measured peak; "—" for records made before it was kept."""
+    p = row.get("planned")
+    return "—" if not p else fixed(p["state"] + p["workspace"] + p["activations"] + p["transient"], 1)
+
+
 def _scale_block(records, runs, table5, what):
     """A docs block: ``runs`` (records of burst beside torch-native CP, one launch per length) and
     the paper's Table 5 from the ``table5`` records."""
@@ -510,7 +517,7 @@ def _scale_block(records, runs, table5, what):
                     f"{plan}; BurstEngine {ratio(b['tokens_per_s_per_gpu'], t['tokens_per_s_per_gpu'])}×")
         body.append([f"`{name}`", device_of(rec), rec["model"], f"{b['seq_len'] // 1024}K",
                      f"{rec['warmup']} + {rec['steps']}", fixed(b["median_step_s"], 2), f"{100 * b['mfu']:.1f}%",
-                     fixed(b["peak_mem_gib"], 1), peer])
+                     fixed(b["peak_mem_gib"], 1), _planned(b), peer])
     t5 = []
     for name in table5:
         rec = record(records, name)
@@ -519,7 +526,7 @@ def _scale_block(records, runs, table5, what):
                    f"{100 * r['mfu']:.1f}%", f"{r['tokens_per_s_per_gpu']:,.0f}", fixed(r["peak_mem_gib"], 1)])
     return "\n".join([f"`bench train --methods burst,torch-cp --seqs S` {what}:", ""]
                      + table(["record", "device", "model", "tokens", "steps", "BurstEngine s/step", "MFU",
-                              "peak GiB", "torch-native CP"], body)
+                              "peak GiB", "planned GiB", "torch-native CP"], body)
                      + ["", "The paper's Table 5 on this machine (32K tokens per GPU, `--set cp=N`; the other ranks "
                         "data parallel, FSDP over all of them):", ""]
                      + table(["record", "device", "CP", "DP", "sequence", "MFU", "tokens/s/GPU", "peak GiB"], t5))
