@@ -215,8 +215,9 @@ def grad_comm_step(group, data, extra=()):
     try:
         torch.manual_seed(0)
         t = Trainer(small_config(extra, data), group=group, echo=False, lock=False)
-        names = sorted({type(pg._reduce_scatter_comm).__name__
-                        for unit in (*t.model.layers, t.model) for pg in unit._get_fsdp_state()._fsdp_param_groups})
+        # _fsdp_param_group: torch 2.11's attribute, a property over _fsdp_param_groups since 2.12/2.13
+        names = sorted({type(unit._get_fsdp_state()._fsdp_param_group._reduce_scatter_comm).__name__
+                        for unit in (*t.model.layers, t.model)})
         loss, grads = t.loss_and_grads(t.batches(0))
         t.train_step(t.batches(0), 0)
         params = {n: _full(p).detach().clone() for n, p in t.model.named_parameters()}

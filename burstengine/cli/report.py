@@ -152,9 +152,7 @@ ATTENTION_RUN = "attention_2gpu_128k_kern.json"
 
 def block_headline(records):
     att = record(records, ATTENTION_RUN)
-    rows = {}
-    for r in att["rows"]:  # each method's first row: causal, as many kv heads as q heads
-        rows.setdefault(r["method"], r)
+    rows = {r["method"]: r for r in att["rows"] if r["causal"] and r["H"] == r["Hkv"]}  # causal, MHA
     b, t = rows["burst-zigzag"], rows["torch-cp-cudnn"]
     lao = record(records, "lao_check.json")
     tr = record(records, "train_llama-8b_4gpu_128k.json")

@@ -104,7 +104,12 @@ class ComputePoolReduceScatter:
     2-GPU 7B step at 128K: docs/training.md, "memory-streams").  Here the block belongs to the
     compute stream; the side stream first waits for the compute stream (the block may have been
     freed by compute work still queued) and is recorded as a user of the block (so it is not
-    handed out again before that stream is done with it, accumulation included)."""
+    handed out again before that stream is done with it, accumulation included).
+
+    Not covered: FSDP2's ``set_all_reduce_hook`` (its hook stream works on the block after the
+    reduce-scatter stream, unrecorded). Training never sets one; code that does should turn
+    ``grads_on_compute`` off.  Training runs on the stream current at ``parallelize`` (the default
+    stream); the trainer switches to no other."""
 
     def __init__(self, compute: torch.cuda.Stream | None):
         self.compute = compute  # None off CUDA: one stream, nothing to choose
@@ -120,7 +125,9 @@ class ComputePoolReduceScatter:
         return out
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
-        return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
+        # torch >= 2.13 names it reduce_scatter_single (reduce_scatter_tensor warns there)
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        return scatter(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
 
 
 def parallelize(model: Transformer, m: Mesh, precision: str = "auto", layout: str = "zigzag",

@@ -271,3 +271,24 @@ def test_train_memory_plan_says_one_line_and_trains_nothing(tmp_path):
     lines = [line for line in stdout.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("memory at 2,048 tokens per rank") and "tiled MLP" in lines[0]
     assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()
+
+
+def test_auto_ranks_the_tiled_mlp_above_offloaded_layers():
+    """recompute.plan_cost puts the tiled MLP's own recompute above ``offload`` layers (they copy
+    activations, recompute no matmul): with a host budget, an untiled plan of offload and pointwise
+    layers wins over a tiled plan that keeps everything."""
+    a = dataclasses.replace(PRESETS["llama-8b"], n_layers=8)
+    tokens = 1 << 15
+    with torch.device("meta"):
+        m = Transformer(a, checkpoint="auto", tiled_mlp="auto", offload_budget=1 << 40,
+                        host_policies=("full-offload", "offload"))
+    per, tr, _ = m.activation_model(tokens, 2, False)
+    m.activation_budget = int(0.6 * (8 * per["none"] + tr["none"]))
+    cpu = torch.device("cpu")
+    m.tiled_mlp = "off"
+    off = m.plan_checkpointing(tokens, 2, cpu)
+    m.tiled_mlp = "on"
+    on = m.plan_checkpointing(tokens, 2, cpu)
+    assert "offload" in off and set(off) <= {"none", "pointwise", "offload"} and on == ["none"] * 8
+    m.tiled_mlp = "auto"
+    assert m.plan_checkpointing(tokens, 2, cpu) == off and m.layers[0].mlp_chunk == 0

@@ -505,7 +505,7 @@ def _scale_block(records, runs, table5, what):
         by = {r["method"]: r for r in rec["rows"]}
         b, t = by["burst"], by.get("torch-cp")
         if t is None and "torch-cp" not in rec.get("methods", ("torch-cp",)):
-            peer = "not in this launch (burst alone" + (f", `--set {' '.join(rec['overrides'])}`)" if rec["overrides"] else ")")
+            peer = "not in this launch (burst alone" + (f", `--set {' '.join(rec['overrides'])}`)" if rec.get("overrides") else ")")
         elif t is None:
             peer = "did not finish in the call (the record's note says why)" if rec.get("note") else \
                 "not run (the call's time ran out)"
