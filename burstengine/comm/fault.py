@@ -872,7 +872,9 @@ class Watchdog:
             # census): a whole one from now.  Counted from the start of explain() instead, a 4 s
             # census ended rank 0 3 s into its 5 s pause.  (On 4 H200s rank 0 still left ~3.5 s
             # after the others: torch's NCCL debug dump on the first rank to time out, not this.)
-            left = (self.handled_at or time.monotonic()) + self.linger + 1.0 - time.monotonic()
+            # The slack after the pause: half a grace (1 s let a loaded 2-core box's rank 0 exit
+            # here, naming the rank, before its main thread printed the resume hint)
+            left = (self.handled_at or time.monotonic()) + self.linger + self.grace / 2 - time.monotonic()
             if left > 0 and self._stop.wait(left):
                 return
         if self.handled.is_set() and not hush:  # the main thread meant to report it but did not get that far
