@@ -157,12 +157,10 @@ def parallelize(model: Transformer, m: Mesh, precision: str = "auto", layout: st
                     reshard_after_forward=i < len(model.layers) - 1)
     fully_shard(model, mesh=m.fsdp_mesh, mp_policy=mp, offload_policy=off, reshard_after_forward=False)
     # under CPU offload the gradients leave the device as soon as they are reduced: nothing to keep.
-    # Off CUDA it is FSDP's own reduce-scatter (one stream), kept so that CPU runs take this path too
+    # Off CUDA (one stream) it allocates as FSDP's own does, installed so that CPU runs take this path
+    # too.  FSDP2's custom comms are torch >= 2.8's; without them its own reduce-scatter runs
     units = (*model.layers, model)
-    # FSDP2's custom comms are torch >= 2.8's; without them its own reduce-scatter runs
-    model.grads_on_compute = (grads_on_compute and not cpu_offload
-                              and all(hasattr(u, "set_custom_reduce_scatter") for u in units))
-    if model.grads_on_compute:
+    if grads_on_compute and not cpu_offload and all(hasattr(u, "set_custom_reduce_scatter") for u in units):
         comm = ComputePoolReduceScatter(torch.cuda.current_stream(m.device) if m.device.type == "cuda" else None)
         for unit in units:
             unit.set_custom_reduce_scatter(comm)

@@ -452,6 +452,11 @@ def block_train_3b(records):
                         f"samples (`{clk_name}`)."])
 
 
+def _plan_cell(row) -> str:
+    """A record row's checkpointing plan as "9 offload, 19 pointwise" (its layers per policy)."""
+    return ", ".join(f"{n} {p}" for p, n in (row.get("checkpoint_plan") or {}).items())
+
+
 def block_offload(records):
     """docs/training.md: the 3B step with offloaded layers in auto's plan beside the plan without
     them (the default then; same commit, two launches), where the offloading step waited before
@@ -462,8 +467,7 @@ def block_offload(records):
         rec = record(records, name)
         for r in rec["rows"]:
             if r.get("method") == "burst" and r.get("ok"):
-                plan = ", ".join(f"{n} {p}" for p, n in r["checkpoint_plan"].items())
-                body.append([f"`{name}`", f"{r['seq_len'] // 1024}K", plan, fixed(r["median_step_s"], 3),
+                body.append([f"`{name}`", f"{r['seq_len'] // 1024}K", _plan_cell(r), fixed(r["median_step_s"], 3),
                              f"{100 * r['mfu']:.1f}%", fixed(r.get("offload_host_gib") or 0, 1)])
     gaps = []
     for name in ("profile_3b_65536_offload_gaps.json", "profile_3b_131072_offload_gaps.json"):
@@ -590,11 +594,6 @@ SECTIONS = (Section("Training", r"^(train_|ablation|longctx_|table5_)", render,
 # device call, the first of each pair auto's choice at its commit
 TILED_PAIRS = (("llama-7b, 128K over 2 ranks", "train_llama-7b_2gpu_128k_plan2.json", "train_llama-7b_2gpu_128k_tiled.json"),
                ("llama-3b, 64K on 1 GPU", "train_llama-3b_1xh200_64k_untiled.json", "train_llama-3b_1xh200_64k_tiled.json"))
-
-
-def _plan_cell(row):
-    plan = row.get("checkpoint_plan") or {}
-    return ", ".join(f"{n} {p}" for p, n in plan.items())
 
 
 def block_tiled_choice(records):
